@@ -1,0 +1,294 @@
+"""One agent: a frozen Hugging Face causal LM plus its inner link (and the outer links of its outgoing edges).
+
+Plain torch + transformers, no Ray: the same object runs in-process and inside a Ray actor.
+What it does, per batch of prompts:
+  embed    chat-template the (system, user) prompt as text, split it at latent slot markers,
+           embed the text pieces, splice latent blocks [M, D] into the slots, left-pad the batch
+  rollout  m latent steps with the KV cache: h_t (last layer, last position) -> inner(h_t) -> next input
+  message  outer_{edge}(inner(H)) for each outgoing edge, detached on CPU
+  decode   greedy or sampled text decoding from embeddings, with the KV cache
+
+Legend: B batch, L sequence, M latent steps, D this agent's hidden size, E target hidden size.
+"""
+
+from __future__ import annotations
+
+import inspect
+import re
+from dataclasses import dataclass
+
+import torch
+
+from recmas_ray.links import InnerLink, OuterLink
+
+_SLOT_RE = re.compile(r"<<[A-Z_]+_SLOT>>")
+
+
+@dataclass(kw_only=True)
+class DecodeConfig:
+    """Text decoding settings (the reference samples with T=0.6, top_p=0.95; tests use greedy)."""
+
+    max_new_tokens: int = 256
+    """Budget of generated tokens per sample."""
+    do_sample: bool = False
+    """Sample instead of greedy argmax."""
+    temperature: float = 0.6
+    """Sampling temperature (only with do_sample)."""
+    top_p: float = 0.95
+    """Nucleus sampling mass (only with do_sample)."""
+    seed: int = 0
+    """Seed of the sampling generator, so sampled runs repeat."""
+
+
+@dataclass
+class Decoded:
+    """One sample's decoded text and the number of tokens generated for it (EOS included)."""
+
+    text: str
+    num_tokens: int
+
+
+def _cache_kwarg() -> str:
+    # transformers 5.x renamed past_key_values -> cache (the old name warns); 4.x only knows the old one.
+    from transformers import LlamaModel
+
+    return "cache" if "cache" in inspect.signature(LlamaModel.forward).parameters else "past_key_values"
+
+
+CACHE_KW = _cache_kwarg()
+
+
+def _out_cache(out):
+    return getattr(out, "cache", None) if CACHE_KW == "cache" else out.past_key_values
+
+
+def find_slots(text: str) -> list[str]:
+    """Slot markers in order of appearance."""
+    return _SLOT_RE.findall(text)
+
+
+class Agent:
+    """A frozen causal LM with its inner link; outer links of outgoing edges are attached by name."""
+
+    def __init__(self, model, tokenizer, inner_link: InnerLink, *, role: str, model_name: str,
+                 system_prompt: str = "You are a helpful assistant."):
+        hidden = model.config.get_text_config().hidden_size
+        if inner_link.hidden_size != hidden:
+            raise ValueError(f"role {role}: inner link has hidden size {inner_link.hidden_size}, "
+                             f"but base model {model_name} has {hidden}")
+        self.model, self.tokenizer, self.inner_link = model, tokenizer, inner_link
+        self.role, self.model_name, self.system_prompt = role, model_name, system_prompt
+        self.hidden_size = hidden
+        self.outer_links: dict[str, OuterLink] = {}
+        self.device = next(model.parameters()).device
+        self.dtype = next(model.parameters()).dtype
+        self.inner_link.to(self.device, self.dtype)
+
+    # ----------------------------------------------------------------------------- links
+    def attach_outer_link(self, edge: str, link: OuterLink) -> None:
+        """Attach the outer link of an outgoing edge `role->target` (source dim must equal ours)."""
+        if link.in_dim != self.hidden_size:
+            raise ValueError(f"outer link {edge}: in_dim {link.in_dim} does not match {self.role}'s "
+                             f"hidden size {self.hidden_size} ({self.model_name})")
+        self.outer_links[edge] = link.to(self.device, self.dtype)
+
+    # ----------------------------------------------------------------------------- prompts
+    def render_chat(self, user: str, *, system: str | None = None) -> str:
+        """Chat template as text (system + user, generation prompt, thinking off).
+
+        Templates that refuse a system turn (Gemma, Mistral) get the system text merged into the user turn.
+        """
+        from jinja2.exceptions import TemplateError
+
+        system = self.system_prompt if system is None else system
+        kw = dict(tokenize=False, add_generation_prompt=True, enable_thinking=False)
+        try:
+            return self.tokenizer.apply_chat_template(
+                [{"role": "system", "content": system}, {"role": "user", "content": user}], **kw)
+        except TemplateError:
+            return self.tokenizer.apply_chat_template([{"role": "user", "content": f"{system}\n\n{user}"}], **kw)
+
+    def _embed_ids(self, ids: list[int]) -> torch.Tensor:
+        # Always the model's own embedding module: Gemma3 scales by sqrt(d) inside it.
+        return self.model.get_input_embeddings()(torch.tensor(ids, dtype=torch.long, device=self.device))
+
+    def embed_prompt(self, user: str, latents: dict[str, torch.Tensor] | None = None, *,
+                     suffix_text: str = "", literal_slots: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+        """Embeddings [L, D] of one chat prompt with latent blocks spliced into its slots.
+
+        Returns (embeddings, token_ids) where token_ids is -100 at latent positions. `suffix_text`
+        (e.g. a gold assistant turn) is appended after the generation prompt. `literal_slots` keeps
+        slot markers as plain text (deliberation's inner training does this).
+        """
+        latents = latents or {}
+        text = self.render_chat(user)
+        markers = [] if literal_slots else find_slots(text)
+        missing = [m for m in markers if m not in latents]
+        unused = [m for m in latents if m not in markers]
+        if missing or unused:
+            raise ValueError(f"role {self.role}: prompt slots {markers} but latents given for {sorted(latents)}; "
+                             f"slots without latents {missing}, latents without a slot {unused}")
+        pieces = _SLOT_RE.split(text) if markers else [text]
+        embeds, ids = [], []
+        for i, piece in enumerate(pieces):
+            if i == len(pieces) - 1:
+                piece = piece + suffix_text
+            piece_ids = self.tokenizer(piece, add_special_tokens=False).input_ids if piece else []
+            if piece_ids:
+                embeds.append(self._embed_ids(piece_ids))
+                ids.extend(piece_ids)
+            if i < len(markers):
+                block_MD = latents[markers[i]].to(self.device, self.dtype)
+                if block_MD.dim() != 2 or block_MD.shape[-1] != self.hidden_size:
+                    raise ValueError(f"role {self.role}: latent for slot {markers[i]} has shape {tuple(block_MD.shape)}, "
+                                     f"expected [M, {self.hidden_size}]")
+                embeds.append(block_MD)
+                ids.extend([-100] * block_MD.shape[0])
+        return torch.cat(embeds, dim=0), torch.tensor(ids, dtype=torch.long)
+
+    def embed_batch(self, users: list[str], latents: dict[str, torch.Tensor] | None = None):
+        """Left-padded batch: (E_BLD, mask_BL). `latents` maps slot -> [B, M, D]."""
+        latents = latents or {}
+        rows = [self.embed_prompt(u, {k: v[b] for k, v in latents.items()})[0] for b, u in enumerate(users)]
+        return left_pad(rows)
+
+    def embed_teacher_forced(self, user: str, latents: dict[str, torch.Tensor] | None, target: str, *,
+                             literal_slots: bool = False) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Prompt + gold assistant text + EOS: (E_LD, ids_L with -100 at latents, assistant_mask_L).
+
+        Gradients flow into the spliced latent blocks (used by outer-loop training).
+        """
+        target_ids = self.tokenizer(target, add_special_tokens=False).input_ids + [self.tokenizer.eos_token_id]
+        e_LD, ids_L = self.embed_prompt(user, latents, literal_slots=literal_slots)
+        e_LD = torch.cat([e_LD, self._embed_ids(target_ids)], dim=0)
+        ids_L = torch.cat([ids_L, torch.tensor(target_ids, dtype=torch.long)])
+        assistant_L = torch.zeros(ids_L.shape[0], dtype=torch.bool)
+        assistant_L[-len(target_ids):] = True
+        return e_LD, ids_L, assistant_L
+
+    def forward_hidden(self, e_BLD: torch.Tensor, mask_BL: torch.Tensor) -> torch.Tensor:
+        """Last-layer hidden states [B, L, D] (after the final norm), no cache; grad as the caller enables."""
+        return self.model.get_decoder()(inputs_embeds=e_BLD, attention_mask=mask_BL, position_ids=positions(mask_BL),
+                                        use_cache=False).last_hidden_state
+
+    def logits(self, h_BLD: torch.Tensor) -> torch.Tensor:
+        """Vocabulary logits from hidden states (applies the final soft-capping some families use)."""
+        logits = self.model.get_output_embeddings()(h_BLD)
+        cap = getattr(self.model.config.get_text_config(), "final_logit_softcapping", None)
+        return torch.tanh(logits / cap) * cap if cap else logits
+
+    # ----------------------------------------------------------------------------- latent thinking
+    def _decoder_step(self, e_BLD, mask_BL, pos_BL, cache=None):
+        kw = {CACHE_KW: cache} if cache is not None else {}
+        out = self.model.get_decoder()(inputs_embeds=e_BLD, attention_mask=mask_BL, position_ids=pos_BL,
+                                       use_cache=True, **kw)
+        return out.last_hidden_state, _out_cache(out)
+
+    @torch.no_grad()
+    def latent_rollout(self, e_BLD: torch.Tensor, mask_BL: torch.Tensor, num_steps: int, *,
+                       use_cache: bool = True) -> torch.Tensor:
+        """m latent steps; returns the raw last-layer states H_BMD (before any link).
+
+        With the cache, the prompt is prefilled once and each inner(h) is one new position; without it,
+        the whole prefix is re-run every step (the reference's O(m) full forwards; kept for checks).
+        """
+        if num_steps < 0:
+            raise ValueError(f"latent_steps must be >= 0, got {num_steps}")
+        B = e_BLD.shape[0]
+        if num_steps == 0:
+            return e_BLD.new_zeros(B, 0, self.hidden_size)
+        pos_BL = positions(mask_BL)
+        hs = []
+        if use_cache:
+            h_BLD, cache = self._decoder_step(e_BLD, mask_BL, pos_BL)
+            for step in range(num_steps):
+                h_BD = h_BLD[:, -1]
+                hs.append(h_BD)
+                if step == num_steps - 1:
+                    break
+                mask_BL = torch.cat([mask_BL, mask_BL.new_ones(B, 1)], dim=1)
+                pos_BL = pos_BL[:, -1:] + 1
+                h_BLD, cache = self._decoder_step(self.inner_link(h_BD)[:, None], mask_BL, pos_BL, cache)
+        else:
+            for step in range(num_steps):
+                out = self.model.get_decoder()(inputs_embeds=e_BLD, attention_mask=mask_BL,
+                                               position_ids=positions(mask_BL), use_cache=False)
+                h_BD = out.last_hidden_state[:, -1]
+                hs.append(h_BD)
+                e_BLD = torch.cat([e_BLD, self.inner_link(h_BD)[:, None]], dim=1)
+                mask_BL = torch.cat([mask_BL, mask_BL.new_ones(B, 1)], dim=1)
+        return torch.stack(hs, dim=1)
+
+    def messages(self, h_BMD: torch.Tensor, edges: tuple[str, ...] | list[str]) -> dict[str, torch.Tensor]:
+        """outer_{edge}(inner(H)) per edge, detached on CPU (what travels between agents)."""
+        missing = [e for e in edges if e not in self.outer_links]
+        if missing:
+            raise ValueError(f"role {self.role}: no outer link attached for edges {missing}")
+        with torch.no_grad():
+            z_BMD = self.inner_link(h_BMD)
+            return {e: self.outer_links[e](z_BMD).detach().to("cpu") for e in edges}
+
+    # ----------------------------------------------------------------------------- text
+    @torch.no_grad()
+    def decode(self, e_BLD: torch.Tensor, mask_BL: torch.Tensor, cfg: DecodeConfig) -> list[Decoded]:
+        """Decode text from embeddings with the KV cache; stops per sample at EOS or the budget."""
+        if cfg.max_new_tokens < 1:
+            raise ValueError(f"max_new_tokens must be >= 1, got {cfg.max_new_tokens}")
+        B = e_BLD.shape[0]
+        eos = _eos_ids(self.model, self.tokenizer)
+        gen = torch.Generator(device=self.device).manual_seed(cfg.seed) if cfg.do_sample else None
+        pos_BL = positions(mask_BL)
+        out = self.model(inputs_embeds=e_BLD, attention_mask=mask_BL, position_ids=pos_BL, use_cache=True,
+                         logits_to_keep=1)
+        tokens = [[] for _ in range(B)]
+        done = torch.zeros(B, dtype=torch.bool, device=self.device)
+        for _ in range(cfg.max_new_tokens):
+            next_B = _pick(out.logits[:, -1].float(), cfg, gen)
+            next_B = torch.where(done, torch.full_like(next_B, self.tokenizer.pad_token_id or 0), next_B)
+            for b in range(B):
+                if not done[b]:
+                    tokens[b].append(int(next_B[b]))
+            done |= torch.isin(next_B, eos)
+            if bool(done.all()):
+                break
+            mask_BL = torch.cat([mask_BL, mask_BL.new_ones(B, 1)], dim=1)
+            pos_BL = pos_BL[:, -1:] + 1
+            out = self.model(input_ids=next_B[:, None], attention_mask=mask_BL, position_ids=pos_BL,
+                             use_cache=True, **{CACHE_KW: _out_cache(out)})
+        eos_list = set(eos.tolist())
+        return [Decoded(self.tokenizer.decode([t for t in toks if t not in eos_list], skip_special_tokens=True),
+                        len(toks)) for toks in tokens]
+
+
+def _eos_ids(model, tokenizer) -> torch.Tensor:
+    ids = {tokenizer.eos_token_id}
+    gen_eos = getattr(model.generation_config, "eos_token_id", None)
+    ids |= set(gen_eos if isinstance(gen_eos, list) else [gen_eos])
+    return torch.tensor(sorted(i for i in ids if i is not None), device=model.device)
+
+
+def _pick(logits_BV: torch.Tensor, cfg: DecodeConfig, gen) -> torch.Tensor:
+    if not cfg.do_sample:
+        return logits_BV.argmax(-1)
+    probs_BV = torch.softmax(logits_BV / max(cfg.temperature, 1e-5), dim=-1)
+    sorted_p, idx = probs_BV.sort(dim=-1, descending=True)
+    keep = sorted_p.cumsum(-1) - sorted_p < cfg.top_p  # always keeps the top token
+    sorted_p = sorted_p * keep
+    choice = torch.multinomial(sorted_p / sorted_p.sum(-1, keepdim=True), 1, generator=gen)
+    return idx.gather(-1, choice).squeeze(-1)
+
+
+def positions(mask_BL: torch.Tensor) -> torch.Tensor:
+    """Position ids that ignore left padding: cumsum(mask) - 1, pads clamped to 0."""
+    return (mask_BL.long().cumsum(-1) - 1).clamp(min=0)
+
+
+def left_pad(rows: list[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
+    """Stack [L_i, D] rows into (E_BLD, mask_BL), zero vectors and mask 0 on the left."""
+    L = max(r.shape[0] for r in rows)
+    e_BLD = rows[0].new_zeros(len(rows), L, rows[0].shape[-1])
+    mask_BL = torch.zeros(len(rows), L, dtype=torch.long, device=rows[0].device)
+    for b, r in enumerate(rows):
+        e_BLD[b, L - r.shape[0]:] = r
+        mask_BL[b, L - r.shape[0]:] = 1
+    return e_BLD, mask_BL

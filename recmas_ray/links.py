@@ -1,0 +1,100 @@
+"""RecursiveLink modules: the inner link (d -> d) and the outer link (d_src -> d_dst).
+
+Pure torch, no Ray and no transformers. Layer order and state-dict key names follow the public
+RecursiveMAS release exactly (spec section 1), so its released `adapter.pt` / `outer_*.pt` files
+load unchanged with `load_state_dict(strict=True)`.
+
+Legend: B batch, M latent positions, D source hidden size, E target hidden size.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+INNER_LINK_TYPE = "ln_res_adapter"
+OUTER_LINK_TYPE = "outer_ln_res_adapter"
+
+INNER_KEYS = frozenset(
+    f"{layer}.{p}" for layer in ("proj1", "proj2", "pre_ln", "post_ln") for p in ("weight", "bias")
+)
+OUTER_KEYS = frozenset(
+    f"{layer}.{p}"
+    for layer in ("proj1", "proj2", "residual_proj", "ln_source", "ln_target")
+    for p in ("weight", "bias")
+)
+
+
+class InnerLink(nn.Module):
+    """Maps an agent's last hidden state back into its own input-embedding space (d -> d).
+
+    y = LN_post(x + W2 GELU(W1 LN_pre(x)))   (reference class `Adapter`, type `ln_res_adapter`)
+    """
+
+    link_type = INNER_LINK_TYPE
+
+    def __init__(self, hidden_size: int):
+        super().__init__()
+        if hidden_size <= 0:
+            raise ValueError(f"InnerLink hidden_size must be positive, got {hidden_size}")
+        self.hidden_size = hidden_size
+        self.pre_ln = nn.LayerNorm(hidden_size)
+        self.proj1 = nn.Linear(hidden_size, hidden_size)
+        self.proj2 = nn.Linear(hidden_size, hidden_size)
+        self.post_ln = nn.LayerNorm(hidden_size)
+
+    def forward(self, h_BMD: torch.Tensor) -> torch.Tensor:
+        u_BMD = self.proj2(nn.functional.gelu(self.proj1(self.pre_ln(h_BMD))))
+        return self.post_ln(h_BMD + u_BMD)
+
+
+class OuterLink(nn.Module):
+    """Maps a source agent's inner-adapted latents into a target agent's embedding space (d_src -> d_dst).
+
+    y = LN_target(W2 GELU(W1 LN_source(x)) + W3 x)   (reference `CrossModelAdapter`, `outer_ln_res_adapter`)
+    The MLP's hidden width is 2 * out_dim; W3 (`residual_proj`) bridges different hidden sizes.
+    """
+
+    link_type = OUTER_LINK_TYPE
+
+    def __init__(self, in_dim: int, out_dim: int):
+        super().__init__()
+        if in_dim <= 0 or out_dim <= 0:
+            raise ValueError(f"OuterLink dims must be positive, got in_dim={in_dim} out_dim={out_dim}")
+        self.in_dim, self.out_dim = in_dim, out_dim
+        self.ln_source = nn.LayerNorm(in_dim)
+        self.proj1 = nn.Linear(in_dim, 2 * out_dim)
+        self.proj2 = nn.Linear(2 * out_dim, out_dim)
+        self.residual_proj = nn.Linear(in_dim, out_dim)
+        self.ln_target = nn.LayerNorm(out_dim)
+
+    def forward(self, x_BMD: torch.Tensor) -> torch.Tensor:
+        u_BME = self.proj2(nn.functional.gelu(self.proj1(self.ln_source(x_BMD))))
+        return self.ln_target(u_BME + self.residual_proj(x_BMD))
+
+
+def check_state_dict_keys(state_dict: dict, expected: frozenset, what: str) -> None:
+    """Raise ValueError naming missing/unexpected keys (the release's loaders fail the same way)."""
+    keys = set(state_dict)
+    missing, unexpected = sorted(expected - keys), sorted(keys - expected)
+    if missing or unexpected:
+        raise ValueError(
+            f"{what}: state dict does not match the {('inner' if expected is INNER_KEYS else 'outer')} "
+            f"link layout; missing keys {missing}, unexpected keys {unexpected}"
+        )
+
+
+def inner_link_from_state_dict(state_dict: dict, *, what: str = "inner link") -> InnerLink:
+    """Build an InnerLink whose size is read from the weights, checking keys strictly."""
+    check_state_dict_keys(state_dict, INNER_KEYS, what)
+    link = InnerLink(int(state_dict["proj1.weight"].shape[0]))
+    link.load_state_dict({k: v.float() for k, v in state_dict.items()})
+    return link
+
+
+def outer_link_from_state_dict(state_dict: dict, *, what: str = "outer link") -> OuterLink:
+    """Build an OuterLink; d_dst is inferred from `proj2.bias` as the reference does."""
+    check_state_dict_keys(state_dict, OUTER_KEYS, what)
+    link = OuterLink(int(state_dict["residual_proj.weight"].shape[1]), int(state_dict["proj2.bias"].shape[0]))
+    link.load_state_dict({k: v.float() for k, v in state_dict.items()})
+    return link

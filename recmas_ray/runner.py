@@ -1,0 +1,160 @@
+"""The recursion runner: walks a style's schedule over a pool of agents, local objects or Ray actors.
+
+One runner serves RecursiveMAS and the text baselines:
+  recursive_mas      latents between agents and as feedback, R rounds; only the decoder decodes, once
+  recursive_textmas  the same schedule with text in every slot (each non-final step decodes text)
+  textmas            recursive_textmas with one round
+  single_agent       the decoding role alone, no collaborators
+
+The pool hides where agents live. Its calls return handles (values in-process, ObjectRefs on Ray);
+the runner chains handles from step to step and only materialises texts (text methods) and small
+stats, never latents, so on Ray the latents move agent to agent through the object store.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from recmas_ray.agent import DecodeConfig
+from recmas_ray.styles import StyleSpec, build_schedule, render_prompt, render_single_agent_prompt
+
+METHODS = ("recursive_mas", "recursive_textmas", "textmas", "single_agent")
+
+
+class AgentPool(Protocol):
+    """What the runner needs from a set of agents (see `service.AgentService` for the semantics)."""
+
+    def rollout(self, role: str, users: list[str], slot_names: list[str], num_steps: int,
+                edges: tuple[str, ...], latents: list[Any]) -> tuple[list[Any], Any]: ...
+
+    def decode(self, role: str, users: list[str], slot_names: list[str], cfg: DecodeConfig,
+               latents: list[Any]) -> Any: ...
+
+    def get(self, handle: Any, *, what: str) -> Any: ...
+
+
+@dataclass
+class SampleResult:
+    """One question's outcome and its per-agent, per-round trace."""
+
+    prediction: str
+    num_text_tokens: int
+    num_latent_steps: int
+    seconds: float
+    trace: list[dict] = field(default_factory=list)
+
+
+@dataclass(kw_only=True)
+class RecursionConfig:
+    """How one batch is run."""
+
+    method: str = "recursive_mas"
+    """One of recursive_mas, recursive_textmas, textmas, single_agent."""
+    num_recursive_rounds: int = 3
+    """R >= 1 (textmas always runs one round)."""
+    latent_steps: int = 32
+    """m >= 0 latent steps per agent and round (recursive_mas only)."""
+    decode: DecodeConfig = field(default_factory=DecodeConfig)
+    """Final (and, for text methods, intermediate) decoding settings."""
+    decode_every_round: bool = False
+    """Mixture reference behaviour: the decoder also decodes (and discards) text in non-final rounds."""
+
+    def validate(self) -> None:
+        if self.method not in METHODS:
+            raise ValueError(f"unknown method {self.method!r}; expected one of {METHODS}")
+        if self.num_recursive_rounds < 1:
+            raise ValueError(f"num_recursive_rounds must be >= 1, got {self.num_recursive_rounds}")
+        if self.latent_steps < 0:
+            raise ValueError(f"latent_steps must be >= 0, got {self.latent_steps}")
+        if self.decode.max_new_tokens < 1:
+            raise ValueError(f"max_new_tokens must be >= 1, got {self.decode.max_new_tokens}")
+
+
+def run_batch(pool: AgentPool, style: StyleSpec, questions: list[str], tasks: list[str],
+              cfg: RecursionConfig) -> list[SampleResult]:
+    """Run one batch of questions through the style with `cfg.method`."""
+    cfg.validate()
+    t0 = time.perf_counter()
+    if cfg.method == "single_agent":
+        users = [render_single_agent_prompt(style, t, q) for q, t in zip(questions, tasks)]
+        calls = [(1, style.decoder, "decode", pool.decode(style.decoder, users, [], cfg.decode, []))]
+    elif cfg.method == "recursive_mas":
+        calls = _run_latent(pool, style, questions, tasks, cfg)
+    else:
+        rounds = 1 if cfg.method == "textmas" else cfg.num_recursive_rounds
+        calls = _run_text(pool, style, questions, tasks, cfg, rounds)
+    return _collect(pool, calls, len(questions), time.perf_counter() - t0, t0)
+
+
+def _run_latent(pool, style, questions, tasks, cfg):
+    messages: dict[str, Any] = {}  # edge -> handle of its latest [B, M, E] message
+    calls = []
+    for step in build_schedule(style, cfg.num_recursive_rounds, decode_every_round=cfg.decode_every_round):
+        users = [render_prompt(style, step.role, step.variant, t, q) for q, t in zip(questions, tasks)]
+        slot_names = [m for m, _ in step.inputs]
+        latents = [messages[e] for _, e in step.inputs]
+        if step.decode or step.discard_decode:
+            calls.append((step.round, step.role, "decode" if step.decode else "discarded_decode",
+                          pool.decode(step.role, users, slot_names, cfg.decode, latents)))
+        if step.outputs:
+            outs, stats = pool.rollout(step.role, users, slot_names, cfg.latent_steps, step.outputs, latents)
+            messages.update(zip(step.outputs, outs))
+            calls.append((step.round, step.role, "rollout", stats))
+    return calls
+
+
+def _run_text(pool, style, questions, tasks, cfg, rounds):
+    texts: dict[str, list[str]] = {}  # edge -> latest text per sample
+    calls = []
+    for step in build_schedule(style, rounds):
+        users = [render_prompt(style, step.role, step.variant, t, q, {m: texts[e][b] for m, e in step.inputs})
+                 for b, (q, t) in enumerate(zip(questions, tasks))]
+        handle = pool.decode(step.role, users, [], cfg.decode, [])
+        if step.decode:
+            calls.append((step.round, step.role, "decode", handle))
+            continue
+        decoded, stats = pool.get(handle, what=f"role {step.role}, round {step.round} (text)")
+        calls.append((step.round, step.role, "text", (decoded, stats)))
+        for edge in step.outputs:
+            texts[edge] = [d.text for d in decoded]
+    return calls
+
+
+def _collect(pool, calls, batch_size, elapsed, t0) -> list[SampleResult]:
+    results = [SampleResult("", 0, 0, 0.0) for _ in range(batch_size)]
+    for rnd, role, action, handle in calls:
+        value = pool.get(handle, what=f"role {role}, round {rnd} ({action})")
+        decoded, stats = value if action != "rollout" else (None, value)
+        for b, res in enumerate(results):
+            entry = {"role": role, "round": rnd, "action": action, "latent_steps": stats["latent_steps"],
+                     "text_tokens": stats["text_tokens"][b], "seconds": stats["seconds"] / batch_size}
+            if decoded is not None and action != "decode":
+                entry["text"] = decoded[b].text
+            res.trace.append(entry)
+            res.num_text_tokens += entry["text_tokens"]
+            res.num_latent_steps += entry["latent_steps"]
+            if action == "decode":
+                res.prediction = decoded[b].text
+    elapsed = time.perf_counter() - t0  # includes waiting for the last remote call
+    for res in results:
+        res.seconds = elapsed / batch_size
+    return results
+
+
+class LocalPool:
+    """In-process pool: handles are plain values and every call runs immediately."""
+
+    def __init__(self, services: dict):
+        self.services = services
+
+    def rollout(self, role, users, slot_names, num_steps, edges, latents):
+        *msgs, stats = self.services[role].rollout(users, slot_names, num_steps, edges, *latents)
+        return msgs, stats
+
+    def decode(self, role, users, slot_names, cfg, latents):
+        return self.services[role].decode(users, slot_names, cfg, *latents)
+
+    def get(self, handle, *, what):
+        return handle

@@ -1,0 +1,101 @@
+"""The call surface one agent offers the recursion runner, identical in-process and inside a Ray actor.
+
+`AgentService` owns an `Agent` (model + links) and exposes two calls whose arguments and results are
+plain picklable values, so a Ray actor can wrap it unchanged and pass latents as top-level ObjectRefs:
+
+  rollout(users, slot_names, num_steps, edges, *latents) -> (*messages_per_edge, stats)
+  decode(users, slot_names, cfg, *latents)               -> (list[Decoded], stats)
+
+`latents[i]` is the [B, M, D] block for `slot_names[i]`; messages are detached CPU tensors [B, M, E].
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+import torch
+
+from recmas_ray.agent import Agent, DecodeConfig, Decoded
+from recmas_ray.links import InnerLink, OuterLink
+from recmas_ray.models import load_frozen_model, resolve_dtype
+
+
+@dataclass(kw_only=True)
+class AgentSpec:
+    """Everything needed to build one agent anywhere (a local process or a remote actor)."""
+
+    role: str
+    """Role name in its style, e.g. "planner"."""
+    model_name: str
+    """tiny:<family>, pkg:<name>, a HF id or a local path."""
+    system_prompt: str
+    """The style's system prompt."""
+    dtype: str = "auto"
+    """Model dtype: auto (bf16 on CUDA, fp32 on CPU), float32, bfloat16."""
+    device: str = "auto"
+    """auto picks CUDA when torch sees a GPU, else CPU."""
+    message_dtype: str = "float32"
+    """Dtype of latents sent to other agents (float32 or bfloat16)."""
+
+
+def pick_device(requested: str) -> torch.device:
+    """The torch device: from torch itself, never from Ray's logical resources."""
+    if requested == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if requested.startswith("cuda") and not torch.cuda.is_available():
+        raise ValueError(f"device {requested!r} requested but torch sees no CUDA device")
+    if requested not in ("cpu",) and not requested.startswith("cuda"):
+        raise ValueError(f"unknown device {requested!r}; expected auto, cpu or cuda[:N]")
+    return torch.device(requested)
+
+
+class AgentService:
+    """Builds an Agent from a spec plus link weights and serves rollout/decode calls."""
+
+    def __init__(self, spec: AgentSpec, inner_state: dict, outer_states: dict[str, dict]):
+        from recmas_ray.links import inner_link_from_state_dict, outer_link_from_state_dict
+
+        self.spec = spec
+        device = pick_device(spec.device)
+        model, tokenizer = load_frozen_model(spec.model_name, dtype=resolve_dtype(spec.dtype, device), device=device)
+        self.agent = Agent(model, tokenizer, inner_link_from_state_dict(inner_state, what=f"inner link of {spec.role}"),
+                           role=spec.role, model_name=spec.model_name, system_prompt=spec.system_prompt)
+        for edge, sd in outer_states.items():
+            self.agent.attach_outer_link(edge, outer_link_from_state_dict(sd, what=f"outer link {edge}"))
+        self.message_dtype = resolve_dtype(spec.message_dtype, torch.device("cpu"))
+
+    def info(self) -> dict:
+        """Role, model, device and hidden size (the Ray actor adds node and GPU ids)."""
+        return {"role": self.spec.role, "model": self.spec.model_name, "device": str(self.agent.device),
+                "hidden_size": self.agent.hidden_size, "dtype": str(self.agent.dtype)}
+
+    def _embed(self, users, slot_names, latents):
+        if len(slot_names) != len(latents):
+            raise ValueError(f"role {self.spec.role}: {len(slot_names)} slot names but {len(latents)} latent blocks")
+        return self.agent.embed_batch(list(users), dict(zip(slot_names, latents)))
+
+    def rollout(self, users, slot_names, num_steps: int, edges, *latents):
+        """Latent rollout, then one message per outgoing edge; returns (*messages, stats)."""
+        t0 = time.perf_counter()
+        e_BLD, mask_BL = self._embed(users, slot_names, latents)
+        h_BMD = self.agent.latent_rollout(e_BLD, mask_BL, num_steps)
+        msgs = self.agent.messages(h_BMD, tuple(edges))
+        stats = {"role": self.spec.role, "latent_steps": num_steps, "text_tokens": [0] * len(users),
+                 "seconds": time.perf_counter() - t0}
+        return (*[msgs[e].to(self.message_dtype) for e in edges], stats)
+
+    def decode(self, users, slot_names, cfg: DecodeConfig, *latents):
+        """Text decode (latents spliced when given); returns (list[Decoded], stats)."""
+        t0 = time.perf_counter()
+        e_BLD, mask_BL = self._embed(users, slot_names, latents)
+        out: list[Decoded] = self.agent.decode(e_BLD, mask_BL, cfg)
+        stats = {"role": self.spec.role, "latent_steps": 0, "text_tokens": [d.num_tokens for d in out],
+                 "seconds": time.perf_counter() - t0}
+        return out, stats
+
+
+def link_states(inner: InnerLink, outer: dict[str, OuterLink]) -> tuple[dict, dict[str, dict]]:
+    """CPU state dicts to ship to a service (small next to the model, sent once at creation)."""
+    return ({k: v.detach().cpu() for k, v in inner.state_dict().items()},
+            {e: {k: v.detach().cpu() for k, v in m.state_dict().items()} for e, m in outer.items()})

@@ -1,0 +1,169 @@
+"""What a collaboration style is: roles, role-pair edges, prompts with latent slots, and the round schedule.
+
+A style is a `StyleSpec` declaration; `build_schedule` turns it into the ordered list of `Step`s that
+every consumer walks: the inference runner (local objects or Ray actors), the text baselines and the
+outer-loop trainer. Adding a style means writing one new declaration; nothing here changes.
+
+Schedule rule, for round r of R and each role in stage order:
+  inputs  = forward edges into the role (produced earlier in the same round)
+            + feedback edges into the role when r > 1 (produced in round r - 1)
+  outputs = forward edges out of the role + feedback edges out of it when r < R
+  decode  = the role is the style's decoder and r == R
+A role whose round has feedback inputs uses its "feedback" prompt variant.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+TASK_TYPES = ("math", "choice", "code")
+SYSTEM_PROMPT = "You are a helpful assistant."
+
+FINAL_INSTRUCTIONS = {
+    "math": "Reason step by step and put the final answer within \\boxed{}, for example \\boxed{1}.",
+    "choice": "Reason step by step and put only the letter of the final choice within \\boxed{}, for example \\boxed{A}.",
+    "code": "Write the complete solution in exactly one ```python code block.",
+}
+
+
+@dataclass(frozen=True)
+class RolePrompts:
+    """User-prompt templates of one role, keyed by (variant, task type).
+
+    Templates use `{question}` and `{final}` (the task's final-answer instruction) and contain the
+    literal slot markers (e.g. `<<LATENT_PLANNER_SLOT>>`) where latent blocks are spliced.
+    A missing task type falls back to the "math" template.
+    """
+
+    base: dict[str, str]
+    feedback: dict[str, str] = field(default_factory=dict)
+
+    def template(self, variant: str, task: str) -> str:
+        table = self.feedback if variant == "feedback" else self.base
+        if not table:
+            raise ValueError(f"no {variant!r} prompt declared for this role")
+        return table.get(task, table["math"])
+
+
+@dataclass(frozen=True)
+class StyleSpec:
+    """Declaration of a collaboration style. Edges are named `source->target`."""
+
+    name: str
+    stages: tuple[tuple[str, ...], ...]
+    """Roles in execution order; roles inside one stage may run concurrently."""
+    forward_edges: tuple[str, ...]
+    """Edges consumed in the same round they are produced."""
+    feedback_edges: tuple[str, ...]
+    """Edges produced in round r and consumed in round r + 1."""
+    decoder: str
+    """The role that decodes text in the final round."""
+    slots: dict[str, dict[str, str]]
+    """role -> {slot marker: incoming edge}."""
+    prompts: dict[str, RolePrompts]
+    """role -> its prompt templates."""
+    target_fields: dict[str, tuple[str, ...]]
+    """role -> training-data fields holding its gold output (first present wins)."""
+    system_prompt: str = SYSTEM_PROMPT
+    """System prompt shared by every role of the style."""
+    teacher_text_in_slots: bool = True
+    """Inner training fills slots with upstream gold text (False keeps the literal marker, as deliberation does)."""
+    single_agent_prompt: str = "{question}\n\n{final}"
+    """Prompt of the decoder alone (single-agent baseline)."""
+
+    @property
+    def roles(self) -> tuple[str, ...]:
+        return tuple(r for stage in self.stages for r in stage)
+
+    @property
+    def edges(self) -> tuple[str, ...]:
+        return self.forward_edges + self.feedback_edges
+
+    def validate(self) -> None:
+        """Check the declaration is internally consistent (programmer error -> ValueError with names)."""
+        roles = set(self.roles)
+        for edge in self.edges:
+            src, dst = split_edge(edge)
+            if src not in roles or dst not in roles:
+                raise ValueError(f"style {self.name}: edge {edge!r} names a role not in {sorted(roles)}")
+        for role, slots in self.slots.items():
+            for marker, edge in slots.items():
+                if edge not in self.edges or split_edge(edge)[1] != role:
+                    raise ValueError(f"style {self.name}: slot {marker} of {role} is fed by {edge!r}, not an edge into {role}")
+                variants = ("feedback",) if edge in self.feedback_edges else ("base",)
+                for variant in variants:
+                    for task in TASK_TYPES:
+                        if marker not in self.prompts[role].template(variant, task):
+                            raise ValueError(f"style {self.name}: {variant} prompt of {role} ({task}) is missing its slot {marker}")
+        if self.decoder not in roles:
+            raise ValueError(f"style {self.name}: decoder {self.decoder!r} is not a role")
+
+
+@dataclass(frozen=True)
+class Step:
+    """One agent call in the unrolled schedule."""
+
+    round: int
+    """1-based round index."""
+    role: str
+    variant: str
+    """Prompt variant: "base" or "feedback"."""
+    inputs: tuple[tuple[str, str], ...]
+    """(slot marker, edge) pairs filled from earlier steps."""
+    outputs: tuple[str, ...]
+    """Edges whose messages this step produces (empty for the final decode)."""
+    decode: bool
+    """True for the one final text decode."""
+    discard_decode: bool = False
+    """Also decode text that is thrown away (the reference mixture summarizer does this every round)."""
+
+
+def split_edge(edge: str) -> tuple[str, str]:
+    """`"planner->critic"` -> `("planner", "critic")`."""
+    parts = edge.split("->")
+    if len(parts) != 2 or not all(parts):
+        raise ValueError(f"edge {edge!r} is not of the form 'source->target'")
+    return parts[0], parts[1]
+
+
+def build_schedule(style: StyleSpec, num_rounds: int, *, decode_every_round: bool = False) -> list[Step]:
+    """Unroll `style` for `num_rounds` rounds (the single definition of every style's schedule)."""
+    if num_rounds < 1:
+        raise ValueError(f"num_recursive_rounds must be >= 1, got {num_rounds}")
+    steps = []
+    for r in range(1, num_rounds + 1):
+        for role in style.roles:
+            slot_items = style.slots.get(role, {}).items()
+            fwd_in = tuple((m, e) for m, e in slot_items if e in style.forward_edges)
+            fb_in = tuple((m, e) for m, e in slot_items if e in style.feedback_edges) if r > 1 else ()
+            outputs = tuple(e for e in style.forward_edges if split_edge(e)[0] == role)
+            if r < num_rounds:
+                outputs += tuple(e for e in style.feedback_edges if split_edge(e)[0] == role)
+            decode = role == style.decoder and r == num_rounds
+            if decode:
+                outputs = ()
+            if not outputs and not decode:
+                continue
+            steps.append(Step(
+                round=r, role=role, variant="feedback" if fb_in else "base", inputs=fwd_in + fb_in,
+                outputs=outputs, decode=decode,
+                discard_decode=decode_every_round and role == style.decoder and not decode,
+            ))
+    return steps
+
+
+def render_prompt(style: StyleSpec, step_role: str, variant: str, task: str, question: str,
+                  slot_text: dict[str, str] | None = None) -> str:
+    """The user prompt of a role; slot markers stay in place unless `slot_text` gives text for them."""
+    if task not in TASK_TYPES:
+        raise ValueError(f"unknown task type {task!r}; expected one of {TASK_TYPES}")
+    text = style.prompts[step_role].template(variant, task)
+    text = text.replace("{final}", FINAL_INSTRUCTIONS[task]).replace("{question}", question)
+    for marker, value in (slot_text or {}).items():
+        text = text.replace(marker, value)
+    return text
+
+
+def render_single_agent_prompt(style: StyleSpec, task: str, question: str) -> str:
+    """Prompt of the decoder working alone (the single-agent baseline)."""
+    return style.single_agent_prompt.replace("{final}", FINAL_INSTRUCTIONS[task]).replace("{question}", question)

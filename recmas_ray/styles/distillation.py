@@ -1,0 +1,35 @@
+"""Distillation style: expert -> learner; feedback learner -> expert (spec section 4.3).
+
+The large expert still runs at inference; "distillation" happens only through the trained links.
+"""
+
+from recmas_ray.styles.base import RolePrompts, StyleSpec
+
+EXPERT_SLOT = "<<DISTILL_EXPERT_SLOT>>"
+FEEDBACK_SLOT = "<<DISTILL_FEEDBACK_SLOT>>"
+
+_EXPERT_HEAD = ("You are the expert agent in a multi-agent system. Give a concise, execution-ready plan for the "
+                "learner agent. Do not give the final answer. Answer as \"Step 1: ... Step n: ...\".\n\nQuestion: {question}")
+
+DISTILLATION = StyleSpec(
+    name="distillation",
+    stages=(("expert",), ("learner",)),
+    forward_edges=("expert->learner",),
+    feedback_edges=("learner->expert",),
+    decoder="learner",
+    slots={"expert": {FEEDBACK_SLOT: "learner->expert"}, "learner": {EXPERT_SLOT: "expert->learner"}},
+    prompts={
+        "expert": RolePrompts(
+            base={"math": _EXPERT_HEAD},
+            feedback={"math": _EXPERT_HEAD + "\n\nFeedback signal from the previous round:\n" + FEEDBACK_SLOT
+                      + "\n\nUse the feedback as a soft correction signal."},
+        ),
+        "learner": RolePrompts(base={
+            "math": "You are the learner executor in a multi-agent system.\n\nExpert plan:\n" + EXPERT_SLOT
+                    + "\n\nUse the expert plan as guidance, but prioritise the constraints of the task.\n---\n"
+                    "Question: {question}\n\n{final}",
+        }),
+    },
+    target_fields={"expert": ("distill_expert", "refined_plan", "expert_plan"),
+                   "learner": ("distill_learner", "answer", "learner_answer")},
+)

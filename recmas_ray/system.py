@@ -1,0 +1,109 @@
+"""Plan a multi-agent system: base model per role, hidden sizes, links (fresh or from checkpoints).
+
+The plan is pure data (model names, dims, link weights), built once by the driver and handed to
+agents wherever they live. All checks that need no model weights happen here, before compute:
+unknown roles in `--ckpt_override`, link dims that do not match a role's base model.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from recmas_ray.checkpoint import LinkSet, init_links, load_links
+from recmas_ray.models import resolve_model_path
+from recmas_ray.presets import role_models
+from recmas_ray.service import AgentSpec, link_states
+from recmas_ray.styles import StyleSpec, get_style
+
+
+@dataclass
+class SystemPlan:
+    """Resolved system: what every role runs and with which links."""
+
+    style_name: str
+    style: StyleSpec
+    role_models: dict[str, str]
+    hidden_sizes: dict[str, int]
+    links: LinkSet
+    specs: dict[str, AgentSpec]
+    sources: dict[str, str] = field(default_factory=dict)
+    """Where each link came from: "init(seed=..)" or a checkpoint path."""
+
+    def service_args(self, role: str) -> tuple[AgentSpec, dict, dict]:
+        """(spec, inner state, outer states of the role's outgoing edges) for an AgentService."""
+        outgoing = {e: m for e, m in self.links.outer.items() if e.split("->")[0] == role}
+        return (self.specs[role], *link_states(self.links.inner[role], outgoing))
+
+    def manifest(self) -> dict:
+        """What a saved checkpoint records about the system."""
+        return {"style": self.style_name, "roles": {r: {"base_model": m, "hidden_size": self.hidden_sizes[r]}
+                                                      for r, m in self.role_models.items()},
+                "edges": list(self.style.edges), "sources": self.sources}
+
+
+def model_hidden_size(name: str) -> int:
+    """Hidden size from the model's config alone (no weights loaded)."""
+    from transformers import AutoConfig
+
+    return int(AutoConfig.from_pretrained(resolve_model_path(name)).get_text_config().hidden_size)
+
+
+def parse_overrides(items: list[str] | None) -> dict[str, str]:
+    """`["planner=DIR", "outer=DIR"]` -> dict, rejecting malformed items."""
+    out = {}
+    for item in items or []:
+        key, sep, value = item.partition("=")
+        if not sep or not key or not value:
+            raise ValueError(f"--ckpt_override {item!r} is not of the form ROLE=PATH")
+        out[key] = value
+    return out
+
+
+def plan_system(style_name: str, *, preset: str = "tiny", ckpt_overrides: dict[str, str] | None = None,
+                seed: int = 42, dtype: str = "auto", device: str = "auto", message_dtype: str = "float32",
+                task: str = "math", role_model_overrides: dict[str, str] | None = None) -> SystemPlan:
+    """Resolve models and links for `style_name`; raise ValueError on any mismatch before compute."""
+    style = get_style(style_name)
+    overrides = dict(ckpt_overrides or {})
+    bad = [k for k in overrides if k != "outer" and k not in style.roles]
+    if bad:
+        raise ValueError(f"--ckpt_override for {bad}: not roles of style {style_name}; "
+                         f"expected one of {list(style.roles)} or 'outer'")
+    loaded_inner, manifest_models, sources = {}, {}, {}
+    for role, path in overrides.items():
+        if role == "outer":
+            continue
+        ls = load_links(path, role=role, style=style, task=task)
+        if role in ls.inner:
+            link = ls.inner[role]
+        elif len(ls.inner) == 1:  # a single-role inner checkpoint may be reused for another role
+            link = next(iter(ls.inner.values()))
+        else:
+            raise ValueError(f"--ckpt_override {role}={path}: no inner link for role {role} in it "
+                             f"(it holds {sorted(ls.inner)})")
+        loaded_inner[role], sources[f"inner:{role}"] = link, path
+        base = ls.manifest.get("roles", {}).get(role, {}).get("base_model") or ls.manifest.get("base_model")
+        if base:
+            manifest_models[role] = base
+    models = role_models(style_name, preset, {**manifest_models, **(role_model_overrides or {})})
+    hidden = {role: model_hidden_size(name) for role, name in models.items()}
+    links = init_links(style, hidden, seed=seed)
+    sources |= {f"inner:{r}": f"init(seed={seed})" for r in style.roles if r not in loaded_inner}
+    for role, link in loaded_inner.items():
+        if link.hidden_size != hidden[role]:
+            raise ValueError(f"role {role}: inner link from {overrides[role]} has hidden size {link.hidden_size}, "
+                             f"but its base model {models[role]} has {hidden[role]}")
+        links.inner[role] = link
+    if "outer" in overrides:
+        outer = load_links(overrides["outer"], style=style, task=task)
+        for edge, link in outer.outer.items():
+            src, dst = edge.split("->")
+            if (link.in_dim, link.out_dim) != (hidden[src], hidden[dst]):
+                raise ValueError(f"outer link {edge} from {overrides['outer']} maps {link.in_dim}->{link.out_dim}, "
+                                 f"but {src} ({models[src]}) -> {dst} ({models[dst]}) needs {hidden[src]}->{hidden[dst]}")
+            links.outer[edge] = link
+            sources[f"outer:{edge}"] = overrides["outer"]
+    sources |= {f"outer:{e}": f"init(seed={seed})" for e in style.edges if f"outer:{e}" not in sources}
+    specs = {r: AgentSpec(role=r, model_name=models[r], system_prompt=style.system_prompt, dtype=dtype,
+                          device=device, message_dtype=message_dtype) for r in style.roles}
+    return SystemPlan(style_name, style, models, hidden, links, specs, sources)
