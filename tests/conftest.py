@@ -1,0 +1,68 @@
+"""Shared fixtures: offline environment, the tiny model cache, one session-wide local Ray cluster.
+
+Environment variables are set at import time, before any Ray process starts, so every Ray worker
+inherits them (no auth token, no usage stats, no hub access, small progress output).
+"""
+
+import os
+import tempfile
+
+os.environ.setdefault("RAY_AUTH_MODE", "disabled")
+os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+os.environ.setdefault("RAY_DATA_DISABLE_PROGRESS_BARS", "1")
+os.environ.setdefault("RAY_DEDUP_LOGS", "0")
+os.environ.setdefault("RECMAS_CACHE", os.path.join(tempfile.gettempdir(), "recmas_ray_test_cache"))
+os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
+
+import pytest  # noqa: E402
+import torch  # noqa: E402
+
+torch.set_num_threads(2)
+
+
+@pytest.fixture(scope="session")
+def tiny_cache():
+    """Build the four tiny model families once (milliseconds each) and return the cache root."""
+    from recmas_ray.models import TINY_FAMILIES, cache_root, ensure_tiny_model
+
+    for family in TINY_FAMILIES:
+        ensure_tiny_model(family)
+    return cache_root()
+
+
+@pytest.fixture(scope="session")
+def ray_cluster(tiny_cache):
+    """One local Ray cluster for the whole session: no dashboard, small object store, 8 logical CPUs.
+
+    Logical CPUs exceed the 2 physical cores on purpose: agent actors and Ray Train workers ask for
+    fractions, and Ray Data needs free CPUs for its read tasks.
+    """
+    import ray
+
+    started = not ray.is_initialized()
+    if started:
+        ray.init(num_cpus=8, num_gpus=0, include_dashboard=False, object_store_memory=384 * 2**20,
+                 namespace="recmas-tests", log_to_driver=False, configure_logging=False)
+    yield ray
+    if started:
+        ray.shutdown()
+
+
+def write_jsonl(path, rows):
+    """Write rows as JSON lines (shared by tests that need a question file)."""
+    import json
+
+    with open(path, "w") as f:
+        for row in rows:
+            f.write(json.dumps(row) + "\n")
+    return path
+
+
+@pytest.fixture
+def question_file(tmp_path):
+    """A 4-question JSONL file in the plain `question`/`answer` format."""
+    rows = [{"question": f"What is {a} + {b}?", "answer": str(a + b)} for a, b in [(2, 3), (10, 7), (4, 4), (21, 5)]]
+    return write_jsonl(tmp_path / "questions.jsonl", rows)
