@@ -16,13 +16,14 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-TASK_TYPES = ("math", "choice", "code")
+TASK_TYPES = ("math", "choice", "code", "qa")
 SYSTEM_PROMPT = "You are a helpful assistant."
 
 FINAL_INSTRUCTIONS = {
     "math": "Reason step by step and put the final answer within \\boxed{}, for example \\boxed{1}.",
     "choice": "Reason step by step and put only the letter of the final choice within \\boxed{}, for example \\boxed{A}.",
     "code": "Write the complete solution in exactly one ```python code block.",
+    "qa": "Answer the question. You may use available tools if needed. Put the final short answer within \\boxed{}.",
 }
 
 
