@@ -48,10 +48,13 @@ def role_models(style_name: str, preset: str, overrides: dict[str, str] | None =
         raise ValueError(f"unknown preset {preset!r}; expected one of {sorted(PRESETS)}")
     style = get_style(style_name)
     key = ALIASES.get(style_name, style_name)
-    table = PRESETS[preset].get(key) or PRESETS[preset][style.name]
-    models = dict(table)
+    models = dict(PRESETS[preset].get(key) or PRESETS[preset].get(style.name) or {})
     for role, name in (overrides or {}).items():
         if role not in style.roles:
             raise ValueError(f"role {role!r} is not a role of style {style_name}; expected one of {list(style.roles)}")
         models[role] = name
+    missing = [r for r in style.roles if r not in models]
+    if missing:
+        raise ValueError(f"preset {preset!r} has no base model for roles {missing} of style {style_name}; "
+                         f"give them an inner checkpoint with --ckpt_override ROLE=DIR")
     return models

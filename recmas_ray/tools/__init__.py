@@ -1,0 +1,51 @@
+"""Tools the deliberation style's toolcaller calls while decoding (``recursivemas.md`` section 4.4).
+
+The tool loop turns ``<python>...</python>`` into ``run_python_tool`` and ``<search>...</search>`` into a
+``WebSearchTool`` call; each returns a ``ToolOutput`` whose ``text`` goes inside ``<result>...</result>``.
+Neither tool ever raises on bad input, hostile code, missing keys or a missing network.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass
+class ToolOutput:
+    """Result of one tool call, as spliced back into the decoded text."""
+
+    text: str
+    """What goes inside ``<result>...</result>`` (already truncated and free of secrets)."""
+    ok: bool
+    """False when the tool failed, was refused, timed out or is unavailable (the text says why)."""
+    seconds: float
+    """Wall-clock seconds the call took."""
+
+
+# Imported after ToolOutput: both modules import it from this package.
+from recmas_ray.tools.python_tool import PYTHON_TOOL_PRELUDE, run_python_tool  # noqa: E402
+from recmas_ray.tools.search import (  # noqa: E402
+    SearchBackend,
+    SearchConfig,
+    SearchKeyError,
+    SearchUnavailableError,
+    TavilyBackend,
+    WebSearchTool,
+    format_results,
+    load_keys,
+    redact,
+)
+
+__all__ = [
+    "PYTHON_TOOL_PRELUDE",
+    "SearchBackend",
+    "SearchConfig",
+    "SearchKeyError",
+    "SearchUnavailableError",
+    "TavilyBackend",
+    "ToolOutput",
+    "WebSearchTool",
+    "format_results",
+    "load_keys",
+    "redact",
+    "run_python_tool",
+]
