@@ -123,5 +123,9 @@ def init_ray(address: str | None = None, **kwargs) -> None:
     try:
         ray.init(address="auto", **kwargs)
     except ConnectionError:
+        # A fresh local cluster: workers inherit this environment, so a checkout that is not
+        # pip-installed still imports in every actor.
+        root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+        os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (root, os.environ.get("PYTHONPATH")) if p)
         os.environ.setdefault("RAY_AUTH_MODE", "disabled")
         ray.init(include_dashboard=False, **kwargs)

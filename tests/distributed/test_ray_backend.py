@@ -1,0 +1,70 @@
+"""Ray backend: same greedy predictions as in-process for all styles, fail-fast placement, dead agents."""
+
+import pytest
+import ray
+import torch
+
+from recmas_ray.agent import DecodeConfig
+from recmas_ray.distributed.driver import build_ray_system
+from recmas_ray.distributed.placement import PlacementConfig
+from recmas_ray.runner import LocalPool, RecursionConfig, run_batch
+from recmas_ray.service import AgentService
+from recmas_ray.system import plan_system
+
+QUESTIONS = ["What is 2 + 3?", "Tom has 4 apples and buys 3 more. How many?", "What is 6 * 7?"]
+CFG = RecursionConfig(method="recursive_mas", num_recursive_rounds=2, latent_steps=6,
+                      decode=DecodeConfig(max_new_tokens=8))
+
+
+@pytest.mark.parametrize("style", ["sequential_light", "mixture", "distillation", "deliberation"])
+def test_ray_backend_matches_local(ray_cluster, style):
+    plan = plan_system(style, preset="tiny", seed=1)
+    local = run_batch(LocalPool({r: AgentService(*plan.service_args(r)) for r in plan.style.roles}),
+                      plan.style, QUESTIONS, ["math"] * 3, CFG)
+    system = build_ray_system(plan, PlacementConfig(preset="cpu", cpus_per_agent=0.25), timeout_s=120)
+    try:
+        assert {i["role"] for i in system.infos.values()} == set(plan.style.roles)
+        assert all(i["device"] == "cpu" and i["gpu_ids"] == [] for i in system.infos.values())
+        # two batches in flight at once: agents overlap, results must not change
+        refs = [system.solve(QUESTIONS, ["math"] * 3, CFG, batch_id=str(k)) for k in range(2)]
+        for remote in ray.get(refs, timeout=180):
+            assert [r.prediction for r in remote] == [r.prediction for r in local]
+            assert [r.num_latent_steps for r in remote] == [r.num_latent_steps for r in local]
+            assert [[t["role"] for t in r.trace] for r in remote] == [[t["role"] for t in r.trace] for r in local]
+    finally:
+        system.shutdown()
+
+
+@pytest.fixture(scope="module")
+def seq_system(ray_cluster):
+    plan = plan_system("sequential_light", preset="tiny", seed=2)
+    system = build_ray_system(plan, PlacementConfig(preset="cpu", cpus_per_agent=0.25), timeout_s=60)
+    yield plan, system
+    system.shutdown()
+
+
+def test_latents_travel_between_actors_and_match_local(seq_system):
+    plan, system = seq_system
+    planner = system.handles["planner"]
+    msg_ref, stats_ref = planner.rollout.options(num_returns=2).remote(QUESTIONS, [], 5, ("planner->critic",))
+    local_msg, _ = AgentService(*plan.service_args("planner")).rollout(QUESTIONS, [], 5, ("planner->critic",))
+    msg = ray.get(msg_ref, timeout=60)
+    assert msg.device.type == "cpu" and msg.shape == (3, 5, 96)
+    assert torch.allclose(msg, local_msg, atol=1e-5)
+
+
+def test_impossible_placement_fails_fast(ray_cluster):
+    plan = plan_system("sequential_light", preset="tiny")
+    with pytest.raises(ValueError, match="GPU: needs 3 .*cluster has 0"):
+        build_ray_system(plan, PlacementConfig(preset="one_gpu_per_agent", ready_timeout_s=5))
+
+
+def test_killed_agent_fails_the_run_naming_the_role(seq_system):
+    plan, system = seq_system  # runs last in this module: it kills the system's critic
+    ray.kill(system.handles["critic"])
+    with pytest.raises(RuntimeError, match="role critic, round 1 .*batch b7.*died"):
+        ray.get(system.solve(QUESTIONS, ["math"] * 3, CFG, batch_id="b7"), timeout=90)
+    system.shutdown()  # the remaining actors are released
+    for role in ("planner", "solver"):
+        with pytest.raises(ray.exceptions.RayActorError):
+            ray.get(system.handles[role].ready.remote(), timeout=30)
