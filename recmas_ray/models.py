@@ -171,7 +171,9 @@ def resolve_dtype(dtype: str, device: torch.device) -> torch.dtype:
 def load_frozen_model(name: str, *, dtype: torch.dtype, device: torch.device | str = "cpu"):
     """Load (model, tokenizer) frozen: eval mode, requires_grad False, left padding."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers.utils import logging as hf_logging
 
+    hf_logging.disable_progress_bar()  # one bar per agent per load drowns the job's own progress
     path = resolve_model_path(name)
     tokenizer = AutoTokenizer.from_pretrained(path)
     tokenizer.padding_side = "left"

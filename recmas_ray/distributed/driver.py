@@ -117,10 +117,13 @@ def init_ray(address: str | None = None, **kwargs) -> None:
     if ray.is_initialized():
         return
     os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
-    if address or os.environ.get("RAY_ADDRESS"):
-        ray.init(address=address or os.environ["RAY_ADDRESS"], **kwargs)
+    address = address or os.environ.get("RAY_ADDRESS")
+    if address and address != "local":
+        ray.init(address=address, **kwargs)
         return
     try:
+        if address == "local":  # RAY_ADDRESS=local: always a fresh local cluster
+            raise ConnectionError
         ray.init(address="auto", **kwargs)
     except ConnectionError:
         # A fresh local cluster: workers inherit this environment, so a checkout that is not
