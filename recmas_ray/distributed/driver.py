@@ -44,6 +44,9 @@ class Orchestrator:
         self.style = get_style(style_name)
         self.handles, self.timeout_s = handles, timeout_s
 
+    def ready(self) -> bool:
+        return True
+
     def solve(self, questions: list[str], tasks: list[str], cfg: RecursionConfig, batch_id: str = ""):
         pool = RayPool(self.handles, timeout_s=self.timeout_s, context=f", batch {batch_id}" if batch_id else "")
         return run_batch(pool, self.style, questions, tasks, cfg)
@@ -104,6 +107,9 @@ def build_ray_system(plan: SystemPlan, placement: PlacementConfig, *, timeout_s:
                 raise RuntimeError(f"agent {role} ({plan.role_models[role]}) failed to start: {e}") from e
             log.info("agent ready: %s", infos[role])
         orch = Orchestrator.remote(plan.style_name, handles, timeout_s)
+        if not ray.wait([orch.ready.remote()], timeout=placement.ready_timeout_s)[0]:
+            raise RuntimeError(f"orchestrator actor (1 CPU) not scheduled after {placement.ready_timeout_s:g}s; "
+                               f"available resources: {ray.available_resources()}")
     except BaseException:
         RaySystem(plan, handles, None, pg, {}, timeout_s).shutdown()
         raise
@@ -131,4 +137,7 @@ def init_ray(address: str | None = None, **kwargs) -> None:
         root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
         os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (root, os.environ.get("PYTHONPATH")) if p)
         os.environ.setdefault("RAY_AUTH_MODE", "disabled")
+        # Logical CPUs above the core count: agents, the orchestrator and Ray Data clients mostly
+        # wait on each other, and Ray Data needs free CPUs for its read tasks.
+        kwargs.setdefault("num_cpus", max(8, os.cpu_count() or 1))
         ray.init(include_dashboard=False, **kwargs)

@@ -28,7 +28,7 @@ class PlacementConfig:
     """Per-role GPU override, e.g. {"science": 1, "math": 0.5} (a 7B expert on a whole GPU)."""
     role_cpus: dict[str, float] = field(default_factory=dict)
     """Per-role logical CPU override."""
-    cpus_per_agent: float = 0.5
+    cpus_per_agent: float = 0.25
     """Logical CPUs per agent actor (fractions leave room for Ray Data read tasks)."""
     ready_timeout_s: float = 180.0
     """How long to wait for the placement group and each actor's ready() check."""

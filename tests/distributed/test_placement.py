@@ -10,12 +10,12 @@ ROLES = ["math", "code", "science", "summarizer"]
 def test_one_gpu_per_agent_has_one_bundle_per_role():
     plan = plan_placement(PlacementConfig(preset="one_gpu_per_agent", role_gpus={"science": 2}), ROLES)
     assert plan.strategy == "PACK" and plan.bundle_of == {r: i for i, r in enumerate(ROLES)}
-    assert plan.bundles[2] == {"CPU": 0.5, "GPU": 2} and plan.gpus["math"] == 1.0
+    assert plan.bundles[2] == {"CPU": 0.25, "GPU": 2} and plan.gpus["math"] == 1.0
 
 
 def test_colocated_shares_one_gpu_by_fractions():
     plan = plan_placement(PlacementConfig(preset="colocated"), ROLES[:3])
-    assert plan.bundles == [{"CPU": 1.5, "GPU": 1.0}] and set(plan.bundle_of.values()) == {0}
+    assert plan.bundles == [{"CPU": 0.75, "GPU": 1.0}] and set(plan.bundle_of.values()) == {0}
     assert abs(sum(plan.gpus.values()) - 1.0) < 1e-9
     mixed = plan_placement(PlacementConfig(preset="colocated", role_gpus={"science": 1, "math": 0.5, "code": 0.25,
                                                                           "summarizer": 0.25}), ROLES)
