@@ -116,22 +116,31 @@ def _run_text(pool, style, questions, tasks, cfg, rounds):
             calls.append((step.round, step.role, "decode", handle))
             continue
         decoded, stats = pool.get(handle, what=f"role {step.role}, round {step.round} (text)")
-        calls.append((step.round, step.role, "text", (decoded, stats)))
+        calls.append((step.round, step.role, "text", _Ready((decoded, stats))))
         for edge in step.outputs:
             texts[edge] = [d.text for d in decoded]
     return calls
 
 
+@dataclass
+class _Ready:
+    """A result the runner already holds (text steps are materialised to render the next prompt)."""
+
+    value: Any
+
+
 def _collect(pool, calls, batch_size, elapsed, t0) -> list[SampleResult]:
     results = [SampleResult("", 0, 0, 0.0) for _ in range(batch_size)]
     for rnd, role, action, handle in calls:
-        value = pool.get(handle, what=f"role {role}, round {rnd} ({action})")
+        value = handle.value if isinstance(handle, _Ready) else pool.get(handle, what=f"role {role}, round {rnd} ({action})")
         decoded, stats = value if action != "rollout" else (None, value)
         for b, res in enumerate(results):
             entry = {"role": role, "round": rnd, "action": action, "latent_steps": stats["latent_steps"],
                      "text_tokens": stats["text_tokens"][b], "seconds": stats["seconds"] / batch_size}
             if decoded is not None and action != "decode":
                 entry["text"] = decoded[b].text
+            if decoded is not None and getattr(decoded[b], "tool_calls", None):
+                entry["tool_calls"] = decoded[b].tool_calls
             res.trace.append(entry)
             res.num_text_tokens += entry["text_tokens"]
             res.num_latent_steps += entry["latent_steps"]

@@ -27,7 +27,13 @@ def test_ray_backend_matches_local(ray_cluster, style):
         assert all(i["device"] == "cpu" and i["gpu_ids"] == [] for i in system.infos.values())
         # two batches in flight at once: agents overlap, results must not change
         refs = [system.solve(QUESTIONS, ["math"] * 3, CFG, batch_id=str(k)) for k in range(2)]
-        for remote in ray.get(refs, timeout=180):
+        text_cfg = RecursionConfig(method="recursive_textmas", num_recursive_rounds=2, decode=DecodeConfig(max_new_tokens=4))
+        local_text = run_batch(LocalPool({r: AgentService(*plan.service_args(r)) for r in plan.style.roles}),
+                               plan.style, QUESTIONS, ["math"] * 3, text_cfg)
+        refs.append(system.solve(QUESTIONS, ["math"] * 3, text_cfg, batch_id="text"))
+        *latent_runs, text_run = ray.get(refs, timeout=180)
+        assert [r.prediction for r in text_run] == [r.prediction for r in local_text]
+        for remote in latent_runs:
             assert [r.prediction for r in remote] == [r.prediction for r in local]
             assert [r.num_latent_steps for r in remote] == [r.num_latent_steps for r in local]
             assert [[t["role"] for t in r.trace] for r in remote] == [[t["role"] for t in r.trace] for r in local]
