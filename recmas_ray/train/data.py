@@ -1,0 +1,156 @@
+"""Training data shared by inner- and outer-loop training: loading, role names, targets and prompts.
+
+Rows are plain dicts (`question` plus one gold text per role, spec sections 7 and 10). Everything a
+trainer needs from a row goes through here, so the inner and outer loops agree on which field is a
+role's target, how upstream gold texts fill a role's prompt slots, and which rows are rejected.
+
+Datasets: a local `.json` / `.jsonl` file (`{"data": [...]}` wrapped JSON via `json_field`), a
+Hugging Face dataset id (train split, via `datasets.load_dataset`), or `synthetic[:N]` for the
+offline multi-step arithmetic set of `recmas_ray.synthetic` (N rows, default 256).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from recmas_ray.styles import StyleSpec, render_prompt, split_edge
+from recmas_ray.styles.base import TASK_TYPES
+
+# Role names of the original training tool (`--mas_role`) -> recmas_ray role names.
+ROLE_ALIASES = {
+    "refiner": "critic",
+    "hie_math_expert": "math", "hie_code_expert": "code", "hie_science_expert": "science",
+    "hie_summarizer": "summarizer",
+    "distill_expert": "expert", "distill_learner": "learner",
+    "deliberation_reflector": "reflector", "deliberation_toolcaller": "toolcaller",
+}
+
+SYNTHETIC_PREFIX = "synthetic"
+DEFAULT_SYNTHETIC_ROWS = 256
+
+
+def canonical_role(style: StyleSpec, name: str) -> str:
+    """A role of `style` from its own name or an alias of the original tool; ValueError otherwise."""
+    role = ROLE_ALIASES.get(name, name)
+    if role not in style.roles:
+        aliases = sorted(a for a, r in ROLE_ALIASES.items() if r in style.roles)
+        raise ValueError(f"unknown role {name!r} for style {style.name}; expected one of {list(style.roles)} "
+                         f"or an alias {aliases}")
+    return role
+
+
+def load_rows(dataset_name: str, json_field: str | None = None, *, split: str = "train") -> list[dict]:
+    """Rows of a local .json/.jsonl file, `synthetic[:N]`, or a Hugging Face dataset id (`split`)."""
+    if not dataset_name:
+        raise ValueError("empty dataset name; expected a .json/.jsonl path, synthetic[:N] or a HF dataset id")
+    if dataset_name == SYNTHETIC_PREFIX or dataset_name.startswith(SYNTHETIC_PREFIX + ":"):
+        return _synthetic_rows(dataset_name)
+    path = Path(dataset_name)
+    if path.suffix in (".json", ".jsonl"):
+        if not path.is_file():
+            raise ValueError(f"dataset file {dataset_name!r} does not exist")
+        return _json_rows(path, json_field)
+    from datasets import load_dataset
+
+    return [dict(r) for r in load_dataset(dataset_name, split=split)]
+
+
+def _synthetic_rows(name: str) -> list[dict]:
+    from recmas_ray.synthetic import make_arithmetic_dataset
+
+    _, _, count = name.partition(":")
+    try:
+        num_rows = int(count) if count else DEFAULT_SYNTHETIC_ROWS
+    except ValueError:
+        raise ValueError(f"dataset {name!r}: expected synthetic or synthetic:N with an integer N") from None
+    if num_rows < 1:
+        raise ValueError(f"dataset {name!r}: the number of rows must be >= 1")
+    return make_arithmetic_dataset(num_rows, seed=0)
+
+
+def _json_rows(path: Path, json_field: str | None) -> list[dict]:
+    if path.suffix == ".jsonl":
+        data = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    else:
+        data = json.loads(path.read_text())
+    if json_field:
+        if not isinstance(data, dict) or json_field not in data:
+            keys = sorted(data) if isinstance(data, dict) else type(data).__name__
+            raise ValueError(f"{path}: no field {json_field!r} at the top level (found {keys})")
+        data = data[json_field]
+    elif isinstance(data, dict):
+        raise ValueError(f"{path}: top level is an object with keys {sorted(data)}; pass the field holding "
+                         f"the rows (--dataset_json_field, e.g. 'data')")
+    if not isinstance(data, list) or not all(isinstance(r, dict) for r in data):
+        raise ValueError(f"{path}: expected a list of row objects")
+    return data
+
+
+def _present(row: dict, field: str) -> bool:
+    value = row.get(field)
+    return value is not None and str(value).strip() != ""
+
+
+def role_target(style: StyleSpec, role: str, row: dict) -> str:
+    """The role's gold text: the first present, non-empty field of `style.target_fields[role]`."""
+    fields = style.target_fields[role]
+    for field in fields:
+        if _present(row, field):
+            return str(row[field])
+    raise ValueError(f"row has no non-empty target for role {role} of style {style.name}; "
+                     f"accepted fields {list(fields)}")
+
+
+def upstream_roles(style: StyleSpec, role: str, *, variant: str = "base", task: str = "math") -> list[str]:
+    """Roles whose gold text fills a slot of `role`'s prompt (variant/task), in slot order."""
+    template = style.prompts[role].template(variant, task)
+    slots = style.slots.get(role, {})
+    return [split_edge(edge)[0] for marker, edge in slots.items() if marker in template]
+
+
+def teacher_prompt(style: StyleSpec, role: str, row: dict, task: str, *, variant: str = "base") -> str:
+    """The role's user prompt with the upstream roles' gold texts in its slots.
+
+    When `style.teacher_text_in_slots` is False (deliberation) the literal slot markers stay in the
+    text; embed such prompts with `literal_slots=True`.
+    """
+    if task not in TASK_TYPES:
+        raise ValueError(f"unknown task type {task!r}; expected one of {TASK_TYPES}")
+    slot_text = {}
+    if style.teacher_text_in_slots:
+        template = style.prompts[role].template(variant, task)
+        for marker, edge in style.slots.get(role, {}).items():
+            if marker in template:
+                slot_text[marker] = role_target(style, split_edge(edge)[0], row)
+    return render_prompt(style, role, variant, task, str(row["question"]), slot_text)
+
+
+def validate_rows(rows: list[dict], style: StyleSpec, roles, *, task: str = "math", variant: str = "base") -> None:
+    """Check up front that every row has a question, each role's target and its upstream texts.
+
+    Raises ValueError naming the first bad row's index and the field names that were accepted.
+    """
+    if not rows:
+        raise ValueError("the dataset has no rows")
+    needed = {}
+    for role in roles:
+        needed[role] = style.target_fields[role]
+        if style.teacher_text_in_slots:
+            for up in upstream_roles(style, role, variant=variant, task=task):
+                needed[up] = style.target_fields[up]
+    for i, row in enumerate(rows):
+        if not isinstance(row, dict):
+            raise ValueError(f"row {i}: expected an object with fields, got {type(row).__name__}")
+        if not _present(row, "question"):
+            raise ValueError(f"row {i}: missing or empty field 'question'")
+        for role, fields in needed.items():
+            if not any(_present(row, f) for f in fields):
+                raise ValueError(f"row {i}: missing or empty target of role {role} (style {style.name}); "
+                                 f"accepted fields {list(fields)}")
+
+
+def role_examples(rows: list[dict], style: StyleSpec, role: str, task: str) -> list[tuple[str, str]]:
+    """(user prompt, gold target) pairs of one role, after `validate_rows`."""
+    validate_rows(rows, style, [role], task=task)
+    return [(teacher_prompt(style, role, row, task), role_target(style, role, row)) for row in rows]
