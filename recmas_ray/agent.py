@@ -6,7 +6,8 @@ What it does, per batch of prompts:
            embed the text pieces, splice latent blocks [M, D] into the slots, left-pad the batch
   rollout  m latent steps with the KV cache: h_t (last layer, last position) -> inner(h_t) -> next input
   message  outer_{edge}(inner(H)) for each outgoing edge, detached on CPU
-  decode   greedy or sampled text decoding from embeddings, with the KV cache
+  decode   greedy or sampled text decoding from embeddings, with the KV cache; resumable
+           (prefill / generate / feed) so the tool loop can append results and continue
 
 Legend: B batch, L sequence, M latent steps, D this agent's hidden size, E target hidden size.
 """
@@ -15,7 +16,7 @@ from __future__ import annotations
 
 import inspect
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
@@ -46,6 +47,8 @@ class Decoded:
 
     text: str
     num_tokens: int
+    tool_calls: list[dict] = field(default_factory=list)
+    """Deliberation tool loop: one dict per executed call (kind, input, result, ok, seconds)."""
 
 
 def _cache_kwarg() -> str:
@@ -234,30 +237,95 @@ class Agent:
         """Decode text from embeddings with the KV cache; stops per sample at EOS or the budget."""
         if cfg.max_new_tokens < 1:
             raise ValueError(f"max_new_tokens must be >= 1, got {cfg.max_new_tokens}")
-        B = e_BLD.shape[0]
-        eos = _eos_ids(self.model, self.tokenizer)
-        gen = torch.Generator(device=self.device).manual_seed(cfg.seed) if cfg.do_sample else None
+        state = self.prefill(e_BLD, mask_BL)
+        tokens = self.generate(state, cfg, max_new_tokens=cfg.max_new_tokens, gen=self.make_generator(cfg))
+        return [Decoded(self.detokenize(toks), len(toks)) for toks in tokens]
+
+    # Resumable decoding (the deliberation tool loop): prefill once, generate until a stop, feed the
+    # tool result into the same cache, generate again. `decode` is prefill + one generate.
+    def make_generator(self, cfg: DecodeConfig, seed_offset: int = 0) -> torch.Generator | None:
+        """The sampling generator for `cfg` (None when greedy)."""
+        if not cfg.do_sample:
+            return None
+        return torch.Generator(device=self.device).manual_seed(cfg.seed + seed_offset)
+
+    @torch.no_grad()
+    def prefill(self, e_BLD: torch.Tensor, mask_BL: torch.Tensor) -> DecodeState:
+        """Run the prompt embeddings once and return the paused state (cache + next-token logits)."""
         pos_BL = positions(mask_BL)
         out = self.model(inputs_embeds=e_BLD, attention_mask=mask_BL, position_ids=pos_BL, use_cache=True,
                          logits_to_keep=1)
+        return DecodeState(cache=_out_cache(out), mask_BL=mask_BL, pos_BL=pos_BL[:, -1:],
+                           logits_BV=out.logits[:, -1], fed=e_BLD.shape[1])
+
+    @torch.no_grad()
+    def feed(self, state: DecodeState, ids_BT: torch.Tensor, *, replace_pending: bool = False) -> None:
+        """Append tokens [B, T] to the cache (after the pending token, unless `replace_pending` drops it)."""
+        ids_BT = ids_BT.to(self.device)
+        if state.pending_B is not None and not replace_pending:
+            ids_BT = torch.cat([state.pending_B[:, None], ids_BT], dim=1)
+        state.pending_B = None
+        B, T = ids_BT.shape
+        if T == 0:
+            return
+        mask_BL = torch.cat([state.mask_BL, state.mask_BL.new_ones(B, T)], dim=1)
+        pos_BT = state.pos_BL + torch.arange(1, T + 1, device=state.pos_BL.device)
+        out = self.model(input_ids=ids_BT, attention_mask=mask_BL, position_ids=pos_BT, use_cache=True,
+                         logits_to_keep=1, **{CACHE_KW: state.cache})
+        state.cache, state.mask_BL, state.pos_BL = _out_cache(out), mask_BL, pos_BT[:, -1:]
+        state.logits_BV, state.fed = out.logits[:, -1], state.fed + T
+
+    @torch.no_grad()
+    def generate(self, state: DecodeState, cfg: DecodeConfig, *, max_new_tokens: int, gen=None,
+                 stop_fn=None) -> list[list[int]]:
+        """Generate up to `max_new_tokens` per row from a paused state; returns the new tokens per row.
+
+        A row stops at EOS (kept in its list), at the budget, or when `stop_fn(row, tokens)` is true.
+        The last picked token is left unfed in `state.pending_B`: `feed` (or the next `generate`)
+        puts it into the cache first, so a caller can append text and continue where it stopped.
+        """
+        B = state.logits_BV.shape[0]
+        eos = _eos_ids(self.model, self.tokenizer)
         tokens = [[] for _ in range(B)]
         done = torch.zeros(B, dtype=torch.bool, device=self.device)
-        for _ in range(cfg.max_new_tokens):
-            next_B = _pick(out.logits[:, -1].float(), cfg, gen)
+        for _ in range(max_new_tokens):
+            if state.pending_B is not None:
+                self.feed(state, state.pending_B.new_zeros(B, 0))
+            next_B = _pick(state.logits_BV.float(), cfg, gen)
             next_B = torch.where(done, torch.full_like(next_B, self.tokenizer.pad_token_id or 0), next_B)
             for b in range(B):
                 if not done[b]:
                     tokens[b].append(int(next_B[b]))
+                    if stop_fn is not None and stop_fn(b, tokens[b]):
+                        done[b] = True
             done |= torch.isin(next_B, eos)
+            state.pending_B = next_B
             if bool(done.all()):
                 break
-            mask_BL = torch.cat([mask_BL, mask_BL.new_ones(B, 1)], dim=1)
-            pos_BL = pos_BL[:, -1:] + 1
-            out = self.model(input_ids=next_B[:, None], attention_mask=mask_BL, position_ids=pos_BL,
-                             use_cache=True, **{CACHE_KW: _out_cache(out)})
-        eos_list = set(eos.tolist())
-        return [Decoded(self.tokenizer.decode([t for t in toks if t not in eos_list], skip_special_tokens=True),
-                        len(toks)) for toks in tokens]
+        return tokens
+
+    def detokenize(self, token_ids: list[int]) -> str:
+        """Text of generated tokens, EOS and special tokens removed."""
+        eos_list = set(_eos_ids(self.model, self.tokenizer).tolist())
+        return self.tokenizer.decode([t for t in token_ids if t not in eos_list], skip_special_tokens=True)
+
+
+@dataclass
+class DecodeState:
+    """A paused KV-cached decode: the cache plus what is needed to append tokens and continue."""
+
+    cache: object
+    """The model's KV cache over every fed position."""
+    mask_BL: torch.Tensor
+    """Attention mask over every fed position (left padding 0)."""
+    pos_BL: torch.Tensor
+    """Position id of the last fed column, [B, 1]."""
+    logits_BV: torch.Tensor
+    """Next-token logits after the last fed column."""
+    fed: int
+    """Columns fed through the model so far (prompt, generated and appended tokens)."""
+    pending_B: torch.Tensor | None = None
+    """Tokens picked by `generate` but not yet fed (fed first by the next `feed`/`generate`)."""
 
 
 def _eos_ids(model, tokenizer) -> torch.Tensor:

@@ -11,14 +11,19 @@ plain picklable values, so a Ray actor can wrap it unchanged and pass latents as
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
 
-from recmas_ray.agent import Agent, DecodeConfig, Decoded
+from recmas_ray.agent import Agent, DecodeConfig, Decoded, left_pad
 from recmas_ray.links import InnerLink, OuterLink
 from recmas_ray.models import load_frozen_model, resolve_dtype
+
+if TYPE_CHECKING:
+    from recmas_ray.tools.loop import ToolLoopConfig
 
 
 @dataclass(kw_only=True)
@@ -37,6 +42,8 @@ class AgentSpec:
     """auto picks CUDA when torch sees a GPU, else CPU."""
     message_dtype: str = "float32"
     """Dtype of latents sent to other agents (float32 or bfloat16)."""
+    tools: ToolLoopConfig | None = None
+    """Deliberation toolcaller only: decode with the tool loop (keys are read where the agent runs)."""
 
 
 def pick_device(requested: str) -> torch.device:
@@ -64,6 +71,15 @@ class AgentService:
         for edge, sd in outer_states.items():
             self.agent.attach_outer_link(edge, outer_link_from_state_dict(sd, what=f"outer link {edge}"))
         self.message_dtype = resolve_dtype(spec.message_dtype, torch.device("cpu"))
+        self.toolbox = None
+        if spec.tools is not None:
+            self.configure_tools(spec.tools)
+
+    def configure_tools(self, cfg: ToolLoopConfig | None, *, search_backend=None) -> None:
+        """Turn the tool loop on for every decode (None turns it off); `search_backend` replaces Tavily."""
+        from recmas_ray.tools.loop import Toolbox
+
+        self.toolbox = None if cfg is None else Toolbox(cfg, search_backend=search_backend)
 
     def info(self) -> dict:
         """Role, model, device and hidden size (the Ray actor adds node and GPU ids)."""
@@ -88,11 +104,31 @@ class AgentService:
     def decode(self, users, slot_names, cfg: DecodeConfig, *latents):
         """Text decode (latents spliced when given); returns (list[Decoded], stats)."""
         t0 = time.perf_counter()
-        e_BLD, mask_BL = self._embed(users, slot_names, latents)
-        out: list[Decoded] = self.agent.decode(e_BLD, mask_BL, cfg)
+        if self.toolbox is not None:
+            from recmas_ray.tools.loop import decode_with_tools
+
+            if len(slot_names) != len(latents):
+                raise ValueError(f"role {self.spec.role}: {len(slot_names)} slot names but {len(latents)} latent blocks")
+            out = decode_with_tools(self.agent, list(users), dict(zip(slot_names, latents)), cfg, self.toolbox)
+        else:
+            e_BLD, mask_BL = self._embed(users, slot_names, latents)
+            out = self.agent.decode(e_BLD, mask_BL, cfg)
         stats = {"role": self.spec.role, "latent_steps": 0, "text_tokens": [d.num_tokens for d in out],
                  "seconds": time.perf_counter() - t0}
         return out, stats
+
+    def retry_format(self, texts: list[str], suffixes: list[str], max_new_tokens: int,
+                     cfg: DecodeConfig | None = None) -> list[Decoded]:
+        """Answer-format retry: continue `text + suffix` with the base model alone.
+
+        No chat template and no latents (the release's behaviour); returns only the continuations.
+        """
+        if len(texts) != len(suffixes):
+            raise ValueError(f"retry_format: {len(texts)} texts but {len(suffixes)} suffixes")
+        cfg = dataclasses.replace(cfg or DecodeConfig(), max_new_tokens=max_new_tokens)
+        with torch.no_grad():
+            rows = [self.agent._embed_ids(self.agent.tokenizer(t + s).input_ids) for t, s in zip(texts, suffixes)]
+            return self.agent.decode(*left_pad(rows), cfg)
 
 
 def link_states(inner: InnerLink, outer: dict[str, OuterLink]) -> tuple[dict, dict[str, dict]]:

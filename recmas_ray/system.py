@@ -8,12 +8,16 @@ unknown roles in `--ckpt_override`, link dims that do not match a role's base mo
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from recmas_ray.checkpoint import LinkSet, init_links, load_links
 from recmas_ray.models import resolve_model_path
 from recmas_ray.presets import role_models
 from recmas_ray.service import AgentSpec, link_states
 from recmas_ray.styles import StyleSpec, get_style
+
+if TYPE_CHECKING:
+    from recmas_ray.tools.loop import ToolLoopConfig
 
 
 @dataclass
@@ -61,9 +65,16 @@ def parse_overrides(items: list[str] | None) -> dict[str, str]:
 
 def plan_system(style_name: str, *, preset: str = "tiny", ckpt_overrides: dict[str, str] | None = None,
                 seed: int = 42, dtype: str = "auto", device: str = "auto", message_dtype: str = "float32",
-                task: str = "math", role_model_overrides: dict[str, str] | None = None) -> SystemPlan:
-    """Resolve models and links for `style_name`; raise ValueError on any mismatch before compute."""
+                task: str = "math", role_model_overrides: dict[str, str] | None = None,
+                tools: ToolLoopConfig | None = None) -> SystemPlan:
+    """Resolve models and links for `style_name`; raise ValueError on any mismatch before compute.
+
+    `tools` turns on the deliberation toolcaller's tool loop (deliberation only).
+    """
     style = get_style(style_name)
+    if tools is not None and style.name != "deliberation":
+        raise ValueError(f"tool settings (--tavily_keys_file, --max_tool_rounds, --python_timeout) apply to style "
+                         f"deliberation only, got style {style_name!r}")
     overrides = dict(ckpt_overrides or {})
     bad = [k for k in overrides if k != "outer" and k not in style.roles]
     if bad:
@@ -105,5 +116,6 @@ def plan_system(style_name: str, *, preset: str = "tiny", ckpt_overrides: dict[s
             sources[f"outer:{edge}"] = overrides["outer"]
     sources |= {f"outer:{e}": f"init(seed={seed})" for e in style.edges if f"outer:{e}" not in sources}
     specs = {r: AgentSpec(role=r, model_name=models[r], system_prompt=style.system_prompt, dtype=dtype,
-                          device=device, message_dtype=message_dtype) for r in style.roles}
+                          device=device, message_dtype=message_dtype,
+                          tools=tools if r == style.decoder else None) for r in style.roles}
     return SystemPlan(style_name, style, models, hidden, links, specs, sources)

@@ -25,7 +25,7 @@ from dataclasses import dataclass
 import ray
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
-from recmas_ray.distributed.actors import AgentActor, RayPool
+from recmas_ray.distributed.actors import TRANSPORTS, AgentActor, RayPool, RDTAgentActor
 from recmas_ray.distributed.placement import PlacementConfig, create_placement, plan_placement
 from recmas_ray.runner import RecursionConfig, run_batch
 from recmas_ray.styles import get_style
@@ -40,15 +40,21 @@ AGENT_ENV = {"TOKENIZERS_PARALLELISM": "false", "HF_HUB_DISABLE_PROGRESS_BARS": 
 class Orchestrator:
     """Runs batches through the recursion against agent actor handles."""
 
-    def __init__(self, style_name: str, handles: dict, timeout_s: float):
+    def __init__(self, style_name: str, handles: dict, timeout_s: float, transport: str = "object_store"):
         self.style = get_style(style_name)
-        self.handles, self.timeout_s = handles, timeout_s
+        self.handles, self.timeout_s, self.transport = handles, timeout_s, transport
+        if transport != "object_store":
+            # RDT checks the transport in the calling process, so the orchestrator creates the group.
+            from ray.experimental.collective import create_collective_group
+
+            create_collective_group(list(handles.values()), backend="torch_gloo" if transport == "rdt:gloo" else "nccl")
 
     def ready(self) -> bool:
         return True
 
     def solve(self, questions: list[str], tasks: list[str], cfg: RecursionConfig, batch_id: str = ""):
-        pool = RayPool(self.handles, timeout_s=self.timeout_s, context=f", batch {batch_id}" if batch_id else "")
+        pool = RayPool(self.handles, timeout_s=self.timeout_s, context=f", batch {batch_id}" if batch_id else "",
+                       transport=self.transport)
         return run_batch(pool, self.style, questions, tasks, cfg)
 
 
@@ -82,8 +88,15 @@ class RaySystem:
 
 
 def build_ray_system(plan: SystemPlan, placement: PlacementConfig, *, timeout_s: float = 600.0,
-                     torch_threads: int = 0) -> RaySystem:
-    """Create the placement group, one actor per role, await `ready()`, then the orchestrator."""
+                     torch_threads: int = 0, transport: str = "object_store") -> RaySystem:
+    """Create the placement group, one actor per role, await `ready()`, then the orchestrator.
+
+    `transport` moves latents through the object store (default) or by Ray Direct Transport
+    (`rdt:gloo` on CPUs, `rdt:nccl` on GPUs; alpha in Ray 2.60), point to point between agents.
+    """
+    if transport not in TRANSPORTS:
+        raise ValueError(f"unknown transport {transport!r}; expected one of {TRANSPORTS}")
+    actor_cls = AgentActor if transport == "object_store" else RDTAgentActor
     roles = list(plan.style.roles)
     pplan = plan_placement(placement, roles)
     pg = create_placement(pplan, preset=placement.preset, timeout_s=placement.ready_timeout_s)
@@ -95,7 +108,7 @@ def build_ray_system(plan: SystemPlan, placement: PlacementConfig, *, timeout_s:
         for role in roles:
             strategy = PlacementGroupSchedulingStrategy(placement_group=pg,
                                                         placement_group_bundle_index=pplan.bundle_of[role])
-            handles[role] = AgentActor.options(
+            handles[role] = actor_cls.options(
                 num_cpus=pplan.cpus[role], num_gpus=pplan.gpus[role], scheduling_strategy=strategy,
                 runtime_env={"env_vars": env}, name=None,
             ).remote(*plan.service_args(role), torch_threads)
@@ -106,7 +119,7 @@ def build_ray_system(plan: SystemPlan, placement: PlacementConfig, *, timeout_s:
             except Exception as e:
                 raise RuntimeError(f"agent {role} ({plan.role_models[role]}) failed to start: {e}") from e
             log.info("agent ready: %s", infos[role])
-        orch = Orchestrator.remote(plan.style_name, handles, timeout_s)
+        orch = Orchestrator.remote(plan.style_name, handles, timeout_s, transport)
         if not ray.wait([orch.ready.remote()], timeout=placement.ready_timeout_s)[0]:
             raise RuntimeError(f"orchestrator actor (1 CPU) not scheduled after {placement.ready_timeout_s:g}s; "
                                f"available resources: {ray.available_resources()}")

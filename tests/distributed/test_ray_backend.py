@@ -74,3 +74,16 @@ def test_killed_agent_fails_the_run_naming_the_role(seq_system):
     for role in ("planner", "solver"):
         with pytest.raises(ray.exceptions.RayActorError):
             ray.get(system.handles[role].ready.remote(), timeout=30)
+
+
+def test_ray_direct_transport_gloo_matches_object_store(ray_cluster):
+    plan = plan_system("mixture", preset="tiny", seed=4)
+    local = run_batch(LocalPool({r: AgentService(*plan.service_args(r)) for r in plan.style.roles}),
+                      plan.style, QUESTIONS, ["math"] * 3, CFG)
+    system = build_ray_system(plan, PlacementConfig(preset="cpu", cpus_per_agent=0.25), timeout_s=120,
+                              transport="rdt:gloo")
+    try:
+        remote = ray.get(system.solve(QUESTIONS, ["math"] * 3, CFG, batch_id="rdt"), timeout=180)
+        assert [r.prediction for r in remote] == [r.prediction for r in local]
+    finally:
+        system.shutdown()
