@@ -1,0 +1,355 @@
+"""Evaluation outputs in lm-evaluation-harness's layout (style.md section 9).
+
+- `SampleWriter`: append-only `samples_<benchmark>_<time>.jsonl`, one line per finished sample,
+  flushed and fsynced, so a crash loses at most the line being written; `load_done_ids` and
+  `read_samples` make `--resume` skip finished samples and never double count.
+- `summarize`: accuracy with standard error, pass@k, tokens, latent steps, seconds, throughput.
+- `write_results`: `results_<ISO time>.json` with `results`, `config`, `versions`, `git_hash`,
+  `date`, `n-samples`, `total_evaluation_time_seconds`.
+- `markdown_table` (stdout) and `plot_vs_rounds` (PNG).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime as _dt
+import json
+import math
+import os
+import subprocess
+import threading
+import time
+from collections import defaultdict
+from pathlib import Path
+from typing import Any, Callable, Iterable, Mapping, Sequence
+
+from recmas_ray.eval.graders import pass_at_k
+
+__all__ = ["SampleWriter", "sample_key", "load_done_ids", "read_samples", "summarize",
+           "write_results", "markdown_table", "plot_vs_rounds", "timestamp", "samples_path"]
+
+BASELINE = "recursive_textmas"
+
+
+def timestamp() -> str:
+    """lm-eval style file timestamp: ISO time with ':' replaced, safe in file names."""
+    return _dt.datetime.now().isoformat(timespec="microseconds").replace(":", "-")
+
+
+def samples_path(output_dir: str | os.PathLike, run_name: str, benchmark: str, ts: str) -> Path:
+    """`<output_dir>/<run_name>/samples_<benchmark>_<ts>.jsonl`."""
+    return Path(output_dir) / run_name / f"samples_{benchmark}_{ts}.jsonl"
+
+
+def sample_key(record: Mapping[str, Any]) -> str:
+    """Identity of a finished sample: method, doc id and rollout, where present."""
+    if "doc_id" not in record:
+        raise ValueError(f"sample record has no 'doc_id' (keys: {sorted(record)[:12]})")
+    return "::".join(str(record[k]) for k in ("method", "doc_id", "rollout")
+                     if record.get(k) is not None)
+
+
+class SampleWriter:
+    """Append one JSON line per finished sample; flush + fsync after each line.
+
+    A crash can leave a partial last line; opening the file again cuts it off, so the next
+    append starts on a clean line and resume treats that sample as not done.
+    """
+
+    def __init__(self, path: str | os.PathLike):
+        self.path = Path(path)
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self._lock = threading.Lock()
+        _drop_partial_line(self.path)
+        self._f = open(self.path, "a", encoding="utf-8")
+
+    def write(self, record: Mapping[str, Any]) -> None:
+        """Append `record` as one line (JSON, non-ASCII kept) and make it durable."""
+        line = json.dumps(record, ensure_ascii=False, default=_json_default)
+        with self._lock:
+            self._f.write(line + "\n")
+            self._f.flush()
+            os.fsync(self._f.fileno())
+
+    def close(self) -> None:
+        """Close the file (idempotent)."""
+        with self._lock:
+            if not self._f.closed:
+                self._f.close()
+
+    def __enter__(self) -> "SampleWriter":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+def _drop_partial_line(path: Path) -> None:
+    if not path.exists() or path.stat().st_size == 0:
+        return
+    with open(path, "rb+") as f:
+        data = f.read()
+        if not data.endswith(b"\n"):
+            f.truncate(data.rfind(b"\n") + 1)
+
+
+def read_samples(path: str | os.PathLike, *, key: Callable[[Mapping], str] = sample_key
+                 ) -> list[dict]:
+    """Parsed sample records, skipping a torn last line and keeping the last copy per key."""
+    p = Path(path)
+    if not p.exists():
+        return []
+    by_key: dict[str, dict] = {}
+    for line in p.read_text(encoding="utf-8").splitlines():
+        try:
+            rec = json.loads(line)
+        except json.JSONDecodeError:
+            continue  # a line torn by a crash; the sample is simply redone
+        if isinstance(rec, dict) and "doc_id" in rec:
+            by_key[key(rec)] = rec
+    return list(by_key.values())
+
+
+def load_done_ids(path: str | os.PathLike, *, key: Callable[[Mapping], str] = sample_key
+                  ) -> set[str]:
+    """Keys (see `sample_key`) of the samples already in `path`; empty if it does not exist."""
+    return {key(r) for r in read_samples(path, key=key)}
+
+
+def _json_default(obj: Any) -> Any:
+    if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
+        return dataclasses.asdict(obj)
+    if isinstance(obj, (set, frozenset, tuple)):
+        return list(obj)
+    if hasattr(obj, "item"):  # numpy / torch scalars
+        return obj.item()
+    return str(obj)
+
+
+# ----------------------------------------------------------------------------- summaries
+
+def _mean(xs: Sequence[float]) -> float | None:
+    return sum(xs) / len(xs) if xs else None
+
+
+def _tokens(rec: Mapping) -> float | None:
+    t = rec.get("tokens")
+    if isinstance(t, Mapping):
+        return float(t["total"]) if "total" in t else float(sum(t.values()))
+    return None if t is None else float(t)
+
+
+def _latent_steps(rec: Mapping) -> float | None:
+    if rec.get("latent_steps") is not None:
+        return float(rec["latent_steps"])
+    trace = rec.get("trace")
+    if isinstance(trace, list) and trace:
+        return float(sum(step.get("latent_steps", 0) or 0 for step in trace))
+    return None
+
+
+def summarize(samples: Iterable[Mapping[str, Any]], *,
+              correct_fields: Mapping[str, str] | None = None,
+              k_values: Sequence[int] | None = None,
+              wall_seconds: float | None = None) -> dict[str, Any]:
+    """Metrics of one (benchmark, method) group in lm-eval's "<metric>,<filter>" naming.
+
+    `correct_fields` maps a filter name to the boolean field holding that grader's verdict
+    (default {"strict": "correct"}). Accuracy averages per document first (rollouts of one
+    document are not independent) and its stderr is the sample std over documents / sqrt(n),
+    i.e. sqrt(p(1-p)/(n-1)) for one rollout. pass@k is reported for `k_values`, by default
+    for 1 and the number of rollouts when documents have more than one.
+    """
+    samples = list(samples)
+    if not samples:
+        raise ValueError("summarize() got no samples")
+    fields = dict(correct_fields or {"strict": "correct"})
+    by_doc: dict[str, list[Mapping]] = defaultdict(list)
+    for s in samples:
+        by_doc[str(s["doc_id"])].append(s)
+    n_docs = len(by_doc)
+    min_rollouts = min(len(v) for v in by_doc.values())
+    ks = list(k_values) if k_values is not None else (
+        sorted({1, min_rollouts}) if min_rollouts > 1 else [])
+    out: dict[str, Any] = {}
+    for filt, fld in fields.items():
+        missing = [s["doc_id"] for s in samples if fld not in s]
+        if missing:
+            raise ValueError(f"samples lack the {fld!r} field used for filter {filt!r} "
+                             f"(first doc_id: {missing[0]!r})")
+        per_doc = [sum(bool(s[fld]) for s in v) / len(v) for v in by_doc.values()]
+        p = sum(per_doc) / n_docs
+        var = sum((x - p) ** 2 for x in per_doc) / (n_docs - 1) if n_docs > 1 else float("nan")
+        out[f"accuracy,{filt}"] = p
+        out[f"accuracy_stderr,{filt}"] = math.sqrt(var / n_docs) if n_docs > 1 else float("nan")
+        for k in ks:
+            if k > min_rollouts:
+                raise ValueError(f"pass@{k} needs >= {k} rollouts per document, "
+                                 f"some have {min_rollouts}")
+            out[f"pass@{k},{filt}"] = sum(
+                pass_at_k(len(v), sum(bool(s[fld]) for s in v), k) for v in by_doc.values()
+            ) / n_docs
+    extras = {
+        "tokens_per_sample": [_tokens(s) for s in samples],
+        "latent_steps_per_sample": [_latent_steps(s) for s in samples],
+        "seconds_per_sample": [s.get("latency_s", s.get("seconds")) for s in samples],
+        "parse_failure_rate": [float(bool(s["parse_failed"])) if "parse_failed" in s else None
+                               for s in samples],
+        "retry_rate": [float(bool(s["retry_used"])) if "retry_used" in s else None
+                       for s in samples],
+    }
+    for name, vals in extras.items():
+        vals = [float(v) for v in vals if v is not None]
+        if vals:
+            out[f"{name},none"] = _mean(vals)
+    if wall_seconds:  # samples run concurrently, so only wall time gives throughput
+        out["throughput_samples_per_s,none"] = len(samples) / wall_seconds
+    out["n_docs"] = n_docs
+    out["n_samples"] = len(samples)
+    out["rollouts_per_doc"] = min_rollouts
+    return out
+
+
+# ----------------------------------------------------------------------------- results file
+
+def _versions() -> dict[str, str | None]:
+    from importlib import metadata
+    import platform
+
+    out: dict[str, str | None] = {"python": platform.python_version()}
+    for pkg in ("recmas_ray", "torch", "transformers", "ray", "datasets", "math-verify"):
+        try:
+            out[pkg] = metadata.version(pkg)
+        except metadata.PackageNotFoundError:
+            out[pkg] = None
+    return out
+
+
+def _git_hash(cwd: Path | None = None) -> str | None:
+    cwd = cwd or Path(__file__).resolve().parent
+    try:
+        res = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=cwd, text=True,
+                             capture_output=True, timeout=5)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    if res.returncode != 0:
+        return None
+    return res.stdout.strip() or None
+
+
+def write_results(output_dir: str | os.PathLike, run_name: str, results: Mapping[str, Mapping],
+                  config: Any, *, n_samples: Mapping[str, Mapping[str, int]] | None = None,
+                  total_evaluation_time_seconds: float | None = None,
+                  start_time: float | None = None, ts: str | None = None) -> Path:
+    """Write `<output_dir>/<run_name>/results_<ts>.json` atomically and return its path.
+
+    `results` maps a task key (e.g. "math500/recursive_mas") to its metrics, ideally with
+    "benchmark" and "method" entries so `markdown_table` can compare methods. `config` may be
+    a dataclass (dumped with `asdict`) or any JSON-able mapping.
+    """
+    if dataclasses.is_dataclass(config) and not isinstance(config, type):
+        config = dataclasses.asdict(config)
+    now = time.time()
+    payload = {
+        "results": {k: dict(v) for k, v in results.items()},
+        "config": config,
+        "versions": _versions(),
+        "git_hash": _git_hash(),
+        "date": now,
+        "start_time": start_time,
+        "end_time": now,
+        "n-samples": dict(n_samples) if n_samples is not None else {
+            k: {"original": v.get("n_docs"), "effective": v.get("n_docs")}
+            for k, v in results.items()},
+        "total_evaluation_time_seconds": total_evaluation_time_seconds if
+        total_evaluation_time_seconds is not None else (now - start_time if start_time else None),
+    }
+    path = Path(output_dir) / run_name / f"results_{ts or timestamp()}.json"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".json.tmp")
+    tmp.write_text(json.dumps(payload, indent=2, default=_json_default, ensure_ascii=False),
+                   encoding="utf-8")
+    os.replace(tmp, path)
+    return path
+
+
+# ----------------------------------------------------------------------------- table and plot
+
+def _split_key(key: str, entry: Mapping) -> tuple[str, str]:
+    bench, _, method = key.partition("/")
+    return str(entry.get("benchmark", bench)), str(entry.get("method", method or "-"))
+
+
+def _fmt(v: Any, digits: int = 4) -> str:
+    if v is None or (isinstance(v, float) and math.isnan(v)):
+        return "N/A"
+    return f"{v:.{digits}f}" if isinstance(v, float) else str(v)
+
+
+def markdown_table(results: Mapping[str, Mapping[str, Any]], baseline: str = BASELINE) -> str:
+    """lm-eval style markdown table; with several methods per benchmark it adds speedup
+    (baseline seconds / method seconds per sample) and token reduction (1 - tokens / baseline
+    tokens) relative to `baseline` (Recursive-TextMAS, the paper's headline comparison)."""
+    rows = [(*_split_key(k, v), v) for k, v in results.items()]
+    methods_per_bench: dict[str, dict[str, Mapping]] = defaultdict(dict)
+    for bench, method, entry in rows:
+        methods_per_bench[bench][method] = entry
+    compare = any(len(m) > 1 for m in methods_per_bench.values())
+    head = ["Tasks", "Method", "Metric", "Value", "", "Stderr", "Tokens/sample", "Latent steps",
+            "s/sample"] + (["Speedup", "Token reduction"] if compare else [])
+    lines = ["|" + "|".join(head) + "|", "|" + "|".join("---" for _ in head) + "|"]
+    for bench, method, entry in rows:
+        base = methods_per_bench[bench].get(baseline) if compare else None
+        tail = []
+        if compare:
+            s, bs = entry.get("seconds_per_sample,none"), (base or {}).get("seconds_per_sample,none")
+            t, bt = entry.get("tokens_per_sample,none"), (base or {}).get("tokens_per_sample,none")
+            tail = [f"{bs / s:.2f}x" if s and bs else "N/A",
+                    f"{100 * (1 - t / bt):.1f}%" if t is not None and bt else "N/A"]
+        metrics = [m for m in entry if "," in m and (m.startswith("accuracy,")
+                                                     or m.startswith("pass@"))]
+        for m in metrics:
+            name, _, filt = m.partition(",")
+            se = entry.get(f"{name}_stderr,{filt}")
+            lines.append("|" + "|".join([
+                bench, method, m, _fmt(entry[m]), "+-" if se is not None else "", _fmt(se),
+                _fmt(entry.get("tokens_per_sample,none"), 1),
+                _fmt(entry.get("latent_steps_per_sample,none"), 1),
+                _fmt(entry.get("seconds_per_sample,none"), 3)] + tail) + "|")
+    return "\n".join(lines)
+
+
+def plot_vs_rounds(rows: Sequence[Mapping[str, Any]], path: str | os.PathLike) -> Path:
+    """PNG with accuracy, tokens and seconds per sample against recursion rounds, one line per
+    method. Each row needs `method`, `rounds` and any of `accuracy`, `tokens_per_sample`,
+    `seconds_per_sample`."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+    from matplotlib.ticker import MaxNLocator
+
+    if not rows:
+        raise ValueError("plot_vs_rounds() got no rows")
+    panels = [("accuracy", "accuracy"), ("tokens_per_sample", "tokens / sample"),
+              ("seconds_per_sample", "seconds / sample")]
+    # Figure + Agg canvas directly: no global pyplot backend state, safe inside Ray workers.
+    fig = Figure(figsize=(12, 3.6))
+    FigureCanvasAgg(fig)
+    by_method: dict[str, list[Mapping]] = defaultdict(list)
+    for r in rows:
+        by_method[str(r["method"])].append(r)
+    for i, (key, label) in enumerate(panels):
+        ax = fig.add_subplot(1, 3, i + 1)
+        for method, rs in sorted(by_method.items()):
+            pts = sorted((int(r["rounds"]), float(r[key])) for r in rs if r.get(key) is not None)
+            if pts:
+                ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", label=method)
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+        ax.set_xlabel("recursion rounds")
+        ax.set_ylabel(label)
+        ax.grid(alpha=0.3)
+    fig.axes[0].legend(fontsize=8)
+    fig.tight_layout()
+    out = Path(path)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(out, format="png", dpi=100)
+    return out
