@@ -1,0 +1,131 @@
+"""Start-up code of a sandboxed child (see `sandbox.py`): limits, then the audit-hook guard, then user code.
+
+This file is not imported: `sandbox.py` passes its text to `python -I -B -c` in the child.
+"""
+
+def _boot():
+    import json, os, resource, sys, traceback
+    c = json.loads(sys.argv[2])
+    for name, soft, hard in c["limits"]:
+        res = getattr(resource, name)
+        cur_hard = resource.getrlimit(res)[1]
+        if cur_hard != resource.RLIM_INFINITY:
+            soft, hard = min(soft, cur_hard), min(hard, cur_hard)
+        resource.setrlimit(res, (soft, hard))
+    ns = {"__name__": "__main__", "__file__": "main.py", "__builtins__": __builtins__}
+    sys.argv[:] = ["main.py"]
+    exec(compile(c["prelude"], "<prelude>", "exec"), ns)
+    with open("main.py", encoding="utf-8") as f:
+        src = f.read()
+    _guard(c)
+    del c
+    try:
+        exec(compile(src, "main.py", "exec"), ns)
+    except SystemExit:
+        raise
+    except BaseException as exc:
+        te = traceback.TracebackException(type(exc), exc, exc.__traceback__)
+        te.stack = traceback.StackSummary.from_list([f for f in te.stack if f.filename != "<sandbox>"])
+        sys.stderr.write("".join(te.format()))  # without the boot and hook frames
+        sys.stderr.flush()
+        sys.exit(1)
+
+def _guard(c):
+    import os, re, sys
+    root = os.path.realpath(os.getcwd())
+    deny = tuple(c["deny_read"])
+    secret_proc = re.compile(r"^/proc/[0-9]+/(task/[0-9]+/)?(environ|mem)$")
+    wflags = os.O_WRONLY | os.O_RDWR | os.O_CREAT | os.O_TRUNC | os.O_APPEND
+    net_events = frozenset(() if c["allow_network"] else (
+        "socket.connect", "socket.bind", "socket.sendto", "socket.sendmsg", "socket.getaddrinfo",
+        "socket.gethostbyname", "socket.gethostbyname_ex", "socket.gethostbyaddr", "socket.getnameinfo"))
+    proc_events = frozenset(() if c["allow_subprocess"] else (
+        "os.fork", "os.forkpty", "os.exec", "os.posix_spawn", "os.spawn", "os.system", "subprocess.Popen"))
+    dirfd_arg = {"os.remove": 1, "os.rmdir": 1, "os.mkdir": 2, "os.chmod": 2, "os.chown": 3, "os.utime": 3,
+                 "os.truncate": None, "os.setxattr": None, "os.removexattr": None, "os.chflags": None,
+                 "os.lchflags": None, "os.mkfifo": None, "os.mknod": None}
+    dlsym_deny = frozenset(("fork", "vfork", "clone", "clone3", "system", "popen", "execv", "execve", "execvp",
+        "execvpe", "execl", "execlp", "execle", "fexecve", "posix_spawn", "posix_spawnp", "syscall", "kill",
+        "socket", "connect", "bind", "open", "open64", "openat", "openat64", "fopen", "fopen64", "creat",
+        "unlink", "unlinkat", "rename", "renameat", "remove", "rmdir", "chmod", "truncate", "setrlimit",
+        "prlimit", "prlimit64", "setuid", "setgid"))
+
+    def real(path, dir_fd=None):
+        path = os.fsdecode(path)
+        if isinstance(dir_fd, int) and dir_fd >= 0 and not os.path.isabs(path):
+            path = os.path.join(os.readlink("/proc/self/fd/%d" % dir_fd), path)
+        return os.path.realpath(path)
+
+    def inside(path, dir_fd=None):
+        if isinstance(path, int):
+            return True  # an already-open descriptor was checked when it was opened
+        try:
+            p = real(path, dir_fd)
+        except Exception:
+            return False
+        return p == root or p.startswith(root + os.sep) or p == os.devnull
+
+    def refuse(what):
+        raise PermissionError("sandbox blocked: " + what)
+
+    def hook(event, args):
+        if event == "open":
+            path, mode, flags = args
+            if isinstance(path, int):
+                return
+            writing = (isinstance(mode, str) and any(ch in mode for ch in "wax+")) or bool(flags & wflags)
+            if writing:
+                if not inside(path):
+                    refuse("write outside the working directory: %s" % os.fsdecode(path))
+                return
+            try:
+                p = real(path)
+            except Exception:
+                return
+            if secret_proc.match(p) or any(p == d or p.startswith(d + os.sep) for d in deny):
+                refuse("read of a protected path: %s" % p)
+        elif event in dirfd_arg:
+            i = dirfd_arg[event]
+            if not inside(args[0], args[i] if i is not None else None):
+                refuse("%s outside the working directory" % event)
+        elif event in ("os.rename", "os.link"):
+            if not (inside(args[0], args[2]) and inside(args[1], args[3])):
+                refuse("%s outside the working directory" % event)
+        elif event == "sqlite3.connect" and str(args[0]) != ":memory:":
+            if str(args[0]).startswith("file:") or not inside(args[0]):
+                refuse("sqlite3 database outside the working directory")
+        elif event == "os.symlink":
+            if not inside(args[1], args[2]):
+                refuse("os.symlink outside the working directory")
+        elif event in net_events:
+            refuse("network access is disabled (%s)" % event)
+        elif event == "socket.__new__" and net_events and args[1] != 1:  # 1 == AF_UNIX on Linux
+            refuse("network access is disabled (socket family %s)" % args[1])
+        elif event in proc_events:
+            refuse("subprocesses are disabled (%s)" % event)
+        elif event == "import" and proc_events and args[0] == "_posixsubprocess":
+            refuse("subprocesses are disabled (_posixsubprocess)")
+        elif (event == "os.kill" and args[0] != os.getpid()) or event == "os.killpg":
+            refuse("signals to other processes (%s)" % event)
+        elif event == "resource.setrlimit" or (event == "resource.prlimit" and args[2] is not None):
+            refuse("changing resource limits")
+        elif event in ("ctypes.dlsym", "ctypes.dlsym/handle") and str(args[1]) in dlsym_deny:
+            refuse("ctypes access to %s" % args[1])
+        elif event in ("gc.get_objects", "gc.get_referrers", "gc.get_referents"):
+            refuse(event)
+
+    if proc_events:
+        # subprocess.Popen is audited, but the C helper behind it is not: replace it in the cached module (and in
+        # an already imported subprocess) so a direct call fails too; re-importing it is refused by the hook.
+        import _posixsubprocess
+        def fork_exec(*args, **kwargs):  # no closure: user code can reach this function
+            raise PermissionError("sandbox blocked: subprocesses are disabled (fork_exec)")
+        _posixsubprocess.fork_exec = fork_exec
+        if "subprocess" in sys.modules:
+            sys.modules["subprocess"]._fork_exec = fork_exec
+    sys.addaudithook(hook)
+
+try:
+    _boot()
+finally:
+    del _boot, _guard
