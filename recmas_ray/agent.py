@@ -14,6 +14,7 @@ Legend: B batch, L sequence, M latent steps, D this agent's hidden size, E targe
 
 from __future__ import annotations
 
+import functools
 import inspect
 import re
 from dataclasses import dataclass, field
@@ -51,18 +52,17 @@ class Decoded:
     """Deliberation tool loop: one dict per executed call (kind, input, result, ok, seconds)."""
 
 
-def _cache_kwarg() -> str:
+@functools.cache
+def cache_kw() -> str:
     # transformers 5.x renamed past_key_values -> cache (the old name warns); 4.x only knows the old one.
     from transformers import LlamaModel
 
     return "cache" if "cache" in inspect.signature(LlamaModel.forward).parameters else "past_key_values"
 
 
-CACHE_KW = _cache_kwarg()
-
 
 def _out_cache(out):
-    return getattr(out, "cache", None) if CACHE_KW == "cache" else out.past_key_values
+    return getattr(out, "cache", None) if cache_kw() == "cache" else out.past_key_values
 
 
 def find_slots(text: str) -> list[str]:
@@ -182,7 +182,7 @@ class Agent:
 
     # ----------------------------------------------------------------------------- latent thinking
     def _decoder_step(self, e_BLD, mask_BL, pos_BL, cache=None):
-        kw = {CACHE_KW: cache} if cache is not None else {}
+        kw = {cache_kw(): cache} if cache is not None else {}
         out = self.model.get_decoder()(inputs_embeds=e_BLD, attention_mask=mask_BL, position_ids=pos_BL,
                                        use_cache=True, **kw)
         return out.last_hidden_state, _out_cache(out)
@@ -271,7 +271,7 @@ class Agent:
         mask_BL = torch.cat([state.mask_BL, state.mask_BL.new_ones(B, T)], dim=1)
         pos_BT = state.pos_BL + torch.arange(1, T + 1, device=state.pos_BL.device)
         out = self.model(input_ids=ids_BT, attention_mask=mask_BL, position_ids=pos_BT, use_cache=True,
-                         logits_to_keep=1, **{CACHE_KW: state.cache})
+                         logits_to_keep=1, **{cache_kw(): state.cache})
         state.cache, state.mask_BL, state.pos_BL = _out_cache(out), mask_BL, pos_BT[:, -1:]
         state.logits_BV, state.fed = out.logits[:, -1], state.fed + T
 

@@ -1,0 +1,212 @@
+"""Per-batch evaluation work shared by both backends, and the Ray Data stream of the Ray backend.
+
+    driver: pending question batches -> ray.data.from_items (one row, one block per batch)
+      -> map_batches(EvalClient, compute=ActorPoolStrategy(size=k), num_cpus=0.25, num_gpus=0, batch_size=1)
+           client: ray.get(orchestrator.solve.remote(...)) -> answer-format retry -> grade
+      -> iter_batches(): the driver appends each graded sample to the samples file as it arrives
+
+Rows are whole question batches, not single questions: Ray Data bundles small blocks into bigger
+batches, which would change which questions share a batch (so the padding and, rarely, a greedy
+token). Keeping the driver's batches gives the same predictions as the local backend.
+
+Clients ask for no GPUs (the agents hold them) and a fraction of a CPU (Ray Data needs free CPUs
+for its own tasks). A killed client is restarted by Ray Data and its batch rerun (no limit by
+default, see `client_max_restarts`); when restarts are off or used up the run fails and
+`--resume` completes it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import time
+import warnings
+from dataclasses import dataclass
+from typing import Callable, Iterator
+
+from recmas_ray.eval.graders import LETTERS, extract_boxed, extract_choice, extract_code, grade
+from recmas_ray.runner import RecursionConfig, SampleResult
+
+# Fault injection for tests: a client exits hard before its (N+1)-th batch, once (not after a restart).
+EXIT_AFTER_ENV = "RECMAS_EVAL_CLIENT_EXIT_AFTER"
+
+# The release's suffixes (recursivemas.md section 5); QA prompts also ask for \boxed{}.
+RETRY_SUFFIXES = {"math": "\nFinal Answer: \\boxed{", "qa": "\nFinal Answer: \\boxed{",
+                  "choice": "\nFinal Choice: \\boxed{",
+                  "code": "\n\nThe previous output format was invalid.\nFinal Code:\n```python\n"}
+RETRY_TOKENS = {"math": 16, "qa": 16, "choice": 16, "code": 256}
+
+RetryFn = Callable[[list[str], list[str], int, object], list]
+"""(texts, suffixes, max_new_tokens, decode cfg) -> list[Decoded] of the continuations."""
+
+
+@dataclass(kw_only=True)
+class StreamConfig:
+    """How the Ray backend streams batches through client actors."""
+
+    num_clients: int = 2
+    """Client actors, i.e. batches in flight at once."""
+    client_cpus: float = 0.25
+    """Logical CPUs per client (fractions keep CPUs free for Ray Data's own tasks)."""
+    client_max_restarts: int = -1
+    """Restarts of a dead client, its batch rerun (-1: Ray Data's default, no limit; 0: a dead client ends the run)."""
+    timeout_s: float = 900.0
+    """Timeout of every wait on the orchestrator or an agent."""
+
+
+def for_rollout(rc: RecursionConfig, rollout: int) -> RecursionConfig:
+    """Rollout r decodes with seed + r (pass@k samples differ, and each one repeats)."""
+    return dataclasses.replace(rc, decode=dataclasses.replace(rc.decode, seed=rc.decode.seed + rollout))
+
+
+def needs_format_retry(item: dict, text: str) -> bool:
+    """True when `text` lacks the task's answer format: \\boxed{} (math, qa), a choice, a python block."""
+    task = item["task_type"]
+    if task == "code":
+        return extract_code(text) is None
+    if task == "choice":
+        return extract_choice(text, LETTERS[:len(item.get("options") or "ABCD")]) is None
+    return extract_boxed(text) is None
+
+
+def format_retry(items: list[dict], results: list[SampleResult], decode, retry: RetryFn) -> list[dict | None]:
+    """Retry once every sample whose output lacks the answer format; updates `results` in place.
+
+    The raw output plus a suffix goes to the decoding agent's base model (no chat template, no
+    latents) for up to 16 more tokens (256 for code); the prediction becomes output + suffix +
+    continuation. Returns per sample the retry record, or None where no retry was needed.
+    """
+    infos: list[dict | None] = [None] * len(items)
+    groups: dict[int, list[int]] = {}
+    for i, (item, res) in enumerate(zip(items, results)):
+        if needs_format_retry(item, res.prediction):
+            groups.setdefault(RETRY_TOKENS.get(item["task_type"], 16), []).append(i)
+    if not groups:
+        return infos
+    t0 = time.perf_counter()
+    for max_new, idx in groups.items():
+        suffixes = [RETRY_SUFFIXES.get(items[i]["task_type"], RETRY_SUFFIXES["math"]) for i in idx]
+        outs = retry([results[i].prediction for i in idx], suffixes, max_new, decode)
+        for i, suffix, out in zip(idx, suffixes, outs):
+            res, text = results[i], out.text
+            if items[i]["task_type"] == "code" and "```" not in text:
+                text += "\n```"  # close the fence we opened, so the block can be extracted
+            infos[i] = {"raw_prediction": res.prediction, "suffix": suffix, "continuation": out.text,
+                        "tokens": out.num_tokens}
+            res.prediction = res.prediction + suffix + text
+            res.num_text_tokens += out.num_tokens
+            res.trace.append({"role": "retry", "round": None, "action": "format_retry", "latent_steps": 0,
+                              "text_tokens": out.num_tokens, "seconds": 0.0})
+    spent = (time.perf_counter() - t0) / len(results)  # same amortisation as the runner's batch time
+    for res in results:
+        res.seconds += spent
+    return infos
+
+
+def sample_record(item: dict, method: str, rollout: int, res: SampleResult, grader: str, rc: RecursionConfig,
+                  retry: dict | None = None) -> dict:
+    """One line of samples_<benchmark>_<time>.jsonl."""
+    g = grade(item["task_type"], item, res.prediction, mode=grader)
+    rec = {"doc_id": item["doc_id"], "method": method, "rollout": rollout, "benchmark": item.get("benchmark"),
+           "rounds": rc.num_recursive_rounds, "question": item["question"], "gold": item["gold"],
+           "prediction": res.prediction, "extracted": g.extracted, "correct": g.correct,
+           "parse_failed": g.parse_failed, "grade_detail": g.detail, "tokens": res.num_text_tokens,
+           "latent_steps": res.num_latent_steps, "latency_s": res.seconds, "retry_used": retry is not None,
+           "trace": res.trace}
+    if retry is not None:
+        rec["retry"] = retry
+    return rec
+
+
+def solve_and_grade(batch: list[dict], rollout: int, method: str, recursion: RecursionConfig, grader: str,
+                    solve: Callable[[list[str], list[str], RecursionConfig], list[SampleResult]],
+                    retry: RetryFn | None) -> list[dict]:
+    """Run one batch (one rollout), apply the format retry when enabled, grade; returns sample records."""
+    rc = for_rollout(recursion, rollout)
+    results = solve([i["question"] for i in batch], [i["task_type"] for i in batch], rc)
+    infos = format_retry(batch, results, rc.decode, retry) if retry else [None] * len(batch)
+    return [sample_record(i, method, rollout, r, grader, rc, info) for i, r, info in zip(batch, results, infos)]
+
+
+class EvalClient:
+    """Ray Data UDF (one actor of the pool): question batches in, graded sample records out."""
+
+    def __init__(self, orchestrator, decoder, method: str, recursion: RecursionConfig, grader: str,
+                 format_retry: bool, timeout_s: float, exit_after: int | None = None):
+        import ray
+
+        self.orchestrator, self.decoder = orchestrator, decoder
+        self.method, self.recursion, self.grader = method, recursion, grader
+        self.format_retry, self.timeout_s = format_retry, timeout_s
+        with warnings.catch_warnings():  # the property warns about an internal deprecated call
+            warnings.simplefilter("ignore")
+            restarted = ray.get_runtime_context().was_current_actor_reconstructed
+        self.exit_after = None if restarted else exit_after
+        self.calls = 0
+
+    def _get(self, ref, what: str):
+        import ray
+
+        try:
+            return ray.get(ref, timeout=self.timeout_s)
+        except ray.exceptions.GetTimeoutError as e:
+            raise RuntimeError(f"{what}: no answer within {self.timeout_s:g}s") from e
+        except ray.exceptions.RayTaskError as e:
+            raise (e.cause if isinstance(e.cause, Exception) else e) from None
+
+    def __call__(self, batch: dict) -> dict:
+        out = []
+        for batch_id, rollout, items_json in zip(batch["batch_id"], batch["rollout"], batch["items"]):
+            self.calls += 1
+            if self.exit_after is not None and self.calls > self.exit_after:
+                os._exit(1)  # test hook: die like a killed process, mid-run
+            bid = str(batch_id)
+
+            def solve(qs, ts, rc, bid=bid):
+                return self._get(self.orchestrator.solve.remote(qs, ts, rc, bid), f"batch {bid}")
+
+            def retry(texts, suffixes, n, decode, bid=bid):
+                ref = self.decoder.call.remote("retry_format", texts, suffixes, n, cfg=decode)
+                return self._get(ref, f"batch {bid} (format retry)")
+
+            recs = solve_and_grade(json.loads(items_json), int(rollout), self.method, self.recursion, self.grader,
+                                   solve, retry if self.format_retry else None)
+            out += [json.dumps(r, ensure_ascii=False, default=str) for r in recs]
+        return {"record": out}
+
+
+def stream_samples(system, batches: list[tuple[list[dict], int]], method: str, recursion: RecursionConfig,
+                   grader: str, format_retry: bool, cfg: StreamConfig) -> Iterator[dict]:
+    """Yield graded sample records as client actors finish their batches (arrival order)."""
+    import ray
+
+    if not batches:
+        return
+    rows = [{"batch_id": f"{method}/r{r}/{b[0]['doc_id']}", "rollout": r,
+             "items": json.dumps(b, ensure_ascii=False, default=str)} for b, r in batches]
+    ctx = ray.data.DataContext.get_current()
+    ctx.enable_progress_bars = False  # the driver shows its own bar (samples, accuracy, samples/s)
+    exit_after = os.environ.get(EXIT_AFTER_ENV)
+    ds = ray.data.from_items(rows, override_num_blocks=len(rows))
+    # 2.60 has no named parameter for restarts: only a non-default limit goes through the generic
+    # remote args (deprecated for 2.64, so the warning is silenced where we must use them).
+    extra = {} if cfg.client_max_restarts == -1 else {"max_restarts": cfg.client_max_restarts}
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=".*ray_remote_args.*deprecated")
+        out = ds.map_batches(
+            EvalClient, batch_size=1, compute=ray.data.ActorPoolStrategy(size=min(cfg.num_clients, len(rows))),
+            num_cpus=cfg.client_cpus, num_gpus=0, **extra,
+            fn_constructor_kwargs={"orchestrator": system.orchestrator,
+                                   "decoder": system.handles[system.plan.style.decoder], "method": method,
+                                   "recursion": recursion, "grader": grader, "format_retry": format_retry,
+                                   "timeout_s": cfg.timeout_s, "exit_after": int(exit_after) if exit_after else None})
+    try:
+        # No prefetch: iter_rows' one-block prefetch holds each output back until the next one
+        # arrives, so a crash would also lose a finished batch that never reached the file.
+        for block in out.iter_batches(batch_size=None, prefetch_batches=0, batch_format="numpy"):
+            for record in block["record"]:
+                yield json.loads(record)
+    except Exception as e:  # Ray Data wraps client failures in its own exception types
+        raise RuntimeError(f"evaluation stream of {method} failed ({type(e).__name__}: {str(e)[:600]}); "
+                           "finished samples are saved, rerun with --resume to complete the set") from e
