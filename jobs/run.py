@@ -88,6 +88,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--plot", action="store_true")
     p.add_argument("--timeout_s", type=float, default=900.0)
     p.add_argument("--torch_threads", type=int, default=0)
+    p.add_argument("--transport", default="object_store", choices=["object_store", "rdt:gloo", "rdt:nccl"],
+                   help="latents between agents: object store, or Ray Direct Transport (alpha)")
     p.add_argument("--tavily_keys_file", default=None, help="deliberation search: one Tavily key per line "
                    "(TAVILY_API_KEY is used too); read on the toolcaller's machine")
     p.add_argument("--max_tool_rounds", type=int, default=5, help="deliberation: tool calls per sample")
@@ -118,7 +120,7 @@ def config_from_args(args):
         batch_size=args.batch_size, max_inflight_batches=args.max_inflight_batches, backend=args.backend,
         placement=placement, device=args.device, dtype=args.dtype, seed=args.seed, grader=args.grader,
         output_path=args.output_path, resume=args.resume, plot=args.plot, timeout_s=args.timeout_s,
-        torch_threads=args.torch_threads, tools=tools, client_cpus=args.client_cpus,
+        torch_threads=args.torch_threads, transport=args.transport, tools=tools, client_cpus=args.client_cpus,
         client_max_restarts=args.client_max_restarts, format_retry=not args.no_format_retry)
 
 

@@ -96,6 +96,8 @@ class EvalConfig:
     """Timeout of every wait on Ray."""
     torch_threads: int = 0
     """Torch threads per agent (0 = library default)."""
+    transport: str = "object_store"
+    """How latents move between agent actors: object_store, rdt:gloo (CPU) or rdt:nccl (GPU)."""
     tools: ToolLoopConfig | None = None
     """Deliberation toolcaller's tool loop (None: plain decoding); jobs/run.py sets it for --style deliberation."""
 
@@ -156,7 +158,7 @@ class Backend:
 
             init_ray()
             self.system = build_ray_system(plan, cfg.placement, timeout_s=cfg.timeout_s,
-                                           torch_threads=cfg.torch_threads)
+                                           torch_threads=cfg.torch_threads, transport=cfg.transport)
 
     def stream(self, batches, method):
         """Yield graded sample records as batches finish (Ray: several in flight, arrival order)."""
