@@ -9,6 +9,7 @@ They are built once, saved to a local cache as normal HF folders, and then loade
 
 from __future__ import annotations
 
+import logging
 import os
 import shutil
 import tempfile
@@ -18,6 +19,7 @@ from pathlib import Path
 import torch
 
 TINY_VERSION = "v1"
+log = logging.getLogger(__name__)
 
 _BYTE_SPECIALS = [
     "<pad>", "<s>", "</s>", "<|im_start|>", "<|im_end|>", "<think>", "</think>", "<|begin_of_text|>",
@@ -51,6 +53,10 @@ _TEMPLATES = {
         "{% endfor %}"
     ),
 }
+_PLAIN_TEMPLATE = (
+    "{% for m in messages %}{{ m['role'] | capitalize }}: {{ m['content'] }}\n\n{% endfor %}"
+    "{% if add_generation_prompt %}Assistant:{% endif %}"
+)
 _EOS = {"qwen3": "<|im_end|>", "llama": "<|eot_id|>", "gemma3": "<end_of_turn>", "mistral": "</s>"}
 
 
@@ -179,6 +185,13 @@ def load_frozen_model(name: str, *, dtype: torch.dtype, device: torch.device | s
     tokenizer.padding_side = "left"
     if tokenizer.pad_token is None:
         tokenizer.pad_token = tokenizer.eos_token
+    if tokenizer.chat_template is None:
+        # Base (non-instruct) checkpoints such as gemma-3-270m ship no template: use the family's
+        # turn markup when the vocabulary has it, else a plain role-prefixed layout.
+        vocab = tokenizer.get_vocab()
+        family = "gemma3" if "<start_of_turn>" in vocab else "qwen3" if "<|im_start|>" in vocab else None
+        tokenizer.chat_template = _TEMPLATES[family] if family else _PLAIN_TEMPLATE
+        log.warning("%s has no chat template; using the %s layout", name, family or "plain")
     model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype).to(device)
     model.eval()
     model.requires_grad_(False)
