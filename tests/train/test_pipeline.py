@@ -1,0 +1,106 @@
+"""The outer-loop job as a real multi-worker Ray Train run (gloo, one worker per role) on the session cluster.
+
+distillation (expert tiny:mistral d=256 -> learner tiny:qwen3 d=64) keeps it to two workers:
+  - an uninterrupted 4-step run: the final-round loss falls, base models and inner links stay bit-identical,
+    only outer links change, and the result loads through `plan_system(..., ckpt_overrides={"outer": DIR})`
+  - the same run with rank 1 killed mid-step 2 (Ray Train restarts it from checkpoint 1) and a NaN loss at
+    step 3 (stops naming the step and sample ids, checkpoint 2 stays the latest), then `resume=True`:
+    the final weights equal the uninterrupted run's
+  - a bad inner checkpoint fails before any compute, naming the role
+"""
+
+import json
+
+import pytest
+import torch
+
+from recmas_ray.checkpoint import LinkSet, load_links, save_links
+from recmas_ray.links import InnerLink
+from recmas_ray.styles import get_style
+from recmas_ray.train.outer import OuterTrainConfig
+from recmas_ray.train.pipeline import NaNLossError, latest_checkpoint, run_dir_of, train_outer
+
+pytestmark = pytest.mark.timeout(600)
+
+
+def _cfg(save_dir, **kw):
+    base = dict(style="distillation", dataset_name="synthetic:2", save_dir=str(save_dir), num_recursive_rounds=2,
+                max_latent_tokens=8, max_steps=4, batch_size=2, num_microbatches=2, lr=2e-2, warmup_steps=0,
+                save_every=1, seed=3, max_failures=1, verify_frozen=True)
+    return OuterTrainConfig(**{**base, **kw})
+
+
+def _inner_ckpt(path, role, base, hidden):
+    torch.manual_seed(0)
+    manifest = {"kind": "inner", "base_model": base, "roles": {role: {"base_model": base, "hidden_size": hidden}}}
+    return str(save_links(path, LinkSet(inner={role: InnerLink(hidden)}), manifest))
+
+
+@pytest.fixture(scope="module")
+def uninterrupted(ray_cluster, tmp_path_factory):
+    root = tmp_path_factory.mktemp("u")
+    inner = _inner_ckpt(root / "inner_learner", "learner", "tiny:qwen3", 64)
+    cfg = _cfg(root / "out", ckpt_overrides={"learner": inner})
+    return cfg, train_outer(cfg)
+
+
+def test_loss_falls_and_only_outer_links_change(uninterrupted):
+    from recmas_ray.system import plan_system
+
+    cfg, res = uninterrupted
+    losses = [e["loss"] for e in res.log]
+    assert len(losses) == 4 and losses[-1] < losses[0] - 1e-3, losses
+    workers = res.metrics["workers"]
+    assert set(workers) == {"expert", "learner"}
+    assert all(w["frozen_unchanged"] is True for w in workers.values()), workers
+    saved = load_links(res.save_dir)
+    assert not saved.inner and set(saved.outer) == {"expert->learner", "learner->expert"}
+    assert saved.manifest["kind"] == "outer" and saved.manifest["step"] == 4
+    assert saved.manifest["roles"]["learner"] == {"base_model": "tiny:qwen3", "hidden_size": 64}
+    init = plan_system("distillation", preset="tiny", ckpt_overrides=cfg.ckpt_overrides, seed=cfg.seed)
+    for edge, link in saved.outer.items():
+        for name, p in link.state_dict().items():
+            assert not torch.equal(p, init.links.outer[edge].state_dict()[name]), f"{edge}.{name} did not change"
+    # What `jobs/run.py --ckpt_override outer=DIR` does: the dims check passes and the trained links load.
+    plan = plan_system("distillation", preset="tiny", ckpt_overrides={**cfg.ckpt_overrides, "outer": str(res.save_dir)})
+    assert plan.sources["outer:expert->learner"] == str(res.save_dir)
+
+
+def test_kill_nan_stop_and_resume_match_uninterrupted(uninterrupted, tmp_path):
+    """Rank 1 dies during step 2 (Ray Train restarts both workers from checkpoint 1); the loss turns NaN at
+    step 3, which stops the run naming the step and sample ids with checkpoint 2 kept as the latest;
+    `resume=True` then finishes steps 3-4 with the same weights as the uninterrupted run."""
+    cfg_u, res_u = uninterrupted
+    cfg = _cfg(tmp_path / "out", ckpt_overrides=cfg_u.ckpt_overrides, fault_kill_rank=1, fault_kill_step=2,
+               fault_nan_step=3)
+    with pytest.raises(NaNLossError, match=r"step 3 for sample ids \['\d+', '\d+'\]"):
+        train_outer(cfg)
+    storage, name = run_dir_of(cfg, get_style(cfg.style))
+    assert (storage / name / ".killed-rank1-step2").exists()  # the kill really happened
+    last = latest_checkpoint(storage / name)
+    assert last is not None and last.name == "checkpoint_000002"
+    assert [e["step"] for e in json.loads((last / "train_state.json").read_text())["log"]] == [1, 2]
+    assert not (tmp_path / "out" / "links.safetensors").exists()
+
+    cfg.fault_nan_step, cfg.resume = 0, True
+    resumed = train_outer(cfg)
+    assert [e["step"] for e in resumed.log] == [1, 2, 3, 4]
+    a, b = load_links(res_u.save_dir).outer, load_links(resumed.save_dir).outer
+    for edge in a:
+        for name, p in a[edge].state_dict().items():
+            torch.testing.assert_close(b[edge].state_dict()[name], p, rtol=0, atol=1e-7)
+    assert [e["loss"] for e in resumed.log] == pytest.approx([e["loss"] for e in res_u.log], rel=1e-6)
+
+
+@pytest.mark.parametrize("base,hidden", [("tiny:qwen3", 96), ("tiny:llama", 64)])
+def test_bad_inner_checkpoint_fails_before_compute(tmp_path, base, hidden, monkeypatch):
+    import ray.train.torch
+
+    import recmas_ray.models
+
+    for mod, attr in ((ray.train.torch, "TorchTrainer"), (recmas_ray.models, "load_frozen_model")):
+        monkeypatch.setattr(mod, attr, lambda *a, **k: pytest.fail("reached compute"))
+    bad = _inner_ckpt(tmp_path / "bad", "learner", base, hidden)
+    cfg = _cfg(tmp_path / "out", ckpt_overrides={"learner": bad})
+    with pytest.raises(ValueError, match="role learner"):
+        train_outer(cfg)
