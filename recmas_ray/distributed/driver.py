@@ -140,17 +140,24 @@ def init_ray(address: str | None = None, **kwargs) -> None:
     if address and address != "local":
         ray.init(address=address, **kwargs)
         return
-    try:
-        if address == "local":  # RAY_ADDRESS=local: always a fresh local cluster
-            raise ConnectionError
-        ray.init(address="auto", **kwargs)
-    except ConnectionError:
-        # A fresh local cluster: workers inherit this environment, so a checkout that is not
-        # pip-installed still imports in every actor.
-        root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-        os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (root, os.environ.get("PYTHONPATH")) if p)
-        os.environ.setdefault("RAY_AUTH_MODE", "disabled")
-        # Logical CPUs above the core count: agents, the orchestrator and Ray Data clients mostly
-        # wait on each other, and Ray Data needs free CPUs for its read tasks.
-        kwargs.setdefault("num_cpus", max(8, os.cpu_count() or 1))
-        ray.init(include_dashboard=False, **kwargs)
+    if address != "local":
+        # The address file written by `ray start` on this machine; unlike address="auto" this never
+        # joins some other process's private cluster found by scanning running processes.
+        from ray._private.utils import read_ray_address
+
+        if read_ray_address():
+            try:
+                ray.init(**kwargs)
+                return
+            except ConnectionError:  # a stale address file: that cluster is gone
+                pass
+    # A fresh local cluster: workers inherit this environment, so a checkout that is not
+    # pip-installed still imports in every actor.
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (root, os.environ.get("PYTHONPATH")) if p)
+    os.environ.setdefault("RAY_AUTH_MODE", "disabled")
+    # Logical CPUs above the core count: agents, the orchestrator and Ray Data clients mostly
+    # wait on each other, and Ray Data needs free CPUs for its read tasks.
+    kwargs.setdefault("num_cpus", max(8, os.cpu_count() or 1))
+    os.environ.pop("RAY_ADDRESS", None)
+    ray.init(address="local", include_dashboard=False, **kwargs)

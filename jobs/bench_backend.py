@@ -1,0 +1,208 @@
+"""Ray backend vs in-process backend: seconds per sample on the same agents, questions and batch.
+
+Both backends run the same system (same models, links and seed) on one machine. Repetitions are
+interleaved (local, Ray with one batch, Ray with K batches in flight, then again) so load drift on
+a shared machine hits all three alike, and the median of each is reported. Figures:
+
+  ratio_1_in_flight   Ray s/sample with one batch at a time / in-process s/sample
+  ratio_k_in_flight   Ray s/sample with K batches submitted together / in-process s/sample
+                      (different agents work on different batches at once)
+
+Issue 3 target: ratio_1 <= 1.10 at batch 8, m = 32, R = 3 with hidden sizes >= 256, and ratio_k < 1.
+The tiny preset's only family with hidden 256 is mistral, hence the example override.
+
+  python jobs/bench_backend.py --preset tiny --role_models all=tiny:mistral
+  python jobs/bench_backend.py --preset demo --style sequential_light --repeats 5
+  python jobs/bench_backend.py --address auto ...      # measure on a running cluster instead
+
+Writes <output_path>/bench_backend.json with the figures, every raw time and the machine.
+"""
+
+import argparse
+import json
+import os
+import platform
+import statistics
+import sys
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+def parse_role_models(text: str | None, roles) -> dict[str, str]:
+    """`"planner=tiny:mistral,critic=tiny:llama"` or `"all=tiny:mistral"` -> {role: model}."""
+    out = {}
+    for item in filter(None, (text or "").split(",")):
+        role, sep, model = item.partition("=")
+        if not sep or not role or not model:
+            raise ValueError(f"--role_models item {item!r} is not ROLE=MODEL (or all=MODEL)")
+        if role == "all":
+            out.update({r: model for r in roles})
+        elif role not in roles:
+            raise ValueError(f"--role_models names {role!r}, not a role of this style {list(roles)}")
+        else:
+            out[role] = model
+    return out
+
+
+def machine(torch_threads: int) -> dict:
+    """What the figures were measured on (load average included: the host may be shared)."""
+    import ray
+    import torch
+    import transformers
+
+    info = {"platform": platform.platform(), "processor": platform.processor() or platform.machine(),
+            "cpu_count": os.cpu_count(), "torch_threads": torch_threads, "python": platform.python_version(),
+            "torch": torch.__version__, "transformers": transformers.__version__, "ray": ray.__version__,
+            "loadavg_1_5_15": list(os.getloadavg())}
+    if torch.cuda.is_available():
+        info["gpu"] = torch.cuda.get_device_name(0)
+    return info
+
+
+def _nice(info: dict):
+    """Niceness of an agent process on this host (None when it runs elsewhere)."""
+    try:
+        return os.getpriority(os.PRIO_PROCESS, int(info["pid"])) if info.get("hostname") == platform.node() else None
+    except (OSError, KeyError, TypeError, ValueError):
+        return None
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--style", default="sequential_light")
+    p.add_argument("--preset", default="tiny", help="tiny | demo | paper")
+    p.add_argument("--role_models", default=None, help="ROLE=MODEL,... or all=MODEL (e.g. all=tiny:mistral)")
+    p.add_argument("--batch_size", type=int, default=8)
+    p.add_argument("--latent_steps", type=int, default=32, help="m")
+    p.add_argument("--rounds", type=int, default=3, help="R")
+    p.add_argument("--max_new_tokens", type=int, default=32)
+    p.add_argument("--inflight", type=int, default=3, help="K batches submitted together for the second figure")
+    p.add_argument("--repeats", type=int, default=5, help="interleaved repetitions; medians are reported")
+    p.add_argument("--placement", default="cpu", help="placement preset of the agent actors")
+    p.add_argument("--cpus_per_agent", type=float, default=0.5)
+    p.add_argument("--torch_threads", type=int, default=1,
+                   help="torch threads per agent, same in both backends (0: all cores); 1 keeps CPU timings "
+                        "steady, since OpenMP spin-waits collapse when cores are oversubscribed")
+    p.add_argument("--device", default="auto")
+    p.add_argument("--dtype", default="auto")
+    p.add_argument("--address", default=None, help="join this Ray cluster; default: start a private local one")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--output_path", default="out/bench_backend")
+    return p
+
+
+def run(args) -> dict:
+    import ray
+    import torch
+
+    from recmas_ray.agent import DecodeConfig
+    from recmas_ray.distributed.driver import build_ray_system
+    from recmas_ray.distributed.placement import PlacementConfig
+    from recmas_ray.runner import LocalPool, RecursionConfig, run_batch
+    from recmas_ray.service import AgentService
+    from recmas_ray.styles import get_style
+    from recmas_ray.synthetic import make_arithmetic_dataset
+    from recmas_ray.system import plan_system
+
+    for name in ("batch_size", "inflight", "repeats", "rounds"):
+        if getattr(args, name) < 1:
+            raise ValueError(f"--{name} must be >= 1, got {getattr(args, name)}")
+    threads = args.torch_threads or os.cpu_count() or 1
+    torch.set_num_threads(threads)
+    overrides = parse_role_models(args.role_models, get_style(args.style).roles)
+    plan = plan_system(args.style, preset=args.preset, seed=args.seed, device=args.device, dtype=args.dtype,
+                       role_model_overrides=overrides)
+    questions = [r["question"] for r in make_arithmetic_dataset(args.batch_size, seed=args.seed + 1000)]
+    tasks = ["math"] * len(questions)
+    rc = RecursionConfig(method="recursive_mas", num_recursive_rounds=args.rounds, latent_steps=args.latent_steps,
+                         decode=DecodeConfig(max_new_tokens=args.max_new_tokens))
+    pool = LocalPool({r: AgentService(*plan.service_args(r)) for r in plan.style.roles})
+
+    if args.address:
+        ray.init(address=args.address, log_to_driver=False)
+    else:  # "local": never join another user's cluster on a shared host
+        os.environ.setdefault("RAY_AUTH_MODE", "disabled")
+        root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+        os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (root, os.environ.get("PYTHONPATH")) if p)
+        # Ray renices workers to 15 by default; at 0 the actors compete for a shared host's cores
+        # on the same terms as the in-process backend (this driver).
+        ray.init(address="local", num_cpus=max(4, len(plan.style.roles) + 2), include_dashboard=False,
+                 log_to_driver=False, object_store_memory=512 * 2**20, _system_config={"worker_niceness": 0})
+    system = build_ray_system(plan, PlacementConfig(preset=args.placement, cpus_per_agent=args.cpus_per_agent),
+                              timeout_s=3600, torch_threads=threads)
+    k, b = args.inflight, args.batch_size
+    times = {"local": [], "ray_1": [], "ray_k": []}
+    agent_times = {"local": [], "ray_1": [], "ray_k": []}  # seconds spent inside agent calls
+    load_start = list(os.getloadavg())
+    try:
+        local_preds = [r.prediction for r in run_batch(pool, plan.style, questions, tasks, rc)]  # warm-up
+        ray_preds = [r.prediction for r in ray.get(system.solve(questions, tasks, rc), timeout=3600)]
+        ray.get([system.solve(questions, tasks, rc) for _ in range(k)], timeout=3600)
+        runs = {
+            "local": (1, lambda rep: run_batch(pool, plan.style, questions, tasks, rc)),
+            "ray_1": (1, lambda rep: ray.get(system.solve(questions, tasks, rc, batch_id=f"r{rep}"), timeout=3600)),
+            "ray_k": (k, lambda rep: sum(ray.get([system.solve(questions, tasks, rc, batch_id=f"r{rep}k{i}")
+                                                  for i in range(k)], timeout=3600), [])),
+        }
+        order = list(runs)
+        for rep in range(args.repeats):
+            for name in order[rep % 3:] + order[:rep % 3]:  # rotate, so no backend always runs first
+                n_batches, fn = runs[name]
+                t0 = time.perf_counter()
+                results = fn(rep)
+                times[name].append((time.perf_counter() - t0) / (n_batches * b))
+                agent_times[name].append(sum(t["seconds"] for r in results for t in r.trace) / len(results))
+            print(f"rep {rep}: s/sample local {times['local'][-1]:.4f}  ray {times['ray_1'][-1]:.4f}  "
+                  f"ray x{k} {times['ray_k'][-1]:.4f}", flush=True)
+        infos = system.infos
+    finally:
+        system.shutdown()
+    med = {name: statistics.median(v) for name, v in times.items()}
+    # Wall minus time inside agent calls: what each backend adds around the same model work
+    # (driver bookkeeping; on Ray also scheduling and object transfers). Less sensitive to load.
+    overhead = {name: statistics.median(w - a for w, a in zip(times[name], agent_times[name]))
+                for name in ("local", "ray_1")}
+    return {
+        "figures": {"local_s_per_sample": med["local"], "ray_s_per_sample_1_in_flight": med["ray_1"],
+                    f"ray_s_per_sample_{k}_in_flight": med["ray_k"], "ratio_1_in_flight": med["ray_1"] / med["local"],
+                    "ratio_k_in_flight": med["ray_k"] / med["local"], "k": k,
+                    "agent_s_per_sample": {n: statistics.median(v) for n, v in agent_times.items()},
+                    "overhead_s_per_sample": overhead},
+        "predictions_match": local_preds == ray_preds,
+        "times_s_per_sample": times, "agent_s_per_sample": agent_times,
+        "config": {**vars(args), "torch_threads": threads},
+        "role_models": plan.role_models, "hidden_sizes": plan.hidden_sizes,
+        "agents": {r: {**{key: i.get(key) for key in ("device", "gpu_ids", "node", "pid")}, "nice": _nice(i)}
+                   for r, i in infos.items()},
+        "machine": {**machine(threads), "loadavg_at_start": load_start},
+    }
+
+
+def main(argv=None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        result = run(args)
+    except ValueError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    os.makedirs(args.output_path, exist_ok=True)
+    path = os.path.join(args.output_path, "bench_backend.json")
+    with open(path, "w") as f:
+        json.dump(result, f, indent=2, default=str)
+    fig = result["figures"]
+    k = fig["k"]
+    print(f"hidden sizes {result['hidden_sizes']}, batch {args.batch_size}, m {args.latent_steps}, R {args.rounds}")
+    print(f"in-process {fig['local_s_per_sample']:.4f} s/sample; Ray {fig['ray_s_per_sample_1_in_flight']:.4f} "
+          f"(1 batch in flight), {fig['ray_s_per_sample_%d_in_flight' % k]:.4f} ({k} in flight)")
+    print(f"ratio ray/local: {fig['ratio_1_in_flight']:.3f} (1 in flight), {fig['ratio_k_in_flight']:.3f} "
+          f"({k} in flight); predictions match: {result['predictions_match']}")
+    ov = fig["overhead_s_per_sample"]
+    print(f"outside agent calls (s/sample): in-process {ov['local']:.4f}, Ray {ov['ray_1']:.4f}; "
+          f"inside agent calls: {', '.join(f'{n} {v:.4f}' for n, v in fig['agent_s_per_sample'].items())}")
+    print(f"wrote {path}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

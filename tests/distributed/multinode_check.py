@@ -1,0 +1,170 @@
+"""Simulated multi-node cluster check, run in its own process by `test_multinode.py`.
+
+Only one `ray.init` is allowed per process and the test session already holds a local cluster, so
+this script starts a `ray.cluster_utils.Cluster` (a 1-CPU head plus N nodes with fake GPUs), builds
+the agent system once per placement preset, and prints one JSON report on its last stdout line:
+
+  placements  per preset and role: node name, GPU ids, device (from torch: "cpu" with fake GPUs)
+  impossible  the error of a placement no node can host, how long it took, pending groups after it
+  spread      one sequential system with every agent on a different node: predictions and latent
+              messages of the Ray run and of the in-process (LocalPool) run, plus where each
+              message lived in the object store (it must cross nodes)
+
+`max_direct_call_object_size` is lowered to 1 KiB so every latent message goes through the plasma
+object store (and is pulled across nodes) instead of being inlined into the task reply.
+
+    RAY_AUTH_MODE=disabled PYTHONPATH=. python tests/distributed/multinode_check.py
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+
+import ray
+import torch
+from ray.cluster_utils import Cluster
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, ROOT)
+
+from recmas_ray.agent import DecodeConfig  # noqa: E402
+from recmas_ray.distributed.actors import RayPool  # noqa: E402
+from recmas_ray.distributed.driver import build_ray_system  # noqa: E402
+from recmas_ray.distributed.placement import PlacementConfig  # noqa: E402
+from recmas_ray.runner import LocalPool, RecursionConfig, run_batch  # noqa: E402
+from recmas_ray.service import AgentService  # noqa: E402
+from recmas_ray.system import plan_system  # noqa: E402
+
+QUESTIONS = ["What is 2 + 3?", "Tom has 4 apples and buys 3 more. How many?", "What is 6 * 7?", "What is 9 - 4?"]
+CFG = RecursionConfig(method="recursive_mas", num_recursive_rounds=2, latent_steps=6,
+                      decode=DecodeConfig(max_new_tokens=8))
+
+
+class RecordingPool:
+    """Wraps a pool and keeps every latent message handle, so a run's messages can be compared."""
+
+    def __init__(self, pool):
+        self.pool, self.messages = pool, []
+
+    def rollout(self, role, users, slot_names, num_steps, edges, latents):
+        outs, stats = self.pool.rollout(role, users, slot_names, num_steps, edges, latents)
+        self.messages += [(role, edge, out) for edge, out in zip(edges, outs)]
+        return outs, stats
+
+    def decode(self, role, users, slot_names, cfg, latents):
+        return self.pool.decode(role, users, slot_names, cfg, latents)
+
+    def get(self, handle, *, what):
+        return self.pool.get(handle, what=what)
+
+
+def start_cluster(num_nodes: int, gpus_per_node: int) -> tuple[Cluster, dict]:
+    """Head with 1 CPU (like a 0-CPU head, it cannot host the agents) plus GPU nodes named node0..."""
+    cluster = Cluster(initialize_head=True, head_node_args={
+        "num_cpus": 1, "object_store_memory": 80 * 2**20, "include_dashboard": False,
+        "_system_config": {"max_direct_call_object_size": 1024}})
+    for i in range(num_nodes):
+        cluster.add_node(num_cpus=2, num_gpus=gpus_per_node, object_store_memory=80 * 2**20,
+                         resources={f"node{i}": 1})
+    cluster.wait_for_nodes()
+    ray.init(address=cluster.address, log_to_driver=False, configure_logging=False)
+    names = {}
+    for node in ray.nodes():
+        own = [k for k in node["Resources"] if k.startswith("node") and k[4:].isdigit()]
+        names[node["NodeID"]] = own[0] if own else "head"
+    return cluster, names
+
+
+def describe(system, names: dict) -> dict:
+    return {role: {"node": names.get(i["node"], i["node"]), "gpu_ids": i["gpu_ids"], "device": i["device"]}
+            for role, i in system.infos.items()}
+
+
+def check_impossible(plan) -> dict:
+    """A role asking for more GPUs than any node has must fail before a placement group exists."""
+    t0 = time.perf_counter()
+    try:
+        build_ray_system(plan, PlacementConfig(preset="one_gpu_per_agent", role_gpus={"solver": 3},
+                                               ready_timeout_s=30))
+        error = None
+    except ValueError as e:
+        error = str(e)
+    seconds = time.perf_counter() - t0
+    pending = [pg for pg in ray.util.placement_group_table().values() if pg["state"] != "REMOVED"]
+    return {"error": error, "seconds": seconds, "pending_groups": len(pending)}
+
+
+def check_spread_equivalence(system, plan, names, timeout_s: float) -> dict:
+    """Predictions through the orchestrator and every latent message, Ray vs in-process."""
+    tasks = ["math"] * len(QUESTIONS)
+    remote = ray.get(system.solve(QUESTIONS, tasks, CFG, batch_id="spread"), timeout=timeout_s)
+    rec_ray = RecordingPool(RayPool(system.handles, timeout_s=timeout_s, context=", batch spread-rec"))
+    run_batch(rec_ray, plan.style, QUESTIONS, tasks, CFG)
+    # Locations are read before the driver fetches anything, so they show agent-to-agent pulls only.
+    refs = [ref for _, _, ref in rec_ray.messages]
+    locations = ray.experimental.get_object_locations(refs, timeout_ms=int(timeout_s * 1000))
+    ray_msgs = ray.get(refs, timeout=timeout_s)
+    services = {r: AgentService(*plan.service_args(r)) for r in plan.style.roles}
+    rec_local = RecordingPool(LocalPool(services))
+    local = run_batch(rec_local, plan.style, QUESTIONS, tasks, CFG)
+    messages = []
+    for (role, edge, ref), msg, (_, _, ref_msg) in zip(rec_ray.messages, ray_msgs, rec_local.messages):
+        loc = locations[ref]
+        messages.append({"role": role, "edge": edge, "shape": list(msg.shape), "device": str(msg.device),
+                         "max_abs_diff": float((msg - ref_msg).abs().max()),
+                         "object_size": loc.get("object_size"),
+                         "stored_on": sorted(names.get(n, n) for n in loc.get("node_ids", []))})
+    return {"ray_predictions": [r.prediction for r in remote], "local_predictions": [r.prediction for r in local],
+            "ray_latent_steps": [r.num_latent_steps for r in remote],
+            "local_latent_steps": [r.num_latent_steps for r in local],
+            "ray_trace_roles": [t["role"] for t in remote[0].trace],
+            "local_trace_roles": [t["role"] for t in local[0].trace], "messages": messages,
+            "local_edges": [edge for _, edge, _ in rec_local.messages]}
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--nodes", type=int, default=3)
+    p.add_argument("--gpus_per_node", type=int, default=2)
+    p.add_argument("--timeout_s", type=float, default=60.0)
+    args = p.parse_args(argv)
+    torch.set_num_threads(1)
+    t_start = time.perf_counter()
+    plan = plan_system("sequential_light", preset="tiny", seed=3)
+    cluster, names = start_cluster(args.nodes, args.gpus_per_node)
+    report = {"nodes": sorted(names.values()), "placements": {}}
+    cases = {
+        # solver asks for two GPUs: a role's GPU count may exceed one (its own 2-GPU bundle)
+        "one_gpu_per_agent": PlacementConfig(preset="one_gpu_per_agent", role_gpus={"solver": 2}),
+        "colocated": PlacementConfig(preset="colocated"),
+        "cpu": PlacementConfig(preset="cpu", cpus_per_agent=0.5),
+        "spread": PlacementConfig(preset="spread"),
+    }
+    try:
+        report["startup_s"] = time.perf_counter() - t_start
+        report["impossible"] = check_impossible(plan)
+        for preset, pcfg in cases.items():
+            pcfg.ready_timeout_s = args.timeout_s
+            t0 = time.perf_counter()
+            system = build_ray_system(plan, pcfg, timeout_s=args.timeout_s, torch_threads=1)
+            try:
+                report["placements"][preset] = describe(system, names)
+                report.setdefault("build_s", {})[preset] = time.perf_counter() - t0
+                if preset == "spread":
+                    report["spread"] = check_spread_equivalence(system, plan, names, args.timeout_s)
+            finally:
+                system.shutdown()
+        report["seconds"] = time.perf_counter() - t_start
+    finally:
+        ray.shutdown()
+        cluster.shutdown()
+    print(json.dumps(report))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
