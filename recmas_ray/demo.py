@@ -20,6 +20,7 @@ from pathlib import Path
 from recmas_ray.agent import DecodeConfig
 from recmas_ray.distributed.placement import PlacementConfig
 from recmas_ray.eval.results import markdown_table, plot_vs_rounds
+from recmas_ray.models import resolve_model_path
 from recmas_ray.presets import role_models
 from recmas_ray.synthetic import make_arithmetic_dataset, split_train_eval, write_jsonl
 
@@ -82,6 +83,8 @@ def run_demo(cfg: DemoConfig) -> dict:
     train, heldout = split_train_eval(rows, cfg.num_eval, seed=cfg.seed)
     train_file, eval_file = write_jsonl(train, out / "train.jsonl"), write_jsonl(heldout, out / "heldout.jsonl")
     models = role_models(cfg.style, cfg.preset)
+    for name in sorted(set(models.values())):  # convert GGUF -> safetensors once, before workers need it
+        print(f"[demo] preparing {name}: {resolve_model_path(name)}", flush=True)
 
     print(f"[demo] inner loop: {list(models)} on {models}", flush=True)
     inner_dirs = train_all_roles(
