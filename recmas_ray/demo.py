@@ -35,7 +35,7 @@ class DemoConfig:
     """The demo trains and evaluates the sequential style."""
     num_train: int = 96
     """Generated training rows."""
-    num_eval: int = 12
+    num_eval: int = 8
     """Held-out questions evaluated per method and R."""
     inner_steps: int = 30
     """Inner-loop steps per role."""
@@ -49,7 +49,7 @@ class DemoConfig:
     """m at evaluation."""
     max_latent_tokens: int = 24
     """Latents passed between agents during outer training."""
-    max_new_tokens: int = 96
+    max_new_tokens: int = 64
     """Decoding budget per text step."""
     lr: float = 1e-4
     """Outer-loop learning rate (the spec's stable value; the reference default 5e-4 spiked)."""
