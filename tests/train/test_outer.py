@@ -1,7 +1,7 @@
 """Outer-loop exactness: the pipeline stages, talking over torch.distributed gloo in separate processes, give
 the same outer-link gradients (and post-step weights) as the single-process autograd reference.
 
-Four processes run `PipelineStage` (the code the Ray Train workers run: p2p sends/recvs with length headers,
+Four processes run `PipelineStage` (train/stage.py, the code the Ray Train workers run: p2p sends/recvs with length headers,
 the tape, recompute, summed fan-out grads, global clipping by all-reduce) for sequential (3 ranks, a
 subgroup) and mixture (4 ranks), R = 1, 2, 3, with and without --recompute, 3 samples in 2 microbatches,
 latents trimmed to K = 12 with some gold texts shorter than K (so latent lengths differ per sample).
