@@ -39,17 +39,15 @@ def _kill_marked(group: int, value: str) -> None:
             pass
 
 
-@pytest.fixture(scope="module")
-def report(tiny_cache):
+def _run_check(tiny_cache):
     tmp = tempfile.mkdtemp(prefix="rmn", dir="/tmp")  # short: Ray's socket paths must stay < 108 bytes
     env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
     env.update({MARKER: tmp, "RAY_TMPDIR": tmp, "RAY_AUTH_MODE": "disabled", "RAY_USAGE_STATS_ENABLED": "0",
                 "RECMAS_CACHE": str(tiny_cache), "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"})
-    proc = subprocess.Popen([sys.executable, str(SCRIPT), "--timeout_s", "120"], cwd=ROOT, env=env,
+    proc = subprocess.Popen([sys.executable, str(SCRIPT), "--timeout_s", "180"], cwd=ROOT, env=env,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
-    t0 = time.perf_counter()
     try:
-        out, err = proc.communicate(timeout=270)
+        out, err = proc.communicate(timeout=330)
     except subprocess.TimeoutExpired:
         _kill_marked(proc.pid, tmp)
         out, err = proc.communicate()
@@ -57,13 +55,24 @@ def report(tiny_cache):
     finally:
         _kill_marked(proc.pid, tmp)
         shutil.rmtree(tmp, ignore_errors=True)
-    assert proc.returncode == 0, f"multinode_check.py failed (rc {proc.returncode}):\n{err[-4000:]}"
+    return proc.returncode, out, err
+
+
+@pytest.fixture(scope="module")
+def report(tiny_cache):
+    t0 = time.perf_counter()
+    rc, out, err = _run_check(tiny_cache)
+    if rc != 0 and "timed out during startup" in err:
+        # Starting four simulated nodes on 2 busy cores can overrun Ray's node start-up deadline;
+        # that is the machine, not the placement logic under test: try once more.
+        rc, out, err = _run_check(tiny_cache)
+    assert rc == 0, f"multinode_check.py failed (rc {rc}):\n{err[-4000:]}"
     data = json.loads(out.strip().splitlines()[-1])
     print(f"multinode check: {time.perf_counter() - t0:.1f}s, builds {data.get('build_s')}")
     return data
 
 
-pytestmark = [pytest.mark.multinode, pytest.mark.timeout(300)]
+pytestmark = [pytest.mark.multinode, pytest.mark.timeout(720)]
 
 
 def _gpu_slots(placement: dict) -> list[tuple[str, str]]:
