@@ -17,7 +17,6 @@ import json
 import os
 import sys
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
 def main(argv=None) -> int:
@@ -32,8 +31,8 @@ def main(argv=None) -> int:
     p.add_argument("--seed", type=int, default=0)
     args = p.parse_args(argv)
 
-    from recmas_ray.benchmark import BenchConfig, plot_bench, run_bench
-    from recmas_ray.synthetic import make_arithmetic_dataset
+    from recmas_ray.perf import BenchConfig, plot_bench, run_bench
+    from recmas_ray.train.synthetic import make_arithmetic_dataset
 
     cfg = BenchConfig(style=args.style, preset=args.preset, ray=not args.no_ray, device=args.device,
                       dtype=args.dtype, seed=args.seed)

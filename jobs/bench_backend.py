@@ -26,7 +26,6 @@ import statistics
 import sys
 import time
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
 def parse_role_models(text: str | None, roles) -> dict[str, str]:
@@ -102,8 +101,8 @@ def run(args) -> dict:
     from recmas_ray.runner import LocalPool, RecursionConfig, run_batch
     from recmas_ray.service import AgentService
     from recmas_ray.styles import get_style
-    from recmas_ray.synthetic import make_arithmetic_dataset
-    from recmas_ray.system import plan_system
+    from recmas_ray.train.synthetic import make_arithmetic_dataset
+    from recmas_ray.system.plan import plan_system
 
     for name in ("batch_size", "inflight", "repeats", "rounds"):
         if getattr(args, name) < 1:

@@ -20,9 +20,8 @@ import sys
 import tempfile
 import time
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from recmas_ray.train.outer import OuterTrainConfig  # noqa: E402
+from recmas_ray.train.outer import OuterTrainConfig
 
 
 def bench_pipeline(base: dict, rounds: list[int], save_root: str) -> list[dict]:
@@ -50,7 +49,7 @@ def bench_reference(base: dict, rounds: list[int]) -> list[dict]:
     """The single-process reference on the same batches; all agents in this process."""
     import torch
 
-    from recmas_ray.system import plan_system
+    from recmas_ray.system.plan import plan_system
     from recmas_ray.train.data import load_rows
     from recmas_ray.train.outer import SavedTensorMeter, step_indices
     from recmas_ray.train.reference import build_reference, reference_backward, reference_step

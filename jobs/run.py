@@ -17,12 +17,11 @@ import argparse
 import os
 import sys
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from recmas_ray.agent import DecodeConfig  # noqa: E402
-from recmas_ray.distributed.placement import PRESETS, PlacementConfig  # noqa: E402
-from recmas_ray.system import parse_overrides  # noqa: E402
-from recmas_ray.styles import get_style  # noqa: E402
+from recmas_ray.agent import DecodeConfig
+from recmas_ray.distributed.placement import PRESETS, PlacementConfig
+from recmas_ray.system.plan import parse_overrides
+from recmas_ray.styles import get_style
 
 
 def parse_role_amounts(text: str | None, flag: str) -> dict[str, float]:
@@ -99,7 +98,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def config_from_args(args):
-    from recmas_ray.evaluate import EvalConfig
+    from recmas_ray.eval.driver import EvalConfig
 
     placement = PlacementConfig(preset=args.placement, role_gpus=parse_role_amounts(args.role_gpus, "--role_gpus"),
                                 role_cpus=parse_role_amounts(args.role_cpus, "--role_cpus"))
@@ -128,7 +127,7 @@ def main(argv=None) -> int:
     args = build_parser().parse_args(argv)
     import dataclasses
 
-    from recmas_ray.evaluate import bench_name, evaluate, plot_results
+    from recmas_ray.eval.driver import bench_name, evaluate, plot_results
 
     try:
         cfg = config_from_args(args)

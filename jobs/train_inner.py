@@ -27,11 +27,10 @@ import inspect
 import os
 import sys
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, ROOT)
 
-from recmas_ray.train import inner  # noqa: E402
-from recmas_ray.train.inner import InnerTrainConfig  # noqa: E402
+from recmas_ray.distributed.driver import init_ray
+from recmas_ray.train import inner
+from recmas_ray.train.inner import InnerTrainConfig
 
 
 def _field_docs(cls) -> dict[str, str]:
@@ -60,26 +59,13 @@ def build_parser() -> argparse.ArgumentParser:
         p.add_argument(f"--{f.name}", type=conv, default=default, help=f"{help_} (default {default})")
     p.add_argument("--style", dest="mas_design", default=argparse.SUPPRESS, help="same as --mas_design")
     p.add_argument("--preset", default=None, choices=["tiny", "demo", "paper"],
-                   help="base model of each role from recmas_ray.presets (instead of --model_name_or_path)")
+                   help="base model of each role from recmas_ray.system.presets (instead of --model_name_or_path)")
     return p
-
-
-def init_ray() -> None:
-    """Join the cluster of `ray job submit` (RAY_ADDRESS), else start a local one without token auth."""
-    import ray
-
-    if ray.is_initialized():
-        return
-    if "RAY_ADDRESS" not in os.environ:
-        os.environ.setdefault("RAY_AUTH_MODE", "disabled")
-        # Workers of a local cluster inherit this env, so they import recmas_ray from a fresh clone.
-        os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [ROOT, os.environ.get("PYTHONPATH")]))
-    ray.init()
 
 
 def config_from_args(args) -> tuple[InnerTrainConfig, dict[str, str] | None]:
     """(config, per-role base models or None)."""
-    from recmas_ray.presets import role_models
+    from recmas_ray.system.presets import role_models
 
     values = {f.name: getattr(args, f.name) for f in dataclasses.fields(InnerTrainConfig)}
     if args.preset and args.model_name_or_path:

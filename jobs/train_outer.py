@@ -26,10 +26,9 @@ import json
 import os
 import sys
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from recmas_ray.system import parse_overrides  # noqa: E402
-from recmas_ray.train.outer import OuterTrainConfig  # noqa: E402
+from recmas_ray.system.plan import parse_overrides
+from recmas_ray.train.outer import OuterTrainConfig
 
 
 def build_parser() -> argparse.ArgumentParser:

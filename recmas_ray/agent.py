@@ -21,25 +21,10 @@ from dataclasses import dataclass, field
 
 import torch
 
+from recmas_ray.config.recursion import DecodeConfig
 from recmas_ray.links import InnerLink, OuterLink
 
 _SLOT_RE = re.compile(r"<<[A-Z_]+_SLOT>>")
-
-
-@dataclass(kw_only=True)
-class DecodeConfig:
-    """Text decoding settings (the reference samples with T=0.6, top_p=0.95; tests use greedy)."""
-
-    max_new_tokens: int = 256
-    """Budget of generated tokens per sample."""
-    do_sample: bool = False
-    """Sample instead of greedy argmax."""
-    temperature: float = 0.6
-    """Sampling temperature (only with do_sample)."""
-    top_p: float = 0.95
-    """Nucleus sampling mass (only with do_sample)."""
-    seed: int = 0
-    """Seed of the sampling generator, so sampled runs repeat."""
 
 
 @dataclass

@@ -20,9 +20,9 @@ from pathlib import Path
 from recmas_ray.agent import DecodeConfig
 from recmas_ray.distributed.placement import PlacementConfig
 from recmas_ray.eval.results import markdown_table, plot_vs_rounds
-from recmas_ray.models import resolve_model_path
-from recmas_ray.presets import role_models
-from recmas_ray.synthetic import make_arithmetic_dataset, split_train_eval, write_jsonl
+from recmas_ray.models.loader import resolve_model_path
+from recmas_ray.system.presets import role_models
+from recmas_ray.train.synthetic import make_arithmetic_dataset, split_train_eval, write_jsonl
 
 
 @dataclass(kw_only=True)
@@ -71,7 +71,7 @@ def quick(cfg: DemoConfig) -> DemoConfig:
 
 def run_demo(cfg: DemoConfig) -> dict:
     """Run the whole pipeline; returns the combined results and the paths written."""
-    from recmas_ray.evaluate import EvalConfig, evaluate
+    from recmas_ray.eval.driver import EvalConfig, evaluate
     from recmas_ray.train.inner import InnerTrainConfig, train_all_roles
     from recmas_ray.train.outer import OuterTrainConfig
     from recmas_ray.train.pipeline import train_outer

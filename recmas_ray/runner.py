@@ -17,10 +17,10 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from recmas_ray.agent import DecodeConfig
+from recmas_ray.config.checks import check_tree
+from recmas_ray.config.recursion import METHODS, DecodeConfig, RecursionConfig  # noqa: F401 (re-exported)
 from recmas_ray.styles import StyleSpec, build_schedule, render_prompt, render_single_agent_prompt
 
-METHODS = ("recursive_mas", "recursive_textmas", "textmas", "single_agent")
 
 
 class AgentPool(Protocol):
@@ -46,36 +46,10 @@ class SampleResult:
     trace: list[dict] = field(default_factory=list)
 
 
-@dataclass(kw_only=True)
-class RecursionConfig:
-    """How one batch is run."""
-
-    method: str = "recursive_mas"
-    """One of recursive_mas, recursive_textmas, textmas, single_agent."""
-    num_recursive_rounds: int = 3
-    """R >= 1 (textmas always runs one round)."""
-    latent_steps: int = 32
-    """m >= 0 latent steps per agent and round (recursive_mas only)."""
-    decode: DecodeConfig = field(default_factory=DecodeConfig)
-    """Final (and, for text methods, intermediate) decoding settings."""
-    decode_every_round: bool = False
-    """Mixture reference behaviour: the decoder also decodes (and discards) text in non-final rounds."""
-
-    def validate(self) -> None:
-        if self.method not in METHODS:
-            raise ValueError(f"unknown method {self.method!r}; expected one of {METHODS}")
-        if self.num_recursive_rounds < 1:
-            raise ValueError(f"num_recursive_rounds must be >= 1, got {self.num_recursive_rounds}")
-        if self.latent_steps < 0:
-            raise ValueError(f"latent_steps must be >= 0, got {self.latent_steps}")
-        if self.decode.max_new_tokens < 1:
-            raise ValueError(f"max_new_tokens must be >= 1, got {self.decode.max_new_tokens}")
-
-
 def run_batch(pool: AgentPool, style: StyleSpec, questions: list[str], tasks: list[str],
               cfg: RecursionConfig) -> list[SampleResult]:
     """Run one batch of questions through the style with `cfg.method`."""
-    cfg.validate()
+    check_tree(cfg, lambda path: path)
     t0 = time.perf_counter()
     if cfg.method == "single_agent":
         users = [render_single_agent_prompt(style, t, q) for q, t in zip(questions, tasks)]

@@ -20,7 +20,7 @@ import torch
 
 from recmas_ray.agent import Agent, DecodeConfig, Decoded, left_pad
 from recmas_ray.links import InnerLink, OuterLink
-from recmas_ray.models import load_frozen_model, resolve_dtype
+from recmas_ray.models.loader import load_frozen_model, resolve_dtype
 
 if TYPE_CHECKING:
     from recmas_ray.tools.loop import ToolLoopConfig

@@ -26,7 +26,8 @@ torch.set_num_threads(1)  # small tensors: a second thread costs more than it gi
 @pytest.fixture(scope="session")
 def tiny_cache():
     """Build the four tiny model families once (milliseconds each) and return the cache root."""
-    from recmas_ray.models import TINY_FAMILIES, cache_root, ensure_tiny_model
+    from recmas_ray.models.cache import cache_root
+    from recmas_ray.models.tiny import TINY_FAMILIES, ensure_tiny_model
 
     for family in TINY_FAMILIES:
         ensure_tiny_model(family)

@@ -29,7 +29,7 @@ from recmas_ray.distributed.actors import TRANSPORTS, AgentActor, RayPool, RDTAg
 from recmas_ray.distributed.placement import PlacementConfig, create_placement, plan_placement
 from recmas_ray.runner import RecursionConfig, run_batch
 from recmas_ray.styles import get_style
-from recmas_ray.system import SystemPlan
+from recmas_ray.system.plan import SystemPlan
 
 log = logging.getLogger(__name__)
 

@@ -14,6 +14,9 @@ message that lists what is missing.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Annotated
+
+from recmas_ray.config.checks import OneOf, Range
 
 PRESETS = ("one_gpu_per_agent", "colocated", "spread", "cpu")
 
@@ -22,29 +25,30 @@ PRESETS = ("one_gpu_per_agent", "colocated", "spread", "cpu")
 class PlacementConfig:
     """Where agent actors go and what each one asks for."""
 
-    preset: str = "cpu"
+    preset: Annotated[str, OneOf(PRESETS)] = "cpu"
     """one_gpu_per_agent, colocated, spread or cpu."""
-    role_gpus: dict[str, float] = field(default_factory=dict)
+    role_gpus: Annotated[dict[str, float], Range(0, 64)] = field(default_factory=dict)
     """Per-role GPU override, e.g. {"science": 1, "math": 0.5} (a 7B expert on a whole GPU)."""
-    role_cpus: dict[str, float] = field(default_factory=dict)
+    role_cpus: Annotated[dict[str, float], Range(0, 1024)] = field(default_factory=dict)
     """Per-role logical CPU override."""
-    cpus_per_agent: float = 0.25
+    cpus_per_agent: Annotated[float, Range(0, 1024)] = 0.25
     """Logical CPUs per agent actor (fractions leave room for Ray Data read tasks)."""
-    ready_timeout_s: float = 180.0
-    """How long to wait for the placement group and each actor's ready() check."""
+    ready_timeout_s: Annotated[float, Range(0, 86400, lo_open=True)] = 180.0
+    """Seconds to wait for the placement group and for each actor to load its model and answer ready()."""
 
-    def validate(self, roles) -> None:
-        if self.preset not in PRESETS:
-            raise ValueError(f"unknown placement preset {self.preset!r}; expected one of {PRESETS}")
+    def validate(self) -> None:
+        """Settings that do not depend on the style."""
+        if self.preset == "cpu" and any(v > 0 for v in self.role_gpus.values()):
+            raise ValueError("--placement cpu cannot give GPUs to roles (--role_gpus); use one_gpu_per_agent "
+                             "or colocated")
+
+    def check_roles(self, roles) -> None:
+        """Per-role overrides must name roles of the style."""
+        self.validate()
         for name, table in (("role_gpus", self.role_gpus), ("role_cpus", self.role_cpus)):
             bad = [r for r in table if r not in roles]
             if bad:
-                raise ValueError(f"{name} names {bad}, not roles of this style {list(roles)}")
-            neg = {r: v for r, v in table.items() if v < 0}
-            if neg:
-                raise ValueError(f"{name} must be >= 0, got {neg}")
-        if self.preset == "cpu" and any(v > 0 for v in self.role_gpus.values()):
-            raise ValueError("placement preset 'cpu' cannot give GPUs to roles; use one_gpu_per_agent or colocated")
+                raise ValueError(f"--{name} names {bad}, not roles of this style {list(roles)}")
 
 
 @dataclass
@@ -60,7 +64,7 @@ class PlacementPlan:
 
 def plan_placement(cfg: PlacementConfig, roles) -> PlacementPlan:
     """Translate a preset and overrides into bundles and per-actor resources (pure, no Ray calls)."""
-    cfg.validate(roles)
+    cfg.check_roles(roles)
     roles = list(roles)
     cpus = {r: cfg.role_cpus.get(r, cfg.cpus_per_agent) for r in roles}
     if cfg.preset == "cpu":

@@ -7,7 +7,7 @@ from recmas_ray.styles.mixture import MIXTURE
 from recmas_ray.styles.sequential import SEQUENTIAL
 
 # sequential_light / sequential_scaled share one declaration; they differ only in their base models
-# (see `recmas_ray.presets`). `mas_design` names of the original training tool are aliases.
+# (see `recmas_ray.system.presets`). `mas_design` names of the original training tool are aliases.
 STYLES: dict[str, StyleSpec] = {
     "sequential": SEQUENTIAL, "sequential_light": SEQUENTIAL, "sequential_scaled": SEQUENTIAL,
     "mixture": MIXTURE, "distillation": DISTILLATION, "deliberation": DELIBERATION,

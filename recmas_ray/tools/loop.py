@@ -27,7 +27,8 @@ from dataclasses import dataclass
 
 import torch
 
-from recmas_ray.agent import Agent, DecodeConfig, Decoded
+from recmas_ray.agent import Agent, Decoded
+from recmas_ray.config.recursion import DecodeConfig, ToolLoopConfig
 from recmas_ray.sandbox import SandboxConfig
 from recmas_ray.tools import ToolOutput
 from recmas_ray.tools.python_tool import run_python_tool
@@ -38,34 +39,6 @@ log = logging.getLogger(__name__)
 CALL_RE = re.compile(r"<(python|search)>(.*?)</\1\s*>", re.IGNORECASE | re.DOTALL)
 CLOSE_RE = re.compile(r"</(?:python|search)\s*>", re.IGNORECASE)
 LIMIT_NOTE = " [tool limit reached]"
-
-
-@dataclass(kw_only=True)
-class ToolLoopConfig:
-    """Tool settings of the deliberation toolcaller (``jobs/run.py`` flags in brackets)."""
-
-    max_tool_rounds: int = 5
-    """Most tool calls per sample [--max_tool_rounds]; a further call gets the "[tool limit reached]" note."""
-    python_timeout_s: float = 10.0
-    """Wall-clock (and, rounded up, CPU) limit of one Python call [--python_timeout]."""
-    result_max_chars: int = 6000
-    """Characters kept of one tool result."""
-    tavily_keys_file: str | None = None
-    """File with one Tavily key per line, read on the toolcaller's machine [--tavily_keys_file];
-    TAVILY_API_KEY is used as well. With neither, search answers "search unavailable"."""
-    echo_last_expr: bool = False
-    """Print the value of a final bare expression of Python code, like the interactive interpreter."""
-    stop_window_tokens: int = 16
-    """Decoded tokens searched for a closing tag after each step (reference: 16)."""
-
-    def __post_init__(self) -> None:
-        if self.max_tool_rounds < 0:
-            raise ValueError(f"max_tool_rounds must be >= 0, got {self.max_tool_rounds}")
-        if self.python_timeout_s <= 0:
-            raise ValueError(f"python_timeout must be > 0 seconds, got {self.python_timeout_s}")
-        if self.result_max_chars < 1 or self.stop_window_tokens < 1:
-            raise ValueError(f"result_max_chars ({self.result_max_chars}) and stop_window_tokens "
-                             f"({self.stop_window_tokens}) must be >= 1")
 
 
 class Toolbox:

@@ -6,7 +6,7 @@ role's target, how upstream gold texts fill a role's prompt slots, and which row
 
 Datasets: a local `.json` / `.jsonl` file (`{"data": [...]}` wrapped JSON via `json_field`), a
 Hugging Face dataset id (train split, via `datasets.load_dataset`), or `synthetic[:N]` for the
-offline multi-step arithmetic set of `recmas_ray.synthetic` (N rows, default 256).
+offline multi-step arithmetic set of `recmas_ray.train.synthetic` (N rows, default 256).
 """
 
 from __future__ import annotations
@@ -57,7 +57,7 @@ def load_rows(dataset_name: str, json_field: str | None = None, *, split: str = 
 
 
 def _synthetic_rows(name: str) -> list[dict]:
-    from recmas_ray.synthetic import make_arithmetic_dataset
+    from recmas_ray.train.synthetic import make_arithmetic_dataset
 
     _, _, count = name.partition(":")
     try:

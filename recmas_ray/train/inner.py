@@ -32,7 +32,7 @@ import torch
 import torch.nn.functional as F
 
 from recmas_ray.agent import Agent, left_pad
-from recmas_ray.checkpoint import MANIFEST, WEIGHTS, stable_seed
+from recmas_ray.system.checkpoints import MANIFEST, WEIGHTS, stable_seed
 from recmas_ray.links import InnerLink
 from recmas_ray.styles import get_style
 from recmas_ray.styles.base import TASK_TYPES
@@ -249,7 +249,7 @@ def train_loop_per_worker(config: dict) -> dict:
     import ray.train
     from ray.train import Checkpoint
 
-    from recmas_ray.models import load_frozen_model, resolve_dtype
+    from recmas_ray.models.loader import load_frozen_model, resolve_dtype
 
     cfg = InnerTrainConfig(**config["cfg"])
     style, role = validate_config(cfg)
@@ -404,8 +404,9 @@ def train_all_roles(cfg: InnerTrainConfig, roles=None, *, role_models: dict[str,
                        save_dir=str(Path(cfg.save_dir).resolve() / r), storage_path=str(_storage(cfg))) for r in roles}
     for c in cfgs.values():
         validate_config(c)
-    if not ray.is_initialized():
-        ray.init()
+    from recmas_ray.distributed.driver import init_ray
+
+    init_ray()
     opts = {"num_cpus": 0} if cfg.num_workers else {
         "num_cpus": cfg.cpus_per_worker, "num_gpus": cfg.gpus_per_worker if cfg.use_gpu else 0}
     fit = ray.remote(_fit).options(max_retries=0, **opts)

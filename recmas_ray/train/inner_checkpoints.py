@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from recmas_ray.checkpoint import MANIFEST, WEIGHTS, LinkSet, load_links, save_links
+from recmas_ray.system.checkpoints import MANIFEST, WEIGHTS, LinkSet, load_links, save_links
 from recmas_ray.links import InnerLink
 
 if TYPE_CHECKING:

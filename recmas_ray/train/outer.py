@@ -32,7 +32,7 @@ import torch.nn.functional as F
 from safetensors.torch import load_file
 
 from recmas_ray.agent import Agent, left_pad
-from recmas_ray.checkpoint import LinkSet, save_links
+from recmas_ray.system.checkpoints import LinkSet, save_links
 from recmas_ray.links import OuterLink, outer_link_from_state_dict
 from recmas_ray.styles import Step, StyleSpec, get_style, render_prompt
 from recmas_ray.styles.base import TASK_TYPES
@@ -308,7 +308,7 @@ def step_indices(num_rows: int, step: int, batch_size: int, seed: int) -> list[i
 
     A pure function of (seed, step), so a resumed run sees the same batches as an uninterrupted one.
     """
-    from recmas_ray.checkpoint import stable_seed
+    from recmas_ray.system.checkpoints import stable_seed
 
     steps_per_epoch = num_rows // batch_size
     if steps_per_epoch < 1:

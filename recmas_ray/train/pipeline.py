@@ -46,7 +46,7 @@ NAN_STOP = "nan_stop.json"
 # ----------------------------------------------------------------------------- Ray Train worker
 def _build_stage(cfg: OuterTrainConfig, style: StyleSpec, role: str, system: dict, link_state, device, group=None):
     """Load this role's base model and links only, and wrap them in a PipelineStage."""
-    from recmas_ray.models import load_frozen_model, resolve_dtype
+    from recmas_ray.models.loader import load_frozen_model, resolve_dtype
 
     name = system["role_models"][role]
     model, tokenizer = load_frozen_model(name, dtype=resolve_dtype(cfg.dtype, device), device=device)
@@ -178,7 +178,7 @@ def train_outer(cfg: OuterTrainConfig) -> OuterRunResult:
     from ray.train import CheckpointConfig, FailureConfig, RunConfig, ScalingConfig
     from ray.train.torch import TorchConfig, TorchTrainer
 
-    from recmas_ray.system import plan_system
+    from recmas_ray.system.plan import plan_system
     from recmas_ray.train.data import load_rows
     from recmas_ray.train.outer import prepare_samples
 

@@ -80,7 +80,7 @@ def build_reference(plan, *, device: str = "cpu"):
     """All agents of a `SystemPlan` in this process, fp32; returns (agents, copies of its outer links)."""
     import copy
 
-    from recmas_ray.models import load_frozen_model
+    from recmas_ray.models.loader import load_frozen_model
 
     dev = torch.device(device)
     agents = {}

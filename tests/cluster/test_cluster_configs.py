@@ -1,7 +1,7 @@
 """Offline checks of the cluster files in cluster/: they validate, and typos in them do not.
 
 No Ray cluster, kubectl or network is needed. The launcher configs go through Ray's own schema
-(`ray up` validation); the KubeRay manifests through recmas_ray.cluster_config's field schema.
+(`ray up` validation); the KubeRay manifests through tests.cluster.cluster_schema's field schema.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ import pytest
 import ray
 import yaml
 
-from recmas_ray.cluster_config import (
+from tests.cluster.cluster_schema import (
     check_image_tag,
     validate_kuberay_manifest,
     validate_launcher_config,

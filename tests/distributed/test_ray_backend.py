@@ -9,7 +9,7 @@ from recmas_ray.distributed.driver import build_ray_system
 from recmas_ray.distributed.placement import PlacementConfig
 from recmas_ray.runner import LocalPool, RecursionConfig, run_batch
 from recmas_ray.service import AgentService
-from recmas_ray.system import plan_system
+from recmas_ray.system.plan import plan_system
 
 QUESTIONS = ["What is 2 + 3?", "Tom has 4 apples and buys 3 more. How many?", "What is 6 * 7?"]
 CFG = RecursionConfig(method="recursive_mas", num_recursive_rounds=2, latent_steps=6,

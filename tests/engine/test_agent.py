@@ -5,7 +5,8 @@ import torch
 
 from recmas_ray.agent import Agent, DecodeConfig, find_slots
 from recmas_ray.links import InnerLink
-from recmas_ray.models import TINY_FAMILIES, load_frozen_model
+from recmas_ray.models.loader import load_frozen_model
+from recmas_ray.models.tiny import TINY_FAMILIES
 
 SLOT = "<<LATENT_PLANNER_SLOT>>"
 USERS = ["Question: what is 2 + 2?\nPlan: " + SLOT + "\nSolve it.",

@@ -7,7 +7,7 @@ import torch
 
 from recmas_ray.links import (INNER_KEYS, OUTER_KEYS, InnerLink, OuterLink, inner_link_from_state_dict,
                               outer_link_from_state_dict)
-from recmas_ray.models import TINY_FAMILIES
+from recmas_ray.models.tiny import TINY_FAMILIES
 
 
 def test_inner_link_layout_and_param_count():

@@ -8,7 +8,7 @@ from recmas_ray.runner import LocalPool, RecursionConfig, run_batch
 from recmas_ray.service import AgentService
 from recmas_ray.styles import STYLES
 from recmas_ray.styles.base import RolePrompts, StyleSpec
-from recmas_ray.system import plan_system
+from recmas_ray.system.plan import plan_system
 
 QUESTIONS = ["What is 2 + 3?", "Tom has 4 apples and buys 3 more. How many?"]
 STYLE_NAMES = ["sequential_light", "mixture", "distillation", "deliberation"]

@@ -12,9 +12,7 @@ from recmas_ray.agent import Decoded
 from recmas_ray.eval.stream import EXIT_AFTER_ENV, RETRY_SUFFIXES, format_retry, needs_format_retry
 from recmas_ray.runner import SampleResult
 
-spec = importlib.util.spec_from_file_location("run_job", os.path.join(os.path.dirname(__file__), "../../jobs/run.py"))
-run_job = importlib.util.module_from_spec(spec)
-spec.loader.exec_module(run_job)
+from jobs import run as run_job
 
 METHODS = "recursive_mas,recursive_textmas"
 
@@ -112,7 +110,7 @@ def test_ray_stream_two_methods_matches_local(ray_cluster, qfile, local_run, tmp
 def shared_system(ray_cluster, qfile):
     """One running system for the crash run and its --resume rerun (agents load once)."""
     from recmas_ray.distributed.driver import build_ray_system
-    from recmas_ray.system import plan_system
+    from recmas_ray.system.plan import plan_system
 
     cfg = config(qfile, "unused", "ray")
     plan = plan_system(cfg.style, preset=cfg.preset, seed=cfg.seed, dtype=cfg.dtype, device=cfg.device,
@@ -127,7 +125,7 @@ def config(qfile, out, backend, *extra):
 
 
 def test_killed_client_ends_run_then_resume_completes(shared_system, qfile, local_run, tmp_path, monkeypatch):
-    from recmas_ray.evaluate import evaluate
+    from recmas_ray.eval.driver import evaluate
 
     out = tmp_path / "crash"
     one = ["--method", "recursive_mas", "--batch_size", "1", "--max_inflight_batches", "1"]
@@ -146,7 +144,7 @@ def test_killed_client_ends_run_then_resume_completes(shared_system, qfile, loca
 
 
 def test_rounds_sweep_plots_one_point_per_method_and_round(qfile, tiny_cache, tmp_path, monkeypatch):
-    import recmas_ray.evaluate as ev
+    import recmas_ray.eval.driver as ev
 
     seen = []
     monkeypatch.setattr(ev, "plot_vs_rounds", lambda rows, path: seen.extend(rows) or ev.Path(path))
@@ -160,7 +158,7 @@ def test_rounds_sweep_plots_one_point_per_method_and_round(qfile, tiny_cache, tm
 
 
 def test_failed_run_exits_1_pointing_to_resume(qfile, tmp_path, monkeypatch, capsys):
-    import recmas_ray.evaluate as ev
+    import recmas_ray.eval.driver as ev
 
     def boom(*a, **k):
         raise RuntimeError("evaluation stream of recursive_mas failed (ActorDiedError); rerun with --resume")

@@ -4,9 +4,7 @@ import importlib.util
 import json
 import os
 
-spec = importlib.util.spec_from_file_location("demo_job", os.path.join(os.path.dirname(__file__), "../../jobs/demo.py"))
-demo_job = importlib.util.module_from_spec(spec)
-spec.loader.exec_module(demo_job)
+from jobs import demo as demo_job
 
 
 def test_demo_quick_on_tiny_preset(tmp_path, ray_cluster, capsys):

@@ -9,9 +9,7 @@ import pytest
 
 from tests.conftest import write_jsonl
 
-spec = importlib.util.spec_from_file_location("run_job", os.path.join(os.path.dirname(__file__), "../../jobs/run.py"))
-run_job = importlib.util.module_from_spec(spec)
-spec.loader.exec_module(run_job)
+from jobs import run as run_job
 
 
 def base_args(qfile, out, *extra):
@@ -67,7 +65,7 @@ def test_bad_flags_fail_fast(tmp_path, question_file, capsys, flag, value, match
 
 
 def test_bad_question_files_fail_before_models_load(tmp_path, capsys, monkeypatch):
-    import recmas_ray.evaluate as ev
+    import recmas_ray.eval.driver as ev
 
     monkeypatch.setattr(ev, "Backend", lambda *a, **k: pytest.fail("models loaded despite bad data"))
     empty = tmp_path / "empty.jsonl"

@@ -19,7 +19,7 @@ import recmas_ray.agent as agent_mod
 import recmas_ray.tools.search as search_mod
 from recmas_ray.agent import Agent, DecodeConfig
 from recmas_ray.links import InnerLink
-from recmas_ray.models import load_frozen_model
+from recmas_ray.models.loader import load_frozen_model
 from recmas_ray.tools import SearchKeyError
 from recmas_ray.tools.loop import LIMIT_NOTE, Toolbox, ToolLoopConfig, _cut_after_tag, run_tool_loop
 from tests.conftest import write_jsonl
@@ -184,10 +184,9 @@ class LeakyBackend:
 
 
 def load_run_job():
-    spec = importlib.util.spec_from_file_location("run_job_tools", ROOT / "jobs" / "run.py")
-    run_job = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(run_job)
-    return run_job
+    from jobs import run
+
+    return run
 
 
 def test_keys_never_leak_from_a_full_run(tmp_path, tiny_cache, monkeypatch, capfd, caplog):
@@ -242,7 +241,7 @@ def test_run_job_offline_reports_search_unavailable(tmp_path, tiny_cache, monkey
 
 
 def test_tool_flags_are_refused_outside_deliberation(tiny_cache):
-    from recmas_ray.system import plan_system
+    from recmas_ray.system.plan import plan_system
 
     with pytest.raises(ValueError, match="deliberation only"):
         plan_system("sequential_light", preset="tiny", tools=ToolLoopConfig())

@@ -12,10 +12,10 @@ import torch
 import torch.nn.functional as F
 
 from recmas_ray.agent import Agent
-from recmas_ray.checkpoint import load_links
-from recmas_ray.models import load_frozen_model
+from recmas_ray.system.checkpoints import load_links
+from recmas_ray.models.loader import load_frozen_model
 from recmas_ray.styles import get_style
-from recmas_ray.synthetic import make_arithmetic_dataset, write_jsonl
+from recmas_ray.train.synthetic import make_arithmetic_dataset, write_jsonl
 from recmas_ray.train.data import role_examples
 from recmas_ray.train.inner import (InnerTrainConfig, _fit, fresh_inner_link, inner_loss, make_optimizer,
                                     step_indices, train_inner, train_step)
@@ -167,15 +167,14 @@ def test_two_workers_gloo_average_gradients(ray_cluster, tmp_path, train_file, r
 
 
 def _load_cli():
-    spec = importlib.util.spec_from_file_location("train_inner_cli", ROOT / "jobs" / "train_inner.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    from jobs import train_inner
+
+    return train_inner
 
 
 def test_all_roles_train_concurrently_and_load_in_plan_system(ray_cluster, tmp_path, train_file, capsys):
-    from recmas_ray.presets import role_models
-    from recmas_ray.system import plan_system
+    from recmas_ray.system.presets import role_models
+    from recmas_ray.system.plan import plan_system
 
     save = tmp_path / "inner"
     rc = _load_cli().main(["--mas_design", "sequential", "--mas_role", "all", "--preset", "tiny",

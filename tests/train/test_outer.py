@@ -56,7 +56,7 @@ def _worker(rank, world, store, out_dir, rows):
     # One process = one role, exactly what a Ray Train worker builds, minus Ray.
     import torch.distributed as dist
 
-    from recmas_ray.system import plan_system
+    from recmas_ray.system.plan import plan_system
     from recmas_ray.train.outer import prepare_samples
     from recmas_ray.train.pipeline import _build_stage
 
@@ -118,7 +118,7 @@ def pipeline_results(tiny_cache, tmp_path_factory):
 @functools.lru_cache(maxsize=None)
 def _reference(style_name, rounds, w):
     rows = make_rows()
-    from recmas_ray.system import plan_system
+    from recmas_ray.system.plan import plan_system
     from recmas_ray.train.reference import build_reference, reference_backward, reference_step
 
     plan = plan_system(style_name, preset="tiny", seed=SEED)
@@ -204,13 +204,8 @@ def test_bf16_models_keep_fp32_master_links(pipeline_results):
 
 
 def test_cli_flags_map_onto_the_config():
-    import importlib.util
-    from pathlib import Path
+    from jobs import train_outer as cli
 
-    path = Path(__file__).resolve().parents[2] / "jobs" / "train_outer.py"
-    spec = importlib.util.spec_from_file_location("train_outer_cli", path)
-    cli = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(cli)
     args = cli.build_parser().parse_args([
         "--style", "mixture", "--ckpt_override", "math=/m", "code=/c", "--dataset_name", "x.json",
         "--dataset_json_field", "data", "--save_dir", "/s", "--num_recursive_rounds", "2", "--max_latent_tokens", "16",

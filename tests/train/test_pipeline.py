@@ -14,7 +14,7 @@ import json
 import pytest
 import torch
 
-from recmas_ray.checkpoint import LinkSet, load_links, save_links
+from recmas_ray.system.checkpoints import LinkSet, load_links, save_links
 from recmas_ray.links import InnerLink
 from recmas_ray.styles import get_style
 from recmas_ray.train.outer import OuterTrainConfig
@@ -45,7 +45,7 @@ def uninterrupted(ray_cluster, tmp_path_factory):
 
 
 def test_loss_falls_and_only_outer_links_change(uninterrupted):
-    from recmas_ray.system import plan_system
+    from recmas_ray.system.plan import plan_system
 
     cfg, res = uninterrupted
     losses = [e["loss"] for e in res.log]
@@ -96,9 +96,9 @@ def test_kill_nan_stop_and_resume_match_uninterrupted(uninterrupted, tmp_path):
 def test_bad_inner_checkpoint_fails_before_compute(tmp_path, base, hidden, monkeypatch):
     import ray.train.torch
 
-    import recmas_ray.models
+    import recmas_ray.models.loader
 
-    for mod, attr in ((ray.train.torch, "TorchTrainer"), (recmas_ray.models, "load_frozen_model")):
+    for mod, attr in ((ray.train.torch, "TorchTrainer"), (recmas_ray.models.loader, "load_frozen_model")):
         monkeypatch.setattr(mod, attr, lambda *a, **k: pytest.fail("reached compute"))
     bad = _inner_ckpt(tmp_path / "bad", "learner", base, hidden)
     cfg = _cfg(tmp_path / "out", ckpt_overrides={"learner": bad})

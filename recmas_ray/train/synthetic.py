@@ -10,7 +10,7 @@ all short so CPU training is fast:
     deliberation_reflector, deliberation_toolcaller                                 deliberation
     template                                                         metadata: which word-problem template
 
-CLI: `python -m recmas_ray.synthetic --num_rows 200 --out data.jsonl [--json_field data] [--seed 0]`.
+CLI: `python -m recmas_ray.train.synthetic --num_rows 200 --out data.jsonl [--json_field data] [--seed 0]`.
 """
 
 from __future__ import annotations
@@ -250,7 +250,7 @@ def write_json(rows: list[dict], path: str | Path, *, json_field: str = "data") 
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(prog="python -m recmas_ray.synthetic",
+    parser = argparse.ArgumentParser(prog="python -m recmas_ray.train.synthetic",
                                      description="Generate offline multi-step arithmetic training data.")
     parser.add_argument("--num_rows", type=int, required=True, help="number of rows to generate")
     parser.add_argument("--out", required=True, help="output file (.jsonl, or .json with --json_field)")

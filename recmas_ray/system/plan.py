@@ -10,9 +10,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from recmas_ray.checkpoint import LinkSet, init_links, load_links
-from recmas_ray.models import resolve_model_path
-from recmas_ray.presets import role_models
+from recmas_ray.system.checkpoints import LinkSet, init_links, load_links
+from recmas_ray.models.loader import resolve_model_path
+from recmas_ray.system.presets import role_models
 from recmas_ray.service import AgentSpec, link_states
 from recmas_ray.styles import StyleSpec, get_style
 

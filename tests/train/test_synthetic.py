@@ -1,4 +1,4 @@
-"""The offline arithmetic training-data generator (recmas_ray.synthetic)."""
+"""The offline arithmetic training-data generator (recmas_ray.train.synthetic)."""
 
 from __future__ import annotations
 
@@ -10,8 +10,8 @@ from fractions import Fraction
 
 import pytest
 
-from recmas_ray import synthetic
-from recmas_ray.synthetic import FIELDS, make_arithmetic_dataset, split_train_eval, write_jsonl
+from recmas_ray.train import synthetic
+from recmas_ray.train.synthetic import FIELDS, make_arithmetic_dataset, split_train_eval, write_jsonl
 
 # The truth per template, written independently of the generator from the numbers in the question, in order.
 TRUTH = {

@@ -5,9 +5,9 @@ import json
 import pytest
 import torch
 
-from recmas_ray.checkpoint import LinkSet, load_links, save_links
+from recmas_ray.system.checkpoints import LinkSet, load_links, save_links
 from recmas_ray.styles import get_style
-from recmas_ray.system import parse_overrides, plan_system
+from recmas_ray.system.plan import parse_overrides, plan_system
 
 
 def test_our_format_round_trip(tmp_path, tiny_cache):

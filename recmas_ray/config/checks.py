@@ -1,0 +1,192 @@
+"""Declarative field checks for config dataclasses, run once over a whole config tree.
+
+A field states its range or choices in its annotation, next to its default and docstring:
+
+    latent_steps: Annotated[int, Range(0, MAX_LATENT_STEPS)] = 32   # its docstring on the next line
+
+`check_tree(cfg, flag_of)` walks every (nested) dataclass, checks each annotated field and then calls
+the config's own `validate()` (cross-field rules), so one call validates a job's input before any model
+loads or file is written. Errors are `ConfigError` (a `ValueError`) with one line naming the flag, the
+value and what was expected.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import os
+import typing
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable
+
+
+class ConfigError(ValueError):
+    """A user error in a job's configuration: one line, shown without a traceback."""
+
+
+@dataclass(frozen=True)
+class Range:
+    """Numeric bounds, inclusive unless `lo_open` / `hi_open`; `None` leaves that side open."""
+
+    lo: float | None = None
+    hi: float | None = None
+    lo_open: bool = False
+    hi_open: bool = False
+
+    def describe(self, kind: str) -> str:
+        if self.hi is None:
+            return f"{kind} {'>' if self.lo_open else '>='} {self.lo}"
+        if self.lo is None:
+            return f"{kind} {'<' if self.hi_open else '<='} {self.hi}"
+        return f"{kind} in {'(' if self.lo_open else '['}{self.lo}, {self.hi}{')' if self.hi_open else ']'}"
+
+    def ok(self, v: float) -> bool:
+        if isinstance(v, float) and not math.isfinite(v):
+            return False
+        if self.lo is not None and (v <= self.lo if self.lo_open else v < self.lo):
+            return False
+        return not (self.hi is not None and (v >= self.hi if self.hi_open else v > self.hi))
+
+
+@dataclass(frozen=True)
+class OneOf:
+    """The value (or each item of a list value) must be one of `choices` (a tuple or a callable giving one)."""
+
+    choices: tuple | Callable[[], tuple]
+
+    def values(self) -> tuple:
+        return tuple(self.choices() if callable(self.choices) else self.choices)
+
+
+@dataclass(frozen=True)
+class NonEmpty:
+    """A string or list that may not be empty."""
+
+
+@dataclass(frozen=True)
+class ExistingPath:
+    """A path (when set) that must exist; `allow` is a predicate for values that are names, not paths."""
+
+    allow: Callable[[str], bool] | None = None
+
+
+@dataclass(frozen=True)
+class WritableDir:
+    """A directory that exists and is writable, or can be created (its nearest existing parent is writable)."""
+
+
+def field_hints(cls) -> dict[str, Any]:
+    """Resolved annotations of a dataclass, with `Annotated` extras kept."""
+    return typing.get_type_hints(cls, include_extras=True)
+
+
+def split_annotated(tp) -> tuple[Any, tuple]:
+    """(base type, checks) of an annotation."""
+    if typing.get_origin(tp) is typing.Annotated:
+        base, *extras = typing.get_args(tp)
+        return base, tuple(extras)
+    return tp, ()
+
+
+def is_config(obj) -> bool:
+    return dataclasses.is_dataclass(obj) and not isinstance(obj, type)
+
+
+def writable_dir_problem(path: str) -> str | None:
+    """Why `path` cannot be used as an output directory, or None (nothing is created here)."""
+    p = Path(path).expanduser()
+    if p.exists():
+        if not p.is_dir():
+            return "is not a directory"
+        return None if os.access(p, os.W_OK | os.X_OK) else "is not writable"
+    parent = p.parent
+    while not parent.exists():
+        parent = parent.parent
+    if not parent.is_dir():
+        return f"cannot be created ({parent} is not a directory)"
+    return None if os.access(parent, os.W_OK | os.X_OK) else f"cannot be created ({parent} is not writable)"
+
+
+def _check_value(flag: str, value, base, check) -> None:
+    if isinstance(check, Range):
+        items = value if isinstance(value, (list, tuple)) else list(value.values()) if isinstance(value, dict) \
+            else [value]
+        for v in items:
+            if v is not None and not check.ok(v):
+                kind = "an integer" if base is int or typing.get_args(base) and int in typing.get_args(base) \
+                    else "a number"
+                raise ConfigError(f"{flag} {v!r}: expected {check.describe(kind)}")
+    elif isinstance(check, OneOf):
+        allowed = check.values()
+        for v in (value if isinstance(value, (list, tuple)) else [value]):
+            if v is not None and v not in allowed:
+                raise ConfigError(f"{flag} {v!r}: expected one of {', '.join(map(str, allowed))}")
+    elif isinstance(check, NonEmpty):
+        if not value:
+            raise ConfigError(f"{flag} is empty; expected at least one value")
+    elif isinstance(check, ExistingPath):
+        if value and not (check.allow and check.allow(str(value))) and not Path(str(value)).expanduser().exists():
+            raise ConfigError(f"{flag} {value!r}: no such file or directory")
+    elif isinstance(check, WritableDir):
+        problem = writable_dir_problem(str(value)) if value else None
+        if problem:
+            raise ConfigError(f"{flag} {value!r} {problem}")
+
+
+def check_tree(cfg, flag_of: Callable[[str], str] = lambda path: "--" + path, prefix: str = "") -> None:
+    """Check every annotated field of `cfg` and its nested configs, then each config's `validate()`.
+
+    `flag_of(dotted_path)` names a field the way the user wrote it (the CLI gives its flag name).
+    Nested configs are checked before their parent, so a parent's `validate()` sees valid children.
+    """
+    hints = field_hints(type(cfg))
+    for f in dataclasses.fields(cfg):
+        value, path = getattr(cfg, f.name), prefix + f.name
+        base, checks = split_annotated(hints[f.name])
+        if is_config(value):
+            check_tree(value, flag_of, path + ".")
+            continue
+        _check_type(flag_of(path), value, base)
+        for check in checks:
+            _check_value(flag_of(path), value, base, check)
+    validate = getattr(cfg, "validate", None)
+    if callable(validate):
+        try:
+            validate()
+        except ConfigError:
+            raise
+        except ValueError as e:
+            raise ConfigError(str(e)) from None
+
+
+def _check_type(flag: str, value, base) -> None:
+    """Reject values of the wrong kind (a config file or a Python caller can bypass the CLI's parsing)."""
+    args = typing.get_args(base)
+    if value is None:
+        if type(None) in args or base is Any:
+            return
+        raise ConfigError(f"{flag} is required")
+    kinds = [a for a in args if a is not type(None)] if args and typing.get_origin(base) in (typing.Union,
+                                                                                              _union_type()) else [base]
+    for k in kinds:
+        origin = typing.get_origin(k) or k
+        if origin is typing.Literal or k is Any:
+            return
+        if origin is float and isinstance(value, (int, float)) and not isinstance(value, bool):
+            return
+        if origin is int and isinstance(value, int) and not isinstance(value, bool):
+            return
+        if origin in (str, bool, list, dict, tuple) and isinstance(value, origin):
+            return
+        if isinstance(origin, type) and origin not in (int, float, str, bool, list, dict, tuple) \
+                and isinstance(value, origin):
+            return
+    names = " or ".join(getattr(k, "__name__", str(k)) for k in kinds)
+    raise ConfigError(f"{flag} {value!r}: expected {names}")
+
+
+def _union_type():
+    import types
+
+    return types.UnionType

@@ -1,0 +1,390 @@
+"""The one mechanism that turns a job's config dataclass tree into its command line, and runs the job.
+
+    recipe (a Python function)  ->  --config FILE (JSON/YAML)  ->  flags  ->  check_tree  ->  main(cfg)
+
+* Every leaf field of the tree is a flag. Top-level fields and nested fields whose name is unique in the
+  tree get a plain flag (`--latent_steps`); every nested field also has its dotted form
+  (`--recursion.latent_steps`). Help text is the field's docstring, with default, choices and range.
+* bool fields: `--name` / `--no_name`. list fields: space- or comma-separated values. dict fields:
+  `KEY=VALUE` items (`--ckpt_override planner=DIR critic=DIR`). Optional fields accept `none`.
+* `aliases` add other spellings of a flag (the release's names), shown in help next to the canonical one.
+* `run_job` prints a user error as one line `error: ...` on stderr and returns 2, before any model loads
+  (`--debug` shows the traceback); the job's own code raises `ValueError` for user errors found later
+  and `RuntimeError` for runs that failed (exit 1).
+
+Nothing here imports torch or Ray, so `--help` is instant.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import sys
+import typing
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable
+
+from recmas_ray.config.checks import ConfigError, OneOf, Range, check_tree, field_hints, split_annotated
+
+SPECIAL_FLAGS = ("config", "recipe", "print_config", "debug", "help")
+
+
+@dataclass
+class Leaf:
+    """One leaf field of a config tree."""
+
+    path: str
+    """Dotted path from the root config, e.g. recursion.decode.top_p."""
+    base: Any
+    checks: tuple
+    doc: str
+    flags: list[str]
+
+
+def _field_docs(cls) -> dict[str, str]:
+    """Attribute docstrings (the string literal under each field), collected over the class's MRO."""
+    import ast
+    import inspect
+
+    docs: dict[str, str] = {}
+    for klass in reversed(cls.__mro__):
+        if not dataclasses.is_dataclass(klass):
+            continue
+        try:
+            body = ast.parse(inspect.getsource(klass)).body[0].body
+        except (OSError, TypeError, IndexError):
+            continue
+        for prev, node in zip(body, body[1:]):
+            if isinstance(prev, ast.AnnAssign) and isinstance(prev.target, ast.Name) and isinstance(node, ast.Expr) \
+                    and isinstance(node.value, ast.Constant) and isinstance(node.value.value, str):
+                docs[prev.target.id] = " ".join(node.value.value.split())
+    return docs
+
+
+def _nested_type(tp):
+    """The dataclass type of a nested-config field, else None."""
+    base, _ = split_annotated(tp)
+    return base if isinstance(base, type) and dataclasses.is_dataclass(base) else None
+
+
+def leaves(cls, prefix: str = "") -> list[Leaf]:
+    """Every leaf field of the tree rooted at `cls`, depth first, flags not yet assigned."""
+    hints, docs, out = field_hints(cls), _field_docs(cls), []
+    for f in dataclasses.fields(cls):
+        if not f.init:
+            continue
+        nested = _nested_type(hints[f.name])
+        if nested is not None:
+            out += leaves(nested, prefix + f.name + ".")
+        else:
+            base, checks = split_annotated(hints[f.name])
+            out.append(Leaf(prefix + f.name, base, checks, docs.get(f.name, ""), []))
+    return out
+
+
+def assign_flags(cls, aliases: dict[str, str] | None = None, hidden=()) -> list[Leaf]:
+    """Leaves with their flag names; `aliases` maps extra flag names to a field's dotted path or plain flag;
+    `hidden` dotted paths get no flag (the job sets them itself)."""
+    out = [leaf for leaf in leaves(cls) if leaf.path not in set(hidden)]
+    names: dict[str, int] = {}
+    for leaf in out:
+        names[leaf.path.rsplit(".", 1)[-1]] = names.get(leaf.path.rsplit(".", 1)[-1], 0) + 1
+    top = {leaf.path for leaf in out if "." not in leaf.path}
+    for leaf in out:
+        short = leaf.path.rsplit(".", 1)[-1]
+        if "." not in leaf.path:
+            leaf.flags.append(short)
+        else:
+            if names[short] == 1 and short not in top and short not in (aliases or {}):
+                leaf.flags.append(short)
+            leaf.flags.append(leaf.path)
+    by_flag = {flag: leaf for leaf in out for flag in leaf.flags}
+    for alias, target in (aliases or {}).items():
+        leaf = by_flag.get(target) or next((lf for lf in out if lf.path == target), None)
+        if leaf is None:
+            raise AssertionError(f"alias --{alias} names no field {target!r} of {cls.__name__}")
+        leaf.flags.append(alias)
+    return out
+
+
+# ----------------------------------------------------------------------------- value parsing
+def _optional_inner(base):
+    args = typing.get_args(base)
+    if args and type(None) in args and typing.get_origin(base) is not typing.Literal:
+        inner = [a for a in args if a is not type(None)]
+        return inner[0] if len(inner) == 1 else None, True
+    return base, False
+
+
+def _scalar(kind, text: str):
+    """Parse one scalar of `kind`; errors say what was expected."""
+    if kind is bool:
+        low = text.lower()
+        if low in ("1", "true", "yes", "on"):
+            return True
+        if low in ("0", "false", "no", "off"):
+            return False
+        raise argparse.ArgumentTypeError(f"expected true or false, got {text!r}")
+    if kind is int:
+        try:
+            return int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
+    if kind is float:
+        try:
+            return float(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
+    return text
+
+
+def parse_text(base, text: str):
+    """A flag's text (or a list of texts for list/dict fields) as a value of the field's type."""
+    base, optional = _optional_inner(base)
+    if optional and isinstance(text, str) and text.lower() in ("none", "null"):
+        return None
+    origin = typing.get_origin(base)
+    if origin is typing.Literal:
+        return text
+    if origin in (list, tuple):
+        (kind, *_) = typing.get_args(base) or (str,)
+        items = [t.strip() for chunk in text for t in str(chunk).split(",") if t.strip()]
+        return [_scalar(kind, t) for t in items]
+    if origin is dict:
+        _, kind = typing.get_args(base) or (str, str)
+        out = {}
+        for item in (t.strip() for chunk in text for t in str(chunk).split(",") if t.strip()):
+            key, sep, value = item.partition("=")
+            if not sep or not key:
+                raise argparse.ArgumentTypeError(f"item {item!r} is not KEY=VALUE")
+            out[key] = _scalar(kind, value)
+        return out
+    return _scalar(base, text)
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message):  # one line, no usage block; run_job prints it
+        raise ConfigError(message)
+
+
+def build_parser(cls, *, prog: str | None = None, description: str | None = None,
+                 aliases: dict[str, str] | None = None, recipes: dict[str, Callable] | None = None,
+                 defaults=None, hidden=()) -> tuple[argparse.ArgumentParser, list[Leaf]]:
+    """The argparse parser of a config class (values land in `vars(ns)` under dotted paths)."""
+    p = _Parser(prog=prog, description=description, formatter_class=argparse.RawDescriptionHelpFormatter,
+                allow_abbrev=False, usage="%(prog)s [--config FILE] [--FLAG VALUE ...]  (all flags below)")
+    groups: dict[str, argparse._ArgumentGroup] = {}
+    tree_leaves = assign_flags(cls, aliases, hidden)
+    for leaf in tree_leaves:
+        section = leaf.path.rsplit(".", 1)[0] if "." in leaf.path else ""
+        if section not in groups:
+            groups[section] = p.add_argument_group(f"{section} settings" if section else "settings")
+        g = groups[section]
+        default = _get_path(defaults, leaf.path) if defaults is not None else _field_default(cls, leaf.path)
+        help_ = _help(leaf, default)
+        inner, _ = _optional_inner(leaf.base)
+        if inner is bool:  # the flag that changes the default carries the help
+            on = default is not True
+            g.add_argument(*[f"--{f}" for f in leaf.flags], dest=leaf.path, action="store_const", const=True,
+                           default=argparse.SUPPRESS, help=help_ if on else argparse.SUPPRESS)
+            g.add_argument(*[f"--no_{f}" for f in leaf.flags], dest=leaf.path, action="store_const", const=False,
+                           default=argparse.SUPPRESS, help=argparse.SUPPRESS if on else help_)
+            continue
+        origin = typing.get_origin(inner)
+        multi = origin in (list, tuple, dict)
+        g.add_argument(*[f"--{f}" for f in leaf.flags], dest=leaf.path, default=argparse.SUPPRESS, help=help_,
+                       nargs="+" if multi else None, metavar=_metavar(leaf),
+                       type=(lambda t, b=leaf.base: t) if multi else (lambda t, b=leaf.base: parse_text(b, t)))
+    p.add_argument("--config", metavar="FILE", help="JSON or YAML file with any of these settings, nested by "
+                   "section (a run's saved config.json works); flags given here override it")
+    if recipes:
+        p.add_argument("--recipe", choices=sorted(recipes), help="named configuration to start from: "
+                       + "; ".join(f"{k}: {_first_line(v.__doc__)}" for k, v in sorted(recipes.items())))
+    p.add_argument("--print_config", action="store_true", help="print the resolved config as JSON and exit")
+    p.add_argument("--debug", action="store_true", help="show tracebacks of errors")
+    return p, tree_leaves
+
+
+def _first_line(doc: str | None) -> str:
+    return (doc or "").strip().splitlines()[0] if doc and doc.strip() else ""
+
+
+def _metavar(leaf: Leaf) -> str:
+    inner, _ = _optional_inner(leaf.base)
+    origin = typing.get_origin(inner)
+    if origin is dict:
+        return "KEY=VALUE"
+    if origin is typing.Literal:
+        return "{" + ",".join(map(str, typing.get_args(inner))) + "}"
+    return leaf.path.rsplit(".", 1)[-1].upper()
+
+
+def _help(leaf: Leaf, default) -> str:
+    notes = []
+    for check in leaf.checks:
+        if isinstance(check, OneOf):
+            notes.append("choices: " + ", ".join(map(str, check.values())))
+        elif isinstance(check, Range):
+            notes.append(check.describe("range").replace("range in ", "range "))
+    if default is dataclasses.MISSING:
+        notes.append("required")
+    else:
+        shown = ",".join(map(str, default)) if isinstance(default, (list, tuple)) else \
+            " ".join(f"{k}={v}" for k, v in default.items()) if isinstance(default, dict) else default
+        notes.append(f"default: {shown if shown not in ('', None) else 'none'}")
+    return f"{leaf.doc} ({'; '.join(notes)})".replace("%", "%%")
+
+
+def _field_default(cls, path: str):
+    """The declared default of a dotted field path (MISSING when the field is required)."""
+    head, _, rest = path.partition(".")
+    f = next(f for f in dataclasses.fields(cls) if f.name == head)
+    if rest:
+        return _field_default(_nested_type(field_hints(cls)[head]), rest)
+    if f.default is not dataclasses.MISSING:
+        return f.default
+    return f.default_factory() if f.default_factory is not dataclasses.MISSING else dataclasses.MISSING
+
+
+def _try_default(cls):
+    try:
+        return cls()
+    except TypeError:  # required fields
+        return None
+
+
+# ----------------------------------------------------------------------------- trees <-> dicts
+def _get_path(cfg, path: str):
+    for part in path.split("."):
+        cfg = getattr(cfg, part)
+    return cfg
+
+
+def to_dict(cfg) -> dict:
+    """A config tree as plain JSON-able data."""
+    return json.loads(json.dumps(dataclasses.asdict(cfg), default=str))
+
+
+def from_dict(cls, data: dict, *, base=None, where: str = "config"):
+    """Build `cls` from nested data over `base` (or the class defaults); unknown keys are errors."""
+    if not isinstance(data, dict):
+        raise ConfigError(f"{where}: expected a mapping of settings, got {type(data).__name__}")
+    hints = field_hints(cls)
+    names = {f.name for f in dataclasses.fields(cls) if f.init}
+    unknown = sorted(set(data) - names)
+    if unknown:
+        raise ConfigError(f"{where}: unknown setting(s) {unknown}; expected some of {sorted(names)}")
+    values = {}
+    for name in names:
+        current = getattr(base, name) if base is not None else dataclasses.MISSING
+        nested = _nested_type(hints[name])
+        if nested is not None:
+            sub = data.get(name, {})
+            values[name] = from_dict(nested, sub, base=current if current is not dataclasses.MISSING else None,
+                                     where=f"{where}.{name}")
+        elif name in data:
+            values[name] = data[name]
+        elif current is not dataclasses.MISSING:
+            values[name] = current
+    try:
+        return cls(**values)
+    except TypeError as e:
+        missing = sorted(names - set(values))
+        raise ConfigError(f"{where}: missing required setting(s) {missing}" if missing else f"{where}: {e}") from None
+
+
+def load_config_file(path: str) -> dict:
+    """A JSON or YAML file of settings; errors name the file."""
+    p = Path(path)
+    try:
+        text = p.read_text(encoding="utf-8")
+    except OSError as e:
+        raise ConfigError(f"--config {path!r}: {e.strerror or e}") from None
+    try:
+        if p.suffix in (".yaml", ".yml"):
+            import yaml
+
+            data = yaml.safe_load(text)
+        else:
+            data = json.loads(text)
+    except Exception as e:  # noqa: BLE001 - any parse error of the user's file is one clear line
+        raise ConfigError(f"--config {path!r} is not valid {'YAML' if p.suffix in ('.yaml', '.yml') else 'JSON'}: "
+                          f"{str(e).splitlines()[0]}") from None
+    if isinstance(data, dict) and isinstance(data.get("config"), dict) and "results" in data:
+        data = data["config"]  # a results_*.json: reuse its resolved config
+    return data or {}
+
+
+def _set_path(values: dict, path: str, value) -> None:
+    parts = path.split(".")
+    for part in parts[:-1]:
+        values = values.setdefault(part, {})
+    values[parts[-1]] = value
+
+
+def parse_config(cls, argv=None, *, prog=None, description=None, aliases=None, recipes=None, hidden=()):
+    """(config, parsed namespace) from argv: recipe, then --config file, then flags; checked as a whole."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    p, tree_leaves = build_parser(cls, prog=prog, description=description, aliases=aliases, recipes=recipes,
+                                  hidden=hidden)
+    ns = p.parse_args(argv)
+    cfg = recipes[ns.recipe]() if recipes and getattr(ns, "recipe", None) else None
+
+    data: dict = load_config_file(ns.config) if ns.config else {}
+    flat = {k: v for k, v in vars(ns).items() if k not in SPECIAL_FLAGS}
+    flag_of = {leaf.path: "--" + leaf.flags[0] for leaf in tree_leaves}
+    for leaf in tree_leaves:
+        if leaf.path in flat:
+            value = flat[leaf.path]
+            if isinstance(value, list):  # list/dict flags: parse their items now, naming the flag on error
+                try:
+                    value = parse_text(leaf.base, value)
+                except argparse.ArgumentTypeError as e:
+                    raise ConfigError(f"argument {flag_of[leaf.path]}: {e}") from None
+            _set_path(data, leaf.path, value)
+    base = cfg if cfg is not None else _try_default(cls)
+    cfg = from_dict(cls, data, base=base, where="config" if not ns.config else f"--config {ns.config}")
+    check_tree(cfg, lambda path: flag_of.get(path, "--" + path))
+    return cfg, ns
+
+
+def save_config(cfg, directory: str | Path, name: str = "config.json") -> Path:
+    """Write the resolved config next to a job's outputs (atomically)."""
+    d = Path(directory)
+    d.mkdir(parents=True, exist_ok=True)
+    tmp = d / f".{name}.tmp"
+    tmp.write_text(json.dumps(to_dict(cfg), indent=2, sort_keys=True) + "\n", encoding="utf-8")
+    tmp.replace(d / name)
+    return d / name
+
+
+def run_job(main: Callable[[Any], int | None], cls, argv=None, *, prog=None, description=None, aliases=None,
+            recipes=None, hidden=()) -> int:
+    """Parse, check and run one job; returns its exit status (2 user error, 1 failed run, 0 done)."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    debug = "--debug" in argv
+    try:
+        cfg, ns = parse_config(cls, argv, prog=prog, description=description, aliases=aliases, recipes=recipes,
+                               hidden=hidden)
+        if ns.print_config:
+            print(json.dumps(to_dict(cfg), indent=2, sort_keys=True))
+            return 0
+        return int(main(cfg) or 0)
+    except SystemExit as e:  # --help, or a job that exits itself
+        return int(e.code or 0) if not isinstance(e.code, str) else (print(e.code, file=sys.stderr) or 2)
+    except ValueError as e:  # ConfigError included: the user's input, found before or after parsing
+        if debug:
+            raise
+        print(f"error: {_one_line(e)}", file=sys.stderr)
+        return 2
+    except RuntimeError as e:  # a run that failed; whatever finished is on disk
+        if debug:
+            raise
+        print(f"error: {_one_line(e)}", file=sys.stderr)
+        return 1
+
+
+def _one_line(e: BaseException) -> str:
+    return " ".join(str(e).split()) or type(e).__name__

@@ -1,0 +1,127 @@
+"""The evaluation run behind `jobs/run.py`: questions, system, methods, backend and outputs.
+
+`EvalConfig` holds the shared `RecursionConfig` (method, R, m, decoding) rather than a copy of its
+fields; the driver sets `recursion.method` per method and `recursion.decode.seed` from `seed`.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from typing import Annotated
+
+from recmas_ray.config.checks import NonEmpty, OneOf, Range, WritableDir
+from recmas_ray.config.recursion import MAX_ROUNDS, METHODS, RecursionConfig, ToolLoopConfig
+from recmas_ray.distributed.placement import PlacementConfig
+
+BACKENDS = ("ray", "local")
+GRADERS = ("strict", "reference")
+TRANSPORTS = ("object_store", "rdt:gloo", "rdt:nccl")
+DEVICES = ("auto", "cpu", "cuda")
+DTYPES = ("auto", "float32", "bfloat16", "float16", "fp32", "bf16", "fp16")
+MODEL_PRESETS = ("tiny", "demo", "paper")
+
+
+def style_names() -> tuple[str, ...]:
+    """Every style name and alias (light import: style declarations are plain data)."""
+    from recmas_ray.styles import ALIASES, STYLES
+
+    return tuple(sorted(STYLES)) + tuple(sorted(ALIASES))
+
+
+@dataclass(kw_only=True)
+class StreamConfig:
+    """How the Ray backend streams batches through client actors (Ray Data)."""
+
+    num_clients: Annotated[int, Range(1, 1024)] = 2
+    """Client actors, i.e. batches in flight at once, so agents overlap."""
+    client_cpus: Annotated[float, Range(0, 64)] = 0.25
+    """Logical CPUs per client actor (fractions keep CPUs free for Ray Data's own tasks; no GPUs)."""
+    client_max_restarts: Annotated[int, Range(-1, 10_000)] = -1
+    """Restarts of a dead client, its batch rerun (-1: no limit; 0: a dead client ends the run)."""
+
+
+@dataclass(kw_only=True)
+class EvalConfig:
+    """One evaluation run (saved, resolved, next to its results)."""
+
+    style: Annotated[str, OneOf(style_names)]
+    """Collaboration style."""
+    dataset: Annotated[str, NonEmpty()]
+    """Benchmark name (math500, gsm8k, ...) or a local .jsonl/.json question file."""
+    dataset_path: str | None = None
+    """Local copy of a named benchmark (else its RECMAS_<NAME>_PATH variable, else the Hub)."""
+    dataset_json_field: str | None = None
+    """Field holding the rows of a JSON file wrapped as {"data": [...]}."""
+    preset: Annotated[str, OneOf(MODEL_PRESETS)] = "tiny"
+    """Base models of the roles without a checkpoint: tiny (random weights), demo or paper."""
+    ckpt_override: dict[str, str] = field(default_factory=dict)
+    """ROLE=DIR inner links (ours or the release's adapter.pt), outer=DIR outer links."""
+    methods: Annotated[list[str], OneOf(METHODS), NonEmpty()] = field(default_factory=lambda: ["recursive_mas"])
+    """Methods run on the same questions."""
+    recursion: RecursionConfig = field(default_factory=RecursionConfig)
+    """Rounds, latent steps and decoding, shared by every method."""
+    sweep_rounds: Annotated[list[int], Range(1, MAX_ROUNDS)] = field(default_factory=list)
+    """Run once per R in this list (sub-directories R<r> of output_path, one plot across them);
+    empty: one run at num_recursive_rounds."""
+    num_samples: Annotated[int | None, Range(1, 10_000_000)] = None
+    """Evaluate the first N questions (all when unset)."""
+    num_rollouts: Annotated[int, Range(1, 1024)] = 1
+    """Rollouts per question (pass@k); rollout r decodes with seed + r."""
+    batch_size: Annotated[int, Range(1, 4096)] = 8
+    """Questions per agent call."""
+    stream: StreamConfig = field(default_factory=StreamConfig)
+    """Ray backend: client actors that keep batches in flight."""
+    format_retry: bool = True
+    """The release's answer-format retry (recorded per sample as retry_used)."""
+    backend: Annotated[str, OneOf(BACKENDS)] = "ray"
+    """ray (agents as Ray actors) or local (in-process, no Ray)."""
+    placement: PlacementConfig = field(default_factory=PlacementConfig)
+    """Ray placement preset and per-role resources."""
+    device: Annotated[str, OneOf(DEVICES)] = "auto"
+    """Where agents run: auto (CUDA when present), cpu or cuda."""
+    dtype: Annotated[str, OneOf(DTYPES)] = "auto"
+    """Model dtype: auto (bf16 on CUDA, fp32 on CPU), float32, bfloat16 or float16."""
+    seed: Annotated[int, Range(0, 2**32 - 1)] = 42
+    """Seed of fresh links and of sampling."""
+    grader: Annotated[str, OneOf(GRADERS)] = "strict"
+    """Headline grader: strict (math-verify) or reference (the release's lenient rules); both are recorded."""
+    output_path: Annotated[str, WritableDir()] = "out"
+    """Directory for samples_*.jsonl, results_*.json and config.json."""
+    resume: bool = False
+    """Skip samples already in the latest samples file of this benchmark in output_path."""
+    plot: bool = False
+    """Write accuracy, tokens and seconds vs rounds as a PNG."""
+    timeout_s: Annotated[float, Range(0, 7 * 86400, lo_open=True)] = 900.0
+    """Timeout of every wait on Ray, in seconds."""
+    torch_threads: Annotated[int, Range(0, 1024)] = 0
+    """Torch threads per agent (0: the library default)."""
+    transport: Annotated[str, OneOf(TRANSPORTS)] = "object_store"
+    """How latents move between agent actors: object_store, rdt:gloo (CPU) or rdt:nccl (GPU)."""
+    tools: ToolLoopConfig = field(default_factory=ToolLoopConfig)
+    """Deliberation style only: the toolcaller's Python and search tools."""
+    progress: bool = True
+    """Progress bars on the console."""
+
+    def validate(self) -> None:
+        """Rules across fields and files (run before any model loads)."""
+        from recmas_ray.styles import get_style
+
+        style = get_style(self.style)
+        if os.path.splitext(self.dataset)[1] in (".json", ".jsonl") and not os.path.isfile(self.dataset):
+            raise ValueError(f"--dataset {self.dataset!r}: no such file")
+        if self.dataset_path and not os.path.exists(self.dataset_path):
+            raise ValueError(f"--dataset_path {self.dataset_path!r}: no such file or directory")
+        bad = sorted(set(self.ckpt_override) - set(style.roles) - {"outer"})
+        if bad:
+            raise ValueError(f"--ckpt_override names {bad}; expected roles of {self.style} {list(style.roles)} "
+                             f"or outer")
+        missing = {r: p for r, p in self.ckpt_override.items() if not os.path.isdir(p)}
+        if missing:
+            raise ValueError(f"--ckpt_override {' '.join(f'{r}={p}' for r, p in missing.items())}: no such directory")
+        self.placement.check_roles(style.roles)
+        if self.transport == "rdt:nccl" and (self.device == "cpu" or self.placement.preset == "cpu"):
+            raise ValueError("--transport rdt:nccl moves CUDA tensors between GPUs; it cannot work with "
+                             f"--device {self.device} / --placement {self.placement.preset}")
+        if self.backend == "local" and self.transport != "object_store":
+            raise ValueError(f"--transport {self.transport} needs --backend ray")

@@ -1,0 +1,80 @@
+"""How one batch of questions runs: decoding, the recursion (method, R, m) and the toolcaller's tool loop.
+
+These configs are shared by evaluation, serving, the Python API and the performance jobs; the engine
+(`agent.py`, `runner.py`, `tools/loop.py`) reads them. Upper bounds keep a typo from becoming a run that
+never ends (a billion latent steps); they are far above anything the paper uses (m <= 128, R <= 5).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Annotated
+
+from recmas_ray.config.checks import OneOf, Range
+
+METHODS = ("recursive_mas", "recursive_textmas", "textmas", "single_agent")
+MAX_LATENT_STEPS = 4096
+MAX_ROUNDS = 32
+MAX_NEW_TOKENS = 65536
+
+
+@dataclass(kw_only=True)
+class DecodeConfig:
+    """Text decoding settings (the release samples with T=0.6, top_p=0.95; tests use greedy)."""
+
+    max_new_tokens: Annotated[int, Range(1, MAX_NEW_TOKENS)] = 256
+    """Budget of generated tokens per sample."""
+    do_sample: bool = False
+    """Sample instead of greedy argmax."""
+    temperature: Annotated[float, Range(0, 100, lo_open=True)] = 0.6
+    """Sampling temperature (only with do_sample; > 0, use greedy decoding for T = 0)."""
+    top_p: Annotated[float, Range(0, 1, lo_open=True)] = 0.95
+    """Nucleus sampling mass (only with do_sample)."""
+    top_k: Annotated[int, Range(0, 1_000_000)] = 0
+    """Keep only the k most likely tokens when sampling (0 disables)."""
+    seed: Annotated[int, Range(0, 2**63 - 1)] = 0
+    """Seed of the sampling generator, so sampled runs repeat."""
+
+
+@dataclass(kw_only=True)
+class RecursionConfig:
+    """How one batch is run."""
+
+    method: Annotated[str, OneOf(METHODS)] = "recursive_mas"
+    """recursive_mas (latents between agents), recursive_textmas (the same loop with text),
+    textmas (one round of text) or single_agent (the decoder alone)."""
+    num_recursive_rounds: Annotated[int, Range(1, MAX_ROUNDS)] = 3
+    """R: rounds of the agent loop (textmas always runs one)."""
+    latent_steps: Annotated[int, Range(0, MAX_LATENT_STEPS)] = 32
+    """m: latent steps per agent and round (recursive_mas only; 0 sends empty latent blocks)."""
+    decode: DecodeConfig = field(default_factory=DecodeConfig)
+    """Final (and, for text methods, intermediate) decoding settings."""
+    decode_every_round: bool = False
+    """Mixture reference behaviour: the decoder also decodes (and discards) text in non-final rounds."""
+
+
+
+@dataclass(kw_only=True)
+class ToolLoopConfig:
+    """Tool settings of the deliberation toolcaller."""
+
+    max_tool_rounds: Annotated[int, Range(0, 100)] = 5
+    """Most tool calls per sample; a further call gets the "[tool limit reached]" note."""
+    python_timeout_s: Annotated[float, Range(0, 3600, lo_open=True)] = 10.0
+    """Wall-clock (and, rounded up, CPU) limit of one Python call, in seconds."""
+    result_max_chars: Annotated[int, Range(1, 1_000_000)] = 6000
+    """Characters kept of one tool result."""
+    tavily_keys_file: str | None = None
+    """File with one Tavily key per line, read on the toolcaller's machine (TAVILY_API_KEY is used as
+    well); with neither, search answers "search unavailable"."""
+    echo_last_expr: bool = False
+    """Print the value of a final bare expression of Python code, like the interactive interpreter."""
+    stop_window_tokens: Annotated[int, Range(1, 4096)] = 16
+    """Decoded tokens searched for a closing tag after each step (reference: 16)."""
+
+    def validate(self) -> None:
+        """The keys file, when named, must exist (checked before any model loads)."""
+        import os
+
+        if self.tavily_keys_file and not os.path.isfile(os.path.expanduser(self.tavily_keys_file)):
+            raise ValueError(f"--tavily_keys_file {self.tavily_keys_file!r}: no such file")
