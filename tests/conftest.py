@@ -16,6 +16,9 @@ os.environ.setdefault("RAY_DATA_DISABLE_PROGRESS_BARS", "1")
 os.environ.setdefault("RAY_DEDUP_LOGS", "0")
 os.environ.setdefault("RECMAS_CACHE", os.path.join(tempfile.gettempdir(), "recmas_ray_test_cache"))
 os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
+# Ray workers import this checkout (not whichever copy is pip-installed), like the tests themselves.
+_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (_ROOT, os.environ.get("PYTHONPATH")) if p)
 
 import pytest  # noqa: E402
 import torch  # noqa: E402
