@@ -95,10 +95,11 @@ def run(args) -> dict:
     import ray
     import torch
 
-    from recmas_ray.agent import DecodeConfig
+    from recmas_ray.config.recursion import DecodeConfig
     from recmas_ray.distributed.driver import build_ray_system
     from recmas_ray.distributed.placement import PlacementConfig
-    from recmas_ray.runner import LocalPool, RecursionConfig, run_batch
+    from recmas_ray.config.recursion import RecursionConfig
+    from recmas_ray.runner import LocalPool, run_batch
     from recmas_ray.service import AgentService
     from recmas_ray.styles import get_style
     from recmas_ray.train.synthetic import make_arithmetic_dataset

@@ -13,7 +13,6 @@ On a local Ray cluster (or the one `ray job submit` runs in), offline:
 
 import argparse
 import dataclasses
-import os
 import sys
 
 

@@ -24,7 +24,6 @@ import argparse
 import ast
 import dataclasses
 import inspect
-import os
 import sys
 
 

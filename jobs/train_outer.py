@@ -23,8 +23,6 @@ Examples
 
 import argparse
 import json
-import os
-import sys
 
 
 from recmas_ray.system.plan import parse_overrides

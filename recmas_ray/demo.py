@@ -17,7 +17,7 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
-from recmas_ray.agent import DecodeConfig
+from recmas_ray.config.recursion import DecodeConfig, RecursionConfig
 from recmas_ray.distributed.placement import PlacementConfig
 from recmas_ray.eval.results import markdown_table, plot_vs_rounds
 from recmas_ray.models.loader import resolve_model_path
@@ -71,7 +71,8 @@ def quick(cfg: DemoConfig) -> DemoConfig:
 
 def run_demo(cfg: DemoConfig) -> dict:
     """Run the whole pipeline; returns the combined results and the paths written."""
-    from recmas_ray.eval.driver import EvalConfig, evaluate
+    from recmas_ray.config.evaluation import EvalConfig
+    from recmas_ray.eval.driver import evaluate
     from recmas_ray.train.inner import InnerTrainConfig, train_all_roles
     from recmas_ray.train.outer import OuterTrainConfig
     from recmas_ray.train.pipeline import train_outer
@@ -107,8 +108,10 @@ def run_demo(cfg: DemoConfig) -> dict:
         print(f"[demo] evaluation at R={r}", flush=True)
         ev = evaluate(EvalConfig(
             style=cfg.style, dataset=str(eval_file), preset=cfg.preset, ckpt_override=overrides,
-            methods=["recursive_mas", "recursive_textmas"], num_recursive_rounds=r, latent_steps=cfg.latent_steps,
-            decode=DecodeConfig(max_new_tokens=cfg.max_new_tokens), batch_size=4, backend=cfg.backend,
+            methods=["recursive_mas", "recursive_textmas"],
+            recursion=RecursionConfig(num_recursive_rounds=r, latent_steps=cfg.latent_steps,
+                                      decode=DecodeConfig(max_new_tokens=cfg.max_new_tokens)),
+            batch_size=4, backend=cfg.backend,
             placement=PlacementConfig(preset="cpu"), output_path=str(out / f"eval_R{r}"), seed=cfg.seed),
             progress=cfg.progress)
         for key, value in ev["results"].items():

@@ -18,8 +18,9 @@ from dataclasses import dataclass, field
 
 import torch
 
-from recmas_ray.agent import DecodeConfig
-from recmas_ray.runner import LocalPool, RecursionConfig, run_batch
+from recmas_ray.config.recursion import DecodeConfig
+from recmas_ray.config.recursion import RecursionConfig
+from recmas_ray.runner import LocalPool, run_batch
 from recmas_ray.service import AgentService
 from recmas_ray.system.plan import plan_system
 

@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from recmas_ray.config.checks import check_tree
-from recmas_ray.config.recursion import METHODS, DecodeConfig, RecursionConfig  # noqa: F401 (re-exported)
+from recmas_ray.config.recursion import DecodeConfig, RecursionConfig
 from recmas_ray.styles import StyleSpec, build_schedule, render_prompt, render_single_agent_prompt
 
 

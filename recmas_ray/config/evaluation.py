@@ -103,6 +103,12 @@ class EvalConfig:
     progress: bool = True
     """Progress bars on the console."""
 
+    def tool_loop(self) -> ToolLoopConfig | None:
+        """The toolcaller's tool settings when the style has one (deliberation), else None."""
+        from recmas_ray.styles import get_style
+
+        return self.tools if get_style(self.style).name == "deliberation" else None
+
     def validate(self) -> None:
         """Rules across fields and files (run before any model loads)."""
         from recmas_ray.styles import get_style

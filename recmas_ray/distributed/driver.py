@@ -27,7 +27,8 @@ from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
 from recmas_ray.distributed.actors import TRANSPORTS, AgentActor, RayPool, RDTAgentActor
 from recmas_ray.distributed.placement import PlacementConfig, create_placement, plan_placement
-from recmas_ray.runner import RecursionConfig, run_batch
+from recmas_ray.config.recursion import RecursionConfig
+from recmas_ray.runner import run_batch
 from recmas_ray.styles import get_style
 from recmas_ray.system.plan import SystemPlan
 

@@ -17,110 +17,26 @@ import json
 import logging
 import os
 import time
-from dataclasses import dataclass, field
 from pathlib import Path
 
-from recmas_ray.agent import DecodeConfig
-from recmas_ray.distributed.placement import PlacementConfig
+from recmas_ray.config.checks import check_tree
+from recmas_ray.config.cli import save_config
+from recmas_ray.config.evaluation import EvalConfig
+from recmas_ray.config.recursion import RecursionConfig
 from recmas_ray.eval.benchmarks import load_benchmark
 from recmas_ray.eval.results import (SampleWriter, load_done_ids, markdown_table, plot_vs_rounds, read_samples,
                                      sample_key, summarize, timestamp, write_results)
-from recmas_ray.eval.stream import StreamConfig, for_rollout, solve_and_grade
-from recmas_ray.runner import METHODS, RecursionConfig
+from recmas_ray.eval.stream import for_rollout, solve_and_grade
 from recmas_ray.system.plan import plan_system
-from recmas_ray.tools.loop import ToolLoopConfig
 
 log = logging.getLogger(__name__)
-BACKENDS = ("ray", "local")
 
 
-@dataclass(kw_only=True)
-class EvalConfig:
-    """One evaluation run (the resolved form of `jobs/run.py`'s flags; saved next to the results)."""
-
-    style: str
-    """Collaboration style (sequential_light, sequential_scaled, mixture, distillation, deliberation)."""
-    dataset: str
-    """Benchmark name or a local .jsonl/.json question file."""
-    dataset_path: str | None = None
-    """Local copy of a named benchmark (else its RECMAS_<NAME>_PATH variable, else the Hub)."""
-    dataset_json_field: str | None = None
-    """For local JSON wrapped as {"data": [...]}."""
-    preset: str = "tiny"
-    """Base models for roles without a checkpoint: tiny, demo or paper."""
-    ckpt_override: dict[str, str] = field(default_factory=dict)
-    """ROLE=DIR inner links, outer=DIR outer links."""
-    methods: list[str] = field(default_factory=lambda: ["recursive_mas"])
-    """Methods run on the same samples."""
-    num_recursive_rounds: int = 3
-    """R."""
-    latent_steps: int = 32
-    """m."""
-    decode: DecodeConfig = field(default_factory=DecodeConfig)
-    """Decoding settings shared by every method."""
-    decode_every_round: bool = False
-    """Mixture reference behaviour (decode and discard in non-final rounds)."""
-    num_samples: int | None = None
-    """Evaluate the first N questions (all when None)."""
-    num_rollouts: int = 1
-    """Rollouts per question (pass@k); rollout r decodes with seed + r."""
-    batch_size: int = 8
-    """Questions per agent call."""
-    max_inflight_batches: int = 2
-    """Ray backend: client actors, i.e. batches in flight at once, so agents overlap."""
-    client_cpus: float = 0.25
-    """Ray backend: logical CPUs per client actor (clients never ask for GPUs)."""
-    client_max_restarts: int = -1
-    """Ray backend: restarts of a dead client, its batch rerun (-1: no limit; 0: a dead client ends the run)."""
-    format_retry: bool = True
-    """Answer-format retry of the release (recorded per sample as retry_used)."""
-    backend: str = "ray"
-    """ray (agents as actors) or local (in-process)."""
-    placement: PlacementConfig = field(default_factory=PlacementConfig)
-    """Ray placement preset and per-role resources."""
-    device: str = "auto"
-    """auto, cpu or cuda."""
-    dtype: str = "auto"
-    """Model dtype: auto (bf16 on CUDA, fp32 on CPU), float32, bfloat16."""
-    seed: int = 42
-    """Seed for fresh links and sampling."""
-    grader: str = "strict"
-    """strict (math-verify) or reference (the release's lenient rules); both are recorded per sample."""
-    output_path: str = "out"
-    """Directory for samples_*.jsonl and results_*.json."""
-    resume: bool = False
-    """Skip samples already in the latest samples file of this benchmark."""
-    plot: bool = False
-    """Write accuracy/tokens/seconds vs rounds as PNG."""
-    timeout_s: float = 900.0
-    """Timeout of every wait on Ray."""
-    torch_threads: int = 0
-    """Torch threads per agent (0 = library default)."""
-    transport: str = "object_store"
-    """How latents move between agent actors: object_store, rdt:gloo (CPU) or rdt:nccl (GPU)."""
-    tools: ToolLoopConfig | None = None
-    """Deliberation toolcaller's tool loop (None: plain decoding); jobs/run.py sets it for --style deliberation."""
-
-    def validate(self) -> None:
-        bad = [m for m in self.methods if m not in METHODS]
-        if bad or not self.methods:
-            raise ValueError(f"unknown method(s) {bad or self.methods}; expected a comma list of {METHODS}")
-        if self.backend not in BACKENDS:
-            raise ValueError(f"unknown backend {self.backend!r}; expected one of {BACKENDS}")
-        for name in ("num_rollouts", "batch_size", "max_inflight_batches"):
-            if getattr(self, name) < 1:
-                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
-        if self.client_cpus < 0 or self.client_max_restarts < -1:
-            raise ValueError(f"client_cpus must be >= 0 and client_max_restarts >= -1, "
-                             f"got {self.client_cpus} and {self.client_max_restarts}")
-        if self.grader not in ("strict", "reference"):
-            raise ValueError(f"grader must be strict or reference, got {self.grader!r}")
-        self.recursion("recursive_mas", 0).validate()
-
-    def recursion(self, method: str, rollout: int) -> RecursionConfig:
-        return for_rollout(RecursionConfig(method=method, num_recursive_rounds=self.num_recursive_rounds,
-                                           latent_steps=self.latent_steps, decode_every_round=self.decode_every_round,
-                                           decode=self.decode), rollout)
+def recursion_for(cfg: EvalConfig, method: str, rollout: int) -> RecursionConfig:
+    """The run's recursion settings for one method and rollout (decode seed = seed + rollout)."""
+    rc = dataclasses.replace(cfg.recursion, method=method,
+                             decode=dataclasses.replace(cfg.recursion.decode, seed=cfg.seed))
+    return for_rollout(rc, rollout)
 
 
 def bench_name(cfg: EvalConfig) -> str:
@@ -166,10 +82,8 @@ class Backend:
         if self.system is not None:
             from recmas_ray.eval.stream import stream_samples
 
-            yield from stream_samples(self.system, batches, method, cfg.recursion(method, 0), cfg.grader,
-                                      cfg.format_retry, StreamConfig(
-                                          num_clients=cfg.max_inflight_batches, client_cpus=cfg.client_cpus,
-                                          client_max_restarts=cfg.client_max_restarts, timeout_s=cfg.timeout_s))
+            yield from stream_samples(self.system, batches, method, recursion_for(cfg, method, 0), cfg.grader,
+                                      cfg.format_retry, cfg.stream, timeout_s=cfg.timeout_s)
             return
         from recmas_ray.runner import run_batch
 
@@ -180,7 +94,7 @@ class Backend:
             return self.pool.services[decoder].retry_format(texts, suffixes, n, cfg=decode)
 
         for batch, rollout in batches:
-            yield from solve_and_grade(batch, rollout, method, cfg.recursion(method, 0), cfg.grader, solve,
+            yield from solve_and_grade(batch, rollout, method, recursion_for(cfg, method, 0), cfg.grader, solve,
                                        retry if cfg.format_retry else None)
 
     def close(self):
@@ -194,13 +108,15 @@ def evaluate(cfg: EvalConfig, *, progress: bool = True, system=None) -> dict:
     `system`: a running `RaySystem` built from the same plan, reused (and left running) instead of
     starting new agents, e.g. across the runs of a sweep.
     """
-    cfg.validate()
+    check_tree(cfg)
     items = load_benchmark(cfg.dataset, path=cfg.dataset_path, num_samples=cfg.num_samples, seed=cfg.seed,
                            json_field=cfg.dataset_json_field)
     task = items[0]["task_type"] if items[0]["task_type"] in ("math", "code") else "math"
     plan = plan_system(cfg.style, preset=cfg.preset, ckpt_overrides=cfg.ckpt_override, seed=cfg.seed,
-                       dtype=cfg.dtype, device=cfg.device, task=task, tools=cfg.tools)
+                       dtype=cfg.dtype, device=cfg.device, task=task,
+                       tools=cfg.tool_loop())
     samples_file = open_samples_file(cfg)
+    save_config(cfg, cfg.output_path)
     start = time.time()
     backend = Backend(cfg, plan, system)
     wall, fresh = {}, {}
@@ -235,6 +151,19 @@ def evaluate(cfg: EvalConfig, *, progress: bool = True, system=None) -> dict:
     return finish(cfg, samples_file, plan, {m: t for m, t in wall.items() if fresh[m]}, start)
 
 
+def evaluate_all(cfg: EvalConfig, *, progress: bool | None = None) -> list[dict]:
+    """`evaluate` once, or once per R of `sweep_rounds` (sub-directories R<r>, one plot across them)."""
+    progress = cfg.progress if progress is None else progress
+    if not cfg.sweep_rounds:
+        return [evaluate(cfg, progress=progress)]
+    outs = [evaluate(dataclasses.replace(cfg, recursion=dataclasses.replace(cfg.recursion, num_recursive_rounds=r),
+                                         sweep_rounds=[], plot=False, output_path=os.path.join(cfg.output_path, f"R{r}")),
+                     progress=progress) for r in cfg.sweep_rounds]
+    if cfg.plot:
+        outs[-1]["plot_path"] = str(plot_results(cfg.output_path, bench_name(cfg), cfg.style))
+    return outs
+
+
 def finish(cfg: EvalConfig, samples_file: Path, plan, wall: dict, start: float) -> dict:
     """Summarise the samples file per method, write results JSON (+ plot), print the table."""
     all_samples = read_samples(samples_file)
@@ -245,7 +174,7 @@ def finish(cfg: EvalConfig, samples_file: Path, plan, wall: dict, start: float) 
             continue
         metrics = summarize(rows, wall_seconds=wall.get(method))
         results[f"{bench_name(cfg)}/{method}"] = {"benchmark": bench_name(cfg), "method": method,
-                                                   "rounds": cfg.num_recursive_rounds, **metrics}
+                                                   "rounds": cfg.recursion.num_recursive_rounds, **metrics}
     config = {**dataclasses.asdict(cfg), "system": plan.manifest(), "samples_file": str(samples_file)}
     path = write_results(cfg.output_path, "", results, config, start_time=start)
     table = markdown_table(results)

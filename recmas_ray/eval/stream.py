@@ -22,11 +22,12 @@ import json
 import os
 import time
 import warnings
-from dataclasses import dataclass
 from typing import Callable, Iterator
 
+from recmas_ray.config.evaluation import StreamConfig
 from recmas_ray.eval.graders import LETTERS, extract_boxed, extract_choice, extract_code, grade
-from recmas_ray.runner import RecursionConfig, SampleResult
+from recmas_ray.config.recursion import RecursionConfig
+from recmas_ray.runner import SampleResult
 
 # Fault injection for tests: a client exits hard before its (N+1)-th batch, once (not after a restart).
 EXIT_AFTER_ENV = "RECMAS_EVAL_CLIENT_EXIT_AFTER"
@@ -39,20 +40,6 @@ RETRY_TOKENS = {"math": 16, "qa": 16, "choice": 16, "code": 256}
 
 RetryFn = Callable[[list[str], list[str], int, object], list]
 """(texts, suffixes, max_new_tokens, decode cfg) -> list[Decoded] of the continuations."""
-
-
-@dataclass(kw_only=True)
-class StreamConfig:
-    """How the Ray backend streams batches through client actors."""
-
-    num_clients: int = 2
-    """Client actors, i.e. batches in flight at once."""
-    client_cpus: float = 0.25
-    """Logical CPUs per client (fractions keep CPUs free for Ray Data's own tasks)."""
-    client_max_restarts: int = -1
-    """Restarts of a dead client, its batch rerun (-1: Ray Data's default, no limit; 0: a dead client ends the run)."""
-    timeout_s: float = 900.0
-    """Timeout of every wait on the orchestrator or an agent."""
 
 
 def for_rollout(rc: RecursionConfig, rollout: int) -> RecursionConfig:
@@ -177,7 +164,7 @@ class EvalClient:
 
 
 def stream_samples(system, batches: list[tuple[list[dict], int]], method: str, recursion: RecursionConfig,
-                   grader: str, format_retry: bool, cfg: StreamConfig) -> Iterator[dict]:
+                   grader: str, format_retry: bool, cfg: StreamConfig, *, timeout_s: float) -> Iterator[dict]:
     """Yield graded sample records as client actors finish their batches (arrival order)."""
     import ray
 
@@ -200,7 +187,7 @@ def stream_samples(system, batches: list[tuple[list[dict], int]], method: str, r
             fn_constructor_kwargs={"orchestrator": system.orchestrator,
                                    "decoder": system.handles[system.plan.style.decoder], "method": method,
                                    "recursion": recursion, "grader": grader, "format_retry": format_retry,
-                                   "timeout_s": cfg.timeout_s, "exit_after": int(exit_after) if exit_after else None})
+                                   "timeout_s": timeout_s, "exit_after": int(exit_after) if exit_after else None})
     try:
         # No prefetch: iter_rows' one-block prefetch holds each output back until the next one
         # arrives, so a crash would also lose a finished batch that never reached the file.

@@ -4,7 +4,7 @@ This file is not imported: `sandbox.py` passes its text to `python -I -B -c` in 
 """
 
 def _boot():
-    import json, os, resource, sys, traceback
+    import json, resource, sys, traceback
     c = json.loads(sys.argv[2])
     for name, soft, hard in c["limits"]:
         res = getattr(resource, name)

@@ -17,7 +17,7 @@ from recmas_ray.service import AgentSpec, link_states
 from recmas_ray.styles import StyleSpec, get_style
 
 if TYPE_CHECKING:
-    from recmas_ray.tools.loop import ToolLoopConfig
+    from recmas_ray.config.recursion import ToolLoopConfig
 
 
 @dataclass

@@ -23,7 +23,6 @@ import logging
 import math
 import re
 import time
-from dataclasses import dataclass
 
 import torch
 

@@ -122,7 +122,7 @@ def test_check_image_tag_forms():
     check_image_tag(f"rayproject/ray:{v}-py311-cu128")
     check_image_tag(f"registry.example:5000/team/recmas-ray:{v}-py311-gpu")  # port is not a tag
     with pytest.raises(ValueError, match="none"):
-        check_image_tag(f"registry.example:5000/team/recmas-ray")
+        check_image_tag("registry.example:5000/team/recmas-ray")
     with pytest.raises(ValueError):
         check_image_tag(f"rayproject/ray:{v}1-gpu")  # 2.60.01 is another version
 

@@ -35,7 +35,8 @@ from recmas_ray.agent import DecodeConfig  # noqa: E402
 from recmas_ray.distributed.actors import RayPool  # noqa: E402
 from recmas_ray.distributed.driver import build_ray_system  # noqa: E402
 from recmas_ray.distributed.placement import PlacementConfig  # noqa: E402
-from recmas_ray.runner import LocalPool, RecursionConfig, run_batch  # noqa: E402
+from recmas_ray.config.recursion import RecursionConfig
+from recmas_ray.runner import LocalPool, run_batch  # noqa: E402
 from recmas_ray.service import AgentService  # noqa: E402
 from recmas_ray.system.plan import plan_system  # noqa: E402
 

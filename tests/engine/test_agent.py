@@ -3,7 +3,8 @@
 import pytest
 import torch
 
-from recmas_ray.agent import Agent, DecodeConfig, find_slots
+from recmas_ray.agent import Agent, find_slots
+from recmas_ray.config.recursion import DecodeConfig
 from recmas_ray.links import InnerLink
 from recmas_ray.models.loader import load_frozen_model
 from recmas_ray.models.tiny import TINY_FAMILIES

@@ -3,8 +3,9 @@
 import pytest
 import torch
 
-from recmas_ray.agent import DecodeConfig
-from recmas_ray.runner import LocalPool, RecursionConfig, run_batch
+from recmas_ray.config.recursion import DecodeConfig
+from recmas_ray.config.recursion import RecursionConfig
+from recmas_ray.runner import LocalPool, run_batch
 from recmas_ray.service import AgentService
 from recmas_ray.styles import STYLES
 from recmas_ray.styles.base import RolePrompts, StyleSpec
@@ -96,8 +97,9 @@ def test_a_new_style_is_one_declaration(tiny_cache):
 
 
 @pytest.mark.parametrize("bad,match", [
-    (dict(method="telepathy"), "unknown method"), (dict(num_recursive_rounds=0), "num_recursive_rounds must be >= 1"),
-    (dict(latent_steps=-1), "latent_steps must be >= 0"),
+    (dict(method="telepathy"), "method 'telepathy': expected one of"),
+    (dict(num_recursive_rounds=0), r"num_recursive_rounds 0: expected an integer in \[1, "),
+    (dict(latent_steps=-1), r"latent_steps -1: expected an integer in \[0, "),
 ])
 def test_bad_recursion_config(pools, bad, match):
     plan, pool = pools["sequential_light"]

@@ -2,7 +2,6 @@
 client actor (ending the run, then restarted during --resume), and the answer-format retry."""
 
 import glob
-import importlib.util
 import json
 import os
 
@@ -114,14 +113,14 @@ def shared_system(ray_cluster, qfile):
 
     cfg = config(qfile, "unused", "ray")
     plan = plan_system(cfg.style, preset=cfg.preset, seed=cfg.seed, dtype=cfg.dtype, device=cfg.device,
-                       task="math", tools=cfg.tools)
+                       task="math", tools=cfg.tool_loop())
     system = build_ray_system(plan, cfg.placement, timeout_s=120)
     yield system
     system.shutdown()
 
 
 def config(qfile, out, backend, *extra):
-    return run_job.config_from_args(run_job.build_parser().parse_args(args(qfile, out, backend, *extra)))
+    return run_job.parse(args(qfile, out, backend, *extra))
 
 
 def test_killed_client_ends_run_then_resume_completes(shared_system, qfile, local_run, tmp_path, monkeypatch):
@@ -149,7 +148,7 @@ def test_rounds_sweep_plots_one_point_per_method_and_round(qfile, tiny_cache, tm
     seen = []
     monkeypatch.setattr(ev, "plot_vs_rounds", lambda rows, path: seen.extend(rows) or ev.Path(path))
     out = tmp_path / "sweep"
-    assert run_job.main(args(qfile, out, "local", "--num_recursive_rounds", "1,2", "--num_samples", "2",
+    assert run_job.main(args(qfile, out, "local", "--sweep_rounds", "1,2", "--num_samples", "2",
                              "--method", METHODS, "--plot", "--no_format_retry")) == 0
     assert len(glob.glob(f"{out}/R1/results_*.json")) == len(glob.glob(f"{out}/R2/results_*.json")) == 1
     points = sorted((r["method"], r["rounds"]) for r in seen)

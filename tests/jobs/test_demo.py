@@ -1,8 +1,6 @@
 """The demo's --quick path on the tiny preset: inner + outer training, evaluation at R = 1, 2, 3, table, plot."""
 
-import importlib.util
 import json
-import os
 
 from jobs import demo as demo_job
 

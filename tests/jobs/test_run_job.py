@@ -1,9 +1,7 @@
 """jobs/run.py end to end on the tiny preset (local backend), resume, and bad input before any model loads."""
 
 import glob
-import importlib.util
 import json
-import os
 
 import pytest
 
@@ -37,7 +35,7 @@ def test_run_writes_samples_and_results(tmp_path, tiny_cache, question_file):
     mas, text = by_method["recursive_mas"], by_method["recursive_textmas"]
     assert sum(s["tokens"] for s in text) > sum(s["tokens"] for s in mas)
     res = results[0]
-    assert res["config"]["num_recursive_rounds"] == 2 and res["config"]["system"]["roles"]["planner"]["base_model"]
+    assert res["config"]["recursion"]["num_recursive_rounds"] == 2 and res["config"]["system"]["roles"]["planner"]["base_model"]
     assert set(res["results"]) == {"questions/recursive_mas", "questions/recursive_textmas"}
 
 
@@ -47,21 +45,6 @@ def test_resume_skips_finished_samples(tmp_path, tiny_cache, question_file):
     assert run_job.main(base_args(question_file, out, "--resume")) == 0
     samples, _ = read(out)
     assert sorted(s["doc_id"] for s in samples) == sorted({s["doc_id"] for s in samples}) and len(samples) == 4
-
-
-@pytest.mark.parametrize("flag,value,match", [
-    ("--style", "pipeline", "unknown style"), ("--method", "telepathy", "unknown method"),
-    ("--preset", "huge", "unknown preset"), ("--latent_steps", "-1", "latent_steps must be >= 0"),
-    ("--num_recursive_rounds", "0", "num_recursive_rounds must be >= 1"),
-])
-def test_bad_flags_fail_fast(tmp_path, question_file, capsys, flag, value, match):
-    args = base_args(question_file, tmp_path / "o")
-    if flag in args:
-        args[args.index(flag) + 1] = value
-    else:
-        args += [flag, value]
-    assert run_job.main(args) == 2
-    assert match in capsys.readouterr().err
 
 
 def test_bad_question_files_fail_before_models_load(tmp_path, capsys, monkeypatch):
@@ -80,4 +63,4 @@ def test_bad_question_files_fail_before_models_load(tmp_path, capsys, monkeypatc
 
 def test_ckpt_override_for_unknown_role(tmp_path, question_file, capsys):
     assert run_job.main(base_args(question_file, tmp_path / "o", "--ckpt_override", f"summarizer={tmp_path}")) == 2
-    assert "not roles of style sequential_light" in capsys.readouterr().err
+    assert "expected roles of sequential_light" in capsys.readouterr().err

@@ -7,7 +7,6 @@ run (stdout, stderr, logs, output files), and an offline run where search report
 from __future__ import annotations
 
 import glob
-import importlib.util
 import json
 import logging
 from pathlib import Path
@@ -17,7 +16,8 @@ import torch
 
 import recmas_ray.agent as agent_mod
 import recmas_ray.tools.search as search_mod
-from recmas_ray.agent import Agent, DecodeConfig
+from recmas_ray.agent import Agent
+from recmas_ray.config.recursion import DecodeConfig
 from recmas_ray.links import InnerLink
 from recmas_ray.models.loader import load_frozen_model
 from recmas_ray.tools import SearchKeyError
@@ -153,10 +153,12 @@ def test_text_after_the_tag_in_the_same_token_is_cut():
 
 
 def test_bad_tool_settings_are_rejected():
+    from recmas_ray.config.checks import check_tree
+
     with pytest.raises(ValueError, match="max_tool_rounds"):
-        ToolLoopConfig(max_tool_rounds=-1)
+        check_tree(ToolLoopConfig(max_tool_rounds=-1))
     with pytest.raises(ValueError, match="python_timeout"):
-        ToolLoopConfig(python_timeout_s=0)
+        check_tree(ToolLoopConfig(python_timeout_s=0))
     with pytest.raises(ValueError, match="not a file"):
         Toolbox(ToolLoopConfig(tavily_keys_file="/nonexistent/keys.txt"))
 
