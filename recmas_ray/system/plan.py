@@ -46,8 +46,14 @@ class SystemPlan:
 
 
 def model_hidden_size(name: str) -> int:
-    """Hidden size from the model's config alone (no weights loaded)."""
+    """Hidden size from the model's config alone (no weights loaded; packaged models are not converted)."""
     from transformers import AutoConfig
+
+    if name.startswith("pkg:"):
+        from recmas_ray.models.packaged import PKG_MODELS
+
+        if name in PKG_MODELS:
+            return PKG_MODELS[name].hidden_size
 
     return int(AutoConfig.from_pretrained(resolve_model_path(name)).get_text_config().hidden_size)
 
