@@ -2,6 +2,8 @@
 
 import json
 
+import pytest
+
 from jobs import demo as demo_job
 
 
