@@ -7,6 +7,7 @@
   (`--recursion.latent_steps`). Help text is the field's docstring, with default, choices and range.
 * bool fields: `--name` / `--no_name`. list fields: space- or comma-separated values. dict fields:
   `KEY=VALUE` items (`--ckpt_override planner=DIR critic=DIR`). Optional fields accept `none`.
+* `recipes` are named Python functions returning a config: `--recipe NAME` (or `--NAME`) starts from one.
 * `aliases` add other spellings of a flag (the release's names), shown in help next to the canonical one.
 * `run_job` prints a user error as one line `error: ...` on stderr and returns 2, before any model loads
   (`--debug` shows the traceback); the job's own code raises `ValueError` for user errors found later
@@ -202,6 +203,10 @@ def build_parser(cls, *, prog: str | None = None, description: str | None = None
     if recipes:
         p.add_argument("--recipe", choices=sorted(recipes), help="named configuration to start from: "
                        + "; ".join(f"{k}: {_first_line(v.__doc__)}" for k, v in sorted(recipes.items())))
+        taken = {flag for leaf in tree_leaves for flag in leaf.flags}
+        for name in sorted(set(recipes) - taken):  # `--quick` is short for `--recipe quick`
+            p.add_argument(f"--{name}", dest="recipe", action="store_const", const=name,
+                           help=f"same as --recipe {name}")
     p.add_argument("--print_config", action="store_true", help="print the resolved config as JSON and exit")
     p.add_argument("--debug", action="store_true", help="show tracebacks of errors")
     return p, tree_leaves
