@@ -238,6 +238,8 @@ def _help(leaf: Leaf, default) -> str:
     else:
         shown = ",".join(map(str, default)) if isinstance(default, (list, tuple)) else \
             " ".join(f"{k}={v}" for k, v in default.items()) if isinstance(default, dict) else default
+        if isinstance(default, bool):
+            shown = "on" if default else "off"
         notes.append(f"default: {shown if shown not in ('', None) else 'none'}")
     return f"{leaf.doc} ({'; '.join(notes)})".replace("%", "%%")
 
@@ -293,11 +295,16 @@ def from_dict(cls, data: dict, *, base=None, where: str = "config"):
             values[name] = data[name]
         elif current is not dataclasses.MISSING:
             values[name] = current
+    required = {f.name for f in dataclasses.fields(cls) if f.init and f.default is dataclasses.MISSING
+                and f.default_factory is dataclasses.MISSING}
+    missing = sorted(required - set(values))
+    if missing:
+        raise ConfigError(f"{where}: missing required setting(s) {missing}; give them as flags "
+                          f"({', '.join('--' + m for m in missing)}) or in --config")
     try:
         return cls(**values)
     except TypeError as e:
-        missing = sorted(names - set(values))
-        raise ConfigError(f"{where}: missing required setting(s) {missing}" if missing else f"{where}: {e}") from None
+        raise ConfigError(f"{where}: {e}") from None
 
 
 def load_config_file(path: str) -> dict:
