@@ -90,7 +90,9 @@ def _mv_timeout() -> int | None:
 
 
 def _as_math(text: str) -> str:
-    text = text.strip()
+    # An escaped dollar is a currency sign, not a math delimiter: MATH500 writes 3 gold answers
+    # as "\\$18.90" and math_verify cannot parse those (issue 16 item 6), so it is dropped first.
+    text = text.strip().replace("\\$", "")
     return text if ("$" in text or "\\boxed" in text) else f"${text}$"
 
 
@@ -362,8 +364,8 @@ def _grade_code_record(record: dict, response: str) -> GradeResult:
 def grade(task_type: str, record: dict, response: str, mode: str = "strict") -> GradeResult:
     """Grade `response` for one benchmark `record` (as produced by `eval.benchmarks`).
 
-    `mode` picks which verdict lands in `correct`; for math, choice and qa the other mode's
-    verdict is always reported too (`detail["strict"]`, `detail["reference"]`).
+    `mode` picks which verdict lands in `correct`; both modes' verdicts are always in
+    `detail["strict"]` and `detail["reference"]` (equal for code).
     """
     if mode not in GRADER_MODES:
         raise ValueError(f"mode={mode!r}; expected one of {GRADER_MODES}")
@@ -384,7 +386,11 @@ def grade(task_type: str, record: dict, response: str, mode: str = "strict") -> 
         chosen = letter if mode == "strict" else (letter or "A")
         return GradeResult(verdicts[mode], chosen, letter is None, dict(verdicts))
     if task_type == "code":
-        return _grade_code_record(record, response)
+        res = _grade_code_record(record, response)
+        # Tests pass or fail the same under both modes; both verdicts are recorded all the same, so
+        # every sample carries detail["strict"] and detail["reference"] (results report both).
+        res.detail.update(strict=res.correct, reference=res.correct)
+        return res
     if task_type == "qa":
         golds = [str(record["gold"])] + [a for a in record.get("aliases") or [] if a != record["gold"]]
         extracted = extract_math_answer(response)
