@@ -15,6 +15,7 @@ from recmas_ray.models.loader import resolve_model_path
 from recmas_ray.system.presets import role_models
 from recmas_ray.service import AgentSpec, link_states
 from recmas_ray.styles import StyleSpec, get_style
+from recmas_ray.styles.prompts import load_prompt_set, prompt_set_hash
 
 if TYPE_CHECKING:
     from recmas_ray.config.recursion import ToolLoopConfig
@@ -42,7 +43,8 @@ class SystemPlan:
         """What a saved checkpoint records about the system."""
         return {"style": self.style_name, "roles": {r: {"base_model": m, "hidden_size": self.hidden_sizes[r]}
                                                       for r, m in self.role_models.items()},
-                "edges": list(self.style.edges), "sources": self.sources}
+                "edges": list(self.style.edges), "sources": self.sources,
+                "prompt_set_hash": prompt_set_hash(self.style)}
 
 
 def model_hidden_size(name: str) -> int:
@@ -66,12 +68,15 @@ def parse_overrides(items: list[str] | None) -> dict[str, str]:
 def plan_system(style_name: str, *, preset: str = "tiny", ckpt_overrides: dict[str, str] | None = None,
                 seed: int = 42, dtype: str = "auto", device: str = "auto", message_dtype: str = "float32",
                 task: str = "math", role_model_overrides: dict[str, str] | None = None,
-                tools: ToolLoopConfig | None = None) -> SystemPlan:
+                tools: ToolLoopConfig | None = None, prompt_set: str | None = None) -> SystemPlan:
     """Resolve models and links for `style_name`; raise ValueError on any mismatch before compute.
 
-    `tools` turns on the deliberation toolcaller's tool loop (deliberation only).
+    `tools` turns on the deliberation toolcaller's tool loop (deliberation only). `prompt_set` is a
+    prompt-set file replacing the style's own prompts (checked against its slots first).
     """
     style = get_style(style_name)
+    if prompt_set:
+        style = load_prompt_set(prompt_set, style)
     if tools is not None and style.name != "deliberation":
         raise ValueError(f"tool settings (--tavily_keys_file, --max_tool_rounds, --python_timeout) apply to style "
                          f"deliberation only, got style {style_name!r}")
