@@ -334,9 +334,21 @@ def pass_at_k(n: int, c: int, k: int) -> float:
     return 1.0 - math.prod(1.0 - k / i for i in range(n - c + 1, n + 1))
 
 
+# A row's interface (benchmarks.py) -> the harnesses that may grade it: stdin rows run on
+# stdin/stdout pairs, functional rows as named-function calls or a test script that calls it.
+_INTERFACE_MODES = {"stdin": ("stdio",), "functional": ("functional", "script")}
+
+
 def _grade_code_record(record: dict, response: str) -> GradeResult:
     code = extract_code(response)
     mode = record.get("test_mode", "script")
+    interface = record.get("interface")
+    if interface is not None:
+        if mode not in _INTERFACE_MODES.get(interface.get("type"), ()):
+            raise ValueError(f"code row {record.get('doc_id')!r}: interface {interface.get('type')!r} cannot be "
+                             f"graded with test_mode {mode!r}")
+        if interface.get("fn_name"):
+            record = {**record, "fn_name": interface["fn_name"]}
     timeout = float(record.get("timeout_s", 6.0 if mode != "script" else 10.0))
     if mode == "stdio":
         res = grade_stdio(code, record["inputs"], record["outputs"], timeout_s=timeout)
