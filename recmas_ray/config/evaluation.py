@@ -58,6 +58,12 @@ class EvalConfig:
     """Base models of the roles without a checkpoint: tiny (random weights), demo or paper."""
     ckpt_override: dict[str, str] = field(default_factory=dict)
     """ROLE=DIR inner links (ours or the release's adapter.pt), outer=DIR outer links."""
+    models: dict[str, str] = field(default_factory=dict)
+    """ROLE=MODEL base models (HF id, local dir, tiny:<family>) replacing the preset's; a role whose
+    --ckpt_override names another base model is an error (see allow_base_model_mismatch)."""
+    allow_base_model_mismatch: bool = False
+    """Run the model given in --models even where the role's checkpoint names another one (its link
+    sizes are still checked)."""
     methods: Annotated[list[str], OneOf(METHODS), NonEmpty()] = field(default_factory=lambda: ["recursive_mas"])
     """Methods run on the same questions."""
     recursion: RecursionConfig = field(default_factory=RecursionConfig)
@@ -133,6 +139,9 @@ class EvalConfig:
         if bad:
             raise ValueError(f"--ckpt_override names {bad}; expected roles of {self.style} {list(style.roles)} "
                              f"or outer")
+        bad = sorted(set(self.models) - set(style.roles))
+        if bad:
+            raise ValueError(f"--models names {bad}; expected roles of {self.style} {list(style.roles)}")
         missing = {r: p for r, p in self.ckpt_override.items() if not os.path.isdir(p)}
         if missing:
             raise ValueError(f"--ckpt_override {' '.join(f'{r}={p}' for r, p in missing.items())}: no such directory")

@@ -121,7 +121,8 @@ def evaluate(cfg: EvalConfig, *, progress: bool = True, system=None) -> dict:
     task = items[0]["task_type"] if items[0]["task_type"] in ("math", "code") else "math"
     plan = plan_system(cfg.style, preset=cfg.preset, ckpt_overrides=cfg.ckpt_override, seed=cfg.seed,
                        dtype=cfg.dtype, device=cfg.device, task=task,
-                       tools=cfg.tool_loop(), prompt_set=cfg.prompt_set)
+                       tools=cfg.tool_loop(), prompt_set=cfg.prompt_set, role_model_overrides=cfg.models,
+                       allow_base_model_mismatch=cfg.allow_base_model_mismatch)
     items = [{**i, "question": question_with_interface(plan.style, i["question"], i.get("interface"))}
              for i in items]
     samples_file = open_samples_file(cfg)
