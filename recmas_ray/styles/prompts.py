@@ -98,7 +98,7 @@ def check_prompt_set(data: dict, style: StyleSpec, *, where: str = "prompt set")
         needs_feedback = any(e in style.feedback_edges for e in slots.values())
         if not isinstance(variants, dict):
             raise ValueError(f"{where}: role {role}: expected a mapping variant -> task -> template")
-        want = {"base", "feedback"} if needs_feedback else {"base"}
+        want = set(VARIANTS) if needs_feedback else {"base"}
         if set(variants) != want:
             raise ValueError(f"{where}: role {role}: variants {sorted(variants)}, expected {sorted(want)} "
                              f"(feedback exactly when the role has a feedback slot)")
@@ -158,5 +158,16 @@ def prompt_set_hash(style: StyleSpec) -> str:
     return hashlib.sha256(blob.encode()).hexdigest()
 
 
+def prompt_set_hash_for(style_name: str, prompt_set: str | Path | None = None) -> str:
+    """The hash a run of `style_name` with `--prompt_set` (None: the built-in prompts) records.
+
+    For resume fingerprints: the same value as results' `prompt_set.sha256`, without planning a system.
+    """
+    from recmas_ray.styles import get_style
+
+    style = get_style(style_name)
+    return prompt_set_hash(load_prompt_set(prompt_set, style) if prompt_set else style)
+
+
 __all__ = ["prompt_set_of", "dump_prompt_set", "read_prompt_set", "check_prompt_set", "apply_prompt_set",
-           "load_prompt_set", "prompt_set_hash", "VARIANTS"]
+           "load_prompt_set", "prompt_set_hash", "prompt_set_hash_for"]

@@ -143,6 +143,9 @@ def test_prompt_set_round_trip_gives_identical_greedy_predictions(tmp_path, tiny
         (results,) = glob.glob(f"{out}/results_*.json")
         preds[name + "_hash"] = json.load(open(results))["prompt_set"]["sha256"]
     assert preds["builtin"] == preds["file"] and preds["builtin_hash"] == preds["file_hash"]
+    from recmas_ray.styles.prompts import prompt_set_hash_for
+
+    assert prompt_set_hash_for("sequential_light", path) == prompt_set_hash_for("sequential_light") == preds["file_hash"]
 
 
 def test_prompt_set_with_a_missing_slot_fails_before_models_load(tmp_path, question_file, capsys, monkeypatch):
