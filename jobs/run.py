@@ -25,52 +25,21 @@ from recmas_ray.config.evaluation import EvalConfig
 # Other spellings accepted for the same settings: the release's names and this project's earlier ones.
 ALIASES = {"method": "methods", "placement": "placement.preset", "latent_length": "latent_steps",
            "max_inflight_batches": "stream.num_clients", "python_timeout": "tools.python_timeout_s"}
-# Set by the evaluation driver itself (per method, and from --seed), or by `main` (explicit_settings).
+# Set by the evaluation driver itself (per method, and from --seed), or by the CLI (explicit_settings).
 HIDDEN = ("recursion.method", "recursion.decode.seed", "explicit_settings")
-
-
-def explicit_paths(argv) -> list[str]:
-    """Dotted settings a command line sets itself: its flags and its --config file's keys.
-
-    `--protocol` fills only the settings not listed here (an explicit value wins).
-    """
-    from recmas_ray.config.cli import SPECIAL_FLAGS, build_parser, leaves, load_config_file
-
-    ns, _ = build_parser(EvalConfig, aliases=ALIASES, hidden=HIDDEN)[0].parse_known_args(list(argv))
-    paths = {k for k in vars(ns) if k not in SPECIAL_FLAGS}
-    leaf_paths = {leaf.path for leaf in leaves(EvalConfig)}
-
-    def walk(data, prefix=""):
-        for key, value in data.items():
-            if prefix + key in leaf_paths:
-                paths.add(prefix + key)
-            elif isinstance(value, dict):
-                walk(value, prefix + key + ".")
-
-    if getattr(ns, "config", None):
-        walk(load_config_file(ns.config))
-    paths.discard("explicit_settings")
-    return sorted(paths)
 
 
 def parse(argv) -> EvalConfig:
     """The checked config of a command line (what `main` would run), its explicit settings recorded."""
-    import dataclasses
-
     from recmas_ray.config.cli import parse_config
 
-    cfg = parse_config(EvalConfig, argv, aliases=ALIASES, hidden=HIDDEN)[0]
-    return dataclasses.replace(cfg, explicit_settings=explicit_paths(argv))
+    return parse_config(EvalConfig, argv, aliases=ALIASES, hidden=HIDDEN)[0]
 
 
-def evaluate(cfg: EvalConfig, argv=None) -> int:
+def evaluate(cfg: EvalConfig) -> int:
     """Run the evaluation of a checked config; print where the outputs went."""
-    import dataclasses
-
     from recmas_ray.eval.driver import evaluate_all
 
-    if argv is not None:
-        cfg = dataclasses.replace(cfg, explicit_settings=explicit_paths(argv))
     outs = evaluate_all(cfg)
     for out in outs:
         print(f"samples: {out['samples_path']}\nresults: {out['results_path']}")
@@ -80,9 +49,8 @@ def evaluate(cfg: EvalConfig, argv=None) -> int:
 
 
 def main(argv=None) -> int:
-    argv = list(sys.argv[1:] if argv is None else argv)
-    return run_job(lambda cfg: evaluate(cfg, argv), EvalConfig, argv, prog="python -m jobs.run",
-                   description=__doc__, aliases=ALIASES, hidden=HIDDEN)
+    return run_job(evaluate, EvalConfig, argv, prog="python -m jobs.run", description=__doc__, aliases=ALIASES,
+                   hidden=HIDDEN)
 
 
 if __name__ == "__main__":

@@ -30,6 +30,7 @@ from typing import Any, Callable
 from recmas_ray.config.checks import ConfigError, OneOf, Range, check_tree, field_hints, split_annotated
 
 SPECIAL_FLAGS = ("config", "recipe", "print_config", "debug", "help")
+EXPLICIT_FIELD = "explicit_settings"
 
 
 @dataclass
@@ -329,6 +330,14 @@ def load_config_file(path: str) -> dict:
     return data or {}
 
 
+def _has_path(values: dict, path: str) -> bool:
+    for part in path.split("."):
+        if not isinstance(values, dict) or part not in values:
+            return False
+        values = values[part]
+    return True
+
+
 def _set_path(values: dict, path: str, value) -> None:
     parts = path.split(".")
     for part in parts[:-1]:
@@ -358,6 +367,11 @@ def parse_config(cls, argv=None, *, prog=None, description=None, aliases=None, r
             _set_path(data, leaf.path, value)
     base = cfg if cfg is not None else _try_default(cls)
     cfg = from_dict(cls, data, base=base, where="config" if not ns.config else f"--config {ns.config}")
+    if EXPLICIT_FIELD in {f.name for f in dataclasses.fields(cls)}:
+        # A config that declares this field learns which settings the user gave (flags or --config
+        # file), e.g. so a protocol fills only the others.
+        given = {leaf.path for leaf in leaves(cls) if _has_path(data, leaf.path)} - {EXPLICIT_FIELD}
+        cfg = dataclasses.replace(cfg, **{EXPLICIT_FIELD: sorted(given)})
     check_tree(cfg, lambda path: flag_of.get(path, "--" + path))
     return cfg, ns
 
