@@ -54,19 +54,47 @@ def stable_seed(seed: int, name: str) -> int:
     return zlib.crc32(f"{seed}:{name}".encode()) & 0x7FFFFFFF
 
 
+def seeded_inner_link(hidden_size: int, *, seed: int, role: str) -> InnerLink:
+    """A role's fresh inner link (PyTorch default init under its own seed): the one seeding of inner links."""
+    with torch.random.fork_rng():
+        torch.manual_seed(stable_seed(seed, f"inner:{role}"))
+        return InnerLink(hidden_size)
+
+
+def seeded_outer_link(in_dim: int, out_dim: int, *, seed: int, edge: str) -> OuterLink:
+    """An edge's fresh outer link under its own seed."""
+    with torch.random.fork_rng():
+        torch.manual_seed(stable_seed(seed, f"outer:{edge}"))
+        return OuterLink(in_dim, out_dim)
+
+
 def init_links(style: StyleSpec, hidden_sizes: dict[str, int], *, seed: int) -> LinkSet:
     """Fresh links for every role and edge with PyTorch default init, seeded per link."""
     links = LinkSet()
     for role in style.roles:
-        with torch.random.fork_rng():
-            torch.manual_seed(stable_seed(seed, f"inner:{role}"))
-            links.inner[role] = InnerLink(hidden_sizes[role])
+        links.inner[role] = seeded_inner_link(hidden_sizes[role], seed=seed, role=role)
     for edge in style.edges:
         src, dst = edge.split("->")
-        with torch.random.fork_rng():
-            torch.manual_seed(stable_seed(seed, f"outer:{edge}"))
-            links.outer[edge] = OuterLink(hidden_sizes[src], hidden_sizes[dst])
+        links.outer[edge] = seeded_outer_link(hidden_sizes[src], hidden_sizes[dst], seed=seed, edge=edge)
     return links
+
+
+def group_link_tensors(tensors: dict[str, torch.Tensor]) -> dict[tuple[str, str], dict[str, torch.Tensor]]:
+    """Our key layout `inner.<role>.<param>` / `outer.<src->dst>.<param>` -> {(kind, name): state dict}."""
+    groups: dict[tuple[str, str], dict] = {}
+    for key, value in tensors.items():
+        kind, rest = key.split(".", 1)
+        name, param = rest.rsplit(".", 2)[0], ".".join(rest.rsplit(".", 2)[1:])
+        groups.setdefault((kind, name), {})[param] = value
+    return groups
+
+
+def read_safetensors(path: Path) -> dict[str, torch.Tensor]:
+    """A safetensors file; a truncated or corrupt one is a ValueError naming the file."""
+    try:
+        return load_file(str(path))
+    except Exception as e:  # noqa: BLE001 - safetensors raises its own error types for torn files
+        raise ValueError(f"{path}: not a readable safetensors file ({' '.join(str(e).split())})") from None
 
 
 def save_links(path: str | os.PathLike, links: LinkSet, manifest: dict) -> Path:
@@ -109,13 +137,11 @@ def load_links(path: str | os.PathLike, *, role: str | None = None, style: Style
 
 
 def _load_ours(path: Path) -> LinkSet:
-    manifest = json.loads((path / MANIFEST).read_text()) if (path / MANIFEST).exists() else {}
-    tensors = load_file(str(path / WEIGHTS))
-    groups: dict[tuple[str, str], dict] = {}
-    for key, value in tensors.items():
-        kind, rest = key.split(".", 1)
-        name, param = rest.rsplit(".", 2)[0], ".".join(rest.rsplit(".", 2)[1:])
-        groups.setdefault((kind, name), {})[param] = value
+    try:
+        manifest = json.loads((path / MANIFEST).read_text()) if (path / MANIFEST).exists() else {}
+    except json.JSONDecodeError as e:
+        raise ValueError(f"{path / MANIFEST}: not valid JSON ({e})") from None
+    groups = group_link_tensors(read_safetensors(path / WEIGHTS))
     links = LinkSet(manifest=manifest)
     for (kind, name), sd in groups.items():
         if kind == "inner":
@@ -130,7 +156,11 @@ def _sha256(p: Path) -> str:
 
 
 def _torch_load(p: Path) -> dict:
-    sd = torch.load(p, map_location="cpu", weights_only=True)
+    try:
+        sd = torch.load(p, map_location="cpu", weights_only=True)
+    except Exception as e:  # noqa: BLE001 - pickles with code, torn files: refused, one line
+        raise ValueError(f"{p}: not a plain tensor checkpoint (loaded with weights_only=True): "
+                         f"{str(e).strip().splitlines()[0]}") from None
     if not isinstance(sd, dict):
         raise ValueError(f"{p}: expected a state dict, got {type(sd).__name__}")
     return sd
