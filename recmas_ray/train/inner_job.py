@@ -105,6 +105,7 @@ def train_all_roles(cfg: InnerTrainConfig) -> dict[str, Path]:
     plan = plan_roles(cfg, roles)
     rows = load_rows(cfg.dataset_name, cfg.dataset_json_field, split=cfg.dataset_split)
     validate_rows(rows, style, roles, task=cfg.task)
+    save_config(cfg, cfg.save_dir)  # each role's own (mas_role=ROLE) goes to <save_dir>/<role>/
     storage_path = cfg.storage_path or str(Path(cfg.save_dir).resolve() / "_ray_runs")
     cfgs = {r: replace(cfg, mas_role=r, save_dir=str(Path(cfg.save_dir).resolve() / r), storage_path=storage_path)
             for r in roles}

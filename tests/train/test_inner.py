@@ -163,6 +163,25 @@ def test_resume_falls_back_past_a_torn_checkpoint(tiny_cache, tmp_path, train_fi
         assert torch.equal(v, resumed.inner["planner"].state_dict()[k]), k
 
 
+def test_load_dir_and_role_model(tiny_cache, tmp_path, train_file):
+    """--load_dir with a link folder initialises the link; with a sealed checkpoint it continues that run;
+    --role_model picks the base model and lands in the manifest."""
+    from recmas_ray.train.inner_job import plan_roles
+
+    full = load_links(train_inner(_cfg(train_file, tmp_path / "full", max_steps=9)))
+    train_inner(_cfg(train_file, tmp_path / "cut", max_steps=9, stop_at_step=6))
+    ckpt = Path(run_storage(_cfg(train_file, tmp_path / "cut"), "inner-sequential-planner").root) / "checkpoint_000006"
+    cont = load_links(train_inner(_cfg(train_file, tmp_path / "cont", max_steps=9, load_dir=str(ckpt))))
+    assert cont.manifest["loss_log"][-1] == full.manifest["loss_log"][-1]
+    assert all(torch.equal(v, cont.inner["planner"].state_dict()[k]) for k, v in full.inner["planner"].state_dict().items())
+    init = plan_roles(_cfg(train_file, tmp_path / "x", load_dir=str(tmp_path / "full")), ["planner"])
+    assert torch.equal(init.links.inner["planner"].proj1.weight, full.inner["planner"].proj1.weight)
+    other = load_links(train_inner(_cfg(train_file, tmp_path / "llama", model_name_or_path=None, max_steps=1,
+                                        role_model={"planner": "tiny:llama"})))
+    assert other.manifest["base_model"] == "tiny:llama" and other.manifest["train_config"]["role_model"] == {
+        "planner": "tiny:llama"}
+
+
 def test_bad_input_fails_up_front(tmp_path, rows):
     bad = [dict(r) for r in rows]
     bad[5]["plan"] = ""
