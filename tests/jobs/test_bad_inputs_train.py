@@ -106,18 +106,13 @@ def _run(main, argv, files, capsys):
     return rc, capsys.readouterr().err
 
 
-@pytest.mark.parametrize("argv,match", INNER, ids=[" ".join(a) for a, _ in INNER])
-def test_train_inner_rejects(argv, match, files, capsys, tiny_cache):
-    rc, err = _run(train_inner.main, ["--num_workers", "0", *argv], files, capsys)
-    lines = err.strip().splitlines()
-    assert rc == 2, err
-    assert len(lines) == 1 and lines[0].startswith("error: ") and match in lines[0], err
-    assert "Traceback" not in err
+CASES = [(train_inner, ["--num_workers", "0", *a], m) for a, m in INNER] + [(train_outer, a, m) for a, m in OUTER]
 
 
-@pytest.mark.parametrize("argv,match", OUTER, ids=[" ".join(a) for a, _ in OUTER])
-def test_train_outer_rejects(argv, match, files, capsys, tiny_cache):
-    rc, err = _run(train_outer.main, argv, files, capsys)
+@pytest.mark.parametrize("job,argv,match", CASES,
+                         ids=[f"{j.__name__.split('.')[-1]}:{' '.join(a)}" for j, a, _ in CASES])
+def test_training_jobs_reject(job, argv, match, files, capsys, tiny_cache):
+    rc, err = _run(job.main, argv, files, capsys)
     lines = err.strip().splitlines()
     assert rc == 2, err
     assert len(lines) == 1 and lines[0].startswith("error: ") and match in lines[0], err

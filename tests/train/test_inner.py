@@ -152,12 +152,14 @@ def test_resume_falls_back_past_a_torn_checkpoint(tiny_cache, tmp_path, train_fi
     from recmas_ray.train.core import COMPLETE
 
     full = load_links(train_inner(_cfg(train_file, tmp_path / "full", max_steps=9)))
-    train_inner(_cfg(train_file, tmp_path / "cut", max_steps=9, stop_at_step=6))
-    run_dir = Path(run_storage(_cfg(train_file, tmp_path / "cut"), "inner-sequential-planner").root)
+    uri = f"file://{tmp_path / 'store'}"  # Ray Train storage as a URI (as s3:// or gs:// would be)
+    train_inner(_cfg(train_file, tmp_path / "cut", max_steps=9, stop_at_step=6, storage_path=uri))
+    run_dir = Path(run_storage(_cfg(train_file, tmp_path / "cut", storage_path=uri), "inner-sequential-planner").root)
+    assert str(run_dir).startswith(str(tmp_path / "store"))
     weights = run_dir / "checkpoint_000006" / "links.safetensors"
     weights.write_bytes(weights.read_bytes()[: weights.stat().st_size // 2])
     assert (run_dir / "checkpoint_000006" / COMPLETE).exists()  # sealed, but a file no longer matches
-    resumed = load_links(train_inner(_cfg(train_file, tmp_path / "cut", max_steps=9, resume=True)))
+    resumed = load_links(train_inner(_cfg(train_file, tmp_path / "cut", max_steps=9, resume=True, storage_path=uri)))
     assert resumed.manifest["loss_log"] == full.manifest["loss_log"]  # steps 4..9 re-ran from checkpoint 3
     for k, v in full.inner["planner"].state_dict().items():
         assert torch.equal(v, resumed.inner["planner"].state_dict()[k]), k
