@@ -247,6 +247,7 @@ def write_state(path: Path, state: dict) -> None:
 
 
 def read_state(path: Path) -> dict:
+    """The train_state.json of a checkpoint folder."""
     return json.loads((Path(path) / TRAIN_STATE).read_text())
 
 
@@ -258,6 +259,7 @@ class Faults:
     kill_rank: int = -1
     """This worker rank exits (os._exit) once, mid-step, at kill_step."""
     kill_step: int = 0
+    """1-based step at which kill_rank dies (after its forward sweep)."""
     fail_step: int = 0
     """Raise once after this 1-based step, on a run not yet restored from a checkpoint."""
     nan_step: int = 0

@@ -102,8 +102,6 @@ def train_loop_per_worker(config: dict) -> None:
     def report(step: int, metrics: dict) -> None:
         import tempfile
 
-        from ray.train import Checkpoint
-
         with tempfile.TemporaryDirectory() as tmp:
             stage.save_shard(Path(tmp))
             sizes = [None] * dist.get_world_size(stage.group)
@@ -112,8 +110,8 @@ def train_loop_per_worker(config: dict) -> None:
                 core.write_state(Path(tmp), {"step": step, "log": log, "eval_log": eval_log, "style": style.name,
                                              "roles": config["system"]["manifest"]["roles"]})
                 core.seal(Path(tmp), {k: v for s in sizes for k, v in s.items()})
-            ray.train.report(metrics, checkpoint=Checkpoint.from_directory(tmp),
-                             checkpoint_dir_name=f"{core.CHECKPOINT_PREFIX}{step:06d}")
+            core.report_checkpoint(Path(tmp), metrics, step=step, storage=storage, local_mode=False,
+                                   num_to_keep=cfg.num_to_keep)
 
     def maybe_evaluate(step: int) -> None:
         if not eval_samples or not (step == end or cfg.eval_every and step % cfg.eval_every == 0):
