@@ -53,7 +53,11 @@ def load_rows(dataset_name: str, json_field: str | None = None, *, split: str = 
         return _json_rows(path, json_field)
     from datasets import load_dataset
 
-    return [dict(r) for r in load_dataset(dataset_name, split=split)]
+    try:
+        return [dict(r) for r in load_dataset(dataset_name, split=split)]
+    except Exception as e:  # noqa: BLE001 - hub, network and split errors of the user's dataset id: one line
+        raise ValueError(f"dataset {dataset_name!r} (split {split!r}) could not be loaded: "
+                         f"{' '.join(str(e).split())[:300]}") from None
 
 
 def _synthetic_rows(name: str) -> list[dict]:

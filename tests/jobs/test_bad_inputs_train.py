@@ -78,6 +78,7 @@ INNER = [
     (["--storage_path", "{unwritable}"], "--storage_path"),
     (["--mas_role", "all", "--model_name_or_path", "tiny:qwen3"], "--mas_role all"),
     (["--no_such_flag", "1"], "unrecognized"),
+    (["--dataset_name", "nobody/no-such-dataset"], "could not be loaded"),
 ]
 
 OUTER = [
