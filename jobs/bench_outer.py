@@ -20,7 +20,7 @@ import tempfile
 import time
 
 
-from recmas_ray.train.outer import OuterTrainConfig
+from recmas_ray.config.training import OuterTrainConfig
 
 
 def bench_pipeline(base: dict, rounds: list[int], save_root: str) -> list[dict]:
@@ -50,10 +50,11 @@ def bench_reference(base: dict, rounds: list[int]) -> list[dict]:
 
     from recmas_ray.system.plan import plan_system
     from recmas_ray.train.data import load_rows
-    from recmas_ray.train.outer import SavedTensorMeter, step_indices
+    from recmas_ray.train.core import step_indices
+    from recmas_ray.train.outer import SavedTensorMeter
     from recmas_ray.train.reference import build_reference, reference_backward, reference_step
 
-    plan = plan_system(base["style"], preset=base["preset"], ckpt_overrides=base.get("ckpt_overrides"),
+    plan = plan_system(base["style"], preset=base["preset"], ckpt_overrides=base.get("ckpt_override"),
                        seed=base["seed"])
     device = "cuda" if base["use_gpu"] else "cpu"
     agents, _ = build_reference(plan, device=device)

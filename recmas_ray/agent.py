@@ -69,6 +69,7 @@ class Agent:
         self.role, self.model_name, self.system_prompt = role, model_name, system_prompt
         self.hidden_size = hidden
         self.outer_links: dict[str, OuterLink] = {}
+        self._turn_end: str | None = None
         self.device = next(model.parameters()).device
         self.dtype = next(model.parameters()).dtype
         self.inner_link.to(self.device, self.dtype)
@@ -141,13 +142,30 @@ class Agent:
         rows = [self.embed_prompt(u, {k: v[b] for k, v in latents.items()})[0] for b, u in enumerate(users)]
         return left_pad(rows)
 
+    def assistant_turn_end(self) -> str:
+        """What the chat template writes after an assistant message's text (Qwen: `<|im_end|>` and a newline),
+        found by rendering [user, assistant]; the EOS token when the template shows none."""
+        from jinja2.exceptions import TemplateError
+
+        if self._turn_end is None:
+            mark = "\x00RECMAS-TURN\x00"
+            try:
+                full = self.tokenizer.apply_chat_template(
+                    [{"role": "user", "content": "q"}, {"role": "assistant", "content": mark}], tokenize=False)
+            except (TemplateError, ValueError):  # no usable template: fall back to EOS
+                full = ""
+            end = full[full.index(mark) + len(mark):] if mark in full else ""
+            self._turn_end = end or (self.tokenizer.eos_token or "")
+        return self._turn_end
+
     def embed_teacher_forced(self, user: str, latents: dict[str, torch.Tensor] | None, target: str, *,
                              literal_slots: bool = False) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """Prompt + gold assistant text + EOS: (E_LD, ids_L with -100 at latents, assistant_mask_L).
+        """Prompt + the gold assistant turn as the chat template renders it (text + its end, e.g. `<|im_end|>\\n`):
+        (E_LD, ids_L with -100 at latents, assistant_mask_L over that turn). Training only.
 
         Gradients flow into the spliced latent blocks (used by outer-loop training).
         """
-        target_ids = self.tokenizer(target, add_special_tokens=False).input_ids + [self.tokenizer.eos_token_id]
+        target_ids = self.tokenizer(target + self.assistant_turn_end(), add_special_tokens=False).input_ids
         e_LD, ids_L = self.embed_prompt(user, latents, literal_slots=literal_slots)
         e_LD = torch.cat([e_LD, self._embed_ids(target_ids)], dim=0)
         ids_L = torch.cat([ids_L, torch.tensor(target_ids, dtype=torch.long)])

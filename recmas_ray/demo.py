@@ -17,7 +17,7 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
-from recmas_ray.config.recursion import DecodeConfig, RecursionConfig
+from recmas_ray.agent import DecodeConfig
 from recmas_ray.distributed.placement import PlacementConfig
 from recmas_ray.eval.results import markdown_table, plot_vs_rounds
 from recmas_ray.models.loader import resolve_model_path
@@ -71,10 +71,9 @@ def quick(cfg: DemoConfig) -> DemoConfig:
 
 def run_demo(cfg: DemoConfig) -> dict:
     """Run the whole pipeline; returns the combined results and the paths written."""
-    from recmas_ray.config.evaluation import EvalConfig
-    from recmas_ray.eval.driver import evaluate
-    from recmas_ray.train.inner import InnerTrainConfig, train_all_roles
-    from recmas_ray.train.outer import OuterTrainConfig
+    from recmas_ray.eval.driver import EvalConfig, evaluate
+    from recmas_ray.config.training import InnerTrainConfig, OuterTrainConfig
+    from recmas_ray.train.inner_job import train_all_roles
     from recmas_ray.train.pipeline import train_outer
 
     out = Path(cfg.output_path).resolve()
@@ -89,15 +88,14 @@ def run_demo(cfg: DemoConfig) -> dict:
 
     print(f"[demo] inner loop: {list(models)} on {models}", flush=True)
     inner_dirs = train_all_roles(
-        InnerTrainConfig(mas_design="sequential", dataset_name=str(train_file), save_dir=str(out / "inner"),
+        InnerTrainConfig(style="sequential", mas_role="all", dataset_name=str(train_file), save_dir=str(out / "inner"),
                          max_steps=cfg.inner_steps, batch_size=2, warmup_steps=2, save_every=cfg.inner_steps,
-                         seed=cfg.seed, num_workers=0, progress=cfg.progress, max_length=512),
-        role_models=models)
+                         seed=cfg.seed, num_workers=0, progress=cfg.progress, max_length=512, role_model=models))
     overrides = {role: str(path) for role, path in inner_dirs.items()}
 
     print("[demo] outer loop", flush=True)
     outer = train_outer(OuterTrainConfig(
-        style=cfg.style, ckpt_overrides=overrides, preset=cfg.preset, dataset_name=str(train_file),
+        style=cfg.style, ckpt_override=overrides, preset=cfg.preset, dataset_name=str(train_file),
         save_dir=str(out / "outer"), num_recursive_rounds=cfg.outer_rounds, max_latent_tokens=cfg.max_latent_tokens,
         max_steps=cfg.outer_steps, batch_size=1, lr=cfg.lr, warmup_steps=1, save_every=cfg.outer_steps,
         seed=cfg.seed, cpus_per_worker=0.5))
@@ -108,10 +106,8 @@ def run_demo(cfg: DemoConfig) -> dict:
         print(f"[demo] evaluation at R={r}", flush=True)
         ev = evaluate(EvalConfig(
             style=cfg.style, dataset=str(eval_file), preset=cfg.preset, ckpt_override=overrides,
-            methods=["recursive_mas", "recursive_textmas"],
-            recursion=RecursionConfig(num_recursive_rounds=r, latent_steps=cfg.latent_steps,
-                                      decode=DecodeConfig(max_new_tokens=cfg.max_new_tokens)),
-            batch_size=4, backend=cfg.backend,
+            methods=["recursive_mas", "recursive_textmas"], num_recursive_rounds=r, latent_steps=cfg.latent_steps,
+            decode=DecodeConfig(max_new_tokens=cfg.max_new_tokens), batch_size=4, backend=cfg.backend,
             placement=PlacementConfig(preset="cpu"), output_path=str(out / f"eval_R{r}"), seed=cfg.seed),
             progress=cfg.progress)
         for key, value in ev["results"].items():

@@ -60,19 +60,52 @@ def stable_seed(seed: int, name: str) -> int:
     return zlib.crc32(f"{seed}:{name}".encode()) & 0x7FFFFFFF
 
 
+def seeded_inner_link(hidden_size: int, *, seed: int, role: str) -> InnerLink:
+    """A role's fresh inner link (PyTorch default init under its own seed): the one seeding of inner links."""
+    with torch.random.fork_rng():
+        torch.manual_seed(stable_seed(seed, f"inner:{role}"))
+        return InnerLink(hidden_size)
+
+
+def seeded_outer_link(in_dim: int, out_dim: int, *, seed: int, edge: str) -> OuterLink:
+    """An edge's fresh outer link under its own seed."""
+    with torch.random.fork_rng():
+        torch.manual_seed(stable_seed(seed, f"outer:{edge}"))
+        return OuterLink(in_dim, out_dim)
+
+
 def init_links(style: StyleSpec, hidden_sizes: dict[str, int], *, seed: int) -> LinkSet:
     """Fresh links for every role and edge with PyTorch default init, seeded per link."""
     links = LinkSet()
     for role in style.roles:
-        with torch.random.fork_rng():
-            torch.manual_seed(stable_seed(seed, f"inner:{role}"))
-            links.inner[role] = InnerLink(hidden_sizes[role])
+        links.inner[role] = seeded_inner_link(hidden_sizes[role], seed=seed, role=role)
     for edge in style.edges:
         src, dst = edge.split("->")
-        with torch.random.fork_rng():
-            torch.manual_seed(stable_seed(seed, f"outer:{edge}"))
-            links.outer[edge] = OuterLink(hidden_sizes[src], hidden_sizes[dst])
+        links.outer[edge] = seeded_outer_link(hidden_sizes[src], hidden_sizes[dst], seed=seed, edge=edge)
     return links
+
+
+def group_link_tensors(tensors: dict, *, what: str = "checkpoint") -> dict[tuple[str, str], dict]:
+    """Our key layout `inner.<role>.<param>` / `outer.<src->dst>.<param>` -> {(kind, name): {param: value}}.
+
+    Values may be tensors or their shapes (header-only checks before the weights load).
+    """
+    groups: dict[tuple[str, str], dict] = {}
+    for key, value in tensors.items():
+        kind, _, rest = key.partition(".")
+        name, param = rest.rsplit(".", 2)[0], ".".join(rest.rsplit(".", 2)[1:])  # param: "proj1.weight"
+        if kind not in ("inner", "outer") or not param:
+            raise ValueError(f"{what}: unexpected tensor {key!r}; expected inner.<role>.* or outer.<edge>.*")
+        groups.setdefault((kind, name), {})[param] = value
+    return groups
+
+
+def read_safetensors(path: Path) -> dict[str, torch.Tensor]:
+    """A safetensors file; a truncated or corrupt one is a ValueError naming the file."""
+    try:
+        return load_file(str(path))
+    except Exception as e:  # noqa: BLE001 - safetensors raises its own error types for torn files
+        raise ValueError(f"{path}: not a readable safetensors file ({' '.join(str(e).split())})") from None
 
 
 def save_links(path: str | os.PathLike, links: LinkSet, manifest: dict) -> Path:
@@ -207,13 +240,7 @@ def _load_ours(path: Path, hidden: dict[str, int] | None) -> LinkSet:
             shapes = {k: tuple(f.get_slice(k).get_shape()) for k in f.keys()}
     except Exception as e:  # noqa: BLE001 - safetensors raises its own error type for corrupt files
         raise ValueError(f"{file}: not a readable safetensors file ({str(e).splitlines()[0]})") from None
-    groups: dict[tuple[str, str], dict] = {}
-    for key, shape in shapes.items():
-        kind, _, rest = key.partition(".")
-        name, param = rest.rsplit(".", 2)[0], ".".join(rest.rsplit(".", 2)[1:])  # param: "proj1.weight"
-        if kind not in ("inner", "outer") or not param:
-            raise ValueError(f"{file}: unexpected tensor {key!r}; expected inner.<role>.* or outer.<edge>.*")
-        groups.setdefault((kind, name), {})[param] = shape
+    groups = group_link_tensors(shapes, what=str(file))
     if hidden:
         for (kind, name), sh in groups.items():
             what = f"{file}: {kind} link {name}"
@@ -222,10 +249,7 @@ def _load_ours(path: Path, hidden: dict[str, int] | None) -> LinkSet:
             elif kind == "outer" and all(r in hidden for r in name.split("->")):
                 src, dst = name.split("->")
                 _check_dims(what, _outer_dims(sh, what), (hidden[src], hidden[dst]))
-    try:
-        tensors = load_file(str(file))
-    except Exception as e:  # noqa: BLE001 - a file cut after its header
-        raise ValueError(f"{file}: not a readable safetensors file ({str(e).splitlines()[0]})") from None
+    tensors = read_safetensors(file)  # a file cut after its header fails here, naming it
     links = LinkSet(manifest=manifest)
     for (kind, name), sh in groups.items():
         sd = {param: tensors[f"{kind}.{name}.{param}"] for param in sh}

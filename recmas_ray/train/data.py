@@ -53,7 +53,11 @@ def load_rows(dataset_name: str, json_field: str | None = None, *, split: str = 
         return _json_rows(path, json_field)
     from datasets import load_dataset
 
-    return [dict(r) for r in load_dataset(dataset_name, split=split)]
+    try:
+        return [dict(r) for r in load_dataset(dataset_name, split=split)]
+    except Exception as e:  # noqa: BLE001 - hub, network and split errors of the user's dataset id: one line
+        raise ValueError(f"dataset {dataset_name!r} (split {split!r}) could not be loaded: "
+                         f"{' '.join(str(e).split())[:300]}") from None
 
 
 def _synthetic_rows(name: str) -> list[dict]:
@@ -92,12 +96,17 @@ def _present(row: dict, field: str) -> bool:
     return value is not None and str(value).strip() != ""
 
 
+def question_text(row: dict) -> str:
+    """The row's question, surrounding white space stripped (as every text field the trainers read)."""
+    return str(row["question"]).strip()
+
+
 def role_target(style: StyleSpec, role: str, row: dict) -> str:
-    """The role's gold text: the first present, non-empty field of `style.target_fields[role]`."""
+    """The role's gold text (stripped): the first present, non-empty field of `style.target_fields[role]`."""
     fields = style.target_fields[role]
     for field in fields:
         if _present(row, field):
-            return str(row[field])
+            return str(row[field]).strip()
     raise ValueError(f"row has no non-empty target for role {role} of style {style.name}; "
                      f"accepted fields {list(fields)}")
 
@@ -123,7 +132,7 @@ def teacher_prompt(style: StyleSpec, role: str, row: dict, task: str, *, variant
         for marker, edge in style.slots.get(role, {}).items():
             if marker in template:
                 slot_text[marker] = role_target(style, split_edge(edge)[0], row)
-    return render_prompt(style, role, variant, task, str(row["question"]), slot_text)
+    return render_prompt(style, role, variant, task, question_text(row), slot_text)
 
 
 def validate_rows(rows: list[dict], style: StyleSpec, roles, *, task: str = "math", variant: str = "base") -> None:

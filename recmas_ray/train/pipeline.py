@@ -10,8 +10,10 @@
                 backward sweep  the same order reversed: recv output grads -> ONE backward over all outputs
                                   (+ loss): fan-out grads meet at inner(H) -> isend input grads to producers
                 all-reduce      loss per round + NaN flags per sample, then squared grad norm -> global clip,
-                                  AdamW on the fp32 masters, cosine LR, copy masters into the working links
-    checkpoint  every worker adds its outer links + optimizer state to one Ray Train checkpoint directory
+                                  AdamW on the fp32 masters, LR schedule, copy masters into the working links
+    checkpoint  every worker adds its outer links + optimizer state to one Ray Train checkpoint directory;
+                rank 0 adds train_state.json and the COMPLETE marker listing every worker's files (core.py)
+    evaluation  --eval_every K: the forward sweep alone, no grad, over the held-out rows -> eval_curve.*
 
 Both sweeps walk one global order known to every worker; receives block and sends do not, so each
 receive waits only on a send that comes earlier in that order: no deadlock for any DAG of edges, and
@@ -20,12 +22,8 @@ microbatches overlap across workers as in GPipe (stage i works on m + 1 while st
 
 from __future__ import annotations
 
-import hashlib
 import json
 import math
-import os
-import shutil
-import tempfile
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -34,13 +32,15 @@ import torch
 import torch.distributed as dist
 
 from recmas_ray.agent import Agent
+from recmas_ray.config.training import OuterTrainConfig
 from recmas_ray.links import inner_link_from_state_dict, outer_link_from_state_dict
-from recmas_ray.styles import StyleSpec
-from recmas_ray.train.outer import (TRAIN_STATE, OuterTrainConfig, Sample, export_checkpoint, latest_checkpoint,
-                                    step_indices, validate_config)
+from recmas_ray.styles import StyleSpec, get_style
+from recmas_ray.train import core
+from recmas_ray.train.outer import Sample, export_checkpoint, round_loss_weight
 from recmas_ray.train.stage import PipelineStage
 
 NAN_STOP = "nan_stop.json"
+EVAL_CURVE = "eval_curve.jsonl"
 
 
 # ----------------------------------------------------------------------------- Ray Train worker
@@ -57,23 +57,29 @@ def _build_stage(cfg: OuterTrainConfig, style: StyleSpec, role: str, system: dic
     return PipelineStage(cfg, style, agent, masters, role_ranks={r: i for i, r in enumerate(style.roles)}, group=group)
 
 
-def _maybe_die(cfg: OuterTrainConfig, rank: int, step: int, run_dir: Path) -> None:
-    # Fault-injection hook for the recovery test: die once, mid-step, leaving a marker so a restart survives.
-    marker = run_dir / f".killed-rank{rank}-step{step}"
-    if rank == cfg.fault_kill_rank and step == cfg.fault_kill_step and not marker.exists():
-        marker.parent.mkdir(parents=True, exist_ok=True)
-        marker.touch()
-        os._exit(1)
+def evaluate_rows(stage: PipelineStage, rows: list[Sample], cfg: OuterTrainConfig) -> dict:
+    """Held-out loss over every row (batches of batch_size, no grad): final-round CE and the weighted objective,
+    both sample-weighted means."""
+    R, total, final, num = cfg.num_recursive_rounds, 0.0, 0.0, 0
+    for start in range(0, len(rows), cfg.batch_size):
+        batch = rows[start:start + cfg.batch_size]
+        stats = stage.evaluate(batch)
+        rounds = range(R - len(stats.round_losses) + 1, R + 1)
+        total += len(batch) * sum(round_loss_weight(r, R, cfg.non_last_loss_weight) * x
+                                  for r, x in zip(rounds, stats.round_losses))
+        final += len(batch) * stats.round_losses[-1]
+        num += len(batch)
+    return {"eval_loss": final / num, "eval_objective": total / num, "num_eval_rows": num}
 
 
 def train_loop_per_worker(config: dict) -> None:
-    """Ray Train entry. config = {"cfg", "system", "links": {role: ObjectRef}, "samples", "run_dir", "resume_from"}."""
+    """Ray Train entry. config = {"cfg", "system", "links": {role: ObjectRef}, "samples", "eval_samples",
+    "storage": (storage_path, run name), "resume_from", "_faults"}."""
     import ray
     import ray.train
-    from ray.train import Checkpoint
 
     cfg = OuterTrainConfig(**config["cfg"])
-    style = validate_config(cfg)
+    style = get_style(cfg.style)
     rank = ray.train.get_context().get_world_rank()
     role = style.roles[rank]
     device = ray.train.torch.get_device() if cfg.use_gpu else torch.device("cpu")
@@ -81,35 +87,49 @@ def train_loop_per_worker(config: dict) -> None:
         torch.cuda.set_device(device)  # NCCL object collectives use the current device
     stage = _build_stage(cfg, style, role, config["system"], ray.get(config["links"][role]), device)
     samples = [Sample(**s) for s in config["samples"]]
-    run_dir = Path(config["run_dir"])
+    eval_samples = [Sample(**s) for s in config.get("eval_samples") or []]
+    storage, faults = core.RunStorage(*config["storage"]), core.Faults.of(config)
     digest0 = stage.frozen_digest() if cfg.verify_frozen else None
 
-    start, log = 0, []
-    ckpt = ray.train.get_checkpoint()  # set after a worker-group restart, or by --resume through Ray's snapshot
-    if ckpt is not None:
-        with ckpt.as_directory() as d:
-            start, log = stage.load_shard(Path(d)), json.loads((Path(d) / TRAIN_STATE).read_text())["log"]
-    elif config.get("resume_from"):
-        d = Path(config["resume_from"])
-        start, log = stage.load_shard(d), json.loads((d / TRAIN_STATE).read_text())["log"]
+    start, log, eval_log = 0, [], []
+    with core.restored_dir(config.get("resume_from")) as d:
+        if d is not None:
+            stage.load_shard(d)
+            state = core.read_state(d)
+            start, log, eval_log = state["step"], state["log"], state.get("eval_log", [])
     end = min(cfg.max_steps, cfg.stop_at_step) if cfg.stop_at_step else cfg.max_steps
 
     def report(step: int, metrics: dict) -> None:
+        import tempfile
+
         with tempfile.TemporaryDirectory() as tmp:
-            stage.save_shard(Path(tmp), step)
-            if rank == 0:
-                state = {"step": step, "log": log, "style": style.name, "roles": config["system"]["manifest"]["roles"]}
-                (Path(tmp) / TRAIN_STATE).write_text(json.dumps(state))
-            ray.train.report(metrics, checkpoint=Checkpoint.from_directory(tmp),
-                             checkpoint_dir_name=f"checkpoint_{step:06d}")
+            stage.save_shard(Path(tmp))
+            sizes = [None] * dist.get_world_size(stage.group)
+            dist.all_gather_object(sizes, core.file_sizes(Path(tmp)), group=stage.group)
+            if rank == 0:  # the marker lists every worker's shard: Ray merges them into one folder
+                core.write_state(Path(tmp), {"step": step, "log": log, "eval_log": eval_log, "style": style.name,
+                                             "roles": config["system"]["manifest"]["roles"]})
+                core.seal(Path(tmp), {k: v for s in sizes for k, v in s.items()})
+            core.report_checkpoint(Path(tmp), metrics, step=step, storage=storage, local_mode=False,
+                                   num_to_keep=cfg.num_to_keep)
+
+    def maybe_evaluate(step: int) -> None:
+        if not eval_samples or not (step == end or cfg.eval_every and step % cfg.eval_every == 0):
+            return
+        if eval_log and eval_log[-1]["step"] == step:
+            return
+        eval_log.append({"step": step, **evaluate_rows(stage, eval_samples, cfg)})
+        if rank == 0:
+            print(f"[outer {style.name}] step {step}/{cfg.max_steps} eval_loss {eval_log[-1]['eval_loss']:.4f} "
+                  f"on {eval_log[-1]['num_eval_rows']} held-out rows", flush=True)
 
     metrics, t0 = {"step": start}, time.perf_counter()
     for step in range(start, end):
         done = step + 1
-        batch = [samples[j] for j in step_indices(len(samples), step, cfg.batch_size, cfg.seed)]
+        batch = [samples[j] for j in core.step_indices(len(samples), step, cfg.batch_size, cfg.seed)]
         t_step = time.perf_counter()
-        stats = stage.accumulate(batch, inject_nan=done == cfg.fault_nan_step,
-                                 mid_step_hook=lambda: _maybe_die(cfg, rank, done, run_dir))
+        stats = stage.accumulate(batch, inject_nan=done == faults.nan_step,
+                                 mid_step_hook=lambda: faults.maybe_kill(rank, done, storage))
         if not stats.nan_samples:
             stats = stage.update(stats)  # steps only when the global grad norm is finite
         if stats.nan_samples or not math.isfinite(stats.grad_norm):
@@ -117,20 +137,25 @@ def train_loop_per_worker(config: dict) -> None:
             # checkpoint stays the latest and the driver raises NaNLossError
             if rank == 0:
                 bad = stats.nan_samples or list(range(len(batch)))
-                (run_dir / NAN_STOP).write_text(json.dumps({
+                storage.write_text(NAN_STOP, json.dumps({
                     "step": done, "sample_ids": [batch[j].sample_id for j in bad], "round_losses": stats.round_losses,
                     "what": "loss" if stats.nan_samples else "gradient norm"}))
             return
         dt = time.perf_counter() - t_step
         log.append({"step": done, "loss": stats.round_losses[-1], "round_losses": stats.round_losses,
-                    "grad_norm": stats.grad_norm, "lr": stats.lr, "step_s": dt})
+                    "grad_norm": stats.grad_norm, "lr": stats.lr, "step_s": dt, "num_truncated": stats.num_truncated})
         if rank == 0 and (done % cfg.log_every == 0 or done == end):
             rounds = " ".join(f"{x:.4f}" for x in stats.round_losses)
+            cut = f" truncated {stats.num_truncated}/{len(batch)}" if stats.num_truncated else ""
             print(f"[outer {style.name}] step {done}/{cfg.max_steps} loss {stats.round_losses[-1]:.4f} "
-                  f"(rounds {rounds}) grad_norm {stats.grad_norm:.3f} lr {stats.lr:.2e} step {dt:.2f}s", flush=True)
+                  f"(rounds {rounds}) grad_norm {stats.grad_norm:.3f} lr {stats.lr:.2e} step {dt:.2f}s{cut}",
+                  flush=True)
+        maybe_evaluate(done)
         if (cfg.save_every and done % cfg.save_every == 0) or done == end:
             metrics = {"step": done, "loss": stats.round_losses[-1], "grad_norm": stats.grad_norm,
-                       "elapsed_s": time.perf_counter() - t0}
+                       "elapsed_s": time.perf_counter() - t0,
+                       "num_truncated": sum(e.get("num_truncated", 0) for e in log),
+                       **({"eval_loss": eval_log[-1]["eval_loss"]} if eval_log else {})}
             if done == end:
                 metrics["workers"] = _gather_worker_stats(stage, digest0)
             report(done, metrics)
@@ -156,93 +181,105 @@ class OuterRunResult:
 
     save_dir: Path
     """Final outer links in our format (links.safetensors + manifest.json)."""
-    checkpoint_dir: Path
-    """The Ray Train checkpoint they were exported from."""
+    checkpoint_dir: str
+    """The Ray Train checkpoint they were exported from (a path on the storage filesystem)."""
     metrics: dict
     """Rank 0's last reported metrics (per-worker memory and frozen-weight checks under "workers")."""
     log: list
-    """Per-step log: loss, round losses, grad norm, lr, step seconds."""
+    """Per-step log: loss, round losses, grad norm, lr, step seconds, truncated samples."""
+    eval_log: list
+    """Held-out evaluations (--eval_every): step, eval_loss, eval_objective, num_eval_rows."""
 
 
-def run_dir_of(cfg: OuterTrainConfig, style: StyleSpec) -> tuple[Path, str]:
-    """(storage path, run name) of the Ray Train run; the name is tied to save_dir so runs sharing a
-    storage path never collide and `--resume` with the same save_dir finds its run."""
-    storage = Path(cfg.storage_path or Path(cfg.save_dir) / "_ray_runs").resolve()
-    tag = hashlib.sha1(str(Path(cfg.save_dir).resolve()).encode()).hexdigest()[:8]
-    return storage, f"outer-{style.name}-{tag}"
+def train_outer(cfg: OuterTrainConfig, *, faults: dict | None = None) -> OuterRunResult:
+    """Run outer-loop training as one pipeline-parallel Ray Train job; returns the exported result.
 
+    `faults` is the test-only fault-injection dict (see `core.Faults`)."""
+    import os
 
-def train_outer(cfg: OuterTrainConfig) -> OuterRunResult:
-    """Run outer-loop training as one pipeline-parallel Ray Train job; returns the exported result."""
     import ray
-    from ray.train import CheckpointConfig, FailureConfig, RunConfig, ScalingConfig
-    from ray.train.torch import TorchConfig, TorchTrainer
 
+    from recmas_ray.config.checks import check_tree
+    from recmas_ray.config.cli import save_config
     from recmas_ray.system.plan import plan_system
     from recmas_ray.train.data import load_rows
     from recmas_ray.train.outer import prepare_samples
 
-    style = validate_config(cfg)
-    plan = plan_system(cfg.style, preset=cfg.preset, ckpt_overrides=cfg.ckpt_overrides, seed=cfg.seed,
-                       task=cfg.task)  # raises on link/base-model mismatches, naming the role, before compute
-    samples = prepare_samples(load_rows(cfg.dataset_name, cfg.dataset_json_field), style, cfg.task)
-    if len(samples) < cfg.batch_size:
-        raise ValueError(f"{len(samples)} rows cannot fill one batch of --batch_size {cfg.batch_size}")
+    check_tree(cfg)
+    style = get_style(cfg.style)
+    plan = plan_system(cfg.style, preset=cfg.preset, ckpt_overrides=cfg.ckpt_override, seed=cfg.seed, task=cfg.task,
+                       role_model_overrides=cfg.role_model)  # raises on link/base-model mismatches, before compute
+    samples = prepare_samples(load_rows(cfg.dataset_name, cfg.dataset_json_field, split=cfg.dataset_split), style,
+                              cfg.task)
+    eval_samples = prepare_samples(load_rows(cfg.eval_dataset, cfg.dataset_json_field), style, cfg.task) \
+        if cfg.eval_dataset else []
+    cfg = core.resolve_steps(cfg, len(samples), cfg.batch_size)
     manifest = {**plan.manifest(), "train_config": asdict(cfg)}
-    storage, name = run_dir_of(cfg, style)
-    run_dir = storage / name
-    resume_from = latest_checkpoint(run_dir) if cfg.resume else None
+    storage = core.run_storage(cfg, f"outer-{style.name}")
+    resume_from = core.start_or_resume(cfg, storage, "outer")
     if resume_from is not None:
         _check_resume(resume_from, manifest)
-    if not cfg.resume and run_dir.exists():
-        shutil.rmtree(run_dir)  # else Ray Train would silently restore the old run of the same name
-    run_dir.mkdir(parents=True, exist_ok=True)
-    (run_dir / NAN_STOP).unlink(missing_ok=True)
+    if storage.exists(NAN_STOP):
+        storage.fs.delete_file(storage.path(NAN_STOP))
+    save_config(cfg, cfg.save_dir)  # next to the outputs, once every input has been checked
     local = not ray.is_initialized()
     if local:
         ray.init()  # joins a running cluster (RAY_ADDRESS / ray start) or starts a local one
-    resources = _worker_resources(cfg, len(style.roles), local)
     links = {r: ray.put(plan.service_args(r)[1:]) for r in style.roles}
     system = {"role_models": plan.role_models, "hidden_sizes": plan.hidden_sizes, "manifest": manifest}
     repo = str(Path(__file__).resolve().parents[2])
-    pythonpath = os.pathsep.join(filter(None, [repo, os.environ.get("PYTHONPATH")]))
-    trainer = TorchTrainer(
-        train_loop_per_worker,
-        train_loop_config={"cfg": asdict(cfg), "system": system, "links": links, "run_dir": str(run_dir),
-                           "samples": [asdict(s) for s in samples],
-                           "resume_from": str(resume_from) if resume_from else None},
-        scaling_config=ScalingConfig(num_workers=len(style.roles), use_gpu=cfg.use_gpu,
-                                     resources_per_worker=resources),
-        torch_config=TorchConfig(backend="nccl" if cfg.use_gpu else "gloo"),
-        run_config=RunConfig(name=name, storage_path=str(storage),
-                             failure_config=FailureConfig(max_failures=cfg.max_failures),
-                             checkpoint_config=CheckpointConfig(num_to_keep=cfg.num_to_keep),
-                             worker_runtime_env={"env_vars": {"PYTHONPATH": pythonpath}}),
-    )
-    result = trainer.fit()
-    if (run_dir / NAN_STOP).exists():
-        info = json.loads((run_dir / NAN_STOP).read_text())
-        last = latest_checkpoint(run_dir)
+    loop_config = {"cfg": asdict(cfg), "system": system, "links": links, "storage": (storage.uri, storage.name),
+                   "samples": [asdict(s) for s in samples], "eval_samples": [asdict(s) for s in eval_samples],
+                   "resume_from": resume_from, "_faults": faults}
+    result = core.fit(train_loop_per_worker, loop_config, cfg, storage, num_workers=len(style.roles),
+                      resources=_worker_resources(cfg, len(style.roles), local), backend="nccl" if cfg.use_gpu else "gloo",
+                      env_vars={"PYTHONPATH": os.pathsep.join(filter(None, [repo, os.environ.get("PYTHONPATH")]))})
+    if storage.exists(NAN_STOP):
+        info = json.loads(storage.read_text(NAN_STOP))
+        last = storage.latest_complete()
         raise NaNLossError(f"non-finite {info['what']} at step {info['step']} for sample ids {info['sample_ids']} "
                            f"(round losses {info['round_losses']}); stopped without stepping, last good "
-                           f"checkpoint: {last if last else 'none'}")
+                           f"checkpoint: {last.path if last else 'none'}")
     if result.checkpoint is None:
-        raise RuntimeError(f"outer training finished without a checkpoint (run {run_dir})")
+        raise RuntimeError(f"outer training finished without a checkpoint (run {storage.root})")
     with result.checkpoint.as_directory() as d:
         save_dir = export_checkpoint(Path(d), Path(cfg.save_dir), manifest)
-        log = json.loads((Path(d) / TRAIN_STATE).read_text())["log"]
-        ckpt_dir = Path(result.checkpoint.path)
-    return OuterRunResult(save_dir, ckpt_dir, result.metrics or {}, log)
+        state = core.read_state(Path(d))
+    if state.get("eval_log"):
+        write_eval_curve(save_dir, state["log"], state["eval_log"])
+    return OuterRunResult(save_dir, result.checkpoint.path, result.metrics or {}, state["log"], state.get("eval_log", []))
 
 
-def _check_resume(ckpt: Path, manifest: dict) -> None:
+def write_eval_curve(save_dir: Path, log: list, eval_log: list) -> Path:
+    """eval_curve.jsonl (one held-out evaluation per line) and eval_curve.png (train and held-out loss vs step)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    (Path(save_dir) / EVAL_CURVE).write_text("".join(json.dumps(e) + "\n" for e in eval_log))
+    fig, ax = plt.subplots(figsize=(6, 4))
+    ax.plot([e["step"] for e in log], [e["loss"] for e in log], label="train loss (final round)", alpha=0.6)
+    ax.plot([e["step"] for e in eval_log], [e["eval_loss"] for e in eval_log], "o-", label="held-out loss")
+    ax.set_xlabel("step")
+    ax.set_ylabel("cross-entropy")
+    ax.legend()
+    fig.tight_layout()
+    png = Path(save_dir) / "eval_curve.png"
+    fig.savefig(png, dpi=100)
+    plt.close(fig)
+    return png
+
+
+def _check_resume(ckpt, manifest: dict) -> None:
     # A checkpoint of another system (other base models) must not be resumed silently.
-    saved = json.loads((ckpt / TRAIN_STATE).read_text()).get("roles", {})
+    with ckpt.as_directory() as d:
+        saved = core.read_state(Path(d)).get("roles", {})
     for role, info in manifest["roles"].items():
         old = saved.get(role, {})
         if old and (old.get("base_model"), old.get("hidden_size")) != (info["base_model"], info["hidden_size"]):
             raise ValueError(f"--resume: role {role} ran on {old.get('base_model')} (hidden {old.get('hidden_size')}) "
-                             f"in {ckpt}, but now on {info['base_model']} (hidden {info['hidden_size']})")
+                             f"in {ckpt.path}, but now on {info['base_model']} (hidden {info['hidden_size']})")
 
 
 def _worker_resources(cfg: OuterTrainConfig, num_roles: int, local: bool) -> dict:

@@ -24,7 +24,7 @@ import torch.nn.functional as F
 from recmas_ray.agent import Agent
 from recmas_ray.links import OuterLink
 from recmas_ray.styles import StyleSpec, build_schedule, render_prompt, split_edge
-from recmas_ray.train.data import role_target
+from recmas_ray.train.data import question_text, role_target
 
 
 def reference_loss(agents: dict[str, Agent], outer: dict[str, OuterLink], style: StyleSpec, row: dict, *,
@@ -35,7 +35,7 @@ def reference_loss(agents: dict[str, Agent], outer: dict[str, OuterLink], style:
     round_losses = []
     for step in build_schedule(style, num_rounds):
         agent = agents[step.role]
-        user = render_prompt(style, step.role, step.variant, task, str(row["question"]))
+        user = render_prompt(style, step.role, step.variant, task, question_text(row))
         latents = {marker: messages[edge] for marker, edge in step.inputs}
         e_LD, ids_L, asst_L = agent.embed_teacher_forced(user, latents, role_target(style, step.role, row))
         mask = torch.ones(1, e_LD.shape[0], dtype=torch.long, device=e_LD.device)

@@ -8,6 +8,7 @@ only stage inputs under `--recompute`. The Ray Train job around it lives in `pip
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import hashlib
 import math
@@ -20,10 +21,12 @@ import torch.distributed as dist
 from safetensors.torch import save_file
 
 from recmas_ray.agent import Agent
+from recmas_ray.config.training import OuterTrainConfig
 from recmas_ray.links import OuterLink
 from recmas_ray.styles import StyleSpec, build_schedule, split_edge
-from recmas_ray.train.outer import (Latent, OuterTrainConfig, Sample, SavedTensorMeter, emit_messages, encode_stage,
-                                    lr_lambda, read_outer_links, split_microbatches)
+from recmas_ray.train import core
+from recmas_ray.train.outer import (Latent, Sample, SavedTensorMeter, emit_messages, encode_stage, read_outer_links,
+                                    split_microbatches)
 
 
 @dataclass
@@ -34,6 +37,8 @@ class StepStats:
     """Mean decoder CE per round (rounds whose loss was computed; NaN if any sample was NaN)."""
     nan_samples: list[int]
     """Positions in the batch whose loss was NaN or Inf."""
+    num_truncated: int = 0
+    """Samples whose prompt lost its start to max_length in some stage."""
     grad_norm: float = float("nan")
     """Global norm over all outer links before clipping (set by `update`)."""
     lr: float = 0.0
@@ -62,8 +67,7 @@ class PipelineStage:
             agent.attach_outer_link(edge, copy.deepcopy(master))  # working copy in the model dtype
         self.opt = torch.optim.AdamW([p for m in self.masters.values() for p in m.parameters()], lr=cfg.lr,
                                      betas=(0.9, 0.95), weight_decay=cfg.weight_decay)
-        self.sched = torch.optim.lr_scheduler.LambdaLR(
-            self.opt, lambda s: lr_lambda(s, warmup_steps=cfg.warmup_steps, max_steps=cfg.max_steps))
+        self.sched = core.make_scheduler(self.opt, cfg)
         self.schedule = build_schedule(style, cfg.num_recursive_rounds)
         self.order = [(mb, i) for rnd in range(1, cfg.num_recursive_rounds + 1) for mb in range(cfg.num_microbatches)
                       for i, s in enumerate(self.schedule) if s.round == rnd]
@@ -94,9 +98,11 @@ class PipelineStage:
         c = self.cfg
         return encode_stage(self.agent, self.style, step, samples, inputs, task=c.task,
                             num_rounds=c.num_recursive_rounds, max_latent_tokens=c.max_latent_tokens,
-                            non_last_loss_weight=c.non_last_loss_weight, batch_size=batch_size)
+                            non_last_loss_weight=c.non_last_loss_weight, batch_size=batch_size,
+                            max_length=c.max_length)
 
-    def _forward(self, mb: int, i: int, samples: list[Sample], batch_size: int, inject_nan: bool) -> list[float]:
+    def _forward(self, mb: int, i: int, samples: list[Sample], batch_size: int, inject_nan: bool,
+                 record: bool = True) -> tuple[list[float], list[bool]]:
         step = self.schedule[i]
         inputs = {}
         for marker, edge in step.inputs:
@@ -104,22 +110,23 @@ class PipelineStage:
             lengths = self._recv((len(samples),), torch.int64, src).tolist()
             inputs[marker] = Latent(self._recv((sum(lengths), self.agent.hidden_size), self.dtype, src)
                                     .requires_grad_(), lengths)
-        with torch.set_grad_enabled(not self.cfg.recompute):
+        with torch.set_grad_enabled(record and not self.cfg.recompute):
             enc = self._encode(step, samples, inputs, batch_size)
             msgs = emit_messages(self.agent, enc.z, step.outputs)
         for edge, msg in msgs.items():
             dst = self.role_ranks[split_edge(edge)[1]]
             self._isend(torch.tensor(enc.lengths, dtype=torch.int64, device=self.device), dst)
             self._isend(msg, dst)
-        entry = _Tape(inputs, samples)
-        if not self.cfg.recompute:
-            entry.messages, entry.objective = msgs, enc.objective
-        elif not inputs:
-            entry.z = enc.z  # no upstream graph: z is this stage's constant input, no need to re-run the model
-        self.tape[(mb, i)] = entry
+        if record:
+            entry = _Tape(inputs, samples)
+            if not self.cfg.recompute:
+                entry.messages, entry.objective = msgs, enc.objective
+            elif not inputs:
+                entry.z = enc.z  # no upstream graph: z is this stage's constant input, no need to re-run the model
+            self.tape[(mb, i)] = entry
         if inject_nan and enc.sample_losses:
-            return [float("nan")] * len(enc.sample_losses)
-        return enc.sample_losses
+            return [float("nan")] * len(enc.sample_losses), enc.truncated
+        return enc.sample_losses, enc.truncated
 
     def _backward(self, mb: int, i: int, batch_size: int, inject_nan: bool) -> None:
         step = self.schedule[i]
@@ -155,35 +162,49 @@ class PipelineStage:
                     wp.grad = None
 
     # ----------------------------------------------------------------------------- one step
-    def accumulate(self, batch: list[Sample], *, inject_nan: bool = False, mid_step_hook=None) -> StepStats:
-        """Forward and backward sweeps over the batch; link grads land in the fp32 masters."""
+    def _sweep(self, batch: list[Sample], *, train: bool, inject_nan: bool = False, mid_step_hook=None) -> StepStats:
+        # Forward sweep (and, when training, the backward sweep), then one all-reduce of the step's statistics:
+        # [loss per round | NaN flag per sample | truncation flag per sample].
         R, B = self.cfg.num_recursive_rounds, len(batch)
-        micro = split_microbatches(list(range(B)), self.cfg.num_microbatches)
-        stats = torch.zeros(R + B, dtype=torch.float64, device=self.device)
-        ctx = self.meter.track() if self.meter else torch.autograd.graph.saved_tensors_hooks(lambda t: t, lambda t: t)
+        micro = split_microbatches(list(range(B)), min(self.cfg.num_microbatches, B))
+        stats = torch.zeros(R + 2 * B, dtype=torch.float64, device=self.device)
+        ctx = self.meter.track() if self.meter and train else contextlib.nullcontext()
         try:
             with ctx:
                 for mb, i in self.order:
-                    if self.schedule[i].role != self.role:
+                    if self.schedule[i].role != self.role or mb >= len(micro):
                         continue
                     rnd = self.schedule[i].round
-                    losses = self._forward(mb, i, [batch[j] for j in micro[mb]], B, inject_nan and rnd == R)
+                    losses, cuts = self._forward(mb, i, [batch[j] for j in micro[mb]], B, inject_nan and rnd == R,
+                                                 record=train)
                     for j, loss in zip(micro[mb], losses):
                         stats[rnd - 1] += loss / B
                         stats[R + j] += float(not math.isfinite(loss))
+                    for j, cut in zip(micro[mb], cuts):
+                        stats[R + B + j] += float(cut)
                 self._flush_sends()
-                if mid_step_hook is not None:
-                    mid_step_hook()
-                for mb, i in reversed(self.order):
-                    if self.schedule[i].role == self.role:
-                        self._backward(mb, i, B, inject_nan and self.schedule[i].round == R)
-                self._flush_sends()
+                if train:
+                    if mid_step_hook is not None:
+                        mid_step_hook()
+                    for mb, i in reversed(self.order):
+                        if self.schedule[i].role == self.role and mb < len(micro):
+                            self._backward(mb, i, B, inject_nan and self.schedule[i].round == R)
+                    self._flush_sends()
         finally:
             self.tape.clear()  # a failed step must not pin activations
         dist.all_reduce(stats, group=self.group)
         decoder_rounds = [s.round for s in self.schedule if s.role == self.style.decoder]
-        return StepStats([float(stats[r - 1]) for r in decoder_rounds],
-                         [j for j in range(B) if stats[R + j] > 0])
+        return StepStats([float(stats[r - 1]) for r in decoder_rounds], [j for j in range(B) if stats[R + j] > 0],
+                         num_truncated=int((stats[R + B:] > 0).sum()))
+
+    def accumulate(self, batch: list[Sample], *, inject_nan: bool = False, mid_step_hook=None) -> StepStats:
+        """Forward and backward sweeps over the batch; link grads land in the fp32 masters."""
+        return self._sweep(batch, train=True, inject_nan=inject_nan, mid_step_hook=mid_step_hook)
+
+    def evaluate(self, batch: list[Sample]) -> StepStats:
+        """The training loss of a batch without gradients or tape (held-out evaluation); every worker calls it."""
+        with torch.no_grad():
+            return self._sweep(batch, train=False)
 
     def update(self, stats: StepStats) -> StepStats:
         """Global clip (all-reduce of squared norms), AdamW on the masters, LR step, refresh working links."""
@@ -219,24 +240,20 @@ class PipelineStage:
                 for e, m in self.masters.items()}
 
     # ----------------------------------------------------------------------------- state
-    def save_shard(self, path: Path, step: int) -> None:
+    def save_shard(self, path: Path) -> None:
         """This role's outer links (fp32, our key layout) and optimizer/scheduler state."""
         tensors = {f"outer.{e}.{k}": v.detach().float().cpu().contiguous()
                    for e, m in self.masters.items() for k, v in m.state_dict().items()}
         save_file(tensors, str(path / f"outer-{self.role}.safetensors"))
-        torch.save({"optimizer": self.opt.state_dict(), "scheduler": self.sched.state_dict(), "step": step},
-                   path / f"optim-{self.role}.pt")
+        core.save_optim(path, self.role, self.opt, self.sched)
 
-    def load_shard(self, path: Path) -> int:
-        """Restore links, optimizer and scheduler from a checkpoint directory; returns its step."""
+    def load_shard(self, path: Path) -> None:
+        """Restore links, optimizer and scheduler from a checkpoint directory."""
         links = read_outer_links(path, roles=[self.role])
         for edge, master in self.masters.items():
             master.load_state_dict(links[edge].state_dict())
-        state = torch.load(path / f"optim-{self.role}.pt", map_location=self.device, weights_only=True)
-        self.opt.load_state_dict(state["optimizer"])
-        self.sched.load_state_dict(state["scheduler"])
+        core.load_optim(path, self.role, self.opt, self.sched, map_location=self.device)
         self._sync_working()
-        return int(state["step"])
 
     def frozen_digest(self) -> str:
         """sha256 over the base model and inner link parameters (they must never change)."""

@@ -45,7 +45,7 @@ def make_rows():
 
 
 def _cfg(style, rounds, recompute, w):
-    from recmas_ray.train.outer import OuterTrainConfig
+    from recmas_ray.config.training import OuterTrainConfig
 
     return OuterTrainConfig(style=style, num_recursive_rounds=rounds, recompute=recompute, non_last_loss_weight=w,
                             batch_size=3, num_microbatches=2, max_latent_tokens=K, lr=LR, warmup_steps=0,
@@ -77,11 +77,14 @@ def _worker(rank, world, store, out_dir, rows):
             stage = _build_stage(_cfg(s, r, rc, w), style, role, system, plan.service_args(role)[1:],
                                  torch.device("cpu"), group=group)
             before = stage.frozen_digest()
+            held_out = stage.evaluate(samples)  # no grad, no tape: must leave nothing behind
+            assert not stage.tape and all(p.grad is None for m in stage.masters.values() for p in m.parameters())
             stats = stage.accumulate(samples)
             grads = stage.grads()
             stats = stage.update(stats)
             torch.save({"grads": grads, "masters": {e: m.state_dict() for e, m in stage.masters.items()},
                         "round_losses": stats.round_losses, "grad_norm": stats.grad_norm,
+                        "eval_round_losses": held_out.round_losses,
                         "frozen_unchanged": stage.frozen_digest() == before, "peak_saved": stage.meter.peak},
                        os.path.join(out_dir, f"{s}-R{r}-rc{int(rc)}-{role}.pt"))
         if style_name == "sequential":  # bf16 models: p2p in bf16, AdamW on fp32 masters
@@ -163,6 +166,8 @@ def test_pipeline_grads_equal_single_process_reference(pipeline_results, style_n
         decoder = got[style.decoder]
         mean_final = sum(x[-1] for x in ref_losses) / len(rows)
         assert decoder["round_losses"][-1] == pytest.approx(mean_final, rel=1e-5)
+        # held-out evaluation runs the same loss without gradients
+        assert decoder["eval_round_losses"] == pytest.approx(decoder["round_losses"], rel=1e-6)
         assert decoder["grad_norm"] == pytest.approx(ref_norm, rel=1e-5)
         assert ref_norm > CLIP  # clipping was active, so the global norm mattered
         report[f"R{r}-rc{int(rc)}"] = max_diff
@@ -203,23 +208,56 @@ def test_bf16_models_keep_fp32_master_links(pipeline_results):
                 assert cos > 0.9, (edge, name, float(cos))
 
 
-def test_cli_flags_map_onto_the_config():
+def test_cli_flags_map_onto_the_config(tmp_path):
     from jobs import train_outer as cli
+    from recmas_ray.config.cli import parse_config
+    from recmas_ray.config.checks import ConfigError
+    from recmas_ray.config.training import OuterTrainConfig
 
-    args = cli.build_parser().parse_args([
-        "--style", "mixture", "--ckpt_override", "math=/m", "code=/c", "--dataset_name", "x.json",
-        "--dataset_json_field", "data", "--save_dir", "/s", "--num_recursive_rounds", "2", "--max_latent_tokens", "16",
-        "--max_steps", "5", "--batch_size", "4", "--num_microbatches", "2", "--lr", "1e-4", "--warmup_steps", "1",
-        "--max_grad_norm", "0.5", "--non_last_loss_weight", "0.1", "--seed", "3", "--resume", "--recompute"])
-    cfg = cli.config_from_args(args)
-    assert cfg.ckpt_overrides == {"math": "/m", "code": "/c"} and cfg.style == "mixture"
+    def parse(*argv):
+        return parse_config(OuterTrainConfig, list(argv), aliases=cli.ALIASES)[0]
+
+    m, c = tmp_path / "m", tmp_path / "c"
+    m.mkdir(), c.mkdir()
+    cfg = parse("--style", "mixture", "--ckpt_override", f"math={m}", f"code={c}", "--dataset_name", "synthetic:8",
+                "--dataset_json_field", "data", "--save_dir", str(tmp_path / "s"), "--num_recursive_rounds", "2",
+                "--max_latent_tokens", "16", "--max_steps", "5", "--batch_size", "4", "--num_microbatches", "2",
+                "--lr", "1e-4", "--warmup_steps", "1", "--max_grad_norm", "0.5", "--non_last_loss_weight", "0.1",
+                "--seed", "3", "--resume", "--recompute", "--role_model", "math=tiny:llama", "--max_length", "512",
+                "--eval_every", "2", "--eval_dataset", "synthetic:4")
+    assert cfg.ckpt_override == {"math": str(m), "code": str(c)} and cfg.style == "mixture"
     assert (cfg.num_recursive_rounds, cfg.max_latent_tokens, cfg.max_steps, cfg.batch_size) == (2, 16, 5, 4)
     assert (cfg.num_microbatches, cfg.lr, cfg.warmup_steps, cfg.max_grad_norm) == (2, 1e-4, 1, 0.5)
     assert cfg.non_last_loss_weight == 0.1 and cfg.resume and cfg.recompute and not cfg.use_gpu
-    defaults = cli.config_from_args(cli.build_parser().parse_args(["--style", "sequential", "--save_dir", "/s"]))
+    assert cfg.role_model == {"math": "tiny:llama"} and (cfg.max_length, cfg.eval_every) == (512, 2)
+    assert parse("--mas_design", "mixture") == parse("--style", "mixture")
+    defaults = parse("--style", "sequential", "--save_dir", str(tmp_path / "s"))
     assert (defaults.num_recursive_rounds, defaults.max_latent_tokens, defaults.non_last_loss_weight) == (3, 80, 0.0)
-    with pytest.raises(ValueError, match="num_microbatches"):
-        from recmas_ray.train.outer import validate_config
+    with pytest.raises(ConfigError, match="num_microbatches"):
+        parse("--style", "sequential", "--batch_size", "1", "--num_microbatches", "2")
 
-        validate_config(cli.config_from_args(cli.build_parser().parse_args(
-            ["--style", "sequential", "--save_dir", "/s", "--batch_size", "1", "--num_microbatches", "2"])))
+
+def test_left_truncation_keeps_the_gold_turn_and_is_counted(tiny_cache):
+    """Stages longer than --max_length lose the START of their prompt: the assistant turn survives intact."""
+    from recmas_ray.models.loader import load_frozen_model
+    from recmas_ray.agent import Agent
+    from recmas_ray.system.checkpoints import seeded_inner_link
+    from recmas_ray.styles import build_schedule
+    from recmas_ray.train.outer import encode_stage, prepare_samples, truncate_left
+
+    e, ids, asst = torch.zeros(10, 2), torch.arange(10), torch.tensor([False] * 6 + [True] * 4)
+    e2, ids2, asst2, cut = truncate_left(e, ids, asst, 5)
+    assert cut and ids2.tolist() == [5, 6, 7, 8, 9] and asst2.tolist() == [False, True, True, True, True]
+    assert truncate_left(e, ids, asst, 10)[3] is False
+    style = get_style("sequential")
+    model, tok = load_frozen_model("tiny:qwen3", dtype=torch.float32)
+    agent = Agent(model, tok, seeded_inner_link(64, seed=0, role="planner"), role="planner", model_name="tiny:qwen3",
+                  system_prompt=style.system_prompt)
+    samples = prepare_samples(make_rows(), style, "math")
+    step = build_schedule(style, 1)[0]
+    kw = dict(task="math", num_rounds=1, max_latent_tokens=K, non_last_loss_weight=0.0, batch_size=3)
+    full = encode_stage(agent, style, step, samples, {}, **kw)
+    turn = [len(tok(s.targets["planner"] + agent.assistant_turn_end()).input_ids) for s in samples]
+    short = encode_stage(agent, style, step, samples, {}, max_length=max(turn) + 2, **kw)
+    assert full.truncated == [False] * 3 and short.truncated == [True] * 3
+    assert short.lengths == full.lengths  # the first K latents come from the intact gold turn

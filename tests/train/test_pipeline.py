@@ -6,7 +6,9 @@ distillation (expert tiny:mistral d=256 -> learner tiny:qwen3 d=64) keeps it to 
   - the same run with rank 1 killed mid-step 2 (Ray Train restarts it from checkpoint 1) and a NaN loss at
     step 3 (stops naming the step and sample ids, checkpoint 2 stays the latest), then `resume=True`:
     the final weights equal the uninterrupted run's
+  - held-out evaluation every 2 steps writes eval_curve.jsonl / eval_curve.png next to the links
   - a bad inner checkpoint fails before any compute, naming the role
+Fault injection goes through the private `faults` argument (never a config field).
 """
 
 import json
@@ -14,11 +16,13 @@ import json
 import pytest
 import torch
 
-from recmas_ray.system.checkpoints import LinkSet, load_links, save_links
+from pathlib import Path
+
+from recmas_ray.config.training import OuterTrainConfig
 from recmas_ray.links import InnerLink
-from recmas_ray.styles import get_style
-from recmas_ray.train.outer import OuterTrainConfig
-from recmas_ray.train.pipeline import NaNLossError, latest_checkpoint, run_dir_of, train_outer
+from recmas_ray.system.checkpoints import LinkSet, load_links, save_links
+from recmas_ray.train.core import run_storage
+from recmas_ray.train.pipeline import NaNLossError, train_outer
 
 pytestmark = pytest.mark.timeout(600)
 
@@ -40,10 +44,11 @@ def _inner_ckpt(path, role, base, hidden):
 def uninterrupted(ray_cluster, tmp_path_factory):
     root = tmp_path_factory.mktemp("u")
     inner = _inner_ckpt(root / "inner_learner", "learner", "tiny:qwen3", 64)
-    cfg = _cfg(root / "out", ckpt_overrides={"learner": inner})
+    cfg = _cfg(root / "out", ckpt_override={"learner": inner}, eval_every=2, eval_dataset="synthetic:3")
     return cfg, train_outer(cfg)
 
 
+@pytest.mark.integration
 def test_loss_falls_and_only_outer_links_change(uninterrupted):
     from recmas_ray.system.plan import plan_system
 
@@ -57,32 +62,46 @@ def test_loss_falls_and_only_outer_links_change(uninterrupted):
     assert not saved.inner and set(saved.outer) == {"expert->learner", "learner->expert"}
     assert saved.manifest["kind"] == "outer" and saved.manifest["step"] == 4
     assert saved.manifest["roles"]["learner"] == {"base_model": "tiny:qwen3", "hidden_size": 64}
-    init = plan_system("distillation", preset="tiny", ckpt_overrides=cfg.ckpt_overrides, seed=cfg.seed)
+    init = plan_system("distillation", preset="tiny", ckpt_overrides=cfg.ckpt_override, seed=cfg.seed)
     for edge, link in saved.outer.items():
         for name, p in link.state_dict().items():
             assert not torch.equal(p, init.links.outer[edge].state_dict()[name]), f"{edge}.{name} did not change"
     # What `jobs/run.py --ckpt_override outer=DIR` does: the dims check passes and the trained links load.
-    plan = plan_system("distillation", preset="tiny", ckpt_overrides={**cfg.ckpt_overrides, "outer": str(res.save_dir)})
+    plan = plan_system("distillation", preset="tiny", ckpt_overrides={**cfg.ckpt_override, "outer": str(res.save_dir)})
     assert plan.sources["outer:expert->learner"] == str(res.save_dir)
+    assert json.loads((res.save_dir / "config.json").read_text())["eval_every"] == 2
 
 
+@pytest.mark.integration
+def test_held_out_curve_is_written(uninterrupted):
+    _, res = uninterrupted
+    curve = [json.loads(line) for line in (res.save_dir / "eval_curve.jsonl").read_text().splitlines()]
+    assert [e["step"] for e in curve] == [2, 4] and curve == res.eval_log
+    assert all(e["num_eval_rows"] == 3 and e["eval_loss"] > 0 for e in curve)
+    assert (res.save_dir / "eval_curve.png").stat().st_size > 1000
+
+
+@pytest.mark.integration
 def test_kill_nan_stop_and_resume_match_uninterrupted(uninterrupted, tmp_path):
     """Rank 1 dies during step 2 (Ray Train restarts both workers from checkpoint 1); the loss turns NaN at
     step 3, which stops the run naming the step and sample ids with checkpoint 2 kept as the latest;
     `resume=True` then finishes steps 3-4 with the same weights as the uninterrupted run."""
     cfg_u, res_u = uninterrupted
-    cfg = _cfg(tmp_path / "out", ckpt_overrides=cfg_u.ckpt_overrides, fault_kill_rank=1, fault_kill_step=2,
-               fault_nan_step=3)
+    # file:// storage: the URI path Ray Train and our run folder code take for s3:// and gs:// too
+    cfg = _cfg(tmp_path / "out", ckpt_override=cfg_u.ckpt_override, eval_every=2, eval_dataset="synthetic:3",
+               storage_path=f"file://{tmp_path / 'store'}")
     with pytest.raises(NaNLossError, match=r"step 3 for sample ids \['\d+', '\d+'\]"):
-        train_outer(cfg)
-    storage, name = run_dir_of(cfg, get_style(cfg.style))
-    assert (storage / name / ".killed-rank1-step2").exists()  # the kill really happened
-    last = latest_checkpoint(storage / name)
-    assert last is not None and last.name == "checkpoint_000002"
-    assert [e["step"] for e in json.loads((last / "train_state.json").read_text())["log"]] == [1, 2]
+        train_outer(cfg, faults={"kill_rank": 1, "kill_step": 2, "nan_step": 3})
+    storage = run_storage(cfg, "outer-distillation")
+    run_dir = tmp_path / "store" / storage.name
+    assert (run_dir / ".killed-rank1-step2").exists()  # the kill really happened
+    last = storage.latest_complete()
+    assert last is not None and Path(last.path).name == "checkpoint_000002"
+    assert [e["step"] for e in json.loads((run_dir / "checkpoint_000002" / "train_state.json").read_text())["log"]] \
+        == [1, 2]
     assert not (tmp_path / "out" / "links.safetensors").exists()
 
-    cfg.fault_nan_step, cfg.resume = 0, True
+    cfg.resume = True
     resumed = train_outer(cfg)
     assert [e["step"] for e in resumed.log] == [1, 2, 3, 4]
     a, b = load_links(res_u.save_dir).outer, load_links(resumed.save_dir).outer
@@ -90,6 +109,8 @@ def test_kill_nan_stop_and_resume_match_uninterrupted(uninterrupted, tmp_path):
         for name, p in a[edge].state_dict().items():
             torch.testing.assert_close(b[edge].state_dict()[name], p, rtol=0, atol=1e-7)
     assert [e["loss"] for e in resumed.log] == pytest.approx([e["loss"] for e in res_u.log], rel=1e-6)
+    assert [e["eval_loss"] for e in resumed.eval_log] == pytest.approx([e["eval_loss"] for e in res_u.eval_log],
+                                                                       rel=1e-6)
 
 
 @pytest.mark.parametrize("base,hidden", [("tiny:qwen3", 96), ("tiny:llama", 64)])
@@ -101,6 +122,6 @@ def test_bad_inner_checkpoint_fails_before_compute(tmp_path, base, hidden, monke
     for mod, attr in ((ray.train.torch, "TorchTrainer"), (recmas_ray.models.loader, "load_frozen_model")):
         monkeypatch.setattr(mod, attr, lambda *a, **k: pytest.fail("reached compute"))
     bad = _inner_ckpt(tmp_path / "bad", "learner", base, hidden)
-    cfg = _cfg(tmp_path / "out", ckpt_overrides={"learner": bad})
+    cfg = _cfg(tmp_path / "out", ckpt_override={"learner": bad})
     with pytest.raises(ValueError, match="role learner"):
         train_outer(cfg)

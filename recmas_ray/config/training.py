@@ -1,0 +1,234 @@
+"""The training runs behind `jobs/train_inner.py` and `jobs/train_outer.py`: one shared `TrainConfig` and the
+fields each loop adds.
+
+`TrainConfig` holds everything both loops mean the same way (data, outputs and storage, the optimiser and
+its schedule, checkpoints, Ray Train resources); `InnerTrainConfig` (warm-start one role's inner link) and
+`OuterTrainConfig` (backprop through R rounds into the outer links) add their own fields. Light imports
+only (no torch), so `--help` is instant; every rule here runs before any model loads.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from typing import Annotated
+
+from recmas_ray.config.checks import ExistingPath, NonEmpty, OneOf, Range, WritableDir, writable_dir_problem
+from recmas_ray.config.evaluation import DTYPES, MODEL_PRESETS, style_names
+from recmas_ray.config.recursion import MAX_ROUNDS
+from recmas_ray.styles.base import TASK_TYPES
+
+SCHEDULES = ("cosine", "linear", "constant")
+STORAGE_SCHEMES = ("s3", "gs", "file")
+ADAPTER_DTYPES = ("base", "float32")
+SYNTHETIC = "synthetic"
+MAX_STEPS = 10**9
+
+
+def is_synthetic(name: str) -> bool:
+    """A synthetic[:N] dataset name (generated, not a file)."""
+    return name == SYNTHETIC or name.startswith(SYNTHETIC + ":")
+
+
+def storage_scheme(path: str) -> str:
+    """The URI scheme of a storage path ('' for a plain local path)."""
+    scheme, sep, _ = path.partition("://")
+    return scheme if sep else ""
+
+
+@dataclass(kw_only=True)
+class TrainConfig:
+    """What inner and outer training share: data, outputs, optimiser and schedule, checkpoints, resources."""
+
+    style: Annotated[str, OneOf(style_names)] = "sequential"
+    """Collaboration style (sequential[_light|_scaled], mixture, distillation, deliberation; aliases hie, distill)."""
+    task: Annotated[str, OneOf(TASK_TYPES)] = "math"
+    """Task type of the prompts (math, code, choice, qa)."""
+    preset: Annotated[str, OneOf(MODEL_PRESETS)] = "tiny"
+    """Base models of the roles that --role_model or a checkpoint manifest does not name: tiny, demo or paper."""
+    role_model: dict[str, str] = field(default_factory=dict)
+    """ROLE=NAME base model per role (HF id, local path, tiny:<family> or pkg:<name>); overrides the preset and
+    checkpoint manifests for those roles, and is recorded in the saved manifests."""
+    ckpt_override: dict[str, str] = field(default_factory=dict)
+    """ROLE=DIR inner link per role (ours or the release's adapter.pt; its manifest names the base model)."""
+    dataset_name: Annotated[str, NonEmpty()] = "synthetic:256"
+    """Local .json/.jsonl, a HF dataset id, or synthetic[:N] (the offline arithmetic set)."""
+    dataset_json_field: str | None = None
+    """Field holding the rows in a {"data": [...]} JSON file."""
+    dataset_split: str = "train"
+    """Split of a Hugging Face dataset."""
+    storage_path: str | None = None
+    """Ray Train storage for checkpoints: a local or shared-disk path, or a file://, s3:// or gs:// URI
+    (default <save_dir>/_ray_runs)."""
+    max_steps: Annotated[int, Range(1, MAX_STEPS)] = 20000
+    """Optimizer steps (the LR schedule spans exactly these); see num_train_epochs."""
+    num_train_epochs: Annotated[float, Range(0, 1e6)] = 0.0
+    """> 0: train this many passes over the rows instead, i.e. max_steps = ceil(epochs * rows / rows per step)."""
+    batch_size: Annotated[int, Range(1, 65536)] = 2
+    """Rows per step (inner: per worker and accumulation step; outer: the whole batch, split in microbatches)."""
+    lr: Annotated[float, Range(0, 10, lo_open=True)] = 5e-4
+    """Peak learning rate (the reference value; a third-party re-run of the outer loop found 1e-4 more stable,
+    spec section 8: lower it if the loss spikes)."""
+    lr_scheduler_type: Annotated[str, OneOf(SCHEDULES)] = "cosine"
+    """LR after the linear warmup: cosine (to 0 at max_steps, the reference), linear (to 0) or constant."""
+    warmup_steps: Annotated[int, Range(0, MAX_STEPS)] = 10
+    """Linear warmup steps from 0 to lr."""
+    max_grad_norm: Annotated[float, Range(0, 1e9)] = 1.0
+    """Gradient-norm clip over all trained links (0 disables)."""
+    seed: Annotated[int, Range(0, 2**32 - 1)] = 42
+    """Seed of the link init and of the data order."""
+    dtype: Annotated[str, OneOf(DTYPES)] = "auto"
+    """Base model dtype: auto (bf16 on CUDA, fp32 on CPU), float32, bfloat16 or float16."""
+    resume: bool = False
+    """Continue from the newest complete checkpoint of this run in the storage path (same flags and save_dir)."""
+    use_gpu: bool = False
+    """One GPU (gpus_per_worker) per Ray Train worker."""
+    cpus_per_worker: Annotated[float, Range(0, 1024)] = 1.0
+    """Logical CPUs reserved per worker."""
+    gpus_per_worker: Annotated[float, Range(0, 64)] = 1.0
+    """GPUs reserved per worker with --use_gpu."""
+    save_every: Annotated[int, Range(0, MAX_STEPS)] = 100
+    """Checkpoint every this many steps (and always at the end); 0: only at the end."""
+    stop_at_step: Annotated[int, Range(0, MAX_STEPS)] = 0
+    """Stop at this step after saving, keeping the max_steps schedule (continue later with --resume); 0 runs on."""
+    log_every: Annotated[int, Range(1, MAX_STEPS)] = 10
+    """Log a line (and report metrics) every this many steps."""
+    max_failures: Annotated[int, Range(-1, 10_000)] = 2
+    """Worker-group restarts Ray Train may do, each from the newest checkpoint (-1: no limit)."""
+    num_to_keep: Annotated[int, Range(1, 10_000)] = 2
+    """Checkpoints kept in storage."""
+    progress: bool = True
+    """Progress bar on rank 0."""
+
+    def roles(self) -> tuple[str, ...]:
+        """The roles of the style."""
+        from recmas_ray.styles import get_style
+
+        return tuple(get_style(self.style).roles)
+
+    def checkpoint_keys(self) -> tuple[str, ...]:
+        """Keys --ckpt_override accepts."""
+        return self.roles()
+
+    def validate(self) -> None:
+        """Rules across fields and files (run before any model loads)."""
+        _check_dataset("--dataset_name", self.dataset_name)
+        roles = self.roles()
+        bad = sorted(set(self.role_model) - set(roles))
+        if bad:
+            raise ValueError(f"--role_model names {bad}; expected roles of {self.style} {list(roles)}")
+        bad = sorted(set(self.ckpt_override) - set(self.checkpoint_keys()))
+        if bad:
+            raise ValueError(f"--ckpt_override names {bad}; expected some of {list(self.checkpoint_keys())}")
+        missing = {k: p for k, p in self.ckpt_override.items() if not os.path.isdir(p)}
+        if missing:
+            raise ValueError(f"--ckpt_override {' '.join(f'{k}={p}' for k, p in missing.items())}: no such directory")
+        if self.storage_path:
+            scheme = storage_scheme(self.storage_path)
+            if scheme and scheme not in STORAGE_SCHEMES:
+                raise ValueError(f"--storage_path {self.storage_path!r}: expected a local path or a "
+                                 f"{', '.join(s + '://' for s in STORAGE_SCHEMES)} URI")
+            local = self.storage_path[len("file://"):] if scheme == "file" else self.storage_path
+            problem = writable_dir_problem(local) if scheme in ("", "file") else None
+            if problem:
+                raise ValueError(f"--storage_path {self.storage_path!r} {problem}")
+
+
+def _check_dataset(flag: str, name: str) -> None:
+    if os.path.splitext(name)[1] in (".json", ".jsonl") and not os.path.isfile(name):
+        raise ValueError(f"{flag} {name!r}: no such file")
+    count = name.partition(":")[2]
+    if is_synthetic(name) and name != SYNTHETIC and not (count.isdigit() and int(count) >= 1):
+        raise ValueError(f"{flag} {name!r}: expected synthetic or synthetic:N with N >= 1")
+
+
+@dataclass(kw_only=True)
+class InnerTrainConfig(TrainConfig):
+    """One role's inner-loop run (spec section 7): inner(h_t) should match the embedding of token t+1."""
+
+    mas_role: Annotated[str, NonEmpty()] = "planner"
+    """Role of the style, an alias of the release tool (refiner, hie_math_expert, ...), or all (every role at
+    once, one Ray Train run each, writing <save_dir>/<role>/)."""
+    model_name_or_path: str | None = None
+    """Base model of --mas_role (same as --role_model ROLE=NAME for that role); default: from the preset."""
+    load_dir: Annotated[str | None, ExistingPath()] = None
+    """Inner link folder to start from: a training checkpoint resumes (step and optimizer), a link folder
+    (ours or the release's) initialises the link weights of --mas_role."""
+    save_dir: Annotated[str, WritableDir()] = "checkpoints/inner"
+    """Output folder: the final inner link (links.safetensors + manifest.json, for --ckpt_override), config.json."""
+    max_length: Annotated[int, Range(1, 1 << 20)] = 2048
+    """Longest prompt + assistant turn in tokens; longer rows lose the end of the turn (right truncation)."""
+    w_cos: Annotated[float, Range(0, 1e6)] = 1.0
+    """Weight of mean(1 - cos(pred, target))."""
+    w_mse: Annotated[float, Range(0, 1e6)] = 0.0
+    """Weight of mean MSE(pred, target) (the reference default is 0)."""
+    grad_accum_steps: Annotated[int, Range(1, 65536)] = 1
+    """Gradient accumulation: batches of batch_size per worker summed into one optimizer step."""
+    adapter_dtype: Annotated[str, OneOf(ADAPTER_DTYPES)] = "base"
+    """Inner link dtype: base (the reference: the base model's dtype) or float32 (fp32 weights, non-reference)."""
+    num_workers: Annotated[int, Range(0, 4096)] = 1
+    """Ray Train workers (data parallel); 0 runs Ray Train's local mode in the calling process."""
+    fit_timeout_s: Annotated[float | None, Range(0, 1e9, lo_open=True)] = None
+    """--mas_role all: timeout of each concurrent role run in seconds (default: wait)."""
+
+    def validate(self) -> None:
+        """Role, per-role model and start folder rules, after the shared ones."""
+        super().validate()
+        from recmas_ray.styles import get_style
+        from recmas_ray.train.data import canonical_role
+
+        if self.mas_role != "all":
+            role = canonical_role(get_style(self.style), self.mas_role)
+            if self.model_name_or_path and role in self.role_model:
+                raise ValueError(f"--model_name_or_path and --role_model {role}=... both name the base model of {role}")
+        elif self.model_name_or_path or self.load_dir:
+            raise ValueError("--mas_role all trains every role: give per-role --role_model / --ckpt_override "
+                             "instead of --model_name_or_path / --load_dir")
+        if self.load_dir and not os.path.isdir(self.load_dir):
+            raise ValueError(f"--load_dir {self.load_dir!r} is not a directory")
+
+
+@dataclass(kw_only=True)
+class OuterTrainConfig(TrainConfig):
+    """One outer-loop run (spec section 8): frozen agents unrolled for R rounds, only the outer links train."""
+
+    save_dir: Annotated[str, WritableDir()] = "checkpoints/outer"
+    """Output folder: the final outer links (links.safetensors + manifest.json; jobs/run.py --ckpt_override
+    outer=DIR), config.json and, with --eval_every, eval_curve.jsonl and eval_curve.png."""
+    num_recursive_rounds: Annotated[int, Range(1, MAX_ROUNDS)] = 3
+    """R: rounds unrolled in every training step."""
+    max_latent_tokens: Annotated[int, Range(1, 65536)] = 80
+    """K: the latents passed between agents are the first K assistant positions."""
+    max_length: Annotated[int, Range(8, 1 << 20)] = 4096
+    """Longest prompt + assistant turn of one stage in tokens; longer ones lose the START of the prompt (left
+    truncation, so the gold turn survives); truncated samples are counted in the log."""
+    num_microbatches: Annotated[int, Range(1, 65536)] = 1
+    """Microbatches per step, pipelined GPipe-style across the role workers (<= batch_size)."""
+    weight_decay: Annotated[float, Range(0, 10)] = 0.0
+    """AdamW weight decay (reference 0)."""
+    non_last_loss_weight: Annotated[float, Range(0, 1e6)] = 0.0
+    """0 supervises the final round only (reference default); w adds w * mean(loss of rounds 1..R-1)."""
+    recompute: bool = False
+    """Keep only each stage's inputs in forward and re-run the stage during backward (flat activation memory)."""
+    verify_frozen: bool = False
+    """Hash every base model and inner link at start and end and report whether they stayed bit-identical."""
+    profile_memory: bool = False
+    """Measure the peak memory held for backward per worker (saved activations; CUDA peak on GPU)."""
+    eval_every: Annotated[int, Range(0, MAX_STEPS)] = 0
+    """Held-out loss on --eval_dataset every this many steps and at the end (no grad, the training loss); 0: off."""
+    eval_dataset: Annotated[str | None, ExistingPath(allow=is_synthetic)] = None
+    """Held-out rows (.json/.jsonl with the training fields, or synthetic:N); uses --dataset_json_field."""
+
+    def checkpoint_keys(self) -> tuple[str, ...]:
+        """Roles, plus outer=DIR: start from trained outer links instead of the seeded init."""
+        return self.roles() + ("outer",)
+
+    def validate(self) -> None:
+        """Microbatch and evaluation rules, after the shared ones."""
+        super().validate()
+        if self.num_microbatches > self.batch_size:
+            raise ValueError(f"--num_microbatches {self.num_microbatches} exceeds --batch_size {self.batch_size}")
+        if self.eval_every and not self.eval_dataset:
+            raise ValueError("--eval_every needs --eval_dataset (held-out rows)")
+        if self.eval_dataset:
+            _check_dataset("--eval_dataset", self.eval_dataset)

@@ -1,0 +1,127 @@
+"""Inner-loop training on Ray Train, driver side: one `TorchTrainer` per role (worker: `inner_worker.py`).
+
+    driver      config -> plan_system (base model per role: --role_model, checkpoint manifests, the preset;
+                initial link: --ckpt_override / --load_dir, else the seeded init) -> rows -> validate
+                -> (user prompt with upstream gold text, gold target) per row -> TorchTrainer.fit
+                -> the final checkpoint's link copied into save_dir
+    all roles   `train_all_roles` runs the roles of a style concurrently, each fit() in its own Ray task
+
+Links are loaded (and checked against their base models) before any model loads, so a bad
+--ckpt_override is a one-line error.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import shutil
+from dataclasses import asdict, replace
+from pathlib import Path
+
+from recmas_ray.config.checks import check_tree
+from recmas_ray.config.cli import save_config
+from recmas_ray.config.training import InnerTrainConfig
+from recmas_ray.styles import get_style
+from recmas_ray.system.checkpoints import MANIFEST, WEIGHTS
+from recmas_ray.train import core
+from recmas_ray.train.data import canonical_role, load_rows, role_examples, validate_rows
+
+
+def plan_roles(cfg: InnerTrainConfig, roles: list[str]):
+    """The system plan behind a run: base model and initial inner link of every role (no model loaded)."""
+    from recmas_ray.system.plan import plan_system
+
+    overrides, models = dict(cfg.ckpt_override), dict(cfg.role_model)
+    if cfg.mas_role != "all":
+        if cfg.load_dir:
+            overrides[roles[0]] = cfg.load_dir
+        if cfg.model_name_or_path:
+            models[roles[0]] = cfg.model_name_or_path
+    return plan_system(cfg.style, preset=cfg.preset, ckpt_overrides=overrides, seed=cfg.seed, task=cfg.task,
+                       role_model_overrides=models)
+
+
+def _fit(cfg: InnerTrainConfig, role: str, base_model: str, link_state: dict, examples: list[tuple[str, str]], *,
+         faults: dict | None = None) -> Path:
+    """One role's TorchTrainer run; returns cfg.save_dir holding the final link."""
+    world = max(cfg.num_workers, 1)
+    cfg = core.resolve_steps(cfg, len(examples), cfg.batch_size * cfg.grad_accum_steps * world)
+    storage = core.run_storage(cfg, f"inner-{get_style(cfg.style).name}-{role}")
+    resume_from = core.start_or_resume(cfg, storage, f"inner {role}", cfg.load_dir)
+    if cfg.num_workers == 0:  # local mode logs every report at INFO; our own log line says the same
+        logging.getLogger("ray.train.v2._internal.execution.train_fn_utils").setLevel(logging.WARNING)
+    loop_config = {"cfg": asdict(cfg), "role": role, "base_model": base_model, "link": link_state,
+                   "examples": examples, "storage": (storage.uri, storage.name), "resume_from": resume_from,
+                   "_faults": faults}
+    from recmas_ray.train.inner_worker import train_loop_per_worker
+
+    save_config(cfg, cfg.save_dir)  # next to the outputs, once every input has been checked
+    result = core.fit(train_loop_per_worker, loop_config, cfg, storage, num_workers=cfg.num_workers)
+    if result.checkpoint is None:
+        raise RuntimeError(f"inner training of {role} finished without a checkpoint (run {storage.root})")
+    save_dir = Path(cfg.save_dir)
+    save_dir.mkdir(parents=True, exist_ok=True)
+    with result.checkpoint.as_directory() as d:
+        for fname in (WEIGHTS, MANIFEST):
+            tmp = save_dir / f".{fname}.tmp"
+            shutil.copyfile(Path(d) / fname, tmp)
+            os.replace(tmp, save_dir / fname)
+    return save_dir
+
+
+def _role_state(plan, role: str) -> dict:
+    return {k: v.detach().float().cpu() for k, v in plan.links.inner[role].state_dict().items()}
+
+
+def train_inner(cfg: InnerTrainConfig, *, faults: dict | None = None) -> Path:
+    """Train one role's inner link with one TorchTrainer; returns cfg.save_dir holding the final link.
+
+    `faults` is the test-only fault-injection dict (see `core.Faults`)."""
+    check_tree(cfg)
+    style = get_style(cfg.style)
+    role = canonical_role(style, cfg.mas_role)
+    plan = plan_roles(cfg, [role])
+    examples = role_examples(load_rows(cfg.dataset_name, cfg.dataset_json_field, split=cfg.dataset_split), style,
+                             role, cfg.task)
+    if cfg.num_workers > 0:
+        from recmas_ray.distributed.driver import init_ray
+
+        init_ray()
+    return _fit(cfg, role, plan.role_models[role], _role_state(plan, role), examples, faults=faults)
+
+
+def train_all_roles(cfg: InnerTrainConfig) -> dict[str, Path]:
+    """One TorchTrainer per role of the style, all running at once; returns {role: save_dir/role}.
+
+    Each `fit()` blocks, so each runs inside its own `num_cpus=0` task (the trainer reserves its
+    own workers); in local mode (num_workers=0) the task itself reserves one worker's resources.
+    The tasks may run on any node: on a multi-node cluster save_dir and storage_path must be shared.
+    """
+    import ray
+
+    check_tree(cfg)
+    style = get_style(cfg.style)
+    roles = list(style.roles)
+    plan = plan_roles(cfg, roles)
+    rows = load_rows(cfg.dataset_name, cfg.dataset_json_field, split=cfg.dataset_split)
+    validate_rows(rows, style, roles, task=cfg.task)
+    save_config(cfg, cfg.save_dir)  # each role's own (mas_role=ROLE) goes to <save_dir>/<role>/
+    storage_path = cfg.storage_path or str(Path(cfg.save_dir).resolve() / "_ray_runs")
+    cfgs = {r: replace(cfg, mas_role=r, save_dir=str(Path(cfg.save_dir).resolve() / r), storage_path=storage_path)
+            for r in roles}
+    from recmas_ray.distributed.driver import init_ray
+
+    init_ray()
+    opts = {"num_cpus": 0} if cfg.num_workers else {
+        "num_cpus": cfg.cpus_per_worker, "num_gpus": cfg.gpus_per_worker if cfg.use_gpu else 0}
+    fit = ray.remote(_fit).options(max_retries=0, **opts)
+    refs = {r: fit.remote(c, r, plan.role_models[r], _role_state(plan, r), role_examples(rows, style, r, cfg.task))
+            for r, c in cfgs.items()}
+    try:
+        return dict(zip(refs, ray.get(list(refs.values()), timeout=cfg.fit_timeout_s)))
+    except BaseException as e:  # one role failed or timed out: stop the others too
+        for ref in refs.values():
+            ray.cancel(ref, force=True)
+        if isinstance(e, ray.exceptions.GetTimeoutError):
+            raise TimeoutError(f"inner training of {roles} did not finish within {cfg.fit_timeout_s} s") from None
+        raise
