@@ -20,6 +20,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
 import tempfile
 import zlib
 from dataclasses import dataclass, field
@@ -268,7 +269,9 @@ def _torch_load(p: Path) -> dict:
     try:  # weights_only: a .pt file can hold no code; mmap: shapes are checked before data is read
         sd = torch.load(p, map_location="cpu", weights_only=True, mmap=True)
     except Exception as e:  # noqa: BLE001 - corrupt zip, pickle refused by weights_only, ...
-        raise ValueError(f"{p}: not a loadable weights-only torch file ({str(e).splitlines()[0][:200]})") from None
+        first = re.sub(r"\x1b\[[0-9;]*m", "", str(e).strip().splitlines()[0])[:160]
+        raise ValueError(f"{p}: not a plain tensor checkpoint (loaded with weights_only=True, which refuses "
+                         f"pickled objects): {first}") from None
     if not isinstance(sd, dict) or not all(isinstance(v, torch.Tensor) for v in sd.values()):
         raise ValueError(f"{p}: expected a state dict of tensors, got {type(sd).__name__}")
     return sd

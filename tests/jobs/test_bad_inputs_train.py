@@ -71,7 +71,7 @@ INNER = [
     (["--role_model", "judge=tiny:qwen3"], "--role_model"),
     (["--ckpt_override", "planner={missing}"], "--ckpt_override"),
     (["--ckpt_override", "planner={torn}"], "not a readable safetensors file"),
-    (["--ckpt_override", "planner={badjson}"], "not valid JSON"),
+    (["--ckpt_override", "planner={badjson}"], "not a readable JSON file"),
     (["--load_dir", "{pickle}"], "weights_only"),
     (["--load_dir", "{missing}"], "--load_dir"),
     (["--storage_path", "ftp://host/x"], "--storage_path"),

@@ -152,10 +152,10 @@ def test_corrupt_files_are_one_line_errors_naming_the_file(tmp_path, tiny_cache)
     rel = tmp_path / "rel"
     rel.mkdir()
     (rel / "adapter.pt").write_bytes(b"not a zip")
-    with pytest.raises(ValueError, match=r"adapter.pt: not a loadable weights-only torch file"):
+    with pytest.raises(ValueError, match=r"adapter.pt: not a plain tensor checkpoint"):
         load_links(rel, role="planner")
     torch.save({"proj1.weight": Payload()}, rel / "adapter.pt")  # a pickled object: weights_only refuses it
-    with pytest.raises(ValueError, match="not a loadable weights-only torch file"):
+    with pytest.raises(ValueError, match="not a plain tensor checkpoint"):
         load_links(rel, role="planner")
 
 
