@@ -126,8 +126,9 @@ def test_grade_code_reports_contained_network_and_outside_writes_as_failures(tmp
     net = G.grade_code("import socket\nsocket.create_connection(('10.0.0.1', 80), timeout=1)",
                        "pass", timeout_s=5)
     write = G.grade_code(f"open({str(outside)!r}, 'w').write('x')", "pass", timeout_s=5)
-    for res in (net, write):
-        assert not res.passed and res.error_type == "SANDBOX" and "blocked" in res.detail
+    assert not net.passed and net.error_type == "SANDBOX" and "blocked" in net.detail
+    # The host's tmp_path does not exist in the sandbox's mount namespace: refused or not found, never written.
+    assert not write.passed and write.error_type in ("SANDBOX", "RE")
     assert not outside.exists()
 
 
