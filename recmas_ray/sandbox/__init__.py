@@ -177,15 +177,18 @@ def _run(code: str, cfg: SandboxConfig, stdin: str, prelude: str, tests: str | N
            _memfd("seccomp", seccomp.build_filter(allow_fork=cfg.allow_subprocess, allow_sockets=cfg.allow_network))]
     cfg_fd, stdin_fd, filter_fd = fds
     del boot_cfg
+    info_r, info_w = os.pipe()
     try:
         cmd = _bwrap.command(child_argv=[sys.executable, "-I", "-B", "-X", "utf8", "-c", _LAUNCH, _BOOT, str(cfg_fd)],
-                             env=_child_env(), seccomp_fd=filter_fd, work_bytes=cfg.work_dir_mb * mib,
+                             env=_child_env(), seccomp_fd=filter_fd, info_fd=info_w, work_bytes=cfg.work_dir_mb * mib,
                              allow_network=cfg.allow_network)
         proc = subprocess.Popen(cmd, cwd="/", env={"PATH": os.defpath}, stdin=stdin_fd, stdout=subprocess.PIPE,
-                                stderr=subprocess.PIPE, start_new_session=True, pass_fds=(cfg_fd, filter_fd, result_w))
+                                stderr=subprocess.PIPE, start_new_session=True,
+                                pass_fds=(cfg_fd, filter_fd, result_w, info_w))
     finally:
-        for fd in fds + [result_w]:
+        for fd in fds + [result_w, info_w]:
             os.close(fd)
+    init = _open_init(info_r)
     try:  # the clock starts at launch: the one-off kernel probe must not eat into the first call's time
         out, err, timed_out = _collect(proc, time.monotonic() + cfg.timeout_s, cfg.max_output_chars * 4 + 4)
     finally:
@@ -196,12 +199,48 @@ def _run(code: str, cfg: SandboxConfig, stdin: str, prelude: str, tests: str | N
             proc.wait(timeout=5)
         except subprocess.TimeoutExpired:
             logger.warning("sandbox child %d did not exit after SIGKILL", proc.pid)
+        _wait_init(init)
     reported = _read_all(result_r)
     exit_code = None if timed_out else _exit_status(proc.returncode)
     stdout, stderr = _decode(out, cfg.max_output_chars), _decode(err, cfg.max_output_chars)
     error = _classify(exit_code, stderr, timed_out, cfg)
     passed = None if nonce is None else (reported.strip() == nonce.encode() and not timed_out)
     return SandboxResult(stdout, stderr, exit_code, timed_out, error, time.monotonic() - start, passed)
+
+
+def _open_init(info_fd: int) -> int | None:
+    """A pidfd on the sandbox's PID-namespace init, from bwrap's info JSON (None when it is already gone)."""
+    try:
+        with os.fdopen(info_fd, "rb") as f:
+            info = json.loads(f.read() or b"{}")
+        pid = int(info["child-pid"])
+        pidfd = os.pidfd_open(pid)
+    except (OSError, ValueError, KeyError):
+        return None
+    try:  # a recycled pid would be in our own namespace: never wait for (or kill) such a process
+        if os.readlink(f"/proc/{pid}/ns/pid") != os.readlink("/proc/self/ns/pid"):
+            return pidfd
+    except OSError:
+        pass
+    os.close(pidfd)
+    return None
+
+
+def _wait_init(pidfd: int | None) -> None:
+    """Return once the namespace's init has exited, i.e. once every process of the call is gone."""
+    if pidfd is None:
+        return
+    try:
+        sel = selectors.DefaultSelector()
+        sel.register(pidfd, selectors.EVENT_READ)
+        if not sel.select(timeout=5):  # its parent (bwrap) is dead, so PDEATHSIG should have killed it already
+            signal.pidfd_send_signal(pidfd, signal.SIGKILL)
+            sel.select(timeout=5)
+        sel.close()
+    except OSError:
+        pass
+    finally:
+        os.close(pidfd)
 
 
 def _read_all(fd: int) -> bytes:

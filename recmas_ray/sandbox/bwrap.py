@@ -67,22 +67,26 @@ def _root_layout() -> list[str]:
     return args
 
 
-def command(*, child_argv: list[str], env: dict[str, str], seccomp_fd: int, work_bytes: int,
+def command(*, child_argv: list[str], env: dict[str, str], seccomp_fd: int, info_fd: int, work_bytes: int,
             allow_network: bool) -> list[str]:
-    """Full bwrap command line running ``child_argv`` (the interpreter and its arguments) in /work."""
-    return _argv(_probe(), child_argv=child_argv, env=env, seccomp_fd=seccomp_fd, work_bytes=work_bytes,
-                 allow_network=allow_network)
+    """Full bwrap command line running ``child_argv`` (the interpreter and its arguments) in /work.
+
+    bwrap writes {"child-pid": N} on ``info_fd``: N is the namespace's init, whose end means every process
+    of the call is gone (the kernel kills the rest of a PID namespace when its init exits).
+    """
+    return _argv(_probe(), child_argv=child_argv, env=env, seccomp_fd=seccomp_fd,
+                 work_bytes=work_bytes, allow_network=allow_network, extra=["--info-fd", str(info_fd)])
 
 
 def _argv(bwrap: str, *, child_argv: list[str], env: dict[str, str], seccomp_fd: int, work_bytes: int,
-          allow_network: bool) -> list[str]:
+          allow_network: bool, extra: list[str] = ()) -> list[str]:
     uid = _UID_BASE + secrets.randbelow(_UID_SPAN)
     ns = ["--unshare-pid", "--unshare-ipc", "--unshare-uts", "--unshare-cgroup-try"]
     if not allow_network:
         ns.append("--unshare-net")
     if os.geteuid() != 0:
         ns += ["--unshare-user", "--uid", str(uid), "--gid", str(uid)]
-    args = [bwrap, *ns, "--die-with-parent", "--new-session", *_root_layout()]
+    args = [bwrap, *extra, *ns, "--die-with-parent", "--new-session", *_root_layout()]
     if allow_network:
         args += [arg for p in ("/etc/resolv.conf", "/etc/hosts", "/etc/ssl", "/etc/nsswitch.conf")
                  if os.path.exists(p) for arg in ("--ro-bind", p, p)]
