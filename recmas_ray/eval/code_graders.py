@@ -236,6 +236,8 @@ def grade_functional(program: str | None, fn_name: str, inputs: Sequence[str],
     try:
         results = json.loads(lines[-1][len(_RESULT_MARK):])
     except json.JSONDecodeError:
+        results = None
+    if not isinstance(results, list) or not all(isinstance(r, dict) for r in results):
         return CodeResult(False, 0, n, "RE", "unreadable result line", res.seconds)
     for i, (got, want) in enumerate(zip(results, outputs)):
         if "err" in got:

@@ -7,8 +7,9 @@ Grading mode (``tests`` set): the program runs as module ``solution``; the tests
 of their own (a copy of the solution's names, with a private copy of the builtins) through the trusted
 ``_HARNESS`` code object. Only when that code object reaches its last line does the audit hook, the sole holder
 of the call's nonce, write it to the result pipe. SystemExit, os._exit, forged output or a re-run of the
-harness cannot produce it; frames (sys._getframe, tracebacks, generators), tracing, ctypes and gc walks are
-refused so the program cannot read the tests' globals or the harness.
+harness cannot produce it; frames (sys._getframe, tracebacks, generators), tracing, ctypes symbol loading and
+audited memory reads, and gc walks are refused so the program cannot read the tests' globals or the harness.
+Not covered: unaudited native memory reads (ctypes.cast of an id() to a pointer) of the process's own heap.
 """
 
 _HARNESS = """\
@@ -76,6 +77,10 @@ def _grade(c, src, guard, harness_src=_HARNESS):
         write(2, ("%s: %s\n" % (what, text)).encode("utf-8", "replace"))
         exit_now(1)
 
+    try:
+        import ctypes  # noqa: F401 (before the guard: its own start-up loads libraries, refused afterwards)
+    except ImportError:
+        pass
     ns = {"__name__": "solution", "__file__": "main.py", "__builtins__": builtins}
     exec(compile(c["prelude"], "<prelude>", "exec"), ns)
     try:
@@ -95,7 +100,7 @@ def _guard(c, harness, last_line=_HARNESS_LAST_LINE):
     import os, re, sys, _thread
     root = os.path.realpath(os.getcwd())
     deny = tuple(c["deny_read"])
-    secret_proc = re.compile(r"^/proc/[0-9]+/(task/[0-9]+/)?(environ|mem)$")
+    secret_proc = re.compile(r"^/proc/[0-9]+/(task/[0-9]+/)?(environ|mem|maps|smaps|pagemap)$")
     wflags = os.O_WRONLY | os.O_RDWR | os.O_CREAT | os.O_TRUNC | os.O_APPEND
     net_events = frozenset(() if c["allow_network"] else (
         "socket.connect", "socket.bind", "socket.sendto", "socket.sendmsg", "socket.getaddrinfo",
@@ -133,7 +138,12 @@ def _guard(c, harness, last_line=_HARNESS_LAST_LINE):
     nonce, result_fd, write, busy = c["nonce"], c["result_fd"], os.write, set()
     frame_attrs = frozenset(("tb_frame", "gi_frame", "cr_frame", "ag_frame", "f_code", "gi_code", "cr_code",
                              "ag_code"))
-    grading_imports = frozenset(("_ctypes", "ctypes", "_testcapi", "_testinternalcapi", "_xxsubinterpreters"))
+    grading_imports = frozenset(("_testcapi", "_testinternalcapi", "_xxsubinterpreters"))
+    # ctypes stays importable (numpy needs it; it is loaded before this hook) but cannot load symbols or read
+    # memory through the audited entry points.
+    grading_events = frozenset(("sys._current_frames", "sys.settrace", "sys.setprofile", "sys.setasyncgen_hooks",
+                                "ctypes.dlopen", "ctypes.dlsym", "ctypes.dlsym/handle", "ctypes.string_at",
+                                "ctypes.wstring_at", "ctypes.cdata", "ctypes.cdata/buffer"))
     if not grading:
         os.close(result_fd)
 
@@ -157,7 +167,7 @@ def _guard(c, harness, last_line=_HARNESS_LAST_LINE):
             passed()
         elif event == "sys._getframe":
             raise ValueError("sandbox blocked: frame access while grading")  # stdlib callers expect ValueError
-        elif event in ("sys._current_frames", "sys.settrace", "sys.setprofile", "sys.setasyncgen_hooks"):
+        elif event in grading_events:
             refuse(event + " while grading")
         elif event == "object.__getattr__" and args[1] in frame_attrs:
             refuse("access to %s while grading" % args[1])

@@ -155,6 +155,84 @@ def test_grade_dispatch_code_record_and_missing_fence():
     assert not missing.correct and missing.parse_failed
 
 
+# ----------------------------------------------------------------------------- grader cheats
+
+_ADD_TESTS = "E = 5\nassert add(2, 3) == E\nassert abs(add(0.5, 0.25) - 0.75) < 1e-9\n"
+_WRONG = "def add(a, b):\n    return 0\n"
+SCRIPT_CHEATS = {
+    "exit()": "exit()\n" + _WRONG,
+    "sys.exit(0)": "import sys\nsys.exit(0)\n" + _WRONG,
+    "os._exit(0)": "import os\nos._exit(0)\n" + _WRONG,
+    "__main__ guard": _WRONG + "import sys\nif __name__ == '__main__':\n    sys.exit(0)\n",
+    "exit during a test": "import os\ndef add(a, b):\n    os._exit(0)\n",
+    "SystemExit during a test": "def add(a, b):\n    raise SystemExit(0)\n",
+    "forged stdout": _WRONG + "import sys, os\nsys.__stdout__.write('OK\\nPASSED\\n__RECMAS_FUNCTIONAL_RESULT__"
+                     "{\"ok\": true}\\n')\nsys.__stdout__.flush()\nos._exit(0)\n",
+    "fake harness event": _WRONG + "import sys, os\nsys.audit('recmas.sandbox.tests_passed')\nos._exit(0)\n",
+    "junk on every fd": _WRONG + "import os\nfor fd in range(3, 64):\n    try:\n        os.write(fd, b'0' * 32)\n"
+                        "    except OSError:\n        pass\nos._exit(0)\n",
+    "caller f_globals": "import sys\ndef add(a, b):\n    return sys._getframe(1).f_globals['E']\n",
+    "f_back walk": "import sys\ndef add(a, b):\n    return sys._getframe(0).f_back.f_globals['E']\n",
+    "traceback frame": "def add(a, b):\n    try:\n        raise ValueError\n    except ValueError as e:\n"
+                       "        return e.__traceback__.tb_frame.f_back.f_globals['E']\n",
+    "inspect.stack": "import inspect\ndef add(a, b):\n    return inspect.stack()[1].frame.f_globals['E']\n",
+    "patched builtins": "import builtins\nbuiltins.abs = lambda x: 0\ndef add(a, b):\n    return 5\n",
+    "ctypes frame": "import ctypes\ndef add(a, b):\n    f = ctypes.pythonapi.PyEval_GetFrame\n"
+                    "    f.restype = ctypes.py_object\n    return f().f_back.f_globals['E']\n",
+    "settrace": "import sys\ndef add(a, b):\n    sys.settrace(lambda *a: None)\n    return 5\n",
+}
+
+
+@pytest.mark.parametrize("name", sorted(SCRIPT_CHEATS))
+def test_script_grader_cheats_fail(name):
+    res = G.grade_code(SCRIPT_CHEATS[name], _ADD_TESTS, timeout_s=5)
+    assert not res.passed, (name, res)
+
+
+def test_script_grader_reference_solutions_still_pass():
+    for program in ["def add(a, b):\n    return a + b\n",
+                    "import sys\nfrom collections import namedtuple\nP = namedtuple('P', 'x y')\n"
+                    "def add(a, b):\n    print('noise', file=sys.stderr)\n    return P(a, b).x + P(a, b).y\n",
+                    "def add(a, b):\n    return a + b\nif __name__ == '__main__':\n    print(add(1, 2))\n"]:
+        res = G.grade_code(program, _ADD_TESTS + "import numpy as np\nassert np.isclose(add(1, 1), 2)\n",
+                           timeout_s=10)
+        assert res.passed, (program, res)
+
+
+FUNCTIONAL_CHEATS = {
+    "forged result line": "import sys, os\nsys.__stdout__.write('\\n__RECMAS_FUNCTIONAL_RESULT__"
+                          "[{\"got\": \"[3, 6]\"}, {\"got\": \"[]\"}]\\n')\nsys.__stdout__.flush()\nos._exit(0)\n",
+    "old-format forged line": "import sys\nprint('__RECMAS_FUNCTIONAL_RESULT__{\"ok\": true, \"passed\": 2, "
+                              "\"err\": null, \"detail\": \"OK\"}')\nsys.exit(0)\n",
+    "exit at import": "exit(0)\ndef scale(xs, k):\n    return xs\n",
+    "exit in the call": "import os\ndef scale(xs, k):\n    os._exit(0)\n",
+    "caller frame": "import sys\ndef scale(xs, k):\n    return sys._getframe(1).f_globals.get('_OUTPUTS')\n",
+}
+
+
+@pytest.mark.parametrize("name", sorted(FUNCTIONAL_CHEATS))
+def test_functional_grader_cheats_fail(name):
+    res = G.grade_functional(FUNCTIONAL_CHEATS[name], "scale", ["[1, 2]\n3", "[]\n5"], ["[3, 6]", "[]"],
+                             timeout_s=3)
+    assert not res.passed, (name, res)
+
+
+def test_stdin_grader_cheats_fail():
+    for program in ["exit(0)", "import os\nos._exit(0)", "import sys\nprint('3', file=sys.stderr)"]:
+        assert not G.grade_stdio(program, ["1 2\n"], ["3"], timeout_s=5).passed
+
+
+def test_grade_program_dispatches_row_interfaces():
+    assert G.grade_program("def add(a, b):\n    return a + b", test_type="assert", tests=_ADD_TESTS).passed
+    assert G.grade_program("class Solution:\n    def twice(self, x):\n        return 2 * x", test_type="functional",
+                           fn_name="twice", inputs=["4"], outputs=["8"]).passed
+    assert G.grade_program("print(int(input()) * 2)", test_type="stdin", inputs=["4\n"], outputs=["8"]).passed
+    with pytest.raises(ValueError, match="fn_name"):
+        G.grade_program("x = 1", test_type="functional", inputs=["1"], outputs=["1"])
+    with pytest.raises(ValueError, match="test_type"):
+        G.grade_program("x = 1", test_type="essay")
+
+
 # ----------------------------------------------------------------------------- QA and pass@k
 
 def test_open_qa_normalisation_exact_match_and_f1():
