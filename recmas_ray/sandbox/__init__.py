@@ -322,7 +322,7 @@ def _classify(exit_code: int | None, stderr: str, timed_out: bool, cfg: SandboxC
     if lines:
         return "blocked: " + lines[-1].split(_BLOCK_MARK, 1)[1].strip()
     last = stderr.rstrip().rsplit("\n", 1)[-1]
-    if last.startswith("PermissionError:"):  # refused by the kernel layers (uid 65534, namespaces)
+    if last.startswith("PermissionError:"):  # refused by the kernel layers (read-only mounts, per-call uid)
         return "blocked: " + last.split(":", 1)[1].strip()
     if last.startswith("BlockingIOError:") and "[Errno 11]" in last:  # fork/thread refused by RLIMIT_NPROC
         return f"process limit ({cfg.max_processes} more)"

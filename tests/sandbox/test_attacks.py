@@ -141,3 +141,16 @@ def test_processes_of_a_timed_out_call_are_gone(parent) -> None:
     res = parent.run(code, allow_subprocess=True, timeout_s=2)
     assert res.timed_out
     assert processes_in_namespace(_ns(res)) == []  # run_python returns only once the namespace's init is gone
+
+
+def test_fork_storm_is_bounded_by_the_process_limit(parent) -> None:
+    code = NS + ("import time\nn = 0\ntry:\n    for _ in range(200):\n        if os.fork() == 0:\n"
+                 "            time.sleep(30)\n            os._exit(0)\n        n += 1\nexcept OSError as e:\n"
+                 "    print('stopped', n, e.errno)")
+    res = parent.run(code, allow_subprocess=True, max_processes=16)
+    stopped = [ln.split() for ln in res.stdout.splitlines() if ln.startswith("stopped")]
+    assert stopped and stopped[0][2] == str(errno.EAGAIN), res
+    # A root parent's call has a uid of its own: exactly the limit. A non-root parent's calls share its uid,
+    # whose other processes (which may come and go meanwhile) count too.
+    assert int(stopped[0][1]) <= 16 if parent.name == "root" else int(stopped[0][1]) < 200, res
+    assert processes_in_namespace(_ns(res)) == []
