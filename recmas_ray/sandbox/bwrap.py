@@ -3,7 +3,8 @@
 Mount namespace (nothing of the host is visible except what is listed here, all read-only):
   /usr, the /bin /lib /lib64 /sbin links or folders, a few /etc files the dynamic linker and time zone need,
   the interpreter's prefixes and site-packages; a fresh /proc (this PID namespace only) and a minimal /dev;
-  /work: a size-limited tmpfs, the only writable place (/tmp links to it; HOME and TMPDIR point at it).
+  /work: a size-limited tmpfs, the only writable place with /dev/shm (16 MiB; /tmp links to /work; HOME and
+  TMPDIR point at it); bwrap's own root and /dev are remounted read-only.
 Namespaces: PID (the call's processes die with it: --die-with-parent and the namespace's init), network
 (empty: only a loopback with nothing listening), IPC, UTS, cgroup. Identity: a non-root parent gets a fresh
 user namespace with a random uid per call; a root parent (which would stay host uid 0 inside a user
@@ -25,6 +26,7 @@ from recmas_ray.sandbox import seccomp
 WORK = "/work"
 # Random host uids for root parents come from a range no distribution allocates (above 2**20, below 2**31).
 _UID_BASE, _UID_SPAN = 1 << 20, 1 << 30
+_SHM_BYTES = 16 << 20  # /dev/shm for multiprocessing locks and queues
 _ETC_FILES = ("/etc/ld.so.cache", "/etc/localtime", "/etc/mime.types")
 _CONTAINER_HINT = ("or run the grader in a container that allows it, e.g. "
                    "`docker run --security-opt seccomp=unconfined --security-opt apparmor=unconfined ...`")
@@ -90,7 +92,10 @@ def _argv(bwrap: str, *, child_argv: list[str], env: dict[str, str], seccomp_fd:
     if allow_network:
         args += [arg for p in ("/etc/resolv.conf", "/etc/hosts", "/etc/ssl", "/etc/nsswitch.conf")
                  if os.path.exists(p) for arg in ("--ro-bind", p, p)]
-    args += ["--proc", "/proc", "--dev", "/dev",
+    # Every writable place is a size-limited tmpfs; the rest (bwrap's own root and /dev tmpfs, which a user
+    # namespace would let the child fill) is remounted read-only once set up.
+    args += ["--proc", "/proc", "--dev", "/dev", "--perms", "01777", "--size", str(_SHM_BYTES), "--tmpfs", "/dev/shm",
+             "--remount-ro", "/dev",
              "--perms", "0777", "--size", str(work_bytes), "--tmpfs", WORK, "--symlink", WORK, "/tmp"]
     made: set[str] = set()
     for path in _interpreter_paths():
@@ -100,7 +105,7 @@ def _argv(bwrap: str, *, child_argv: list[str], env: dict[str, str], seccomp_fd:
             args += ["--perms", "0755", "--dir", parent]
             made.add(parent)
         args += ["--ro-bind", path, path]
-    args += ["--chdir", WORK, "--clearenv"]
+    args += ["--remount-ro", "/", "--chdir", WORK, "--clearenv"]
     for key, value in sorted(env.items()):
         args += ["--setenv", key, value]
     args += ["--seccomp", str(seccomp_fd)]

@@ -154,3 +154,14 @@ def test_fork_storm_is_bounded_by_the_process_limit(parent) -> None:
     # whose other processes (which may come and go meanwhile) count too.
     assert int(stopped[0][1]) <= 16 if parent.name == "root" else int(stopped[0][1]) < 200, res
     assert processes_in_namespace(_ns(res)) == []
+
+
+def test_only_size_limited_tmpfs_is_writable(parent) -> None:
+    # Native open (no audit hook): bwrap's own root and /dev would be writable inside a user namespace.
+    dirs = ["/", "/etc", "/dev", "/usr", "/bin", "/proc", "/work", "/tmp", "/dev/shm"]
+    code = NATIVE + ("op = native('open', ctypes.c_int, ctypes.c_char_p, ctypes.c_int, ctypes.c_int)\n"
+                     "for d in %r:\n    fd = op((d.rstrip('/') + '/probe').encode(), 0o101, 0o644)\n"
+                     "    print(d, 'W' if fd >= 0 else 'refused')" % dirs)
+    res = parent.run(code)
+    writable = {ln.split()[0] for ln in res.stdout.splitlines() if ln.endswith(" W")}
+    assert writable == {"/work", "/tmp", "/dev/shm"}, res
