@@ -123,7 +123,7 @@ def test_grade_code_pass_fail_timeout_memory():
 
 def test_grade_code_reports_contained_network_and_outside_writes_as_failures(tmp_path):
     outside = tmp_path / "escaped.txt"
-    net = G.grade_code("import socket\nsocket.create_connection(('10.0.0.1', 80), timeout=1)",
+    net = G.grade_code("import socket\nsocket.create_connection(('127.0.0.1', 9), timeout=1)",
                        "pass", timeout_s=5)
     write = G.grade_code(f"open({str(outside)!r}, 'w').write('x')", "pass", timeout_s=5)
     assert not net.passed and net.error_type == "SANDBOX" and "blocked" in net.detail
