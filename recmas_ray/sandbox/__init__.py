@@ -136,7 +136,6 @@ def run_python(code: str, *, config: SandboxConfig | None = None, stdin: str = "
         '42\\n'
     """
     cfg = config or SandboxConfig()
-    _bwrap.command  # noqa: B018 (imported eagerly so a missing module fails here, not in the child)
     _bwrap._probe()  # raises SandboxUnavailable before any model code is handed over
     start = time.monotonic()
     try:
@@ -150,7 +149,9 @@ def run_python(code: str, *, config: SandboxConfig | None = None, stdin: str = "
 
 
 def _memfd(name: str, data: bytes) -> int:
-    fd = os.memfd_create(name, 0)  # no CLOEXEC: inherited by bwrap and the child, never on disk
+    # Never on disk; close-on-exec, so only the bwrap it is passed to (pass_fds) inherits it, not a process another
+    # thread starts meanwhile.
+    fd = os.memfd_create(name, os.MFD_CLOEXEC)
     os.write(fd, data)
     os.lseek(fd, 0, os.SEEK_SET)
     return fd
@@ -169,7 +170,6 @@ def _run(code: str, cfg: SandboxConfig, stdin: str, prelude: str, tests: str | N
     limits.append(("RLIMIT_NPROC", base + cfg.max_processes, base + cfg.max_processes))
     nonce = secrets.token_hex(16) if tests is not None else None
     result_r, result_w = os.pipe()
-    os.set_inheritable(result_w, True)
     boot_cfg = {"limits": limits, "prelude": prelude, "code": code, "tests": tests, "nonce": nonce,
                 "result_fd": result_w, "allow_network": cfg.allow_network, "allow_subprocess": cfg.allow_subprocess,
                 "deny_read": _deny_read_paths(cfg)}
@@ -185,6 +185,10 @@ def _run(code: str, cfg: SandboxConfig, stdin: str, prelude: str, tests: str | N
         proc = subprocess.Popen(cmd, cwd="/", env={"PATH": os.defpath}, stdin=stdin_fd, stdout=subprocess.PIPE,
                                 stderr=subprocess.PIPE, start_new_session=True,
                                 pass_fds=(cfg_fd, filter_fd, result_w, info_w))
+    except BaseException:
+        os.close(info_r)
+        os.close(result_r)
+        raise
     finally:
         for fd in fds + [result_w, info_w]:
             os.close(fd)
