@@ -13,7 +13,6 @@ no-new-privs. Both load the seccomp filter of `seccomp.py`.
 """
 from __future__ import annotations
 
-import functools
 import os
 import secrets
 import shutil
@@ -125,14 +124,18 @@ def _setpriv() -> str:
     return path
 
 
+# (sysctl file, bad value, what it means) for the usual ways a kernel refuses unprivileged user namespaces.
+USERNS_SYSCTLS = (
+    ("/proc/sys/kernel/unprivileged_userns_clone", "0",
+     "unprivileged user namespaces disabled (kernel.unprivileged_userns_clone=0)"),
+    ("/proc/sys/user/max_user_namespaces", "0", "user namespaces disabled (user.max_user_namespaces=0)"),
+    ("/proc/sys/kernel/apparmor_restrict_unprivileged_userns", "1",
+     "AppArmor restricts unprivileged user namespaces (kernel.apparmor_restrict_unprivileged_userns=1)"))
+
+
 def _userns_hint() -> str:
     """Why unprivileged user namespaces fail, from the usual sysctls (empty when none is set)."""
-    checks = (("/proc/sys/kernel/unprivileged_userns_clone", "0",
-               "unprivileged user namespaces disabled (kernel.unprivileged_userns_clone=0)"),
-              ("/proc/sys/user/max_user_namespaces", "0", "user namespaces disabled (user.max_user_namespaces=0)"),
-              ("/proc/sys/kernel/apparmor_restrict_unprivileged_userns", "1",
-               "AppArmor restricts unprivileged user namespaces (kernel.apparmor_restrict_unprivileged_userns=1)"))
-    for path, bad, text in checks:
+    for path, bad, text in USERNS_SYSCTLS:
         try:
             with open(path) as f:
                 if f.read().strip() == bad:
@@ -142,9 +145,27 @@ def _userns_hint() -> str:
     return ""
 
 
-@functools.lru_cache(maxsize=None)
+_PROBED: list = []  # [bwrap path] or [SandboxUnavailable]: the probe runs once per process, failures included
+
+
 def _probe() -> str:
     """Check once per process that bwrap runs a trivial child with every layer; return the bwrap path."""
+    if not _PROBED:
+        try:
+            _PROBED.append(_probe_once())
+        except SandboxUnavailable as exc:
+            _PROBED.append(exc)
+    if isinstance(_PROBED[0], SandboxUnavailable):
+        raise _PROBED[0]
+    return _PROBED[0]
+
+
+def _probe_reset() -> None:
+    """Forget the probe's result (tests that fake a missing bwrap)."""
+    _PROBED.clear()
+
+
+def _probe_once() -> str:
     bwrap = shutil.which("bwrap")
     if bwrap is None:
         raise SandboxUnavailable(f"bwrap not found: apt-get install bubblewrap ({_CONTAINER_HINT})")

@@ -38,14 +38,24 @@ def test_simple_code_runs_in_a_throwaway_dir() -> None:
 
 def test_sandbox_refuses_to_run_without_bwrap(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(bwrap.shutil, "which", lambda name, *a, **k: None)
-    bwrap._probe.cache_clear()
+    bwrap._probe_reset()
     try:
-        with pytest.raises(SandboxUnavailable, match="bwrap not found: apt-get install bubblewrap"):
-            run_python("print('model code')")
+        for _ in range(2):  # the refusal is cached like a success
+            with pytest.raises(SandboxUnavailable, match="bwrap not found: apt-get install bubblewrap"):
+                run_python("print('model code')")
     finally:
         monkeypatch.undo()
-        bwrap._probe.cache_clear()
+        bwrap._probe_reset()
     assert run_python("print(1)").stdout == "1\n"
+
+
+def test_user_namespace_hint_names_the_sysctl(tmp_path, monkeypatch: pytest.MonkeyPatch) -> None:
+    knob = tmp_path / "unprivileged_userns_clone"
+    knob.write_text("0\n")
+    monkeypatch.setattr(bwrap, "USERNS_SYSCTLS", ((str(knob), "0", bwrap.USERNS_SYSCTLS[0][2]),))
+    assert bwrap._userns_hint() == "unprivileged user namespaces disabled (kernel.unprivileged_userns_clone=0)"
+    knob.write_text("1\n")
+    assert bwrap._userns_hint() == ""
 
 
 def test_work_dir_has_a_size_quota() -> None:
