@@ -8,13 +8,18 @@ from __future__ import annotations
 
 import errno
 import json
-import os
 import socket
 
 import pytest
 from sandbox_parents import processes_in_namespace
 
-from recmas_ray.sandbox import SandboxConfig, SandboxResult, SandboxUnavailable, bwrap, run_python
+from recmas_ray.sandbox import (
+    SandboxConfig,
+    SandboxResult,
+    SandboxUnavailable,
+    bwrap,
+    run_python,
+)
 
 TIGHT = SandboxConfig(timeout_s=5, cpu_time_s=5, memory_mb=512, max_processes=16)
 
