@@ -173,11 +173,6 @@ _RESULT_MARK = "__RECMAS_FUNCTIONAL_RESULT__"
 _FUNCTIONAL_HARNESS = r"""
 import io as _io, json as _json, signal as _signal, sys as _sys
 _real_out = _sys.__stdout__
-class _TLE(Exception):
-    pass
-def _alarm(signum, frame):
-    raise _TLE()
-_signal.signal(_signal.SIGALRM, _alarm)
 _results = []
 _obj = Solution() if _HAS_CLASS and isinstance(globals().get("Solution"), type) else None
 _fn = getattr(_obj, _FN, None) if _obj is not None else globals().get(_FN)
@@ -194,7 +189,7 @@ for _i, _inp in enumerate(_INPUTS):
         _signal.alarm(_TIMEOUT)
         _got = _fn(*_args)
         _signal.alarm(0)
-    except _TLE:
+    except TimeoutError:  # the sandbox's SIGALRM handler (grading mode forbids installing others)
         _results.append({"err": "TLE", "detail": "test %d" % _i}); break
     except BaseException as e:
         _signal.alarm(0); _results.append({"err": "RE", "detail": repr(e)[:800]}); break

@@ -172,7 +172,8 @@ def _run(code: str, cfg: SandboxConfig, stdin: str, prelude: str, tests: str | N
     result_r, result_w = os.pipe()
     boot_cfg = {"limits": limits, "prelude": prelude, "code": code, "tests": tests, "nonce": nonce,
                 "result_fd": result_w, "allow_network": cfg.allow_network, "allow_subprocess": cfg.allow_subprocess,
-                "deny_read": _deny_read_paths(cfg)}
+                "deny_read": _deny_read_paths(cfg),
+                "no_handlers_filter": seccomp.build_no_handlers_filter().hex() if tests is not None else None}
     fds = [_memfd("boot", json.dumps(boot_cfg).encode()), _memfd("stdin", stdin.encode("utf-8", "replace")),
            _memfd("seccomp", seccomp.build_filter(allow_fork=cfg.allow_subprocess, allow_sockets=cfg.allow_network))]
     cfg_fd, stdin_fd, filter_fd = fds

@@ -7,8 +7,9 @@ Grading mode (``tests`` set): the program runs as module ``solution``; the tests
 of their own (a copy of the solution's names, with a private copy of the builtins) through the trusted
 ``_HARNESS`` code object. Only when that code object reaches its last line does the audit hook, the sole holder
 of the call's nonce, write it to the result pipe. SystemExit, os._exit, forged output or a re-run of the
-harness cannot produce it; frames (sys._getframe, tracebacks, generators), tracing, ctypes symbol loading and
-audited memory reads, and gc walks are refused so the program cannot read the tests' globals or the harness.
+harness cannot produce it; frames (sys._getframe, tracebacks, generators, signal handlers), tracing, ctypes
+symbol loading and audited memory reads, and gc walks are refused so the program cannot read the tests'
+globals or the harness.
 Not covered: unaudited native memory reads (ctypes.cast of an id() to a pointer) of the process's own heap.
 """
 
@@ -44,7 +45,7 @@ def _boot():
     sys.argv[:] = ["main.py"]
     main_globals = sys.modules["__main__"].__dict__
     guard, grade = _guard, _grade
-    for name in ("_boot", "_guard", "_grade", "_HARNESS", "_HARNESS_LAST_LINE"):  # no handle on the boot code
+    for name in ("_boot", "_guard", "_grade", "_load_seccomp", "_HARNESS", "_HARNESS_LAST_LINE"):  # no handle on the boot code
         main_globals.pop(name, None)
     if c["tests"] is not None:
         grade(c, src, guard)
@@ -65,7 +66,20 @@ def _boot():
         sys.exit(1)
 
 
-def _grade(c, src, guard, harness_src=_HARNESS):
+def _load_seccomp(prog):
+    import ctypes
+
+    class SockFprog(ctypes.Structure):
+        _fields_ = [("len", ctypes.c_ushort), ("filter", ctypes.c_void_p)]
+
+    buf = ctypes.create_string_buffer(prog, len(prog))
+    fprog = SockFprog(len(prog) // 8, ctypes.addressof(buf))
+    libc = ctypes.CDLL(None, use_errno=True)
+    if libc.prctl(22, 2, ctypes.byref(fprog), 0, 0) != 0:  # PR_SET_SECCOMP, SECCOMP_MODE_FILTER
+        raise OSError(ctypes.get_errno(), "cannot load the grading seccomp filter")
+
+
+def _grade(c, src, guard, harness_src=_HARNESS, load_seccomp=_load_seccomp):
     import builtins, os
     write, exit_now = os.write, os._exit
 
@@ -83,6 +97,15 @@ def _grade(c, src, guard, harness_src=_HARNESS):
         pass
     ns = {"__name__": "solution", "__file__": "main.py", "__builtins__": builtins}
     exec(compile(c["prelude"], "<prelude>", "exec"), ns)
+    # A signal handler is handed the interrupted frame (the tests' globals): install the only one the tests
+    # need (SIGALRM -> TimeoutError, for per-test time limits), then forbid installing any other.
+    import signal
+
+    def alarm(signum, frame):
+        raise TimeoutError("sandbox alarm")
+
+    signal.signal(signal.SIGALRM, alarm)
+    load_seccomp(bytes.fromhex(c["no_handlers_filter"]))
     try:
         solution = compile(src, "main.py", "exec")
     except BaseException as exc:

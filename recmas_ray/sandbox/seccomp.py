@@ -29,7 +29,7 @@ _NR = {
                "move_mount": 429, "fsopen": 430, "fsconfig": 431, "fsmount": 432, "fspick": 433,
                "pidfd_getfd": 438, "mount_setattr": 442, "quotactl": 179, "syslog": 103, "vhangup": 153,
                "lookup_dcookie": 212, "personality": 135,
-               "fork": 57, "vfork": 58, "clone": 56, "clone3": 435, "socket": 41, "ioctl": 16},
+               "fork": 57, "vfork": 58, "clone": 56, "clone3": 435, "socket": 41, "ioctl": 16, "rt_sigaction": 13},
     "aarch64": {"ptrace": 117, "mount": 40, "umount2": 39, "pivot_root": 41, "chroot": 51, "swapon": 224,
                 "swapoff": 225, "reboot": 142, "acct": 89, "init_module": 105, "finit_module": 273,
                 "delete_module": 106, "kexec_load": 104, "kexec_file_load": 294, "add_key": 217,
@@ -39,7 +39,7 @@ _NR = {
                 "io_uring_enter": 426, "io_uring_register": 427, "open_tree": 428, "move_mount": 429,
                 "fsopen": 430, "fsconfig": 431, "fsmount": 432, "fspick": 433, "pidfd_getfd": 438,
                 "mount_setattr": 442, "quotactl": 60, "syslog": 116, "vhangup": 58, "lookup_dcookie": 18,
-                "personality": 92, "clone": 220, "clone3": 435, "socket": 198, "ioctl": 29},
+                "personality": 92, "clone": 220, "clone3": 435, "socket": 198, "ioctl": 29, "rt_sigaction": 134},
 }
 ALWAYS_DENIED = ("ptrace", "mount", "umount2", "pivot_root", "chroot", "swapon", "swapoff", "reboot", "acct",
                  "iopl", "ioperm", "init_module", "finit_module", "delete_module", "kexec_load", "kexec_file_load",
@@ -110,4 +110,22 @@ def build_filter(*, allow_fork: bool, allow_sockets: bool) -> bytes:
     if not allow_sockets:
         prog += arg_rule("socket", 0, _JEQ, _AF_UNIX, allow_when_true=True)
     prog.append(_ins(_RET, _RET_ALLOW))
+    return b"".join(prog)
+
+
+def build_no_handlers_filter() -> bytes:
+    """A second filter for grading: rt_sigaction may read handlers (act == NULL) but never install one.
+
+    A signal handler receives the interrupted frame, and through it the tests' globals; the grading boot code
+    loads this filter (prctl, no-new-privs is already set) after installing its own alarm handler.
+    """
+    arch = supported_arch()
+    if arch is None:
+        raise RuntimeError(f"no seccomp syscall table for {platform.machine()!r}")
+    nr, eperm = _NR[arch]["rt_sigaction"], _errno(errno.EPERM)
+    prog = [_ins(_LD_ABS_W, 4), _ins(_JEQ, _AUDIT_ARCH[arch], 1, 0), _ins(_RET, _RET_KILL_PROCESS),
+            _ins(_LD_ABS_W, 0), _ins(_JEQ, nr, 0, 5),
+            _ins(_LD_ABS_W, 24), _ins(_JEQ, 0, 0, 2),  # args[1] (act), low word
+            _ins(_LD_ABS_W, 28), _ins(_JEQ, 0, 1, 0),  # high word
+            _ins(_RET, eperm), _ins(_RET, _RET_ALLOW)]
     return b"".join(prog)

@@ -180,6 +180,10 @@ SCRIPT_CHEATS = {
     "ctypes frame": "import ctypes\ndef add(a, b):\n    f = ctypes.pythonapi.PyEval_GetFrame\n"
                     "    f.restype = ctypes.py_object\n    return f().f_back.f_globals['E']\n",
     "settrace": "import sys\ndef add(a, b):\n    sys.settrace(lambda *a: None)\n    return 5\n",
+    "signal handler frame": "import os, signal\nseen = {}\ndef grab(signum, frame):\n"
+                            "    seen['E'] = frame.f_back.f_globals.get('E')\n"
+                            "signal.signal(signal.SIGUSR1, grab)\ndef add(a, b):\n"
+                            "    os.kill(os.getpid(), signal.SIGUSR1)\n    return seen.get('E')\n",
 }
 
 
