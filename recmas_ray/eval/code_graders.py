@@ -6,7 +6,8 @@ One entry point takes every code-task interface; loaders pass the row's interfac
                   timeout_s=..., memory_mb=2048, prelude=CODE_PRELUDE, num_tests=1) -> CodeResult
 
 * ``test_type="script"`` (alias ``"assert"``): assert-based tests (HumanEval ``check(entry_point)``, MBPP+);
-  ``tests`` is the test script, run after the program in a namespace of its own. Pass iff the sandbox's
+  ``tests`` is the test script, run after the program in a namespace of its own; with ``fn_name``, a script
+  that defines ``check(candidate)`` without calling it gets ``check(fn_name)`` appended. Pass iff the sandbox's
   harness reports, with a per-call nonce the program never sees, that the script ran to its end: exit(),
   sys.exit(0), os._exit(0), a ``__main__`` guard, forged output or reading the tests through frames fail.
 * ``test_type="functional"``: LiveCodeBench ``testtype == "functional"`` rows: ``fn_name`` (``metadata.func_name``)
@@ -265,7 +266,7 @@ def grade_program(program: str | None, *, test_type: str, tests: str | None = No
         tests: the assert-based test script (script only).
         inputs: test inputs (functional: JSON arguments one per line; stdin: the stdin text).
         outputs: expected outputs, one per input (functional: JSON; stdin: text).
-        fn_name: the function to call (functional only; required there).
+        fn_name: the function to call (functional: required; script: the HumanEval entry point for check()).
         timeout_s: wall limit (script: the whole run; functional and stdin: per test).
         memory_mb: address-space limit of the sandbox.
         prelude: trusted code run before the program (script and functional).
@@ -275,7 +276,10 @@ def grade_program(program: str | None, *, test_type: str, tests: str | None = No
     if kind is None:
         raise ValueError(f"test_type={test_type!r}; expected one of {sorted(_TEST_TYPES)}")
     if kind == "script":
-        return grade_code(program, tests or "", timeout_s=timeout_s, memory_mb=memory_mb, prelude=prelude,
+        tests = tests or ""
+        if fn_name and re.search(r"^def check\(", tests, re.M) and not re.search(r"^check\(", tests, re.M):
+            tests += f"\n\ncheck({fn_name})\n"  # HumanEval rows: `check(candidate)` is defined, not called
+        return grade_code(program, tests, timeout_s=timeout_s, memory_mb=memory_mb, prelude=prelude,
                           num_tests=num_tests)
     if kind == "functional":
         if not fn_name:

@@ -228,6 +228,9 @@ def test_stdin_grader_cheats_fail():
 
 def test_grade_program_dispatches_row_interfaces():
     assert G.grade_program("def add(a, b):\n    return a + b", test_type="assert", tests=_ADD_TESTS).passed
+    check = "def check(candidate):\n    assert candidate(2, 3) == 5\n"
+    assert G.grade_program("def add(a, b):\n    return a + b", test_type="script", tests=check, fn_name="add").passed
+    assert not G.grade_program("def add(a, b):\n    return a", test_type="script", tests=check, fn_name="add").passed
     assert G.grade_program("class Solution:\n    def twice(self, x):\n        return 2 * x", test_type="functional",
                            fn_name="twice", inputs=["4"], outputs=["8"]).passed
     assert G.grade_program("print(int(input()) * 2)", test_type="stdin", inputs=["4\n"], outputs=["8"]).passed
