@@ -90,7 +90,8 @@ class SandboxConfig:
     max_file_mb: int = 64
     """RLIMIT_FSIZE in MiB: the largest file the child may write."""
     allow_network: bool = False
-    """Skip the network namespace and the socket guard."""
+    """Share the host's network (no network namespace, every socket family, no socket guard): the child can then
+    reach local services such as Ray's ports. Off for graders and the Python tool."""
     allow_subprocess: bool = False
     """Allow fork/exec/subprocess in the child (still killed as a group and limited by RLIMIT_NPROC)."""
     work_dir_mb: int = 64
