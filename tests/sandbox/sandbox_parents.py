@@ -41,14 +41,22 @@ class Parent:
     uid: int
     """Uid of the parent process that calls ``run_python``."""
 
-    def run(self, code: str, *, stdin: str = "", tests: str | None = None, **config) -> SandboxResult:
-        """One sandbox call made by this parent."""
+    def run(self, code: str, *, stdin: str = "", tests: str | None = None, parent_env: dict | None = None,
+            **config) -> SandboxResult:
+        """One sandbox call made by this parent; ``parent_env`` is added to the parent's environment."""
         config.setdefault("timeout_s", 10)
         if self.uid == os.geteuid():
-            return run_python(code, config=SandboxConfig(**config), stdin=stdin, tests=tests)
+            saved = {k: os.environ.get(k) for k in parent_env or {}}
+            os.environ.update(parent_env or {})
+            try:
+                return run_python(code, config=SandboxConfig(**config), stdin=stdin, tests=tests)
+            finally:
+                for k, v in saved.items():
+                    os.environ.pop(k, None) if v is None else os.environ.__setitem__(k, v)
         req = json.dumps({"root": ROOT, "code": code, "stdin": stdin, "tests": tests, "config": config})
+        env = {"PATH": os.defpath, "LANG": "C.UTF-8", **(parent_env or {})}
         proc = subprocess.run([*_setpriv_prefix(), SYSTEM_PYTHON, "-I", _DRIVER], input=req, capture_output=True,
-                              text=True, cwd="/", env={"PATH": os.defpath, "LANG": "C.UTF-8"}, timeout=120)
+                              text=True, cwd="/", env=env, timeout=120)
         assert proc.returncode == 0, proc.stderr[-2000:]
         return SandboxResult(**json.loads(proc.stdout))
 

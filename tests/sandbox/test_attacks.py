@@ -165,3 +165,31 @@ def test_only_size_limited_tmpfs_is_writable(parent) -> None:
     res = parent.run(code)
     writable = {ln.split()[0] for ln in res.stdout.splitlines() if ln.endswith(" W")}
     assert writable == {"/work", "/tmp", "/dev/shm"}, res
+
+
+def test_parent_secrets_never_reach_the_child_environment(parent) -> None:
+    secrets = {"TAVILY_API_KEY": "tvly-FAKE-ENV-5e6f7a8b", "AWS_SECRET_ACCESS_KEY": "aws-FAKE-1c2d3e",
+               "RAY_AUTH_TOKEN": "ray-FAKE-9a8b7c"}
+    code = ("import os\nprint(dict(os.environ))\nfor p in ('/proc/self/environ', '/proc/1/environ'):\n"
+            "    try:\n        print(open(p, 'rb').read())\n    except OSError as e:\n        print(p, e)\n"
+            "print(os.listdir('/proc'))")
+    res = parent.run(code, parent_env=secrets)
+    assert res.exit_code == 0, res
+    for value in secrets.values():
+        assert value not in res.stdout + res.stderr
+
+
+SCRIPT_CHEATS = {
+    "sys.exit(0)": "import sys\nsys.exit(0)\ndef add(a, b):\n    return 0\n",
+    "os._exit(0)": "import os\nos._exit(0)\n",
+    "caller globals": "import sys\ndef add(a, b):\n    return sys._getframe(1).f_globals['E']\n",
+    "signal frame": "import os, signal\nseen = {}\nsignal.signal(signal.SIGUSR1, lambda s, f: seen.update(E=5))\n"
+                    "def add(a, b):\n    os.kill(os.getpid(), signal.SIGUSR1)\n    return seen.get('E')\n",
+}
+
+
+@pytest.mark.parametrize("name", sorted(SCRIPT_CHEATS))
+def test_grading_cheats_fail_from_either_parent(parent, name: str) -> None:
+    tests = "E = 5\nassert add(2, 3) == E\n"
+    assert parent.run(SCRIPT_CHEATS[name], tests=tests).tests_passed is False
+    assert parent.run("def add(a, b):\n    return a + b\n", tests=tests).tests_passed is True
