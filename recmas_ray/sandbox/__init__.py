@@ -26,6 +26,7 @@ import logging
 import os
 import secrets
 import selectors
+import shutil
 import signal
 import subprocess
 import sys
@@ -184,7 +185,8 @@ def _run(code: str, cfg: SandboxConfig, stdin: str, prelude: str, tests: str | N
         cmd = _bwrap.command(child_argv=[sys.executable, "-I", "-B", "-X", "utf8", "-c", _LAUNCH, _BOOT, str(cfg_fd)],
                              env=_child_env(), seccomp_fd=filter_fd, info_fd=info_w, work_bytes=cfg.work_dir_mb * mib,
                              allow_network=cfg.allow_network)
-        proc = subprocess.Popen(cmd, cwd="/", env={"PATH": os.defpath}, stdin=stdin_fd, stdout=subprocess.PIPE,
+        proc = subprocess.Popen(_prlimit_prefix(limits) + cmd, cwd="/", env={"PATH": os.defpath}, stdin=stdin_fd,
+                                stdout=subprocess.PIPE,
                                 stderr=subprocess.PIPE, start_new_session=True,
                                 pass_fds=(cfg_fd, filter_fd, result_w, info_w))
     except BaseException:
@@ -212,6 +214,20 @@ def _run(code: str, cfg: SandboxConfig, stdin: str, prelude: str, tests: str | N
     error = _classify(exit_code, stderr, timed_out, cfg)
     passed = None if nonce is None else (reported.strip() == nonce.encode() and not timed_out)
     return SandboxResult(stdout, stderr, exit_code, timed_out, error, time.monotonic() - start, passed)
+
+
+_PRLIMIT_FLAGS = {"RLIMIT_AS": "--as", "RLIMIT_CPU": "--cpu", "RLIMIT_FSIZE": "--fsize", "RLIMIT_NOFILE": "--nofile",
+                  "RLIMIT_CORE": "--core", "RLIMIT_NPROC": "--nproc"}
+
+
+def _prlimit_prefix(limits: list) -> list[str]:
+    """util-linux ``prlimit`` setting the limits on bwrap itself, so every process of the sandbox (the namespace's
+    init too, which the child could otherwise take over through /proc/1/mem) has them from the start; the boot
+    code sets them again in the child. Empty where prlimit is missing (the boot code's limits remain)."""
+    path = shutil.which("prlimit", path="/usr/bin:/bin")
+    if path is None:
+        return []
+    return [path] + [f"{_PRLIMIT_FLAGS[name]}={soft}:{hard}" for name, soft, hard in limits] + ["--"]
 
 
 def _open_init(info_fd: int) -> int | None:

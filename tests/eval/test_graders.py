@@ -134,15 +134,15 @@ def test_grade_code_reports_contained_network_and_outside_writes_as_failures(tmp
 
 def test_grade_stdio_and_functional():
     prog = "a, b = map(int, input().split())\nprint(a + b)"
-    assert G.grade_stdio(prog, ["1 2\n", "5 5\n"], ["3\n", "10"], timeout_s=5).passed
-    wa = G.grade_stdio(prog, ["1 2\n", "5 5\n"], ["3", "11"], timeout_s=5)
+    assert G.grade_stdio(prog, ["1 2\n", "5 5\n"], ["3\n", "10"], timeout_s=20).passed
+    wa = G.grade_stdio(prog, ["1 2\n", "5 5\n"], ["3", "11"], timeout_s=20)
     assert (wa.passed, wa.num_passed, wa.error_type) == (False, 1, "WA")
     sol = ("class Solution:\n    def scale(self, xs, k):\n        print('noise')\n"
            "        return tuple(x * k for x in xs)")
-    ok = G.grade_functional(sol, "scale", ["[1, 2]\n3", "[]\n5"], ["[3, 6]", "[]"], timeout_s=3)
+    ok = G.grade_functional(sol, "scale", ["[1, 2]\n3", "[]\n5"], ["[3, 6]", "[]"], timeout_s=20)
     assert ok.passed and ok.num_passed == 2
     bad = G.grade_functional("def scale(xs, k):\n    return xs", "scale", ["[1]\n2"], ["[2]"],
-                             timeout_s=3)
+                             timeout_s=20)
     assert not bad.passed and bad.error_type == "WA"
     assert G.grade_functional("def other(): pass", "scale", ["1"], ["1"]).error_type == "NO_FUNC"
 
