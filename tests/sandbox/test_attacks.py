@@ -193,3 +193,10 @@ def test_grading_cheats_fail_from_either_parent(parent, name: str) -> None:
     tests = "E = 5\nassert add(2, 3) == E\n"
     assert parent.run(SCRIPT_CHEATS[name], tests=tests).tests_passed is False
     assert parent.run("def add(a, b):\n    return a + b\n", tests=tests).tests_passed is True
+
+
+def test_namespace_init_has_the_limits_too(parent) -> None:
+    # The child may write the init's memory (same uid in a user namespace); prlimit gives it the same limits.
+    res = parent.run("print([l.split()[-3] for l in open('/proc/1/limits') if l.startswith('Max address space')])",
+                     memory_mb=512)
+    assert res.stdout.strip() == f"['{512 * 1024 * 1024}']", res
