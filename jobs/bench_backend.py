@@ -122,13 +122,14 @@ def run(args) -> dict:
     if args.address:
         ray.init(address=args.address, log_to_driver=False)
     else:  # "local": never join another user's cluster on a shared host
-        os.environ.setdefault("RAY_AUTH_MODE", "disabled")
         root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
         os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (root, os.environ.get("PYTHONPATH")) if p)
         # Ray renices workers to 15 by default; at 0 the actors compete for a shared host's cores
         # on the same terms as the in-process backend (this driver).
-        ray.init(address="local", num_cpus=max(4, len(plan.style.roles) + 2), include_dashboard=False,
-                 log_to_driver=False, object_store_memory=512 * 2**20, _system_config={"worker_niceness": 0})
+        from recmas_ray.distributed.driver import init_local_ray  # token auth, 127.0.0.1 only
+
+        init_local_ray(num_cpus=max(4, len(plan.style.roles) + 2), include_dashboard=False,
+                       log_to_driver=False, object_store_memory=512 * 2**20, _system_config={"worker_niceness": 0})
     system = build_ray_system(plan, PlacementConfig(preset=args.placement, cpus_per_agent=args.cpus_per_agent),
                               timeout_s=3600, torch_threads=threads)
     k, b = args.inflight, args.batch_size

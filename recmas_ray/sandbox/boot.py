@@ -1,23 +1,58 @@
-"""Start-up code of a sandboxed child (see `sandbox.py`): limits, then the audit-hook guard, then user code.
+"""Start-up code of a sandboxed child (see `__init__.py`): limits, then the audit-hook guard, then user code.
 
-This file is not imported: `sandbox.py` passes its text to `python -I -B -c` in the child.
+This file is not imported: `__init__.py` passes its text to `python -I -B -c` in the child, with the number of a
+memfd holding the JSON config; it is read and closed first, so user code finds neither the config nor the nonce.
+
+Grading mode (``tests`` set): the program runs as module ``solution``; the tests run afterwards in a namespace
+of their own (a copy of the solution's names, with a private copy of the builtins) through the trusted
+``_HARNESS`` code object. Only when that code object reaches its last line does the audit hook, the sole holder
+of the call's nonce, write it to the result pipe. SystemExit, os._exit, forged output or a re-run of the
+harness cannot produce it; frames (sys._getframe, tracebacks, generators, signal handlers), tracing, ctypes
+symbol loading and audited memory reads, and gc walks are refused so the program cannot read the tests'
+globals or the harness.
+Not covered: unaudited native memory reads (ctypes.cast of an id() to a pointer) of the process's own heap.
 """
 
+_HARNESS = """\
+try:
+    exec(_solution, _ns)
+except BaseException as _e:
+    _fail("the program raised " + type(_e).__name__ + " while loading (SystemExit counts as failure)", _e)
+_tns = dict(_ns)
+_tns.update(__builtins__=_builtins, __name__="__tests__")
+try:
+    exec(_tests, _tns)
+except BaseException as _e:
+    _fail("tests failed: " + type(_e).__name__, _e)
+_audit("recmas.sandbox.tests_passed")
+"""
+_HARNESS_LAST_LINE = 11
+
+
 def _boot():
-    import json, resource, sys, traceback
-    c = json.loads(sys.argv[2])
+    import json, os, resource, sys, traceback
+    with os.fdopen(int(sys.argv[2]), "rb") as f:
+        c = json.loads(f.read())
     for name, soft, hard in c["limits"]:
         res = getattr(resource, name)
         cur_hard = resource.getrlimit(res)[1]
         if cur_hard != resource.RLIM_INFINITY:
             soft, hard = min(soft, cur_hard), min(hard, cur_hard)
         resource.setrlimit(res, (soft, hard))
-    ns = {"__name__": "__main__", "__file__": "main.py", "__builtins__": __builtins__}
+    src = c["code"]
+    with open("main.py", "w", encoding="utf-8") as f:
+        f.write(src)
     sys.argv[:] = ["main.py"]
+    main_globals = sys.modules["__main__"].__dict__
+    guard, grade = _guard, _grade
+    for name in ("_boot", "_guard", "_grade", "_load_seccomp", "_HARNESS", "_HARNESS_LAST_LINE"):  # no handle on the boot code
+        main_globals.pop(name, None)
+    if c["tests"] is not None:
+        grade(c, src, guard)
+        return
+    ns = {"__name__": "__main__", "__file__": "main.py", "__builtins__": __builtins__}
     exec(compile(c["prelude"], "<prelude>", "exec"), ns)
-    with open("main.py", encoding="utf-8") as f:
-        src = f.read()
-    _guard(c)
+    guard(c, None)
     del c
     try:
         exec(compile(src, "main.py", "exec"), ns)
@@ -30,11 +65,65 @@ def _boot():
         sys.stderr.flush()
         sys.exit(1)
 
-def _guard(c):
-    import os, re, sys
+
+def _load_seccomp(prog):
+    import ctypes
+
+    class SockFprog(ctypes.Structure):
+        _fields_ = [("len", ctypes.c_ushort), ("filter", ctypes.c_void_p)]
+
+    buf = ctypes.create_string_buffer(prog, len(prog))
+    fprog = SockFprog(len(prog) // 8, ctypes.addressof(buf))
+    libc = ctypes.CDLL(None, use_errno=True)
+    if libc.prctl(22, 2, ctypes.byref(fprog), 0, 0) != 0:  # PR_SET_SECCOMP, SECCOMP_MODE_FILTER
+        raise OSError(ctypes.get_errno(), "cannot load the grading seccomp filter")
+
+
+def _grade(c, src, guard, harness_src=_HARNESS, load_seccomp=_load_seccomp):
+    import builtins, os
+    write, exit_now = os.write, os._exit
+
+    def fail(what, exc):  # writes with the functions saved before the program ran: it may replace them
+        try:
+            text = str(exc)[:600]
+        except BaseException:
+            text = "?"
+        write(2, ("%s: %s\n" % (what, text)).encode("utf-8", "replace"))
+        exit_now(1)
+
+    try:
+        import ctypes  # noqa: F401 (before the guard: its own start-up loads libraries, refused afterwards)
+    except ImportError:
+        pass
+    ns = {"__name__": "solution", "__file__": "main.py", "__builtins__": builtins}
+    exec(compile(c["prelude"], "<prelude>", "exec"), ns)
+    # A signal handler is handed the interrupted frame (the tests' globals): install the only one the tests
+    # need (SIGALRM -> TimeoutError, for per-test time limits), then forbid installing any other.
+    import signal
+
+    def alarm(signum, frame):
+        raise TimeoutError("sandbox alarm")
+
+    signal.signal(signal.SIGALRM, alarm)
+    load_seccomp(bytes.fromhex(c["no_handlers_filter"]))
+    try:
+        solution = compile(src, "main.py", "exec")
+    except BaseException as exc:
+        fail("the program does not compile: " + type(exc).__name__, exc)
+    harness = compile(harness_src, "<harness>", "exec")
+    env = {"_solution": solution, "_tests": compile(c["tests"], "<tests>", "exec"), "_ns": ns, "_fail": fail,
+           "_builtins": dict(builtins.__dict__), "_audit": __import__("sys").audit}
+    env["__builtins__"] = env["_builtins"]
+    guard(c, harness)
+    del c, src, solution, guard
+    exec(harness, env)
+
+
+def _guard(c, harness, last_line=_HARNESS_LAST_LINE):
+    import os, re, sys, _thread
     root = os.path.realpath(os.getcwd())
     deny = tuple(c["deny_read"])
-    secret_proc = re.compile(r"^/proc/[0-9]+/(task/[0-9]+/)?(environ|mem)$")
+    secret_proc = re.compile(r"^/proc/[0-9]+/(task/[0-9]+/)?(environ|mem|maps|smaps|pagemap)$")
     wflags = os.O_WRONLY | os.O_RDWR | os.O_CREAT | os.O_TRUNC | os.O_APPEND
     net_events = frozenset(() if c["allow_network"] else (
         "socket.connect", "socket.bind", "socket.sendto", "socket.sendmsg", "socket.getaddrinfo",
@@ -68,7 +157,49 @@ def _guard(c):
     def refuse(what):
         raise PermissionError("sandbox blocked: " + what)
 
+    grading = harness is not None
+    nonce, result_fd, write, busy = c["nonce"], c["result_fd"], os.write, set()
+    frame_attrs = frozenset(("tb_frame", "gi_frame", "cr_frame", "ag_frame", "f_code", "gi_code", "cr_code",
+                             "ag_code"))
+    grading_imports = frozenset(("_testcapi", "_testinternalcapi", "_xxsubinterpreters"))
+    # ctypes stays importable (numpy needs it; it is loaded before this hook) but cannot load symbols or read
+    # memory through the audited entry points.
+    grading_events = frozenset(("sys._current_frames", "sys.settrace", "sys.setprofile", "sys.setasyncgen_hooks",
+                                "ctypes.dlopen", "ctypes.dlsym", "ctypes.dlsym/handle", "ctypes.string_at",
+                                "ctypes.wstring_at", "ctypes.cdata", "ctypes.cdata/buffer"))
+    if not grading:
+        os.close(result_fd)
+
+    def passed():
+        # The caller must be the harness code object at its last line: a copied, replayed or stolen frame is not.
+        me = _thread.get_ident()
+        busy.add(me)
+        try:
+            f = sys._getframe(3)  # passed <- grading_hook <- hook <- caller of sys.audit
+            ok = f.f_code is harness and f.f_lineno == last_line
+        finally:
+            busy.discard(me)
+        if ok:
+            write(result_fd, nonce.encode())
+            os.close(result_fd)
+
+    def grading_hook(event, args):
+        if _thread.get_ident() in busy:
+            return
+        if event == "recmas.sandbox.tests_passed":
+            passed()
+        elif event == "sys._getframe":
+            raise ValueError("sandbox blocked: frame access while grading")  # stdlib callers expect ValueError
+        elif event in grading_events:
+            refuse(event + " while grading")
+        elif event == "object.__getattr__" and args[1] in frame_attrs:
+            refuse("access to %s while grading" % args[1])
+        elif event == "import" and args[0] in grading_imports:
+            refuse("import of %s while grading" % args[0])
+
     def hook(event, args):
+        if grading:
+            grading_hook(event, args)
         if event == "open":
             path, mode, flags = args
             if isinstance(path, int):
@@ -125,7 +256,4 @@ def _guard(c):
             sys.modules["subprocess"]._fork_exec = fork_exec
     sys.addaudithook(hook)
 
-try:
-    _boot()
-finally:
-    del _boot, _guard
+_boot()

@@ -6,9 +6,11 @@ skipped) and ``TAVILY_API_KEY``; on a rate-limit or auth error the tool moves on
 network, no ``tavily-python`` or every key rejected, the call returns a "search unavailable: <reason>" text and the
 run goes on: the tool never raises.
 
-Secrets: a key never appears in returned text, log lines, exception messages or reprs. Every error string passes
-through ``redact``; backend exceptions are re-raised ``from None`` so no chained message carries a key; the keys
-live in a container whose repr only shows a count.
+Secrets: keys are read by the parent process only (sandboxed Python never sees the file: it is not mounted there,
+and a keys file readable by group or others is refused). A key never appears in returned text, log lines,
+exception messages or reprs: every text passes through ``redact``, which also catches the key reversed, base64-
+or hex-encoded and split over lines; backend exceptions are re-raised ``from None`` so no chained message carries
+a key; the keys live in a container whose repr only shows a count.
 
 Example:
     >>> tool = WebSearchTool.from_config(SearchConfig(keys_file="keys.txt"))
@@ -16,8 +18,12 @@ Example:
 """
 from __future__ import annotations
 
+import base64
+import functools
 import logging
 import os
+import re
+import stat
 import threading
 import time
 from collections.abc import Iterable, Sequence
@@ -133,10 +139,40 @@ class _Secrets(Sequence):
     __str__ = __repr__
 
 
+_MIN_FORM_CHARS = 8  # shorter encoded fragments would redact innocent text
+
+
+def _b64_cores(data: bytes) -> list[str]:
+    """Base64 characters of ``data`` that do not depend on its neighbours, for each of the 3 byte alignments."""
+    out = []
+    for k in range(3):
+        for enc in (base64.b64encode(b"\0" * k + data), base64.urlsafe_b64encode(b"\0" * k + data)):
+            text = enc.decode()
+            out.append(text[-(-8 * k // 6):(8 * (k + len(data))) // 6])
+    return out
+
+
+def secret_forms(secret: str) -> list[str]:
+    """Ways a program may print ``secret`` to slip past a plain match: as is, reversed, base64, hex."""
+    forms = []
+    for s in (secret, secret[::-1]):
+        data = s.encode("utf-8")
+        forms += [s, data.hex(), *_b64_cores(data)]
+    return [f for f in dict.fromkeys(forms) if len(f) >= _MIN_FORM_CHARS or f in (secret, secret[::-1])]
+
+
+@functools.lru_cache(maxsize=256)
+def _pattern(secret: str) -> re.Pattern:
+    # Whitespace (spaces, newlines) may sit between any two characters: a key split over lines still matches.
+    alts = ["\\s*".join(map(re.escape, form)) for form in sorted(secret_forms(secret), key=len, reverse=True)]
+    return re.compile("|".join(alts), re.IGNORECASE)
+
+
 def redact(text: str, secrets: Iterable[str]) -> str:
-    """Replace every occurrence of each non-empty secret in ``text`` with "[REDACTED]" (longest first)."""
+    """Replace each non-empty secret in ``text`` with "[REDACTED]", also reversed, base64- or hex-encoded, or split
+    by whitespace and newlines (longest secrets first)."""
     for secret in sorted((s for s in secrets if s), key=len, reverse=True):
-        text = text.replace(secret, REDACTED)
+        text = _pattern(secret).sub(REDACTED, text)
     return text
 
 
@@ -144,13 +180,18 @@ def load_keys(keys_file: str | None) -> list[str]:
     """Keys from ``keys_file`` (one per line; blank and ``#`` lines skipped) plus ``TAVILY_API_KEY``, deduplicated.
 
     Raises:
-        ValueError: ``keys_file`` is given but is not a readable file (the message names the path, never a key).
+        ValueError: ``keys_file`` is given but is not a file, or group or others may read it (the message names
+            the path and the ``chmod 600`` fix, never a key).
     """
     keys: list[str] = []
     if keys_file:
         path = Path(keys_file).expanduser()
         if not path.is_file():
             raise ValueError(f"--tavily_keys_file {str(path)!r} is not a file: expected one API key per line")
+        mode = stat.S_IMODE(path.stat().st_mode)
+        if mode & 0o077:
+            raise ValueError(f"--tavily_keys_file {str(path)!r} is readable by group or others (mode {mode:04o}): "
+                             f"run `chmod 600 {path}`")
         for line in path.read_text(encoding="utf-8").splitlines():
             line = line.strip()
             if line and not line.startswith("#"):

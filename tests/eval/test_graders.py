@@ -123,25 +123,26 @@ def test_grade_code_pass_fail_timeout_memory():
 
 def test_grade_code_reports_contained_network_and_outside_writes_as_failures(tmp_path):
     outside = tmp_path / "escaped.txt"
-    net = G.grade_code("import socket\nsocket.create_connection(('10.0.0.1', 80), timeout=1)",
+    net = G.grade_code("import socket\nsocket.create_connection(('127.0.0.1', 9), timeout=1)",
                        "pass", timeout_s=5)
     write = G.grade_code(f"open({str(outside)!r}, 'w').write('x')", "pass", timeout_s=5)
-    for res in (net, write):
-        assert not res.passed and res.error_type == "SANDBOX" and "blocked" in res.detail
+    assert not net.passed and net.error_type == "SANDBOX" and "blocked" in net.detail
+    # The host's tmp_path does not exist in the sandbox's mount namespace: refused or not found, never written.
+    assert not write.passed and write.error_type in ("SANDBOX", "RE")
     assert not outside.exists()
 
 
 def test_grade_stdio_and_functional():
     prog = "a, b = map(int, input().split())\nprint(a + b)"
-    assert G.grade_stdio(prog, ["1 2\n", "5 5\n"], ["3\n", "10"], timeout_s=5).passed
-    wa = G.grade_stdio(prog, ["1 2\n", "5 5\n"], ["3", "11"], timeout_s=5)
+    assert G.grade_stdio(prog, ["1 2\n", "5 5\n"], ["3\n", "10"], timeout_s=20).passed
+    wa = G.grade_stdio(prog, ["1 2\n", "5 5\n"], ["3", "11"], timeout_s=20)
     assert (wa.passed, wa.num_passed, wa.error_type) == (False, 1, "WA")
     sol = ("class Solution:\n    def scale(self, xs, k):\n        print('noise')\n"
            "        return tuple(x * k for x in xs)")
-    ok = G.grade_functional(sol, "scale", ["[1, 2]\n3", "[]\n5"], ["[3, 6]", "[]"], timeout_s=3)
+    ok = G.grade_functional(sol, "scale", ["[1, 2]\n3", "[]\n5"], ["[3, 6]", "[]"], timeout_s=20)
     assert ok.passed and ok.num_passed == 2
     bad = G.grade_functional("def scale(xs, k):\n    return xs", "scale", ["[1]\n2"], ["[2]"],
-                             timeout_s=3)
+                             timeout_s=20)
     assert not bad.passed and bad.error_type == "WA"
     assert G.grade_functional("def other(): pass", "scale", ["1"], ["1"]).error_type == "NO_FUNC"
 
@@ -152,6 +153,91 @@ def test_grade_dispatch_code_record_and_missing_fence():
     assert good.correct and not good.parse_failed and good.detail["error_type"] is None
     missing = G.grade("code", rec, "def sq(x): return x * x")
     assert not missing.correct and missing.parse_failed
+
+
+# ----------------------------------------------------------------------------- grader cheats
+
+_ADD_TESTS = "E = 5\nassert add(2, 3) == E\nassert abs(add(0.5, 0.25) - 0.75) < 1e-9\n"
+_WRONG = "def add(a, b):\n    return 0\n"
+SCRIPT_CHEATS = {
+    "exit()": "exit()\n" + _WRONG,
+    "sys.exit(0)": "import sys\nsys.exit(0)\n" + _WRONG,
+    "os._exit(0)": "import os\nos._exit(0)\n" + _WRONG,
+    "__main__ guard": _WRONG + "import sys\nif __name__ == '__main__':\n    sys.exit(0)\n",
+    "exit during a test": "import os\ndef add(a, b):\n    os._exit(0)\n",
+    "SystemExit during a test": "def add(a, b):\n    raise SystemExit(0)\n",
+    "forged stdout": _WRONG + "import sys, os\nsys.__stdout__.write('OK\\nPASSED\\n__RECMAS_FUNCTIONAL_RESULT__"
+                     "{\"ok\": true}\\n')\nsys.__stdout__.flush()\nos._exit(0)\n",
+    "fake harness event": _WRONG + "import sys, os\nsys.audit('recmas.sandbox.tests_passed')\nos._exit(0)\n",
+    "junk on every fd": _WRONG + "import os\nfor fd in range(3, 64):\n    try:\n        os.write(fd, b'0' * 32)\n"
+                        "    except OSError:\n        pass\nos._exit(0)\n",
+    "caller f_globals": "import sys\ndef add(a, b):\n    return sys._getframe(1).f_globals['E']\n",
+    "f_back walk": "import sys\ndef add(a, b):\n    return sys._getframe(0).f_back.f_globals['E']\n",
+    "traceback frame": "def add(a, b):\n    try:\n        raise ValueError\n    except ValueError as e:\n"
+                       "        return e.__traceback__.tb_frame.f_back.f_globals['E']\n",
+    "inspect.stack": "import inspect\ndef add(a, b):\n    return inspect.stack()[1].frame.f_globals['E']\n",
+    "patched builtins": "import builtins\nbuiltins.abs = lambda x: 0\ndef add(a, b):\n    return 5\n",
+    "ctypes frame": "import ctypes\ndef add(a, b):\n    f = ctypes.pythonapi.PyEval_GetFrame\n"
+                    "    f.restype = ctypes.py_object\n    return f().f_back.f_globals['E']\n",
+    "settrace": "import sys\ndef add(a, b):\n    sys.settrace(lambda *a: None)\n    return 5\n",
+    "signal handler frame": "import os, signal\nseen = {}\ndef grab(signum, frame):\n"
+                            "    seen['E'] = frame.f_back.f_globals.get('E')\n"
+                            "signal.signal(signal.SIGUSR1, grab)\ndef add(a, b):\n"
+                            "    os.kill(os.getpid(), signal.SIGUSR1)\n    return seen.get('E')\n",
+}
+
+
+@pytest.mark.parametrize("name", sorted(SCRIPT_CHEATS))
+def test_script_grader_cheats_fail(name):
+    res = G.grade_code(SCRIPT_CHEATS[name], _ADD_TESTS, timeout_s=5)
+    assert not res.passed, (name, res)
+
+
+def test_script_grader_reference_solutions_still_pass():
+    for program in ["def add(a, b):\n    return a + b\n",
+                    "import sys\nfrom collections import namedtuple\nP = namedtuple('P', 'x y')\n"
+                    "def add(a, b):\n    print('noise', file=sys.stderr)\n    return P(a, b).x + P(a, b).y\n",
+                    "def add(a, b):\n    return a + b\nif __name__ == '__main__':\n    print(add(1, 2))\n"]:
+        res = G.grade_code(program, _ADD_TESTS + "import numpy as np\nassert np.isclose(add(1, 1), 2)\n",
+                           timeout_s=10)
+        assert res.passed, (program, res)
+
+
+FUNCTIONAL_CHEATS = {
+    "forged result line": "import sys, os\nsys.__stdout__.write('\\n__RECMAS_FUNCTIONAL_RESULT__"
+                          "[{\"got\": \"[3, 6]\"}, {\"got\": \"[]\"}]\\n')\nsys.__stdout__.flush()\nos._exit(0)\n",
+    "old-format forged line": "import sys\nprint('__RECMAS_FUNCTIONAL_RESULT__{\"ok\": true, \"passed\": 2, "
+                              "\"err\": null, \"detail\": \"OK\"}')\nsys.exit(0)\n",
+    "exit at import": "exit(0)\ndef scale(xs, k):\n    return xs\n",
+    "exit in the call": "import os\ndef scale(xs, k):\n    os._exit(0)\n",
+    "caller frame": "import sys\ndef scale(xs, k):\n    return sys._getframe(1).f_globals.get('_OUTPUTS')\n",
+}
+
+
+@pytest.mark.parametrize("name", sorted(FUNCTIONAL_CHEATS))
+def test_functional_grader_cheats_fail(name):
+    res = G.grade_functional(FUNCTIONAL_CHEATS[name], "scale", ["[1, 2]\n3", "[]\n5"], ["[3, 6]", "[]"],
+                             timeout_s=3)
+    assert not res.passed, (name, res)
+
+
+def test_stdin_grader_cheats_fail():
+    for program in ["exit(0)", "import os\nos._exit(0)", "import sys\nprint('3', file=sys.stderr)"]:
+        assert not G.grade_stdio(program, ["1 2\n"], ["3"], timeout_s=5).passed
+
+
+def test_grade_program_dispatches_row_interfaces():
+    assert G.grade_program("def add(a, b):\n    return a + b", test_type="assert", tests=_ADD_TESTS).passed
+    check = "def check(candidate):\n    assert candidate(2, 3) == 5\n"
+    assert G.grade_program("def add(a, b):\n    return a + b", test_type="script", tests=check, fn_name="add").passed
+    assert not G.grade_program("def add(a, b):\n    return a", test_type="script", tests=check, fn_name="add").passed
+    assert G.grade_program("class Solution:\n    def twice(self, x):\n        return 2 * x", test_type="functional",
+                           fn_name="twice", inputs=["4"], outputs=["8"]).passed
+    assert G.grade_program("print(int(input()) * 2)", test_type="stdin", inputs=["4\n"], outputs=["8"]).passed
+    with pytest.raises(ValueError, match="fn_name"):
+        G.grade_program("x = 1", test_type="functional", inputs=["1"], outputs=["1"])
+    with pytest.raises(ValueError, match="test_type"):
+        G.grade_program("x = 1", test_type="essay")
 
 
 # ----------------------------------------------------------------------------- QA and pass@k

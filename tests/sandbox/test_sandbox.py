@@ -1,53 +1,77 @@
 """Hostile-code tests for recmas_ray.sandbox: every attack is stopped or contained, reported, and pytest goes on.
 
 Limits are kept small (short timeouts, bounded process counts) so the tests stay safe on a 2-core CI machine.
+Outcomes are judged from the result's own fields (error, errno printed by the child), never from timings.
+The attack programs run from root and unprivileged parents live in `test_attacks.py`.
 """
 from __future__ import annotations
 
+import errno
 import json
-import os
 import socket
-import time
 
 import pytest
+from sandbox_parents import processes_in_namespace
 
-from recmas_ray import sandbox
-from recmas_ray.sandbox import SandboxConfig, SandboxResult, run_python
+from recmas_ray.sandbox import (
+    SandboxConfig,
+    SandboxResult,
+    SandboxUnavailable,
+    bwrap,
+    run_python,
+)
 
 TIGHT = SandboxConfig(timeout_s=5, cpu_time_s=5, memory_mb=512, max_processes=16)
 
 
-def _alive(pid: int) -> bool:
-    """True when ``pid`` exists and is not a zombie (killed children may wait for a reaper in containers)."""
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except OSError:
-        return False
+def _ns(res: SandboxResult) -> str:
+    return next(ln.split(" ", 1)[1] for ln in res.stdout.splitlines() if ln.startswith("NS "))
 
 
-def _processes_in(cwd: str) -> list[int]:
-    """Live processes whose working directory is ``cwd`` (or what is left of it after deletion)."""
-    found = []
-    for name in os.listdir("/proc"):
-        if name.isdigit():
-            try:
-                link = os.readlink(f"/proc/{name}/cwd")
-            except OSError:
-                continue
-            if link.split(" (deleted)")[0] == cwd and _alive(int(name)):
-                found.append(int(name))
-    return found
+NS = "import os\nprint('NS', os.readlink('/proc/self/ns/pid'), flush=True)\n"
 
 
 def test_simple_code_runs_in_a_throwaway_dir() -> None:
-    res = run_python("import os, json; print(json.dumps([os.getcwd(), os.environ['HOME'], input()]))",
-                     stdin="from stdin\n", config=TIGHT)
+    code = ("import os, json; print(json.dumps([os.getcwd(), os.environ['HOME'], input(), sorted(os.listdir('/')), "
+            "os.listdir('/work'), os.path.realpath('/tmp')]))")
+    res = run_python(code, stdin="from stdin\n", config=TIGHT)
     assert res.ok, res
-    cwd, home, line = json.loads(res.stdout)
-    assert home == cwd and line == "from stdin"
-    assert os.path.basename(cwd).startswith("recmas_sandbox_")
-    assert not os.path.exists(cwd), "working directory must be deleted afterwards"
+    cwd, home, line, root, work, tmp = json.loads(res.stdout)
+    assert cwd == home == tmp == "/work" and line == "from stdin" and work == ["main.py"]
+    assert not {"home", "mnt", "opt", "var", "srv", "run"} & set(root), root  # only what the sandbox mounts
+
+
+def test_sandbox_refuses_to_run_without_bwrap(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(bwrap.shutil, "which", lambda name, *a, **k: None)
+    bwrap._probe_reset()
+    try:
+        for _ in range(2):  # the refusal is cached like a success
+            with pytest.raises(SandboxUnavailable, match="bwrap not found: apt-get install bubblewrap"):
+                run_python("print('model code')")
+    finally:
+        monkeypatch.undo()
+        bwrap._probe_reset()
+    assert run_python("print(1)").stdout == "1\n"
+
+
+def test_user_namespace_hint_names_the_sysctl(tmp_path, monkeypatch: pytest.MonkeyPatch) -> None:
+    knob = tmp_path / "unprivileged_userns_clone"
+    knob.write_text("0\n")
+    monkeypatch.setattr(bwrap, "USERNS_SYSCTLS", ((str(knob), "0", bwrap.USERNS_SYSCTLS[0][2]),))
+    assert bwrap._userns_hint() == "unprivileged user namespaces disabled (kernel.unprivileged_userns_clone=0)"
+    knob.write_text("1\n")
+    assert bwrap._userns_hint() == ""
+
+
+def test_work_dir_has_a_size_quota() -> None:
+    res = run_python("open('big', 'wb').write(b'x' * (8 * 1024 * 1024))",
+                     config=SandboxConfig(work_dir_mb=2, max_file_mb=64))
+    assert not res.ok and "No space left on device" in res.stderr, res
+
+
+def test_calls_get_distinct_uids() -> None:
+    uids = {run_python("import os; print(os.getuid())").stdout for _ in range(3)}
+    assert len(uids) == 3 and "0\n" not in uids
 
 
 def test_plain_exception_is_a_failure_not_a_sandbox_error() -> None:
@@ -58,17 +82,14 @@ def test_plain_exception_is_a_failure_not_a_sandbox_error() -> None:
 
 
 def test_infinite_loop_times_out() -> None:
-    start = time.monotonic()
     res = run_python("while True:\n    pass", config=SandboxConfig(timeout_s=1, cpu_time_s=30))
     assert res.timed_out and res.exit_code is None and not res.ok
     assert res.error == "timeout after 1s"
-    assert time.monotonic() - start < 5
 
 
 def test_cpu_limit_kills_busy_loop() -> None:
     res = run_python("while True:\n    pass", config=SandboxConfig(timeout_s=20, cpu_time_s=1))
     assert not res.timed_out and res.error is not None and "cpu time limit" in res.error
-    assert res.seconds < 10
 
 
 @pytest.mark.parametrize("bomb", [
@@ -80,25 +101,19 @@ def test_cpu_limit_kills_busy_loop() -> None:
     "import multiprocessing\nwhile True:\n    multiprocessing.Process(target=print).start()",
 ])
 def test_fork_bomb_is_refused(bomb: str) -> None:
-    res = run_python("import os\nprint(os.getcwd(), flush=True)\n" + bomb, config=TIGHT)
-    assert not res.ok and res.error is not None and res.error.startswith("blocked:"), res
-    assert res.seconds < 5, "a refused fork bomb must end at once"
-    assert _processes_in(res.stdout.strip()) == []
+    res = run_python(NS + bomb, config=TIGHT)
+    assert not res.ok and not res.timed_out and res.error is not None and res.error.startswith("blocked:"), res
+    assert processes_in_namespace(_ns(res)) == []
 
 
-def test_forked_processes_die_with_the_group_on_timeout() -> None:
-    # Bounded storm with fork allowed: 30 sleeping children, then the parent hangs; the group kill must reap all.
-    code = ("import os, time\npids = []\nfor _ in range(30):\n    pid = os.fork()\n    if pid == 0:\n"
-            "        time.sleep(60)\n        os._exit(0)\n    pids.append(pid)\nprint(pids, flush=True)\ntime.sleep(60)")
+def test_forked_processes_die_with_the_call_on_timeout() -> None:
+    # Bounded storm with fork allowed: 30 sleeping children, then the parent hangs; the kill must take all.
+    code = NS + ("import time\nfor _ in range(30):\n    if os.fork() == 0:\n        time.sleep(60)\n"
+                 "        os._exit(0)\nprint('forked', flush=True)\ntime.sleep(60)")
     res = run_python(code, config=SandboxConfig(timeout_s=2, cpu_time_s=10, max_processes=64,
                                                 allow_subprocess=True))
-    assert res.timed_out
-    pids = json.loads(res.stdout.strip())
-    assert len(pids) == 30
-    deadline = time.monotonic() + 5
-    while any(_alive(p) for p in pids) and time.monotonic() < deadline:
-        time.sleep(0.05)
-    assert not any(_alive(p) for p in pids)
+    assert res.timed_out and "forked" in res.stdout
+    assert processes_in_namespace(_ns(res)) == []
 
 
 def test_huge_allocation_hits_memory_limit() -> None:
@@ -129,25 +144,32 @@ def test_cannot_connect_to_localhost(connect: str) -> None:
         listener.close()
 
 
-@pytest.mark.parametrize("code", [
-    "import socket\nsocket.create_connection(('203.0.113.1', 80), timeout=3)",
-    "import socket\ns = socket.socket()\ns.settimeout(3)\ns.connect(('203.0.113.1', 80))",
-    "import urllib.request\nurllib.request.urlopen('http://203.0.113.1/', timeout=3)",
-    "import socket\nsocket.gethostbyname('example.com')",
-])
-def test_outside_address_fails_fast(code: str) -> None:
-    res = run_python(code, config=TIGHT)
-    assert not res.ok and res.error is not None and "network" in res.error
-    assert res.seconds < 2.5, "must be refused, not left to time out"
-
-
 def test_network_namespace_has_only_loopback() -> None:
-    if not sandbox._netns_prefix():
-        pytest.skip("this kernel refuses network namespaces; the in-child guard is the only network layer")
-    res = run_python("print(sorted(line.split(':')[0].strip() for line in open('/proc/net/dev').readlines()[2:]))",
-                     config=TIGHT)
+    code = ("print(sorted(line.split(':')[0].strip() for line in open('/proc/net/dev').readlines()[2:]))\n"
+            "print(len(open('/proc/net/route').readlines()) - 1, len(open('/proc/net/tcp').readlines()) - 1)")
+    res = run_python(code, config=TIGHT)
     assert res.ok, res
-    assert res.stdout.strip() == "['lo']"
+    assert res.stdout.split("\n")[:2] == ["['lo']", "0 0"]  # no interface, no route, no socket but lo
+
+
+def test_native_connect_to_a_host_port_is_refused_not_timed_out() -> None:
+    # Past the audit hook (dlsym-resolved libc), the kernel still refuses: seccomp denies AF_INET sockets,
+    # and the empty network namespace has nothing listening on 127.0.0.1.
+    listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    listener.bind(("127.0.0.1", 0))
+    listener.listen(1)
+    listener.setblocking(False)
+    try:
+        code = ("import ctypes\nlibc = ctypes.CDLL(None, use_errno=True)\nd = libc.dlsym\n"
+                "d.restype, d.argtypes = ctypes.c_void_p, [ctypes.c_void_p, ctypes.c_char_p]\n"
+                "sock = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_int, use_errno=True)"
+                "(d(None, b'socket'))\nprint('socket', sock(2, 1, 0), ctypes.get_errno())")
+        res = run_python(code, config=TIGHT)
+        assert not res.timed_out and res.stdout.split() == ["socket", "-1", str(errno.EPERM)], res
+        with pytest.raises(BlockingIOError):
+            listener.accept()  # nobody ever reached the listener
+    finally:
+        listener.close()
 
 
 def test_environment_secrets_do_not_reach_the_child(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -167,35 +189,24 @@ def test_environment_secrets_do_not_reach_the_child(monkeypatch: pytest.MonkeyPa
         assert value not in res.stdout + res.stderr
 
 
-def test_writes_outside_the_working_dir_are_refused(tmp_path, monkeypatch: pytest.MonkeyPatch) -> None:
-    home = tmp_path / "home"
-    home.mkdir()
-    monkeypatch.setenv("HOME", str(home))
+def test_writes_outside_the_working_dir_fail_and_leave_the_host_untouched(tmp_path) -> None:
     keep = tmp_path / "keep.txt"
     keep.write_text("original")
     attempts = {
-        "home file": f"open({str(home / 'pwned.txt')!r}, 'w').write('x')",
         "outside file": f"open({str(tmp_path / 'outside.txt')!r}, 'a').write('x')",
         "os.open": f"import os\nos.open({str(tmp_path / 'os_open.txt')!r}, os.O_WRONLY | os.O_CREAT)",
         "overwrite": f"open({str(keep)!r}, 'w').write('changed')",
         "remove": f"import os\nos.remove({str(keep)!r})",
-        "rename": f"import os\nos.rename({str(keep)!r}, 'stolen.txt')",
-        "mkdir": f"import os\nos.mkdir({str(tmp_path / 'newdir')!r})",
+        "interpreter": "import os\nopen(os.__file__, 'a').write('x')",
+        "usr": "open('/usr/lib/evil.so', 'w').write('x')",
+        "root dir": "open('/evil', 'w').write('x')",
         "symlink escape": f"import os\nos.symlink({str(keep)!r}, 'link')\nopen('link', 'w').write('changed')",
-        "chdir escape": f"import os\nos.chdir({str(tmp_path)!r})\nopen('after_chdir.txt', 'w').write('x')",
-        "pathlib": f"import pathlib\npathlib.Path({str(home)!r}, '.bashrc').write_text('x')",
     }
     for name, code in attempts.items():
         res = run_python(code, config=TIGHT)
-        assert not res.ok and res.error is not None and res.error.startswith("blocked:"), (name, res)
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["home", "keep.txt"]
-    assert list(home.iterdir()) == []
+        assert not res.ok and ("Error" in res.stderr or res.error), (name, res)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["keep.txt"]
     assert keep.read_text() == "original"
-    # "~" means the throw-away directory: allowed, and gone afterwards.
-    res = run_python("import os\nopen(os.path.expanduser('~/.bashrc'), 'w').write('x')\nprint(os.getcwd())",
-                     config=TIGHT)
-    assert res.ok, res
-    assert not os.path.exists(res.stdout.strip()) and list(home.iterdir()) == []
 
 
 def test_denied_read_paths_and_escape_hatches(tmp_path) -> None:
@@ -203,8 +214,7 @@ def test_denied_read_paths_and_escape_hatches(tmp_path) -> None:
     key_file.write_text("tvly-do-not-read\n")
     cfg = SandboxConfig(timeout_s=5, deny_read_paths=(str(key_file),))
     res = run_python(f"print(open({str(key_file)!r}).read())", config=cfg)
-    assert res.error is not None and res.error.startswith("blocked:")
-    assert "tvly-do-not-read" not in res.stdout + res.stderr
+    assert not res.ok and "tvly-do-not-read" not in res.stdout + res.stderr
     for code in ["import resource\nresource.setrlimit(resource.RLIMIT_AS, (-1, -1))",
                  "import gc\ngc.get_objects()", "import os\nos.kill(1, 9)"]:
         res = run_python(code, config=TIGHT)

@@ -1,6 +1,8 @@
 """Tests of the web search tool with a fake backend (no network): rotation, unavailability, and no key leaks."""
 from __future__ import annotations
 
+import base64
+import json
 import logging
 import sys
 
@@ -93,6 +95,10 @@ def test_backend_bugs_do_not_raise() -> None:
 def test_load_keys(tmp_path, monkeypatch: pytest.MonkeyPatch) -> None:
     keys_file = tmp_path / "keys.txt"
     keys_file.write_text("# team keys\n\nkey-one\n  key-two  \nkey-one\n")
+    keys_file.chmod(0o644)
+    with pytest.raises(ValueError, match=f"readable by group or others .*chmod 600 {keys_file}"):
+        load_keys(str(keys_file))
+    keys_file.chmod(0o600)
     monkeypatch.setenv("TAVILY_API_KEY", "key-env")
     assert load_keys(str(keys_file)) == ["key-one", "key-two", "key-env"]
     assert load_keys(None) == ["key-env"]
@@ -104,11 +110,65 @@ def test_redact() -> None:
     assert redact("a key-long and key", ["key", "key-long", ""]) == "a [REDACTED] and [REDACTED]"
 
 
+def leaked_forms(text: str, key: str) -> list[str]:
+    """Forms of ``key`` found in ``text`` once all whitespace is gone (computed independently of ``redact``)."""
+    flat = "".join(text.split()).lower()
+    forms = {"plain": key, "reversed": key[::-1], "hex": key.encode().hex(), "hex reversed": key[::-1].encode().hex()}
+    for name, value in (("b64", key), ("b64 reversed", key[::-1])):
+        enc = base64.b64encode(value.encode()).decode().rstrip("=")
+        forms[name] = enc[:-2]  # the last characters depend on what follows the key
+    return [name for name, form in forms.items() if form.lower() in flat]
+
+
+ADVERSARIAL_PRINTS = ("import base64\nk = KEY\nprint(k[::-1])\nprint(base64.b64encode(k.encode()).decode())\n"
+                      "print(base64.b64encode((k + '\\n').encode()).decode())\nprint(k.encode().hex())\n"
+                      "print('\\n'.join(k[i:i + 3] for i in range(0, len(k), 3)))\nprint(' '.join(k))\n"
+                      "print(base64.b64encode(k[::-1].encode()).decode())\n")
+
+
+def test_adversarial_key_leak_variants_are_redacted(tmp_path, monkeypatch: pytest.MonkeyPatch,
+                                                    caplog: pytest.LogCaptureFixture) -> None:
+    from recmas_ray.config.recursion import ToolLoopConfig
+    from recmas_ray.tools.loop import Toolbox
+
+    key, env_key = "tvly-ADVERSARY-9f8e7d6c5b4a", "tvly-ENVADV-0123abcd4567"
+    keys_file = tmp_path / "keys.txt"
+    keys_file.write_text(key + "\n")
+    keys_file.chmod(0o600)
+    monkeypatch.setenv("TAVILY_API_KEY", env_key)
+    caplog.set_level(logging.DEBUG)
+
+    class EchoBackend:  # a hostile search service that echoes the key in every disguise
+        def search(self, query, *, api_key, max_results):
+            import subprocess
+            text = subprocess.run([sys.executable, "-c", ADVERSARIAL_PRINTS.replace("KEY", repr(api_key))],
+                                  capture_output=True, text=True).stdout
+            return [{"title": api_key[::-1], "url": "u", "content": text}]
+
+    box = Toolbox(ToolLoopConfig(tavily_keys_file=str(keys_file), python_timeout_s=5, result_max_chars=4000),
+                  search_backend=EchoBackend())
+    outputs = [box("search", "q").text]
+    for k in (key, env_key):  # model code that knows the key prints it disguised
+        outputs.append(box("python", ADVERSARIAL_PRINTS.replace("KEY", repr(k))).text)
+    env = box("python", "import os, json\nprint(json.dumps(dict(os.environ)))\n"
+                        "print(open('/proc/self/environ').read())\nprint(open('/proc/1/environ').read())").text
+    record = json.dumps({"tool_calls": [{"input": redact(ADVERSARIAL_PRINTS.replace("KEY", repr(key)), box._keys),
+                                         "result": o} for o in outputs]})
+    samples = tmp_path / "samples_test.jsonl"
+    samples.write_text(record + "\n")
+    assert outputs[1].count("[REDACTED]") >= 7, outputs[1]  # every disguise was seen and replaced
+    for k in (key, env_key):
+        for where, text in {"outputs": "\n".join(outputs), "child env": env, "logs": caplog.text,
+                            "samples": samples.read_text()}.items():
+            assert leaked_forms(text, k) == [], (where, k)
+
+
 def test_key_never_leaks(tmp_path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture,
                          capsys: pytest.CaptureFixture) -> None:
     canary_a, canary_b = "tvly-CANARY-aaaa-1111", "tvly-CANARY-bbbb-2222"
     keys_file = tmp_path / "tavily_keys.txt"
     keys_file.write_text(f"{canary_a}\n{canary_b}\n")
+    keys_file.chmod(0o600)
     caplog.set_level(logging.DEBUG)
     texts: list[str] = []
     # Hostile backend: every failure message quotes the key it was given.

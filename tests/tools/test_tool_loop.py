@@ -195,6 +195,7 @@ def test_keys_never_leak_from_a_full_run(tmp_path, tiny_cache, monkeypatch, capf
     caplog.set_level(logging.DEBUG)
     keys = tmp_path / "keys.txt"
     keys.write_text(f"# tavily keys\n{KEY_FILE_KEY}\n")
+    keys.chmod(0o600)
     monkeypatch.setenv("TAVILY_API_KEY", ENV_KEY)
     monkeypatch.setattr(search_mod, "TavilyBackend", LeakyBackend)
     monkeypatch.setattr(LeakyBackend, "calls", [])
