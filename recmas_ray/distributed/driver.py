@@ -1,9 +1,11 @@
 """Ray system: placement group + agent actors + the orchestrator actor that runs the recursion.
 
     job entrypoint (jobs/run.py)
-        | build_ray_system(plan, placement)      check resources, create PG, actors, ready()
+        | build_replicas(plan, placement)        check resources for N replicas, then per replica:
+        |   build_ray_system(...)                create PG (STRICT_PACK when it fits a node), actors, ready()
+        |   Router actor                         least-loaded replica per batch (acquire / release)
         v
-    Orchestrator actor (num_cpus=1, threaded: several batches in flight)
+    Orchestrator actor, one per replica (num_cpus=1, threaded: several batches in flight)
         | run_batch(RayPool(handles), style, ...)  the same runner and schedule as in-process
         v
     planner.rollout ──ref──> critic.rollout ──ref──> solver.decode          (sequential, one round)
@@ -14,19 +16,23 @@
     they go producer -> consumer through the object store and never through the orchestrator.
     The orchestrator only materialises small stats and texts. Several `solve` calls run at once
     (max_concurrency), so different agents work on different batches at the same time; agent actors
-    execute calls in submission order, one at a time.
+    execute one call at a time, out of order: whichever submitted call has its inputs first.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import logging
-from dataclasses import dataclass
+import threading
+from dataclasses import dataclass, field
 
 import ray
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
 from recmas_ray.distributed.actors import TRANSPORTS, AgentActor, RayPool, RDTAgentActor
-from recmas_ray.distributed.placement import PlacementConfig, create_placement, plan_placement
+from recmas_ray.distributed.placement import (ORCHESTRATOR_CPUS, PlacementConfig, PlacementPlan, check_resources,
+                                              create_placement, detect_autoscaling, gpu_count, plan_placement,
+                                              replicas_that_fit)
 from recmas_ray.config.recursion import RecursionConfig
 from recmas_ray.runner import run_batch
 from recmas_ray.styles import get_style
@@ -37,9 +43,9 @@ log = logging.getLogger(__name__)
 AGENT_ENV = {"TOKENIZERS_PARALLELISM": "false", "HF_HUB_DISABLE_PROGRESS_BARS": "1"}
 
 
-@ray.remote(num_cpus=1, max_concurrency=16)
+@ray.remote(num_cpus=ORCHESTRATOR_CPUS, max_concurrency=16)
 class Orchestrator:
-    """Runs batches through the recursion against agent actor handles."""
+    """Runs batches through the recursion against agent actor handles (one per replica)."""
 
     def __init__(self, style_name: str, handles: dict, timeout_s: float, transport: str = "object_store"):
         self.style = get_style(style_name)
@@ -59,9 +65,33 @@ class Orchestrator:
         return run_batch(pool, self.style, questions, tasks, cfg)
 
 
+@ray.remote(num_cpus=0, max_concurrency=64)
+class Router:
+    """Hands each batch to the replica with the fewest batches in flight (ties: the least used)."""
+
+    def __init__(self, num_replicas: int):
+        self.load, self.served = [0] * num_replicas, [0] * num_replicas
+        self.lock = threading.Lock()
+
+    def acquire(self) -> int:
+        with self.lock:
+            i = min(range(len(self.load)), key=lambda k: (self.load[k], self.served[k], k))
+            self.load[i] += 1
+            self.served[i] += 1
+            return i
+
+    def release(self, replica: int) -> None:
+        with self.lock:
+            self.load[replica] = max(0, self.load[replica] - 1)
+
+    def stats(self) -> dict:
+        with self.lock:
+            return {"in_flight": list(self.load), "served": list(self.served)}
+
+
 @dataclass
 class RaySystem:
-    """Handles of a running system; `shutdown()` releases actors and the placement group."""
+    """Handles of one running replica; `shutdown()` releases actors and the placement group."""
 
     plan: SystemPlan
     handles: dict
@@ -69,17 +99,25 @@ class RaySystem:
     placement_group: object
     infos: dict
     timeout_s: float
+    replica: int = 0
 
     def solve(self, questions, tasks, cfg: RecursionConfig, batch_id: str = ""):
         """Submit one batch; returns an ObjectRef of list[SampleResult]."""
         return self.orchestrator.solve.remote(questions, tasks, cfg, batch_id)
+
+    def call_logs(self, clear: bool = False) -> dict[str, list[dict]]:
+        """Each agent's own call log (method, first prompt, slots, start and end times)."""
+        roles = list(self.handles)
+        logs = ray.get([self.handles[r].call_log.remote(clear) for r in roles], timeout=self.timeout_s)
+        return dict(zip(roles, logs))
 
     def shutdown(self) -> None:
         from ray.util.placement_group import remove_placement_group
 
         for h in [*self.handles.values(), self.orchestrator]:
             try:
-                ray.kill(h)
+                if h is not None:
+                    ray.kill(h, no_restart=True)
             except Exception:  # already dead: nothing to release
                 pass
         try:
@@ -88,46 +126,181 @@ class RaySystem:
             pass
 
 
+@dataclass
+class RayReplicas:
+    """N independent replicas of one system plus the router that spreads batches over them."""
+
+    plan: SystemPlan
+    systems: list[RaySystem]
+    router: object
+    timeout_s: float
+    placement: dict = field(default_factory=dict)
+
+    @property
+    def num_replicas(self) -> int:
+        return len(self.systems)
+
+    def solve_all(self, batches: list[tuple[list[str], list[str]]], cfg: RecursionConfig, *,
+                  in_flight_per_replica: int = 2, replicas: int | None = None) -> list[tuple[int, list]]:
+        """Run question batches on the first `replicas` replicas, each to the least-loaded one, keeping
+        `in_flight_per_replica` batches in flight per replica; returns (replica, results) in input order."""
+        systems = self.systems[:replicas or len(self.systems)]
+        load = [0] * len(systems)
+        pending: dict = {}
+        out: list = [None] * len(batches)
+        todo = list(enumerate(batches))
+        while todo or pending:
+            while todo and min(load) < in_flight_per_replica:
+                i = min(range(len(systems)), key=lambda k: (load[k], k))
+                k, (qs, ts) = todo.pop(0)
+                pending[systems[i].solve(qs, ts, cfg, batch_id=f"b{k}")] = (k, i)
+                load[i] += 1
+            done, _ = ray.wait(list(pending), num_returns=1, timeout=self.timeout_s)
+            if not done:
+                raise RuntimeError(f"no batch finished within {self.timeout_s:g}s")
+            k, i = pending.pop(done[0])
+            load[i] -= 1
+            out[k] = (i, ray.get(done[0], timeout=self.timeout_s))
+        return out
+
+    def call_logs(self, clear: bool = False) -> list[dict[str, list[dict]]]:
+        return [s.call_logs(clear) for s in self.systems]
+
+    def shutdown(self) -> None:
+        for s in self.systems:
+            s.shutdown()
+        try:
+            ray.kill(self.router)
+        except Exception:
+            pass
+
+
+def actor_options(transport: str, max_restarts: int, *, out_of_order: bool = True) -> dict:
+    """Ray options of agent actors: out-of-order execution, and restarts with retries of their
+    idempotent calls (object store transport only: RDT agents hold latents that a restart loses)."""
+    restarts = max_restarts if transport == "object_store" else 0
+    return {"allow_out_of_order_execution": out_of_order, "max_restarts": restarts, "max_task_retries": restarts}
+
+
 def build_ray_system(plan: SystemPlan, placement: PlacementConfig, *, timeout_s: float = 600.0,
-                     torch_threads: int = 0, transport: str = "object_store") -> RaySystem:
-    """Create the placement group, one actor per role, await `ready()`, then the orchestrator.
+                     torch_threads: int = 0, transport: str = "object_store", replica: int = 0,
+                     num_replicas: int = 1, autoscaling: bool | None = None, out_of_order: bool = True,
+                     extra_env: dict | None = None) -> RaySystem:
+    """Create one replica: its placement group, one actor per role, await `ready()`, then the orchestrator.
 
     `transport` moves latents through the object store (default) or by Ray Direct Transport
     (`rdt:gloo` on CPUs, `rdt:nccl` on GPUs; alpha in Ray 2.60), point to point between agents.
+    `num_replicas` is the size of the whole request, checked against the cluster up front.
     """
     if transport not in TRANSPORTS:
         raise ValueError(f"unknown transport {transport!r}; expected one of {TRANSPORTS}")
     actor_cls = AgentActor if transport == "object_store" else RDTAgentActor
     roles = list(plan.style.roles)
+    placement.check_transport(transport, roles)
+    if transport == "rdt:nccl":
+        _require_cupy()
     pplan = plan_placement(placement, roles)
-    pg = create_placement(pplan, preset=placement.preset, timeout_s=placement.ready_timeout_s)
+    scaling = detect_autoscaling() if autoscaling is None else autoscaling
+    pg = create_placement(pplan, preset=placement.preset, timeout_s=placement.ready_timeout_s, autoscaling=scaling,
+                          placement_timeout_s=placement.placement_timeout_s, num_replicas=num_replicas,
+                          name=f"recmas-replica{replica}")
     env = dict(AGENT_ENV)
     if torch_threads > 0:  # Ray pins OMP threads to floor(num_cpus) (>= 1) otherwise
         env["OMP_NUM_THREADS"] = str(torch_threads)
+    env.update(extra_env or {})
+    opts = actor_options(transport, placement.agent_max_restarts, out_of_order=out_of_order)
     handles = {}
     try:
         for role in roles:
             strategy = PlacementGroupSchedulingStrategy(placement_group=pg,
                                                         placement_group_bundle_index=pplan.bundle_of[role])
+            spec, inner, outer = plan.service_args(role)
+            spec = dataclasses.replace(spec, num_devices=gpu_count(pplan.gpus[role]),
+                                       keep_messages_on_device=transport == "rdt:nccl")
             handles[role] = actor_cls.options(
                 num_cpus=pplan.cpus[role], num_gpus=pplan.gpus[role], scheduling_strategy=strategy,
-                runtime_env={"env_vars": env}, name=None,
-            ).remote(*plan.service_args(role), torch_threads)
+                runtime_env={"env_vars": env}, name=None, **opts,
+            ).remote(spec, inner, outer, torch_threads)
         infos = {}
         for role, h in handles.items():
             try:
                 infos[role] = ray.get(h.ready.remote(), timeout=placement.ready_timeout_s)
             except Exception as e:
-                raise RuntimeError(f"agent {role} ({plan.role_models[role]}) failed to start: {e}") from e
-            log.info("agent ready: %s", infos[role])
-        orch = Orchestrator.remote(plan.style_name, handles, timeout_s, transport)
+                raise RuntimeError(f"agent {role} ({plan.role_models[role]}) of replica {replica} failed to start: "
+                                   f"{e}") from e
+            log.info("agent ready (replica %d): %s", replica, infos[role])
+        # The orchestrator sits in no bundle: it may land on any node with a free CPU.
+        orch = Orchestrator.options(max_restarts=opts["max_restarts"]).remote(plan.style_name, handles, timeout_s,
+                                                                               transport)
         if not ray.wait([orch.ready.remote()], timeout=placement.ready_timeout_s)[0]:
-            raise RuntimeError(f"orchestrator actor (1 CPU) not scheduled after {placement.ready_timeout_s:g}s; "
-                               f"available resources: {ray.available_resources()}")
+            raise RuntimeError(f"orchestrator actor of replica {replica} ({ORCHESTRATOR_CPUS:g} CPU) not scheduled "
+                               f"after {placement.ready_timeout_s:g}s; available resources: {ray.available_resources()}")
     except BaseException:
-        RaySystem(plan, handles, None, pg, {}, timeout_s).shutdown()
+        RaySystem(plan, handles, None, pg, {}, timeout_s, replica).shutdown()
         raise
-    return RaySystem(plan, handles, orch, pg, infos, timeout_s)
+    return RaySystem(plan, handles, orch, pg, infos, timeout_s, replica)
+
+
+def resolve_num_replicas(placement: PlacementConfig, pplan: PlacementPlan, *, reserve_cpus: float = 0.0) -> int:
+    """`num_replicas`, or with 0 (auto) as many as the cluster's free resources hold now (at least 1)."""
+    if placement.num_replicas > 0:
+        return placement.num_replicas
+    free = [n for n in _free_per_node()]
+    n = replicas_that_fit(pplan, free, reserve_cpus=reserve_cpus)
+    if n < 1:  # let the resource check name the shortfall
+        return 1
+    log.info("num_replicas auto: %d replicas fit the cluster", n)
+    return n
+
+
+def _free_per_node() -> list[dict]:
+    from ray._private.state import available_resources_per_node
+
+    return [{k: v for k, v in res.items() if k in ("CPU", "GPU")} for res in available_resources_per_node().values()]
+
+
+def build_replicas(plan: SystemPlan, placement: PlacementConfig, *, timeout_s: float = 600.0,
+                   torch_threads: int = 0, transport: str = "object_store", reserve_cpus: float = 0.0,
+                   out_of_order: bool = True, extra_env: dict | None = None) -> RayReplicas:
+    """`placement.num_replicas` independent systems (0: as many as fit) and their router.
+
+    On a cluster that cannot grow, the whole request is checked before any actor starts, so a
+    shortfall fails at once naming it; `reserve_cpus` stay free for Ray Data's clients and reads.
+    """
+    roles = list(plan.style.roles)
+    pplan = plan_placement(placement, roles)
+    n = resolve_num_replicas(placement, pplan, reserve_cpus=reserve_cpus)
+    scaling = detect_autoscaling() if placement.autoscaling is None else placement.autoscaling
+    if not scaling:
+        nodes = [nd["Resources"] for nd in ray.nodes() if nd.get("Alive")]
+        check_resources(pplan, ray.cluster_resources(), nodes, preset=placement.preset, num_replicas=n)
+    systems: list[RaySystem] = []
+    try:
+        for i in range(n):
+            systems.append(build_ray_system(plan, placement, timeout_s=timeout_s, torch_threads=torch_threads,
+                                            transport=transport, replica=i, num_replicas=1, autoscaling=scaling,
+                                            out_of_order=out_of_order, extra_env=extra_env))
+        router = Router.remote(n)
+    except BaseException:
+        for s in systems:
+            s.shutdown()
+        raise
+    return RayReplicas(plan, systems, router, timeout_s, placement={"num_replicas": n, "autoscaling": scaling})
+
+
+def as_replicas(system) -> RayReplicas:
+    """A RayReplicas view of a single RaySystem (one replica, its own router)."""
+    if isinstance(system, RayReplicas):
+        return system
+    return RayReplicas(system.plan, [system], Router.remote(1), system.timeout_s)
+
+
+def _require_cupy() -> None:
+    import importlib.util
+
+    if importlib.util.find_spec("cupy") is None:
+        raise ValueError("--transport rdt:nccl needs cupy (pip install 'ray[cgraph]' or cupy-cuda12x) on every "
+                         "node; use --transport object_store")
 
 
 def init_ray(address: str | None = None, **kwargs) -> None:
