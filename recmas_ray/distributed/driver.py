@@ -23,13 +23,14 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import os
 import threading
 from dataclasses import dataclass, field
 
 import ray
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
-from recmas_ray.distributed.actors import TRANSPORTS, AgentActor, RayPool, RDTAgentActor
+from recmas_ray.distributed.actors import AGENT_EXIT_AFTER_ENV, TRANSPORTS, AgentActor, RayPool, RDTAgentActor
 from recmas_ray.distributed.placement import (ORCHESTRATOR_CPUS, PlacementConfig, PlacementPlan, check_resources,
                                               create_placement, detect_autoscaling, gpu_count, plan_placement,
                                               replicas_that_fit)
@@ -100,6 +101,9 @@ class RaySystem:
     infos: dict
     timeout_s: float
     replica: int = 0
+    arg_refs: list = field(default_factory=list)
+    """Object-store copies of the agents' constructor arguments, kept so a restarted agent can
+    rebuild itself (Ray frees creation arguments otherwise, ray#53727)."""
 
     def solve(self, questions, tasks, cfg: RecursionConfig, batch_id: str = ""):
         """Submit one batch; returns an ObjectRef of list[SampleResult]."""
@@ -192,6 +196,17 @@ def build_ray_system(plan: SystemPlan, placement: PlacementConfig, *, timeout_s:
     (`rdt:gloo` on CPUs, `rdt:nccl` on GPUs; alpha in Ray 2.60), point to point between agents.
     `num_replicas` is the size of the whole request, checked against the cluster up front.
     """
+    system = start_system(plan, placement, timeout_s=timeout_s, torch_threads=torch_threads, transport=transport,
+                          replica=replica, num_replicas=num_replicas, autoscaling=autoscaling,
+                          out_of_order=out_of_order, extra_env=extra_env)
+    return await_system(system, placement, transport=transport)
+
+
+def start_system(plan: SystemPlan, placement: PlacementConfig, *, timeout_s: float, torch_threads: int,
+                 transport: str, replica: int, num_replicas: int, autoscaling: bool | None, out_of_order: bool,
+                 extra_env: dict | None) -> RaySystem:
+    """First half of `build_ray_system`: placement group and agent actors, not yet awaited (so the
+    agents of several replicas load their models at the same time)."""
     if transport not in TRANSPORTS:
         raise ValueError(f"unknown transport {transport!r}; expected one of {TRANSPORTS}")
     actor_cls = AgentActor if transport == "object_store" else RDTAgentActor
@@ -207,9 +222,11 @@ def build_ray_system(plan: SystemPlan, placement: PlacementConfig, *, timeout_s:
     env = dict(AGENT_ENV)
     if torch_threads > 0:  # Ray pins OMP threads to floor(num_cpus) (>= 1) otherwise
         env["OMP_NUM_THREADS"] = str(torch_threads)
+    if os.environ.get(AGENT_EXIT_AFTER_ENV):  # test hook, read where the agent runs
+        env[AGENT_EXIT_AFTER_ENV] = os.environ[AGENT_EXIT_AFTER_ENV]
     env.update(extra_env or {})
     opts = actor_options(transport, placement.agent_max_restarts, out_of_order=out_of_order)
-    handles = {}
+    system = RaySystem(plan, {}, None, pg, {}, timeout_s, replica)
     try:
         for role in roles:
             strategy = PlacementGroupSchedulingStrategy(placement_group=pg,
@@ -217,36 +234,50 @@ def build_ray_system(plan: SystemPlan, placement: PlacementConfig, *, timeout_s:
             spec, inner, outer = plan.service_args(role)
             spec = dataclasses.replace(spec, num_devices=gpu_count(pplan.gpus[role]),
                                        keep_messages_on_device=transport == "rdt:nccl")
-            handles[role] = actor_cls.options(
+            inner, outer = ray.put(inner), ray.put(outer)
+            system.arg_refs += [inner, outer]
+            system.handles[role] = actor_cls.options(
                 num_cpus=pplan.cpus[role], num_gpus=pplan.gpus[role], scheduling_strategy=strategy,
                 runtime_env={"env_vars": env}, name=None, **opts,
             ).remote(spec, inner, outer, torch_threads)
-        infos = {}
-        for role, h in handles.items():
+    except BaseException:
+        system.shutdown()
+        raise
+    return system
+
+
+def await_system(system: RaySystem, placement: PlacementConfig, *, transport: str) -> RaySystem:
+    """Second half of `build_ray_system`: every agent's `ready()` (with the timeout), then the orchestrator."""
+    plan, replica = system.plan, system.replica
+    try:
+        refs = {role: h.ready.remote() for role, h in system.handles.items()}
+        ray.wait(list(refs.values()), num_returns=len(refs), timeout=placement.ready_timeout_s)
+        for role, ref in refs.items():
             try:
-                infos[role] = ray.get(h.ready.remote(), timeout=placement.ready_timeout_s)
+                system.infos[role] = ray.get(ref, timeout=1.0)
             except Exception as e:
-                raise RuntimeError(f"agent {role} ({plan.role_models[role]}) of replica {replica} failed to start: "
-                                   f"{e}") from e
-            log.info("agent ready (replica %d): %s", replica, infos[role])
+                raise RuntimeError(f"agent {role} ({plan.role_models[role]}) of replica {replica} failed to start "
+                                   f"within {placement.ready_timeout_s:g}s: {e}") from e
+            log.info("agent ready (replica %d): %s", replica, system.infos[role])
         # The orchestrator sits in no bundle: it may land on any node with a free CPU.
-        orch = Orchestrator.options(max_restarts=opts["max_restarts"]).remote(plan.style_name, handles, timeout_s,
-                                                                               transport)
-        if not ray.wait([orch.ready.remote()], timeout=placement.ready_timeout_s)[0]:
+        restarts = actor_options(transport, placement.agent_max_restarts)["max_restarts"]
+        system.orchestrator = Orchestrator.options(max_restarts=restarts).remote(
+            plan.style_name, system.handles, system.timeout_s, transport)
+        if not ray.wait([system.orchestrator.ready.remote()], timeout=placement.ready_timeout_s)[0]:
             raise RuntimeError(f"orchestrator actor of replica {replica} ({ORCHESTRATOR_CPUS:g} CPU) not scheduled "
                                f"after {placement.ready_timeout_s:g}s; available resources: {ray.available_resources()}")
     except BaseException:
-        RaySystem(plan, handles, None, pg, {}, timeout_s, replica).shutdown()
+        system.shutdown()
         raise
-    return RaySystem(plan, handles, orch, pg, infos, timeout_s, replica)
+    return system
 
 
-def resolve_num_replicas(placement: PlacementConfig, pplan: PlacementPlan, *, reserve_cpus: float = 0.0) -> int:
-    """`num_replicas`, or with 0 (auto) as many as the cluster's free resources hold now (at least 1)."""
+def resolve_num_replicas(placement: PlacementConfig, pplan: PlacementPlan, *, client_cpus: float = 0.0) -> int:
+    """`num_replicas`, or with 0 (auto) as many as the cluster's free resources hold now (at least 1),
+    each with `client_cpus` for its evaluation clients and one CPU left for Ray Data's reads."""
     if placement.num_replicas > 0:
         return placement.num_replicas
-    free = [n for n in _free_per_node()]
-    n = replicas_that_fit(pplan, free, reserve_cpus=reserve_cpus)
+    n = replicas_that_fit(pplan, _free_per_node(), extra_cpus_per_replica=client_cpus, reserve_cpus=1.0)
     if n < 1:  # let the resource check name the shortfall
         return 1
     log.info("num_replicas auto: %d replicas fit the cluster", n)
@@ -260,26 +291,29 @@ def _free_per_node() -> list[dict]:
 
 
 def build_replicas(plan: SystemPlan, placement: PlacementConfig, *, timeout_s: float = 600.0,
-                   torch_threads: int = 0, transport: str = "object_store", reserve_cpus: float = 0.0,
+                   torch_threads: int = 0, transport: str = "object_store", client_cpus: float = 0.0,
                    out_of_order: bool = True, extra_env: dict | None = None) -> RayReplicas:
     """`placement.num_replicas` independent systems (0: as many as fit) and their router.
 
     On a cluster that cannot grow, the whole request is checked before any actor starts, so a
-    shortfall fails at once naming it; `reserve_cpus` stay free for Ray Data's clients and reads.
+    shortfall fails at once naming it; `client_cpus` per replica are kept free for its clients
+    when counting how many replicas fit (auto).
     """
     roles = list(plan.style.roles)
     pplan = plan_placement(placement, roles)
-    n = resolve_num_replicas(placement, pplan, reserve_cpus=reserve_cpus)
+    n = resolve_num_replicas(placement, pplan, client_cpus=client_cpus)
     scaling = detect_autoscaling() if placement.autoscaling is None else placement.autoscaling
     if not scaling:
         nodes = [nd["Resources"] for nd in ray.nodes() if nd.get("Alive")]
         check_resources(pplan, ray.cluster_resources(), nodes, preset=placement.preset, num_replicas=n)
     systems: list[RaySystem] = []
     try:
-        for i in range(n):
-            systems.append(build_ray_system(plan, placement, timeout_s=timeout_s, torch_threads=torch_threads,
-                                            transport=transport, replica=i, num_replicas=1, autoscaling=scaling,
-                                            out_of_order=out_of_order, extra_env=extra_env))
+        for i in range(n):  # every replica's agents load their models at once, then all are awaited
+            systems.append(start_system(plan, placement, timeout_s=timeout_s, torch_threads=torch_threads,
+                                        transport=transport, replica=i, num_replicas=1, autoscaling=scaling,
+                                        out_of_order=out_of_order, extra_env=extra_env))
+        for system in systems:
+            await_system(system, placement, transport=transport)
         router = Router.remote(n)
     except BaseException:
         for s in systems:

@@ -149,17 +149,20 @@ def replica_strategy(plan: PlacementPlan, node_totals: list[dict]) -> str:
     return "STRICT_PACK" if plan.strategy == "PACK" and fits_one_node(plan, node_totals) else plan.strategy
 
 
-def replicas_that_fit(plan: PlacementPlan, node_free: list[dict], *, reserve_cpus: float = 0.0) -> int:
-    """How many replicas (bundles + one orchestrator CPU each) fit into the nodes' free resources.
+def replicas_that_fit(plan: PlacementPlan, node_free: list[dict], *, extra_cpus_per_replica: float = 0.0,
+                      reserve_cpus: float = 0.0) -> int:
+    """How many replicas (bundles + one orchestrator CPU + `extra_cpus_per_replica` for its
+    clients each) fit into the nodes' free resources, with `reserve_cpus` left for Ray Data reads.
 
     Greedy first-fit per replica, each replica on one node when it fits there (as created), else
-    bundle by bundle; `reserve_cpus` stay free for Ray Data. Pure: tested without Ray.
+    bundle by bundle. Pure: tested without Ray.
     """
     free = [dict(n) for n in node_free]
     if free and reserve_cpus:
         biggest = max(free, key=lambda n: n.get("CPU", 0.0))
         biggest["CPU"] = biggest.get("CPU", 0.0) - reserve_cpus
-    items = [*plan.bundles, {"CPU": ORCHESTRATOR_CPUS}]
+    items = [*plan.bundles, {"CPU": ORCHESTRATOR_CPUS}] + ([{"CPU": extra_cpus_per_replica}]
+                                                           if extra_cpus_per_replica > 0 else [])
     count = 0
     while count < 1024:
         trial = [dict(n) for n in free]
