@@ -213,31 +213,35 @@ def check_resources(plan: PlacementPlan, cluster_total: dict, node_totals: list[
         raise ValueError(f"placement {preset!r} cannot be satisfied by this cluster: " + "; ".join(missing))
 
 
-def detect_autoscaling() -> bool:
-    """True when the connected cluster runs an autoscaler that can add nodes.
-
-    Reads the autoscaler's status report in the GCS (written by the monitor of `ray up`, KubeRay
-    in-tree autoscaling and Anyscale); a cluster started without an autoscaling config has a
-    read-only monitor whose report lists no node types that can launch.
-    """
+def autoscaling_from_status(raw: bytes | str | None) -> bool:
+    """Whether an autoscaler status report (GCS key `__autoscaling_status`) comes from an autoscaler
+    that can launch nodes: its node types are names from a cluster config (`gpu_worker`), whereas
+    the read-only monitor of a cluster without one names each node's type after the node itself."""
     import json
 
-    from ray.experimental.internal_kv import _internal_kv_get, _internal_kv_initialized
-
-    if not _internal_kv_initialized():
-        return False
-    try:
-        raw = _internal_kv_get("__autoscaling_status")
-    except Exception:  # noqa: BLE001 - no report, no autoscaler
-        return False
     if not raw:
         return False
     try:
         report = (json.loads(raw) or {}).get("autoscaler_report") or {}
     except ValueError:
         return False
-    launchable = report.get("pending_launches") or report.get("node_type_mapping") or report.get("pending_nodes")
-    return bool(launchable) or bool(report.get("autoscaling_config"))
+    if report.get("pending_launches") or report.get("pending_nodes"):
+        return True
+    mapping = report.get("node_type_mapping") or {}
+    return any(node_type != f"node_{node_id}" for node_id, node_type in mapping.items())
+
+
+def detect_autoscaling() -> bool:
+    """True when the connected cluster runs an autoscaler that can add nodes (`ray up` configs,
+    KubeRay's in-tree autoscaler); pass `--autoscaling` where detection cannot see it."""
+    from ray.experimental.internal_kv import _internal_kv_get, _internal_kv_initialized
+
+    if not _internal_kv_initialized():
+        return False
+    try:
+        return autoscaling_from_status(_internal_kv_get("__autoscaling_status"))
+    except Exception:  # noqa: BLE001 - no report readable: treat as a fixed cluster
+        return False
 
 
 def create_placement(plan: PlacementPlan, *, preset: str, timeout_s: float, autoscaling: bool = False,

@@ -128,3 +128,19 @@ def test_autoscaling_request_waits_with_progress_instead_of_failing_fast(ray_clu
     pending = [pg for pg in ray_cluster.util.placement_group_table().values()
                if pg["name"] == "autoscale-test" and pg["state"] != "REMOVED"]
     assert not pending  # the waiting group was removed on timeout
+
+
+def test_autoscaler_detection_from_its_status_report():
+    import json
+
+    from recmas_ray.distributed.placement import autoscaling_from_status
+
+    def status(mapping, **extra):
+        return json.dumps({"autoscaler_report": {"active_nodes": {}, "pending_launches": {}, "pending_nodes": [],
+                                                 "node_type_mapping": mapping, **extra}})
+
+    # a local cluster's read-only monitor (measured shape): types named after the nodes
+    assert not autoscaling_from_status(status({"de31": "node_de31", "aa07": "node_aa07"}))
+    assert autoscaling_from_status(status({"de31": "head", "aa07": "gpu_worker"}))  # `ray up` config types
+    assert autoscaling_from_status(status({}, pending_launches={"gpu_worker": 1}))
+    assert not autoscaling_from_status(None) and not autoscaling_from_status("not json")
