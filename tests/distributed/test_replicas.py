@@ -41,7 +41,8 @@ def _a_round2_and_b_round1(system):
     return calls_a[1], calls_b[0]
 
 
-@pytest.mark.parametrize("out_of_order", [True, False], ids=["out_of_order", "in_order_control"])
+@pytest.mark.parametrize("out_of_order", [True, pytest.param(False, marks=pytest.mark.integration)],
+                         ids=["out_of_order", "in_order_control"])
 def test_ready_step_of_batch_b_runs_before_waiting_round2_step_of_batch_a(ray_cluster, out_of_order):
     system = build_ray_system(simulated_plan("sequential_light", SIM), CPU, timeout_s=60, out_of_order=out_of_order)
     try:
@@ -55,6 +56,7 @@ def test_ready_step_of_batch_b_runs_before_waiting_round2_step_of_batch_a(ray_cl
         assert b_round1["t0"] >= a_round2["t1"], (b_round1, a_round2)
 
 
+@pytest.mark.integration
 def test_two_replicas_share_the_work_and_give_the_same_answers(ray_cluster):
     plan = simulated_plan("sequential_light", SIM)
     replicas = build_replicas(plan, PlacementConfig(preset="cpu", cpus_per_agent=0.1, num_replicas=2,
