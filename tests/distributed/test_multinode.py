@@ -134,6 +134,6 @@ def test_two_replicas_each_on_one_node_match_the_local_backend(report):
     rep = report["replicas"]
     assert all(len(nodes) == 1 for nodes in rep["nodes"]), rep["nodes"]  # a replica's latents stay on its node
     assert rep["nodes"][0] != rep["nodes"][1]  # 3 GPUs per replica, 3 per node: one node each
-    assert len(set(g for gs in rep["gpus"] for g in gs)) == 6
+    assert len({tuple(g) for gs in rep["gpus"] for g in gs}) == 6  # six distinct (node, GPU) slots
     assert rep["ray_predictions"] == rep["local_predictions"] and len(rep["ray_predictions"]) == 6
     assert set(rep["replica_of"].values()) == {0, 1}  # batches went to both replicas
