@@ -117,20 +117,21 @@ def timed_run(replicas, n_replicas: int, n_batches: int, rounds: int, args, tag:
             "busy_fraction": busy, "min_busy": min(min(b.values()) for b in busy)}
 
 
-def ray_call_cost(handles: dict, args) -> dict:
-    """ms per agent call: a chain of zero-cost rollouts, each taking the previous one's message."""
+def ray_call_cost(handles: dict, args, latent_steps: int) -> dict:
+    """ms per agent call: a chain of zero-cost rollouts, each taking the previous one's message
+    ([batch, latent_steps, hidden] float32) from the other actor."""
     import ray
 
     a, b = handles["planner"], handles["critic"]
     users, edge = ["cost probe"] * args.batch_size, ("planner->critic",)
-    ref, _ = a.rollout.options(num_returns=2).remote(users, [], args.latent_steps, edge)
+    ref, _ = a.rollout.options(num_returns=2).remote(users, [], latent_steps, edge)
     ray.get(ref, timeout=args.timeout_s)  # warm: both actors have deserialised a message once
     samples = []
     for _ in range(3):
         t0 = time.perf_counter()
         for k in range(args.call_chain):
             actor = b if k % 2 == 0 else a
-            ref, _ = actor.rollout.options(num_returns=2).remote(users, ["<<SLOT>>"], args.latent_steps, edge, ref)
+            ref, _ = actor.rollout.options(num_returns=2).remote(users, ["<<SLOT>>"], latent_steps, edge, ref)
         ray.get(ref, timeout=args.timeout_s)
         samples.append((time.perf_counter() - t0) / args.call_chain * 1000)
     msg = ray.get(ref, timeout=args.timeout_s)
@@ -246,7 +247,9 @@ def main(argv=None) -> int:
         cost = build_replicas(cost_plan, PlacementConfig(preset="cpu", cpus_per_agent=0.05, num_replicas=1,
                                                          agent_max_restarts=0), timeout_s=args.timeout_s)
         try:
-            report["ray_call"] = ray_call_cost(cost.systems[0].handles, args)
+            report["ray_call"] = ray_call_cost(cost.systems[0].handles, args, args.latent_steps)
+            # the same chain with one latent step: a message small enough to be inlined (< 100 KiB)
+            report["ray_call_small_message"] = ray_call_cost(cost.systems[0].handles, args, 1)
         finally:
             cost.shutdown()
         if not args.no_real:
@@ -264,6 +267,7 @@ def main(argv=None) -> int:
         "target_efficiency": 0.9,
         f"min_busy_one_replica_R{r_max}": by[(1, r_max)]["min_busy"], "target_busy": 0.8,
         "ray_call_ms": report["ray_call"]["ms_per_call"], "target_ray_call_ms": 5.0,
+        "ray_call_ms_small_message": report["ray_call_small_message"]["ms_per_call"],
         "real_models_same_predictions": (report.get("real_models") or {}).get("same_predictions")}
     report["seconds"] = time.perf_counter() - t_start
     path = os.path.join(args.output_path, "bench_scale.json")
