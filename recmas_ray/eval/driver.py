@@ -76,7 +76,7 @@ def link_hashes(plan) -> dict[str, str]:
 
 def run_fingerprint(cfg: EvalConfig, manifest: dict, extra: dict | None = None) -> dict:
     """Everything that changes a run's samples: style, models, links (sources and hashes), methods,
-    recursion (R, m, decoding), grader, format retry, seed, rollouts, questions, dtype.
+    recursion (R, m, decoding), grader, format retry, seed, rollouts, question source, dtype.
 
     `manifest` is the plan's (`SystemPlan.manifest()`, with `link_sha256` added by the caller);
     `extra` adds fields (e.g. a prompt-set hash) in one line.
@@ -88,8 +88,8 @@ def run_fingerprint(cfg: EvalConfig, manifest: dict, extra: dict | None = None) 
           "links": manifest.get("sources", {}), "link_sha256": manifest.get("link_sha256", {}),
           "methods": list(cfg.methods), "recursion": rec, "grader": cfg.grader, "format_retry": cfg.format_retry,
           "seed": cfg.seed, "num_rollouts": cfg.num_rollouts, "dtype": cfg.dtype,
-          "dataset": {"name": cfg.dataset, "path": cfg.dataset_path, "json_field": cfg.dataset_json_field,
-                      "num_samples": cfg.num_samples},
+          # not num_samples: it only selects questions (samples are keyed by doc id), so a resume may extend it
+          "dataset": {"name": cfg.dataset, "path": cfg.dataset_path, "json_field": cfg.dataset_json_field},
           "tools": dataclasses.asdict(cfg.tools) if cfg.tool_loop() is not None else None}
     fp.update(extra or {})
     return json.loads(json.dumps(fp, default=str))
