@@ -6,7 +6,7 @@
 # JOB is a file name under jobs/ without .py (run, train_inner, train_outer) or a path to it.
 # Every argument after JOB is passed to the job unchanged. Runs
 #   ray job submit --address $RAY_ADDRESS --working-dir . --runtime-env cluster/runtime_env.yaml \
-#       $SUBMIT_FLAGS -- python jobs/JOB.py ARGS...
+#       $SUBMIT_FLAGS -- python -m jobs.JOB ARGS...
 # from the repo root, whatever the current directory.
 #
 # Environment:
@@ -27,10 +27,8 @@ cd "$repo_root"
 
 job="$1"
 shift
-case "$job" in
-  *.py) script="$job" ;;
-  *) script="jobs/${job}.py" ;;
-esac
+job="$(basename "${job%.py}")"
+script="jobs/${job}.py"
 if [[ ! -f "$script" ]]; then
   echo "submit.sh: no job script '$script'; expected one of: $(ls jobs/*.py 2>/dev/null | xargs -n1 basename 2>/dev/null | sed 's/\.py$//' | tr '\n' ' ')" >&2
   exit 2
@@ -44,4 +42,4 @@ extra=(${SUBMIT_FLAGS:-})
 
 set -x
 exec ray job submit --address "$address" --working-dir . --runtime-env "$runtime_env" \
-  "${extra[@]}" -- python "$script" "$@"
+  "${extra[@]}" -- python -m "jobs.${job}" "$@"

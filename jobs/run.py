@@ -45,7 +45,7 @@ def evaluate(cfg: EvalConfig) -> int:
         print(f"samples: {out['samples_path']}\nresults: {out['results_path']}")
     if "plot_path" in outs[-1]:
         print(f"plot: {outs[-1]['plot_path']}")
-    return 0
+    return 1 if any(out.get("num_errored") for out in outs) else 0
 
 
 def main(argv=None) -> int:

@@ -70,7 +70,9 @@ class Agent:
         self.hidden_size = hidden
         self.outer_links: dict[str, OuterLink] = {}
         self._turn_end: str | None = None
-        self.device = next(model.parameters()).device
+        from recmas_ray.models.loader import output_device
+
+        self.device = output_device(model)  # links sit with the last layer (models split over GPUs)
         self.dtype = next(model.parameters()).dtype
         self.inner_link.to(self.device, self.dtype)
 
@@ -100,7 +102,8 @@ class Agent:
 
     def _embed_ids(self, ids: list[int]) -> torch.Tensor:
         # Always the model's own embedding module: Gemma3 scales by sqrt(d) inside it.
-        return self.model.get_input_embeddings()(torch.tensor(ids, dtype=torch.long, device=self.device))
+        e_LD = self.model.get_input_embeddings()(torch.tensor(ids, dtype=torch.long, device=self.device))
+        return e_LD.to(self.device)  # a model split over GPUs embeds on its first one
 
     def embed_prompt(self, user: str, latents: dict[str, torch.Tensor] | None = None, *,
                      suffix_text: str = "", literal_slots: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
@@ -226,14 +229,16 @@ class Agent:
                 mask_BL = torch.cat([mask_BL, mask_BL.new_ones(B, 1)], dim=1)
         return torch.stack(hs, dim=1)
 
-    def messages(self, h_BMD: torch.Tensor, edges: tuple[str, ...] | list[str]) -> dict[str, torch.Tensor]:
-        """outer_{edge}(inner(H)) per edge, detached on CPU (what travels between agents)."""
+    def messages(self, h_BMD: torch.Tensor, edges: tuple[str, ...] | list[str], *,
+                 device: str | None = "cpu") -> dict[str, torch.Tensor]:
+        """outer_{edge}(inner(H)) per edge, detached, on `device` (None: where computed, for NCCL)."""
         missing = [e for e in edges if e not in self.outer_links]
         if missing:
             raise ValueError(f"role {self.role}: no outer link attached for edges {missing}")
         with torch.no_grad():
             z_BMD = self.inner_link(h_BMD)
-            return {e: self.outer_links[e](z_BMD).detach().to("cpu") for e in edges}
+            out = {e: self.outer_links[e](z_BMD).detach() for e in edges}
+            return out if device is None else {e: m.to(device) for e, m in out.items()}
 
     # ----------------------------------------------------------------------------- text
     @torch.no_grad()
@@ -289,7 +294,7 @@ class Agent:
         puts it into the cache first, so a caller can append text and continue where it stopped.
         """
         B = state.logits_BV.shape[0]
-        eos = _eos_ids(self.model, self.tokenizer)
+        eos = _eos_ids(self.model, self.tokenizer).to(self.device)
         if cfg.do_sample and cfg.top_k < 0:
             cfg = dataclasses.replace(cfg, top_k=model_top_k(self.model))
         tokens = [[] for _ in range(B)]

@@ -6,7 +6,8 @@ plain picklable values, so a Ray actor can wrap it unchanged and pass latents as
   rollout(users, slot_names, num_steps, edges, *latents) -> (*messages_per_edge, stats)
   decode(users, slot_names, cfg, *latents)               -> (list[Decoded], stats)
 
-`latents[i]` is the [B, M, D] block for `slot_names[i]`; messages are detached CPU tensors [B, M, E].
+`latents[i]` is the [B, M, D] block for `slot_names[i]`; messages are detached CPU tensors [B, M, E]
+(on the producer's GPU when `keep_messages_on_device`, for the NCCL transport).
 """
 
 from __future__ import annotations
@@ -45,6 +46,10 @@ class AgentSpec:
     """Dtype of latents sent to other agents (float32 or bfloat16)."""
     tools: ToolLoopConfig | None = None
     """Deliberation toolcaller only: decode with the tool loop (keys are read where the agent runs)."""
+    num_devices: int = 1
+    """CUDA devices the model is split over (a role given K > 1 GPUs; the Ray layer sets it)."""
+    keep_messages_on_device: bool = False
+    """Messages stay on the producer's device (NCCL transport) instead of moving to CPU."""
 
 
 def pick_device(requested: str) -> torch.device:
@@ -65,12 +70,19 @@ class AgentService:
         from recmas_ray.links import inner_link_from_state_dict, outer_link_from_state_dict
 
         self.spec = spec
-        device = pick_device(spec.device)
-        model, tokenizer = load_frozen_model(spec.model_name, dtype=resolve_dtype(spec.dtype, device), device=device)
-        self.agent = Agent(model, tokenizer, inner_link_from_state_dict(inner_state, what=f"inner link of {spec.role}"),
-                           role=spec.role, model_name=spec.model_name, system_prompt=spec.system_prompt)
-        for edge, sd in outer_states.items():
-            self.agent.attach_outer_link(edge, outer_link_from_state_dict(sd, what=f"outer link {edge}"))
+        if spec.model_name.startswith("sim:"):  # cost-simulated agent (benchmarks): no model, no links
+            from recmas_ray.models.sim import SimulatedAgent
+
+            self.agent = SimulatedAgent(spec.model_name, role=spec.role)
+        else:
+            device = pick_device(spec.device)
+            model, tokenizer = load_frozen_model(spec.model_name, dtype=resolve_dtype(spec.dtype, device),
+                                                 device=device, num_devices=spec.num_devices)
+            self.agent = Agent(model, tokenizer,
+                               inner_link_from_state_dict(inner_state, what=f"inner link of {spec.role}"),
+                               role=spec.role, model_name=spec.model_name, system_prompt=spec.system_prompt)
+            for edge, sd in outer_states.items():
+                self.agent.attach_outer_link(edge, outer_link_from_state_dict(sd, what=f"outer link {edge}"))
         self.message_dtype = resolve_dtype(spec.message_dtype, torch.device("cpu"))
         self.toolbox = None
         if spec.tools is not None:
@@ -97,7 +109,7 @@ class AgentService:
         t0 = time.perf_counter()
         e_BLD, mask_BL = self._embed(users, slot_names, latents)
         h_BMD = self.agent.latent_rollout(e_BLD, mask_BL, num_steps)
-        msgs = self.agent.messages(h_BMD, tuple(edges))
+        msgs = self.agent.messages(h_BMD, tuple(edges), device=None if self.spec.keep_messages_on_device else "cpu")
         stats = {"role": self.spec.role, "latent_steps": num_steps, "text_tokens": [0] * len(users),
                  "seconds": time.perf_counter() - t0}
         return (*[msgs[e].to(self.message_dtype) for e in edges], stats)

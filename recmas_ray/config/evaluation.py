@@ -35,7 +35,7 @@ class StreamConfig:
     """How the Ray backend streams batches through client actors (Ray Data)."""
 
     num_clients: Annotated[int, Range(1, 1024)] = 2
-    """Client actors, i.e. batches in flight at once, so agents overlap."""
+    """Client actors per system replica, i.e. batches in flight per replica, so agents overlap."""
     client_cpus: Annotated[float, Range(0, 64)] = 0.25
     """Logical CPUs per client actor (fractions keep CPUs free for Ray Data's own tasks; no GPUs)."""
     client_max_restarts: Annotated[int, Range(-1, 10_000)] = -1
@@ -106,7 +106,11 @@ class EvalConfig:
     output_path: Annotated[str, WritableDir()] = "out"
     """Directory for samples_*.jsonl, results_*.json and config.json."""
     resume: bool = False
-    """Skip samples already in the latest samples file of this benchmark in output_path."""
+    """Skip samples already in the latest samples file of this benchmark in output_path (errored
+    samples run again); refused when that file's fingerprint differs from this run's."""
+    max_batch_retries: Annotated[int, Range(0, 100)] = 2
+    """Retries of a failed batch; after the last its samples are written with an `error` field,
+    the run goes on and the job exits 1."""
     plot: bool = False
     """Write accuracy, tokens and seconds vs rounds as a PNG."""
     timeout_s: Annotated[float, Range(0, 7 * 86400, lo_open=True)] = 900.0
@@ -150,8 +154,6 @@ class EvalConfig:
             from recmas_ray.styles.prompts import load_prompt_set
 
             load_prompt_set(self.prompt_set, style)  # a bad file fails here, before any model loads
-        if self.transport == "rdt:nccl" and (self.device == "cpu" or self.placement.preset == "cpu"):
-            raise ValueError("--transport rdt:nccl moves CUDA tensors between GPUs; it cannot work with "
-                             f"--device {self.device} / --placement {self.placement.preset}")
+        self.placement.check_transport(self.transport, style.roles, device=self.device)
         if self.backend == "local" and self.transport != "object_store":
             raise ValueError(f"--transport {self.transport} needs --backend ray")

@@ -1,14 +1,22 @@
 """Agent actors: one Ray actor per role around `AgentService`, plus the pool the runner talks to.
 
 The actor adds only what Ray needs: device choice from torch (never from Ray's logical resources),
-a `ready()` health check naming role, device, GPU ids and node, and failure messages that name the
-role. Model code lives in `agent.py` and knows nothing about Ray.
+a `ready()` health check naming role, device, GPU ids and node, failure messages that name the
+role, and a log of its own calls (start and end times) from which busy fractions and execution
+order are read. Model code lives in `agent.py` and knows nothing about Ray.
+
+Agents run calls out of order (`allow_out_of_order_execution=True`, set in driver.py): a call
+starts as soon as its input latents exist, so batch B's ready round-1 step never waits behind
+batch A's round-2 step whose inputs are still being computed. A crashed agent is restarted by Ray
+(it reloads its model in `__init__`) and its idempotent calls (rollout, decode) are retried.
 """
 
 from __future__ import annotations
 
+import collections
 import os
 import socket
+import time
 
 import ray
 
@@ -16,6 +24,10 @@ from recmas_ray.service import AgentService, AgentSpec
 
 
 TRANSPORTS = ("object_store", "rdt:gloo", "rdt:nccl")
+# Fault injection for tests: "ROLE:N" makes that role's actor exit hard before its (N+1)-th call,
+# once (a restarted actor does not exit again).
+AGENT_EXIT_AFTER_ENV = "RECMAS_AGENT_EXIT_AFTER"
+CALL_LOG_SIZE = 100_000
 
 
 class _AgentActorImpl:
@@ -26,6 +38,11 @@ class _AgentActorImpl:
 
         if torch_threads > 0:
             torch.set_num_threads(torch_threads)
+        self._log = collections.deque(maxlen=CALL_LOG_SIZE)
+        self._exit_after = None
+        role, _, count = os.environ.get(AGENT_EXIT_AFTER_ENV, "").partition(":")
+        if role == spec.role and count and not _reconstructed():
+            self._exit_after = int(count)
         if spec.device == "auto":
             # Ray narrows CUDA_VISIBLE_DEVICES per actor; with fake GPUs torch still sees none -> CPU.
             use_cuda = torch.cuda.is_available() and len(ray.get_gpu_ids()) > 0
@@ -38,11 +55,30 @@ class _AgentActorImpl:
         return {**self.service.info(), "gpu_ids": [str(g) for g in ray.get_gpu_ids()], "node": ctx.get_node_id(),
                 "hostname": socket.gethostname(), "pid": os.getpid()}
 
+    def _logged(self, method, users, slot_names, fn):
+        if self._exit_after is not None and len(self._log) >= self._exit_after:
+            os._exit(1)  # test hook: die like a killed process, mid-run
+        t0 = time.time()
+        try:
+            return fn()
+        finally:
+            self._log.append({"method": method, "first_user": users[0] if users else "", "slots": list(slot_names),
+                              "batch_size": len(users), "t0": t0, "t1": time.time()})
+
+    def call_log(self, clear: bool = False) -> list[dict]:
+        """This actor's calls: method, first prompt, slot names, start and end (time.time())."""
+        out = list(self._log)
+        if clear:
+            self._log.clear()
+        return out
+
     def rollout(self, users, slot_names, num_steps, edges, *latents):
-        return self.service.rollout(users, slot_names, num_steps, edges, *latents)
+        return self._logged("rollout", users, slot_names,
+                            lambda: self.service.rollout(users, slot_names, num_steps, edges, *latents))
 
     def decode(self, users, slot_names, cfg, *latents):
-        return self.service.decode(users, slot_names, cfg, *latents)
+        return self._logged("decode", users, slot_names,
+                            lambda: self.service.decode(users, slot_names, cfg, *latents))
 
     def rollout_keep(self, key, users, slot_names, num_steps, edges, *latents):
         """Ray Direct Transport path: keep the messages here until `take_message` hands one out.
@@ -50,7 +86,8 @@ class _AgentActorImpl:
         RDT methods have a single return value, so each edge's message is fetched by its own call;
         the tensor then moves point to point (gloo / NCCL) and never enters the object store.
         """
-        *msgs, stats = self.service.rollout(users, slot_names, num_steps, edges, *latents)
+        *msgs, stats = self._logged("rollout", users, slot_names,
+                                    lambda: self.service.rollout(users, slot_names, num_steps, edges, *latents))
         self._kept = getattr(self, "_kept", {})
         self._kept.update({(key, e): m for e, m in zip(edges, msgs)})
         return stats
@@ -63,6 +100,15 @@ class _AgentActorImpl:
         return getattr(self.service, method)(*args, **kwargs)
 
 
+def _reconstructed() -> bool:
+    import warnings
+
+    with warnings.catch_warnings():  # the property warns about an internal deprecated call
+        warnings.simplefilter("ignore")
+        return ray.get_runtime_context().was_current_actor_reconstructed
+
+
+# Restarts and retries are set per system in driver.py (`agent_max_restarts`).
 AgentActor = ray.remote(max_restarts=0)(_AgentActorImpl)
 RDTAgentActor = ray.remote(max_restarts=0, enable_tensor_transport=True)(_AgentActorImpl)
 

@@ -1,9 +1,11 @@
 """Ray system: placement group + agent actors + the orchestrator actor that runs the recursion.
 
     job entrypoint (jobs/run.py)
-        | build_ray_system(plan, placement)      check resources, create PG, actors, ready()
+        | build_replicas(plan, placement)        check resources for N replicas, then per replica:
+        |   build_ray_system(...)                create PG (STRICT_PACK when it fits a node), actors, ready()
+        |   Router actor                         least-loaded replica per batch (acquire / release)
         v
-    Orchestrator actor (num_cpus=1, threaded: several batches in flight)
+    Orchestrator actor, one per replica (num_cpus=1, threaded: several batches in flight)
         | run_batch(RayPool(handles), style, ...)  the same runner and schedule as in-process
         v
     planner.rollout ──ref──> critic.rollout ──ref──> solver.decode          (sequential, one round)
@@ -14,19 +16,24 @@
     they go producer -> consumer through the object store and never through the orchestrator.
     The orchestrator only materialises small stats and texts. Several `solve` calls run at once
     (max_concurrency), so different agents work on different batches at the same time; agent actors
-    execute calls in submission order, one at a time.
+    execute one call at a time, out of order: whichever submitted call has its inputs first.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import logging
-from dataclasses import dataclass
+import os
+import threading
+from dataclasses import dataclass, field
 
 import ray
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
-from recmas_ray.distributed.actors import TRANSPORTS, AgentActor, RayPool, RDTAgentActor
-from recmas_ray.distributed.placement import PlacementConfig, create_placement, plan_placement
+from recmas_ray.distributed.actors import AGENT_EXIT_AFTER_ENV, TRANSPORTS, AgentActor, RayPool, RDTAgentActor
+from recmas_ray.distributed.placement import (ORCHESTRATOR_CPUS, PlacementConfig, PlacementPlan, check_resources,
+                                              create_placement, detect_autoscaling, gpu_count, plan_placement,
+                                              replicas_that_fit)
 from recmas_ray.config.recursion import RecursionConfig
 from recmas_ray.runner import run_batch
 from recmas_ray.styles import StyleSpec
@@ -37,9 +44,9 @@ log = logging.getLogger(__name__)
 AGENT_ENV = {"TOKENIZERS_PARALLELISM": "false", "HF_HUB_DISABLE_PROGRESS_BARS": "1"}
 
 
-@ray.remote(num_cpus=1, max_concurrency=16)
+@ray.remote(num_cpus=ORCHESTRATOR_CPUS, max_concurrency=16)
 class Orchestrator:
-    """Runs batches through the recursion against agent actor handles."""
+    """Runs batches through the recursion against agent actor handles (one per replica)."""
 
     def __init__(self, style: StyleSpec, handles: dict, timeout_s: float, transport: str = "object_store"):
         self.style = style  # the plan's style object: it carries the run's prompt set
@@ -59,9 +66,33 @@ class Orchestrator:
         return run_batch(pool, self.style, questions, tasks, cfg)
 
 
+@ray.remote(num_cpus=0, max_concurrency=64)
+class Router:
+    """Hands each batch to the replica with the fewest batches in flight (ties: the least used)."""
+
+    def __init__(self, num_replicas: int):
+        self.load, self.served = [0] * num_replicas, [0] * num_replicas
+        self.lock = threading.Lock()
+
+    def acquire(self) -> int:
+        with self.lock:
+            i = min(range(len(self.load)), key=lambda k: (self.load[k], self.served[k], k))
+            self.load[i] += 1
+            self.served[i] += 1
+            return i
+
+    def release(self, replica: int) -> None:
+        with self.lock:
+            self.load[replica] = max(0, self.load[replica] - 1)
+
+    def stats(self) -> dict:
+        with self.lock:
+            return {"in_flight": list(self.load), "served": list(self.served)}
+
+
 @dataclass
 class RaySystem:
-    """Handles of a running system; `shutdown()` releases actors and the placement group."""
+    """Handles of one running replica; `shutdown()` releases actors and the placement group."""
 
     plan: SystemPlan
     handles: dict
@@ -69,17 +100,28 @@ class RaySystem:
     placement_group: object
     infos: dict
     timeout_s: float
+    replica: int = 0
+    arg_refs: list = field(default_factory=list)
+    """Object-store copies of the agents' constructor arguments, kept so a restarted agent can
+    rebuild itself (Ray frees creation arguments otherwise, ray#53727)."""
 
     def solve(self, questions, tasks, cfg: RecursionConfig, batch_id: str = ""):
         """Submit one batch; returns an ObjectRef of list[SampleResult]."""
         return self.orchestrator.solve.remote(questions, tasks, cfg, batch_id)
+
+    def call_logs(self, clear: bool = False) -> dict[str, list[dict]]:
+        """Each agent's own call log (method, first prompt, slots, start and end times)."""
+        roles = list(self.handles)
+        logs = ray.get([self.handles[r].call_log.remote(clear) for r in roles], timeout=self.timeout_s)
+        return dict(zip(roles, logs))
 
     def shutdown(self) -> None:
         from ray.util.placement_group import remove_placement_group
 
         for h in [*self.handles.values(), self.orchestrator]:
             try:
-                ray.kill(h)
+                if h is not None:
+                    ray.kill(h, no_restart=True)
             except Exception:  # already dead: nothing to release
                 pass
         try:
@@ -88,46 +130,211 @@ class RaySystem:
             pass
 
 
+@dataclass
+class RayReplicas:
+    """N independent replicas of one system plus the router that spreads batches over them."""
+
+    plan: SystemPlan
+    systems: list[RaySystem]
+    router: object
+    timeout_s: float
+    placement: dict = field(default_factory=dict)
+
+    @property
+    def num_replicas(self) -> int:
+        return len(self.systems)
+
+    def solve_all(self, batches: list[tuple[list[str], list[str]]], cfg: RecursionConfig, *,
+                  in_flight_per_replica: int = 2, replicas: int | None = None) -> list[tuple[int, list]]:
+        """Run question batches on the first `replicas` replicas, each to the least-loaded one, keeping
+        `in_flight_per_replica` batches in flight per replica; returns (replica, results) in input order."""
+        systems = self.systems[:replicas or len(self.systems)]
+        load = [0] * len(systems)
+        pending: dict = {}
+        out: list = [None] * len(batches)
+        todo = list(enumerate(batches))
+        while todo or pending:
+            while todo and min(load) < in_flight_per_replica:
+                i = min(range(len(systems)), key=lambda k: (load[k], k))
+                k, (qs, ts) = todo.pop(0)
+                pending[systems[i].solve(qs, ts, cfg, batch_id=f"b{k}")] = (k, i)
+                load[i] += 1
+            done, _ = ray.wait(list(pending), num_returns=1, timeout=self.timeout_s)
+            if not done:
+                raise RuntimeError(f"no batch finished within {self.timeout_s:g}s")
+            k, i = pending.pop(done[0])
+            load[i] -= 1
+            out[k] = (i, ray.get(done[0], timeout=self.timeout_s))
+        return out
+
+    def call_logs(self, clear: bool = False) -> list[dict[str, list[dict]]]:
+        return [s.call_logs(clear) for s in self.systems]
+
+    def shutdown(self) -> None:
+        for s in self.systems:
+            s.shutdown()
+        try:
+            ray.kill(self.router)
+        except Exception:
+            pass
+
+
+def actor_options(transport: str, max_restarts: int, *, out_of_order: bool = True) -> dict:
+    """Ray options of agent actors: out-of-order execution, and restarts with retries of their
+    idempotent calls (object store transport only: RDT agents hold latents that a restart loses)."""
+    restarts = max_restarts if transport == "object_store" else 0
+    return {"allow_out_of_order_execution": out_of_order, "max_restarts": restarts, "max_task_retries": restarts}
+
+
 def build_ray_system(plan: SystemPlan, placement: PlacementConfig, *, timeout_s: float = 600.0,
-                     torch_threads: int = 0, transport: str = "object_store") -> RaySystem:
-    """Create the placement group, one actor per role, await `ready()`, then the orchestrator.
+                     torch_threads: int = 0, transport: str = "object_store", replica: int = 0,
+                     num_replicas: int = 1, autoscaling: bool | None = None, out_of_order: bool = True,
+                     extra_env: dict | None = None) -> RaySystem:
+    """Create one replica: its placement group, one actor per role, await `ready()`, then the orchestrator.
 
     `transport` moves latents through the object store (default) or by Ray Direct Transport
     (`rdt:gloo` on CPUs, `rdt:nccl` on GPUs; alpha in Ray 2.60), point to point between agents.
+    `num_replicas` is the size of the whole request, checked against the cluster up front.
     """
+    system = start_system(plan, placement, timeout_s=timeout_s, torch_threads=torch_threads, transport=transport,
+                          replica=replica, num_replicas=num_replicas, autoscaling=autoscaling,
+                          out_of_order=out_of_order, extra_env=extra_env)
+    return await_system(system, placement, transport=transport)
+
+
+def start_system(plan: SystemPlan, placement: PlacementConfig, *, timeout_s: float, torch_threads: int,
+                 transport: str, replica: int, num_replicas: int, autoscaling: bool | None, out_of_order: bool,
+                 extra_env: dict | None) -> RaySystem:
+    """First half of `build_ray_system`: placement group and agent actors, not yet awaited (so the
+    agents of several replicas load their models at the same time)."""
     if transport not in TRANSPORTS:
         raise ValueError(f"unknown transport {transport!r}; expected one of {TRANSPORTS}")
     actor_cls = AgentActor if transport == "object_store" else RDTAgentActor
     roles = list(plan.style.roles)
+    placement.check_transport(transport, roles)
+    if transport == "rdt:nccl":
+        _require_cupy()
     pplan = plan_placement(placement, roles)
-    pg = create_placement(pplan, preset=placement.preset, timeout_s=placement.ready_timeout_s)
+    scaling = detect_autoscaling() if autoscaling is None else autoscaling
+    pg = create_placement(pplan, preset=placement.preset, timeout_s=placement.ready_timeout_s, autoscaling=scaling,
+                          placement_timeout_s=placement.placement_timeout_s, num_replicas=num_replicas,
+                          name=f"recmas-replica{replica}")
     env = dict(AGENT_ENV)
     if torch_threads > 0:  # Ray pins OMP threads to floor(num_cpus) (>= 1) otherwise
         env["OMP_NUM_THREADS"] = str(torch_threads)
-    handles = {}
+    if os.environ.get(AGENT_EXIT_AFTER_ENV):  # test hook, read where the agent runs
+        env[AGENT_EXIT_AFTER_ENV] = os.environ[AGENT_EXIT_AFTER_ENV]
+    env.update(extra_env or {})
+    opts = actor_options(transport, placement.agent_max_restarts, out_of_order=out_of_order)
+    system = RaySystem(plan, {}, None, pg, {}, timeout_s, replica)
     try:
         for role in roles:
             strategy = PlacementGroupSchedulingStrategy(placement_group=pg,
                                                         placement_group_bundle_index=pplan.bundle_of[role])
-            handles[role] = actor_cls.options(
+            spec, inner, outer = plan.service_args(role)
+            spec = dataclasses.replace(spec, num_devices=gpu_count(pplan.gpus[role]),
+                                       keep_messages_on_device=transport == "rdt:nccl")
+            inner, outer = ray.put(inner), ray.put(outer)
+            system.arg_refs += [inner, outer]
+            system.handles[role] = actor_cls.options(
                 num_cpus=pplan.cpus[role], num_gpus=pplan.gpus[role], scheduling_strategy=strategy,
-                runtime_env={"env_vars": env}, name=None,
-            ).remote(*plan.service_args(role), torch_threads)
-        infos = {}
-        for role, h in handles.items():
-            try:
-                infos[role] = ray.get(h.ready.remote(), timeout=placement.ready_timeout_s)
-            except Exception as e:
-                raise RuntimeError(f"agent {role} ({plan.role_models[role]}) failed to start: {e}") from e
-            log.info("agent ready: %s", infos[role])
-        orch = Orchestrator.remote(plan.style, handles, timeout_s, transport)
-        if not ray.wait([orch.ready.remote()], timeout=placement.ready_timeout_s)[0]:
-            raise RuntimeError(f"orchestrator actor (1 CPU) not scheduled after {placement.ready_timeout_s:g}s; "
-                               f"available resources: {ray.available_resources()}")
+                runtime_env={"env_vars": env}, name=None, **opts,
+            ).remote(spec, inner, outer, torch_threads)
     except BaseException:
-        RaySystem(plan, handles, None, pg, {}, timeout_s).shutdown()
+        system.shutdown()
         raise
-    return RaySystem(plan, handles, orch, pg, infos, timeout_s)
+    return system
+
+
+def await_system(system: RaySystem, placement: PlacementConfig, *, transport: str) -> RaySystem:
+    """Second half of `build_ray_system`: every agent's `ready()` (with the timeout), then the orchestrator."""
+    plan, replica = system.plan, system.replica
+    try:
+        refs = {role: h.ready.remote() for role, h in system.handles.items()}
+        ray.wait(list(refs.values()), num_returns=len(refs), timeout=placement.ready_timeout_s)
+        for role, ref in refs.items():
+            try:
+                system.infos[role] = ray.get(ref, timeout=1.0)
+            except Exception as e:
+                raise RuntimeError(f"agent {role} ({plan.role_models[role]}) of replica {replica} failed to start "
+                                   f"within {placement.ready_timeout_s:g}s: {e}") from e
+            log.info("agent ready (replica %d): %s", replica, system.infos[role])
+        # The orchestrator sits in no bundle: it may land on any node with a free CPU.
+        restarts = actor_options(transport, placement.agent_max_restarts)["max_restarts"]
+        system.orchestrator = Orchestrator.options(max_restarts=restarts).remote(
+            plan.style, system.handles, system.timeout_s, transport)
+        if not ray.wait([system.orchestrator.ready.remote()], timeout=placement.ready_timeout_s)[0]:
+            raise RuntimeError(f"orchestrator actor of replica {replica} ({ORCHESTRATOR_CPUS:g} CPU) not scheduled "
+                               f"after {placement.ready_timeout_s:g}s; available resources: {ray.available_resources()}")
+    except BaseException:
+        system.shutdown()
+        raise
+    return system
+
+
+def resolve_num_replicas(placement: PlacementConfig, pplan: PlacementPlan, *, client_cpus: float = 0.0) -> int:
+    """`num_replicas`, or with 0 (auto) as many as the cluster's free resources hold now (at least 1),
+    each with `client_cpus` for its evaluation clients and one CPU left for Ray Data's reads."""
+    if placement.num_replicas > 0:
+        return placement.num_replicas
+    n = replicas_that_fit(pplan, _free_per_node(), extra_cpus_per_replica=client_cpus, reserve_cpus=1.0)
+    if n < 1:  # let the resource check name the shortfall
+        return 1
+    log.info("num_replicas auto: %d replicas fit the cluster", n)
+    return n
+
+
+def _free_per_node() -> list[dict]:
+    from ray._private.state import available_resources_per_node
+
+    return [{k: v for k, v in res.items() if k in ("CPU", "GPU")} for res in available_resources_per_node().values()]
+
+
+def build_replicas(plan: SystemPlan, placement: PlacementConfig, *, timeout_s: float = 600.0,
+                   torch_threads: int = 0, transport: str = "object_store", client_cpus: float = 0.0,
+                   out_of_order: bool = True, extra_env: dict | None = None) -> RayReplicas:
+    """`placement.num_replicas` independent systems (0: as many as fit) and their router.
+
+    On a cluster that cannot grow, the whole request is checked before any actor starts, so a
+    shortfall fails at once naming it; `client_cpus` per replica are kept free for its clients
+    when counting how many replicas fit (auto).
+    """
+    roles = list(plan.style.roles)
+    pplan = plan_placement(placement, roles)
+    n = resolve_num_replicas(placement, pplan, client_cpus=client_cpus)
+    scaling = detect_autoscaling() if placement.autoscaling is None else placement.autoscaling
+    if not scaling:
+        nodes = [nd["Resources"] for nd in ray.nodes() if nd.get("Alive")]
+        check_resources(pplan, ray.cluster_resources(), nodes, preset=placement.preset, num_replicas=n)
+    systems: list[RaySystem] = []
+    try:
+        for i in range(n):  # every replica's agents load their models at once, then all are awaited
+            systems.append(start_system(plan, placement, timeout_s=timeout_s, torch_threads=torch_threads,
+                                        transport=transport, replica=i, num_replicas=1, autoscaling=scaling,
+                                        out_of_order=out_of_order, extra_env=extra_env))
+        for system in systems:
+            await_system(system, placement, transport=transport)
+        router = Router.remote(n)
+    except BaseException:
+        for s in systems:
+            s.shutdown()
+        raise
+    return RayReplicas(plan, systems, router, timeout_s, placement={"num_replicas": n, "autoscaling": scaling})
+
+
+def as_replicas(system) -> RayReplicas:
+    """A RayReplicas view of a single RaySystem (one replica, its own router)."""
+    if isinstance(system, RayReplicas):
+        return system
+    return RayReplicas(system.plan, [system], Router.remote(1), system.timeout_s)
+
+
+def _require_cupy() -> None:
+    import importlib.util
+
+    if importlib.util.find_spec("cupy") is None:
+        raise ValueError("--transport rdt:nccl needs cupy (pip install 'ray[cgraph]' or cupy-cuda12x) on every "
+                         "node; use --transport object_store")
 
 
 def init_ray(address: str | None = None, **kwargs) -> None:

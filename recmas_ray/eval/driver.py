@@ -9,6 +9,11 @@ Order of work, so that bad input fails before any model loads:
   4. per method: stream batches (Ray backend: a Ray Data pipeline of client actors, see
      `eval/stream.py`), append each graded sample to `samples_<bench>_<time>.jsonl` as it arrives
      (fsynced; `--resume` skips what is there), then summarise into `results_<time>.json`
+
+The samples file has a sidecar `samples_<bench>_<time>.fingerprint.json`: everything that changes
+results (`run_fingerprint`). `--resume` against a different fingerprint stops, naming the fields.
+A batch that fails `max_batch_retries` + 1 times is written as error records; results count them
+(`n_errored`), the job exits 1, and `--resume` runs them again.
 """
 
 from __future__ import annotations
@@ -27,9 +32,9 @@ from recmas_ray.config.evaluation import EvalConfig
 from recmas_ray.config.recursion import RecursionConfig
 from recmas_ray.eval.benchmarks import load_benchmark
 from recmas_ray.eval.protocol import Resolution, metric_k, resolve
-from recmas_ray.eval.results import (VERDICT_FIELDS, SampleWriter, load_done_ids, markdown_table, plot_vs_rounds,
-                                     read_samples, sample_key, summarize, timestamp, with_verdicts, write_results)
-from recmas_ray.eval.stream import for_rollout, solve_and_grade
+from recmas_ray.eval.results import (VERDICT_FIELDS, SampleWriter, markdown_table, plot_vs_rounds, read_samples,
+                                     sample_key, summarize, timestamp, with_verdicts, write_results)
+from recmas_ray.eval.stream import FAIL_DOCS_ENV, for_rollout, parse_fail_docs, solve_and_grade, with_batch_retries
 from recmas_ray.styles import question_with_interface
 from recmas_ray.styles.prompts import prompt_set_hash
 from recmas_ray.system.plan import plan_system
@@ -58,6 +63,81 @@ def open_samples_file(cfg: EvalConfig) -> Path:
     return out / f"samples_{bench_name(cfg)}_{timestamp()}.jsonl"
 
 
+# ----------------------------------------------------------------------------- fingerprint
+def link_hashes(plan) -> dict[str, str]:
+    """sha256 (first 16 hex digits) of every link's weights, by "inner:ROLE" / "outer:EDGE"."""
+    import hashlib
+
+    out = {}
+    for kind, table in (("inner", plan.links.inner), ("outer", plan.links.outer)):
+        for name, module in sorted(table.items()):
+            h = hashlib.sha256()
+            for key, t in sorted(module.state_dict().items()):
+                h.update(key.encode())
+                h.update(t.detach().cpu().contiguous().float().numpy().tobytes())
+            out[f"{kind}:{name}"] = h.hexdigest()[:16]
+    return out
+
+
+def run_fingerprint(cfg: EvalConfig, manifest: dict, extra: dict | None = None) -> dict:
+    """Everything that changes a run's samples: style, models, links (sources and hashes), methods,
+    recursion (R, m, decoding), grader, format retry, seed, rollouts, question source, dtype.
+
+    `manifest` is the plan's (`SystemPlan.manifest()`, with `link_sha256` added by the caller);
+    `extra` adds fields (e.g. a prompt-set hash) in one line.
+    """
+    rec = dataclasses.asdict(cfg.recursion)
+    rec.pop("method", None)  # set per method by the driver; `methods` below covers it
+    rec.get("decode", {}).pop("seed", None)  # set from `seed`
+    fp = {"style": cfg.style, "models": {r: v["base_model"] for r, v in manifest["roles"].items()},
+          "links": manifest.get("sources", {}), "link_sha256": manifest.get("link_sha256", {}),
+          "methods": list(cfg.methods), "recursion": rec, "grader": cfg.grader, "format_retry": cfg.format_retry,
+          "seed": cfg.seed, "num_rollouts": cfg.num_rollouts, "dtype": cfg.dtype,
+          # not num_samples: it only selects questions (samples are keyed by doc id), so a resume may extend it
+          "dataset": {"name": cfg.dataset, "path": cfg.dataset_path, "json_field": cfg.dataset_json_field},
+          "tools": dataclasses.asdict(cfg.tools) if cfg.tool_loop() is not None else None}
+    fp.update(extra or {})
+    return json.loads(json.dumps(fp, default=str))
+
+
+def fingerprint_diff(old: dict, new: dict, prefix: str = "") -> list[str]:
+    """Dotted names of the fields that differ, with both values ("recursion.num_recursive_rounds: 1 -> 3")."""
+    out = []
+    for key in sorted(set(old) | set(new)):
+        a, b, name = old.get(key, "<absent>"), new.get(key, "<absent>"), f"{prefix}{key}"
+        if isinstance(a, dict) and isinstance(b, dict):
+            out += fingerprint_diff(a, b, name + ".")
+        elif a != b:
+            out.append(f"{name}: {json.dumps(a)} -> {json.dumps(b)}")
+    return out
+
+
+def fingerprint_path(samples_file: Path) -> Path:
+    return samples_file.with_name(samples_file.stem + ".fingerprint.json")
+
+
+def check_fingerprint(samples_file: Path, fp: dict, *, resume: bool) -> None:
+    """Write the samples file's fingerprint, or (resuming) refuse one that differs, naming the fields."""
+    side = fingerprint_path(samples_file)
+    if resume and samples_file.exists():
+        if side.exists():
+            diff = fingerprint_diff(json.loads(side.read_text(encoding="utf-8")), fp)
+            if diff:
+                raise ValueError(f"--resume: {samples_file.name} was written by a different run; differing "
+                                 f"fields: {'; '.join(diff)}. Use another --output_path or drop --resume")
+            return
+        log.warning("--resume: %s has no fingerprint (an older run); adopting this run's", samples_file)
+    tmp = side.with_name("." + side.name + ".tmp")
+    tmp.write_text(json.dumps(fp, indent=2, sort_keys=True) + "\n", encoding="utf-8")
+    tmp.replace(side)
+
+
+def done_keys(samples_file: Path) -> set[str]:
+    """Keys of finished samples; errored ones (an `error` field) are not finished and run again."""
+    return {sample_key(r) for r in read_samples(samples_file) if not r.get("error")} if samples_file.exists() \
+        else set()
+
+
 class Backend:
     """Runs batches in-process or on a Ray system; `stream` yields graded sample records."""
 
@@ -72,14 +152,18 @@ class Backend:
             from recmas_ray.runner import LocalPool
             from recmas_ray.service import AgentService
 
+            if cfg.placement.num_replicas != 1:
+                log.warning("--num_replicas %d is ignored by --backend local (one in-process system)",
+                            cfg.placement.num_replicas)
             self.pool = LocalPool({r: AgentService(*plan.service_args(r)) for r in plan.style.roles})
             self.system = None
         else:
-            from recmas_ray.distributed.driver import build_ray_system, init_ray
+            from recmas_ray.distributed.driver import build_replicas, init_ray
 
             init_ray()
-            self.system = build_ray_system(plan, cfg.placement, timeout_s=cfg.timeout_s,
-                                           torch_threads=cfg.torch_threads, transport=cfg.transport)
+            self.system = build_replicas(plan, cfg.placement, timeout_s=cfg.timeout_s,
+                                         torch_threads=cfg.torch_threads, transport=cfg.transport,
+                                         client_cpus=cfg.stream.num_clients * cfg.stream.client_cpus)
 
     def stream(self, batches, method):
         """Yield graded sample records as batches finish (Ray: several in flight, arrival order)."""
@@ -88,7 +172,8 @@ class Backend:
             from recmas_ray.eval.stream import stream_samples
 
             yield from stream_samples(self.system, batches, method, recursion_for(cfg, method, 0), cfg.grader,
-                                      cfg.format_retry, cfg.stream, timeout_s=cfg.timeout_s)
+                                      cfg.format_retry, cfg.stream, timeout_s=cfg.timeout_s,
+                                      max_batch_retries=cfg.max_batch_retries)
             return
         from recmas_ray.runner import run_batch
 
@@ -98,9 +183,15 @@ class Backend:
         def retry(texts, suffixes, n, decode):
             return self.pool.services[decoder].retry_format(texts, suffixes, n, cfg=decode)
 
+        rc, fail_docs = recursion_for(cfg, method, 0), parse_fail_docs(os.environ.get(FAIL_DOCS_ENV))
         for batch, rollout in batches:
-            yield from solve_and_grade(batch, rollout, method, recursion_for(cfg, method, 0), cfg.grader, solve,
-                                       retry if cfg.format_retry else None)
+            def attempt(batch=batch, rollout=rollout):
+                return solve_and_grade(batch, rollout, method, rc, cfg.grader, solve,
+                                       retry if cfg.format_retry else None), 0
+
+            yield from with_batch_retries(batch, rollout, method, rc, cfg.max_batch_retries, attempt,
+                                          fail_docs=fail_docs,
+                                          on_error=lambda n, e: log.warning("batch failed (attempt %d): %s", n + 1, e))
 
     def close(self):
         if self.system is not None and self.owned:
@@ -126,6 +217,9 @@ def evaluate(cfg: EvalConfig, *, progress: bool = True, system=None) -> dict:
     items = [{**i, "question": question_with_interface(plan.style, i["question"], i.get("interface"))}
              for i in items]
     samples_file = open_samples_file(cfg)
+    fingerprint = run_fingerprint(cfg, {**plan.manifest(), "link_sha256": link_hashes(plan)},
+                                  extra={"protocol": cfg.protocol, "prompt_set_sha256": prompt_set_hash(plan.style)})
+    check_fingerprint(samples_file, fingerprint, resume=cfg.resume)
     save_config(cfg, cfg.output_path)
     start = time.time()
     backend = Backend(cfg, plan, system)
@@ -133,7 +227,7 @@ def evaluate(cfg: EvalConfig, *, progress: bool = True, system=None) -> dict:
     try:
         with SampleWriter(samples_file) as writer:
             for method in cfg.methods:
-                done = load_done_ids(samples_file) if samples_file.exists() else set()
+                done = done_keys(samples_file)
                 batches = []
                 for r in range(cfg.num_rollouts):  # one rollout index per batch: its decode seed is seed + r
                     todo = [i for i in items
@@ -148,7 +242,8 @@ def evaluate(cfg: EvalConfig, *, progress: bool = True, system=None) -> dict:
                     key = sample_key(rec)
                     if key in done:  # never a second line per sample, even if a batch came back twice
                         continue
-                    done.add(key)
+                    if not rec.get("error"):
+                        done.add(key)
                     writer.write(with_verdicts(rec))
                     n_done, n_ok = n_done + 1, n_ok + int(rec["correct"])
                     bar.update(1)
@@ -196,24 +291,35 @@ def finish(cfg: EvalConfig, samples_file: Path, plan, wall: dict, start: float,
     resolution = resolution or resolve(cfg)[1]
     k = metric_k(resolution.metric)
     all_samples = [with_verdicts(s) for s in read_samples(samples_file)]
-    results = {}
+    results, num_errored = {}, 0
     for method in cfg.methods:
-        rows = [s for s in all_samples if s.get("method") == method]
-        if not rows:
+        rows = [s for s in all_samples if s.get("method") == method and not s.get("error")]
+        errored = sum(1 for s in all_samples if s.get("method") == method and s.get("error"))
+        num_errored += errored
+        if not rows and not errored:
             continue
-        rollouts = min(sum(1 for s in rows if s["doc_id"] == d) for d in {s["doc_id"] for s in rows})
-        ks = sorted({1, rollouts} | ({k} if k and k <= rollouts else set())) if rollouts > 1 else None
-        metrics = summarize(rows, correct_fields=VERDICT_FIELDS, k_values=ks, wall_seconds=wall.get(method))
+        if rows:
+            rollouts = min(sum(1 for s in rows if s["doc_id"] == d) for d in {s["doc_id"] for s in rows})
+            ks = sorted({1, rollouts} | ({k} if k and k <= rollouts else set())) if rollouts > 1 else None
+            metrics = summarize(rows, correct_fields=VERDICT_FIELDS, k_values=ks, wall_seconds=wall.get(method))
+            metrics |= headline(metrics, resolution.metric, cfg.grader)
+        else:
+            metrics = {"n_samples": 0}
         results[f"{bench_name(cfg)}/{method}"] = {"benchmark": bench_name(cfg), "method": method,
                                                    "rounds": cfg.recursion.num_recursive_rounds, **metrics,
-                                                   **headline(metrics, resolution.metric, cfg.grader)}
-    config = {**dataclasses.asdict(cfg), "system": plan.manifest(), "samples_file": str(samples_file)}
+                                                   "n_errored": errored}
+    config = {**dataclasses.asdict(cfg), "system": plan.manifest(), "samples_file": str(samples_file),
+              "fingerprint_file": str(fingerprint_path(samples_file))}
     extra = {"protocol": resolution.record(),
              "prompt_set": {"path": cfg.prompt_set, "sha256": prompt_set_hash(plan.style)}}
     path = write_results(cfg.output_path, "", results, config, start_time=start, extra=extra)
     table = markdown_table(results)
     print(table, flush=True)
-    out = {"results": results, "samples_path": str(samples_file), "results_path": str(path), "table": table}
+    if num_errored:
+        print(f"{num_errored} sample(s) failed after {cfg.max_batch_retries} retries (field 'error' in "
+              f"{samples_file}); rerun with --resume to retry them", flush=True)
+    out = {"results": results, "samples_path": str(samples_file), "results_path": str(path), "table": table,
+           "num_errored": num_errored}
     if cfg.plot:
         out["plot_path"] = str(plot_results(cfg.output_path, bench_name(cfg), cfg.style))
     return out

@@ -1,8 +1,12 @@
 """Per-batch evaluation work shared by both backends, and the Ray Data stream of the Ray backend.
 
     driver: pending question batches -> ray.data.from_items (one row, one block per batch)
-      -> map_batches(EvalClient, compute=ActorPoolStrategy(size=k), num_cpus=0.25, num_gpus=0, batch_size=1)
-           client: ray.get(orchestrator.solve.remote(...)) -> answer-format retry -> grade
+      -> map_batches(EvalClient, compute=ActorPoolStrategy(size=k * replicas), num_cpus=0.25, num_gpus=0,
+                     batch_size=1)
+           client: replica = router.acquire()   (the replica with the fewest batches in flight)
+                   ray.get(orchestrators[replica].solve.remote(...)) -> answer-format retry -> grade
+                   router.release(replica); a failed batch is retried (`max_batch_retries`), then
+                   written as error records (field `error`) so the run goes on
       -> iter_batches(): the driver appends each graded sample to the samples file as it arrives
 
 Rows are whole question batches, not single questions: Ray Data bundles small blocks into bigger
@@ -31,6 +35,9 @@ from recmas_ray.runner import SampleResult
 
 # Fault injection for tests: a client exits hard before its (N+1)-th batch, once (not after a restart).
 EXIT_AFTER_ENV = "RECMAS_EVAL_CLIENT_EXIT_AFTER"
+# Fault injection for tests: "DOC_ID:N,..." fails the first N attempts of the batch holding DOC_ID
+# (N omitted: every attempt).
+FAIL_DOCS_ENV = "RECMAS_EVAL_FAIL_DOCS"
 
 # The release's suffixes (recursivemas.md section 5); QA prompts also ask for \boxed{}.
 RETRY_SUFFIXES = {"math": "\nFinal Answer: \\boxed{", "qa": "\nFinal Answer: \\boxed{",
@@ -92,15 +99,15 @@ def format_retry(items: list[dict], results: list[SampleResult], decode, retry: 
 
 
 def sample_record(item: dict, method: str, rollout: int, res: SampleResult, grader: str, rc: RecursionConfig,
-                  retry: dict | None = None) -> dict:
-    """One line of samples_<benchmark>_<time>.jsonl."""
+                  retry: dict | None = None, replica: int = 0) -> dict:
+    """One line of samples_<benchmark>_<time>.jsonl (`replica`: the system replica that ran it)."""
     g = grade(item["task_type"], item, res.prediction, mode=grader)
     rec = {"doc_id": item["doc_id"], "method": method, "rollout": rollout, "benchmark": item.get("benchmark"),
            "rounds": rc.num_recursive_rounds, "question": item["question"], "gold": item["gold"],
            "prediction": res.prediction, "extracted": g.extracted, "correct": g.correct,
            "parse_failed": g.parse_failed, "grade_detail": g.detail, "tokens": res.num_text_tokens,
            "latent_steps": res.num_latent_steps, "latency_s": res.seconds, "retry_used": retry is not None,
-           "trace": res.trace}
+           "trace": res.trace, "replica": replica}
     if retry is not None:
         rec["retry"] = retry
     return rec
@@ -108,24 +115,72 @@ def sample_record(item: dict, method: str, rollout: int, res: SampleResult, grad
 
 def solve_and_grade(batch: list[dict], rollout: int, method: str, recursion: RecursionConfig, grader: str,
                     solve: Callable[[list[str], list[str], RecursionConfig], list[SampleResult]],
-                    retry: RetryFn | None) -> list[dict]:
+                    retry: RetryFn | None, replica: int = 0) -> list[dict]:
     """Run one batch (one rollout), apply the format retry when enabled, grade; returns sample records."""
     rc = for_rollout(recursion, rollout)
     results = solve([i["question"] for i in batch], [i["task_type"] for i in batch], rc)
     infos = format_retry(batch, results, rc.decode, retry) if retry else [None] * len(batch)
-    return [sample_record(i, method, rollout, r, grader, rc, info) for i, r, info in zip(batch, results, infos)]
+    return [sample_record(i, method, rollout, r, grader, rc, info, replica)
+            for i, r, info in zip(batch, results, infos)]
+
+
+def error_records(batch: list[dict], method: str, rollout: int, rc: RecursionConfig, error: str, attempts: int,
+                  replica: int | None) -> list[dict]:
+    """Lines for the samples of a batch that failed every attempt: `error` set, not graded.
+
+    Results count them apart (`n_errored`); `--resume` runs them again.
+    """
+    return [{"doc_id": i["doc_id"], "method": method, "rollout": rollout, "benchmark": i.get("benchmark"),
+             "rounds": rc.num_recursive_rounds, "question": i["question"], "gold": i["gold"], "prediction": None,
+             "correct": False, "error": error[:2000], "attempts": attempts, "replica": replica} for i in batch]
+
+
+def parse_fail_docs(text: str | None) -> dict[str, int]:
+    """The FAIL_DOCS_ENV test hook: {"doc_id": attempts that fail} (a huge number: always)."""
+    out = {}
+    for item in filter(None, (text or "").split(",")):
+        doc, _, n = item.partition(":")
+        out[doc] = int(n) if n else 10**9
+    return out
+
+
+def with_batch_retries(batch: list[dict], rollout: int, method: str, recursion: RecursionConfig, max_retries: int,
+                       attempt: Callable[[], tuple[list[dict], int | None]], *, fail_docs: dict | None = None,
+                       on_error: Callable[[int, BaseException], None] | None = None) -> list[dict]:
+    """Run `attempt()` (-> records, replica) up to 1 + `max_retries` times; after the last failure
+    return error records, so one bad batch never ends the run. Both backends use this."""
+    last, replica = None, None
+    for n in range(max_retries + 1):
+        try:
+            for item in batch:
+                if n < (fail_docs or {}).get(str(item["doc_id"]), 0):
+                    raise RuntimeError(f"injected failure of doc {item['doc_id']} (attempt {n + 1})")
+            return attempt()[0]
+        except Exception as e:  # noqa: BLE001 - a batch boundary: any failure is retried, then recorded
+            last = e
+            replica = getattr(e, "replica", replica)
+            if on_error is not None:
+                on_error(n, e)
+    msg = f"{type(last).__name__}: {last}"
+    return error_records(batch, method, rollout, for_rollout(recursion, rollout), msg, max_retries + 1, replica)
 
 
 class EvalClient:
-    """Ray Data UDF (one actor of the pool): question batches in, graded sample records out."""
+    """Ray Data UDF (one actor of the pool): question batches in, graded sample records out.
 
-    def __init__(self, orchestrator, decoder, method: str, recursion: RecursionConfig, grader: str,
-                 format_retry: bool, timeout_s: float, exit_after: int | None = None):
+    Each batch goes to the replica the router names (the least loaded), is retried on failure
+    (possibly on another replica) and, if every attempt fails, comes back as error records.
+    """
+
+    def __init__(self, replicas: list, router, method: str, recursion: RecursionConfig, grader: str,
+                 format_retry: bool, timeout_s: float, max_batch_retries: int = 2, exit_after: int | None = None,
+                 fail_docs: dict | None = None):
         import ray
 
-        self.orchestrator, self.decoder = orchestrator, decoder
+        self.replicas, self.router = replicas, router  # [(orchestrator, decoder handle)] per replica
         self.method, self.recursion, self.grader = method, recursion, grader
-        self.format_retry, self.timeout_s = format_retry, timeout_s
+        self.format_retry, self.timeout_s, self.max_batch_retries = format_retry, timeout_s, max_batch_retries
+        self.fail_docs = fail_docs or {}
         with warnings.catch_warnings():  # the property warns about an internal deprecated call
             warnings.simplefilter("ignore")
             restarted = ray.get_runtime_context().was_current_actor_reconstructed
@@ -142,39 +197,58 @@ class EvalClient:
         except ray.exceptions.RayTaskError as e:
             raise (e.cause if isinstance(e.cause, Exception) else e) from None
 
+    def _attempt(self, items: list[dict], rollout: int, bid: str) -> tuple[list[dict], int]:
+        replica = self._get(self.router.acquire.remote(), "router")
+        orchestrator, decoder = self.replicas[replica]
+        try:
+            def solve(qs, ts, rc):
+                return self._get(orchestrator.solve.remote(qs, ts, rc, bid), f"batch {bid} (replica {replica})")
+
+            def retry(texts, suffixes, n, decode):
+                ref = decoder.call.remote("retry_format", texts, suffixes, n, cfg=decode)
+                return self._get(ref, f"batch {bid} (replica {replica}, format retry)")
+
+            return solve_and_grade(items, rollout, self.method, self.recursion, self.grader, solve,
+                                   retry if self.format_retry else None, replica), replica
+        except Exception as e:
+            e.replica = replica
+            raise
+        finally:
+            self.router.release.remote(replica)
+
     def __call__(self, batch: dict) -> dict:
         out = []
         for batch_id, rollout, items_json in zip(batch["batch_id"], batch["rollout"], batch["items"]):
             self.calls += 1
             if self.exit_after is not None and self.calls > self.exit_after:
                 os._exit(1)  # test hook: die like a killed process, mid-run
-            bid = str(batch_id)
-
-            def solve(qs, ts, rc, bid=bid):
-                return self._get(self.orchestrator.solve.remote(qs, ts, rc, bid), f"batch {bid}")
-
-            def retry(texts, suffixes, n, decode, bid=bid):
-                ref = self.decoder.call.remote("retry_format", texts, suffixes, n, cfg=decode)
-                return self._get(ref, f"batch {bid} (format retry)")
-
-            recs = solve_and_grade(json.loads(items_json), int(rollout), self.method, self.recursion, self.grader,
-                                   solve, retry if self.format_retry else None)
-            out += [json.dumps(r, ensure_ascii=False, default=str) for r in recs]
+            bid, items, r = str(batch_id), json.loads(items_json), int(rollout)
+            recs = with_batch_retries(items, r, self.method, self.recursion, self.max_batch_retries,
+                                      lambda: self._attempt(items, r, bid), fail_docs=self.fail_docs)
+            out += [json.dumps(rec, ensure_ascii=False, default=str) for rec in recs]
         return {"record": out}
 
 
 def stream_samples(system, batches: list[tuple[list[dict], int]], method: str, recursion: RecursionConfig,
-                   grader: str, format_retry: bool, cfg: StreamConfig, *, timeout_s: float) -> Iterator[dict]:
-    """Yield graded sample records as client actors finish their batches (arrival order)."""
+                   grader: str, format_retry: bool, cfg: StreamConfig, *, timeout_s: float,
+                   max_batch_retries: int = 2) -> Iterator[dict]:
+    """Yield graded sample records as client actors finish their batches (arrival order).
+
+    `system`: a RaySystem or RayReplicas; `cfg.num_clients` clients per replica keep batches in flight.
+    """
     import ray
+
+    from recmas_ray.distributed.driver import as_replicas
 
     if not batches:
         return
+    replicas = as_replicas(system)
     rows = [{"batch_id": f"{method}/r{r}/{b[0]['doc_id']}", "rollout": r,
              "items": json.dumps(b, ensure_ascii=False, default=str)} for b, r in batches]
     ctx = ray.data.DataContext.get_current()
     ctx.enable_progress_bars = False  # the driver shows its own bar (samples, accuracy, samples/s)
     exit_after = os.environ.get(EXIT_AFTER_ENV)
+    pool_size = min(cfg.num_clients * replicas.num_replicas, len(rows))
     ds = ray.data.from_items(rows, override_num_blocks=len(rows))
     # 2.60 has no named parameter for restarts: only a non-default limit goes through the generic
     # remote args (deprecated for 2.64, so the warning is silenced where we must use them).
@@ -182,12 +256,15 @@ def stream_samples(system, batches: list[tuple[list[dict], int]], method: str, r
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message=".*ray_remote_args.*deprecated")
         out = ds.map_batches(
-            EvalClient, batch_size=1, compute=ray.data.ActorPoolStrategy(size=min(cfg.num_clients, len(rows))),
+            EvalClient, batch_size=1, compute=ray.data.ActorPoolStrategy(size=pool_size),
             num_cpus=cfg.client_cpus, num_gpus=0, **extra,
-            fn_constructor_kwargs={"orchestrator": system.orchestrator,
-                                   "decoder": system.handles[system.plan.style.decoder], "method": method,
+            fn_constructor_kwargs={"replicas": [(s.orchestrator, s.handles[s.plan.style.decoder])
+                                                for s in replicas.systems],
+                                   "router": replicas.router, "method": method,
                                    "recursion": recursion, "grader": grader, "format_retry": format_retry,
-                                   "timeout_s": timeout_s, "exit_after": int(exit_after) if exit_after else None})
+                                   "timeout_s": timeout_s, "max_batch_retries": max_batch_retries,
+                                   "exit_after": int(exit_after) if exit_after else None,
+                                   "fail_docs": parse_fail_docs(os.environ.get(FAIL_DOCS_ENV))})
     try:
         # No prefetch: iter_rows' one-block prefetch holds each output back until the next one
         # arrives, so a crash would also lose a finished batch that never reached the file.
@@ -197,3 +274,6 @@ def stream_samples(system, batches: list[tuple[list[dict], int]], method: str, r
     except Exception as e:  # Ray Data wraps client failures in its own exception types
         raise RuntimeError(f"evaluation stream of {method} failed ({type(e).__name__}: {str(e)[:600]}); "
                            "finished samples are saved, rerun with --resume to complete the set") from e
+    finally:
+        if replicas is not system:  # a router made for a single system here
+            ray.kill(replicas.router)

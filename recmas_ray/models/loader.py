@@ -39,8 +39,78 @@ def resolve_dtype(dtype: str, device: torch.device) -> torch.dtype:
     return table[dtype]
 
 
-def load_frozen_model(name: str, *, dtype: torch.dtype, device: torch.device | str = "cpu"):
-    """Load (model, tokenizer) frozen: eval mode, requires_grad False, left padding."""
+def plan_device_map(num_layers: int, devices: list[str], *, layer_prefix: str = "model.layers",
+                    embed: str = "model.embed_tokens", tail: tuple[str, ...] = ("model.norm", "model.rotary_emb",
+                                                                                  "lm_head")) -> dict[str, str]:
+    """A device map that splits a decoder over `devices`, balanced by layer count (pure, no torch).
+
+    Layers go in contiguous runs, the first `num_layers % K` devices taking one more; the
+    embeddings sit with the first layer, the final norm and the LM head with the last, which is
+    also where the agent puts its inner and outer links (`output_device`).
+    """
+    if not devices:
+        raise ValueError("plan_device_map: no devices")
+    if num_layers < len(devices):
+        raise ValueError(f"plan_device_map: {num_layers} layers cannot be split over {len(devices)} devices")
+    k = len(devices)
+    per, extra = divmod(num_layers, k)
+    out, layer = {embed: devices[0]}, 0
+    for i, dev in enumerate(devices):
+        for _ in range(per + (1 if i < extra else 0)):
+            out[f"{layer_prefix}.{layer}"] = dev
+            layer += 1
+    out.update({name: devices[-1] for name in tail})
+    return out
+
+
+def output_device(model) -> torch.device:
+    """The device of a model's last layer (its only device unless split with a device map)."""
+    dmap = getattr(model, "hf_device_map", None)
+    if dmap and len(set(map(str, dmap.values()))) > 1:
+        last = dmap.get("lm_head", list(dmap.values())[-1])
+        return torch.device(f"cuda:{last}" if isinstance(last, int) else last)
+    return next(model.parameters()).device
+
+
+def device_map_for(config, devices: list[str]) -> dict[str, str]:
+    """`plan_device_map` with the module names of `config`'s model family (built on the meta device,
+    no weights): its decoder-layer list, its input embeddings, everything else after the last layer."""
+    from accelerate import init_empty_weights
+    from transformers import AutoModelForCausalLM
+
+    text = config.get_text_config()
+    with init_empty_weights():
+        model = AutoModelForCausalLM.from_config(config)
+    names = dict((mod, name) for name, mod in model.named_modules())
+    layers = [name for name, mod in model.named_modules()
+              if isinstance(mod, torch.nn.ModuleList) and len(mod) == text.num_hidden_layers]
+    if not layers:
+        raise ValueError(f"{type(model).__name__}: no list of {text.num_hidden_layers} decoder layers to split")
+    prefix, embed = layers[0], names[model.get_input_embeddings()]
+    parent = prefix.rsplit(".", 1)[0] if "." in prefix else ""
+    siblings = [n for n, _ in (model.get_submodule(parent).named_children() if parent else model.named_children())]
+    tail = [f"{parent}.{n}" if parent else n for n in siblings
+            if (f"{parent}.{n}" if parent else n) not in (prefix, embed)]
+    tail += [n for n, _ in model.named_children() if parent and not parent.startswith(n) and n not in tail]
+    return plan_device_map(int(text.num_hidden_layers), devices, layer_prefix=prefix, embed=embed, tail=tuple(tail))
+
+
+def _split_model_map(path: str, num_devices: int) -> dict[str, str]:
+    """`device_map_for` over cuda:0..K-1: Ray narrows CUDA_VISIBLE_DEVICES to the role's K GPUs,
+    so these are exactly the GPUs of its bundle."""
+    from transformers import AutoConfig
+
+    available = torch.cuda.device_count()
+    if available < num_devices:
+        raise ValueError(f"model split over {num_devices} GPUs, but torch sees {available}")
+    return device_map_for(AutoConfig.from_pretrained(path), [f"cuda:{i}" for i in range(num_devices)])
+
+
+def load_frozen_model(name: str, *, dtype: torch.dtype, device: torch.device | str = "cpu", num_devices: int = 1):
+    """Load (model, tokenizer) frozen: eval mode, requires_grad False, left padding.
+
+    `num_devices` > 1 (CUDA only) splits the model over cuda:0..K-1 with `plan_device_map`.
+    """
     from transformers import AutoModelForCausalLM, AutoTokenizer
     from transformers.utils import logging as hf_logging
 
@@ -57,7 +127,10 @@ def load_frozen_model(name: str, *, dtype: torch.dtype, device: torch.device | s
         family = "gemma3" if "<start_of_turn>" in vocab else "qwen3" if "<|im_start|>" in vocab else None
         tokenizer.chat_template = CHAT_TEMPLATES[family] if family else PLAIN_TEMPLATE
         log.warning("%s has no chat template; using the %s layout", name, family or "plain")
-    model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype).to(device)
+    if num_devices > 1 and torch.device(device).type == "cuda":
+        model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype, device_map=_split_model_map(path, num_devices))
+    else:
+        model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype).to(device)
     model.eval()
     model.requires_grad_(False)
     return model, tokenizer

@@ -144,7 +144,7 @@ def test_shipped_kuberay_manifest_validates(rel):
 
 def test_rayjob_fields():
     spec = _load("kuberay/rayjob.yaml")["spec"]
-    assert spec["entrypoint"].startswith("python jobs/run.py ")
+    assert spec["entrypoint"].startswith("python -m jobs.run ")
     assert spec["shutdownAfterJobFinishes"] is True
     assert spec["ttlSecondsAfterFinished"] > 0 and spec["activeDeadlineSeconds"] > 0
     env = yaml.safe_load(spec["runtimeEnvYAML"])
@@ -337,7 +337,7 @@ def test_submit_sh_passes_arguments_through(tmp_path):
     assert got["argv"] == [
         "job", "submit", "--address", "http://10.0.0.1:8265", "--working-dir", ".",
         "--runtime-env", "cluster/runtime_env.yaml", "--no-wait", "--submission-id", "inner-planner",
-        "--", "python", "jobs/train_inner.py", "--mas_role", "all", "--save_dir", "a b",
+        "--", "python", "-m", "jobs.train_inner", "--mas_role", "all", "--save_dir", "a b",
     ]
     bad = subprocess.run([str(script), "nosuch"], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=30)
     assert bad.returncode == 2 and "jobs/nosuch.py" in bad.stderr
@@ -352,9 +352,9 @@ def test_readme_shows_the_three_paths_and_job_commands():
     text = (CLUSTER / "README.md").read_text()
     for needle in [
         "ray up cluster/aws.yaml", "kubectl apply -f cluster/kuberay/rayjob.yaml", "ray start --head",
-        "python jobs/run.py --style sequential_scaled",
-        "python jobs/train_inner.py --mas_design sequential --mas_role all",
-        "python jobs/train_outer.py --style sequential_light",
+        "python -m jobs.run --style sequential_scaled",
+        "python -m jobs.train_inner --mas_design sequential --mas_role all",
+        "python -m jobs.train_outer --style sequential_light", "--num_replicas",
         "--ckpt_override planner=", "--storage_path", "RAY_AUTH_MODE", "/dev/shm",
         "--placement one_gpu_per_agent --role_gpus science=1",
     ]:

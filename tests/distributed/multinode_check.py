@@ -9,6 +9,9 @@ the agent system once per placement preset, and prints one JSON report on its la
   spread      one sequential system with every agent on a different node: predictions and latent
               messages of the Ray run and of the in-process (LocalPool) run, plus where each
               message lived in the object store (it must cross nodes)
+  replicas    two replicas of a one_gpu_per_agent system (3 GPUs each, so each fits one node):
+              the node of every agent per replica, and the predictions of an evaluation run
+              routed over both replicas next to those of the local backend
 
 `max_direct_call_object_size` is lowered to 1 KiB so every latent message goes through the plasma
 object store (and is pulled across nodes) instead of being inlined into the task reply.
@@ -33,7 +36,7 @@ sys.path.insert(0, ROOT)
 
 from recmas_ray.agent import DecodeConfig  # noqa: E402
 from recmas_ray.distributed.actors import RayPool  # noqa: E402
-from recmas_ray.distributed.driver import build_ray_system  # noqa: E402
+from recmas_ray.distributed.driver import build_ray_system, build_replicas  # noqa: E402
 from recmas_ray.distributed.placement import PlacementConfig  # noqa: E402
 from recmas_ray.config.recursion import RecursionConfig
 from recmas_ray.runner import LocalPool, run_batch  # noqa: E402
@@ -64,12 +67,15 @@ class RecordingPool:
 
 
 def start_cluster(num_nodes: int, gpus_per_node: int) -> tuple[Cluster, dict]:
-    """Head with 1 CPU (like a 0-CPU head, it cannot host the agents) plus GPU nodes named node0..."""
+    """Head with 1 CPU (like a 0-CPU head, it cannot host the agents) plus GPU nodes named node0...
+
+    Nodes have 3 logical CPUs: two replicas' agents, orchestrators and evaluation clients fit.
+    """
     cluster = Cluster(initialize_head=True, head_node_args={
         "num_cpus": 1, "object_store_memory": 80 * 2**20, "include_dashboard": False,
         "_system_config": {"max_direct_call_object_size": 1024}})
     for i in range(num_nodes):
-        cluster.add_node(num_cpus=2, num_gpus=gpus_per_node, object_store_memory=80 * 2**20,
+        cluster.add_node(num_cpus=3, num_gpus=gpus_per_node, object_store_memory=80 * 2**20,
                          resources={f"node{i}": 1})
     cluster.wait_for_nodes()
     ray.init(address=cluster.address, log_to_driver=False, configure_logging=False)
@@ -89,7 +95,7 @@ def check_impossible(plan) -> dict:
     """A role asking for more GPUs than any node has must fail before a placement group exists."""
     t0 = time.perf_counter()
     try:
-        build_ray_system(plan, PlacementConfig(preset="one_gpu_per_agent", role_gpus={"solver": 3},
+        build_ray_system(plan, PlacementConfig(preset="one_gpu_per_agent", role_gpus={"solver": 4},
                                                ready_timeout_s=30))
         error = None
     except ValueError as e:
@@ -127,10 +133,43 @@ def check_spread_equivalence(system, plan, names, timeout_s: float) -> dict:
             "local_edges": [edge for _, edge, _ in rec_local.messages]}
 
 
+def check_replicas(names: dict, timeout_s: float, workdir: str) -> dict:
+    """Two replicas on the fake-GPU nodes, an evaluation streamed over both, and the local backend."""
+    from recmas_ray.config.evaluation import EvalConfig, StreamConfig
+    from recmas_ray.eval.driver import evaluate
+    from recmas_ray.eval.results import read_samples
+
+    qfile = os.path.join(workdir, "questions.jsonl")
+    with open(qfile, "w") as f:
+        for a, b in [(2, 3), (10, 7), (4, 4), (21, 5), (6, 1), (9, 9)]:
+            f.write(json.dumps({"question": f"What is {a} + {b}?", "answer": str(a + b)}) + "\n")
+    pcfg = PlacementConfig(preset="one_gpu_per_agent", num_replicas=2, ready_timeout_s=timeout_s)
+
+    def cfg(backend: str) -> EvalConfig:
+        return EvalConfig(style="sequential_light", dataset=qfile, backend=backend, placement=pcfg, batch_size=1,
+                          recursion=CFG, stream=StreamConfig(num_clients=2), output_path=os.path.join(workdir, backend),
+                          progress=False, timeout_s=timeout_s, seed=3)
+
+    plan = plan_system("sequential_light", preset="tiny", seed=3, task="math")
+    replicas = build_replicas(plan, pcfg, timeout_s=timeout_s, torch_threads=1)
+    try:
+        nodes = [sorted({names.get(i["node"], i["node"]) for i in s.infos.values()}) for s in replicas.systems]
+        gpus = [[(names.get(i["node"]), g) for i in s.infos.values() for g in i["gpu_ids"]] for s in replicas.systems]
+        ray_out = evaluate(cfg("ray"), progress=False, system=replicas)
+    finally:
+        replicas.shutdown()
+    local_out = evaluate(cfg("local"), progress=False)
+    ray_rows, local_rows = read_samples(ray_out["samples_path"]), read_samples(local_out["samples_path"])
+    return {"nodes": nodes, "gpus": gpus,
+            "ray_predictions": {r["doc_id"]: r["prediction"] for r in ray_rows},
+            "local_predictions": {r["doc_id"]: r["prediction"] for r in local_rows},
+            "replica_of": {r["doc_id"]: r["replica"] for r in ray_rows}}
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--nodes", type=int, default=3)
-    p.add_argument("--gpus_per_node", type=int, default=2)
+    p.add_argument("--gpus_per_node", type=int, default=3)
     p.add_argument("--timeout_s", type=float, default=60.0)
     args = p.parse_args(argv)
     torch.set_num_threads(1)
@@ -159,6 +198,11 @@ def main(argv=None) -> int:
                     report["spread"] = check_spread_equivalence(system, plan, names, args.timeout_s)
             finally:
                 system.shutdown()
+        import tempfile
+
+        t0 = time.perf_counter()
+        report["replicas"] = check_replicas(names, args.timeout_s, tempfile.mkdtemp(prefix="rmn-eval"))
+        report.setdefault("build_s", {})["replicas+eval"] = time.perf_counter() - t0
         report["seconds"] = time.perf_counter() - t_start
     finally:
         ray.shutdown()

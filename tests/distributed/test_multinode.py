@@ -1,6 +1,6 @@
 """Placement presets on a simulated multi-node cluster, and a spread system equal to the in-process run.
 
-The cluster (a 1-CPU head plus three nodes with two fake GPUs each) lives in its own process,
+The cluster (a 1-CPU head plus three nodes with three fake GPUs each) lives in its own process,
 `multinode_check.py`, because a process can hold only one Ray connection and this session already
 has one. That process gets a private RAY_TMPDIR, so the cluster's address file and sockets never
 reach other Ray users on the host, and its own session (process group); teardown kills that group
@@ -47,7 +47,7 @@ def _run_check(tiny_cache):
     proc = subprocess.Popen([sys.executable, str(SCRIPT), "--timeout_s", "180"], cwd=ROOT, env=env,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
     try:
-        out, err = proc.communicate(timeout=330)
+        out, err = proc.communicate(timeout=600)
     except subprocess.TimeoutExpired:
         _kill_marked(proc.pid, tmp)
         out, err = proc.communicate()
@@ -72,7 +72,7 @@ def report(tiny_cache):
     return data
 
 
-pytestmark = [pytest.mark.integration, pytest.mark.multinode, pytest.mark.timeout(720)]
+pytestmark = [pytest.mark.multinode, pytest.mark.integration, pytest.mark.timeout(900)]
 
 
 def _gpu_slots(placement: dict) -> list[tuple[str, str]]:
@@ -84,7 +84,7 @@ def test_one_gpu_per_agent_packs_bundles_with_distinct_gpus(report):
     assert [len(p[r]["gpu_ids"]) for r in ("planner", "critic", "solver")] == [1, 1, 2]  # solver asked for 2
     slots = _gpu_slots(p)
     assert len(slots) == len(set(slots)) == 4  # no physical GPU handed out twice
-    assert len({a["node"] for a in p.values()}) == 2  # packed: 4 GPUs on 2-GPU nodes need exactly 2
+    assert len({a["node"] for a in p.values()}) == 2  # packed: 4 GPUs on 3-GPU nodes need exactly 2
     assert "head" not in {a["node"] for a in p.values()}  # the 1-CPU head has no GPUs
     assert all(a["device"] == "cpu" for a in p.values())  # fake GPUs: torch sees no CUDA
 
@@ -110,7 +110,7 @@ def test_cpu_preset_has_no_gpus(report):
 
 def test_impossible_placement_fails_fast_without_pending_group(report):
     imp = report["impossible"]
-    assert imp["error"] is not None and "fits on no single node" in imp["error"] and "'GPU': 3" in imp["error"]
+    assert imp["error"] is not None and "fits on no single node" in imp["error"] and "'GPU': 4" in imp["error"]
     assert "solver" in imp["error"]
     assert imp["seconds"] < 5 and imp["pending_groups"] == 0
 
@@ -128,3 +128,12 @@ def test_spread_system_matches_single_node_run(report):
     for m in msgs:
         src, dst = m["edge"].split("->")
         assert m["object_size"] > 1024 and {nodes[src], nodes[dst]} <= set(m["stored_on"]), m
+
+
+def test_two_replicas_each_on_one_node_match_the_local_backend(report):
+    rep = report["replicas"]
+    assert all(len(nodes) == 1 for nodes in rep["nodes"]), rep["nodes"]  # a replica's latents stay on its node
+    assert rep["nodes"][0] != rep["nodes"][1]  # 3 GPUs per replica, 3 per node: one node each
+    assert len({tuple(g) for gs in rep["gpus"] for g in gs}) == 6  # six distinct (node, GPU) slots
+    assert rep["ray_predictions"] == rep["local_predictions"] and len(rep["ray_predictions"]) == 6
+    assert set(rep["replica_of"].values()) == {0, 1}  # batches went to both replicas

@@ -44,3 +44,105 @@ def test_bad_placement_config():
         check_tree(PlacementConfig(preset="everywhere"))
     with pytest.raises(ValueError, match=r"role_gpus names \['judge'\]"):
         plan_placement(PlacementConfig(preset="one_gpu_per_agent", role_gpus={"judge": 1}), ROLES)
+
+
+# ----------------------------------------------------------------------------- replicas (pure)
+
+def test_replicas_that_fit_counts_whole_systems_with_their_orchestrator():
+    from recmas_ray.distributed.placement import replicas_that_fit
+
+    plan = plan_placement(PlacementConfig(preset="one_gpu_per_agent"), ROLES[:3])  # 3 x {CPU .25, GPU 1}
+    nodes = [{"CPU": 8, "GPU": 4}, {"CPU": 8, "GPU": 4}]
+    assert replicas_that_fit(plan, nodes) == 2  # one per 4-GPU node; the 4th GPUs cannot hold a system
+    assert replicas_that_fit(plan, [{"CPU": 8, "GPU": 6}]) == 2
+    assert replicas_that_fit(plan, [{"CPU": 1.5, "GPU": 6}]) == 0  # 0.75 + 1 orchestrator CPU > 1.5
+    cpu = plan_placement(PlacementConfig(preset="cpu", cpus_per_agent=0.25), ROLES[:3])
+    assert replicas_that_fit(cpu, [{"CPU": 8}]) == 4  # 1.75 CPUs each
+    assert replicas_that_fit(cpu, [{"CPU": 8}], extra_cpus_per_replica=0.5, reserve_cpus=1) == 3
+
+
+def test_a_replica_that_fits_one_node_is_strictly_packed():
+    from recmas_ray.distributed.placement import replica_strategy
+
+    plan = plan_placement(PlacementConfig(preset="one_gpu_per_agent"), ROLES[:3])
+    assert replica_strategy(plan, [{"CPU": 4, "GPU": 3}]) == "STRICT_PACK"
+    assert replica_strategy(plan, [{"CPU": 4, "GPU": 2}] * 2) == "PACK"  # must span nodes
+    assert replica_strategy(plan_placement(PlacementConfig(preset="spread"), ROLES[:3]), [{"CPU": 4, "GPU": 3}]) \
+        == "SPREAD"
+
+
+def test_resource_check_covers_every_replica():
+    plan = plan_placement(PlacementConfig(preset="one_gpu_per_agent"), ROLES[:3])
+    check_resources(plan, {"CPU": 8, "GPU": 6}, [{"CPU": 4, "GPU": 3}] * 2, preset="p", num_replicas=2)
+    with pytest.raises(ValueError, match=r"GPU: needs 9 \(3 replicas x math 1"):
+        check_resources(plan, {"CPU": 8, "GPU": 6}, [{"CPU": 4, "GPU": 3}] * 2, preset="p", num_replicas=3)
+
+
+def test_more_than_one_gpu_must_be_whole():
+    with pytest.raises(ValueError, match=r"--role_gpus science=1.5: above one GPU"):
+        PlacementConfig(preset="one_gpu_per_agent", role_gpus={"science": 1.5}).validate()
+    from recmas_ray.distributed.placement import gpu_count
+
+    assert [gpu_count(g) for g in (0, 0.5, 1, 2, 4)] == [1, 1, 1, 2, 4]
+
+
+# ----------------------------------------------------------------------------- NCCL refused before models load
+
+def _run_cli(argv, capsys):
+    from jobs import run as run_job
+
+    rc = run_job.main(["--style", "sequential_light", "--dataset", "gsm8k", "--print_config", *argv])
+    return rc, capsys.readouterr().err
+
+
+@pytest.mark.parametrize("argv,needle", [
+    (["--placement", "cpu"], "--placement cpu"),
+    (["--placement", "one_gpu_per_agent", "--device", "cpu"], "--device cpu"),
+    (["--placement", "colocated"], "--placement colocated puts 3 agents on one GPU"),
+    (["--placement", "one_gpu_per_agent", "--role_gpus", "planner=0.5"], "--role_gpus gives planner=0.5"),
+])
+def test_nccl_misconfiguration_is_refused_naming_the_setting(argv, needle, capsys):
+    rc, err = _run_cli(["--transport", "rdt:nccl", *argv], capsys)
+    assert rc == 2 and needle in err and err.count("\n") == 1, err
+    rc, _ = _run_cli(["--transport", "rdt:nccl", "--placement", "one_gpu_per_agent", "--role_gpus", "solver=2"],
+                     capsys)
+    assert rc == 0  # whole GPUs per agent: accepted
+
+
+# ----------------------------------------------------------------------------- autoscaling: wait, then report
+
+def test_autoscaling_request_waits_with_progress_instead_of_failing_fast(ray_cluster, caplog):
+    import logging
+    import time
+
+    from recmas_ray.distributed.placement import create_placement
+
+    plan = plan_placement(PlacementConfig(preset="one_gpu_per_agent"), ROLES[:2])  # GPUs the cluster lacks
+    with pytest.raises(ValueError, match="GPU: needs 2"):  # cannot grow: at once, shortfall named
+        create_placement(plan, preset="one_gpu_per_agent", timeout_s=30, autoscaling=False)
+    t0 = time.monotonic()
+    with caplog.at_level(logging.WARNING, logger="recmas_ray.distributed.placement"):
+        with pytest.raises(RuntimeError, match="not ready after 5s.*autoscaler did not add the nodes"):
+            create_placement(plan, preset="one_gpu_per_agent", timeout_s=30, autoscaling=True,
+                             placement_timeout_s=5, progress_every_s=0.5, name="autoscale-test")
+    assert time.monotonic() - t0 >= 5
+    assert any("waiting" in r.getMessage() for r in caplog.records)
+    pending = [pg for pg in ray_cluster.util.placement_group_table().values()
+               if pg["name"] == "autoscale-test" and pg["state"] != "REMOVED"]
+    assert not pending  # the waiting group was removed on timeout
+
+
+def test_autoscaler_detection_from_its_status_report():
+    import json
+
+    from recmas_ray.distributed.placement import autoscaling_from_status
+
+    def status(mapping, **extra):
+        return json.dumps({"autoscaler_report": {"active_nodes": {}, "pending_launches": {}, "pending_nodes": [],
+                                                 "node_type_mapping": mapping, **extra}})
+
+    # a local cluster's read-only monitor (measured shape): types named after the nodes
+    assert not autoscaling_from_status(status({"de31": "node_de31", "aa07": "node_aa07"}))
+    assert autoscaling_from_status(status({"de31": "head", "aa07": "gpu_worker"}))  # `ray up` config types
+    assert autoscaling_from_status(status({}, pending_launches={"gpu_worker": 1}))
+    assert not autoscaling_from_status(None) and not autoscaling_from_status("not json")
