@@ -56,7 +56,11 @@ class EvalConfig:
     preset: Annotated[str, OneOf(MODEL_PRESETS)] = "tiny"
     """Base models of the roles without a checkpoint: tiny (random weights), demo or paper."""
     ckpt_override: dict[str, str] = field(default_factory=dict)
-    """ROLE=DIR inner links (ours or the release's adapter.pt), outer=DIR outer links."""
+    """ROLE=DIR inner links (ours or the release's adapter.pt), outer=DIR outer links; a DIR may be a Hub
+    repo id ORG/NAME[@REVISION][:SUBFOLDER]."""
+    role_model: dict[str, str] = field(default_factory=dict)
+    """ROLE=MODEL base model of a role (tiny:<family>, pkg:<name>, a HF id or a local path), over the
+    preset and over the base model named in the role's checkpoint."""
     methods: Annotated[list[str], OneOf(METHODS), NonEmpty()] = field(default_factory=lambda: ["recursive_mas"])
     """Methods run on the same questions."""
     recursion: RecursionConfig = field(default_factory=RecursionConfig)
@@ -122,9 +126,17 @@ class EvalConfig:
         if bad:
             raise ValueError(f"--ckpt_override names {bad}; expected roles of {self.style} {list(style.roles)} "
                              f"or outer")
-        missing = {r: p for r, p in self.ckpt_override.items() if not os.path.isdir(p)}
+        from recmas_ray.system.hub import looks_like_hub_id
+
+        missing = {r: p for r, p in self.ckpt_override.items() if not os.path.isdir(p) and not looks_like_hub_id(p)}
         if missing:
             raise ValueError(f"--ckpt_override {' '.join(f'{r}={p}' for r, p in missing.items())}: no such directory")
+        bad = sorted(set(self.role_model) - set(style.roles))
+        if bad:
+            raise ValueError(f"--role_model names {bad}; expected roles of {self.style} {list(style.roles)}")
+        empty = sorted(r for r, m in self.role_model.items() if not m.strip())
+        if empty:
+            raise ValueError(f"--role_model {empty[0]}=: empty model name")
         self.placement.check_roles(style.roles)
         if self.transport == "rdt:nccl" and (self.device == "cpu" or self.placement.preset == "cpu"):
             raise ValueError("--transport rdt:nccl moves CUDA tensors between GPUs; it cannot work with "

@@ -16,6 +16,7 @@ import glob
 import json
 import logging
 import os
+import sys
 import time
 from pathlib import Path
 
@@ -27,6 +28,7 @@ from recmas_ray.eval.benchmarks import load_benchmark
 from recmas_ray.eval.results import (SampleWriter, load_done_ids, markdown_table, plot_vs_rounds, read_samples,
                                      sample_key, summarize, timestamp, write_results)
 from recmas_ray.eval.stream import for_rollout, solve_and_grade
+from recmas_ray.system.hub import resolve_overrides
 from recmas_ray.system.plan import plan_system
 
 log = logging.getLogger(__name__)
@@ -53,28 +55,67 @@ def open_samples_file(cfg: EvalConfig) -> Path:
     return out / f"samples_{bench_name(cfg)}_{timestamp()}.jsonl"
 
 
+def start_agents(plan, *, backend: str = "ray", placement=None, timeout_s: float = 900.0, torch_threads: int = 0,
+                 transport: str = "object_store", num_replicas: int = 1):
+    """The agents of `plan`: a `LocalPool` in this process (backend "local", no Ray) or a running `RaySystem`.
+
+    `num_replicas` > 1 (copies of every agent) needs a Ray layer whose `build_ray_system` takes it.
+    """
+    if backend == "local":
+        if num_replicas != 1:
+            raise ValueError(f"num_replicas={num_replicas} needs backend='ray' (the local backend runs one copy)")
+        from recmas_ray.runner import LocalPool
+        from recmas_ray.service import AgentService
+
+        return LocalPool({r: AgentService(*plan.service_args(r)) for r in plan.style.roles})
+    import inspect
+
+    from recmas_ray.distributed.driver import build_ray_system, init_ray
+    from recmas_ray.distributed.placement import PlacementConfig
+
+    extra = {}
+    if "num_replicas" in inspect.signature(build_ray_system).parameters:
+        extra["num_replicas"] = num_replicas
+    elif num_replicas != 1:
+        raise ValueError(f"num_replicas={num_replicas}: this Ray layer runs one copy of each agent (num_replicas=1)")
+    init_ray()
+    return build_ray_system(plan, placement or PlacementConfig(), timeout_s=timeout_s, torch_threads=torch_threads,
+                            transport=transport, **extra)
+
+
+def run_warnings(cfg: EvalConfig, plan) -> list[str]:
+    """Warnings recorded in the results: a named benchmark run on random-weight (tiny:) models."""
+    from recmas_ray.eval.benchmarks import BENCHMARKS, canonical_name
+
+    tiny = sorted(r for r, m in plan.role_models.items() if m.startswith("tiny:"))
+    if os.path.exists(cfg.dataset) or canonical_name(cfg.dataset) not in BENCHMARKS or not tiny:
+        return []
+    return [f"benchmark {cfg.dataset} runs on random-weight tiny models (roles {', '.join(tiny)}): its scores "
+            f"measure nothing; use --preset demo|paper or --role_model ROLE=MODEL"]
+
+
 class Backend:
     """Runs batches in-process or on a Ray system; `stream` yields graded sample records."""
 
     def __init__(self, cfg: EvalConfig, plan, system=None):
+        from recmas_ray.runner import LocalPool
+
         self.cfg, self.plan, self.owned = cfg, plan, system is None
-        if system is not None:  # a running system of the same plan (sweeps, tests): reused, not shut down
+        self.system = self.pool = None
+        if isinstance(system, LocalPool):  # the in-process agents of a Python API System: reused
+            if cfg.backend != "local" or {r: s.spec for r, s in system.services.items()} != plan.specs:
+                raise ValueError(f"the given local agents do not match this run's {plan.manifest()} "
+                                 f"(backend {cfg.backend})")
+            self.pool = system
+        elif system is not None:  # a running system of the same plan (sweeps, tests): reused, not shut down
             if cfg.backend != "ray" or system.plan.manifest() != plan.manifest() or system.plan.specs != plan.specs:
                 raise ValueError(f"the given Ray system runs {system.plan.manifest()}, which does not match "
                                  f"this run's {plan.manifest()} (backend {cfg.backend})")
             self.system = system
-        elif cfg.backend == "local":
-            from recmas_ray.runner import LocalPool
-            from recmas_ray.service import AgentService
-
-            self.pool = LocalPool({r: AgentService(*plan.service_args(r)) for r in plan.style.roles})
-            self.system = None
         else:
-            from recmas_ray.distributed.driver import build_ray_system, init_ray
-
-            init_ray()
-            self.system = build_ray_system(plan, cfg.placement, timeout_s=cfg.timeout_s,
-                                           torch_threads=cfg.torch_threads, transport=cfg.transport)
+            agents = start_agents(plan, backend=cfg.backend, placement=cfg.placement, timeout_s=cfg.timeout_s,
+                                  torch_threads=cfg.torch_threads, transport=cfg.transport)
+            self.pool, self.system = (agents, None) if cfg.backend == "local" else (None, agents)
 
     def stream(self, batches, method):
         """Yield graded sample records as batches finish (Ray: several in flight, arrival order)."""
@@ -112,9 +153,11 @@ def evaluate(cfg: EvalConfig, *, progress: bool = True, system=None) -> dict:
     items = load_benchmark(cfg.dataset, path=cfg.dataset_path, num_samples=cfg.num_samples, seed=cfg.seed,
                            json_field=cfg.dataset_json_field)
     task = items[0]["task_type"] if items[0]["task_type"] in ("math", "code") else "math"
-    plan = plan_system(cfg.style, preset=cfg.preset, ckpt_overrides=cfg.ckpt_override, seed=cfg.seed,
-                       dtype=cfg.dtype, device=cfg.device, task=task,
-                       tools=cfg.tool_loop())
+    plan = plan_system(cfg.style, preset=cfg.preset, ckpt_overrides=resolve_overrides(cfg.ckpt_override),
+                       seed=cfg.seed, dtype=cfg.dtype, device=cfg.device, task=task,
+                       role_model_overrides=cfg.role_model, tools=cfg.tool_loop())
+    for warning in run_warnings(cfg, plan):
+        print(f"warning: {warning}", file=sys.stderr, flush=True)
     samples_file = open_samples_file(cfg)
     save_config(cfg, cfg.output_path)
     start = time.time()
@@ -176,7 +219,7 @@ def finish(cfg: EvalConfig, samples_file: Path, plan, wall: dict, start: float) 
         results[f"{bench_name(cfg)}/{method}"] = {"benchmark": bench_name(cfg), "method": method,
                                                    "rounds": cfg.recursion.num_recursive_rounds, **metrics}
     config = {**dataclasses.asdict(cfg), "system": plan.manifest(), "samples_file": str(samples_file)}
-    path = write_results(cfg.output_path, "", results, config, start_time=start)
+    path = write_results(cfg.output_path, "", results, config, start_time=start, warnings=run_warnings(cfg, plan))
     table = markdown_table(results)
     print(table, flush=True)
     out = {"results": results, "samples_path": str(samples_file), "results_path": str(path), "table": table}
