@@ -14,6 +14,7 @@ Legend: B batch, L sequence, M latent steps, D this agent's hidden size, E targe
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import inspect
 import re
@@ -271,6 +272,8 @@ class Agent:
         """
         B = state.logits_BV.shape[0]
         eos = _eos_ids(self.model, self.tokenizer)
+        if cfg.do_sample and cfg.top_k < 0:
+            cfg = dataclasses.replace(cfg, top_k=model_top_k(self.model))
         tokens = [[] for _ in range(B)]
         done = torch.zeros(B, dtype=torch.bool, device=self.device)
         for _ in range(max_new_tokens):
@@ -320,11 +323,25 @@ def _eos_ids(model, tokenizer) -> torch.Tensor:
     return torch.tensor(sorted(i for i in ids if i is not None), device=model.device)
 
 
+# transformers' value for a generation config without top_k (GenerationConfig defaults): what
+# the release samples with when its top_k is left unset (-1, spec section 5).
+HF_DEFAULT_TOP_K = 50
+
+
+def model_top_k(model) -> int:
+    """The top-k a model's generation config asks for (transformers' default 50 when it names none)."""
+    k = getattr(getattr(model, "generation_config", None), "top_k", None)
+    return int(k) if k is not None else HF_DEFAULT_TOP_K
+
+
 def _pick(logits_BV: torch.Tensor, cfg: DecodeConfig, gen) -> torch.Tensor:
     if not cfg.do_sample:
         return logits_BV.argmax(-1)
     probs_BV = torch.softmax(logits_BV / max(cfg.temperature, 1e-5), dim=-1)
     sorted_p, idx = probs_BV.sort(dim=-1, descending=True)
+    if cfg.top_k > 0:  # top-k first, then top-p over the renormalised rest (transformers' warper order)
+        sorted_p[:, cfg.top_k:] = 0
+        sorted_p = sorted_p / sorted_p.sum(-1, keepdim=True)
     keep = sorted_p.cumsum(-1) - sorted_p < cfg.top_p  # always keeps the top token
     sorted_p = sorted_p * keep
     choice = torch.multinomial(sorted_p / sorted_p.sum(-1, keepdim=True), 1, generator=gen)

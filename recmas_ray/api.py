@@ -57,14 +57,15 @@ class System:
               preset: str = "tiny", ckpt_override: dict[str, str] | None = None, backend: str = "ray",
               num_replicas: int = 1, task: str = "math", device: str = "auto", dtype: str = "auto", seed: int = 42,
               placement: str | PlacementConfig = "cpu", transport: str = "object_store", timeout_s: float = 900.0,
-              torch_threads: int = 0) -> System:
+              torch_threads: int = 0, allow_base_model_mismatch: bool = False) -> System:
         """Plan the system, check it, and start its agents.
 
         Args:
             style: Collaboration style (sequential_light, sequential_scaled, mixture, distillation,
                 deliberation, or an alias).
             role_models: Base model per role (`tiny:<family>`, `pkg:<name>`, a HF id or a local path),
-                over the preset and over the base model named in a role's link checkpoint.
+                over the preset; a role whose link checkpoint names another base model is an error
+                unless `allow_base_model_mismatch`.
             links: A folder holding per-role link folders (`planner/`, `critic/`, ..., `outer/`), e.g. the
                 output of `train_inner` + `train_outer`, or a Hub repo id `ORG/NAME[@REVISION][:SUBFOLDER]`
                 laid out the same way. Roles without a folder get fresh (seeded) links.
@@ -81,6 +82,8 @@ class System:
             transport: How latents move between agent actors: object_store, rdt:gloo or rdt:nccl.
             timeout_s: Timeout of every wait on Ray.
             torch_threads: Torch threads per agent (0: the library default).
+            allow_base_model_mismatch: Run `role_models` even where a role's checkpoint names another
+                base model (link sizes are still checked).
 
         Returns:
             The running system.
@@ -99,12 +102,14 @@ class System:
         overrides |= resolve_overrides(dict(ckpt_override or {}))
         placement = placement if isinstance(placement, PlacementConfig) else PlacementConfig(preset=placement)
         cfg = EvalConfig(style=style, dataset=_NO_DATASET, preset=preset, ckpt_override=overrides,
-                         role_model=dict(role_models or {}), backend=backend, device=device, dtype=dtype, seed=seed,
+                         models=dict(role_models or {}), allow_base_model_mismatch=allow_base_model_mismatch,
+                         backend=backend, device=device, dtype=dtype, seed=seed,
                          placement=placement, transport=transport, timeout_s=timeout_s, torch_threads=torch_threads,
                          progress=False)
         check_tree(cfg, lambda path: path)
         plan = plan_system(style, preset=preset, ckpt_overrides=overrides, seed=seed, dtype=dtype, device=device,
-                           task=task, role_model_overrides=cfg.role_model, tools=cfg.tool_loop())
+                           task=task, role_model_overrides=cfg.models, tools=cfg.tool_loop(),
+                           allow_base_model_mismatch=allow_base_model_mismatch)
         agents = start_agents(plan, backend=backend, placement=placement, timeout_s=timeout_s,
                               torch_threads=torch_threads, transport=transport, num_replicas=num_replicas)
         return cls(cfg, plan, agents, num_replicas=num_replicas)

@@ -14,46 +14,15 @@ from __future__ import annotations
 import platform
 import statistics
 import time
-from dataclasses import dataclass, field
 
 import torch
 
+from recmas_ray.config.perf import BenchConfig
 from recmas_ray.config.recursion import DecodeConfig
 from recmas_ray.config.recursion import RecursionConfig
 from recmas_ray.runner import LocalPool, run_batch
 from recmas_ray.service import AgentService
 from recmas_ray.system.plan import plan_system
-
-
-@dataclass(kw_only=True)
-class BenchConfig:
-    """What the benchmark runs."""
-
-    style: str = "sequential_light"
-    """Style whose agents are measured."""
-    preset: str = "demo"
-    """Base models: demo (real small models) or tiny."""
-    num_questions: int = 4
-    """Questions per batch (one batch)."""
-    rounds: tuple[int, ...] = (1, 2, 3)
-    """R values for (a)."""
-    latent_steps: int = 16
-    """m for (a) and (c)."""
-    rollout_steps: tuple[int, ...] = (16, 32, 64)
-    """m values for (b)."""
-    max_new_tokens: int = 48
-    """Decoding budget of every text step."""
-    repeats: int = 3
-    """Repetitions per figure; the median is reported."""
-    ray: bool = True
-    """Measure (c) (starts a local Ray cluster)."""
-    device: str = "auto"
-    """auto, cpu or cuda."""
-    dtype: str = "auto"
-    """auto: bf16 on CUDA, fp32 on CPU."""
-    seed: int = 0
-    """Seed of the links and questions."""
-    extra: dict = field(default_factory=dict)
 
 
 def _median_time(fn, repeats: int, warmup: bool = True) -> float:

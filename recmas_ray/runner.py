@@ -59,7 +59,7 @@ def run_batch(pool: AgentPool, style: StyleSpec, questions: list[str], tasks: li
     else:
         rounds = 1 if cfg.method == "textmas" else cfg.num_recursive_rounds
         calls = _run_text(pool, style, questions, tasks, cfg, rounds)
-    return _collect(pool, calls, len(questions), time.perf_counter() - t0, t0)
+    return _collect(pool, calls, len(questions), t0)
 
 
 def _run_latent(pool, style, questions, tasks, cfg):
@@ -103,7 +103,7 @@ class _Ready:
     value: Any
 
 
-def _collect(pool, calls, batch_size, elapsed, t0) -> list[SampleResult]:
+def _collect(pool, calls, batch_size, t0) -> list[SampleResult]:
     results = [SampleResult("", 0, 0, 0.0) for _ in range(batch_size)]
     for rnd, role, action, handle in calls:
         value = handle.value if isinstance(handle, _Ready) else pool.get(handle, what=f"role {role}, round {rnd} ({action})")

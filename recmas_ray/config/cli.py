@@ -7,6 +7,7 @@
   (`--recursion.latent_steps`). Help text is the field's docstring, with default, choices and range.
 * bool fields: `--name` / `--no_name`. list fields: space- or comma-separated values. dict fields:
   `KEY=VALUE` items (`--ckpt_override planner=DIR critic=DIR`). Optional fields accept `none`.
+* `recipes` are named Python functions returning a config: `--recipe NAME` (or `--NAME`) starts from one.
 * `aliases` add other spellings of a flag (the release's names), shown in help next to the canonical one.
 * `run_job` prints a user error as one line `error: ...` on stderr and returns 2, before any model loads
   (`--debug` shows the traceback); the job's own code raises `ValueError` for user errors found later
@@ -29,6 +30,7 @@ from typing import Any, Callable
 from recmas_ray.config.checks import ConfigError, OneOf, Range, check_tree, field_hints, split_annotated
 
 SPECIAL_FLAGS = ("config", "recipe", "print_config", "debug", "help")
+EXPLICIT_FIELD = "explicit_settings"
 
 
 @dataclass
@@ -202,6 +204,10 @@ def build_parser(cls, *, prog: str | None = None, description: str | None = None
     if recipes:
         p.add_argument("--recipe", choices=sorted(recipes), help="named configuration to start from: "
                        + "; ".join(f"{k}: {_first_line(v.__doc__)}" for k, v in sorted(recipes.items())))
+        taken = {flag for leaf in tree_leaves for flag in leaf.flags}
+        for name in sorted(set(recipes) - taken):  # `--quick` is short for `--recipe quick`
+            p.add_argument(f"--{name}", dest="recipe", action="store_const", const=name,
+                           help=f"same as --recipe {name}")
     p.add_argument("--print_config", action="store_true", help="print the resolved config as JSON and exit")
     p.add_argument("--debug", action="store_true", help="show tracebacks of errors")
     return p, tree_leaves
@@ -233,6 +239,8 @@ def _help(leaf: Leaf, default) -> str:
     else:
         shown = ",".join(map(str, default)) if isinstance(default, (list, tuple)) else \
             " ".join(f"{k}={v}" for k, v in default.items()) if isinstance(default, dict) else default
+        if isinstance(default, bool):
+            shown = "on" if default else "off"
         notes.append(f"default: {shown if shown not in ('', None) else 'none'}")
     return f"{leaf.doc} ({'; '.join(notes)})".replace("%", "%%")
 
@@ -288,11 +296,16 @@ def from_dict(cls, data: dict, *, base=None, where: str = "config"):
             values[name] = data[name]
         elif current is not dataclasses.MISSING:
             values[name] = current
+    required = {f.name for f in dataclasses.fields(cls) if f.init and f.default is dataclasses.MISSING
+                and f.default_factory is dataclasses.MISSING}
+    missing = sorted(required - set(values))
+    if missing:
+        raise ConfigError(f"{where}: missing required setting(s) {missing}; give them as flags "
+                          f"({', '.join('--' + m for m in missing)}) or in --config")
     try:
         return cls(**values)
     except TypeError as e:
-        missing = sorted(names - set(values))
-        raise ConfigError(f"{where}: missing required setting(s) {missing}" if missing else f"{where}: {e}") from None
+        raise ConfigError(f"{where}: {e}") from None
 
 
 def load_config_file(path: str) -> dict:
@@ -315,6 +328,14 @@ def load_config_file(path: str) -> dict:
     if isinstance(data, dict) and isinstance(data.get("config"), dict) and "results" in data:
         data = data["config"]  # a results_*.json: reuse its resolved config
     return data or {}
+
+
+def _has_path(values: dict, path: str) -> bool:
+    for part in path.split("."):
+        if not isinstance(values, dict) or part not in values:
+            return False
+        values = values[part]
+    return True
 
 
 def _set_path(values: dict, path: str, value) -> None:
@@ -346,6 +367,11 @@ def parse_config(cls, argv=None, *, prog=None, description=None, aliases=None, r
             _set_path(data, leaf.path, value)
     base = cfg if cfg is not None else _try_default(cls)
     cfg = from_dict(cls, data, base=base, where="config" if not ns.config else f"--config {ns.config}")
+    if EXPLICIT_FIELD in {f.name for f in dataclasses.fields(cls)}:
+        # A config that declares this field learns which settings the user gave (flags or --config
+        # file), e.g. so a protocol fills only the others.
+        given = {leaf.path for leaf in leaves(cls) if _has_path(data, leaf.path)} - {EXPLICIT_FIELD}
+        cfg = dataclasses.replace(cfg, **{EXPLICIT_FIELD: sorted(given)})
     check_tree(cfg, lambda path: flag_of.get(path, "--" + path))
     return cfg, ns
 

@@ -10,7 +10,7 @@ import os
 from dataclasses import dataclass, field
 from typing import Annotated
 
-from recmas_ray.config.checks import NonEmpty, OneOf, Range, WritableDir
+from recmas_ray.config.checks import ExistingPath, NonEmpty, OneOf, Range, WritableDir
 from recmas_ray.config.recursion import MAX_ROUNDS, METHODS, RecursionConfig, ToolLoopConfig
 from recmas_ray.distributed.placement import PlacementConfig
 
@@ -20,6 +20,7 @@ TRANSPORTS = ("object_store", "rdt:gloo", "rdt:nccl")
 DEVICES = ("auto", "cpu", "cuda")
 DTYPES = ("auto", "float32", "bfloat16", "float16", "fp32", "bf16", "fp16")
 MODEL_PRESETS = ("tiny", "demo", "paper")
+PROTOCOLS = ("greedy", "reference")  # what each one sets: recmas_ray.eval.protocol
 
 
 def style_names() -> tuple[str, ...]:
@@ -58,9 +59,13 @@ class EvalConfig:
     ckpt_override: dict[str, str] = field(default_factory=dict)
     """ROLE=DIR inner links (ours or the release's adapter.pt), outer=DIR outer links; a DIR may be a Hub
     repo id ORG/NAME[@REVISION][:SUBFOLDER]."""
-    role_model: dict[str, str] = field(default_factory=dict)
-    """ROLE=MODEL base model of a role (tiny:<family>, pkg:<name>, a HF id or a local path), over the
-    preset and over the base model named in the role's checkpoint."""
+    models: dict[str, str] = field(default_factory=dict)
+    """ROLE=MODEL base models (HF id, local dir, tiny:<family>, pkg:<name>) replacing the preset's (also
+    --role_model); a role whose --ckpt_override names another base model is an error (see
+    allow_base_model_mismatch)."""
+    allow_base_model_mismatch: bool = False
+    """Run the model given in --models even where the role's checkpoint names another one (its link
+    sizes are still checked)."""
     methods: Annotated[list[str], OneOf(METHODS), NonEmpty()] = field(default_factory=lambda: ["recursive_mas"])
     """Methods run on the same questions."""
     recursion: RecursionConfig = field(default_factory=RecursionConfig)
@@ -90,6 +95,16 @@ class EvalConfig:
     """Seed of fresh links and of sampling."""
     grader: Annotated[str, OneOf(GRADERS)] = "strict"
     """Headline grader: strict (math-verify) or reference (the release's lenient rules); both are recorded."""
+    protocol: Annotated[str, OneOf(PROTOCOLS)] = "greedy"
+    """greedy: every setting as configured (greedy decoding by default); reference: the release's sampling,
+    token budgets, m and R per style and benchmark, 3 runs (AIME: 10, pass@10) and the reference grader,
+    for every setting not given explicitly (recorded in the results)."""
+    explicit_settings: list[str] = field(default_factory=list)
+    """Dotted settings the user gave (flags, --config file), which the protocol never changes; jobs.run
+    fills it (Python callers list what they set themselves)."""
+    prompt_set: Annotated[str | None, ExistingPath()] = None
+    """YAML or JSON prompt set (role -> variant -> task -> template), checked against the style's slots
+    before any model loads; unset: the project's own prompts."""
     output_path: Annotated[str, WritableDir()] = "out"
     """Directory for samples_*.jsonl, results_*.json and config.json."""
     resume: bool = False
@@ -126,18 +141,22 @@ class EvalConfig:
         if bad:
             raise ValueError(f"--ckpt_override names {bad}; expected roles of {self.style} {list(style.roles)} "
                              f"or outer")
+        bad = sorted(set(self.models) - set(style.roles))
+        if bad:
+            raise ValueError(f"--models names {bad}; expected roles of {self.style} {list(style.roles)}")
+        empty = sorted(r for r, m in self.models.items() if not m.strip())
+        if empty:
+            raise ValueError(f"--models {empty[0]}=: empty model name")
         from recmas_ray.system.hub import looks_like_hub_id
 
         missing = {r: p for r, p in self.ckpt_override.items() if not os.path.isdir(p) and not looks_like_hub_id(p)}
         if missing:
             raise ValueError(f"--ckpt_override {' '.join(f'{r}={p}' for r, p in missing.items())}: no such directory")
-        bad = sorted(set(self.role_model) - set(style.roles))
-        if bad:
-            raise ValueError(f"--role_model names {bad}; expected roles of {self.style} {list(style.roles)}")
-        empty = sorted(r for r, m in self.role_model.items() if not m.strip())
-        if empty:
-            raise ValueError(f"--role_model {empty[0]}=: empty model name")
         self.placement.check_roles(style.roles)
+        if self.prompt_set:
+            from recmas_ray.styles.prompts import load_prompt_set
+
+            load_prompt_set(self.prompt_set, style)  # a bad file fails here, before any model loads
         if self.transport == "rdt:nccl" and (self.device == "cpu" or self.placement.preset == "cpu"):
             raise ValueError("--transport rdt:nccl moves CUDA tensors between GPUs; it cannot work with "
                              f"--device {self.device} / --placement {self.placement.preset}")

@@ -30,8 +30,9 @@ class DecodeConfig:
     """Sampling temperature (only with do_sample; > 0, use greedy decoding for T = 0)."""
     top_p: Annotated[float, Range(0, 1, lo_open=True)] = 0.95
     """Nucleus sampling mass (only with do_sample)."""
-    top_k: Annotated[int, Range(0, 1_000_000)] = 0
-    """Keep only the k most likely tokens when sampling (0 disables)."""
+    top_k: Annotated[int, Range(-1, 1_000_000)] = 0
+    """Keep only the k most likely tokens when sampling (0 disables; -1 takes the decoding model's
+    generation config, transformers' 50 when it names none: what the release does, spec section 5)."""
     seed: Annotated[int, Range(0, 2**63 - 1)] = 0
     """Seed of the sampling generator, so sampled runs repeat."""
 

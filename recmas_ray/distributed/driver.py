@@ -29,7 +29,7 @@ from recmas_ray.distributed.actors import TRANSPORTS, AgentActor, RayPool, RDTAg
 from recmas_ray.distributed.placement import PlacementConfig, create_placement, plan_placement
 from recmas_ray.config.recursion import RecursionConfig
 from recmas_ray.runner import run_batch
-from recmas_ray.styles import get_style
+from recmas_ray.styles import StyleSpec
 from recmas_ray.system.plan import SystemPlan
 
 log = logging.getLogger(__name__)
@@ -41,8 +41,8 @@ AGENT_ENV = {"TOKENIZERS_PARALLELISM": "false", "HF_HUB_DISABLE_PROGRESS_BARS": 
 class Orchestrator:
     """Runs batches through the recursion against agent actor handles."""
 
-    def __init__(self, style_name: str, handles: dict, timeout_s: float, transport: str = "object_store"):
-        self.style = get_style(style_name)
+    def __init__(self, style: StyleSpec, handles: dict, timeout_s: float, transport: str = "object_store"):
+        self.style = style  # the plan's style object: it carries the run's prompt set
         self.handles, self.timeout_s, self.transport = handles, timeout_s, transport
         if transport != "object_store":
             # RDT checks the transport in the calling process, so the orchestrator creates the group.
@@ -120,7 +120,7 @@ def build_ray_system(plan: SystemPlan, placement: PlacementConfig, *, timeout_s:
             except Exception as e:
                 raise RuntimeError(f"agent {role} ({plan.role_models[role]}) failed to start: {e}") from e
             log.info("agent ready: %s", infos[role])
-        orch = Orchestrator.remote(plan.style_name, handles, timeout_s, transport)
+        orch = Orchestrator.remote(plan.style, handles, timeout_s, transport)
         if not ray.wait([orch.ready.remote()], timeout=placement.ready_timeout_s)[0]:
             raise RuntimeError(f"orchestrator actor (1 CPU) not scheduled after {placement.ready_timeout_s:g}s; "
                                f"available resources: {ray.available_resources()}")

@@ -3,7 +3,9 @@
 Every loader returns plain dicts (Ray Data friendly) with the keys of `BenchmarkItem`
 (`doc_id`, `question`, `gold`, `task_type`, `benchmark`, `raw_question`) plus task fields:
 `options` (choice), `aliases` (qa), `solution` (math), and for code `tests`/`test_mode`/
-`inputs`/`outputs`/`fn_name`/`entry_point`/`timeout_s` as `graders.grade` expects.
+`inputs`/`outputs`/`fn_name`/`entry_point`/`timeout_s` as `graders.grade` expects, plus
+`interface` = {"type": "functional" | "stdin", "fn_name": name or None}: what the prompt asks for
+(the interface line, `styles.question_with_interface`) and how the grader calls the program.
 
 Where the data comes from, in order (recursivemas.md section 10, offline.md section 5):
 1. `path=` given to `load_benchmark` (a .jsonl, .json, .csv or .parquet file, or a directory of
@@ -301,8 +303,15 @@ def _mbppplus(rows, name, *, mbppplus_num_prompt_tests=3, mbppplus_timeout_s=10.
         out.append(_item(_field(r, ("task_id",), i, name), question, str(r.get("code") or ""),
                          "code", name, prompt, tests=tests, test_mode="script",
                          entry_point=entry, fn_name=entry, num_tests=max(1, len(test_list)),
-                         timeout_s=float(mbppplus_timeout_s)))
+                         timeout_s=float(mbppplus_timeout_s), interface=_interface("functional", entry, name, i)))
     return out
+
+
+def _interface(kind: str, fn_name: str | None, name: str, i: int) -> dict:
+    """A row's code interface; a functional task without a function name is bad data."""
+    if kind == "functional" and not fn_name:
+        raise ValueError(f"{name}: row {i} is a function task but names no function (entry_point / func_name)")
+    return {"type": kind, "fn_name": fn_name if kind == "functional" else None}
 
 
 def _infer_entry_point(tests: str, test_list: list[str]) -> str | None:
@@ -337,6 +346,7 @@ def _lcb(rows, name, *, lcb_timeout_s=6.0, lcb_use_private_tests=False, **_):
                          test_mode="functional" if fn else "stdio", fn_name=fn,
                          inputs=[str(t["input"]) for t in tests],
                          outputs=[str(t["output"]) for t in tests], timeout_s=float(lcb_timeout_s),
+                         interface=_interface("functional" if fn else "stdin", fn, name, i),
                          platform=str(r.get("platform") or ""),
                          difficulty=str(r.get("difficulty") or ""),
                          contest_date=str(r.get("contest_date") or "")))
@@ -385,7 +395,8 @@ def _humaneval(rows, name, **_):
                          str(r.get("canonical_solution") or ""), "code", name, prompt,
                          tests=f"{test}\n\ncheck({entry})\n", test_mode="script",
                          entry_point=entry, fn_name=entry, completion_prefix=prompt,
-                         program_prefix=imports, num_tests=1, timeout_s=10.0, prelude=""))
+                         program_prefix=imports, num_tests=1, timeout_s=10.0, prelude="",
+                         interface=_interface("functional", entry, name, i)))
     return out
 
 

@@ -1,8 +1,10 @@
 """Evaluation driver behind `jobs/run.py`: questions in, graded samples and lm-eval-style results out.
 
 Order of work, so that bad input fails before any model loads:
+  0. resolve --protocol (it fills the settings the user did not give, see `eval/protocol.py`)
   1. load and validate the questions (named benchmark or local file)
-  2. plan the system (model names, dims, links; checks every --ckpt_override)
+  2. plan the system (model names, dims, links, prompt set; checks every --ckpt_override); code
+     questions get their interface line (`question_with_interface`)
   3. start the agents (in-process, or Ray actors + orchestrator)
   4. per method: stream batches (Ray backend: a Ray Data pipeline of client actors, see
      `eval/stream.py`), append each graded sample to `samples_<bench>_<time>.jsonl` as it arrives
@@ -25,9 +27,12 @@ from recmas_ray.config.cli import save_config
 from recmas_ray.config.evaluation import EvalConfig
 from recmas_ray.config.recursion import RecursionConfig
 from recmas_ray.eval.benchmarks import load_benchmark
-from recmas_ray.eval.results import (SampleWriter, load_done_ids, markdown_table, plot_vs_rounds, read_samples,
-                                     sample_key, summarize, timestamp, write_results)
+from recmas_ray.eval.protocol import Resolution, metric_k, resolve
+from recmas_ray.eval.results import (VERDICT_FIELDS, SampleWriter, load_done_ids, markdown_table, plot_vs_rounds,
+                                     read_samples, sample_key, summarize, timestamp, with_verdicts, write_results)
 from recmas_ray.eval.stream import for_rollout, solve_and_grade
+from recmas_ray.styles import question_with_interface
+from recmas_ray.styles.prompts import prompt_set_hash
 from recmas_ray.system.hub import resolve_overrides
 from recmas_ray.system.plan import plan_system
 
@@ -91,7 +96,7 @@ def run_warnings(cfg: EvalConfig, plan) -> list[str]:
     if os.path.exists(cfg.dataset) or canonical_name(cfg.dataset) not in BENCHMARKS or not tiny:
         return []
     return [f"benchmark {cfg.dataset} runs on random-weight tiny models (roles {', '.join(tiny)}): its scores "
-            f"measure nothing; use --preset demo|paper or --role_model ROLE=MODEL"]
+            f"measure nothing; use --preset demo|paper or --models ROLE=MODEL"]
 
 
 class Backend:
@@ -150,14 +155,19 @@ def evaluate(cfg: EvalConfig, *, progress: bool = True, system=None) -> dict:
     starting new agents, e.g. across the runs of a sweep.
     """
     check_tree(cfg)
+    cfg, resolution = resolve(cfg)
+    check_tree(cfg)
     items = load_benchmark(cfg.dataset, path=cfg.dataset_path, num_samples=cfg.num_samples, seed=cfg.seed,
                            json_field=cfg.dataset_json_field)
     task = items[0]["task_type"] if items[0]["task_type"] in ("math", "code") else "math"
     plan = plan_system(cfg.style, preset=cfg.preset, ckpt_overrides=resolve_overrides(cfg.ckpt_override),
                        seed=cfg.seed, dtype=cfg.dtype, device=cfg.device, task=task,
-                       role_model_overrides=cfg.role_model, tools=cfg.tool_loop())
+                       tools=cfg.tool_loop(), prompt_set=cfg.prompt_set, role_model_overrides=cfg.models,
+                       allow_base_model_mismatch=cfg.allow_base_model_mismatch)
     for warning in run_warnings(cfg, plan):
         print(f"warning: {warning}", file=sys.stderr, flush=True)
+    items = [{**i, "question": question_with_interface(plan.style, i["question"], i.get("interface"))}
+             for i in items]
     samples_file = open_samples_file(cfg)
     save_config(cfg, cfg.output_path)
     start = time.time()
@@ -182,7 +192,7 @@ def evaluate(cfg: EvalConfig, *, progress: bool = True, system=None) -> dict:
                     if key in done:  # never a second line per sample, even if a batch came back twice
                         continue
                     done.add(key)
-                    writer.write(rec)
+                    writer.write(with_verdicts(rec))
                     n_done, n_ok = n_done + 1, n_ok + int(rec["correct"])
                     bar.update(1)
                     bar.set_postfix(acc=f"{n_ok / n_done:.3f}",
@@ -191,7 +201,7 @@ def evaluate(cfg: EvalConfig, *, progress: bool = True, system=None) -> dict:
                 wall[method] = time.perf_counter() - t0
     finally:
         backend.close()
-    return finish(cfg, samples_file, plan, {m: t for m, t in wall.items() if fresh[m]}, start)
+    return finish(cfg, samples_file, plan, {m: t for m, t in wall.items() if fresh[m]}, start, resolution)
 
 
 def evaluate_all(cfg: EvalConfig, *, progress: bool | None = None) -> list[dict]:
@@ -199,27 +209,52 @@ def evaluate_all(cfg: EvalConfig, *, progress: bool | None = None) -> list[dict]
     progress = cfg.progress if progress is None else progress
     if not cfg.sweep_rounds:
         return [evaluate(cfg, progress=progress)]
+    # The sweep sets R itself: the protocol must not replace it.
+    explicit = sorted(set(cfg.explicit_settings) | {"recursion.num_recursive_rounds"})
     outs = [evaluate(dataclasses.replace(cfg, recursion=dataclasses.replace(cfg.recursion, num_recursive_rounds=r),
-                                         sweep_rounds=[], plot=False, output_path=os.path.join(cfg.output_path, f"R{r}")),
+                                         sweep_rounds=[], plot=False, output_path=os.path.join(cfg.output_path, f"R{r}"),
+                                         explicit_settings=explicit),
                      progress=progress) for r in cfg.sweep_rounds]
     if cfg.plot:
         outs[-1]["plot_path"] = str(plot_results(cfg.output_path, bench_name(cfg), cfg.style))
     return outs
 
 
-def finish(cfg: EvalConfig, samples_file: Path, plan, wall: dict, start: float) -> dict:
+def headline(metrics: dict, metric: str, grader: str) -> dict:
+    """Which summary value is the headline: the benchmark's metric (pass@k needs k rollouts) under `grader`."""
+    k = metric_k(metric)
+    key = f"pass@{k},{grader}" if k and k > 1 else f"accuracy,{grader}"
+    out = {"metric": metric, "grader": grader, "headline": key}
+    if key not in metrics:  # e.g. AIME's pass@10 from fewer than 10 rollouts per question
+        key = f"accuracy,{grader}"
+        out |= {"headline": key, "headline_note": f"{metric} needs {k} rollouts per question, "
+                                                  f"ran {metrics['rollouts_per_doc']}: accuracy reported"}
+    out["headline_value"] = metrics[key]
+    return out
+
+
+def finish(cfg: EvalConfig, samples_file: Path, plan, wall: dict, start: float,
+           resolution: Resolution | None = None) -> dict:
     """Summarise the samples file per method, write results JSON (+ plot), print the table."""
-    all_samples = read_samples(samples_file)
+    resolution = resolution or resolve(cfg)[1]
+    k = metric_k(resolution.metric)
+    all_samples = [with_verdicts(s) for s in read_samples(samples_file)]
     results = {}
     for method in cfg.methods:
         rows = [s for s in all_samples if s.get("method") == method]
         if not rows:
             continue
-        metrics = summarize(rows, wall_seconds=wall.get(method))
+        rollouts = min(sum(1 for s in rows if s["doc_id"] == d) for d in {s["doc_id"] for s in rows})
+        ks = sorted({1, rollouts} | ({k} if k and k <= rollouts else set())) if rollouts > 1 else None
+        metrics = summarize(rows, correct_fields=VERDICT_FIELDS, k_values=ks, wall_seconds=wall.get(method))
         results[f"{bench_name(cfg)}/{method}"] = {"benchmark": bench_name(cfg), "method": method,
-                                                   "rounds": cfg.recursion.num_recursive_rounds, **metrics}
+                                                   "rounds": cfg.recursion.num_recursive_rounds, **metrics,
+                                                   **headline(metrics, resolution.metric, cfg.grader)}
     config = {**dataclasses.asdict(cfg), "system": plan.manifest(), "samples_file": str(samples_file)}
-    path = write_results(cfg.output_path, "", results, config, start_time=start, warnings=run_warnings(cfg, plan))
+    extra = {"protocol": resolution.record(),
+             "prompt_set": {"path": cfg.prompt_set, "sha256": prompt_set_hash(plan.style)},
+             "warnings": run_warnings(cfg, plan)}
+    path = write_results(cfg.output_path, "", results, config, start_time=start, extra=extra)
     table = markdown_table(results)
     print(table, flush=True)
     out = {"results": results, "samples_path": str(samples_file), "results_path": str(path), "table": table}

@@ -90,7 +90,9 @@ def _mv_timeout() -> int | None:
 
 
 def _as_math(text: str) -> str:
-    text = text.strip()
+    # An escaped dollar is a currency sign, not a math delimiter: MATH500 writes 3 gold answers
+    # as "\\$18.90" and math_verify cannot parse those (issue 16 item 6), so it is dropped first.
+    text = text.strip().replace("\\$", "")
     return text if ("$" in text or "\\boxed" in text) else f"${text}$"
 
 
@@ -332,9 +334,21 @@ def pass_at_k(n: int, c: int, k: int) -> float:
     return 1.0 - math.prod(1.0 - k / i for i in range(n - c + 1, n + 1))
 
 
+# A row's interface (benchmarks.py) -> the harnesses that may grade it: stdin rows run on
+# stdin/stdout pairs, functional rows as named-function calls or a test script that calls it.
+_INTERFACE_MODES = {"stdin": ("stdio",), "functional": ("functional", "script")}
+
+
 def _grade_code_record(record: dict, response: str) -> GradeResult:
     code = extract_code(response)
     mode = record.get("test_mode", "script")
+    interface = record.get("interface")
+    if interface is not None:
+        if mode not in _INTERFACE_MODES.get(interface.get("type"), ()):
+            raise ValueError(f"code row {record.get('doc_id')!r}: interface {interface.get('type')!r} cannot be "
+                             f"graded with test_mode {mode!r}")
+        if interface.get("fn_name"):
+            record = {**record, "fn_name": interface["fn_name"]}
     timeout = float(record.get("timeout_s", 6.0 if mode != "script" else 10.0))
     if mode == "stdio":
         res = grade_stdio(code, record["inputs"], record["outputs"], timeout_s=timeout)
@@ -362,8 +376,8 @@ def _grade_code_record(record: dict, response: str) -> GradeResult:
 def grade(task_type: str, record: dict, response: str, mode: str = "strict") -> GradeResult:
     """Grade `response` for one benchmark `record` (as produced by `eval.benchmarks`).
 
-    `mode` picks which verdict lands in `correct`; for math, choice and qa the other mode's
-    verdict is always reported too (`detail["strict"]`, `detail["reference"]`).
+    `mode` picks which verdict lands in `correct`; both modes' verdicts are always in
+    `detail["strict"]` and `detail["reference"]` (equal for code).
     """
     if mode not in GRADER_MODES:
         raise ValueError(f"mode={mode!r}; expected one of {GRADER_MODES}")
@@ -384,7 +398,11 @@ def grade(task_type: str, record: dict, response: str, mode: str = "strict") -> 
         chosen = letter if mode == "strict" else (letter or "A")
         return GradeResult(verdicts[mode], chosen, letter is None, dict(verdicts))
     if task_type == "code":
-        return _grade_code_record(record, response)
+        res = _grade_code_record(record, response)
+        # Tests pass or fail the same under both modes; both verdicts are recorded all the same, so
+        # every sample carries detail["strict"] and detail["reference"] (results report both).
+        res.detail.update(strict=res.correct, reference=res.correct)
+        return res
     if task_type == "qa":
         golds = [str(record["gold"])] + [a for a in record.get("aliases") or [] if a != record["gold"]]
         extracted = extract_math_answer(response)

@@ -25,13 +25,29 @@ from typing import Any, Callable, Iterable, Mapping, Sequence
 
 from recmas_ray.eval.graders import pass_at_k
 
-__all__ = ["SampleWriter", "sample_key", "load_done_ids", "read_samples", "summarize",
+__all__ = ["SampleWriter", "sample_key", "load_done_ids", "read_samples", "summarize", "with_verdicts",
+           "VERDICT_FIELDS",
            "write_results", "markdown_table", "plot_vs_rounds", "timestamp", "samples_path", "lm_eval_sample"]
 
 BASELINE = "recursive_textmas"
 HIGHER_IS_BETTER = {"accuracy": True, "tokens_per_sample": False, "latent_steps_per_sample": False,
                     "seconds_per_sample": False, "parse_failure_rate": False, "retry_rate": False,
                     "throughput_samples_per_s": True}
+# Both graders' verdicts per sample (issue 16 item 5): results report `accuracy,strict` (math-verify)
+# and `accuracy,reference` (the release's lenient rules) whatever `--grader` picked for the headline.
+VERDICT_FIELDS = {"strict": "correct_strict", "reference": "correct_reference"}
+
+
+def with_verdicts(record: dict) -> dict:
+    """`record` with `correct_strict` / `correct_reference` from its grade_detail (set in place).
+
+    A mode missing from grade_detail (code samples written before both were recorded) takes
+    `correct`: test verdicts do not depend on the mode.
+    """
+    detail = record.get("grade_detail") or {}
+    for mode, fld in VERDICT_FIELDS.items():
+        record[fld] = bool(detail[mode]) if mode in detail else bool(record["correct"])
+    return record
 
 
 def timestamp() -> str:
@@ -215,6 +231,15 @@ def summarize(samples: Iterable[Mapping[str, Any]], *,
             out[f"pass@{k},{filt}"] = sum(
                 pass_at_k(len(v), sum(bool(s[fld]) for s in v), k) for v in by_doc.values()
             ) / n_docs
+        if min_rollouts > 1:  # sampled runs (rollout r = seed + r): each run's accuracy, mean and spread
+            by_run: dict[str, list[bool]] = defaultdict(list)
+            for s in samples:
+                by_run[str(s.get("rollout", 0))].append(bool(s[fld]))
+            runs = [sum(v) / len(v) for _, v in sorted(by_run.items(), key=lambda kv: int(kv[0]))]
+            mean = sum(runs) / len(runs)
+            out[f"accuracy_runs,{filt}"] = runs
+            out[f"accuracy_runs_std,{filt}"] = math.sqrt(sum((x - mean) ** 2 for x in runs) / (len(runs) - 1)) \
+                if len(runs) > 1 else float("nan")
     extras = {
         "tokens_per_sample": [_tokens(s) for s in samples],
         "latent_steps_per_sample": [_latent_steps(s) for s in samples],
@@ -273,16 +298,15 @@ def write_results(output_dir: str | os.PathLike, run_name: str, results: Mapping
                   config: Any, *, n_samples: Mapping[str, Mapping[str, int]] | None = None,
                   total_evaluation_time_seconds: float | None = None,
                   start_time: float | None = None, ts: str | None = None,
-                  warnings: Sequence[str] = ()) -> Path:
+                  extra: Mapping[str, Any] | None = None) -> Path:
     """Write `<output_dir>/<run_name>/results_<ts>.json` atomically and return its path.
-
-    The file follows lm-eval's schema (`n-shot`, `configs`, `versions` with one entry per task next to
-    the package versions, `higher_is_better`, `n-samples`), so `lm_eval.utils.make_table` renders it;
-    `warnings` (e.g. a benchmark run on random-weight models) are recorded as given.
 
     `results` maps a task key (e.g. "math500/recursive_mas") to its metrics, ideally with
     "benchmark" and "method" entries so `markdown_table` can compare methods. `config` may be
-    a dataclass (dumped with `asdict`) or any JSON-able mapping.
+    a dataclass (dumped with `asdict`) or any JSON-able mapping. `extra` adds top-level entries
+    (the evaluation driver's `protocol`, `prompt_set` and `warnings`). The file follows lm-eval's schema
+    (`n-shot`, `configs`, `versions` with one entry per task next to the package versions,
+    `higher_is_better`, `n-samples`), so `lm_eval.utils.make_table` renders it.
     """
     if dataclasses.is_dataclass(config) and not isinstance(config, type):
         config = dataclasses.asdict(config)
@@ -297,7 +321,6 @@ def write_results(output_dir: str | os.PathLike, run_name: str, results: Mapping
                         "num_fewshot": 0, "metric_list": [{"metric": "accuracy", "aggregation": "mean",
                                                            "higher_is_better": True}]}
                     for k, v in results.items()},
-        "warnings": list(warnings),
         "git_hash": _git_hash(),
         "date": now,
         "start_time": start_time,
@@ -307,6 +330,7 @@ def write_results(output_dir: str | os.PathLike, run_name: str, results: Mapping
             for k, v in results.items()},
         "total_evaluation_time_seconds": total_evaluation_time_seconds if
         total_evaluation_time_seconds is not None else (now - start_time if start_time else None),
+        **dict(extra or {}),
     }
     path = Path(output_dir) / run_name / f"results_{ts or timestamp()}.json"
     path.parent.mkdir(parents=True, exist_ok=True)

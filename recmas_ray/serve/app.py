@@ -45,7 +45,8 @@ class RecMASServer:
         from recmas_ray.api import System
 
         self.cfg = cfg
-        self.system = System.build(cfg.style, role_models=cfg.role_model, links=cfg.links,
+        self.system = System.build(cfg.style, role_models=cfg.models, links=cfg.links,
+                                   allow_base_model_mismatch=cfg.allow_base_model_mismatch,
                                    ckpt_override=cfg.ckpt_override, preset=cfg.preset, backend=cfg.backend,
                                    task=cfg.task, device=cfg.device, dtype=cfg.dtype, seed=cfg.seed,
                                    placement=cfg.placement, timeout_s=cfg.timeout_s, torch_threads=cfg.torch_threads)

@@ -25,9 +25,12 @@ class ServeConfig:
     model_name: str | None = None
     """Name clients pass as `model` (default: the style name)."""
     preset: Annotated[str, OneOf(MODEL_PRESETS)] = "tiny"
-    """Base models of the roles not named in role_model: tiny (random weights), demo or paper."""
-    role_model: dict[str, str] = field(default_factory=dict)
-    """ROLE=MODEL base model of a role (tiny:<family>, pkg:<name>, a HF id or a local path)."""
+    """Base models of the roles not named in models: tiny (random weights), demo or paper."""
+    models: dict[str, str] = field(default_factory=dict)
+    """ROLE=MODEL base model of a role (tiny:<family>, pkg:<name>, a HF id or a local path); also
+    --role_model."""
+    allow_base_model_mismatch: bool = False
+    """Run the model given in --models even where the role's checkpoint names another one."""
     links: str | None = None
     """Folder of per-role link folders (planner/, ..., outer/) or a Hub id ORG/NAME[@REVISION][:SUBFOLDER]."""
     ckpt_override: dict[str, str] = field(default_factory=dict)
@@ -73,11 +76,11 @@ class ServeConfig:
         return self.model_name or self.style
 
     def validate(self) -> None:
-        """Roles named in role_model / ckpt_override must be roles of the style."""
+        """Roles named in models / ckpt_override must be roles of the style."""
         from recmas_ray.styles import get_style
 
         roles = get_style(self.style).roles
-        for flag, table, extra in (("role_model", self.role_model, ()), ("ckpt_override", self.ckpt_override,
+        for flag, table, extra in (("models", self.models, ()), ("ckpt_override", self.ckpt_override,
                                                                          ("outer",))):
             bad = sorted(set(table) - set(roles) - set(extra))
             if bad:

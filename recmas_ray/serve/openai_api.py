@@ -134,7 +134,8 @@ def _num(value, name) -> float:
 
 def side_info(req: ChatRequest, result) -> dict:
     """The `recmas` side field: settings used and the per-agent, per-round trace."""
-    return {"task": req.task, "method": req.recursion.method, "num_recursive_rounds": req.recursion.num_recursive_rounds,
+    rc = req.recursion
+    return {"task": req.task, "method": rc.method, "num_recursive_rounds": rc.num_recursive_rounds,
             "latent_steps": req.recursion.latent_steps, "total_latent_steps": result.num_latent_steps,
             "seconds": result.seconds, "trace": result.trace}
 

@@ -1,6 +1,7 @@
 """Registry of collaboration styles: `get_style(name)` returns a validated `StyleSpec`."""
 
-from recmas_ray.styles.base import StyleSpec, Step, build_schedule, render_prompt, render_single_agent_prompt, split_edge
+from recmas_ray.styles.base import (StyleSpec, Step, build_schedule, question_with_interface, render_prompt,
+                                   render_single_agent_prompt, split_edge)
 from recmas_ray.styles.deliberation import DELIBERATION
 from recmas_ray.styles.distillation import DISTILLATION
 from recmas_ray.styles.mixture import MIXTURE
@@ -25,5 +26,5 @@ def get_style(name: str) -> StyleSpec:
     return style
 
 
-__all__ = ["STYLES", "StyleSpec", "Step", "build_schedule", "get_style", "render_prompt",
+__all__ = ["STYLES", "StyleSpec", "Step", "build_schedule", "get_style", "question_with_interface", "render_prompt",
            "render_single_agent_prompt", "split_edge"]

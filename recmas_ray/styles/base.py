@@ -17,6 +17,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 TASK_TYPES = ("math", "choice", "code", "qa")
+VARIANTS = ("base", "feedback")
 SYSTEM_PROMPT = "You are a helpful assistant."
 
 FINAL_INSTRUCTIONS = {
@@ -24,6 +25,13 @@ FINAL_INSTRUCTIONS = {
     "choice": "Reason step by step and put only the letter of the final choice within \\boxed{}, for example \\boxed{A}.",
     "code": "Write the complete solution in exactly one ```python code block.",
     "qa": "Answer the question. You may use available tools if needed. Put the final short answer within \\boxed{}.",
+}
+
+# The release's code-task interface line (spec section 4.1, code variants): a function to return,
+# or a whole program on stdin/stdout. Rendered after the question by `question_with_interface`.
+INTERFACE_LINES = {
+    "functional": "Interface: implement and return the function `{fn_name}` only.",
+    "stdin": "Interface: write a complete program that reads from standard input and writes to standard output.",
 }
 
 
@@ -71,6 +79,10 @@ class StyleSpec:
     """Inner training fills slots with upstream gold text (False keeps the literal marker, as deliberation does)."""
     single_agent_prompt: str = "{question}\n\n{final}"
     """Prompt of the decoder alone (single-agent baseline)."""
+    final_instructions: dict[str, str] = field(default_factory=lambda: dict(FINAL_INSTRUCTIONS))
+    """task type -> the text that replaces `{final}`."""
+    interface_lines: dict[str, str] = field(default_factory=lambda: dict(INTERFACE_LINES))
+    """Code-task interface type (functional, stdin) -> its line; `{fn_name}` names the function."""
 
     @property
     def roles(self) -> tuple[str, ...]:
@@ -159,7 +171,7 @@ def render_prompt(style: StyleSpec, step_role: str, variant: str, task: str, que
     if task not in TASK_TYPES:
         raise ValueError(f"unknown task type {task!r}; expected one of {TASK_TYPES}")
     text = style.prompts[step_role].template(variant, task)
-    text = text.replace("{final}", FINAL_INSTRUCTIONS[task]).replace("{question}", question)
+    text = text.replace("{final}", style.final_instructions[task]).replace("{question}", question)
     for marker, value in (slot_text or {}).items():
         text = text.replace(marker, value)
     return text
@@ -167,4 +179,20 @@ def render_prompt(style: StyleSpec, step_role: str, variant: str, task: str, que
 
 def render_single_agent_prompt(style: StyleSpec, task: str, question: str) -> str:
     """Prompt of the decoder working alone (the single-agent baseline)."""
-    return style.single_agent_prompt.replace("{final}", FINAL_INSTRUCTIONS[task]).replace("{question}", question)
+    return style.single_agent_prompt.replace("{final}", style.final_instructions[task]).replace("{question}", question)
+
+
+def question_with_interface(style: StyleSpec, question: str, interface: dict | None) -> str:
+    """The question text with its code-task interface line (`{"type": "functional"|"stdin", "fn_name"}`).
+
+    The line goes after the question, so every role whose template shows `{question}` sees it.
+    """
+    if not interface:
+        return question
+    kind = interface.get("type")
+    if kind not in style.interface_lines:
+        raise ValueError(f"interface type {kind!r}; expected one of {sorted(style.interface_lines)}")
+    if kind == "functional" and not interface.get("fn_name"):
+        raise ValueError("a functional interface needs its fn_name")
+    line = style.interface_lines[kind].replace("{fn_name}", str(interface.get("fn_name") or ""))
+    return f"{question}\n\n{line}"

@@ -6,8 +6,13 @@ outer-training one all outer links), and `manifest.json` (style, roles, base mod
 sizes, link types, rounds and latent steps). Never a copy of a base model.
 
 Release layouts (spec section 9): inner `adapter.pt` (or `adapter(<task>).pt`) + `adapter_config.json`;
-outer `outer_<key>.pt` files, optionally described by `outerlink_config.json`. `.pt` files load with
+outer `outer_<key>.pt` files, optionally described by `outerlink_config.json`; released inner folders
+may name their adapter per task in `innerlink_config.json`. `.pt` files load with
 `torch.load(weights_only=True)`; reference keys (`outer_12`) are mapped to role-pair edges here only.
+
+Checkpoint folders are untrusted input: every file named by a manifest must stay inside the folder
+(no absolute paths, no `..`, no symlink out), tensor shapes are checked against the models' hidden
+sizes before the weights are read, and unreadable files are one-line ValueErrors naming the file.
 """
 
 from __future__ import annotations
@@ -21,6 +26,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
+from safetensors import safe_open
 from safetensors.torch import load_file, save_file
 
 from recmas_ray.links import (INNER_LINK_TYPE, OUTER_LINK_TYPE, InnerLink, OuterLink,
@@ -90,34 +96,139 @@ def save_links(path: str | os.PathLike, links: LinkSet, manifest: dict) -> Path:
     return path
 
 
+def contained(folder: Path, name: str, *, what: str) -> Path:
+    """`folder/name`, refused unless it stays inside `folder` (checkpoint folders are untrusted input).
+
+    Absolute names, `..` components and symlinks that resolve outside the folder are ValueErrors.
+    """
+    if not isinstance(name, str) or not name:
+        raise ValueError(f"{what}: file name {name!r} is not a relative path")
+    rel = Path(name)
+    if rel.is_absolute() or ".." in rel.parts:
+        raise ValueError(f"{what}: file {name!r} leaves the checkpoint folder {folder} (absolute or '..')")
+    target = folder / rel
+    root = folder.resolve()
+    if not target.resolve().is_relative_to(root):
+        raise ValueError(f"{what}: file {name!r} is a link to {target.resolve()}, outside the checkpoint folder {root}")
+    return target
+
+
+def read_json(path: Path) -> dict:
+    """A checkpoint's JSON file; malformed JSON is a one-line ValueError naming the file."""
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise ValueError(f"{path}: not a readable JSON file ({str(e).splitlines()[0]})") from None
+    if not isinstance(data, dict):
+        raise ValueError(f"{path}: expected a JSON object, got {type(data).__name__}")
+    return data
+
+
+def task_entry(cfg: dict, task: str, file: Path) -> dict:
+    """`cfg["tasks"][task]` of a task-scoped release config; a missing task names the ones present."""
+    tasks = cfg.get("tasks")
+    if not isinstance(tasks, dict):
+        return cfg
+    if task not in tasks:
+        raise ValueError(f"{file}: no links for task {task!r}; the release manifest holds tasks {sorted(tasks)}")
+    return tasks[task]
+
+
+def read_manifest(path: str | os.PathLike) -> dict:
+    """Our checkpoint's manifest.json (empty for release layouts); no weights are read."""
+    path = Path(path)
+    if (path / WEIGHTS).exists() and (path / MANIFEST).exists():
+        return read_json(contained(path, MANIFEST, what=str(path)))
+    return {}
+
+
+def declared_base_model(path: str | os.PathLike, role: str) -> str | None:
+    """The base model an inner checkpoint names for `role` (no weights read), else None.
+
+    Ours: the manifest's roles[role].base_model (or base_model); a release inner folder that ships
+    the model's config.json next to its adapter: the folder itself.
+    """
+    path = Path(path)
+    manifest = read_manifest(path)
+    if manifest:
+        return (manifest.get("roles", {}).get(role, {}) or {}).get("base_model") or manifest.get("base_model")
+    if not (path / WEIGHTS).exists() and (path / "config.json").exists():
+        return str(path)
+    return None
+
+
 def load_links(path: str | os.PathLike, *, role: str | None = None, style: StyleSpec | None = None,
-               task: str = "math") -> LinkSet:
-    """Load our format or a release layout. `role` names the role for a release inner adapter."""
+               task: str = "math", hidden_sizes: dict[str, int] | None = None) -> LinkSet:
+    """Load our format or a release layout. `role` names the role for a release inner adapter.
+
+    With `hidden_sizes` (role -> d from the models' config.json), every tensor shape is checked
+    against them from the file headers before the link weights are read.
+    """
     path = Path(path)
     if not path.is_dir():
         raise ValueError(f"checkpoint {str(path)!r} is not a directory")
     if (path / WEIGHTS).exists():
-        return _load_ours(path)
-    inner_file = next((path / n for n in (f"adapter({task}).pt", "adapter.pt") if (path / n).exists()), None)
+        return _load_ours(path, hidden_sizes)
+    inner_file = _release_inner_file(path, task)
     if inner_file is not None:
         if role is None:
             raise ValueError(f"{path}: a release inner adapter needs the role it belongs to")
-        return _load_release_inner(path, inner_file, role)
+        return _load_release_inner(path, inner_file, role, task, hidden_sizes)
     if (path / "outerlink_config.json").exists() or list(path.glob("outer_*.pt")):
-        return _load_release_outer(path, style, task)
+        return _load_release_outer(path, style, task, hidden_sizes)
     raise ValueError(f"{path}: no {WEIGHTS}, adapter.pt or outer_*.pt found; not a link checkpoint")
 
 
-def _load_ours(path: Path) -> LinkSet:
-    manifest = json.loads((path / MANIFEST).read_text()) if (path / MANIFEST).exists() else {}
-    tensors = load_file(str(path / WEIGHTS))
+def _check_dims(what: str, got: tuple[int, ...], want: tuple[int, ...]) -> None:
+    if got != want:
+        raise ValueError(f"{what}: link maps {'->'.join(map(str, got))}, but the models' config.json give "
+                         f"{'->'.join(map(str, want))} (hidden sizes)")
+
+
+def _inner_dim(shapes: dict, what: str) -> int:
+    w = shapes.get("proj1.weight")
+    if w is None or len(w) != 2 or w[0] != w[1]:
+        raise ValueError(f"{what}: proj1.weight has shape {w}; an inner link is square (d x d)")
+    return int(w[0])
+
+
+def _outer_dims(shapes: dict, what: str) -> tuple[int, int]:
+    r, b = shapes.get("residual_proj.weight"), shapes.get("proj2.bias")
+    if r is None or b is None or len(r) != 2:
+        raise ValueError(f"{what}: residual_proj.weight / proj2.bias missing or malformed")
+    return int(r[1]), int(b[0])  # d_s from residual_proj, d_t from proj2.bias as the reference does
+
+
+def _load_ours(path: Path, hidden: dict[str, int] | None) -> LinkSet:
+    manifest = read_manifest(path)
+    file = contained(path, WEIGHTS, what=str(path))
+    try:
+        with safe_open(str(file), framework="pt") as f:  # the header only: shapes before weights
+            shapes = {k: tuple(f.get_slice(k).get_shape()) for k in f.keys()}
+    except Exception as e:  # noqa: BLE001 - safetensors raises its own error type for corrupt files
+        raise ValueError(f"{file}: not a readable safetensors file ({str(e).splitlines()[0]})") from None
     groups: dict[tuple[str, str], dict] = {}
-    for key, value in tensors.items():
-        kind, rest = key.split(".", 1)
-        name, param = rest.rsplit(".", 2)[0], ".".join(rest.rsplit(".", 2)[1:])
-        groups.setdefault((kind, name), {})[param] = value
+    for key, shape in shapes.items():
+        kind, _, rest = key.partition(".")
+        name, param = rest.rsplit(".", 2)[0], ".".join(rest.rsplit(".", 2)[1:])  # param: "proj1.weight"
+        if kind not in ("inner", "outer") or not param:
+            raise ValueError(f"{file}: unexpected tensor {key!r}; expected inner.<role>.* or outer.<edge>.*")
+        groups.setdefault((kind, name), {})[param] = shape
+    if hidden:
+        for (kind, name), sh in groups.items():
+            what = f"{file}: {kind} link {name}"
+            if kind == "inner" and name in hidden:
+                _check_dims(what, (_inner_dim(sh, what),), (hidden[name],))
+            elif kind == "outer" and all(r in hidden for r in name.split("->")):
+                src, dst = name.split("->")
+                _check_dims(what, _outer_dims(sh, what), (hidden[src], hidden[dst]))
+    try:
+        tensors = load_file(str(file))
+    except Exception as e:  # noqa: BLE001 - a file cut after its header
+        raise ValueError(f"{file}: not a readable safetensors file ({str(e).splitlines()[0]})") from None
     links = LinkSet(manifest=manifest)
-    for (kind, name), sd in groups.items():
+    for (kind, name), sh in groups.items():
+        sd = {param: tensors[f"{kind}.{name}.{param}"] for param in sh}
         if kind == "inner":
             links.inner[name] = inner_link_from_state_dict(sd, what=f"{path}: inner link of {name}")
         else:
@@ -130,44 +241,92 @@ def _sha256(p: Path) -> str:
 
 
 def _torch_load(p: Path) -> dict:
-    sd = torch.load(p, map_location="cpu", weights_only=True)
-    if not isinstance(sd, dict):
-        raise ValueError(f"{p}: expected a state dict, got {type(sd).__name__}")
+    try:  # weights_only: a .pt file can hold no code; mmap: shapes are checked before data is read
+        sd = torch.load(p, map_location="cpu", weights_only=True, mmap=True)
+    except Exception as e:  # noqa: BLE001 - corrupt zip, pickle refused by weights_only, ...
+        raise ValueError(f"{p}: not a loadable weights-only torch file ({str(e).splitlines()[0][:200]})") from None
+    if not isinstance(sd, dict) or not all(isinstance(v, torch.Tensor) for v in sd.values()):
+        raise ValueError(f"{p}: expected a state dict of tensors, got {type(sd).__name__}")
     return sd
 
 
-def _load_release_inner(path: Path, file: Path, role: str) -> LinkSet:
-    cfg_file = path / "adapter_config.json"
-    cfg = json.loads(cfg_file.read_text()) if cfg_file.exists() else {"adapter_type": INNER_LINK_TYPE}
-    if cfg.get("adapter_type", INNER_LINK_TYPE) != INNER_LINK_TYPE:
+def _release_inner_file(path: Path, task: str) -> Path | None:
+    """The inner adapter file: innerlink_config.json's entry for the task, else adapter(<task>).pt, else adapter.pt."""
+    cfg_file = path / "innerlink_config.json"
+    if cfg_file.exists():
+        entry = task_entry(read_json(contained(path, cfg_file.name, what=str(path))), task, cfg_file)
+        name = entry if isinstance(entry, str) else entry.get("adapter.pt") or entry.get("filename")
+        if name:
+            return contained(path, name, what=str(cfg_file))
+    for name in (f"adapter({task}).pt", "adapter.pt"):
+        if (path / name).exists():
+            return contained(path, name, what=str(path))
+    return None
+
+
+def _inner_config(path: Path, task: str) -> dict:
+    """adapter_type / hidden_size from innerlink_config.json (task entry first) and adapter_config.json."""
+    out = {"adapter_type": INNER_LINK_TYPE}
+    for name in ("adapter_config.json", "innerlink_config.json"):
+        if (path / name).exists():
+            cfg = read_json(contained(path, name, what=str(path)))
+            entry = task_entry(cfg, task, path / name)
+            for source in (cfg, entry if isinstance(entry, dict) else {}):
+                out |= {k: source[k] for k in ("adapter_type", "hidden_size") if k in source}
+    return out
+
+
+def _load_release_inner(path: Path, file: Path, role: str, task: str, hidden: dict[str, int] | None) -> LinkSet:
+    cfg = _inner_config(path, task)
+    if cfg["adapter_type"] != INNER_LINK_TYPE:
         raise ValueError(f"{file}: adapter_type {cfg['adapter_type']!r} is not supported; expected {INNER_LINK_TYPE}")
-    link = inner_link_from_state_dict(_torch_load(file), what=str(file))
+    sd = _torch_load(file)
+    d = _inner_dim({k: tuple(v.shape) for k, v in sd.items()}, str(file))
+    if "hidden_size" in cfg:
+        _check_dims(f"{file} (hidden_size in its config)", (d,), (int(cfg["hidden_size"]),))
+    model_cfg = path / "config.json"  # release inner dirs ship the full base model next to the adapter
+    if model_cfg.exists():
+        text = read_json(contained(path, "config.json", what=str(path)))
+        model_d = (text.get("text_config") or {}).get("hidden_size", text.get("hidden_size"))
+        if model_d is not None:
+            _check_dims(f"{file} vs {model_cfg}", (d,), (int(model_d),))
+    if hidden and role in hidden:
+        _check_dims(f"{file} (role {role})", (d,), (hidden[role],))
+    link = inner_link_from_state_dict(sd, what=str(file))
     manifest = {"source": "release", "files": {str(file): _sha256(file)}}
-    if (path / "config.json").exists():  # release inner dirs ship the full base model next to the adapter
+    if model_cfg.exists():
         manifest["roles"] = {role: {"base_model": str(path)}}
     return LinkSet(inner={role: link}, manifest=manifest)
 
 
-def _load_release_outer(path: Path, style: StyleSpec | None, task: str) -> LinkSet:
+def _load_release_outer(path: Path, style: StyleSpec | None, task: str, hidden: dict[str, int] | None) -> LinkSet:
     entries = []
     cfg_file = path / "outerlink_config.json"
     if cfg_file.exists():
-        cfg = json.loads(cfg_file.read_text())
-        adapters = cfg["tasks"][task]["adapters"] if "tasks" in cfg else cfg.get("adapters", [])
-        for a in adapters:
+        cfg = read_json(contained(path, cfg_file.name, what=str(path)))
+        for a in task_entry(cfg, task, cfg_file).get("adapters", []):
             if a.get("adapter_type", OUTER_LINK_TYPE) != OUTER_LINK_TYPE:
                 raise ValueError(f"{cfg_file}: adapter_type {a['adapter_type']!r} is not supported")
-            entries.append((a["legacy_key"], path / a["filename"]))
+            entries.append((a["legacy_key"], contained(path, a["filename"], what=str(cfg_file)),
+                            (a.get("in_dim"), a.get("out_dim"))))
     else:
-        entries = [(f.stem, f) for f in sorted(path.glob("outer_*.pt"))]
+        entries = [(f.stem, contained(path, f.name, what=str(path)), (None, None))
+                   for f in sorted(path.glob("outer_*.pt"))]
     links = LinkSet(manifest={"source": "release", "files": {}})
-    for key, file in entries:
+    for key, file, declared in entries:
         if key not in LEGACY_EDGE_KEYS:
             raise ValueError(f"{file}: unknown reference key {key!r}; expected one of {sorted(LEGACY_EDGE_KEYS)}")
         edge = LEGACY_EDGE_KEYS[key]
         if style is not None and edge not in style.edges:
             continue
-        links.outer[edge] = outer_link_from_state_dict(_torch_load(file), what=str(file))
+        sd = _torch_load(file)
+        dims = _outer_dims({k: tuple(v.shape) for k, v in sd.items()}, str(file))
+        if None not in declared:
+            _check_dims(f"{file} (in_dim/out_dim in {cfg_file.name})", dims, tuple(int(x) for x in declared))
+        src, dst = edge.split("->")
+        if hidden and src in hidden and dst in hidden:
+            _check_dims(f"{file} ({edge})", dims, (hidden[src], hidden[dst]))
+        links.outer[edge] = outer_link_from_state_dict(sd, what=str(file))
         links.manifest["files"][str(file)] = _sha256(file)
     if not links.outer:
         raise ValueError(f"{path}: no outer links for style {style.name if style else '?'} found")

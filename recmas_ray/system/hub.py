@@ -38,7 +38,8 @@ class HubRef:
         return HubRef(self.repo_id, self.revision, f"{self.subfolder}/{name}" if self.subfolder else name)
 
     def __str__(self) -> str:
-        return self.repo_id + (f"@{self.revision}" if self.revision else "") + (f":{self.subfolder}" if self.subfolder else "")
+        rev, sub = f"@{self.revision}" if self.revision else "", f":{self.subfolder}" if self.subfolder else ""
+        return self.repo_id + rev + sub
 
 
 def parse_hub_id(text: str) -> HubRef | None:

@@ -10,11 +10,12 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from recmas_ray.system.checkpoints import LinkSet, init_links, load_links
+from recmas_ray.system.checkpoints import LinkSet, declared_base_model, init_links, load_links
 from recmas_ray.models.loader import resolve_model_path
 from recmas_ray.system.presets import role_models
 from recmas_ray.service import AgentSpec, link_states
 from recmas_ray.styles import StyleSpec, get_style
+from recmas_ray.styles.prompts import load_prompt_set, prompt_set_hash
 
 if TYPE_CHECKING:
     from recmas_ray.config.recursion import ToolLoopConfig
@@ -42,14 +43,30 @@ class SystemPlan:
         """What a saved checkpoint records about the system."""
         return {"style": self.style_name, "roles": {r: {"base_model": m, "hidden_size": self.hidden_sizes[r]}
                                                       for r, m in self.role_models.items()},
-                "edges": list(self.style.edges), "sources": self.sources}
+                "edges": list(self.style.edges), "sources": self.sources,
+                "prompt_set_hash": prompt_set_hash(self.style)}
 
 
 def model_hidden_size(name: str) -> int:
-    """Hidden size from the model's config alone (no weights loaded)."""
+    """Hidden size from the model's config alone (no weights loaded; packaged models are not converted)."""
     from transformers import AutoConfig
 
+    if name.startswith("pkg:"):
+        from recmas_ray.models.packaged import PKG_MODELS
+
+        if name in PKG_MODELS:
+            return PKG_MODELS[name].hidden_size
+
     return int(AutoConfig.from_pretrained(resolve_model_path(name)).get_text_config().hidden_size)
+
+
+def same_model(a: str, b: str) -> bool:
+    """Whether two model names or paths name the same model (equal text, or the same directory)."""
+    import os
+
+    if a == b:
+        return True
+    return os.path.isdir(a) and os.path.isdir(b) and os.path.realpath(a) == os.path.realpath(b)
 
 
 def parse_overrides(items: list[str] | None) -> dict[str, str]:
@@ -66,12 +83,18 @@ def parse_overrides(items: list[str] | None) -> dict[str, str]:
 def plan_system(style_name: str, *, preset: str = "tiny", ckpt_overrides: dict[str, str] | None = None,
                 seed: int = 42, dtype: str = "auto", device: str = "auto", message_dtype: str = "float32",
                 task: str = "math", role_model_overrides: dict[str, str] | None = None,
-                tools: ToolLoopConfig | None = None) -> SystemPlan:
+                tools: ToolLoopConfig | None = None, prompt_set: str | None = None,
+                allow_base_model_mismatch: bool = False) -> SystemPlan:
     """Resolve models and links for `style_name`; raise ValueError on any mismatch before compute.
 
-    `tools` turns on the deliberation toolcaller's tool loop (deliberation only).
+    `tools` turns on the deliberation toolcaller's tool loop (deliberation only). `prompt_set` is a
+    prompt-set file replacing the style's own prompts (checked against its slots first).
+    `role_model_overrides` are base models the user names per role: they win over the preset, and a
+    checkpoint that names another model for the role is an error unless `allow_base_model_mismatch`.
     """
     style = get_style(style_name)
+    if prompt_set:
+        style = load_prompt_set(prompt_set, style)
     if tools is not None and style.name != "deliberation":
         raise ValueError(f"tool settings (--tavily_keys_file, --max_tool_rounds, --python_timeout) apply to style "
                          f"deliberation only, got style {style_name!r}")
@@ -80,11 +103,26 @@ def plan_system(style_name: str, *, preset: str = "tiny", ckpt_overrides: dict[s
     if bad:
         raise ValueError(f"--ckpt_override for {bad}: not roles of style {style_name}; "
                          f"expected one of {list(style.roles)} or 'outer'")
-    loaded_inner, manifest_models, sources = {}, {}, {}
+    # Base models first (manifests only, no weights): a checkpoint names its role's base model and
+    # presets fill the other roles; a model the user also names must agree unless they opt in.
+    explicit = dict(role_model_overrides or {})
+    manifest_models = {}
+    for role, path in overrides.items():
+        base = declared_base_model(path, role) if role != "outer" else None
+        if not base:
+            continue
+        if role in explicit and not same_model(explicit[role], base) and not allow_base_model_mismatch:
+            raise ValueError(f"role {role}: the configured base model {explicit[role]!r} differs from "
+                             f"{base!r}, named by the checkpoint {path}; pass --allow_base_model_mismatch to run "
+                             "the configured one")
+        manifest_models[role] = base
+    models = role_models(style_name, preset, {**manifest_models, **explicit})
+    hidden = {role: model_hidden_size(name) for role, name in models.items()}
+    loaded_inner, sources = {}, {}
     for role, path in overrides.items():
         if role == "outer":
             continue
-        ls = load_links(path, role=role, style=style, task=task)
+        ls = load_links(path, role=role, style=style, task=task, hidden_sizes=hidden)
         if role in ls.inner:
             link = ls.inner[role]
         elif len(ls.inner) == 1:  # a single-role inner checkpoint may be reused for another role
@@ -93,11 +131,6 @@ def plan_system(style_name: str, *, preset: str = "tiny", ckpt_overrides: dict[s
             raise ValueError(f"--ckpt_override {role}={path}: no inner link for role {role} in it "
                              f"(it holds {sorted(ls.inner)})")
         loaded_inner[role], sources[f"inner:{role}"] = link, path
-        base = ls.manifest.get("roles", {}).get(role, {}).get("base_model") or ls.manifest.get("base_model")
-        if base:
-            manifest_models[role] = base
-    models = role_models(style_name, preset, {**manifest_models, **(role_model_overrides or {})})
-    hidden = {role: model_hidden_size(name) for role, name in models.items()}
     links = init_links(style, hidden, seed=seed)
     sources |= {f"inner:{r}": f"init(seed={seed})" for r in style.roles if r not in loaded_inner}
     for role, link in loaded_inner.items():
@@ -106,7 +139,7 @@ def plan_system(style_name: str, *, preset: str = "tiny", ckpt_overrides: dict[s
                              f"but its base model {models[role]} has {hidden[role]}")
         links.inner[role] = link
     if "outer" in overrides:
-        outer = load_links(overrides["outer"], style=style, task=task)
+        outer = load_links(overrides["outer"], style=style, task=task, hidden_sizes=hidden)
         for edge, link in outer.outer.items():
             src, dst = edge.split("->")
             if (link.in_dim, link.out_dim) != (hidden[src], hidden[dst]):

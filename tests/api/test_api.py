@@ -50,7 +50,7 @@ def test_evaluate_on_the_running_agents(local_system, question_file, tmp_path, m
                                    output_path=str(tmp_path), num_samples=2, **GEN)
     assert set(report["results"]) == {"questions/recursive_mas", "questions/recursive_textmas"}
     data = json.load(open(report["results_path"]))
-    assert data["config"]["role_model"] == MODELS and data["warnings"] == []
+    assert data["config"]["models"] == MODELS and data["warnings"] == []
     assert data["config"]["system"]["roles"]["solver"]["base_model"] == "tiny:qwen3"
 
 
@@ -58,7 +58,7 @@ def test_build_errors_before_models_load(tiny_cache, monkeypatch, tmp_path):
     import recmas_ray.service as service
 
     monkeypatch.setattr(service.AgentService, "__init__", lambda *a, **k: pytest.fail("models loaded"))
-    with pytest.raises(ValueError, match="role_model names"):
+    with pytest.raises(ValueError, match="models names"):
         rm.System.build("sequential_light", role_models={"summarizer": "tiny:qwen3"}, backend="local")
     with pytest.raises(ValueError, match="num_replicas"):
         rm.System.build("sequential_light", backend="local", num_replicas=2)
@@ -90,9 +90,9 @@ def test_role_model_flag_of_jobs_run(tmp_path, tiny_cache, question_file, capsys
     roles = res["config"]["system"]["roles"]
     assert roles["solver"]["base_model"] == "tiny:mistral" and roles["critic"]["base_model"] == "tiny:qwen3"
     assert roles["planner"]["base_model"] == "tiny:qwen3"  # the preset's
-    assert json.load(open(out / "config.json"))["role_model"] == {"solver": "tiny:mistral", "critic": "tiny:qwen3"}
+    assert json.load(open(out / "config.json"))["models"] == {"solver": "tiny:mistral", "critic": "tiny:qwen3"}
     assert run_job.main(_run_args(question_file, out, "--role_model", "judge=tiny:qwen3")) == 2
-    assert "--role_model names ['judge']" in capsys.readouterr().err
+    assert "--models names ['judge']" in capsys.readouterr().err
 
 
 def test_named_benchmark_on_tiny_models_warns(tmp_path, tiny_cache, capsys):

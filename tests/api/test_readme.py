@@ -54,9 +54,9 @@ def test_python_api_block_runs_as_written(scratch, tiny_cache, capsys):
 def test_role_model_command_runs_as_written(scratch, tiny_cache):
     from jobs import run as run_job
 
-    argv = command("python jobs/run.py")
+    argv = command("python -m jobs.run")
     assert "--role_model" in argv
-    assert run_job.main(argv[2:] + ["--no_progress"]) == 0
+    assert run_job.main(argv[3:] + ["--no_progress"]) == 0
     assert list((scratch / "out" / "roles").glob("results_*.json"))
 
 

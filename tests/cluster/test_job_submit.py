@@ -110,6 +110,7 @@ def private_head(tiny_cache):
         assert not left, f"processes of the test head survived teardown: {left}"
 
 
+@pytest.mark.integration
 @pytest.mark.timeout(300)
 def test_ray_job_submit_runs_jobs_run_py(private_head, tmp_path):
     from ray.job_submission import JobStatus, JobSubmissionClient

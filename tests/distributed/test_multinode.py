@@ -72,7 +72,7 @@ def report(tiny_cache):
     return data
 
 
-pytestmark = [pytest.mark.multinode, pytest.mark.timeout(720)]
+pytestmark = [pytest.mark.integration, pytest.mark.multinode, pytest.mark.timeout(720)]
 
 
 def _gpu_slots(placement: dict) -> list[tuple[str, str]]:

@@ -38,7 +38,9 @@ def test_impossible_placement_lists_what_is_missing():
 
 
 def test_bad_placement_config():
-    with pytest.raises(ValueError, match="unknown placement preset"):
-        plan_placement(PlacementConfig(preset="everywhere"), ROLES)
+    from recmas_ray.config.checks import check_tree
+
+    with pytest.raises(ValueError, match="preset 'everywhere': expected one of"):
+        check_tree(PlacementConfig(preset="everywhere"))
     with pytest.raises(ValueError, match=r"role_gpus names \['judge'\]"):
         plan_placement(PlacementConfig(preset="one_gpu_per_agent", role_gpus={"judge": 1}), ROLES)

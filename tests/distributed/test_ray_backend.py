@@ -17,7 +17,9 @@ CFG = RecursionConfig(method="recursive_mas", num_recursive_rounds=2, latent_ste
                       decode=DecodeConfig(max_new_tokens=8))
 
 
-@pytest.mark.parametrize("style", ["sequential_light", "mixture", "distillation", "deliberation"])
+# One style in the default tier; every style in the integration tier (pytest -m integration).
+@pytest.mark.parametrize("style", ["sequential_light", *[pytest.param(s, marks=pytest.mark.integration)
+                                                         for s in ("mixture", "distillation", "deliberation")]])
 def test_ray_backend_matches_local(ray_cluster, style):
     plan = plan_system(style, preset="tiny", seed=1)
     local = run_batch(LocalPool({r: AgentService(*plan.service_args(r)) for r in plan.style.roles}),
@@ -77,6 +79,7 @@ def test_killed_agent_fails_the_run_naming_the_role(seq_system):
             ray.get(system.handles[role].ready.remote(), timeout=30)
 
 
+@pytest.mark.integration
 def test_ray_direct_transport_gloo_matches_object_store(ray_cluster):
     plan = plan_system("mixture", preset="tiny", seed=4)
     local = run_batch(LocalPool({r: AgentService(*plan.service_args(r)) for r in plan.style.roles}),

@@ -51,3 +51,116 @@ def test_unknown_style_and_bad_rounds():
         get_style("seq")
     with pytest.raises(ValueError, match="num_recursive_rounds must be >= 1"):
         build_schedule(get_style("mixture"), 0)
+
+
+# ----------------------------------------------------------------------------- prompt sets as data
+
+@pytest.mark.parametrize("ext", ["yaml", "json"])
+def test_prompt_set_file_round_trips_to_identical_prompts(tmp_path, ext):
+    from recmas_ray.styles.prompts import dump_prompt_set, load_prompt_set, prompt_set_hash
+
+    for name in STYLES:
+        style = get_style(name)
+        back = load_prompt_set(dump_prompt_set(style, tmp_path / f"{name}.{ext}"), style)
+        assert prompt_set_hash(back) == prompt_set_hash(style)
+        for step in build_schedule(style, 3):
+            for task in ("math", "choice", "code", "qa"):
+                assert render_prompt(back, step.role, step.variant, task, "Q?") == \
+                    render_prompt(style, step.role, step.variant, task, "Q?")
+        assert back.system_prompt == style.system_prompt
+
+
+def _edited(tmp_path, edit):
+    import yaml
+
+    from recmas_ray.styles.prompts import dump_prompt_set
+
+    path = dump_prompt_set(get_style("sequential_light"), tmp_path / "p.yaml")
+    data = yaml.safe_load(path.read_text())
+    edit(data)
+    path.write_text(yaml.safe_dump(data))
+    return path
+
+
+@pytest.mark.parametrize("edit, message", [
+    (lambda d: d["roles"]["critic"]["base"].update(
+        math=d["roles"]["critic"]["base"]["math"].replace("<<LATENT_PLANNER_SLOT>>", "")),
+     "role critic, variant base, task math: missing slot <<LATENT_PLANNER_SLOT>>"),
+    (lambda d: d["roles"]["planner"]["base"].update(code="{question} <<LATENT_FEEDBACK_SLOT>>"),
+     "role planner, variant base, task code: unexpected slot <<LATENT_FEEDBACK_SLOT>>"),
+    (lambda d: d["roles"]["planner"].pop("feedback"), r"role planner: variants \['base'\]"),
+    (lambda d: d["roles"].pop("solver"), r"missing \['solver'\]"),
+    (lambda d: d["roles"]["solver"]["base"].update(proof="{question}"), "task proof: unknown task type"),
+])
+def test_bad_prompt_set_names_role_variant_and_task(tmp_path, edit, message):
+    from recmas_ray.styles.prompts import load_prompt_set
+
+    with pytest.raises(ValueError, match=message):
+        load_prompt_set(_edited(tmp_path, edit), get_style("sequential_light"))
+
+
+def test_edited_prompt_set_changes_prompts_and_hash(tmp_path):
+    from recmas_ray.styles.prompts import load_prompt_set, prompt_set_hash
+
+    style = get_style("sequential_light")
+    path = _edited(tmp_path, lambda d: d["roles"]["solver"]["base"].update(math="Solve: <<LATENT_REFINED_SLOT>> {question}"))
+    back = load_prompt_set(path, style)
+    assert render_prompt(back, "solver", "base", "math", "Q?") == "Solve: <<LATENT_REFINED_SLOT>> Q?"
+    assert prompt_set_hash(back) != prompt_set_hash(style)
+
+
+def test_interface_line_follows_the_question():
+    from recmas_ray.styles import question_with_interface
+
+    style = get_style("sequential_light")
+    q = question_with_interface(style, "Square x.", {"type": "functional", "fn_name": "square"})
+    assert q == "Square x.\n\nInterface: implement and return the function `square` only."
+    assert "standard input" in question_with_interface(style, "Sum.", {"type": "stdin", "fn_name": None})
+    assert question_with_interface(style, "2+2?", None) == "2+2?"
+    assert "`square`" in render_prompt(style, "solver", "base", "code", q)
+    with pytest.raises(ValueError, match="needs its fn_name"):
+        question_with_interface(style, "x", {"type": "functional"})
+
+
+def test_prompt_set_round_trip_gives_identical_greedy_predictions(tmp_path, tiny_cache, question_file):
+    """Default prompts written to a file and loaded back: same predictions on the tiny models (local backend)."""
+    import glob
+    import json
+
+    from jobs import run as run_job
+    from recmas_ray.styles.prompts import dump_prompt_set
+
+    path = dump_prompt_set(get_style("sequential_light"), tmp_path / "default.yaml")
+    preds = {}
+    for name, extra in (("builtin", []), ("file", ["--prompt_set", str(path)])):
+        out = tmp_path / name
+        argv = ["--style", "sequential_light", "--preset", "tiny", "--dataset", str(question_file), "--backend",
+                "local", "--num_recursive_rounds", "2", "--latent_steps", "3", "--max_new_tokens", "6",
+                "--num_samples", "2", "--output_path", str(out), "--no_progress", *extra]
+        assert run_job.main(argv) == 0
+        (samples,) = glob.glob(f"{out}/samples_*.jsonl")
+        preds[name] = [json.loads(line)["prediction"] for line in open(samples)]
+        (results,) = glob.glob(f"{out}/results_*.json")
+        preds[name + "_hash"] = json.load(open(results))["prompt_set"]["sha256"]
+    assert preds["builtin"] == preds["file"] and preds["builtin_hash"] == preds["file_hash"]
+    from recmas_ray.styles.prompts import prompt_set_hash_for
+
+    assert prompt_set_hash_for("sequential_light", path) == prompt_set_hash_for("sequential_light") == preds["file_hash"]
+
+
+def test_prompt_set_with_a_missing_slot_fails_before_models_load(tmp_path, question_file, capsys, monkeypatch):
+    from jobs import run as run_job
+    from recmas_ray.system import plan
+
+    def no_models(*a, **k):
+        raise AssertionError("a model was looked up")
+
+    monkeypatch.setattr(plan, "resolve_model_path", no_models)
+    monkeypatch.setattr(plan, "model_hidden_size", no_models)
+    bad = _edited(tmp_path, lambda d: d["roles"]["solver"]["base"].update(math="{question} {final}"))
+    argv = ["--style", "sequential_light", "--preset", "tiny", "--dataset", str(question_file), "--backend", "local",
+            "--prompt_set", str(bad), "--output_path", str(tmp_path / "out")]
+    assert run_job.main(argv) == 2
+    err = capsys.readouterr().err
+    assert "role solver, variant base, task math: missing slot <<LATENT_REFINED_SLOT>>" in err
+    assert len(err.strip().splitlines()) == 1

@@ -119,3 +119,13 @@ def test_plot_vs_rounds_writes_a_png(tmp_path):
     assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and out.stat().st_size > 5000
     with pytest.raises(ValueError, match="no rows"):
         R.plot_vs_rounds([], tmp_path / "x.png")
+
+
+def test_sampled_runs_report_mean_and_spread():
+    # 2 documents x 3 runs: run accuracies 1.0, 0.5, 0.0 -> mean 0.5, sample std 0.5.
+    samples = [{"doc_id": d, "rollout": r, "correct": ok}
+               for r, oks in enumerate([(True, True), (True, False), (False, False)]) for d, ok in zip("ab", oks)]
+    out = R.summarize(samples)
+    assert out["accuracy_runs,strict"] == [1.0, 0.5, 0.0] and out["accuracy,strict"] == pytest.approx(0.5)
+    assert out["accuracy_runs_std,strict"] == pytest.approx(0.5)
+    assert "accuracy_runs,strict" not in R.summarize([s for s in samples if s["rollout"] == 0])

@@ -123,6 +123,7 @@ def config(qfile, out, backend, *extra):
     return run_job.parse(args(qfile, out, backend, *extra))
 
 
+@pytest.mark.integration
 def test_killed_client_ends_run_then_resume_completes(shared_system, qfile, local_run, tmp_path, monkeypatch):
     from recmas_ray.eval.driver import evaluate
 

@@ -2,9 +2,12 @@
 
 import json
 
+import pytest
+
 from jobs import demo as demo_job
 
 
+@pytest.mark.integration
 def test_demo_quick_on_tiny_preset(tmp_path, ray_cluster, capsys):
     out = tmp_path / "demo"
     assert demo_job.main(["--preset", "tiny", "--quick", "--backend", "local", "--output_path", str(out),

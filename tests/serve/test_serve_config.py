@@ -25,8 +25,8 @@ def test_cluster_serve_yaml_validates():
     assert app_builder(app.args) is not None  # binds the deployment; nothing starts
     with pytest.raises(ConfigError, match="unknown setting"):
         app_builder({**app.args, "latent_step": 4})
-    with pytest.raises(ValueError, match="role_model names"):
-        app_builder({**app.args, "role_model": {"judge": "tiny:qwen3"}})
+    with pytest.raises(ValueError, match="models names"):
+        app_builder({**app.args, "models": {"judge": "tiny:qwen3"}})
 
 
 def test_jobs_serve_flags_and_user_errors(capsys):
@@ -34,7 +34,7 @@ def test_jobs_serve_flags_and_user_errors(capsys):
 
     cfg = serve_job.parse(["--style", "mixture", "--role_model", "code=tiny:qwen3", "--latent_steps", "4",
                            "--placement", "cpu"])
-    assert cfg.served_name == "mixture" and cfg.recursion.latent_steps == 4 and cfg.role_model == {"code": "tiny:qwen3"}
+    assert cfg.served_name == "mixture" and cfg.recursion.latent_steps == 4 and cfg.models == {"code": "tiny:qwen3"}
     assert serve_job.main(["--style", "mixture", "--port", "70000"]) == 2
     assert "--port" in capsys.readouterr().err
 

@@ -65,3 +65,130 @@ def test_manifest_base_model_wins_over_preset(tmp_path, tiny_cache):
     moved = plan_system("distillation", preset="tiny", ckpt_overrides={"learner": str(tmp_path / "ck")})
     assert moved.role_models["learner"] == "tiny:llama" and plan.role_models["learner"] == "tiny:qwen3"
     assert moved.links.outer["expert->learner"].out_dim == 96
+
+
+# ----------------------------------------------------------------------------- untrusted checkpoint folders
+
+class Payload:
+    """An arbitrary pickled object, which a weights-only load must refuse."""
+
+
+def _release_outer(tmp_path, plan, filename_of=lambda key: f"{key}.pt", tasks=None):
+    outer_dir = tmp_path / "outer"
+    outer_dir.mkdir(exist_ok=True)
+    adapters = []
+    for key, edge in (("outer_12", "planner->critic"), ("outer_23", "critic->solver"), ("outer_31", "solver->planner")):
+        torch.save(plan.links.outer[edge].state_dict(), outer_dir / f"{key}.pt")
+        link = plan.links.outer[edge]
+        adapters.append({"legacy_key": key, "filename": filename_of(key), "adapter_type": "outer_ln_res_adapter",
+                         "in_dim": link.in_dim, "out_dim": link.out_dim})
+    cfg = {"format_version": 1, "tasks": {t: {"adapters": adapters} for t in tasks}} if tasks else \
+        {"format_version": 1, "adapters": adapters}
+    (outer_dir / "outerlink_config.json").write_text(json.dumps(cfg))
+    return outer_dir
+
+
+def test_manifest_paths_must_stay_inside_the_folder(tmp_path, tiny_cache):
+    plan = plan_system("sequential_light", preset="tiny", seed=5)
+    outside = tmp_path / "elsewhere.pt"
+    torch.save(plan.links.outer["planner->critic"].state_dict(), outside)
+    for name in ("../elsewhere.pt", str(outside)):
+        d = _release_outer(tmp_path, plan, lambda key, n=name: n if key == "outer_12" else f"{key}.pt")
+        with pytest.raises(ValueError, match="leaves the checkpoint folder"):
+            load_links(d, style=get_style("sequential_light"))
+    d = _release_outer(tmp_path, plan, lambda key: "link.pt" if key == "outer_12" else f"{key}.pt")
+    (d / "link.pt").symlink_to(outside)
+    with pytest.raises(ValueError, match="is a link to .*outside the checkpoint folder"):
+        load_links(d, style=get_style("sequential_light"))
+    ours = tmp_path / "ours"
+    save_links(ours, plan.links, plan.manifest())
+    (ours / "links.safetensors").unlink()
+    (ours / "links.safetensors").symlink_to(outside)
+    with pytest.raises(ValueError, match="outside the checkpoint folder"):
+        load_links(ours)
+
+
+def test_release_manifest_without_the_task_lists_the_tasks(tmp_path, tiny_cache):
+    plan = plan_system("sequential_light", preset="tiny", seed=5)
+    d = _release_outer(tmp_path, plan, tasks=["math"])
+    assert set(load_links(d, style=plan.style, task="math").outer) == set(plan.style.edges)
+    with pytest.raises(ValueError, match=r"no links for task 'code'; the release manifest holds tasks \['math'\]"):
+        load_links(d, style=plan.style, task="code")
+
+
+def test_innerlink_config_is_read_and_checked_against_the_model_config(tmp_path, tiny_cache):
+    from recmas_ray.models.loader import resolve_model_path
+
+    plan = plan_system("sequential_light", preset="tiny", seed=5)
+    d = tmp_path / "planner_release"
+    d.mkdir()
+    torch.save(plan.links.inner["planner"].state_dict(), d / "adapter(math).pt")
+    torch.save(plan.links.inner["critic"].state_dict(), d / "adapter(code).pt")  # 96-d: wrong for this model
+    (d / "innerlink_config.json").write_text(json.dumps(
+        {"adapter_type": "ln_res_adapter", "tasks": {"math": {"adapter.pt": "adapter(math).pt"},
+                                                     "code": {"adapter.pt": "adapter(code).pt"}}}))
+    (d / "config.json").write_text(open(f"{resolve_model_path('tiny:qwen3')}/config.json").read())
+    ls = load_links(d, role="planner", task="math")
+    x = torch.randn(2, 64)
+    assert torch.equal(ls.inner["planner"](x), plan.links.inner["planner"](x))
+    with pytest.raises(ValueError, match=r"link maps 96, but the models' config.json give 64"):
+        load_links(d, role="planner", task="code")
+    with pytest.raises(ValueError, match=r"tasks \['code', 'math'\]"):
+        load_links(d, role="planner", task="choice")
+
+
+def test_corrupt_files_are_one_line_errors_naming_the_file(tmp_path, tiny_cache):
+    plan = plan_system("mixture", preset="tiny", seed=3)
+    ck = tmp_path / "ck"
+    save_links(ck, plan.links, plan.manifest())
+    blob = (ck / "links.safetensors").read_bytes()
+    (ck / "links.safetensors").write_bytes(blob[: len(blob) // 2])
+    with pytest.raises(ValueError, match=r"links.safetensors: not a readable safetensors file") as e:
+        load_links(ck)
+    assert "\n" not in str(e.value)
+    (ck / "links.safetensors").write_bytes(b"junk" * 8)
+    with pytest.raises(ValueError, match="not a readable safetensors file"):
+        load_links(ck)
+    rel = tmp_path / "rel"
+    rel.mkdir()
+    (rel / "adapter.pt").write_bytes(b"not a zip")
+    with pytest.raises(ValueError, match=r"adapter.pt: not a loadable weights-only torch file"):
+        load_links(rel, role="planner")
+    torch.save({"proj1.weight": Payload()}, rel / "adapter.pt")  # a pickled object: weights_only refuses it
+    with pytest.raises(ValueError, match="not a loadable weights-only torch file"):
+        load_links(rel, role="planner")
+
+
+def test_shapes_are_checked_from_the_header_before_weights_load(tmp_path, tiny_cache, monkeypatch):
+    from recmas_ray.system import checkpoints
+
+    plan = plan_system("sequential_light", preset="tiny", seed=5)
+    save_links(tmp_path / "ck", plan.links, {})
+    monkeypatch.setattr(checkpoints, "load_file", lambda *a, **k: pytest.fail("weights read before the shape check"))
+    with pytest.raises(ValueError, match=r"(inner link critic: link maps 96, but|outer link .*->critic: link maps) .* 128"):
+        load_links(tmp_path / "ck", hidden_sizes={"planner": 64, "critic": 128, "solver": 64})
+
+
+def test_explicit_model_that_differs_from_the_checkpoint_is_refused(tmp_path, tiny_cache):
+    llama = plan_system("sequential_light", preset="tiny")  # critic runs tiny:llama (96)
+    save_links(tmp_path / "ck", LinkSet(inner={"learner": llama.links.inner["critic"]}),
+               {"roles": {"learner": {"base_model": "tiny:llama"}}})
+    ck = {"learner": str(tmp_path / "ck")}
+    with pytest.raises(ValueError, match=r"role learner: the configured base model 'tiny:qwen3' differs from "
+                                         r"'tiny:llama', named by the checkpoint"):
+        plan_system("distillation", preset="tiny", ckpt_overrides=ck, role_model_overrides={"learner": "tiny:qwen3"})
+    same = plan_system("distillation", preset="tiny", ckpt_overrides=ck, role_model_overrides={"learner": "tiny:llama"})
+    assert same.role_models["learner"] == "tiny:llama"
+    # Opting in runs the configured model; the link sizes are still checked (96 vs tiny:qwen3's 64).
+    with pytest.raises(ValueError, match="hidden size"):
+        plan_system("distillation", preset="tiny", ckpt_overrides=ck, role_model_overrides={"learner": "tiny:qwen3"},
+                    allow_base_model_mismatch=True)
+
+
+def test_eval_flags_for_models_and_the_opt_in(tmp_path, question_file, capsys):
+    from jobs import run as run_job
+
+    argv = ["--style", "distillation", "--dataset", str(question_file), "--models", "teacher=tiny:llama",
+            "--output_path", str(tmp_path / "o")]
+    assert run_job.main(argv) == 2
+    assert "--models names ['teacher']" in capsys.readouterr().err

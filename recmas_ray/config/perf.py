@@ -1,0 +1,48 @@
+"""The performance benchmark behind `jobs/bench.py` (figures (a)-(d), see `recmas_ray/perf.py`)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Annotated
+
+from recmas_ray.config.checks import NonEmpty, OneOf, Range, WritableDir
+from recmas_ray.config.evaluation import DEVICES, DTYPES, MODEL_PRESETS, style_names
+from recmas_ray.config.recursion import MAX_LATENT_STEPS, MAX_NEW_TOKENS, MAX_ROUNDS
+
+
+@dataclass(kw_only=True)
+class BenchConfig:
+    """What the benchmark runs."""
+
+    style: Annotated[str, OneOf(style_names)] = "sequential_light"
+    """Style whose agents are measured."""
+    preset: Annotated[str, OneOf(MODEL_PRESETS)] = "demo"
+    """Base models: demo (real small models), tiny (random weights) or paper."""
+    num_questions: Annotated[int, Range(1, 4096)] = 4
+    """Questions per batch (one batch)."""
+    rounds: Annotated[list[int], Range(1, MAX_ROUNDS), NonEmpty()] = field(default_factory=lambda: [1, 2, 3])
+    """R values for (a)."""
+    latent_steps: Annotated[int, Range(0, MAX_LATENT_STEPS)] = 16
+    """m for (a) and (c)."""
+    rollout_steps: Annotated[list[int], Range(1, MAX_LATENT_STEPS), NonEmpty()] = \
+        field(default_factory=lambda: [16, 32, 64])
+    """m values for (b)."""
+    max_new_tokens: Annotated[int, Range(1, MAX_NEW_TOKENS)] = 48
+    """Decoding budget of every text step."""
+    repeats: Annotated[int, Range(1, 1000)] = 3
+    """Repetitions per figure; the median is reported."""
+    ray: bool = True
+    """Measure (c) (starts a local Ray cluster)."""
+    device: Annotated[str, OneOf(DEVICES)] = "auto"
+    """auto, cpu or cuda."""
+    dtype: Annotated[str, OneOf(DTYPES)] = "auto"
+    """auto: bf16 on CUDA, fp32 on CPU."""
+    seed: Annotated[int, Range(0, 2**32 - 1)] = 0
+    """Seed of the links and questions."""
+    output_path: Annotated[str, WritableDir()] = "out/bench"
+    """Where bench.json, bench.png and config.json go."""
+
+
+def quick() -> BenchConfig:
+    """A few minutes on CPU: 1 repetition, 2 questions, short decodes."""
+    return BenchConfig(num_questions=2, repeats=1, max_new_tokens=24, latent_steps=8)

@@ -1,0 +1,210 @@
+"""Evaluation protocols: named sets of settings that say how a number is produced.
+
+    --protocol greedy     every setting as configured; the defaults decode greedily, once (tests, quick checks)
+    --protocol reference  the release's sampling, token budgets, recommended m and R per (style,
+                          benchmark), several sampled runs aggregated as mean and spread, and the
+                          benchmark's headline metric (AIME: pass@10)
+
+Resolution: `resolve(cfg)` fills each setting the protocol names unless the user set it explicitly
+(`EvalConfig.explicit_settings`, filled by `jobs.run` from the flags and the --config file); an
+explicit value wins. `Resolution.record()` goes into every results file, with both the explicit and
+the protocol value of every setting the protocol names.
+
+Facts and where they come from (spec = /work/shared/spec/recursivemas.md):
+- sampling T=0.6, top_p=0.95, top_k unset (the model's generation config), retry on: spec section 5 [Apr run.py]
+- MBPP+ T=0.2: spec section 5 [Apr]; LiveCodeBench T per style: spec section 6 [Jun]
+- max_new_tokens: MATH500 1000 for sequential_light, 2000 for other styles, 4000 elsewhere: spec section 5 [Apr]
+- m, R (and batch size where recorded): spec section 6, June table first, then the April table,
+  else the runner defaults m=32, R=3 [Apr run.py]
+- AIME scored pass@10 with num_rollouts=10: spec sections 6 and 10 [Jun run.py]
+- three seeds for every other benchmark: spec section 11 ("single-seed numbers are noisy"; >= 3 seeds)
+- mixture summarizer decodes every round, the reference grader is the headline: spec section 11
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Any
+
+from recmas_ray.config.evaluation import PROTOCOLS  # noqa: F401 - one list of names, checked by EvalConfig
+
+# Styles as the tables name them; "sequential" is this project's alias of sequential_light.
+STYLE_KEYS = {"sequential": "sequential_light", "hie": "mixture", "distill": "distillation"}
+
+RUNNER_DEFAULT_M, RUNNER_DEFAULT_R = 32, 3  # spec section 6: runner defaults [Apr]
+REFERENCE_SEEDS = 3  # spec section 11: ">= 3 seeds" against single-seed noise
+AIME_ROLLOUTS = 10  # spec section 6: AIME pass@10, num_rollouts=10 [Jun]
+
+
+@dataclass(frozen=True, kw_only=True)
+class Cell:
+    """The release's recommendation for one (style, benchmark) pair."""
+
+    latent_steps: int
+    """m."""
+    rounds: int
+    """R."""
+    batch_size: int | None = None
+    """Batch size where the table records one."""
+    temperature: float | None = None
+    """Per-pair temperature override (else the benchmark's or 0.6)."""
+    source: str
+    """Where the numbers come from."""
+
+
+_JUN, _APR = "spec section 6, June table", "spec section 6, April table (R from the default 3)"
+# (style, benchmark) -> Cell. June recommendations override April's for the same cell.
+RECOMMENDED: dict[tuple[str, str], Cell] = {
+    ("sequential_light", "math500"): Cell(latent_steps=32, rounds=3, batch_size=32, source=_JUN + "; bs32 from April"),
+    ("sequential_light", "medqa"): Cell(latent_steps=32, rounds=2, batch_size=16, source=_JUN + "; bs16 from April"),
+    ("sequential_light", "gpqa_diamond"): Cell(latent_steps=48, rounds=3, batch_size=16,
+                                               source=_JUN + "; bs16 from April"),
+    ("sequential_light", "mbppplus"): Cell(latent_steps=16, rounds=3, batch_size=16, source=_APR),
+    ("sequential_light", "aime2025"): Cell(latent_steps=32, rounds=3, batch_size=15, source=_JUN),
+    ("sequential_light", "aime2026"): Cell(latent_steps=32, rounds=2, source=_JUN),
+    ("sequential_scaled", "math500"): Cell(latent_steps=64, rounds=2, source=_JUN),
+    ("sequential_scaled", "medqa"): Cell(latent_steps=48, rounds=3, source=_APR),
+    ("sequential_scaled", "gpqa_diamond"): Cell(latent_steps=48, rounds=3, source=_APR),
+    ("sequential_scaled", "mbppplus"): Cell(latent_steps=16, rounds=3, source=_APR),
+    ("sequential_scaled", "aime2026"): Cell(latent_steps=64, rounds=3, source=_JUN),
+    ("sequential_scaled", "livecodebench_v6"): Cell(latent_steps=48, rounds=2, temperature=0.2, source=_JUN),
+    ("distillation", "math500"): Cell(latent_steps=64, rounds=3, source=_JUN),
+    ("distillation", "medqa"): Cell(latent_steps=64, rounds=2, source=_JUN),
+    ("distillation", "gpqa_diamond"): Cell(latent_steps=64, rounds=3, source=_JUN),
+    ("distillation", "livecodebench_v6"): Cell(latent_steps=64, rounds=2, temperature=0.6, source=_JUN),
+    ("distillation", "aime2025"): Cell(latent_steps=32, rounds=3, source=_JUN),
+    ("distillation", "aime2026"): Cell(latent_steps=32, rounds=3, source=_JUN),
+    ("distillation", "mbppplus"): Cell(latent_steps=16, rounds=2, source=_JUN),
+    ("mixture", "livecodebench_v6"): Cell(latent_steps=16, rounds=3, temperature=0.2,
+                                          source=_JUN + " (R not recorded: default 3)"),
+    ("deliberation", "hotpotqa"): Cell(latent_steps=32, rounds=2, source=_JUN),
+    ("deliberation", "bamboogle"): Cell(latent_steps=16, rounds=3, batch_size=8, source=_JUN),
+}
+# June: deliberation "m16 everywhere" (R from the default 3) except the cells above.
+DELIBERATION_DEFAULT = Cell(latent_steps=16, rounds=3, source=_JUN + " (m16 everywhere, R default 3)")
+RUNNER_DEFAULT = Cell(latent_steps=RUNNER_DEFAULT_M, rounds=RUNNER_DEFAULT_R,
+                      source="spec section 6: runner defaults m32/R3 [Apr] (cell not recorded)")
+
+# spec section 5 [Apr]: temperature 0.2 for MBPP+; every other benchmark samples at 0.6.
+BENCHMARK_TEMPERATURE = {"mbppplus": 0.2}
+REFERENCE_TEMPERATURE, REFERENCE_TOP_P = 0.6, 0.95  # spec section 5 [Apr run.py]
+MODEL_TOP_K = -1  # spec section 5: top_k unset, so the model's generation config decides
+
+
+def recommended(style: str, benchmark: str) -> Cell:
+    """The release's m, R (and batch size, temperature) for a pair; runner defaults where unrecorded."""
+    style = STYLE_KEYS.get(style, style)
+    if (style, benchmark) in RECOMMENDED:
+        return RECOMMENDED[(style, benchmark)]
+    return DELIBERATION_DEFAULT if style == "deliberation" else RUNNER_DEFAULT
+
+
+def max_new_tokens(style: str, benchmark: str) -> int:
+    """The release's token budget: MATH500 1000 (sequential_light) or 2000, else 4000 (spec section 5)."""
+    if benchmark == "math500":
+        return 1000 if STYLE_KEYS.get(style, style) == "sequential_light" else 2000
+    return 4000
+
+
+def headline_metric(benchmark: str) -> str:
+    """The benchmark's published metric (`BenchmarkSpec.metric`); local files report accuracy."""
+    from recmas_ray.eval.benchmarks import BENCHMARKS
+
+    spec = BENCHMARKS.get(benchmark)
+    return spec.metric if spec is not None else "accuracy"
+
+
+def metric_k(metric: str) -> int | None:
+    """k of a pass@k metric name, else None."""
+    return int(metric.split("@", 1)[1]) if metric.startswith("pass@") else None
+
+
+def reference_settings(style: str, benchmark: str) -> dict[str, tuple[Any, str]]:
+    """Dotted EvalConfig path -> (value, source) of the reference protocol for one pair."""
+    cell = recommended(style, benchmark)
+    k = metric_k(headline_metric(benchmark))
+    temp = cell.temperature if cell.temperature is not None else BENCHMARK_TEMPERATURE.get(
+        benchmark, REFERENCE_TEMPERATURE)
+    out: dict[str, tuple[Any, str]] = {
+        "recursion.decode.do_sample": (True, "spec section 5: sampling always on [Apr run.py]"),
+        "recursion.decode.temperature": (temp, cell.source if cell.temperature is not None else
+                                         "spec section 5: T=0.6, MBPP+ 0.2 [Apr]"),
+        "recursion.decode.top_p": (REFERENCE_TOP_P, "spec section 5 [Apr run.py]"),
+        "recursion.decode.top_k": (MODEL_TOP_K, "spec section 5: unset, the model's generation config"),
+        "recursion.decode.max_new_tokens": (max_new_tokens(style, benchmark), "spec section 5 [Apr]"),
+        "recursion.latent_steps": (cell.latent_steps, cell.source),
+        "recursion.num_recursive_rounds": (cell.rounds, cell.source),
+        "recursion.decode_every_round": (STYLE_KEYS.get(style, style) == "mixture",
+                                         "spec sections 4.2 and 11: the summarizer decodes every round"),
+        "num_rollouts": ((AIME_ROLLOUTS, "spec section 6: AIME pass@10, num_rollouts=10") if k and k > 1 else
+                         (REFERENCE_SEEDS, "spec section 11: >= 3 seeds, mean and spread")),
+        "format_retry": (True, "spec section 5: --ans retry always on in run.py"),
+        "grader": ("reference", "spec section 11: the release's lenient grader (strict is recorded too)"),
+    }
+    if cell.batch_size is not None:
+        out["batch_size"] = (cell.batch_size, cell.source)
+    return out
+
+
+def greedy_settings(style: str, benchmark: str) -> dict[str, tuple[Any, str]]:
+    """The greedy protocol sets nothing: every setting as configured (the defaults decode greedily)."""
+    return {}
+
+
+@dataclass
+class Resolution:
+    """What a protocol set, and what the user kept."""
+
+    protocol: str
+    """Protocol name."""
+    benchmark: str
+    """Benchmark key the tables were read for."""
+    style: str
+    """Style name the tables were read for."""
+    settings: dict[str, dict] = field(default_factory=dict)
+    """Dotted path -> {value, source ("protocol" or "explicit"), protocol_value, explicit_value, cite}."""
+    metric: str = "accuracy"
+    """Headline metric name (accuracy, pass@10, ...)."""
+    aggregation: str = "mean and std over runs (rollout r decodes with seed + r)"
+    """How sampled runs combine."""
+
+    def record(self) -> dict:
+        """The JSON-able record written into results files."""
+        return dataclasses.asdict(self)
+
+
+def _get(cfg, path: str):
+    for part in path.split("."):
+        cfg = getattr(cfg, part)
+    return cfg
+
+
+def _replace(cfg, path: str, value):
+    head, _, rest = path.partition(".")
+    if not rest:
+        return dataclasses.replace(cfg, **{head: value})
+    return dataclasses.replace(cfg, **{head: _replace(getattr(cfg, head), rest, value)})
+
+
+def benchmark_key(dataset: str) -> str:
+    """The tables' name of a dataset (release aliases resolved; a local file keeps its path)."""
+    from recmas_ray.eval.benchmarks import canonical_name
+
+    return canonical_name(dataset)
+
+
+def resolve(cfg) -> tuple[Any, Resolution]:
+    """(config with the protocol's settings filled in, what was resolved); explicit settings win."""
+    bench = benchmark_key(cfg.dataset)
+    table = reference_settings if cfg.protocol == "reference" else greedy_settings
+    explicit = set(cfg.explicit_settings)
+    res = Resolution(protocol=cfg.protocol, benchmark=bench, style=cfg.style, metric=headline_metric(bench))
+    for path, (value, cite) in table(cfg.style, bench).items():
+        if path in explicit:
+            res.settings[path] = {"value": _get(cfg, path), "source": "explicit", "protocol_value": value,
+                                  "explicit_value": _get(cfg, path), "cite": cite}
+            continue
+        cfg = _replace(cfg, path, value)
+        res.settings[path] = {"value": value, "source": "protocol", "protocol_value": value, "cite": cite}
+    return cfg, res
