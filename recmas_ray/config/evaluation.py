@@ -57,10 +57,12 @@ class EvalConfig:
     preset: Annotated[str, OneOf(MODEL_PRESETS)] = "tiny"
     """Base models of the roles without a checkpoint: tiny (random weights), demo or paper."""
     ckpt_override: dict[str, str] = field(default_factory=dict)
-    """ROLE=DIR inner links (ours or the release's adapter.pt), outer=DIR outer links."""
+    """ROLE=DIR inner links (ours or the release's adapter.pt), outer=DIR outer links; a DIR may be a Hub
+    repo id ORG/NAME[@REVISION][:SUBFOLDER]."""
     models: dict[str, str] = field(default_factory=dict)
-    """ROLE=MODEL base models (HF id, local dir, tiny:<family>) replacing the preset's; a role whose
-    --ckpt_override names another base model is an error (see allow_base_model_mismatch)."""
+    """ROLE=MODEL base models (HF id, local dir, tiny:<family>, pkg:<name>) replacing the preset's (also
+    --role_model); a role whose --ckpt_override names another base model is an error (see
+    allow_base_model_mismatch)."""
     allow_base_model_mismatch: bool = False
     """Run the model given in --models even where the role's checkpoint names another one (its link
     sizes are still checked)."""
@@ -146,7 +148,12 @@ class EvalConfig:
         bad = sorted(set(self.models) - set(style.roles))
         if bad:
             raise ValueError(f"--models names {bad}; expected roles of {self.style} {list(style.roles)}")
-        missing = {r: p for r, p in self.ckpt_override.items() if not os.path.isdir(p)}
+        empty = sorted(r for r, m in self.models.items() if not m.strip())
+        if empty:
+            raise ValueError(f"--models {empty[0]}=: empty model name")
+        from recmas_ray.system.hub import looks_like_hub_id
+
+        missing = {r: p for r, p in self.ckpt_override.items() if not os.path.isdir(p) and not looks_like_hub_id(p)}
         if missing:
             raise ValueError(f"--ckpt_override {' '.join(f'{r}={p}' for r, p in missing.items())}: no such directory")
         self.placement.check_roles(style.roles)

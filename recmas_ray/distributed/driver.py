@@ -167,6 +167,11 @@ class RayReplicas:
             out[k] = (i, ray.get(done[0], timeout=self.timeout_s))
         return out
 
+    def solve(self, questions: list[str], tasks: list[str], cfg: RecursionConfig, batch_id: str = ""):
+        """Submit one batch to the next replica in turn; returns an ObjectRef of list[SampleResult]."""
+        self._next = (getattr(self, "_next", -1) + 1) % len(self.systems)
+        return self.systems[self._next].solve(questions, tasks, cfg, batch_id)
+
     def call_logs(self, clear: bool = False) -> list[dict[str, list[dict]]]:
         return [s.call_logs(clear) for s in self.systems]
 

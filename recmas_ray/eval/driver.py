@@ -23,6 +23,7 @@ import glob
 import json
 import logging
 import os
+import sys
 import time
 from pathlib import Path
 
@@ -37,6 +38,7 @@ from recmas_ray.eval.results import (VERDICT_FIELDS, SampleWriter, markdown_tabl
 from recmas_ray.eval.stream import FAIL_DOCS_ENV, for_rollout, parse_fail_docs, solve_and_grade, with_batch_retries
 from recmas_ray.styles import question_with_interface
 from recmas_ray.styles.prompts import prompt_set_hash
+from recmas_ray.system.hub import resolve_overrides
 from recmas_ray.system.plan import plan_system
 
 log = logging.getLogger(__name__)
@@ -138,32 +140,64 @@ def done_keys(samples_file: Path) -> set[str]:
         else set()
 
 
+def start_agents(plan, *, backend: str = "ray", placement=None, timeout_s: float = 900.0, torch_threads: int = 0,
+                 transport: str = "object_store", num_replicas: int | None = None, client_cpus: float = 0.0):
+    """The agents of `plan`: a `LocalPool` in this process (backend "local", no Ray) or running `RayReplicas`
+    (`placement.num_replicas` copies of the system, or `num_replicas` when given; 0: as many as fit)."""
+    from recmas_ray.distributed.placement import PlacementConfig
+
+    placement = placement or PlacementConfig()
+    if num_replicas is not None:
+        placement = dataclasses.replace(placement, num_replicas=num_replicas)
+    if backend == "local":
+        from recmas_ray.runner import LocalPool
+        from recmas_ray.service import AgentService
+
+        if placement.num_replicas != 1:
+            log.warning("num_replicas=%d is ignored by the local backend (one in-process system)",
+                        placement.num_replicas)
+        return LocalPool({r: AgentService(*plan.service_args(r)) for r in plan.style.roles})
+    from recmas_ray.distributed.driver import build_replicas, init_ray
+
+    init_ray()
+    return build_replicas(plan, placement, timeout_s=timeout_s, torch_threads=torch_threads, transport=transport,
+                          client_cpus=client_cpus)
+
+
+def run_warnings(cfg: EvalConfig, plan) -> list[str]:
+    """Warnings recorded in the results: a named benchmark run on random-weight (tiny:) models."""
+    from recmas_ray.eval.benchmarks import BENCHMARKS, canonical_name
+
+    tiny = sorted(r for r, m in plan.role_models.items() if m.startswith("tiny:"))
+    if os.path.exists(cfg.dataset) or canonical_name(cfg.dataset) not in BENCHMARKS or not tiny:
+        return []
+    return [f"benchmark {cfg.dataset} runs on random-weight tiny models (roles {', '.join(tiny)}): its scores "
+            f"measure nothing; use --preset demo|paper or --models ROLE=MODEL"]
+
+
 class Backend:
     """Runs batches in-process or on a Ray system; `stream` yields graded sample records."""
 
     def __init__(self, cfg: EvalConfig, plan, system=None):
+        from recmas_ray.runner import LocalPool
+
         self.cfg, self.plan, self.owned = cfg, plan, system is None
-        if system is not None:  # a running system of the same plan (sweeps, tests): reused, not shut down
+        self.system = self.pool = None
+        if isinstance(system, LocalPool):  # the in-process agents of a Python API System: reused
+            if cfg.backend != "local" or {r: s.spec for r, s in system.services.items()} != plan.specs:
+                raise ValueError(f"the given local agents do not match this run's {plan.manifest()} "
+                                 f"(backend {cfg.backend})")
+            self.pool = system
+        elif system is not None:  # a running system of the same plan (sweeps, tests): reused, not shut down
             if cfg.backend != "ray" or system.plan.manifest() != plan.manifest() or system.plan.specs != plan.specs:
                 raise ValueError(f"the given Ray system runs {system.plan.manifest()}, which does not match "
                                  f"this run's {plan.manifest()} (backend {cfg.backend})")
             self.system = system
-        elif cfg.backend == "local":
-            from recmas_ray.runner import LocalPool
-            from recmas_ray.service import AgentService
-
-            if cfg.placement.num_replicas != 1:
-                log.warning("--num_replicas %d is ignored by --backend local (one in-process system)",
-                            cfg.placement.num_replicas)
-            self.pool = LocalPool({r: AgentService(*plan.service_args(r)) for r in plan.style.roles})
-            self.system = None
         else:
-            from recmas_ray.distributed.driver import build_replicas, init_ray
-
-            init_ray()
-            self.system = build_replicas(plan, cfg.placement, timeout_s=cfg.timeout_s,
-                                         torch_threads=cfg.torch_threads, transport=cfg.transport,
-                                         client_cpus=cfg.stream.num_clients * cfg.stream.client_cpus)
+            agents = start_agents(plan, backend=cfg.backend, placement=cfg.placement, timeout_s=cfg.timeout_s,
+                                  torch_threads=cfg.torch_threads, transport=cfg.transport,
+                                  client_cpus=cfg.stream.num_clients * cfg.stream.client_cpus)
+            self.pool, self.system = (agents, None) if cfg.backend == "local" else (None, agents)
 
     def stream(self, batches, method):
         """Yield graded sample records as batches finish (Ray: several in flight, arrival order)."""
@@ -210,10 +244,12 @@ def evaluate(cfg: EvalConfig, *, progress: bool = True, system=None) -> dict:
     items = load_benchmark(cfg.dataset, path=cfg.dataset_path, num_samples=cfg.num_samples, seed=cfg.seed,
                            json_field=cfg.dataset_json_field)
     task = items[0]["task_type"] if items[0]["task_type"] in ("math", "code") else "math"
-    plan = plan_system(cfg.style, preset=cfg.preset, ckpt_overrides=cfg.ckpt_override, seed=cfg.seed,
-                       dtype=cfg.dtype, device=cfg.device, task=task,
+    plan = plan_system(cfg.style, preset=cfg.preset, ckpt_overrides=resolve_overrides(cfg.ckpt_override),
+                       seed=cfg.seed, dtype=cfg.dtype, device=cfg.device, task=task,
                        tools=cfg.tool_loop(), prompt_set=cfg.prompt_set, role_model_overrides=cfg.models,
                        allow_base_model_mismatch=cfg.allow_base_model_mismatch)
+    for warning in run_warnings(cfg, plan):
+        print(f"warning: {warning}", file=sys.stderr, flush=True)
     items = [{**i, "question": question_with_interface(plan.style, i["question"], i.get("interface"))}
              for i in items]
     samples_file = open_samples_file(cfg)
@@ -311,7 +347,8 @@ def finish(cfg: EvalConfig, samples_file: Path, plan, wall: dict, start: float,
     config = {**dataclasses.asdict(cfg), "system": plan.manifest(), "samples_file": str(samples_file),
               "fingerprint_file": str(fingerprint_path(samples_file))}
     extra = {"protocol": resolution.record(),
-             "prompt_set": {"path": cfg.prompt_set, "sha256": prompt_set_hash(plan.style)}}
+             "prompt_set": {"path": cfg.prompt_set, "sha256": prompt_set_hash(plan.style)},
+             "warnings": run_warnings(cfg, plan)}
     path = write_results(cfg.output_path, "", results, config, start_time=start, extra=extra)
     table = markdown_table(results)
     print(table, flush=True)

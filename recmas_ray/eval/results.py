@@ -27,9 +27,12 @@ from recmas_ray.eval.graders import pass_at_k
 
 __all__ = ["SampleWriter", "sample_key", "load_done_ids", "read_samples", "summarize", "with_verdicts",
            "VERDICT_FIELDS",
-           "write_results", "markdown_table", "plot_vs_rounds", "timestamp", "samples_path"]
+           "write_results", "markdown_table", "plot_vs_rounds", "timestamp", "samples_path", "lm_eval_sample"]
 
 BASELINE = "recursive_textmas"
+HIGHER_IS_BETTER = {"accuracy": True, "tokens_per_sample": False, "latent_steps_per_sample": False,
+                    "seconds_per_sample": False, "parse_failure_rate": False, "retry_rate": False,
+                    "throughput_samples_per_s": True}
 # Both graders' verdicts per sample (issue 16 item 5): results report `accuracy,strict` (math-verify)
 # and `accuracy,reference` (the release's lenient rules) whatever `--grader` picked for the headline.
 VERDICT_FIELDS = {"strict": "correct_strict", "reference": "correct_reference"}
@@ -80,8 +83,8 @@ class SampleWriter:
         self._f = open(self.path, "a", encoding="utf-8")
 
     def write(self, record: Mapping[str, Any]) -> None:
-        """Append `record` as one line (JSON, non-ASCII kept) and make it durable."""
-        line = json.dumps(record, ensure_ascii=False, default=_json_default)
+        """Append `record` as one line (JSON, non-ASCII kept, lm-eval's sample fields added) and make it durable."""
+        line = json.dumps(lm_eval_sample(record), ensure_ascii=False, default=_json_default)
         with self._lock:
             self._f.write(line + "\n")
             self._f.flush()
@@ -98,6 +101,29 @@ class SampleWriter:
 
     def __exit__(self, *exc) -> None:
         self.close()
+
+
+def _sha256(text: str) -> str:
+    import hashlib
+
+    return hashlib.sha256(text.encode("utf-8")).hexdigest()
+
+
+def lm_eval_sample(record: Mapping[str, Any]) -> dict:
+    """`record` plus lm-eval's sample fields (doc, target, arguments, resps, filtered_resps, filter, metrics,
+    <metric>, doc_hash, prompt_hash, target_hash), derived from our question / gold / prediction / correct;
+    fields already present are kept."""
+    rec = dict(record)
+    if "prediction" not in rec:
+        return rec
+    question, target = str(rec.get("question", "")), str(rec.get("gold", ""))
+    doc = {"question": question, "gold": rec.get("gold")}
+    lm = {"doc": doc, "target": target, "arguments": {"gen_args_0": {"arg_0": question, "arg_1": {}}},
+          "resps": [[rec["prediction"]]], "filtered_resps": [rec["prediction"]], "filter": "strict",
+          "metrics": ["accuracy"], "accuracy": float(bool(rec.get("correct"))),
+          "doc_hash": _sha256(json.dumps(doc, indent=2, default=_json_default, ensure_ascii=False)),
+          "prompt_hash": _sha256(question), "target_hash": _sha256(target)}
+    return {**lm, **rec}
 
 
 def _drop_partial_line(path: Path) -> None:
@@ -262,6 +288,12 @@ def _git_hash(cwd: Path | None = None) -> str | None:
     return res.stdout.strip() or None
 
 
+def _higher_is_better(metrics: Mapping[str, Any]) -> dict[str, bool]:
+    names = {m.split(",")[0] for m in metrics if "," in m and "_stderr" not in m}
+    return {n: HIGHER_IS_BETTER.get(n, n.startswith("pass@")) for n in sorted(names)
+            if n in HIGHER_IS_BETTER or n.startswith("pass@")}
+
+
 def write_results(output_dir: str | os.PathLike, run_name: str, results: Mapping[str, Mapping],
                   config: Any, *, n_samples: Mapping[str, Mapping[str, int]] | None = None,
                   total_evaluation_time_seconds: float | None = None,
@@ -272,7 +304,9 @@ def write_results(output_dir: str | os.PathLike, run_name: str, results: Mapping
     `results` maps a task key (e.g. "math500/recursive_mas") to its metrics, ideally with
     "benchmark" and "method" entries so `markdown_table` can compare methods. `config` may be
     a dataclass (dumped with `asdict`) or any JSON-able mapping. `extra` adds top-level entries
-    (the evaluation driver's `protocol` and `prompt_set`).
+    (the evaluation driver's `protocol`, `prompt_set` and `warnings`). The file follows lm-eval's schema
+    (`n-shot`, `configs`, `versions` with one entry per task next to the package versions,
+    `higher_is_better`, `n-samples`), so `lm_eval.utils.make_table` renders it.
     """
     if dataclasses.is_dataclass(config) and not isinstance(config, type):
         config = dataclasses.asdict(config)
@@ -280,7 +314,13 @@ def write_results(output_dir: str | os.PathLike, run_name: str, results: Mapping
     payload = {
         "results": {k: dict(v) for k, v in results.items()},
         "config": config,
-        "versions": _versions(),
+        "versions": {**_versions(), **{k: 1.0 for k in results}},
+        "n-shot": {k: 0 for k in results},
+        "higher_is_better": {k: _higher_is_better(v) for k, v in results.items()},
+        "configs": {k: {"task": k, "dataset_path": str(v.get("benchmark", k)), "output_type": "generate_until",
+                        "num_fewshot": 0, "metric_list": [{"metric": "accuracy", "aggregation": "mean",
+                                                           "higher_is_better": True}]}
+                    for k, v in results.items()},
         "git_hash": _git_hash(),
         "date": now,
         "start_time": start_time,

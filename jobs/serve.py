@@ -1,0 +1,67 @@
+"""Serve a RecursiveMAS system as an OpenAI-compatible endpoint on Ray Serve.
+
+  python -m jobs.serve --style sequential_light --preset tiny --port 8000
+  curl http://127.0.0.1:8000/v1/chat/completions -H 'Content-Type: application/json' \
+      -d '{"model": "sequential_light", "messages": [{"role": "user", "content": "What is 7 * 8?"}],
+           "num_recursive_rounds": 2, "latent_steps": 8, "max_tokens": 64}'
+Any model per role, trained links (a folder or a Hub id), GPU agents:
+  python -m jobs.serve --style sequential_light --preset paper --links org/recmas-links@v1 \
+      --role_model critic=meta-llama/Llama-3.2-1B-Instruct --placement one_gpu_per_agent --device cuda \
+      --host 0.0.0.0 --num_replicas 2
+Or with Serve's own tooling: `serve run cluster/serve.yaml`. Every setting can come from --config FILE.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+
+from recmas_ray.config.cli import run_job
+from recmas_ray.serve.config import ServeConfig
+
+ALIASES = {"placement": "placement.preset", "role_model": "models"}
+
+
+def parse(argv) -> ServeConfig:
+    """The checked config of a command line (what `main` would serve)."""
+    from recmas_ray.config.cli import parse_config
+
+    return parse_config(ServeConfig, argv, aliases=ALIASES)[0]
+
+
+def start(cfg: ServeConfig) -> str:
+    """Start Serve (HTTP on cfg.host:cfg.port) and the application; returns its base URL once it answers."""
+    from ray import serve
+
+    from recmas_ray.distributed.driver import init_ray
+    from recmas_ray.serve.app import build_app
+
+    init_ray()
+    serve.start(http_options={"host": cfg.host, "port": cfg.port})
+    serve.run(build_app(cfg), name=cfg.app_name, route_prefix=cfg.route_prefix)
+    host = "127.0.0.1" if cfg.host in ("0.0.0.0", "::") else cfg.host
+    return f"http://{host}:{cfg.port}{cfg.route_prefix.rstrip('/')}"
+
+
+def serve_forever(cfg: ServeConfig) -> int:
+    """Start, print the URL, and keep serving until interrupted (then delete the application)."""
+    from ray import serve
+
+    url = start(cfg)
+    print(f"serving {cfg.served_name!r} at {url}/v1 (POST /chat/completions, GET /models); Ctrl-C stops",
+          flush=True)
+    try:
+        while True:
+            time.sleep(3600)
+    except KeyboardInterrupt:
+        serve.delete(cfg.app_name)
+    return 0
+
+
+def main(argv=None) -> int:
+    return run_job(serve_forever, ServeConfig, argv, prog="python -m jobs.serve", description=__doc__,
+                   aliases=ALIASES)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

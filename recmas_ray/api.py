@@ -1,0 +1,271 @@
+"""The Python API: build a RecursiveMAS system once, then generate, evaluate or serve with it.
+
+    System.build(style, role_models=..., links=..., backend="local" | "ray")
+        -> plan_system (models, dims, links; every check before a model loads)
+        -> start_agents: in-process `LocalPool` (no Ray) or a `RaySystem` (one actor per agent)
+    system.generate(questions, ...)   -> list[SampleResult]   (prediction + per-agent, per-round trace)
+    system.evaluate(dataset, ...)     -> the evaluation driver's outputs, on the same running agents
+    train_inner(...), train_outer(...) -> link folders that `System.build(links=...)` loads
+
+Both backends take the same arguments and give the same greedy predictions. Settings are held in an
+`EvalConfig` (the one config tree of `jobs/run.py`), so the same checks and defaults apply.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+from pathlib import Path
+from typing import Sequence
+
+from recmas_ray.config.checks import check_tree
+from recmas_ray.config.evaluation import EvalConfig
+from recmas_ray.config.recursion import DecodeConfig, RecursionConfig
+from recmas_ray.distributed.placement import PlacementConfig
+from recmas_ray.runner import SampleResult
+
+log = logging.getLogger(__name__)
+
+__all__ = ["System", "SampleResult"]
+
+_NO_DATASET = "<python-api>"  # the EvalConfig held by a System has no dataset until `evaluate`
+
+
+class System:
+    """A running multi-agent system: frozen LLM agents of any families joined by (trained) links.
+
+    Build it with `System.build`; use it as a context manager (or call `close`) so that its agents,
+    local models or Ray actors, are released.
+
+    Example:
+        >>> import recmas_ray as rm
+        >>> with rm.System.build("sequential_light", role_models={"solver": "tiny:qwen3"},
+        ...                      backend="local") as system:
+        ...     out = system.generate(["What is 7 * 8?"], num_recursive_rounds=2, latent_steps=8,
+        ...                           max_new_tokens=16)
+        >>> out[0].prediction, out[0].trace[0]["role"]  # doctest: +SKIP
+        ('...', 'planner')
+    """
+
+    def __init__(self, cfg: EvalConfig, plan, agents, *, num_replicas: int = 1):
+        self.cfg, self.plan, self.agents, self.num_replicas = cfg, plan, agents, num_replicas
+        self._closed = False
+
+    # ------------------------------------------------------------------ construction
+    @classmethod
+    def build(cls, style: str, *, role_models: dict[str, str] | None = None, links: str | None = None,
+              preset: str = "tiny", ckpt_override: dict[str, str] | None = None, backend: str = "ray",
+              num_replicas: int = 1, task: str = "math", device: str = "auto", dtype: str = "auto", seed: int = 42,
+              placement: str | PlacementConfig = "cpu", transport: str = "object_store", timeout_s: float = 900.0,
+              torch_threads: int = 0, allow_base_model_mismatch: bool = False) -> System:
+        """Plan the system, check it, and start its agents.
+
+        Args:
+            style: Collaboration style (sequential_light, sequential_scaled, mixture, distillation,
+                deliberation, or an alias).
+            role_models: Base model per role (`tiny:<family>`, `pkg:<name>`, a HF id or a local path),
+                over the preset; a role whose link checkpoint names another base model is an error
+                unless `allow_base_model_mismatch`.
+            links: A folder holding per-role link folders (`planner/`, `critic/`, ..., `outer/`), e.g. the
+                output of `train_inner` + `train_outer`, or a Hub repo id `ORG/NAME[@REVISION][:SUBFOLDER]`
+                laid out the same way. Roles without a folder get fresh (seeded) links.
+            preset: Base models of the roles not named in `role_models`: tiny, demo or paper.
+            ckpt_override: Per-role link folders (or Hub ids), over the ones found in `links`.
+            backend: "local" (in this process, no Ray) or "ray" (one actor per agent).
+            num_replicas: Independent copies of the whole system (Ray backend), batches spread over them.
+            task: Task type whose release adapters load (`adapter(<task>).pt`): math, code, choice or qa.
+            device: auto (CUDA when torch sees one), cpu or cuda.
+            dtype: auto, float32, bfloat16 or float16.
+            seed: Seed of fresh links.
+            placement: A placement preset name (cpu, one_gpu_per_agent, colocated, spread) or a
+                `PlacementConfig` (Ray backend).
+            transport: How latents move between agent actors: object_store, rdt:gloo or rdt:nccl.
+            timeout_s: Timeout of every wait on Ray.
+            torch_threads: Torch threads per agent (0: the library default).
+            allow_base_model_mismatch: Run `role_models` even where a role's checkpoint names another
+                base model (link sizes are still checked).
+
+        Returns:
+            The running system.
+
+        Raises:
+            ValueError: On any bad argument, before a model loads.
+        """
+        from recmas_ray.eval.driver import start_agents
+        from recmas_ray.styles import get_style
+        from recmas_ray.system.hub import links_overrides, resolve_overrides
+        from recmas_ray.system.plan import plan_system
+
+        if not isinstance(num_replicas, int) or isinstance(num_replicas, bool) or num_replicas < 1:
+            raise ValueError(f"num_replicas must be a positive integer, got {num_replicas!r}")
+        overrides = links_overrides(links, get_style(style).roles) if links else {}
+        overrides |= resolve_overrides(dict(ckpt_override or {}))
+        placement = placement if isinstance(placement, PlacementConfig) else PlacementConfig(preset=placement)
+        cfg = EvalConfig(style=style, dataset=_NO_DATASET, preset=preset, ckpt_override=overrides,
+                         models=dict(role_models or {}), allow_base_model_mismatch=allow_base_model_mismatch,
+                         backend=backend, device=device, dtype=dtype, seed=seed,
+                         placement=placement, transport=transport, timeout_s=timeout_s, torch_threads=torch_threads,
+                         progress=False)
+        check_tree(cfg, lambda path: path)
+        plan = plan_system(style, preset=preset, ckpt_overrides=overrides, seed=seed, dtype=dtype, device=device,
+                           task=task, role_model_overrides=cfg.models, tools=cfg.tool_loop(),
+                           allow_base_model_mismatch=allow_base_model_mismatch)
+        agents = start_agents(plan, backend=backend, placement=placement, timeout_s=timeout_s,
+                              torch_threads=torch_threads, transport=transport, num_replicas=num_replicas)
+        return cls(cfg, plan, agents, num_replicas=num_replicas)
+
+    # ------------------------------------------------------------------ use
+    @property
+    def style(self) -> str:
+        """The style name the system was built with."""
+        return self.plan.style_name
+
+    @property
+    def role_models(self) -> dict[str, str]:
+        """Base model of each role."""
+        return dict(self.plan.role_models)
+
+    def manifest(self) -> dict:
+        """What results and checkpoints record about this system (roles, base models, links' sources)."""
+        return self.plan.manifest()
+
+    def generate(self, questions: Sequence[str], *, task: str | Sequence[str] = "math",
+                 method: str = "recursive_mas", num_recursive_rounds: int = 3, latent_steps: int = 32,
+                 max_new_tokens: int = 256, do_sample: bool = False, temperature: float = 0.6, top_p: float = 0.95,
+                 top_k: int = 0, seed: int | None = None, batch_size: int = 8) -> list[SampleResult]:
+        """Answer questions with the system; one `SampleResult` per question, in order.
+
+        Args:
+            questions: The questions (the task's answer instruction is added by the style's prompts).
+            task: Task type of every question, or one per question: math, choice, code or qa.
+            method: recursive_mas, recursive_textmas, textmas or single_agent.
+            num_recursive_rounds: R, rounds of the agent loop.
+            latent_steps: m, latent steps per agent and round (recursive_mas).
+            max_new_tokens: Decoding budget of the final (and, for text methods, every) text step.
+            do_sample: Sample instead of greedy decoding (with temperature, top_p, top_k, seed).
+            temperature: Sampling temperature.
+            top_p: Nucleus sampling mass.
+            top_k: Top-k sampling (0 disables).
+            seed: Sampling seed (default: the system's seed).
+            batch_size: Questions per agent call.
+
+        Returns:
+            Per question: `prediction` (the final agent's text), `num_text_tokens`, `num_latent_steps`,
+            `seconds` and `trace` (per agent and round: role, round, action, latent_steps, text_tokens,
+            seconds, and the text of intermediate text steps).
+        """
+        self._check_open()
+        questions = [questions] if isinstance(questions, str) else list(questions)
+        tasks = [task] * len(questions) if isinstance(task, str) else list(task)
+        if len(tasks) != len(questions):
+            raise ValueError(f"{len(questions)} questions but {len(tasks)} task types")
+        from recmas_ray.styles.base import TASK_TYPES
+
+        bad = sorted({t for t in tasks if t not in TASK_TYPES})
+        if bad:
+            raise ValueError(f"unknown task type(s) {bad}; expected one of {list(TASK_TYPES)}")
+        if not isinstance(batch_size, int) or batch_size < 1:
+            raise ValueError(f"batch_size must be a positive integer, got {batch_size!r}")
+        rc = RecursionConfig(method=method, num_recursive_rounds=num_recursive_rounds, latent_steps=latent_steps,
+                             decode=DecodeConfig(max_new_tokens=max_new_tokens, do_sample=do_sample,
+                                                 temperature=temperature, top_p=top_p, top_k=top_k,
+                                                 seed=self.cfg.seed if seed is None else seed))
+        check_tree(rc, lambda path: path)
+        out: list[SampleResult] = []
+        for k in range(0, len(questions), batch_size):
+            out += self._solve(questions[k:k + batch_size], tasks[k:k + batch_size], rc)
+        return out
+
+    def _solve(self, questions: list[str], tasks: list[str], rc: RecursionConfig) -> list[SampleResult]:
+        from recmas_ray.runner import LocalPool, run_batch
+
+        if isinstance(self.agents, LocalPool):
+            return run_batch(self.agents, self.plan.style, questions, tasks, rc)
+        import ray
+
+        ref = self.agents.solve(questions, tasks, rc)
+        try:
+            return ray.get(ref, timeout=self.cfg.timeout_s)
+        except ray.exceptions.GetTimeoutError:
+            ray.cancel(ref, force=False)
+            raise RuntimeError(f"a batch of {len(questions)} questions did not finish within {self.cfg.timeout_s} s") \
+                from None
+
+    def evaluate(self, dataset: str, *, dataset_path: str | None = None, methods: Sequence[str] = ("recursive_mas",),
+                 num_samples: int | None = None, num_recursive_rounds: int = 3, latent_steps: int = 32,
+                 max_new_tokens: int = 256, batch_size: int = 8, num_rollouts: int = 1, grader: str = "strict",
+                 format_retry: bool = True, output_path: str = "out", resume: bool = False,
+                 progress: bool = False) -> dict:
+        """Evaluate on a benchmark or a local question file with the running agents (as `jobs/run.py` does).
+
+        Args:
+            dataset: Benchmark name (math500, gsm8k, ...) or a local .jsonl/.json question file.
+            dataset_path: Local copy of a named benchmark.
+            methods: Methods run on the same questions.
+            num_samples: Evaluate the first N questions (all when None).
+            num_recursive_rounds: R.
+            latent_steps: m.
+            max_new_tokens: Decoding budget per text step.
+            batch_size: Questions per agent call.
+            num_rollouts: Rollouts per question (pass@k).
+            grader: Headline grader: strict or reference.
+            format_retry: The release's answer-format retry.
+            output_path: Where samples_*.jsonl, results_*.json and config.json go.
+            resume: Skip samples already in the latest samples file.
+            progress: Progress bars.
+
+        Returns:
+            {"results": metrics per benchmark/method, "samples_path", "results_path", "table"}.
+        """
+        self._check_open()
+        from recmas_ray.eval.driver import evaluate
+
+        cfg = dataclasses.replace(
+            self.cfg, dataset=dataset, dataset_path=dataset_path, methods=list(methods), num_samples=num_samples,
+            recursion=dataclasses.replace(self.cfg.recursion, num_recursive_rounds=num_recursive_rounds,
+                                          latent_steps=latent_steps,
+                                          decode=dataclasses.replace(self.cfg.recursion.decode,
+                                                                     max_new_tokens=max_new_tokens)),
+            batch_size=batch_size, num_rollouts=num_rollouts, grader=grader, format_retry=format_retry,
+            output_path=str(output_path), resume=resume, progress=progress)
+        return evaluate(cfg, progress=progress, system=self.agents)
+
+    # ------------------------------------------------------------------ lifetime
+    def _check_open(self) -> None:
+        if self._closed:
+            raise RuntimeError("this System is closed; build a new one")
+
+    def close(self) -> None:
+        """Release the agents (Ray actors and placement group, or the in-process models); idempotent."""
+        if self._closed:
+            return
+        self._closed = True
+        shutdown = getattr(self.agents, "shutdown", None)
+        if shutdown is not None:
+            shutdown()
+        self.agents = None
+
+    def __enter__(self) -> System:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        return (f"System({self.style!r}, backend={self.cfg.backend!r}, role_models={self.role_models}, "
+                f"{'closed' if self._closed else 'running'})")
+
+
+def rows_file(rows: str | Path | Sequence[dict], directory: str | Path, name: str = "train.jsonl") -> str:
+    """A dataset argument for training: a path or dataset name as is, rows in memory written as JSONL."""
+    if isinstance(rows, (str, Path)):
+        return str(rows)
+    import json
+
+    rows = list(rows)
+    if not rows or not all(isinstance(r, dict) for r in rows):
+        raise ValueError("rows must be a path, a dataset name, or a non-empty list of dicts")
+    path = Path(directory) / name
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows), encoding="utf-8")
+    return str(path)

@@ -1,0 +1,96 @@
+"""Training from Python: thin wrappers that build the training configs and call the training entry points.
+
+    rm.train_inner("sequential_light", rows=rows, save_dir="ckpt")          -> ckpt/{planner,critic,solver}/
+    rm.train_outer("sequential_light", rows=rows, links="ckpt")             -> ckpt/outer/
+    rm.System.build("sequential_light", links="ckpt", ...)                  loads all of them
+
+`rows` is a list of dicts in memory (written to `<save_dir>/train.jsonl`) or anything the trainers' own
+`dataset_name` takes (a .json/.jsonl path, synthetic[:N], a HF dataset id). Further keyword arguments
+go to `InnerTrainConfig` / `OuterTrainConfig` unchanged (max_steps, lr, batch_size, ...), so these
+wrappers follow the trainers' own settings.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+from typing import Any, Sequence
+
+__all__ = ["train_inner", "train_outer"]
+
+
+def _config(cls, values: dict[str, Any], options: dict[str, Any]):
+    names = {f.name for f in dataclasses.fields(cls)}
+    unknown = sorted(set(options) - names)
+    if unknown:
+        raise ValueError(f"unknown training setting(s) {unknown} for {cls.__name__}; expected some of {sorted(names)}")
+    return cls(**{k: v for k, v in values.items() if k in names}, **options)
+
+
+def train_inner(style: str, *, rows: str | Path | Sequence[dict], save_dir: str | Path,
+                role_models: dict[str, str] | None = None, preset: str = "tiny", roles: Sequence[str] | None = None,
+                task: str = "math", **options: Any) -> Path:
+    """Train the inner links of every role (or of `roles`) at once; returns `save_dir` with one folder per role.
+
+    Args:
+        style: Collaboration style.
+        rows: Training rows (dicts with `question` and one gold text per role) or a dataset name/path.
+        save_dir: Output folder; role `r`'s link goes to `save_dir/r` (what `System.build(links=...)` reads).
+        role_models: Base model per role, over the preset.
+        preset: Base models of the other roles: tiny, demo or paper.
+        roles: Train only these roles (default: all roles of the style).
+        task: Task type of the prompts.
+        **options: Other `InnerTrainConfig` settings (max_steps, batch_size, lr, num_workers, ...).
+
+    Example:
+        >>> import recmas_ray as rm
+        >>> rm.train_inner("sequential_light", rows="synthetic:16", save_dir="ckpt", max_steps=2,
+        ...                num_workers=0)  # doctest: +SKIP
+        PosixPath('ckpt')
+    """
+    from recmas_ray.api import rows_file
+    from recmas_ray.system.presets import role_models as preset_models
+    from recmas_ray.train.inner import InnerTrainConfig, train_all_roles
+
+    save_dir = Path(save_dir)
+    models = preset_models(style, preset, role_models)
+    cfg = _config(InnerTrainConfig, {"mas_design": style, "mas_task": task, "save_dir": str(save_dir),
+                                     "dataset_name": rows_file(rows, save_dir)}, options)
+    train_all_roles(cfg, list(roles) if roles else None, role_models=models)
+    return save_dir
+
+
+def train_outer(style: str, *, rows: str | Path | Sequence[dict], links: str | Path | None = None,
+                save_dir: str | Path | None = None, preset: str = "tiny", task: str = "math",
+                num_recursive_rounds: int = 3, **options: Any) -> Path:
+    """Train the outer links through R rounds of the frozen agents; returns the folder of the outer links.
+
+    Args:
+        style: Collaboration style.
+        rows: Training rows or a dataset name/path.
+        links: A folder of inner links (`train_inner`'s `save_dir`) or a Hub id; each role runs on the base
+            model named in its link's manifest.
+        save_dir: Output folder (default `<links>/outer`, so `links` then holds the whole system).
+        preset: Base models of roles without an inner link.
+        task: Task type of the prompts.
+        num_recursive_rounds: R unrolled in every training step.
+        **options: Other `OuterTrainConfig` settings (max_steps, lr, batch_size, max_latent_tokens, ...).
+    """
+    from recmas_ray.api import rows_file
+    from recmas_ray.styles import get_style
+    from recmas_ray.system.hub import links_overrides
+    from recmas_ray.train.outer import OuterTrainConfig
+    from recmas_ray.train.pipeline import train_outer as run_outer
+
+    inner = {r: p for r, p in links_overrides(str(links), get_style(style).roles).items() if r != "outer"} \
+        if links else {}
+    if save_dir is None:
+        if links is None or not Path(links).is_dir():
+            raise ValueError("train_outer: give save_dir (links is not a local folder to save next to)")
+        save_dir = Path(links) / "outer"
+    save_dir = Path(save_dir)
+    cfg = _config(OuterTrainConfig, {"style": style, "ckpt_overrides": inner, "preset": preset, "task": task,
+                                     "save_dir": str(save_dir), "num_recursive_rounds": num_recursive_rounds,
+                                     "dataset_name": rows_file(rows, save_dir.parent, f"{save_dir.name}_train.jsonl")},
+                  options)
+    return Path(run_outer(cfg).save_dir)

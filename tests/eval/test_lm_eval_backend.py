@@ -1,0 +1,132 @@
+"""The lm-eval backend: lm-eval's own CLI runs local tasks through a RecursiveMAS system and writes its files;
+our results file renders in lm-eval's table; the LM's calls behave (stop strings, likelihoods, clear refusals)."""
+
+import glob
+import json
+import math
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("lm_eval")
+
+ROOT = Path(__file__).resolve().parents[2]
+MODEL_ARGS = ("style=sequential_light,role_models=planner:tiny:qwen3|critic:tiny:llama|solver:tiny:qwen3,"
+              "backend=local,num_recursive_rounds=1,latent_steps=2,max_new_tokens=4")
+
+
+def _tasks(tmp_path):
+    rows = [{"question": f"What is {a} + {b}?", "answer": str(a + b), "choices": [str(a + b + 1), str(a + b)],
+             "label": 1} for a, b in [(2, 3), (1, 1), (4, 2)]]
+    data = tmp_path / "toy.jsonl"
+    data.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    tasks = tmp_path / "tasks"
+    tasks.mkdir()
+    common = (f"dataset_path: json\ndataset_kwargs:\n  data_files:\n    test: {data}\ntest_split: test\n"
+              "doc_to_text: \"Question: {{question}}\\nAnswer:\"\n")
+    (tasks / "gen.yaml").write_text(
+        "task: recmas_toy_gen\n" + common + "output_type: generate_until\ndoc_to_target: \"{{answer}}\"\n"
+        "generation_kwargs:\n  until: [\"\\n\\n\"]\n  max_gen_toks: 4\n"
+        "metric_list:\n  - metric: exact_match\n    aggregation: mean\n    higher_is_better: true\n")
+    (tasks / "mc.yaml").write_text(
+        "task: recmas_toy_mc\n" + common + "output_type: multiple_choice\ndoc_to_choice: \"{{choices}}\"\n"
+        "doc_to_target: \"{{label}}\"\nmetric_list:\n  - metric: acc\n")
+    return tasks
+
+
+@pytest.mark.integration  # a fresh interpreter importing lm-eval, torch and three models: ~30-80 s here
+def test_lm_eval_cli_runs_local_tasks_and_writes_its_files(tmp_path, tiny_cache):
+    tasks, out = _tasks(tmp_path), tmp_path / "results"
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]),
+           "HF_DATASETS_CACHE": str(tmp_path / "ds_cache"), "HF_DATASETS_OFFLINE": "1", "OMP_NUM_THREADS": "1"}
+    cmd = [sys.executable, "-m", "recmas_ray.lmeval", "--model", "recmas_ray", "--model_args", MODEL_ARGS,
+           "--tasks", "recmas_toy_gen", "recmas_toy_mc", "--include_path", str(tasks), "--output_path", str(out),
+           "--log_samples", "--batch_size", "4"]
+    proc = subprocess.run(cmd, env=env, cwd=tmp_path, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    results = glob.glob(f"{out}/**/results_*.json", recursive=True)
+    assert len(results) == 1, proc.stderr[-2000:]
+    data = json.load(open(results[0]))
+    assert set(data["results"]) == {"recmas_toy_gen", "recmas_toy_mc"}
+    assert "exact_match,none" in data["results"]["recmas_toy_gen"] and "acc,none" in data["results"]["recmas_toy_mc"]
+    assert data["config"]["model"] == "recmas_ray"
+    assert data["config"]["recmas_ray_system"]["roles"]["critic"]["base_model"] == "tiny:llama"
+    for task in ("recmas_toy_gen", "recmas_toy_mc"):
+        (samples,) = glob.glob(f"{out}/**/samples_{task}_*.jsonl", recursive=True)
+        lines = [json.loads(line) for line in open(samples)]
+        assert len(lines) == 3 and {"doc_id", "resps", "filtered_resps", "doc_hash"} <= set(lines[0])
+    mc = [json.loads(line) for line in open(glob.glob(f"{out}/**/samples_recmas_toy_mc_*.jsonl", recursive=True)[0])]
+    # lm-eval logs (logprob, is_greedy) pairs as strings
+    assert all(math.isfinite(float(r[0][0])) and float(r[0][0]) < 0 for line in mc for r in line["resps"])
+    assert "recmas_toy_gen" in proc.stdout  # lm-eval's own table
+
+
+@pytest.fixture(scope="module")
+def lm(tiny_cache):
+    from recmas_ray.lmeval import RecMASLM
+
+    model = RecMASLM(style="sequential_light", role_models="solver:tiny:qwen3", backend="local",
+                     num_recursive_rounds=2, latent_steps=2, max_new_tokens=6)
+    yield model
+    model.system.close()
+
+
+def _req(*args):
+    from lm_eval.api.instance import Instance
+
+    return Instance(request_type="x", doc={}, arguments=args, idx=0)
+
+
+def test_generate_until_cuts_at_stop_strings(lm):
+    full = lm.generate_until([_req("What is 2 + 2?", {"max_gen_toks": 6})])[0]
+    assert full == lm.system.generate(["What is 2 + 2?"], num_recursive_rounds=2, latent_steps=2,
+                                      max_new_tokens=6)[0].prediction
+    if len(full) > 1:
+        cut = lm.generate_until([_req("What is 2 + 2?", {"max_gen_toks": 6, "until": [full[1:]]})])[0]
+        assert cut == full[:1]
+
+
+def test_loglikelihood_scores_in_the_final_agent(lm):
+    (short, g1), (long, _), (other, _) = lm.loglikelihood(
+        [_req("What is 2 + 2?", " 4"), _req("What is 2 + 2?", " 4 4 4"), _req("What is 9 + 9?", " 4")])
+    assert math.isfinite(short) and long < short < 0 and isinstance(g1, bool)
+    assert other != short  # the context reaches the final agent
+
+
+def test_unsupported_requests_are_refused_clearly(lm):
+    with pytest.raises(NotImplementedError, match="loglikelihood_rolling"):
+        lm.loglikelihood_rolling([_req("text")])
+    from recmas_ray.lmeval import parse_pairs
+
+    assert parse_pairs("planner:tiny:qwen3|outer:org/links:outer", what="x") == {"planner": "tiny:qwen3",
+                                                                               "outer": "org/links:outer"}
+    with pytest.raises(ValueError, match="ROLE:VALUE"):
+        parse_pairs("planner=tiny:qwen3", what="role_models")
+
+
+def test_our_results_file_renders_in_lm_eval_table(tmp_path, tiny_cache, question_file):
+    from lm_eval.utils import make_table
+
+    from jobs import run as run_job
+
+    out = tmp_path / "out"
+    assert run_job.main(["--style", "sequential_light", "--dataset", str(question_file), "--backend", "local",
+                         "--num_recursive_rounds", "1", "--latent_steps", "2", "--max_new_tokens", "4",
+                         "--num_samples", "2", "--output_path", str(out), "--no_progress",
+                         "--method", "recursive_mas,recursive_textmas"]) == 0
+    data = json.load(open(glob.glob(f"{out}/results_*.json")[0]))
+    assert {"n-shot", "configs", "versions", "higher_is_better", "n-samples"} <= set(data)
+    table = make_table(data)
+    assert "questions/recursive_mas" in table and "accuracy" in table and "↑" in table
+    (samples,) = glob.glob(f"{out}/samples_*.jsonl")
+    line = json.loads(open(samples).readline())
+    assert {"doc_id", "doc", "target", "arguments", "resps", "filtered_resps", "filter", "metrics", "doc_hash",
+            "prompt_hash", "target_hash", "prediction", "trace"} <= set(line)
+    assert line["filtered_resps"] == [line["prediction"]] and line["metrics"] == ["accuracy"]
+
+
+if __name__ == "__main__":
+    pytest.main([__file__, "-v", "-x"])
