@@ -98,6 +98,8 @@ class System:
 
         if not isinstance(num_replicas, int) or isinstance(num_replicas, bool) or num_replicas < 1:
             raise ValueError(f"num_replicas must be a positive integer, got {num_replicas!r}")
+        if backend == "local" and num_replicas != 1:
+            raise ValueError(f"num_replicas={num_replicas} needs backend='ray' (the local backend runs one copy)")
         overrides = links_overrides(links, get_style(style).roles) if links else {}
         overrides |= resolve_overrides(dict(ckpt_override or {}))
         placement = placement if isinstance(placement, PlacementConfig) else PlacementConfig(preset=placement)

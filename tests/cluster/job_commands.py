@@ -29,6 +29,7 @@ PATTERNS = [
     re.compile(r"JOB=(?P<job>[a-z_0-9]+) sbatch cluster/slurm/ray\.sbatch\b(?P<rest>.*)"),
     re.compile(r"(?<!JOB=)(?<![a-z_0-9] )sbatch cluster/slurm/ray\.sbatch (?P<job>[a-z_0-9]+)\b(?P<rest>.*)"),
 ]
+ASSIGN = re.compile(r'^\s*([A-Z][A-Z_0-9]*)="([^"$]*(?:\$[A-Z_]+[^"$]*)*)"\s*$')
 STOP = {";", "&&", "||", "|", "&", ">", ">>", "2>&1", "do", "done", "then"}
 
 
@@ -77,8 +78,13 @@ def find_commands(path: pathlib.Path, root: pathlib.Path) -> list[Command]:
             chunks.append((0, entry))
     else:
         chunks = _logical_lines(text, strip_comments=path.suffix != ".md")
-    found = []
+    found, variables = [], {}
     for n, chunk in chunks:
+        assign = ASSIGN.match(chunk)
+        if assign:  # `P="--preset paper ..."` in a code block: later commands use "$P"
+            variables[assign.group(1)] = assign.group(2)
+        for name, value in variables.items():
+            chunk = re.sub(rf"\${name}\b|\${{{name}}}", lambda _m, v=value: v, chunk)
         for pat in PATTERNS:
             for m in pat.finditer(chunk):
                 rest = m.group("rest")
@@ -100,7 +106,8 @@ def _command(source: str, line: int, job: str, rest: str) -> Command:
         argv.append(tok.rstrip(";"))
         if tok.endswith(";"):
             break
-    elided = any(t == "..." or t.endswith("...") or t.startswith("<") for t in argv)
+    # `...`/`<flags>` elide flags; a bare mention in prose (no flags at all) is no command either
+    elided = not argv or any(t == "..." or t.endswith("...") or t.startswith("<") for t in argv)
     return Command(source, line, job, argv, elided)
 
 
@@ -158,5 +165,7 @@ def parse_command(cmd: Command):
             raise AssertionError(f"{cmd}: jobs.{cmd.job}.main never parsed its flags")
     except (ConfigError, ValueError) as e:
         raise AssertionError(f"{cmd}\n  -> {e}") from None
-    except SystemExit as e:  # argparse's own error exit
+    except SystemExit as e:  # argparse's own error exit (0: a --help command, which is fine)
+        if e.code in (0, None):
+            return None
         raise AssertionError(f"{cmd}\n  -> argparse exited with {e.code}") from None
