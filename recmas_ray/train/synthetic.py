@@ -174,14 +174,33 @@ def _groups(rng: random.Random) -> Problem:
                    thing, f"a multiple of {b}")
 
 
+def _sum(rng: random.Random) -> Problem:
+    a, b = rng.randint(1, 30), rng.randint(1, 9)
+    return Problem("sum", f"What is {a} + {b}?", (Step("Add the two numbers", "total", f"{a} + {b}"),), "units",
+                   f"more than {a}")
+
+
+def _difference(rng: random.Random) -> Problem:
+    a, b = rng.randint(10, 39), rng.randint(1, 9)
+    return Problem("difference", f"What is {a} - {b}?", (Step("Subtract the second number", "left", f"{a} - {b}"),),
+                   "units", f"less than {a}")
+
+
+ARITH_TEMPLATES: dict[str, Callable[[random.Random], Problem]] = {"sum": _sum, "difference": _difference}
+"""Bare one-step arithmetic (a + b, a - b; 270 distinct questions each): difficulty "arith"."""
+
 ONE_STEP_TEMPLATES: dict[str, Callable[[random.Random], Problem]] = {"more": _more, "fewer": _fewer,
                                                                       "groups": _groups}
 """The one-step family (one small addition, subtraction or multiplication): difficulty "one_step"."""
 
 DIFFICULTIES: dict[str, dict[str, Callable[[random.Random], Problem]]] = {
-    "one_step": ONE_STEP_TEMPLATES, "multi": TEMPLATES, "mixed": {**ONE_STEP_TEMPLATES, **TEMPLATES}}
-"""Task families by difficulty: one_step (the demo's 135M decoder solves part of it), multi (2-4 steps,
-the original family) and mixed (both, rotating)."""
+    "arith": ARITH_TEMPLATES, "one_step": ONE_STEP_TEMPLATES, "multi": TEMPLATES, "mixed": {**ONE_STEP_TEMPLATES, **TEMPLATES}}
+"""Task families by difficulty: arith (bare a + b / a - b, the demo's: its 135M decoder solves part of
+it), one_step (one-operation word problems), multi (2-4 steps, the original family) and mixed (one_step
+and multi, rotating)."""
+
+DIFFICULTY_SIZES = {"arith": 500}
+"""How many rows a family can safely produce (arith has 2 x 270 distinct questions, drawn in rotation)."""
 
 
 def _evaluate(steps: tuple[Step, ...]) -> list[tuple[str, int]]:

@@ -43,6 +43,16 @@ def test_one_step_family_is_distinct_checked_and_short():
         make_arithmetic_dataset(3, difficulty="hard")
 
 
+def test_arith_family_the_demo_default():
+    from recmas_ray.demo.config import full
+
+    rows = make_arithmetic_dataset(full().num_train + full().num_eval, seed=0, difficulty="arith")
+    assert len({r["question"] for r in rows}) == len(rows)
+    for r in rows:
+        a, op, b = r["question"].removeprefix("What is ").removesuffix("?").split()
+        assert int(r["gold"]) == (int(a) + int(b) if op == "+" else int(a) - int(b)) >= 0
+
+
 # ----------------------------------------------------------------------------- engine additions
 @pytest.fixture(scope="module")
 def seq_pool(tiny_cache):
