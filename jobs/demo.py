@@ -66,7 +66,12 @@ def _init_ray(cfg: DemoConfig, out: Path) -> None:
 
     if ray.is_initialized():
         return
+    import os
+
     kwargs = {} if cfg.verbose else {"log_to_driver": False, "logging_level": logging.WARNING}
+    # A private local cluster unless RAY_ADDRESS names one (`ray job submit` sets it): on a shared machine
+    # the newest cluster's address file may belong to someone else's run, which can end at any time.
+    kwargs["address"] = os.environ.get("RAY_ADDRESS") or "local"
     for attempt in range(3):  # Ray waits only 30 s for its raylet: a busy machine can overrun that
         try:
             init_ray(**kwargs)

@@ -105,8 +105,8 @@ def quick() -> DemoConfig:
 
 
 def full() -> DemoConfig:
-    """the longer run (at most ~90 minutes on 2 cores): 200 held-out questions, more training"""
-    return DemoConfig(num_train=300, num_eval=200, inner_steps=120, outer_steps=40, max_new_tokens=32,
+    """the longer run (at most ~90 minutes on 2 cores): 128 held-out questions, more training"""
+    return DemoConfig(num_train=180, num_eval=128, inner_steps=120, outer_steps=40, max_new_tokens=32,
                       ablation_rounds=[1, 2, 3])
 
 

@@ -174,20 +174,20 @@ def _groups(rng: random.Random) -> Problem:
                    thing, f"a multiple of {b}")
 
 
-def _sum(rng: random.Random) -> Problem:
-    a, b = rng.randint(1, 30), rng.randint(1, 9)
-    return Problem("sum", f"What is {a} + {b}?", (Step("Add the two numbers", "total", f"{a} + {b}"),), "units",
-                   f"more than {a}")
-
-
-def _difference(rng: random.Random) -> Problem:
-    a, b = rng.randint(10, 39), rng.randint(1, 9)
+def _arith(rng: random.Random) -> Problem:
+    if rng.random() < 0.5:
+        a, b = rng.randint(1, 20), rng.randint(1, 9)
+        return Problem("sum", f"What is {a} + {b}?", (Step("Add the two numbers", "total", f"{a} + {b}"),), "units",
+                       f"more than {a}")
+    a = rng.randint(2, 20)
+    b = rng.randint(1, min(9, a - 1))
     return Problem("difference", f"What is {a} - {b}?", (Step("Subtract the second number", "left", f"{a} - {b}"),),
                    "units", f"less than {a}")
 
 
-ARITH_TEMPLATES: dict[str, Callable[[random.Random], Problem]] = {"sum": _sum, "difference": _difference}
-"""Bare one-step arithmetic (a + b, a - b; 270 distinct questions each): difficulty "arith"."""
+ARITH_TEMPLATES: dict[str, Callable[[random.Random], Problem]] = {"arith": _arith}
+"""Bare one-step arithmetic, a + b (a <= 20, b <= 9) or a - b (a <= 20, b <= 9, b < a), 315 distinct
+questions: difficulty "arith"."""
 
 ONE_STEP_TEMPLATES: dict[str, Callable[[random.Random], Problem]] = {"more": _more, "fewer": _fewer,
                                                                       "groups": _groups}
@@ -199,8 +199,8 @@ DIFFICULTIES: dict[str, dict[str, Callable[[random.Random], Problem]]] = {
 it), one_step (one-operation word problems), multi (2-4 steps, the original family) and mixed (one_step
 and multi, rotating)."""
 
-DIFFICULTY_SIZES = {"arith": 500}
-"""How many rows a family can safely produce (arith has 2 x 270 distinct questions, drawn in rotation)."""
+DIFFICULTY_SIZES = {"arith": 310}
+"""How many rows a family can safely produce (arith has 315 distinct questions)."""
 
 
 def _evaluate(steps: tuple[Step, ...]) -> list[tuple[str, int]]:

@@ -50,7 +50,8 @@ def test_arith_family_the_demo_default():
     assert len({r["question"] for r in rows}) == len(rows)
     for r in rows:
         a, op, b = r["question"].removeprefix("What is ").removesuffix("?").split()
-        assert int(r["gold"]) == (int(a) + int(b) if op == "+" else int(a) - int(b)) >= 0
+        assert int(r["gold"]) == (int(a) + int(b) if op == "+" else int(a) - int(b)) > 0
+        assert int(a) <= 20 and int(b) <= 9
 
 
 # ----------------------------------------------------------------------------- engine additions
