@@ -169,6 +169,7 @@ def test_quick_and_full_are_recipes_flags_still_win(capsys):
 
 
 # ----------------------------------------------------------------------------- end to end
+@pytest.mark.timeout(1800)  # a hang guard only: four Ray Train start-ups take minutes on a loaded 2-core machine
 def test_demo_quick_on_tiny_preset(tmp_path, ray_cluster, capsys):
     out = tmp_path / "demo"
     assert demo_job.main(["--preset", "tiny", "--quick", "--backend", "local", "--output_path", str(out),
