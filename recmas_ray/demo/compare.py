@@ -216,8 +216,13 @@ def ablation_verdicts(rows: list[dict]) -> list[str]:
         overlap = r["ci_high"] >= ref["ci_low"] and ref["ci_high"] >= r["ci_low"]
         acc_says = ("dropped" if d_acc < 0 else "rose" if d_acc > 0 else "did not change") + \
             (" (within the 95% CIs)" if overlap and d_acc else "")
-        verdict = "the latents carry information about the question" if mean > 2 * se and math.isfinite(se) else \
-            "no evidence here that the latents carry question information"
+        rose = math.isfinite(se) and mean > 2 * se
+        if r["ablation"] == "shuffle":  # another question's latents: tests question-specific content
+            verdict = "the latents carry information about their own question" if rose else \
+                "no evidence here that the latents carry question-specific information"
+        else:  # zeros: tests whether the decoder uses the latent slots at all
+            verdict = "the decoder uses what the latents carry" if rose else \
+                "no evidence here that the decoder uses the latents"
         out.append(f"{r['label']} at R={r['rounds']}: accuracy {acc_says} ({ref['accuracy']:.3f} -> "
                    f"{r['accuracy']:.3f}), answer NLL {nll_says} ({ref['nll']:.3f} -> {r['nll']:.3f}, paired "
                    f"difference {mean:+.3f} +- {se:.3f}): {verdict}.")
