@@ -1,46 +1,104 @@
-"""The main job: real heterogeneous language models collaborating in latent space, trained and evaluated.
+"""The main job: real heterogeneous language models collaborating in latent space, trained and compared.
 
 On a local Ray cluster (or the one `ray job submit` runs in), offline:
-  1. generate multi-step arithmetic word problems (train / held-out split)
+  1. generate one-step arithmetic word problems (train / held-out split, no question in both)
   2. train the sequential style's inner links (three roles at once), then its outer links
-  3. evaluate RecursiveMAS and Recursive-TextMAS on the held-out split at R = 1, 2, 3
-  4. print the results table and write the plot
+  3. compare on the same held-out questions: single agent, TextMAS, Recursive-TextMAS and RecursiveMAS
+     (fresh, inner-trained, inner+outer-trained links) at R = 1, 2, 3, plus the latent ablation
+  4. print one table (accuracy with 95% CI, NLL, tokens, seconds, speedup, token reduction) and write a PNG
 
-  python jobs/demo.py                    # real small models (SmolLM2-135M, Gemma-3-270M), ~15 min on 2 cores
-  python jobs/demo.py --quick            # ~2 minutes
-  python jobs/demo.py --preset tiny --quick --backend local   # seconds-scale smoke run
+  python jobs/demo.py                    # real small models (SmolLM2-135M, Gemma-3-270M), ~20 min on 2 cores
+  python jobs/demo.py --quick            # smoke run, a few minutes
+  python jobs/demo.py --full             # more questions and steps, at most ~90 min
+  python jobs/demo.py --preset tiny --quick --backend local   # random tiny models, about a minute
+
+The console shows one line per phase; Ray, training and grader output goes to OUTPUT/logs/ (--verbose
+shows it). Every setting below can also come from --config FILE (JSON/YAML).
 """
 
-import argparse
-import dataclasses
-import sys
+from __future__ import annotations
 
+import sys
+from pathlib import Path
+
+if __package__ in (None, ""):  # `python jobs/demo.py` from a checkout: import this checkout's package
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from recmas_ray.config.cli import run_job  # noqa: E402
+from recmas_ray.demo.config import RECIPES, DemoConfig  # noqa: E402
+
+SHORTCUTS = {"--quick": ["--recipe", "quick"], "--full": ["--recipe", "full"]}
+
+
+def expand(argv: list[str]) -> list[str]:
+    """`--quick` / `--full` are the recipes of those names (flags given with them still win)."""
+    out: list[str] = []
+    picked = [a for a in argv if a in SHORTCUTS]
+    if len(picked) > 1:
+        raise SystemExit("error: --quick and --full exclude each other")
+    for a in argv:
+        out += SHORTCUTS.get(a, [a])
+    return out
+
+
+def run(cfg: DemoConfig) -> int:
+    from recmas_ray.demo.console import Console, quiet_outputs
+
+    out = Path(cfg.output_path).resolve()
+    with quiet_outputs(out / "logs", verbose=cfg.verbose) as stream:
+        console = Console(stream=stream, progress=cfg.progress)
+        try:
+            _init_ray(cfg, out)
+            from recmas_ray.demo.pipeline import run_demo
+
+            run_demo(cfg, console)
+        finally:
+            console.finish_open()
+    return 0
+
+
+def _init_ray(cfg: DemoConfig, out: Path) -> None:
+    import logging
+
+    import ray
+
+    from recmas_ray.distributed.driver import init_ray
+
+    if ray.is_initialized():
+        return
+    import os
+
+    kwargs = {} if cfg.verbose else {"log_to_driver": False, "logging_level": logging.WARNING}
+    # A private local cluster unless RAY_ADDRESS names one (`ray job submit` sets it): on a shared machine
+    # the newest cluster's address file may belong to someone else's run, which can end at any time.
+    kwargs["address"] = os.environ.get("RAY_ADDRESS") or "local"
+    for attempt in range(3):  # Ray waits only 30 s for its raylet: a busy machine can overrun that
+        try:
+            init_ray(**kwargs)
+            break
+        except Exception as e:  # noqa: BLE001 - Ray raises a bare Exception for this
+            if "timed out during startup" not in str(e) or attempt == 2:
+                raise RuntimeError(f"Ray did not start: {e}") from e
+            logging.getLogger(__name__).warning("Ray start-up timed out (busy machine); retrying")
+            ray.shutdown()
+    if not cfg.verbose:
+        from recmas_ray.demo.console import quiet_new_loggers
+
+        quiet_new_loggers(out / "logs")
+        try:
+            logging.getLogger(__name__).warning("Ray session logs: %s", ray._private.worker._global_node.get_session_dir_path())
+        except Exception:  # noqa: BLE001 - only informational
+            pass
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--preset", default="demo", choices=["demo", "tiny"])
-    p.add_argument("--quick", action="store_true")
-    p.add_argument("--backend", default="ray", choices=["ray", "local"])
-    p.add_argument("--output_path", default="out/demo")
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--no_progress", action="store_true")
-    args = p.parse_args(argv)
-
-    from recmas_ray.demo import DemoConfig, quick, run_demo
-    from recmas_ray.distributed.driver import init_ray
-
-    cfg = DemoConfig(preset=args.preset, backend=args.backend, output_path=args.output_path, seed=args.seed,
-                     progress=not args.no_progress)
-    if args.quick:
-        cfg = quick(cfg)
+    argv = list(sys.argv[1:] if argv is None else argv)
     try:
-        init_ray()
-        run_demo(dataclasses.replace(cfg))
-    except ValueError as e:
-        print(f"error: {e}", file=sys.stderr)
+        argv = expand(argv)
+    except SystemExit as e:
+        print(e.code, file=sys.stderr)
         return 2
-    return 0
+    return run_job(run, DemoConfig, argv, prog="python jobs/demo.py", description=__doc__, recipes=RECIPES)
 
 
 if __name__ == "__main__":

@@ -176,6 +176,30 @@ class Agent:
         assistant_L[-len(target_ids):] = True
         return e_LD, ids_L, assistant_L
 
+    @torch.no_grad()
+    def target_nll(self, users: list[str], latents: dict[str, torch.Tensor] | None, targets: list[str]) -> list[float]:
+        """Mean token NLL of each target (+ EOS) teacher-forced after its chat prompt with latents spliced in.
+
+        The prompt is exactly what `decode` starts from (`embed_prompt`); `latents` maps slot -> [B, M, D].
+        """
+        latents = latents or {}
+        rows, assistant = [], []
+        for b, (user, target) in enumerate(zip(users, targets)):
+            e_LD, _, asst_L = self.embed_teacher_forced(user, {k: v[b] for k, v in latents.items()}, target)
+            rows.append(e_LD)
+            assistant.append(asst_L)
+        e_BLD, mask_BL = left_pad(rows)
+        ids_BL = torch.full(mask_BL.shape, -100, dtype=torch.long, device=self.device)
+        for b, (user, target) in enumerate(zip(users, targets)):
+            t_ids = self.tokenizer(target, add_special_tokens=False).input_ids + [self.tokenizer.eos_token_id]
+            ids_BL[b, ids_BL.shape[1] - len(t_ids):] = torch.tensor(t_ids, dtype=torch.long, device=self.device)
+        logits_BLV = self.logits(self.forward_hidden(e_BLD, mask_BL)).float()
+        logp_BLV = torch.log_softmax(logits_BLV[:, :-1], dim=-1)
+        tgt_BL = ids_BL[:, 1:]
+        keep_BL = tgt_BL != -100
+        tok_nll_BL = -logp_BLV.gather(-1, tgt_BL.clamp(min=0)[..., None])[..., 0] * keep_BL
+        return (tok_nll_BL.sum(-1) / keep_BL.sum(-1).clamp(min=1)).tolist()
+
     def forward_hidden(self, e_BLD: torch.Tensor, mask_BL: torch.Tensor) -> torch.Tensor:
         """Last-layer hidden states [B, L, D] (after the final norm), no cache; grad as the caller enables."""
         return self.model.get_decoder()(inputs_embeds=e_BLD, attention_mask=mask_BL, position_ids=positions(mask_BL),

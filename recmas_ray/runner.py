@@ -34,6 +34,9 @@ class AgentPool(Protocol):
 
     def get(self, handle: Any, *, what: str) -> Any: ...
 
+    # Only when `run_batch` gets `targets` (answer likelihood):
+    # score(role, users, slot_names, targets, latents) -> handle of (list[float] NLL per sample, stats)
+
 
 @dataclass
 class SampleResult:
@@ -44,34 +47,68 @@ class SampleResult:
     num_latent_steps: int
     seconds: float
     trace: list[dict] = field(default_factory=list)
+    nll: float | None = None
+    """Mean token NLL of the gold target under the decoder's final prompt (only when targets were given)."""
 
 
 def run_batch(pool: AgentPool, style: StyleSpec, questions: list[str], tasks: list[str],
-              cfg: RecursionConfig) -> list[SampleResult]:
-    """Run one batch of questions through the style with `cfg.method`."""
+              cfg: RecursionConfig, *, targets: list[str] | None = None) -> list[SampleResult]:
+    """Run one batch of questions through the style with `cfg.method`.
+
+    `targets` (one gold answer text per question): the decoder also teacher-forces each target after
+    the very prompt it decodes from (latents or upstream texts spliced in) and `SampleResult.nll` is
+    its mean token negative log-likelihood; the same code path for every method. Scoring time is not
+    counted in `seconds`, and traces and token counts are unchanged.
+    """
     check_tree(cfg, lambda path: path)
+    if targets is not None and len(targets) != len(questions):
+        raise ValueError(f"run_batch: {len(targets)} targets for {len(questions)} questions")
     t0 = time.perf_counter()
     if cfg.method == "single_agent":
         users = [render_single_agent_prompt(style, t, q) for q, t in zip(questions, tasks)]
         calls = [(1, style.decoder, "decode", pool.decode(style.decoder, users, [], cfg.decode, []))]
+        calls += _score(pool, style.decoder, users, [], [], targets)
     elif cfg.method == "recursive_mas":
-        calls = _run_latent(pool, style, questions, tasks, cfg)
+        calls = _run_latent(pool, style, questions, tasks, cfg, targets)
     else:
         rounds = 1 if cfg.method == "textmas" else cfg.num_recursive_rounds
-        calls = _run_text(pool, style, questions, tasks, cfg, rounds)
+        calls = _run_text(pool, style, questions, tasks, cfg, rounds, targets)
     return _collect(pool, calls, len(questions), t0)
 
 
-def _run_latent(pool, style, questions, tasks, cfg):
+def _score(pool, role, users, slot_names, latents, targets) -> list:
+    """The scoring call of the final decode step (none without targets)."""
+    if targets is None:
+        return []
+    return [(None, role, "score", pool.score(role, users, slot_names, list(targets), latents))]
+
+
+def _ablate(pool, handles: list, mode: str, what: str) -> list:
+    """Received latent blocks replaced: shuffle = batch rolled by one (question b gets b+1's), zero = zeros."""
+    if mode == "none":
+        return handles
+    import torch
+
+    out = []
+    for h in handles:
+        x = pool.get(h, what=what)
+        out.append(torch.zeros_like(x) if mode == "zero" else torch.roll(x, shifts=-1, dims=0))
+    return out
+
+
+def _run_latent(pool, style, questions, tasks, cfg, targets=None):
     messages: dict[str, Any] = {}  # edge -> handle of its latest [B, M, E] message
     calls = []
     for step in build_schedule(style, cfg.num_recursive_rounds, decode_every_round=cfg.decode_every_round):
         users = [render_prompt(style, step.role, step.variant, t, q) for q, t in zip(questions, tasks)]
         slot_names = [m for m, _ in step.inputs]
-        latents = [messages[e] for _, e in step.inputs]
+        latents = _ablate(pool, [messages[e] for _, e in step.inputs], cfg.latent_ablation,
+                          f"role {step.role}, round {step.round} (latents to ablate)")
         if step.decode or step.discard_decode:
             calls.append((step.round, step.role, "decode" if step.decode else "discarded_decode",
                           pool.decode(step.role, users, slot_names, cfg.decode, latents)))
+            if step.decode:
+                calls += _score(pool, step.role, users, slot_names, latents, targets)
         if step.outputs:
             outs, stats = pool.rollout(step.role, users, slot_names, cfg.latent_steps, step.outputs, latents)
             messages.update(zip(step.outputs, outs))
@@ -79,7 +116,7 @@ def _run_latent(pool, style, questions, tasks, cfg):
     return calls
 
 
-def _run_text(pool, style, questions, tasks, cfg, rounds):
+def _run_text(pool, style, questions, tasks, cfg, rounds, targets=None):
     texts: dict[str, list[str]] = {}  # edge -> latest text per sample
     calls = []
     for step in build_schedule(style, rounds):
@@ -88,6 +125,7 @@ def _run_text(pool, style, questions, tasks, cfg, rounds):
         handle = pool.decode(step.role, users, [], cfg.decode, [])
         if step.decode:
             calls.append((step.round, step.role, "decode", handle))
+            calls += _score(pool, step.role, users, [], [], targets)
             continue
         decoded, stats = pool.get(handle, what=f"role {step.role}, round {step.round} (text)")
         calls.append((step.round, step.role, "text", _Ready((decoded, stats))))
@@ -105,8 +143,15 @@ class _Ready:
 
 def _collect(pool, calls, batch_size, t0) -> list[SampleResult]:
     results = [SampleResult("", 0, 0, 0.0) for _ in range(batch_size)]
+    score_seconds = 0.0
     for rnd, role, action, handle in calls:
         value = handle.value if isinstance(handle, _Ready) else pool.get(handle, what=f"role {role}, round {rnd} ({action})")
+        if action == "score":  # answer likelihood: no trace entry, no tokens, its time not counted
+            nlls, stats = value
+            score_seconds += stats["seconds"]
+            for res, nll in zip(results, nlls):
+                res.nll = float(nll)
+            continue
         decoded, stats = value if action != "rollout" else (None, value)
         for b, res in enumerate(results):
             entry = {"role": role, "round": rnd, "action": action, "latent_steps": stats["latent_steps"],
@@ -120,7 +165,7 @@ def _collect(pool, calls, batch_size, t0) -> list[SampleResult]:
             res.num_latent_steps += entry["latent_steps"]
             if action == "decode":
                 res.prediction = decoded[b].text
-    elapsed = time.perf_counter() - t0  # includes waiting for the last remote call
+    elapsed = time.perf_counter() - t0 - score_seconds  # includes waiting for the last remote call
     for res in results:
         res.seconds = elapsed / batch_size
     return results
@@ -138,6 +183,9 @@ class LocalPool:
 
     def decode(self, role, users, slot_names, cfg, latents):
         return self.services[role].decode(users, slot_names, cfg, *latents)
+
+    def score(self, role, users, slot_names, targets, latents):
+        return self.services[role].score(users, slot_names, targets, *latents)
 
     def get(self, handle, *, what):
         return handle

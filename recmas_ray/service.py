@@ -130,6 +130,28 @@ class AgentService:
                  "seconds": time.perf_counter() - t0}
         return out, stats
 
+    def score(self, users, slot_names, targets, *latents):
+        """Answer likelihood: mean token NLL of each `targets[b]` (+ EOS) teacher-forced after the prompt
+        `decode` would start from (same chat template, same latents); returns (list[float], stats)."""
+        t0 = time.perf_counter()
+        if len(slot_names) != len(latents) or len(targets) != len(users):
+            raise ValueError(f"role {self.spec.role}: score got {len(users)} prompts, {len(targets)} targets, "
+                             f"{len(slot_names)} slot names and {len(latents)} latent blocks")
+        nlls = self.agent.target_nll(list(users), dict(zip(slot_names, latents)), list(targets))
+        stats = {"role": self.spec.role, "latent_steps": 0, "text_tokens": [0] * len(users),
+                 "seconds": time.perf_counter() - t0}
+        return nlls, stats
+
+    def set_links(self, inner_state: dict, outer_states: dict[str, dict]) -> None:
+        """Replace the inner link and the outer links in place (the model stays loaded)."""
+        from recmas_ray.links import inner_link_from_state_dict, outer_link_from_state_dict
+
+        link = inner_link_from_state_dict(inner_state, what=f"inner link of {self.spec.role}")
+        self.agent.inner_link = link.to(self.agent.device, self.agent.dtype)
+        self.agent.outer_links = {}
+        for edge, sd in outer_states.items():
+            self.agent.attach_outer_link(edge, outer_link_from_state_dict(sd, what=f"outer link {edge}"))
+
     def retry_format(self, texts: list[str], suffixes: list[str], max_new_tokens: int,
                      cfg: DecodeConfig | None = None) -> list[Decoded]:
         """Answer-format retry: continue `text + suffix` with the base model alone.

@@ -13,6 +13,7 @@ from typing import Annotated
 from recmas_ray.config.checks import OneOf, Range
 
 METHODS = ("recursive_mas", "recursive_textmas", "textmas", "single_agent")
+LATENT_ABLATIONS = ("none", "shuffle", "zero")
 MAX_LATENT_STEPS = 4096
 MAX_ROUNDS = 32
 MAX_NEW_TOKENS = 65536
@@ -52,6 +53,9 @@ class RecursionConfig:
     """Final (and, for text methods, intermediate) decoding settings."""
     decode_every_round: bool = False
     """Mixture reference behaviour: the decoder also decodes (and discards) text in non-final rounds."""
+    latent_ablation: Annotated[str, OneOf(LATENT_ABLATIONS)] = "none"
+    """recursive_mas only, a diagnostic: none, shuffle (each question receives the latents of the next
+    question in its batch, a cyclic shift) or zero (every received latent block is zeros)."""
 
 
 

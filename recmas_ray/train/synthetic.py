@@ -145,6 +145,62 @@ TEMPLATES: dict[str, Callable[[random.Random], Problem]] = {
     "shopping": _shopping, "travel": _travel, "sharing": _sharing, "savings": _savings,
     "garden": _garden, "ages": _ages, "bakery": _bakery,
 }
+"""The multi-step family (2-4 steps): difficulty "multi"."""
+
+_THINGS = ("apples", "pens", "stickers", "marbles", "cards", "shells", "coins", "books")
+
+
+def _more(rng: random.Random) -> Problem:
+    name, thing = rng.choice(NAMES), rng.choice(_THINGS)
+    a, b = rng.randint(2, 19), rng.randint(2, 9)
+    question = f"{name} has {a} {thing} and gets {b} more. How many {thing} does {name} have now?"
+    return Problem("more", question, (Step(f"Add the {thing}", "total", f"{a} + {b}"),), thing, f"more than {a}")
+
+
+def _fewer(rng: random.Random) -> Problem:
+    name, thing = rng.choice(NAMES), rng.choice(_THINGS)
+    a = rng.randint(6, 19)
+    b = rng.randint(1, min(9, a - 1))
+    question = f"{name} has {a} {thing} and gives away {b}. How many {thing} does {name} have left?"
+    return Problem("fewer", question, (Step(f"Subtract the {thing} given away", "left", f"{a} - {b}"),), thing,
+                   f"less than {a}")
+
+
+def _groups(rng: random.Random) -> Problem:
+    name, thing = rng.choice(NAMES), rng.choice(_THINGS)
+    a, b = rng.randint(2, 5), rng.randint(2, 9)
+    question = f"{name} has {a} bags with {b} {thing} in each bag. How many {thing} does {name} have?"
+    return Problem("groups", question, (Step(f"Multiply the bags by the {thing} per bag", "total", f"{a} * {b}"),),
+                   thing, f"a multiple of {b}")
+
+
+def _arith(rng: random.Random) -> Problem:
+    if rng.random() < 0.5:
+        a, b = rng.randint(1, 20), rng.randint(1, 9)
+        return Problem("sum", f"What is {a} + {b}?", (Step("Add the two numbers", "total", f"{a} + {b}"),), "units",
+                       f"more than {a}")
+    a = rng.randint(2, 20)
+    b = rng.randint(1, min(9, a - 1))
+    return Problem("difference", f"What is {a} - {b}?", (Step("Subtract the second number", "left", f"{a} - {b}"),),
+                   "units", f"less than {a}")
+
+
+ARITH_TEMPLATES: dict[str, Callable[[random.Random], Problem]] = {"arith": _arith}
+"""Bare one-step arithmetic, a + b (a <= 20, b <= 9) or a - b (a <= 20, b <= 9, b < a), 315 distinct
+questions: difficulty "arith"."""
+
+ONE_STEP_TEMPLATES: dict[str, Callable[[random.Random], Problem]] = {"more": _more, "fewer": _fewer,
+                                                                      "groups": _groups}
+"""The one-step family (one small addition, subtraction or multiplication): difficulty "one_step"."""
+
+DIFFICULTIES: dict[str, dict[str, Callable[[random.Random], Problem]]] = {
+    "arith": ARITH_TEMPLATES, "one_step": ONE_STEP_TEMPLATES, "multi": TEMPLATES, "mixed": {**ONE_STEP_TEMPLATES, **TEMPLATES}}
+"""Task families by difficulty: arith (bare a + b / a - b, the demo's: its 135M decoder solves part of
+it), one_step (one-operation word problems), multi (2-4 steps, the original family) and mixed (one_step
+and multi, rotating)."""
+
+DIFFICULTY_SIZES = {"arith": 310}
+"""How many rows a family can safely produce (arith has 315 distinct questions)."""
 
 
 def _evaluate(steps: tuple[Step, ...]) -> list[tuple[str, int]]:
@@ -193,16 +249,20 @@ def _row(problem: Problem) -> dict:
     return row
 
 
-def make_arithmetic_dataset(num_rows: int, *, seed: int = 0) -> list[dict]:
-    """`num_rows` distinct word problems (2-4 steps each) with every style's fields; same seed, same rows.
+def make_arithmetic_dataset(num_rows: int, *, seed: int = 0, difficulty: str = "multi") -> list[dict]:
+    """`num_rows` distinct word problems with every style's fields; same seed, same rows.
 
-    Templates rotate so every kind appears in small sets; questions are unique so a train/eval split
+    `difficulty` picks the family (see `DIFFICULTIES`): multi (2-4 steps each, the default), one_step or
+    mixed. Templates rotate so every kind appears in small sets; questions are unique so a train/eval split
     never leaks a question.
     """
     if num_rows < 0:
         raise ValueError(f"num_rows must be >= 0, got {num_rows}")
+    if difficulty not in DIFFICULTIES:
+        raise ValueError(f"difficulty {difficulty!r}; expected one of {', '.join(DIFFICULTIES)}")
+    templates = DIFFICULTIES[difficulty]
     rng = random.Random(seed)
-    names = list(TEMPLATES)
+    names = list(templates)
     offset = rng.randrange(len(names))
     rows: list[dict] = []
     seen: set[str] = set()
@@ -211,7 +271,7 @@ def make_arithmetic_dataset(num_rows: int, *, seed: int = 0) -> list[dict]:
         attempts += 1
         if attempts > 50 * num_rows + 1000:
             raise ValueError(f"could not generate {num_rows} distinct questions; ask for fewer rows")
-        problem = TEMPLATES[names[(offset + len(rows)) % len(names)]](rng)
+        problem = templates[names[(offset + len(rows)) % len(names)]](rng)
         if problem.question in seen:
             continue
         seen.add(problem.question)
@@ -229,6 +289,17 @@ def split_train_eval(rows: list[dict], num_eval: int, seed: int = 0) -> tuple[li
     train = [r for i, r in enumerate(rows) if i not in eval_idx]
     evals = [rows[i] for i in order[:num_eval]]
     return train, evals
+
+
+def check_disjoint(train: list[dict], heldout: list[dict]) -> None:
+    """Raise ValueError if any held-out question (whitespace and case ignored) also appears in `train`."""
+    def norm(q: str) -> str:
+        return " ".join(q.lower().split())
+
+    seen = {norm(r["question"]) for r in train}
+    leaked = [r["question"] for r in heldout if norm(r["question"]) in seen]
+    if leaked:
+        raise ValueError(f"{len(leaked)} held-out question(s) also appear in the training rows, e.g. {leaked[0]!r}")
 
 
 def write_jsonl(rows: list[dict], path: str | Path) -> Path:
@@ -257,8 +328,10 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--json_field", default=None,
                         help="write one JSON object {FIELD: [rows]} instead of JSON lines (e.g. 'data')")
     parser.add_argument("--seed", type=int, default=0, help="random seed (same seed, same rows)")
+    parser.add_argument("--difficulty", default="multi", choices=list(DIFFICULTIES),
+                        help="task family: multi (2-4 steps), one_step, or mixed (default: multi)")
     args = parser.parse_args(argv)
-    rows = make_arithmetic_dataset(args.num_rows, seed=args.seed)
+    rows = make_arithmetic_dataset(args.num_rows, seed=args.seed, difficulty=args.difficulty)
     if args.json_field:
         path = write_json(rows, args.out, json_field=args.json_field)
     else:

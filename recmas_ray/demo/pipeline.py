@@ -1,0 +1,147 @@
+"""`run_demo`: data -> inner training (3 roles at once) -> outer training -> the comparison -> table + PNG."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import time
+from pathlib import Path
+
+from recmas_ray.demo import compare, report
+from recmas_ray.demo.config import DemoConfig
+from recmas_ray.demo.console import Console
+
+
+def make_data(cfg: DemoConfig, out: Path) -> tuple[Path, Path, list[dict]]:
+    """Generate, split (held-out questions never in training: checked) and write train / held-out files."""
+    from recmas_ray.train.synthetic import check_disjoint, make_arithmetic_dataset, split_train_eval, write_jsonl
+
+    rows = make_arithmetic_dataset(cfg.num_train + cfg.num_eval, seed=cfg.seed, difficulty=cfg.difficulty)
+    train, heldout = split_train_eval(rows, cfg.num_eval, seed=cfg.seed)
+    check_disjoint(train, heldout)
+    return write_jsonl(train, out / "train.jsonl"), write_jsonl(heldout, out / "heldout.jsonl"), heldout
+
+
+def train_links(cfg: DemoConfig, train_file: Path, out: Path, models: dict[str, str], console: Console) -> dict:
+    """THE one place the demo calls training (re-point it here when training's API changes).
+
+    Returns {role: inner dir, ..., "outer": outer dir} for `--ckpt_override`-style plans.
+    """
+    from recmas_ray.train.inner import InnerTrainConfig, train_all_roles
+    from recmas_ray.train.outer import OuterTrainConfig
+    from recmas_ray.train.pipeline import train_outer
+
+    roles = list(models)
+    console.start(f"inner training: {', '.join(roles)} at once, {cfg.inner_steps} steps each")
+    inner_dirs = train_all_roles(
+        InnerTrainConfig(mas_design="sequential", dataset_name=str(train_file), save_dir=str(out / "inner"),
+                         max_steps=cfg.inner_steps, batch_size=cfg.inner_batch_size, lr=cfg.inner_lr,
+                         warmup_steps=min(2, cfg.inner_steps - 1), save_every=cfg.inner_steps, seed=cfg.seed,
+                         num_workers=0, progress=False, max_length=512, mas_task=cfg.task, log_every=max(1, cfg.inner_steps // 4)),
+        role_models=models)
+    losses = {}
+    for role, d in inner_dirs.items():
+        try:
+            losses[role] = json.loads((Path(d) / "manifest.json").read_text()).get("loss")
+        except (OSError, ValueError):
+            losses[role] = None
+    console.done("final cosine loss " + ", ".join(f"{r} {v:.3f}" if v is not None else f"{r} ?"
+                                                  for r, v in losses.items()))
+    overrides = {role: str(path) for role, path in inner_dirs.items()}
+
+    console.start(f"outer training: R={cfg.outer_rounds}, {cfg.outer_steps} steps of {cfg.outer_batch_size} rows")
+    outer = train_outer(OuterTrainConfig(
+        style=cfg.style, ckpt_overrides=overrides, preset=cfg.preset, dataset_name=str(train_file), task=cfg.task,
+        save_dir=str(out / "outer"), num_recursive_rounds=cfg.outer_rounds, max_latent_tokens=cfg.max_latent_tokens,
+        max_steps=cfg.outer_steps, batch_size=cfg.outer_batch_size, lr=cfg.outer_lr, warmup_steps=1,
+        save_every=cfg.outer_steps, seed=cfg.seed, cpus_per_worker=0.5, max_failures=0))
+    log = outer.log or []
+    first, last = (log[0]["loss"], log[-1]["loss"]) if log else (None, None)
+    console.done(f"loss {first:.3f} -> {last:.3f}" if log else "no steps logged")
+    return {**overrides, "outer": str(outer.save_dir), "_inner_losses": losses, "_outer_log": log}
+
+
+def run_demo(cfg: DemoConfig, console: Console | None = None) -> dict:
+    """Run the whole pipeline; returns the rows, the table, and the paths written."""
+    from recmas_ray.models.loader import resolve_model_path
+    from recmas_ray.system.plan import plan_system
+    from recmas_ray.system.presets import role_models
+
+    console = console or Console()
+    out = Path(cfg.output_path).resolve()
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "demo_config.json").write_text(json.dumps(dataclasses.asdict(cfg), indent=2))
+    phases: dict[str, float] = {}
+    t_start = time.perf_counter()
+
+    console.start(f"data: {cfg.difficulty} arithmetic, {cfg.num_train} training rows, {cfg.num_eval} held-out")
+    train_file, eval_file, heldout = make_data(cfg, out)
+    phases["data"] = console.done(f"{train_file.name}, {eval_file.name} (no held-out question in training)")
+
+    models = role_models(cfg.style, cfg.preset)
+    console.start(f"preparing models: {', '.join(sorted(set(models.values())))}")
+    for name in sorted(set(models.values())):  # convert GGUF -> safetensors once, before workers need it
+        resolve_model_path(name)
+    phases["prepare"] = console.done(", ".join(f"{r}={m}" for r, m in models.items()))
+
+    t0 = time.perf_counter()
+    trained = train_links(cfg, train_file, out, models, console)
+    phases["training"] = time.perf_counter() - t0
+    inner_losses, outer_log = trained.pop("_inner_losses"), trained.pop("_outer_log")
+    inner_only = {r: d for r, d in trained.items() if r != "outer"}
+
+    console.start("starting agents" + (" (Ray actors)" if cfg.backend == "ray" else " (in-process)"))
+    plans = {"fresh": plan_system(cfg.style, preset=cfg.preset, seed=cfg.seed, task=cfg.task),
+             "inner": plan_system(cfg.style, preset=cfg.preset, ckpt_overrides=inner_only, seed=cfg.seed, task=cfg.task),
+             "trained": plan_system(cfg.style, preset=cfg.preset, ckpt_overrides=trained, seed=cfg.seed, task=cfg.task)}
+    agents = compare.Agents(plans, cfg.backend, torch_threads=cfg.torch_threads)
+    phases["start_agents"] = console.done()
+
+    from recmas_ray.eval.benchmarks import load_benchmark
+
+    items = load_benchmark(str(eval_file), task_type=cfg.task)
+    targets = {i["doc_id"]: row["answer"] for i, row in zip(items, heldout)}
+    assert all(i["question"] == row["question"] for i, row in zip(items, heldout))
+    rows, by_run = [], {}
+    (out / "samples").mkdir(exist_ok=True)
+    try:
+        for key, r in compare.plan_runs(cfg.rounds, cfg.ablation_r()):
+            variant = compare.BY_KEY[key]
+            console.start(f"evaluate {variant.label}, R={r}")
+
+            def tick(done, ok, secs, n=len(items)):
+                console.update(f"{done}/{n} acc {ok / done:.3f} {secs / done:.2f} s/question")
+
+            row = compare.run_one(agents, variant, r, items, targets, latent_steps=cfg.latent_steps,
+                                  max_new_tokens=cfg.max_new_tokens, batch_size=cfg.batch_size, seed=cfg.seed,
+                                  samples_path=out / "samples" / f"{key.replace('/', '_')}_R{r}.jsonl", on_sample=tick)
+            phases[f"eval {key} R={r}"] = console.done(
+                f"acc {row['accuracy']:.3f} [{row['ci_low']:.3f}, {row['ci_high']:.3f}] n={row['n']}, "
+                f"NLL {row['nll']:.3f}, {row['tokens_per_sample']:.0f} tokens/question")
+            by_run[(key, r)] = row
+    finally:
+        agents.close()
+    for key, r in [(k, r) for k, r in compare.plan_runs(cfg.rounds, cfg.ablation_r())]:
+        rows.append(by_run[(key, r)])
+        if key == "textmas" and 1 in cfg.rounds:  # Recursive-TextMAS at R = 1 is TextMAS: the same run
+            rows.append(compare.replace_round(by_run[(key, r)], compare.BY_KEY["recursive_textmas"], 1))
+    order = [v.key for v in compare.VARIANTS]
+    rows.sort(key=lambda x: (order.index(x["variant"]), x["rounds"]))
+    compare.add_comparisons(rows)
+    verdicts = compare.ablation_verdicts(rows)
+    text = report.table(rows)
+    png = report.plot(rows, out / "demo_results.png")
+    phases["total"] = time.perf_counter() - t_start
+    results = {"rows": [compare.public_row(r) for r in rows], "ablation": verdicts,
+               "per_question": {f"{r['variant']} R={r['rounds']}": {"nll": r["nll_per_doc"],
+                                                                    "correct": r["correct_per_doc"]} for r in rows},
+               "training": {"inner_final_loss": inner_losses, "outer_log": outer_log, "checkpoints": trained},
+               "phase_seconds": phases, "config": dataclasses.asdict(cfg), "heldout_size": len(items)}
+    compare.write_json(out / "demo_results.json", results)
+    console.line()
+    console.line(text)
+    for v in verdicts:
+        console.line(v)
+    console.line(f"\nplot: {png}\nresults: {out / 'demo_results.json'}  (samples/, logs/ beside it)")
+    return {"rows": rows, "table": text, "ablation": verdicts, "plot": str(png), "output_path": str(out),
+            "phase_seconds": phases}
