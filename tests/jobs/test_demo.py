@@ -5,7 +5,6 @@ import math
 
 import pytest
 
-import pytest
 
 from jobs import demo as demo_job
 from recmas_ray.config.recursion import DecodeConfig, RecursionConfig
