@@ -100,7 +100,7 @@ class Agents:
 
             class _ScoringRayPool(RayPool):
                 def score(self, role, users, slot_names, targets, latents):
-                    return self.handles[role].call.remote("score", users, slot_names, targets, *latents)
+                    return self.handles[role].score.remote(users, slot_names, targets, *latents)
 
             self.system = build_ray_system(base, PlacementConfig(preset="cpu"), timeout_s=timeout_s,
                                            torch_threads=torch_threads)
@@ -118,14 +118,14 @@ class Agents:
         else:
             import ray
 
-            ray.get([h.call.remote("set_links", *plan.service_args(role)[1:])
+            ray.get([h.set_links.remote(*plan.service_args(role)[1:])
                      for role, h in self.system.handles.items()])
         self.current = which
 
     def retry(self, texts, suffixes, n, decode):
         if self.system is None:
             return self.pool.services[self.decoder].retry_format(texts, suffixes, n, cfg=decode)
-        return self.pool.get(self.system.handles[self.decoder].call.remote("retry_format", texts, suffixes, n,
+        return self.pool.get(self.system.handles[self.decoder].retry_format.remote(texts, suffixes, n,
                                                                            cfg=decode), what="format retry")
 
     def close(self) -> None:

@@ -95,9 +95,17 @@ class _AgentActorImpl:
     def take_message(self, key, edge, _after=None):
         return self._kept.pop((key, edge))
 
-    def call(self, method: str, *args, **kwargs):
-        """Escape hatch for extensions (tool loop, training hooks) that live in the service."""
-        return getattr(self.service, method)(*args, **kwargs)
+    def retry_format(self, texts, suffixes, num_tokens, *, cfg):
+        """The answer-format retry on this agent (see `AgentService.retry_format`)."""
+        return self.service.retry_format(texts, suffixes, num_tokens, cfg=cfg)
+
+    def score(self, users, slot_names, targets, *latents):
+        """Mean NLL of target texts after the prompts (see `AgentService.score`)."""
+        return self.service.score(users, slot_names, targets, *latents)
+
+    def set_links(self, *links):
+        """Swap this agent's links without reloading its model (see `AgentService.set_links`)."""
+        return self.service.set_links(*links)
 
 
 def _reconstructed() -> bool:

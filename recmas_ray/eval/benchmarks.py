@@ -1,6 +1,6 @@
 """Benchmark loaders: read each benchmark's published record format and normalise it.
 
-Every loader returns plain dicts (Ray Data friendly) with the keys of `BenchmarkItem`
+Every loader returns plain dicts (Ray Data friendly) with the base keys
 (`doc_id`, `question`, `gold`, `task_type`, `benchmark`, `raw_question`) plus task fields:
 `options` (choice), `aliases` (qa), `solution` (math), and for code `tests`/`test_mode`/
 `inputs`/`outputs`/`fn_name`/`entry_point`/`timeout_s` as `graders.grade` expects, plus
@@ -51,24 +51,6 @@ class BenchmarkSpec:
     """Grader family: math, choice, code or qa."""
     metric: str
     """Headline metric as named in results (accuracy, pass@10, ...)."""
-
-
-@dataclass(frozen=True)
-class BenchmarkItem:
-    """Base keys every normalised record carries (task-specific keys are added alongside)."""
-
-    doc_id: str
-    """Stable id, unique within the benchmark (used for resume and joins across methods)."""
-    question: str
-    """Text shown to the model (options appended for MCQ, example asserts for MBPP+, ...)."""
-    gold: str
-    """Gold answer: math expression, option letter, answer text, or reference solution code."""
-    task_type: str
-    """math, choice, code or qa."""
-    benchmark: str
-    """Benchmark name (or the local file's stem)."""
-    raw_question: str
-    """The question as published, before any wrapping."""
 
 
 def _spec(hf_id, hf_config, split, task_type, metric="accuracy"):

@@ -27,7 +27,7 @@ from recmas_ray.eval.graders import pass_at_k
 
 __all__ = ["SampleWriter", "sample_key", "load_done_ids", "read_samples", "summarize", "with_verdicts",
            "VERDICT_FIELDS",
-           "write_results", "markdown_table", "plot_vs_rounds", "timestamp", "samples_path", "lm_eval_sample"]
+           "write_results", "markdown_table", "plot_vs_rounds", "timestamp", "lm_eval_sample"]
 
 BASELINE = "recursive_textmas"
 HIGHER_IS_BETTER = {"accuracy": True, "tokens_per_sample": False, "latent_steps_per_sample": False,
@@ -53,11 +53,6 @@ def with_verdicts(record: dict) -> dict:
 def timestamp() -> str:
     """lm-eval style file timestamp: ISO time with ':' replaced, safe in file names."""
     return _dt.datetime.now().isoformat(timespec="microseconds").replace(":", "-")
-
-
-def samples_path(output_dir: str | os.PathLike, run_name: str, benchmark: str, ts: str) -> Path:
-    """`<output_dir>/<run_name>/samples_<benchmark>_<ts>.jsonl`."""
-    return Path(output_dir) / run_name / f"samples_{benchmark}_{ts}.jsonl"
 
 
 def sample_key(record: Mapping[str, Any]) -> str:

@@ -205,7 +205,7 @@ class EvalClient:
                 return self._get(orchestrator.solve.remote(qs, ts, rc, bid), f"batch {bid} (replica {replica})")
 
             def retry(texts, suffixes, n, decode):
-                ref = decoder.call.remote("retry_format", texts, suffixes, n, cfg=decode)
+                ref = decoder.retry_format.remote(texts, suffixes, n, cfg=decode)
                 return self._get(ref, f"batch {bid} (replica {replica}, format retry)")
 
             return solve_and_grade(items, rollout, self.method, self.recursion, self.grader, solve,

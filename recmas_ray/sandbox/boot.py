@@ -256,4 +256,5 @@ def _guard(c, harness, last_line=_HARNESS_LAST_LINE):
             sys.modules["subprocess"]._fork_exec = fork_exec
     sys.addaudithook(hook)
 
-_boot()
+if __name__ == "__main__":  # run as `python -c` text in the child; importing it does nothing
+    _boot()
