@@ -11,35 +11,38 @@ a shared machine hits all three alike, and the median of each is reported. Figur
 Issue 3 target: ratio_1 <= 1.10 at batch 8, m = 32, R = 3 with hidden sizes >= 256, and ratio_k < 1.
 The tiny preset's only family with hidden 256 is mistral, hence the example override.
 
-  python jobs/bench_backend.py --preset tiny --role_models all=tiny:mistral
-  python jobs/bench_backend.py --preset demo --style sequential_light --repeats 5
-  python jobs/bench_backend.py --address auto ...      # measure on a running cluster instead
+  python -m jobs.bench_backend --preset tiny --role_models all=tiny:mistral
+  python -m jobs.bench_backend --preset demo --style sequential_light --repeats 5
+  python -m jobs.bench_backend --address auto ...      # measure on a running cluster instead
 
 Writes <output_path>/bench_backend.json with the figures, every raw time and the machine.
 """
 
-import argparse
+from __future__ import annotations
+
 import json
 import os
 import platform
 import statistics
 import sys
 import time
+from dataclasses import dataclass, field
+from typing import Annotated
+
+from recmas_ray.config.checks import OneOf, Range, WritableDir
+from recmas_ray.config.cli import run_job, save_config
+from recmas_ray.config.evaluation import DEVICES, DTYPES, MODEL_PRESETS, style_names
+from recmas_ray.config.recursion import MAX_LATENT_STEPS, MAX_NEW_TOKENS, MAX_ROUNDS
+from recmas_ray.distributed.placement import PRESETS
 
 
-
-def parse_role_models(text: str | None, roles) -> dict[str, str]:
-    """`"planner=tiny:mistral,critic=tiny:llama"` or `"all=tiny:mistral"` -> {role: model}."""
-    out = {}
-    for item in filter(None, (text or "").split(",")):
-        role, sep, model = item.partition("=")
-        if not sep or not role or not model:
-            raise ValueError(f"--role_models item {item!r} is not ROLE=MODEL (or all=MODEL)")
-        if role == "all":
-            out.update({r: model for r in roles})
-        elif role not in roles:
-            raise ValueError(f"--role_models names {role!r}, not a role of this style {list(roles)}")
-        else:
+def expand_role_models(table: dict[str, str], roles) -> dict[str, str]:
+    """{"all": M} gives every role M; other keys must be roles of the style."""
+    out = {r: table["all"] for r in roles} if "all" in table else {}
+    for role, model in table.items():
+        if role != "all" and role not in roles:
+            raise ValueError(f"--role_model names {role!r}, not a role of this style {list(roles)}")
+        if role != "all":
             out[role] = model
     return out
 
@@ -67,28 +70,45 @@ def _nice(info: dict):
         return None
 
 
-def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--style", default="sequential_light")
-    p.add_argument("--preset", default="tiny", help="tiny | demo | paper")
-    p.add_argument("--role_models", default=None, help="ROLE=MODEL,... or all=MODEL (e.g. all=tiny:mistral)")
-    p.add_argument("--batch_size", type=int, default=8)
-    p.add_argument("--latent_steps", type=int, default=32, help="m")
-    p.add_argument("--rounds", type=int, default=3, help="R")
-    p.add_argument("--max_new_tokens", type=int, default=32)
-    p.add_argument("--inflight", type=int, default=3, help="K batches submitted together for the second figure")
-    p.add_argument("--repeats", type=int, default=5, help="interleaved repetitions; medians are reported")
-    p.add_argument("--placement", default="cpu", help="placement preset of the agent actors")
-    p.add_argument("--cpus_per_agent", type=float, default=0.5)
-    p.add_argument("--torch_threads", type=int, default=1,
-                   help="torch threads per agent, same in both backends (0: all cores); 1 keeps CPU timings "
-                        "steady, since OpenMP spin-waits collapse when cores are oversubscribed")
-    p.add_argument("--device", default="auto")
-    p.add_argument("--dtype", default="auto")
-    p.add_argument("--address", default=None, help="join this Ray cluster; default: start a private local one")
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--output_path", default="out/bench_backend")
-    return p
+@dataclass(kw_only=True)
+class BackendBenchConfig:
+    """What the backend benchmark runs."""
+
+    style: Annotated[str, OneOf(style_names)] = "sequential_light"
+    """Style whose agents are measured."""
+    preset: Annotated[str, OneOf(MODEL_PRESETS)] = "tiny"
+    """Base models of the roles: tiny, demo or paper."""
+    role_model: dict[str, str] = field(default_factory=dict)
+    """ROLE=MODEL per role, or all=MODEL (e.g. all=tiny:mistral), over the preset."""
+    batch_size: Annotated[int, Range(1, 4096)] = 8
+    """Questions per batch."""
+    latent_steps: Annotated[int, Range(0, MAX_LATENT_STEPS)] = 32
+    """m."""
+    num_recursive_rounds: Annotated[int, Range(1, MAX_ROUNDS)] = 3
+    """R."""
+    max_new_tokens: Annotated[int, Range(1, MAX_NEW_TOKENS)] = 32
+    """Decoding budget."""
+    inflight: Annotated[int, Range(1, 1024)] = 3
+    """K batches submitted together for the second figure."""
+    repeats: Annotated[int, Range(1, 1000)] = 5
+    """Interleaved repetitions; medians are reported."""
+    placement: Annotated[str, OneOf(PRESETS)] = "cpu"
+    """Placement preset of the agent actors."""
+    cpus_per_agent: Annotated[float, Range(0, 1024)] = 0.5
+    """Logical CPUs per agent actor."""
+    torch_threads: Annotated[int, Range(0, 1024)] = 1
+    """Torch threads per agent, the same in both backends (0: all cores); 1 keeps CPU timings steady, since
+    OpenMP spin-waits collapse when cores are oversubscribed."""
+    device: Annotated[str, OneOf(DEVICES)] = "auto"
+    """auto, cpu or cuda."""
+    dtype: Annotated[str, OneOf(DTYPES)] = "auto"
+    """auto: bf16 on CUDA, fp32 on CPU."""
+    address: str | None = None
+    """Join this Ray cluster; default: start a private local one."""
+    seed: Annotated[int, Range(0, 2**32 - 1)] = 0
+    """Seed of the links and questions."""
+    output_path: Annotated[str, WritableDir()] = "out/bench_backend"
+    """Where bench_backend.json and config.json go."""
 
 
 def run(args) -> dict:
@@ -110,12 +130,12 @@ def run(args) -> dict:
             raise ValueError(f"--{name} must be >= 1, got {getattr(args, name)}")
     threads = args.torch_threads or os.cpu_count() or 1
     torch.set_num_threads(threads)
-    overrides = parse_role_models(args.role_models, get_style(args.style).roles)
+    overrides = expand_role_models(args.role_model, get_style(args.style).roles)
     plan = plan_system(args.style, preset=args.preset, seed=args.seed, device=args.device, dtype=args.dtype,
                        role_model_overrides=overrides)
     questions = [r["question"] for r in make_arithmetic_dataset(args.batch_size, seed=args.seed + 1000)]
     tasks = ["math"] * len(questions)
-    rc = RecursionConfig(method="recursive_mas", num_recursive_rounds=args.rounds, latent_steps=args.latent_steps,
+    rc = RecursionConfig(method="recursive_mas", num_recursive_rounds=args.num_recursive_rounds, latent_steps=args.latent_steps,
                          decode=DecodeConfig(max_new_tokens=args.max_new_tokens))
     pool = LocalPool({r: AgentService(*plan.service_args(r)) for r in plan.style.roles})
 
@@ -180,20 +200,16 @@ def run(args) -> dict:
     }
 
 
-def main(argv=None) -> int:
-    args = build_parser().parse_args(argv)
-    try:
-        result = run(args)
-    except ValueError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
-    os.makedirs(args.output_path, exist_ok=True)
+def bench(args: BackendBenchConfig) -> int:
+    """Measure, write the JSON and the config, print the figures."""
+    result = run(args)
+    save_config(args, args.output_path)
     path = os.path.join(args.output_path, "bench_backend.json")
     with open(path, "w") as f:
         json.dump(result, f, indent=2, default=str)
     fig = result["figures"]
     k = fig["k"]
-    print(f"hidden sizes {result['hidden_sizes']}, batch {args.batch_size}, m {args.latent_steps}, R {args.rounds}")
+    print(f"hidden sizes {result['hidden_sizes']}, batch {args.batch_size}, m {args.latent_steps}, R {args.num_recursive_rounds}")
     print(f"in-process {fig['local_s_per_sample']:.4f} s/sample; Ray {fig['ray_s_per_sample_1_in_flight']:.4f} "
           f"(1 batch in flight), {fig['ray_s_per_sample_%d_in_flight' % k]:.4f} ({k} in flight)")
     print(f"ratio ray/local: {fig['ratio_1_in_flight']:.3f} (1 in flight), {fig['ratio_k_in_flight']:.3f} "
@@ -203,6 +219,11 @@ def main(argv=None) -> int:
           f"inside agent calls: {', '.join(f'{n} {v:.4f}' for n, v in fig['agent_s_per_sample'].items())}")
     print(f"wrote {path}")
     return 0
+
+
+def main(argv=None) -> int:
+    return run_job(bench, BackendBenchConfig, argv, prog="python -m jobs.bench_backend", description=__doc__,
+                   aliases={"role_models": "role_model", "rounds": "num_recursive_rounds"})
 
 
 if __name__ == "__main__":

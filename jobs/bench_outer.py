@@ -7,19 +7,26 @@ weights excluded), measured by `SavedTensorMeter` inside the Ray Train workers; 
 with recompute only the stage being back-propagated holds a graph, so it should stay flat.
 
 Examples
-  python jobs/bench_outer.py --style sequential --preset tiny --rounds 1,2,3 --steps 3 --out bench_outer.json
-  python jobs/bench_outer.py --style mixture --preset tiny --dataset_name synthetic:8 --batch_size 4 \
-      --num_microbatches 2 --out bench_mixture.json
+  python -m jobs.bench_outer --style sequential --preset tiny --rounds 1,2,3 --max_steps 3
+  python -m jobs.bench_outer --style mixture --preset tiny --dataset_name synthetic:8 --batch_size 4 \
+      --num_microbatches 2 --output_path out/bench_mixture
 """
 
-import argparse
+from __future__ import annotations
+
 import json
 import os
 import statistics
+import sys
 import tempfile
 import time
+from dataclasses import dataclass, field
+from typing import Annotated
 
-
+from recmas_ray.config.checks import NonEmpty, OneOf, Range, WritableDir
+from recmas_ray.config.cli import run_job, save_config
+from recmas_ray.config.evaluation import MODEL_PRESETS, style_names
+from recmas_ray.config.recursion import MAX_LATENT_STEPS, MAX_ROUNDS
 from recmas_ray.config.training import OuterTrainConfig
 
 
@@ -88,24 +95,45 @@ def _fresh_outer(plan, device):
     return {e: copy.deepcopy(plan.links.outer[e]).to(device) for e in plan.style.edges}
 
 
-def main(argv=None) -> None:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--style", default="sequential")
-    p.add_argument("--preset", default="tiny")
-    p.add_argument("--dataset_name", default="synthetic:8")
-    p.add_argument("--rounds", default="1,2,3")
-    p.add_argument("--steps", type=int, default=3)
-    p.add_argument("--batch_size", type=int, default=2)
-    p.add_argument("--num_microbatches", type=int, default=2)
-    p.add_argument("--max_latent_tokens", type=int, default=80)
-    p.add_argument("--use_gpu", action="store_true")
-    p.add_argument("--skip_reference", action="store_true")
-    p.add_argument("--threads", type=int, default=1, help="torch threads of the reference (Ray gives each "
-                   "CPU worker OMP_NUM_THREADS=1); oversubscribed OpenMP makes CPU timings meaningless")
-    p.add_argument("--out", default="bench_outer.json")
-    args = p.parse_args(argv)
-    rounds = [int(x) for x in args.rounds.split(",")]
-    base = dict(style=args.style, preset=args.preset, dataset_name=args.dataset_name, max_steps=args.steps,
+@dataclass(kw_only=True)
+class OuterBenchConfig:
+    """What the outer-loop benchmark runs."""
+
+    style: Annotated[str, OneOf(style_names)] = "sequential"
+    """Style trained."""
+    preset: Annotated[str, OneOf(MODEL_PRESETS)] = "tiny"
+    """Base models of the roles."""
+    dataset_name: str = "synthetic:8"
+    """Training rows (as train_outer's --dataset_name)."""
+    rounds: Annotated[list[int], Range(1, MAX_ROUNDS), NonEmpty()] = field(default_factory=lambda: [1, 2, 3])
+    """R values measured."""
+    max_steps: Annotated[int, Range(1, 100_000)] = 3
+    """Optimizer steps per run."""
+    batch_size: Annotated[int, Range(1, 4096)] = 2
+    """Samples per step."""
+    num_microbatches: Annotated[int, Range(1, 4096)] = 2
+    """Microbatches per step."""
+    max_latent_tokens: Annotated[int, Range(1, MAX_LATENT_STEPS)] = 80
+    """K: latents passed between agents."""
+    use_gpu: bool = False
+    """One GPU per role worker."""
+    reference: bool = True
+    """Also time the single-process autograd reference (--no_reference skips it)."""
+    threads: Annotated[int, Range(1, 1024)] = 1
+    """Torch threads of the reference (Ray gives each CPU worker OMP_NUM_THREADS=1); oversubscribed OpenMP
+    makes CPU timings meaningless."""
+    output_path: Annotated[str, WritableDir()] = "out/bench_outer"
+    """Where bench_outer.json and config.json go."""
+
+    def validate(self) -> None:
+        if self.num_microbatches > self.batch_size:
+            raise ValueError(f"--num_microbatches {self.num_microbatches} exceeds --batch_size {self.batch_size}")
+
+
+def bench(args: OuterBenchConfig) -> int:
+    """Reference first (the machine to itself), then the pipelined runs; write and print the JSON."""
+    rounds = list(args.rounds)
+    base = dict(style=args.style, preset=args.preset, dataset_name=args.dataset_name, max_steps=args.max_steps,
                 batch_size=args.batch_size, num_microbatches=args.num_microbatches, lr=1e-4, warmup_steps=0,
                 max_latent_tokens=args.max_latent_tokens, use_gpu=args.use_gpu, seed=0, max_failures=0)
     # the reference runs first, before any Ray process exists, so it has the machine to itself
@@ -113,15 +141,17 @@ def main(argv=None) -> None:
 
     torch.set_num_threads(args.threads)
     base_info = {**base, "reference_threads": args.threads}
-    reference = [] if args.skip_reference else bench_reference(asdict_defaults(base), rounds)
+    reference = [] if not args.reference else bench_reference(asdict_defaults(base), rounds)
     with tempfile.TemporaryDirectory() as tmp:
         pipeline = bench_pipeline(base, rounds, tmp)
     ratio = {str(r["rounds"]): {f"recompute={p_['recompute']}": p_["step_s"] / r["step_s"]
                                 for p_ in pipeline if p_["rounds"] == r["rounds"]} for r in reference}
     result = {"config": base_info, "pipeline": pipeline, "reference": reference, "step_time_ratio_pipeline_over_ref": ratio}
-    with open(args.out, "w") as f:
+    save_config(args, args.output_path)
+    with open(os.path.join(args.output_path, "bench_outer.json"), "w") as f:
         json.dump(result, f, indent=2)
     print(json.dumps(result, indent=2))
+    return 0
 
 
 def asdict_defaults(base: dict) -> dict:
@@ -131,5 +161,10 @@ def asdict_defaults(base: dict) -> dict:
     return {**asdict(OuterTrainConfig(**base)), **base}
 
 
+def main(argv=None) -> int:
+    return run_job(bench, OuterBenchConfig, argv, prog="python -m jobs.bench_outer", description=__doc__,
+                   aliases={"steps": "max_steps"})
+
+
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

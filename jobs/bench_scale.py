@@ -26,7 +26,14 @@ Writes <output_path>/bench_scale.json and bench_scale.png (efficiency vs replica
 
 from __future__ import annotations
 
-import argparse
+from dataclasses import dataclass, field
+from typing import Annotated
+
+from recmas_ray.config.checks import NonEmpty, OneOf, Range, WritableDir
+from recmas_ray.config.cli import run_job, save_config
+from recmas_ray.config.evaluation import style_names
+from recmas_ray.config.recursion import MAX_LATENT_STEPS, MAX_ROUNDS
+
 import json
 import os
 import platform
@@ -35,37 +42,61 @@ import sys
 import time
 
 
-def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--replicas", default="1,2,4,8", help="replica counts (comma list)")
-    p.add_argument("--rounds", default="1,2,3", help="recursion rounds R (comma list)")
-    p.add_argument("--num_batches", type=int, default=16, help="batches per run (strong scaling)")
-    p.add_argument("--batch_size", type=int, default=4)
-    p.add_argument("--in_flight", type=int, default=8, help="batches in flight per replica")
-    p.add_argument("--hidden", type=int, default=2048, help="message width of the simulated agents")
-    p.add_argument("--latent_steps", type=int, default=32, help="m")
-    p.add_argument("--step_ms", type=float, default=5.0, help="simulated cost of one latent step")
-    p.add_argument("--token_ms", type=float, default=5.0, help="simulated cost of one generated token")
-    p.add_argument("--tokens", type=int, default=32, help="tokens the decoder generates per batch")
-    p.add_argument("--style", default="sequential_light")
-    p.add_argument("--nodes", type=int, default=2, help="simulated nodes (ignored with --address)")
-    p.add_argument("--gpus_per_node", type=int, default=12, help="fake GPUs per simulated node")
-    p.add_argument("--cpus_per_node", type=int, default=8, help="logical CPUs per simulated node")
-    p.add_argument("--call_chain", type=int, default=60, help="zero-cost calls timed for ray_call_ms")
-    p.add_argument("--no_weak", action="store_true", help="skip the weak-scaling runs")
-    p.add_argument("--no_real", action="store_true", help="skip the tiny-model 1 vs 2 replica check")
-    p.add_argument("--quick", action="store_true", help="replicas 1,2,4; R 1,3; 8 batches")
-    p.add_argument("--address", default=None, help="join this cluster instead of simulating one")
-    p.add_argument("--timeout_s", type=float, default=600.0)
-    p.add_argument("--output_path", default="out/bench_scale")
-    return p
+@dataclass(kw_only=True)
+class ScaleBenchConfig:
+    """What the scaling benchmark runs."""
+
+    replicas: Annotated[list[int], Range(1, 64), NonEmpty()] = field(default_factory=lambda: [1, 2, 4, 8])
+    """Replica counts."""
+    rounds: Annotated[list[int], Range(1, MAX_ROUNDS), NonEmpty()] = field(default_factory=lambda: [1, 2, 3])
+    """Recursion rounds R."""
+    num_batches: Annotated[int, Range(1, 100_000)] = 16
+    """Batches per run (strong scaling; weak scaling runs this many per replica)."""
+    batch_size: Annotated[int, Range(1, 4096)] = 4
+    """Questions per batch."""
+    in_flight: Annotated[int, Range(1, 1024)] = 8
+    """Batches in flight per replica."""
+    hidden: Annotated[int, Range(1, 65536)] = 2048
+    """Message width of the simulated agents."""
+    latent_steps: Annotated[int, Range(0, MAX_LATENT_STEPS)] = 32
+    """m."""
+    step_ms: Annotated[float, Range(0, 10_000)] = 5.0
+    """Simulated cost of one latent step, in ms."""
+    token_ms: Annotated[float, Range(0, 10_000)] = 5.0
+    """Simulated cost of one generated token, in ms."""
+    tokens: Annotated[int, Range(1, 100_000)] = 32
+    """Tokens the decoder generates per batch."""
+    style: Annotated[str, OneOf(style_names)] = "sequential_light"
+    """Style whose agents are simulated."""
+    nodes: Annotated[int, Range(1, 64)] = 2
+    """Simulated nodes (ignored with address)."""
+    gpus_per_node: Annotated[int, Range(0, 1024)] = 12
+    """Fake GPUs per simulated node."""
+    cpus_per_node: Annotated[int, Range(1, 1024)] = 8
+    """Logical CPUs per simulated node."""
+    call_chain: Annotated[int, Range(1, 100_000)] = 60
+    """Zero-cost calls timed for ray_call_ms."""
+    weak: bool = True
+    """Run the weak-scaling series too (--no_weak skips it)."""
+    real: bool = True
+    """Check tiny real models on 1 vs 2 replicas (--no_real skips it)."""
+    address: str | None = None
+    """Join this Ray cluster (e.g. auto) instead of simulating one."""
+    timeout_s: Annotated[float, Range(0, 86400, lo_open=True)] = 600.0
+    """Timeout of every wait, in seconds."""
+    output_path: Annotated[str, WritableDir()] = "out/bench_scale"
+    """Where bench_scale.json, bench_scale.png and config.json go."""
+
+
+def quick() -> ScaleBenchConfig:
+    """Replicas 1, 2, 4; R = 1, 3; 8 batches."""
+    return ScaleBenchConfig(replicas=[1, 2, 4], rounds=[1, 3], num_batches=8)
 
 
 def start_cluster(args):
     """A head without resources plus `--nodes` nodes with fake GPUs (or the cluster at --address)."""
     import ray
 
-    os.environ.setdefault("RAY_AUTH_MODE", "disabled")
     os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (root, os.environ.get("PYTHONPATH")) if p)
@@ -196,19 +227,16 @@ def plot(report: dict, path: str) -> None:
     fig.savefig(path, dpi=100)
 
 
-def main(argv=None) -> int:
-    args = build_parser().parse_args(argv)
-    if args.quick:
-        args.replicas, args.rounds, args.num_batches = "1,2,4", "1,3", 8
-    counts = [int(x) for x in args.replicas.split(",")]
-    rounds = [int(x) for x in args.rounds.split(",")]
+def bench(args: ScaleBenchConfig) -> int:
+    """Run the series and write the report (the config is saved next to it)."""
+    counts, rounds = list(args.replicas), list(args.rounds)
     import ray
 
     from recmas_ray.distributed.driver import build_replicas
     from recmas_ray.distributed.placement import PlacementConfig
     from recmas_ray.models.sim import simulated_plan
 
-    os.makedirs(args.output_path, exist_ok=True)
+    save_config(args, args.output_path)
     t_start = time.perf_counter()
     cluster = start_cluster(args)
     sim = f"sim:hidden={args.hidden},step_ms={args.step_ms},token_ms={args.token_ms},tokens={args.tokens}"
@@ -230,7 +258,7 @@ def main(argv=None) -> int:
             for r in rounds:
                 for n in counts:
                     report["strong"].append(timed_run(reps, n, args.num_batches, r, args, f"s{n}r{r}"))
-                    if not args.no_weak and n > 1:
+                    if not not args.weak and n > 1:
                         report["weak"].append(timed_run(reps, n, args.num_batches * n, r, args, f"w{n}r{r}"))
                     print(json.dumps({k: v for k, v in report["strong"][-1].items() if k != "busy_fraction"}),
                           flush=True)
@@ -239,7 +267,7 @@ def main(argv=None) -> int:
                     base = next(y for y in report["strong"] if y["replicas"] == 1 and y["rounds"] == x["rounds"])
                     x["efficiency"] = x["throughput_batches_per_s"] / (x["replicas"] * base["throughput_batches_per_s"])
             for x in report["strong"]:
-                if x["replicas"] == 1 and not args.no_weak:
+                if x["replicas"] == 1 and not not args.weak:
                     report["weak"].insert(0, dict(x))
         finally:
             reps.shutdown()
@@ -252,7 +280,7 @@ def main(argv=None) -> int:
             report["ray_call_small_message"] = ray_call_cost(cost.systems[0].handles, args, 1)
         finally:
             cost.shutdown()
-        if not args.no_real:
+        if not not args.real:
             report["real_models"] = real_models(args)
     finally:
         ray.shutdown()
@@ -277,6 +305,11 @@ def main(argv=None) -> int:
     print(json.dumps(report["targets"], indent=2))
     print(f"wrote {path} and bench_scale.png")
     return 0
+
+
+def main(argv=None) -> int:
+    return run_job(bench, ScaleBenchConfig, argv, prog="python -m jobs.bench_scale", description=__doc__,
+                   recipes={"quick": quick})
 
 
 if __name__ == "__main__":

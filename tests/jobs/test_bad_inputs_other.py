@@ -1,0 +1,54 @@
+"""Bad input to the other jobs (benchmarks, serving, demo): one line, exit 2, nothing started or written.
+
+`jobs/run.py` and the training jobs have their own, larger tables (test_bad_inputs_run.py,
+test_bad_inputs_train.py); these rows check that every other job goes through the same mechanism.
+"""
+
+import importlib
+
+import pytest
+
+ROWS = [
+    ("bench", ["--latent_steps", "-1"], "--latent_steps -1"),
+    ("bench", ["--rounds", "0"], "--rounds 0"),
+    ("bench", ["--preset", "huge"], "--preset 'huge'"),
+    ("bench", ["--repeats", "x"], "expected an integer, got 'x'"),
+    ("bench_scale", ["--replicas", "0"], "--replicas 0"),
+    ("bench_scale", ["--step_ms", "-5"], "--step_ms -5.0"),
+    ("bench_scale", ["--style", "chain"], "--style 'chain'"),
+    ("bench_backend", ["--placement", "x"], "--placement 'x'"),
+    ("bench_backend", ["--rounds", "100"], "--num_recursive_rounds 100"),
+    ("bench_backend", ["--role_model", "planner"], "item 'planner' is not KEY=VALUE"),
+    ("bench_outer", ["--num_microbatches", "3"], "--num_microbatches 3 exceeds --batch_size 2"),
+    ("bench_outer", ["--steps", "0"], "--max_steps 0"),
+    ("serve", ["--style", "sequential_light", "--port", "70000"], "--port 70000"),
+    ("serve", ["--style", "nope"], "--style 'nope'"),
+    ("demo", ["--preset", "huge"], "'huge'"),
+    ("demo", ["--bogus"], "unrecognized arguments: --bogus"),
+]
+
+
+@pytest.fixture
+def nothing_starts(monkeypatch):
+    """Fail the test if a row gets past validation and starts Ray or loads a model."""
+    import ray
+
+    import recmas_ray.models.loader as loader
+
+    def boom(*a, **k):
+        raise AssertionError("bad input got past validation")
+
+    monkeypatch.setattr(ray, "init", boom)
+    monkeypatch.setattr(loader, "load_frozen_model", boom)
+
+
+@pytest.mark.parametrize("job,argv,fragment", ROWS, ids=[f"{j}:{' '.join(a)}" for j, a, _ in ROWS])
+def test_bad_input_is_one_line_exit_2(job, argv, fragment, tmp_path, capsys, nothing_starts):
+    main = importlib.import_module(f"jobs.{job}").main
+    out = tmp_path / "out"
+    rc = main(argv + ["--output_path", str(out)] if job != "serve" else argv)
+    err = capsys.readouterr().err
+    lines = [line for line in err.splitlines() if line.strip()]
+    assert rc == 2 and len(lines) == 1 and lines[0].startswith("error: ") and "Traceback" not in err, err
+    assert fragment in err, err
+    assert not out.exists()
