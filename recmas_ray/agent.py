@@ -178,21 +178,21 @@ class Agent:
 
     @torch.no_grad()
     def target_nll(self, users: list[str], latents: dict[str, torch.Tensor] | None, targets: list[str]) -> list[float]:
-        """Mean token NLL of each target (+ EOS) teacher-forced after its chat prompt with latents spliced in.
+        """Mean token NLL of each target teacher-forced after its chat prompt with latents spliced in.
 
-        The prompt is exactly what `decode` starts from (`embed_prompt`); `latents` maps slot -> [B, M, D].
+        The prompt is exactly what `decode` starts from (`embed_prompt`); the target is the assistant turn
+        as the chat template renders it (`embed_teacher_forced`, as in training); `latents` maps slot -> [B, M, D].
         """
         latents = latents or {}
-        rows, assistant = [], []
+        rows, targets_L = [], []
         for b, (user, target) in enumerate(zip(users, targets)):
-            e_LD, _, asst_L = self.embed_teacher_forced(user, {k: v[b] for k, v in latents.items()}, target)
+            e_LD, ids_L, asst_L = self.embed_teacher_forced(user, {k: v[b] for k, v in latents.items()}, target)
             rows.append(e_LD)
-            assistant.append(asst_L)
+            targets_L.append(torch.where(asst_L, ids_L, torch.full_like(ids_L, -100)))
         e_BLD, mask_BL = left_pad(rows)
         ids_BL = torch.full(mask_BL.shape, -100, dtype=torch.long, device=self.device)
-        for b, (user, target) in enumerate(zip(users, targets)):
-            t_ids = self.tokenizer(target, add_special_tokens=False).input_ids + [self.tokenizer.eos_token_id]
-            ids_BL[b, ids_BL.shape[1] - len(t_ids):] = torch.tensor(t_ids, dtype=torch.long, device=self.device)
+        for b, t_L in enumerate(targets_L):
+            ids_BL[b, ids_BL.shape[1] - t_L.shape[0]:] = t_L.to(self.device)
         logits_BLV = self.logits(self.forward_hidden(e_BLD, mask_BL)).float()
         logp_BLV = torch.log_softmax(logits_BLV[:, :-1], dim=-1)
         tgt_BL = ids_BL[:, 1:]

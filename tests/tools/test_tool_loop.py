@@ -215,7 +215,8 @@ def test_keys_never_leak_from_a_full_run(tmp_path, tiny_cache, monkeypatch, capf
     for secret in (KEY_FILE_KEY, ENV_KEY):
         assert secret not in std.out and secret not in std.err and secret not in caplog.text
         assert not [p for p, text in written.items() if secret in text]
-    sample = json.loads(next(p for p in written if p.name.startswith("samples_")).read_text().splitlines()[0])
+    sample = json.loads(next(p for p in written if p.name.startswith("samples_") and p.suffix == ".jsonl")
+                        .read_text().splitlines()[0])
     calls = sample["trace"][-1]["tool_calls"]
     assert [c["kind"] for c in calls] == ["search", "python"]
     assert "Shakespeare [REDACTED]" in calls[0]["result"] and calls[0]["ok"]
