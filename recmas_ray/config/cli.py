@@ -308,23 +308,28 @@ def from_dict(cls, data: dict, *, base=None, where: str = "config"):
         raise ConfigError(f"{where}: {e}") from None
 
 
-def load_config_file(path: str) -> dict:
-    """A JSON or YAML file of settings; errors name the file."""
+def read_data_file(path: str | Path, flag: str):
+    """A JSON or YAML file given by `flag`; an unreadable or malformed file is one ConfigError naming it."""
     p = Path(path)
     try:
         text = p.read_text(encoding="utf-8")
     except OSError as e:
-        raise ConfigError(f"--config {path!r}: {e.strerror or e}") from None
+        raise ConfigError(f"{flag} {str(path)!r}: {e.strerror or e}") from None
+    yaml_file = p.suffix in (".yaml", ".yml")
     try:
-        if p.suffix in (".yaml", ".yml"):
+        if yaml_file:
             import yaml
 
-            data = yaml.safe_load(text)
-        else:
-            data = json.loads(text)
+            return yaml.safe_load(text)
+        return json.loads(text)
     except Exception as e:  # noqa: BLE001 - any parse error of the user's file is one clear line
-        raise ConfigError(f"--config {path!r} is not valid {'YAML' if p.suffix in ('.yaml', '.yml') else 'JSON'}: "
+        raise ConfigError(f"{flag} {str(path)!r} is not valid {'YAML' if yaml_file else 'JSON'}: "
                           f"{str(e).splitlines()[0]}") from None
+
+
+def load_config_file(path: str) -> dict:
+    """A JSON or YAML file of settings (or a results_*.json, whose resolved config is used)."""
+    data = read_data_file(path, "--config")
     if isinstance(data, dict) and isinstance(data.get("config"), dict) and "results" in data:
         data = data["config"]  # a results_*.json: reuse its resolved config
     return data or {}

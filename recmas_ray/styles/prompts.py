@@ -60,21 +60,10 @@ def dump_prompt_set(style: StyleSpec, path: str | Path) -> Path:
 
 def read_prompt_set(path: str | Path) -> dict:
     """The raw data of a prompt-set file; unreadable or malformed files are one-line ValueErrors."""
-    p = Path(path)
-    try:
-        text = p.read_text(encoding="utf-8")
-    except OSError as e:
-        raise ValueError(f"--prompt_set {str(p)!r}: {e.strerror or e}") from None
-    try:
-        if p.suffix in (".yaml", ".yml"):
-            import yaml
+    from recmas_ray.config.cli import read_data_file
 
-            data = yaml.safe_load(text)
-        else:
-            data = json.loads(text)
-    except Exception as e:  # noqa: BLE001 - any parse error of the user's file is one clear line
-        raise ValueError(f"--prompt_set {str(p)!r} is not valid {'YAML' if p.suffix in ('.yaml', '.yml') else 'JSON'}: "
-                         f"{str(e).splitlines()[0]}") from None
+    p = Path(path)
+    data = read_data_file(p, "--prompt_set")
     if not isinstance(data, dict) or not isinstance(data.get("roles"), dict):
         raise ValueError(f"--prompt_set {str(p)!r}: expected a mapping with a 'roles' mapping "
                          "(role -> variant -> task -> template)")
