@@ -49,14 +49,23 @@ def train_inner(style: str, *, rows: str | Path | Sequence[dict], save_dir: str 
         PosixPath('ckpt')
     """
     from recmas_ray.api import rows_file
-    from recmas_ray.system.presets import role_models as preset_models
-    from recmas_ray.train.inner import InnerTrainConfig, train_all_roles
+    from recmas_ray.config.training import InnerTrainConfig
+    from recmas_ray.distributed.driver import init_ray
+    from recmas_ray.train.inner_job import train_all_roles
+    from recmas_ray.train.inner_job import train_inner as train_one_role
 
     save_dir = Path(save_dir)
-    models = preset_models(style, preset, role_models)
-    cfg = _config(InnerTrainConfig, {"mas_design": style, "mas_task": task, "save_dir": str(save_dir),
+    cfg = _config(InnerTrainConfig, {"style": style, "task": task, "preset": preset,
+                                     "role_model": dict(role_models or {}), "save_dir": str(save_dir),
                                      "dataset_name": rows_file(rows, save_dir)}, options)
-    train_all_roles(cfg, list(roles) if roles else None, role_models=models)
+    if roles:  # a subset: one run per role, each into save_dir/<role>
+        for role in roles:
+            if cfg.num_workers > 0:
+                init_ray()
+            train_one_role(dataclasses.replace(cfg, mas_role=role, save_dir=str(save_dir / role)))
+    else:
+        init_ray()
+        train_all_roles(dataclasses.replace(cfg, mas_role="all"))
     return save_dir
 
 
@@ -79,7 +88,7 @@ def train_outer(style: str, *, rows: str | Path | Sequence[dict], links: str | P
     from recmas_ray.api import rows_file
     from recmas_ray.styles import get_style
     from recmas_ray.system.hub import links_overrides
-    from recmas_ray.train.outer import OuterTrainConfig
+    from recmas_ray.config.training import OuterTrainConfig
     from recmas_ray.train.pipeline import train_outer as run_outer
 
     inner = {r: p for r, p in links_overrides(str(links), get_style(style).roles).items() if r != "outer"} \
@@ -89,7 +98,7 @@ def train_outer(style: str, *, rows: str | Path | Sequence[dict], links: str | P
             raise ValueError("train_outer: give save_dir (links is not a local folder to save next to)")
         save_dir = Path(links) / "outer"
     save_dir = Path(save_dir)
-    cfg = _config(OuterTrainConfig, {"style": style, "ckpt_overrides": inner, "preset": preset, "task": task,
+    cfg = _config(OuterTrainConfig, {"style": style, "ckpt_override": inner, "preset": preset, "task": task,
                                      "save_dir": str(save_dir), "num_recursive_rounds": num_recursive_rounds,
                                      "dataset_name": rows_file(rows, save_dir.parent, f"{save_dir.name}_train.jsonl")},
                   options)

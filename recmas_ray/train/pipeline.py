@@ -223,8 +223,10 @@ def train_outer(cfg: OuterTrainConfig, *, faults: dict | None = None) -> OuterRu
         storage.fs.delete_file(storage.path(NAN_STOP))
     save_config(cfg, cfg.save_dir)  # next to the outputs, once every input has been checked
     local = not ray.is_initialized()
-    if local:
-        ray.init()  # joins a running cluster (RAY_ADDRESS / ray start) or starts a local one
+    if local:  # joins a running cluster (RAY_ADDRESS / ray start) or starts a local one on loopback
+        from recmas_ray.distributed.driver import init_ray
+
+        init_ray()
     links = {r: ray.put(plan.service_args(r)[1:]) for r in style.roles}
     system = {"role_models": plan.role_models, "hidden_sizes": plan.hidden_sizes, "manifest": manifest}
     repo = str(Path(__file__).resolve().parents[2])
