@@ -68,6 +68,7 @@ def test_build_errors_before_models_load(tiny_cache, monkeypatch, tmp_path):
         rm.System.build("sequential_light", backend="gpu-cloud")
 
 
+@pytest.mark.integration  # a Ray system of its own: minutes on a busy 2-core machine
 def test_ray_backend_matches_local(ray_cluster, local_system):
     questions = ["What is 7 * 8?", "What is 10 - 3?"]
     want = [o.prediction for o in local_system.generate(questions, **GEN)]

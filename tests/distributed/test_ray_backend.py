@@ -52,6 +52,7 @@ def seq_system(ray_cluster):
     system.shutdown()
 
 
+@pytest.mark.integration  # a Ray system of its own: minutes on a busy 2-core machine
 def test_latents_travel_between_actors_and_match_local(seq_system):
     plan, system = seq_system
     planner = system.handles["planner"]
@@ -68,6 +69,7 @@ def test_impossible_placement_fails_fast(ray_cluster):
         build_ray_system(plan, PlacementConfig(preset="one_gpu_per_agent", ready_timeout_s=5))
 
 
+@pytest.mark.integration  # a Ray system of its own: minutes on a busy 2-core machine
 def test_killed_agent_fails_the_run_naming_the_role(seq_system):
     plan, system = seq_system  # runs last in this module: it kills the system's critic
     ray.kill(system.handles["critic"])

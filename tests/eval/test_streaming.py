@@ -81,6 +81,7 @@ def local_run(qfile, tiny_cache, tmp_path_factory):
     return samples(out)
 
 
+@pytest.mark.integration  # a Ray system of its own: minutes on a busy 2-core machine
 def test_ray_stream_two_methods_matches_local(ray_cluster, qfile, local_run, tmp_path, capsys):
     out = tmp_path / "ray"
     assert run_job.main(args(qfile, out, "ray", "--method", METHODS, "--plot")) == 0
