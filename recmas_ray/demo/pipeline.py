@@ -27,18 +27,19 @@ def train_links(cfg: DemoConfig, train_file: Path, out: Path, models: dict[str, 
 
     Returns {role: inner dir, ..., "outer": outer dir} for `--ckpt_override`-style plans.
     """
-    from recmas_ray.train.inner import InnerTrainConfig, train_all_roles
-    from recmas_ray.train.outer import OuterTrainConfig
+    from recmas_ray.config.training import InnerTrainConfig, OuterTrainConfig
+    from recmas_ray.train.inner_job import train_all_roles
     from recmas_ray.train.pipeline import train_outer
 
     roles = list(models)
     console.start(f"inner training: {', '.join(roles)} at once, {cfg.inner_steps} steps each")
     inner_dirs = train_all_roles(
-        InnerTrainConfig(mas_design="sequential", dataset_name=str(train_file), save_dir=str(out / "inner"),
+        InnerTrainConfig(style=cfg.style, mas_role="all", role_model=dict(models), preset=cfg.preset,
+                         dataset_name=str(train_file), save_dir=str(out / "inner"),
                          max_steps=cfg.inner_steps, batch_size=cfg.inner_batch_size, lr=cfg.inner_lr,
                          warmup_steps=min(2, cfg.inner_steps - 1), save_every=cfg.inner_steps, seed=cfg.seed,
-                         num_workers=0, progress=False, max_length=512, mas_task=cfg.task, log_every=max(1, cfg.inner_steps // 4)),
-        role_models=models)
+                         num_workers=0, progress=False, max_length=512, task=cfg.task,
+                         log_every=max(1, cfg.inner_steps // 4)))
     losses = {}
     for role, d in inner_dirs.items():
         try:
@@ -51,7 +52,7 @@ def train_links(cfg: DemoConfig, train_file: Path, out: Path, models: dict[str, 
 
     console.start(f"outer training: R={cfg.outer_rounds}, {cfg.outer_steps} steps of {cfg.outer_batch_size} rows")
     outer = train_outer(OuterTrainConfig(
-        style=cfg.style, ckpt_overrides=overrides, preset=cfg.preset, dataset_name=str(train_file), task=cfg.task,
+        style=cfg.style, ckpt_override=overrides, preset=cfg.preset, dataset_name=str(train_file), task=cfg.task,
         save_dir=str(out / "outer"), num_recursive_rounds=cfg.outer_rounds, max_latent_tokens=cfg.max_latent_tokens,
         max_steps=cfg.outer_steps, batch_size=cfg.outer_batch_size, lr=cfg.outer_lr, warmup_steps=1,
         save_every=cfg.outer_steps, seed=cfg.seed, cpus_per_worker=0.5, max_failures=0))

@@ -37,7 +37,9 @@ def main(argv=None) -> int:
     from recmas_ray.service import AgentService
     from recmas_ray.system.plan import plan_system
     from recmas_ray.train.data import role_examples
-    from recmas_ray.train.inner import InnerTrainConfig, fresh_inner_link, inner_loss, make_optimizer, train_step
+    from recmas_ray.config.training import InnerTrainConfig
+    from recmas_ray.system.checkpoints import seeded_inner_link
+    from recmas_ray.train.inner import inner_loss, make_optimizer, train_step
     from recmas_ray.train.synthetic import check_disjoint, make_arithmetic_dataset, split_train_eval
 
     rows = make_arithmetic_dataset(args.num_train + args.num_eval, seed=0, difficulty="arith")
@@ -53,7 +55,7 @@ def main(argv=None) -> int:
         t0 = time.perf_counter()
         for role in roles:
             agent = pool.services[role].agent
-            agent.inner_link = fresh_inner_link(agent.hidden_size, seed=0, role=role).to(agent.device, agent.dtype)
+            agent.inner_link = seeded_inner_link(agent.hidden_size, seed=0, role=role).to(agent.device, agent.dtype)
             cfg = InnerTrainConfig(mas_role=role, max_steps=args.steps, lr=lr, warmup_steps=2, batch_size=2)
             opt, sched = make_optimizer(agent.inner_link, cfg)
             ex_train, ex_eval = role_examples(train, style, role, "qa"), role_examples(heldout, style, role, "qa")
@@ -86,7 +88,7 @@ def main(argv=None) -> int:
     base = {}
     for role in roles:
         agent = pool.services[role].agent
-        agent.inner_link = fresh_inner_link(agent.hidden_size, seed=0, role=role).to(agent.device, agent.dtype)
+        agent.inner_link = seeded_inner_link(agent.hidden_size, seed=0, role=role).to(agent.device, agent.dtype)
     for m in [int(x) for x in args.ms.split(",")]:
         rc = RecursionConfig(method="recursive_mas", num_recursive_rounds=1, latent_steps=m,
                              decode=DecodeConfig(max_new_tokens=1))
