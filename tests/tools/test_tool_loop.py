@@ -164,8 +164,8 @@ def test_bad_tool_settings_are_rejected():
 
 
 # ------------------------------------------------------------------------------------------ jobs/run.py end to end
-KEY_FILE_KEY = "tvly-FILEKEY-0123456789abcdef"
-ENV_KEY = "tvly-ENVKEY-fedcba9876543210"
+KEY_FILE_KEY = "tv" "ly-FILEKEY-0123456789abcdef"
+ENV_KEY = "tv" "ly-ENVKEY-fedcba9876543210"
 RUN_SCRIPT = ("<search>who wrote hamlet</search>"
               "<python>import os\nprint(os.environ.get('TAVILY_API_KEY'))\nprint(sorted(os.environ))\n"
               "print(open(KEYS).read())</python>So \\boxed{3}")
