@@ -25,7 +25,7 @@ from typing import Annotated
 
 from recmas_ray.config.checks import NonEmpty, OneOf, Range, WritableDir
 from recmas_ray.config.cli import run_job, save_config
-from recmas_ray.config.evaluation import MODEL_PRESETS, style_names
+from recmas_ray.config.evaluation import MODEL_PRESETS, check_role_models, style_names
 from recmas_ray.config.recursion import MAX_LATENT_STEPS, MAX_ROUNDS
 from recmas_ray.config.training import OuterTrainConfig
 
@@ -62,7 +62,7 @@ def bench_reference(base: dict, rounds: list[int]) -> list[dict]:
     from recmas_ray.train.reference import build_reference, reference_backward, reference_step
 
     plan = plan_system(base["style"], preset=base["preset"], ckpt_overrides=base.get("ckpt_override"),
-                       seed=base["seed"])
+                       seed=base["seed"], role_model_overrides=base["role_model"])
     device = "cuda" if base["use_gpu"] else "cpu"
     agents, _ = build_reference(plan, device=device)
     data = load_rows(base["dataset_name"], base.get("dataset_json_field"))
@@ -103,6 +103,8 @@ class OuterBenchConfig:
     """Style trained."""
     preset: Annotated[str, OneOf(MODEL_PRESETS)] = "tiny"
     """Base models of the roles."""
+    role_model: dict[str, str] = field(default_factory=dict)
+    """ROLE=MODEL base models (HF id, local dir, tiny:<family>, pkg:<name>) replacing the preset's."""
     dataset_name: str = "synthetic:8"
     """Training rows (as train_outer's --dataset_name)."""
     rounds: Annotated[list[int], Range(1, MAX_ROUNDS), NonEmpty()] = field(default_factory=lambda: [1, 2, 3])
@@ -126,6 +128,7 @@ class OuterBenchConfig:
     """Where bench_outer.json and config.json go."""
 
     def validate(self) -> None:
+        check_role_models("--role_model", self.role_model, self.style)
         if self.num_microbatches > self.batch_size:
             raise ValueError(f"--num_microbatches {self.num_microbatches} exceeds --batch_size {self.batch_size}")
 
@@ -133,7 +136,8 @@ class OuterBenchConfig:
 def bench(args: OuterBenchConfig) -> int:
     """Reference first (the machine to itself), then the pipelined runs; write and print the JSON."""
     rounds = list(args.rounds)
-    base = dict(style=args.style, preset=args.preset, dataset_name=args.dataset_name, max_steps=args.max_steps,
+    base = dict(style=args.style, preset=args.preset, role_model=dict(args.role_model),
+                dataset_name=args.dataset_name, max_steps=args.max_steps,
                 batch_size=args.batch_size, num_microbatches=args.num_microbatches, lr=1e-4, warmup_steps=0,
                 max_latent_tokens=args.max_latent_tokens, use_gpu=args.use_gpu, seed=0, max_failures=0)
     # the reference runs first, before any Ray process exists, so it has the machine to itself

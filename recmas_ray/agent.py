@@ -193,9 +193,12 @@ class Agent:
         ids_BL = torch.full(mask_BL.shape, -100, dtype=torch.long, device=self.device)
         for b, t_L in enumerate(targets_L):
             ids_BL[b, ids_BL.shape[1] - t_L.shape[0]:] = t_L.to(self.device)
-        logits_BLV = self.logits(self.forward_hidden(e_BLD, mask_BL)).float()
-        logp_BLV = torch.log_softmax(logits_BLV[:, :-1], dim=-1)
-        tgt_BL = ids_BL[:, 1:]
+        # targets are right-aligned: vocabulary logits only where a target token is predicted (the prompt's
+        # positions would cost most of the lm-head work for nothing, V up to 262k here)
+        start = int((ids_BL != -100).any(0).nonzero()[0, 0]) if (ids_BL != -100).any() else ids_BL.shape[1] - 1
+        h_BLD = self.forward_hidden(e_BLD, mask_BL)[:, max(start - 1, 0):-1]
+        logp_BLV = torch.log_softmax(self.logits(h_BLD).float(), dim=-1)
+        tgt_BL = ids_BL[:, max(start - 1, 0) + 1:]
         keep_BL = tgt_BL != -100
         tok_nll_BL = -logp_BLV.gather(-1, tgt_BL.clamp(min=0)[..., None])[..., 0] * keep_BL
         return (tok_nll_BL.sum(-1) / keep_BL.sum(-1).clamp(min=1)).tolist()

@@ -1,12 +1,12 @@
 """lm-evaluation-harness backend: a RecursiveMAS system as lm-eval model `recmas_ray`.
 
-    python -m recmas_ray.lmeval --model recmas_ray --tasks gsm8k --output_path results --log_samples \
+    lm_eval --model recmas_ray --tasks gsm8k --output_path results --log_samples \
         --model_args style=sequential_light,role_models=planner:tiny:qwen3|critic:tiny:llama,backend=local
 
-`python -m recmas_ray.lmeval` (or the `recmas-lm-eval` script) is lm-eval's own command line (same flags,
-same output files) with this model registered: lm-eval 0.4.13 discovers no plug-in entry points, so the
-model must be imported first. In Python, `import recmas_ray.lmeval` and pass `model="recmas_ray"` to
-`lm_eval.simple_evaluate`.
+lm-eval 0.4.13 discovers no plug-in entry points; the installed startup hook (`recmas_ray/_lmeval_hook.py`)
+registers this class under `recmas_ray` lazily, so lm-eval's own `lm_eval` command and
+`lm_eval.simple_evaluate(model="recmas_ray")` find it. `python -m recmas_ray.lmeval` (or `recmas-lm-eval`)
+is the same command line with this module imported explicitly (for environments with the hook off).
 
 model_args (comma-separated KEY=VALUE, lm-eval's format):
   style           collaboration style (required)

@@ -131,7 +131,8 @@ def backend_ratio(plan, questions, cfg: BenchConfig, pool) -> dict:
 
 def run_bench(cfg: BenchConfig, questions: list[str]) -> dict:
     """All four figures on one set of agents and questions."""
-    plan = plan_system(cfg.style, preset=cfg.preset, seed=cfg.seed, device=cfg.device, dtype=cfg.dtype)
+    plan = plan_system(cfg.style, preset=cfg.preset, seed=cfg.seed, device=cfg.device, dtype=cfg.dtype,
+                       role_model_overrides=cfg.role_model)
     pool = LocalPool({r: AgentService(*plan.service_args(r)) for r in plan.style.roles})
     out = {"machine": machine(), "config": {k: v for k, v in vars(cfg).items()}, "role_models": plan.role_models}
     out["a_end_to_end"] = end_to_end(pool, plan, questions, cfg)

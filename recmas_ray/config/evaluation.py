@@ -30,6 +30,21 @@ def style_names() -> tuple[str, ...]:
     return tuple(sorted(STYLES)) + tuple(sorted(ALIASES))
 
 
+def check_role_models(flag: str, table: dict[str, str], style_name: str, *, extra: tuple[str, ...] = ()) -> None:
+    """ROLE=VALUE tables (--role_model, --ckpt_override): every key a role of the style (or in `extra`),
+    no empty value; raises ValueError naming the flag, the bad key and what was expected."""
+    from recmas_ray.styles import get_style
+
+    roles = list(get_style(style_name).roles)
+    bad = sorted(set(table) - set(roles) - set(extra))
+    if bad:
+        expected = f"roles of {style_name} {roles}" + (f" or {' / '.join(extra)}" if extra else "")
+        raise ValueError(f"{flag} names {bad}; expected {expected}")
+    empty = sorted(k for k, v in table.items() if not str(v).strip())
+    if empty:
+        raise ValueError(f"{flag} {empty[0]}=: empty value")
+
+
 @dataclass(kw_only=True)
 class StreamConfig:
     """How the Ray backend streams batches through client actors (Ray Data)."""
@@ -141,16 +156,8 @@ class EvalConfig:
             raise ValueError(f"--dataset {self.dataset!r}: no such file")
         if self.dataset_path and not os.path.exists(self.dataset_path):
             raise ValueError(f"--dataset_path {self.dataset_path!r}: no such file or directory")
-        bad = sorted(set(self.ckpt_override) - set(style.roles) - {"outer"})
-        if bad:
-            raise ValueError(f"--ckpt_override names {bad}; expected roles of {self.style} {list(style.roles)} "
-                             f"or outer")
-        bad = sorted(set(self.models) - set(style.roles))
-        if bad:
-            raise ValueError(f"--models names {bad}; expected roles of {self.style} {list(style.roles)}")
-        empty = sorted(r for r, m in self.models.items() if not m.strip())
-        if empty:
-            raise ValueError(f"--models {empty[0]}=: empty model name")
+        check_role_models("--ckpt_override", self.ckpt_override, self.style, extra=("outer",))
+        check_role_models("--models", self.models, self.style)
         from recmas_ray.system.hub import looks_like_hub_id
 
         missing = {r: p for r, p in self.ckpt_override.items() if not os.path.isdir(p) and not looks_like_hub_id(p)}

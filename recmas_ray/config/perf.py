@@ -6,7 +6,7 @@ from dataclasses import dataclass, field
 from typing import Annotated
 
 from recmas_ray.config.checks import NonEmpty, OneOf, Range, WritableDir
-from recmas_ray.config.evaluation import DEVICES, DTYPES, MODEL_PRESETS, style_names
+from recmas_ray.config.evaluation import DEVICES, DTYPES, MODEL_PRESETS, check_role_models, style_names
 from recmas_ray.config.recursion import MAX_LATENT_STEPS, MAX_NEW_TOKENS, MAX_ROUNDS
 
 
@@ -18,6 +18,8 @@ class BenchConfig:
     """Style whose agents are measured."""
     preset: Annotated[str, OneOf(MODEL_PRESETS)] = "demo"
     """Base models: demo (real small models), tiny (random weights) or paper."""
+    role_model: dict[str, str] = field(default_factory=dict)
+    """ROLE=MODEL base models (HF id, local dir, tiny:<family>, pkg:<name>) replacing the preset's."""
     num_questions: Annotated[int, Range(1, 4096)] = 4
     """Questions per batch (one batch)."""
     rounds: Annotated[list[int], Range(1, MAX_ROUNDS), NonEmpty()] = field(default_factory=lambda: [1, 2, 3])
@@ -41,6 +43,9 @@ class BenchConfig:
     """Seed of the links and questions."""
     output_path: Annotated[str, WritableDir()] = "out/bench"
     """Where bench.json, bench.png and config.json go."""
+
+    def validate(self) -> None:
+        check_role_models("--role_model", self.role_model, self.style)
 
 
 def quick() -> BenchConfig:

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from typing import Annotated
 
 from recmas_ray.config.checks import ExistingPath, NonEmpty, OneOf, Range, WritableDir, writable_dir_problem
-from recmas_ray.config.evaluation import DTYPES, MODEL_PRESETS, style_names
+from recmas_ray.config.evaluation import DTYPES, MODEL_PRESETS, check_role_models, style_names
 from recmas_ray.config.recursion import MAX_ROUNDS
 from recmas_ray.styles.base import TASK_TYPES
 
@@ -113,10 +113,7 @@ class TrainConfig:
     def validate(self) -> None:
         """Rules across fields and files (run before any model loads)."""
         _check_dataset("--dataset_name", self.dataset_name)
-        roles = self.roles()
-        bad = sorted(set(self.role_model) - set(roles))
-        if bad:
-            raise ValueError(f"--role_model names {bad}; expected roles of {self.style} {list(roles)}")
+        check_role_models("--role_model", self.role_model, self.style)
         bad = sorted(set(self.ckpt_override) - set(self.checkpoint_keys()))
         if bad:
             raise ValueError(f"--ckpt_override names {bad}; expected some of {list(self.checkpoint_keys())}")

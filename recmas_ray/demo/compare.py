@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -66,12 +67,17 @@ def wilson(k: int, n: int, z: float = 1.96) -> tuple[float, float]:
     return (max(0.0, centre - half), min(1.0, centre + half))
 
 
-def plan_runs(rounds: list[int], ablation_rounds: list[int]) -> list[tuple[str, int]]:
-    """(variant key, R) in the order they run: text methods, then the link sets one after another."""
+def plan_runs(rounds: list[int], ablation_rounds: list[int], link_rounds: list[int] | None = None
+              ) -> list[tuple[str, int]]:
+    """(variant key, R) in the order they run: text methods, then the link sets one after another.
+
+    The fresh and inner-only link sets run at `link_rounds` (default: every R), the trained one at every R.
+    """
     runs = [("single_agent", 1), ("textmas", 1)]
     runs += [("recursive_textmas", r) for r in rounds if r > 1]  # R = 1 is TextMAS, reused
     for links in ("fresh", "inner", "trained"):
-        runs += [(f"recursive_mas/{links}", r) for r in rounds]
+        runs += [(f"recursive_mas/{links}", r) for r in rounds
+                 if links == "trained" or link_rounds is None or r in link_rounds]
     runs += [(f"ablation/{a}", r) for r in ablation_rounds for a in ("shuffle", "zero")]
     return runs
 
@@ -89,8 +95,7 @@ class Agents:
             from recmas_ray.runner import LocalPool
             from recmas_ray.service import AgentService
 
-            if torch_threads:
-                torch.set_num_threads(torch_threads)
+            torch.set_num_threads(torch_threads or os.cpu_count() or 1)  # 0: every core (Ray may set OMP to 1)
             self.pool = LocalPool({r: AgentService(*base.service_args(r)) for r in base.style.roles})
             self.system = None
         else:
@@ -135,8 +140,14 @@ class Agents:
 
 def run_one(agents: Agents, variant: Variant, rounds: int, items: list[dict], targets: dict[str, str], *,
             latent_steps: int, max_new_tokens: int, batch_size: int, seed: int, samples_path: Path,
-            on_sample: Callable[[int, int, float], None] | None = None) -> dict:
-    """Evaluate one (variant, R) on `items`; writes its samples file and returns its summary row."""
+            num_in_flight: int = 1, on_sample: Callable[[int, int, float], None] | None = None) -> dict:
+    """Evaluate one (variant, R) on `items`; writes its samples file and returns its summary row.
+
+    `num_in_flight` batches run at once (Ray backend): each agent is its own process, so while the
+    solver decodes one batch the planner and critic already work on the next ones.
+    """
+    from concurrent.futures import ThreadPoolExecutor
+
     from recmas_ray.runner import run_batch
 
     if variant.links:
@@ -144,21 +155,27 @@ def run_one(agents: Agents, variant: Variant, rounds: int, items: list[dict], ta
     rc = RecursionConfig(method=variant.method, num_recursive_rounds=rounds, latent_steps=latent_steps,
                          latent_ablation=variant.ablation,
                          decode=DecodeConfig(max_new_tokens=max_new_tokens, seed=seed))
+
+    def one_batch(batch: list[dict]) -> list[dict]:
+        got: list = []
+
+        def solve(qs, ts, rc):
+            res = run_batch(agents.pool, agents.style, qs, ts, rc, targets=[targets[i["doc_id"]] for i in batch])
+            got.extend(res)
+            return res
+
+        recs = solve_and_grade(batch, 0, variant.key, rc, "strict", solve, agents.retry)
+        for rec, res in zip(recs, got):
+            rec.update(variant=variant.key, label=variant.label, nll=res.nll, target=targets[rec["doc_id"]])
+        return recs
+
+    batches = [items[k:k + batch_size] for k in range(0, len(items), batch_size)]
+    workers = max(1, min(num_in_flight if agents.system is not None else 1, len(batches)))
     records, ok = [], 0
     t0 = time.perf_counter()
-    with SampleWriter(samples_path) as writer:
-        for k in range(0, len(items), batch_size):
-            batch = items[k:k + batch_size]
-            got: list = []
-
-            def solve(qs, ts, rc, batch=batch, got=got):
-                res = run_batch(agents.pool, agents.style, qs, ts, rc, targets=[targets[i["doc_id"]] for i in batch])
-                got.extend(res)
-                return res
-
-            recs = solve_and_grade(batch, 0, variant.key, rc, "strict", solve, agents.retry)
-            for rec, res in zip(recs, got):
-                rec.update(variant=variant.key, label=variant.label, nll=res.nll, target=targets[rec["doc_id"]])
+    with SampleWriter(samples_path) as writer, ThreadPoolExecutor(workers, thread_name_prefix="demo-batch") as pool:
+        for recs in pool.map(one_batch, batches):  # in order, so samples files and progress are deterministic
+            for rec in recs:
                 writer.write(rec)
                 records.append(rec)
                 ok += int(rec["correct"])

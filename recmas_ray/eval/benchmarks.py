@@ -411,7 +411,8 @@ def _local(rows, name, *, task_type="math", **_):
     out = []
     for i, r in enumerate(rows):
         q = str(_field(r, ("question", "problem"), i, name))
-        gold = str(_field(r, ("answer", "gold"), i, name)).strip()
+        # an explicit `gold` wins over `answer`, which may hold a worked solution (the generated sets)
+        gold = str(_field(r, ("gold", "answer"), i, name)).strip()
         m = re.search(r"####\s*(.+?)\s*$", gold, re.DOTALL)
         extra = {"options": r["options"]} if task_type == "choice" and "options" in r else {}
         if task_type == "qa":

@@ -72,10 +72,10 @@ def test_training_block_runs_as_written(scratch, ray_cluster, capsys):
 @pytest.mark.integration  # a fresh interpreter with lm-eval, torch and three models
 def test_lm_eval_command_runs_as_written(scratch, tiny_cache):
     pytest.importorskip("lm_eval")
-    argv = command("python -m recmas_ray.lmeval")
+    argv = command("lm_eval --model recmas_ray")  # lm-eval's own script; the .pth hook registers the model
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]),
            "HF_DATASETS_CACHE": str(scratch / "ds_cache"), "HF_DATASETS_OFFLINE": "1", "OMP_NUM_THREADS": "1"}
-    proc = subprocess.run([sys.executable, *argv[1:]], cwd=scratch, env=env, capture_output=True, text=True,
+    proc = subprocess.run([str(Path(sys.executable).parent / argv[0]), *argv[1:]], cwd=scratch, env=env, capture_output=True, text=True,
                           timeout=900)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert list(scratch.glob("results/lm_eval/**/results_*.json")) and \

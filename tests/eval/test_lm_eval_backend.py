@@ -37,12 +37,42 @@ def _tasks(tmp_path):
     return tasks
 
 
+def _lm_eval_command() -> str:
+    """lm-eval's own console script, installed next to this interpreter (not our wrapper module)."""
+    path = Path(sys.executable).parent / "lm_eval"
+    assert path.exists(), f"no lm_eval script next to {sys.executable}: pip install -e '.[test]'"
+    return str(path)
+
+
+def _startup_probe(code: str, **env) -> str:
+    """Run `code` in a fresh interpreter (so the installed .pth hook runs) and return its stdout."""
+    proc = subprocess.run([sys.executable, "-c", code], env={**os.environ, **env}, capture_output=True, text=True,
+                          timeout=120)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    return proc.stdout.strip()
+
+
+def test_startup_hook_registers_the_model_lazily_and_leaves_other_programs_alone():
+    # Python starting: neither lm-eval nor torch nor our lm-eval module gets imported by the hook.
+    loaded = _startup_probe("import sys; print(sorted(m for m in ('lm_eval', 'torch', 'recmas_ray.lmeval') "
+                            "if m in sys.modules))")
+    assert loaded == "[]", f"the .pth hook imported {loaded} at startup (or is not installed: pip install -e .)"
+    # lm-eval's registry: our model is a lazy placeholder beside lm-eval's own, loaded only when asked for.
+    probe = ("import sys; import lm_eval.models; from lm_eval.api.registry import get_model, model_registry; "
+             "names = set(model_registry.keys()); lazy = 'recmas_ray.lmeval' not in sys.modules; "
+             "cls = get_model('recmas_ray'); print('recmas_ray' in names, 'hf' in names, lazy, cls.__name__)")
+    assert _startup_probe(probe) == "True True True RecMASLM"
+    off = _startup_probe("from lm_eval.api.registry import model_registry; import lm_eval.models; "
+                         "print('recmas_ray' in model_registry.keys())", RECMAS_RAY_LMEVAL_HOOK="0")
+    assert off == "False"
+
+
 @pytest.mark.integration  # a fresh interpreter importing lm-eval, torch and three models: ~30-80 s here
 def test_lm_eval_cli_runs_local_tasks_and_writes_its_files(tmp_path, tiny_cache):
     tasks, out = _tasks(tmp_path), tmp_path / "results"
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]),
            "HF_DATASETS_CACHE": str(tmp_path / "ds_cache"), "HF_DATASETS_OFFLINE": "1", "OMP_NUM_THREADS": "1"}
-    cmd = [sys.executable, "-m", "recmas_ray.lmeval", "--model", "recmas_ray", "--model_args", MODEL_ARGS,
+    cmd = [_lm_eval_command(), "--model", "recmas_ray", "--model_args", MODEL_ARGS,
            "--tasks", "recmas_toy_gen", "recmas_toy_mc", "--include_path", str(tasks), "--output_path", str(out),
            "--log_samples", "--batch_size", "4"]
     proc = subprocess.run(cmd, env=env, cwd=tmp_path, capture_output=True, text=True, timeout=600)

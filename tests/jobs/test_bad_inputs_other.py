@@ -25,6 +25,10 @@ ROWS = [
     ("serve", ["--style", "nope"], "--style 'nope'"),
     ("demo", ["--preset", "huge"], "'huge'"),
     ("demo", ["--bogus"], "unrecognized arguments: --bogus"),
+    ("demo", ["--role_model", "judge=pkg:smollm2-135m-instruct"], "--role_model names ['judge']; expected roles"),
+    ("demo", ["--role_model", "critic="], "--role_model critic=: empty value"),
+    ("bench", ["--role_model", "judge=tiny:qwen3"], "--role_model names ['judge']"),
+    ("bench_outer", ["--role_model", "boss=tiny:qwen3"], "--role_model names ['boss']"),
 ]
 
 

@@ -32,6 +32,22 @@ def test_heldout_split_has_no_training_question(tmp_path):
         check_disjoint(train, [dict(heldout[0], question="  " + train[3]["question"].upper())])
 
 
+def test_heldout_items_grade_against_the_final_number(tmp_path):
+    # the held-out rows carry a worked solution in `answer` and the number in `gold`: the grader must get
+    # the number (a regression once graded every prediction against the whole solution: 0% for everyone)
+    from recmas_ray.demo.pipeline import make_data
+    from recmas_ray.eval.benchmarks import load_benchmark
+    from recmas_ray.eval.graders import grade
+
+    cfg = DemoConfig(num_train=8, num_eval=16, output_path=str(tmp_path))
+    _, eval_file, heldout = make_data(cfg, tmp_path)
+    items = load_benchmark(str(eval_file), task_type=cfg.task)
+    assert [i["gold"] for i in items] == [r["gold"] for r in heldout]
+    for item, row in zip(items, heldout):
+        assert grade(cfg.task, item, f"{row['question']} = \\boxed{{{row['gold']}}}").correct
+        assert not grade(cfg.task, item, f"\\boxed{{{int(row['gold']) + 1}}}").correct
+
+
 def test_one_step_family_is_distinct_checked_and_short():
     rows = make_arithmetic_dataset(300, seed=1, difficulty="one_step")
     assert len({r["question"] for r in rows}) == 300
@@ -148,6 +164,12 @@ def test_run_plan_covers_every_method_and_r():
     for links in ("fresh", "inner", "trained"):
         assert {r for k, r in runs if k == f"recursive_mas/{links}"} == {1, 2, 3}
     assert ("ablation/shuffle", 3) in runs and ("ablation/zero", 3) in runs
+    # --link_rounds: fresh and inner-only rows at those R only, the trained row still at every R
+    runs = compare.plan_runs([1, 2], [1], [1])
+    assert {(k, r) for k, r in runs if k.startswith("recursive_mas/")} == {
+        ("recursive_mas/fresh", 1), ("recursive_mas/inner", 1), ("recursive_mas/trained", 1),
+        ("recursive_mas/trained", 2)}
+    assert DemoConfig(rounds=[1, 2], link_rounds=[1]).ablation_r() == [1]
 
 
 # ----------------------------------------------------------------------------- CLI
@@ -155,8 +177,10 @@ def test_user_errors_exit_2_before_anything_runs(tmp_path, capsys):
     assert demo_job.main(["--quick", "--full"]) == 2
     assert demo_job.main(["--num_eval", "0", "--output_path", str(tmp_path)]) == 2
     assert demo_job.main(["--ablation_rounds", "5", "--output_path", str(tmp_path)]) == 2
+    assert demo_job.main(["--rounds", "1,2", "--link_rounds", "3", "--output_path", str(tmp_path)]) == 2
     err = capsys.readouterr().err
-    assert "--num_eval 0" in err and "exclude each other" in err and len(err.strip().splitlines()) == 3
+    assert "--num_eval 0" in err and "exclude each other" in err and len(err.strip().splitlines()) == 4
+    assert "--link_rounds [3] are not among --rounds [1, 2]" in err
     assert not list(tmp_path.iterdir())
 
 
@@ -175,26 +199,29 @@ def test_quick_and_full_are_recipes_flags_still_win(capsys):
 def test_demo_quick_on_tiny_preset(tmp_path, ray_cluster, capsys):
     out = tmp_path / "demo"
     assert demo_job.main(["--preset", "tiny", "--quick", "--backend", "local", "--output_path", str(out),
-                          "--no_progress"]) == 0
+                          "--no_progress", "--role_model", "critic=tiny:mistral"]) == 0
     printed = capsys.readouterr().out
     data = json.loads((out / "demo_results.json").read_text())
     rows, n = data["rows"], data["heldout_size"]
     assert n == len((out / "heldout.jsonl").read_text().splitlines()) == 16
     keys = {(r["variant"], r["rounds"]) for r in rows}
-    expected = {("single_agent", 1), ("textmas", 1)} | {(k, r) for r in (1, 2, 3) for k in (
-        "recursive_textmas", "recursive_mas/fresh", "recursive_mas/inner", "recursive_mas/trained")} | {
-        ("ablation/shuffle", 3), ("ablation/zero", 3)}
-    assert keys == expected
+    cfg = json.loads((out / "demo_config.json").read_text())
+    expected = {("single_agent", 1), ("textmas", 1)} | {("recursive_textmas", r) for r in cfg["rounds"]} | {
+        ("recursive_mas/trained", r) for r in cfg["rounds"]} | {
+        (f"recursive_mas/{k}", r) for r in (cfg["link_rounds"] or cfg["rounds"]) for k in ("fresh", "inner")}
+    abl = cfg["ablation_rounds"] or [max(cfg["link_rounds"] or cfg["rounds"])]
+    expected |= {(f"ablation/{a}", r) for r in abl for a in ("shuffle", "zero")}
+    assert keys == expected and len(cfg["rounds"]) >= 2
     for r in rows:
         assert r["n"] == n and 0 <= r["ci_low"] <= r["accuracy"] <= r["ci_high"] <= 1, r
         assert math.isfinite(r["nll"]) and r["nll"] > 0, r
         assert r["tokens_per_sample"] > 0 and r["seconds_per_sample"] > 0
         assert r["speedup"] is not None and r["token_reduction"] is not None
     by = {(r["variant"], r["rounds"]): r for r in rows}
-    for r in (1, 2, 3):  # fewer generated tokens than text recursion at every R, on the same questions
+    for r in cfg["rounds"]:  # fewer generated tokens than text recursion at every R, on the same questions
         assert by[("recursive_mas/trained", r)]["token_reduction"] > 0
     assert by[("recursive_textmas", 1)]["accuracy"] == by[("textmas", 1)]["accuracy"]
-    assert len(data["ablation"]) == 2 and all("answer NLL" in v for v in data["ablation"])
+    assert len(data["ablation"]) == 2 * len(abl) and all("answer NLL" in v for v in data["ablation"])
     # the console: phase lines, the table and the ablation verdicts, nothing else
     lines = [ln for ln in printed.splitlines() if ln.strip()]
     table = [ln for ln in lines if ln.startswith("|")]
@@ -208,3 +235,7 @@ def test_demo_quick_on_tiny_preset(tmp_path, ray_cluster, capsys):
     for role in ("planner", "critic", "solver"):
         assert (out / "inner" / role / "links.safetensors").exists()
     assert (out / "outer" / "links.safetensors").exists()
+    # --role_model replaced the preset's critic everywhere: results, inner manifest, outer manifest
+    assert data["role_models"] == {"planner": "tiny:qwen3", "critic": "tiny:mistral", "solver": "tiny:gemma3"}
+    assert json.loads((out / "inner" / "critic" / "manifest.json").read_text())["base_model"] == "tiny:mistral"
+    assert "tiny:mistral" in (out / "outer" / "manifest.json").read_text()
