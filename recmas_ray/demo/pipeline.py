@@ -50,11 +50,11 @@ def train_links(cfg: DemoConfig, train_file: Path, out: Path, models: dict[str, 
                                                   for r, v in losses.items()))
     overrides = {role: str(path) for role, path in inner_dirs.items()}
 
-    console.start(f"outer training: R={cfg.outer_rounds}, {cfg.outer_steps} steps of {cfg.outer_batch_size} rows")
+    console.start(f"outer training: R={cfg.outer_r()}, {cfg.outer_steps} steps of {cfg.outer_batch_size} rows")
     outer = train_outer(OuterTrainConfig(
         style=cfg.style, ckpt_override=overrides, role_model=dict(models), preset=cfg.preset,
         dataset_name=str(train_file), task=cfg.task,
-        save_dir=str(out / "outer"), num_recursive_rounds=cfg.outer_rounds, max_latent_tokens=cfg.max_latent_tokens,
+        save_dir=str(out / "outer"), num_recursive_rounds=cfg.outer_r(), max_latent_tokens=cfg.max_latent_tokens,
         max_steps=cfg.outer_steps, batch_size=cfg.outer_batch_size, lr=cfg.outer_lr, warmup_steps=1,
         save_every=cfg.outer_steps, seed=cfg.seed, cpus_per_worker=0.5, max_failures=0))
     log = outer.log or []
