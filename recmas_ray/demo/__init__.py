@@ -5,9 +5,10 @@
   inner loop  planner, critic, solver inner links trained at once (one Ray Train run per role)
   outer loop  outer links trained through R rounds of the frozen agents (pipeline-parallel Ray Train)
   comparison  on the same held-out questions (`demo.compare`): single agent, TextMAS, Recursive-TextMAS,
-              RecursiveMAS with fresh / inner-trained / inner+outer-trained links at R = 1, 2, 3, and the
-              latent ablation (shuffled, zeroed); accuracy with a Wilson 95% CI and n, the gold answer's
-              NLL under the decoder given what it receives, tokens and seconds per question
+              RecursiveMAS with fresh / inner-trained / inner+outer-trained links (default R = 1;
+              --rounds / --link_rounds choose more), and the latent ablation (shuffled, zeroed);
+              accuracy with a Wilson 95% CI and n, the gold answer's NLL under the decoder given what
+              it receives, tokens and seconds per question
   report      one table (speedup and token reduction vs Recursive-TextMAS) and one PNG
 
 With `--preset demo` the agents are real small models from PyPI wheels (planner and solver
@@ -39,13 +40,30 @@ questions of the arith family with operands <= 39; NLL = RecursiveMAS R=1 answer
   1e-3       0.828 -> 0.595 -> 0.440 -> 0.405  /  0.848 -> 0.644 -> 0.497 -> 0.477   1.306 / 1.297 / 1.301
   3e-3       0.828 -> 0.345 -> 0.173 -> 0.149  /  0.848 -> 0.439 -> 0.322 -> 0.295   1.311 / 1.296 / 1.311
   fresh inner links                                                                  1.316 / 1.287 / 1.295
-Chosen: inner lr 3e-3 (lowest held-out inner loss; still falling at 24 steps, so 40 steps by default)
+Chosen: inner lr 3e-3 (lowest held-out inner loss; 24 steps by default, 48 in --full, where it still falls)
 and m = 8 (lowest NLL at every lr). The NLL differences are within noise at n = 16: with fresh outer
 links the inner links alone do not yet help the decoder; the outer loop (lr 1e-4, the spec's stable
-value) is what has to carry the question through. Outer-loop lr and steps were not swept (each outer
-run costs minutes of Ray Train start-up and R rounds of three models here).
+value) is what has to carry the question through. Outer-loop lr was not swept (each outer run costs
+minutes of Ray Train start-up and R rounds of three models here); its steps were set by the time budget:
+16 steps at R = 1 (149 s) by default, 24 at R = 2 in --full.
 
-TIMING: see the README's "Measured figures" (phases timed under load, and the estimate for an idle machine).
+TIMING (how the defaults were cut to 20 minutes; 2 idle cores, fp32, 64 held-out questions):
+  The first end-to-end run from a fresh clone (R = 1, 2; 24 inner and 10 outer steps at R = 2;
+  16-token budget; in-process evaluation) took 25.0 min: training 290 s, per (method, R) single agent
+  62 s, TextMAS 145 s, Recursive-TextMAS R=2 264 s, RecursiveMAS R=1 93-97 s per link set, R=2 178 s,
+  each ablation 105-112 s. Evaluation is compute-bound (about 55 GFLOP/s on the 2 cores), so the
+  defaults evaluate R = 1 and unroll outer training at R = 1 (half the cost per step); --rounds 1,2
+  adds the R = 2 rows (about 7 more minutes).
+  Evaluation backends (ad hoc single timings of `compare.run_one`, trained links, not a benchmark;
+  `python -m jobs.bench_backend --preset demo` measures the Ray / in-process ratio with repetitions):
+    24-token budget: in-process, 2 torch threads, 32 questions: TextMAS 68 s, RecursiveMAS R=1 38 s;
+    Ray actors, 64 questions: TextMAS 182 s (2 threads, one batch at a time) and 178 s (1 thread, 4
+    batches of 16 in flight), RecursiveMAS 150 s (4 in flight; the solver's decode is the bottleneck),
+    i.e. 1.3x and 2x the in-process time per question.
+    16-token budget, 64 questions, in-process: 2 batches on 2 Python threads of 1 torch thread each
+    took TextMAS 178 s and RecursiveMAS 132 s, against 145 s and 97 s with one batch on 2 torch threads.
+  Hence `--backend local` with every core as the default here; `--backend ray` (with --num_in_flight)
+  is the same code path on actors.
 """
 
 from recmas_ray.demo.config import RECIPES, DemoConfig

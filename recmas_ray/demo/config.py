@@ -78,8 +78,8 @@ class DemoConfig:
     """R values of the ablation (empty: the largest evaluated R)."""
     backend: Annotated[str, OneOf(("ray", "local"))] = "local"
     """Evaluation agents in this process (local) or as Ray actors (ray); training always runs on Ray Train.
-    local is the default because on 2 cores the same evaluation took about 1.3x longer with actors
-    (Ray's own processes and one torch thread per actor; measured, see recmas_ray.demo)."""
+    local is the default because on 2 cores the same evaluation took 1.3x to 2x longer with actors
+    (single timings in the recmas_ray.demo docstring)."""
     torch_threads: Annotated[int, Range(0, 64)] = 0
     """Torch threads of the evaluation agents; 0: torch's default in-process (every core), one per
     actor with --backend ray (its batches in flight keep the cores busy)."""

@@ -40,6 +40,8 @@ def plot(rows: list[dict], path: Path) -> Path:
     by: dict[str, list[dict]] = {}
     for r in rows:
         by.setdefault(r["label"], []).append(r)
+    if len({r["rounds"] for r in rows}) == 1:  # one R: methods side by side, not points on an R axis
+        return _plot_one_round(fig, rows, path)
     panels = [("accuracy", "accuracy (95% CI)"), ("nll", "answer NLL (nats/token)"),
               ("tokens_per_sample", "tokens / sample"), ("seconds_per_sample", "seconds / sample")]
     n_methods = max(1, len(by))
@@ -63,6 +65,39 @@ def plot(rows: list[dict], path: Path) -> Path:
         ax.set_title(title, fontsize=10)
         ax.grid(alpha=0.3)
     fig.axes[0].legend(fontsize=7)
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, format="png", dpi=100)
+    return path
+
+
+def _plot_one_round(fig, rows: list[dict], path: Path) -> Path:
+    """The four panels as one bar per method (accuracy with its 95% CI, NLL with its standard error)."""
+    panels = [("accuracy", "accuracy (95% CI)"), ("nll", "answer NLL (nats/token)"),
+              ("tokens_per_sample", "tokens / sample"), ("seconds_per_sample", "seconds / sample")]
+    labels = [r["label"].replace("RecursiveMAS, ", "RecursiveMAS\n").replace("ablation: ", "ablation:\n")
+              for r in rows]
+    xs = list(range(len(rows)))
+    colors = [f"C{i}" for i in xs]
+    for i, (key, title) in enumerate(panels):
+        ax = fig.add_subplot(1, 4, i + 1)
+        ys = [r[key] if r[key] is not None and math.isfinite(r[key]) else float("nan") for r in rows]
+        if key == "accuracy":
+            err = [[max(0.0, r["accuracy"] - r["ci_low"]) for r in rows],
+                   [max(0.0, r["ci_high"] - r["accuracy"]) for r in rows]]
+        elif key == "nll":
+            err = [r["nll_stderr"] if math.isfinite(r["nll_stderr"]) else 0.0 for r in rows]
+        else:
+            err = None
+        ax.bar(xs, ys, yerr=err, capsize=3, color=colors)
+        if key == "nll":
+            finite = [y for y in ys if math.isfinite(y)]
+            if finite:  # NLL differences are small next to its size: zoom in
+                ax.set_ylim(min(finite) - 0.05, max(finite) + 0.05)
+        ax.set_xticks(xs)
+        ax.set_xticklabels(labels, rotation=60, ha="right", fontsize=7)
+        ax.set_title(f"{title}, R = {rows[0]['rounds']}", fontsize=10)
+        ax.grid(alpha=0.3, axis="y")
     fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, format="png", dpi=100)

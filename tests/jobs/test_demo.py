@@ -239,3 +239,14 @@ def test_demo_quick_on_tiny_preset(tmp_path, ray_cluster, capsys):
     assert data["role_models"] == {"planner": "tiny:qwen3", "critic": "tiny:mistral", "solver": "tiny:gemma3"}
     assert json.loads((out / "inner" / "critic" / "manifest.json").read_text())["base_model"] == "tiny:mistral"
     assert "tiny:mistral" in (out / "outer" / "manifest.json").read_text()
+
+
+@pytest.mark.parametrize("rounds", [[1], [1, 2]])
+def test_plot_draws_one_or_several_rounds(tmp_path, rounds):
+    from recmas_ray.demo import report
+
+    rows = [dict(label=v.label, rounds=r, accuracy=0.25, ci_low=0.1, ci_high=0.4, nll=1.2 + 0.01 * i,
+                 nll_stderr=0.01, tokens_per_sample=20.0, seconds_per_sample=1.0)
+            for i, v in enumerate(compare.VARIANTS) for r in rounds]
+    path = report.plot(rows, tmp_path / "p.png")
+    assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and path.stat().st_size > 10_000
