@@ -54,6 +54,7 @@ TIMING (how the defaults were cut to 20 minutes; 2 idle cores, fp32, 64 held-out
   each ablation 105-112 s. Evaluation is compute-bound (about 55 GFLOP/s on the 2 cores), so the
   defaults evaluate R = 1 and unroll outer training at R = 1 (half the cost per step); --rounds 1,2
   adds the R = 2 rows (about 7 more minutes).
+  Measured with these defaults, from a fresh clone: 17 min 11 s with the pip steps; --full 38 min 37 s.
   Evaluation backends (ad hoc single timings of `compare.run_one`, trained links, not a benchmark;
   `python -m jobs.bench_backend --preset demo` measures the Ray / in-process ratio with repetitions):
     24-token budget: in-process, 2 torch threads, 32 questions: TextMAS 68 s, RecursiveMAS R=1 38 s;

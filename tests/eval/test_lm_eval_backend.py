@@ -67,6 +67,16 @@ def test_startup_hook_registers_the_model_lazily_and_leaves_other_programs_alone
     assert off == "False"
 
 
+def test_pth_line_is_silent_where_recmas_ray_cannot_be_imported(tmp_path):
+    # the code sandbox runs the same interpreter over the same site-packages without the project's
+    # files: the hook line must neither fail nor print there (the sandbox tests compare exact output)
+    line = (ROOT / "recmas_ray_lmeval.pth").read_text().strip()
+    assert line.startswith("import ") and "\n" not in line  # site.py runs a .pth line only in this form
+    proc = subprocess.run([sys.executable, "-S", "-c", line + "\nprint('alive')"], cwd=tmp_path,
+                          env={"PATH": os.environ.get("PATH", "")}, capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0 and proc.stdout == "alive\n" and proc.stderr == "", proc.stderr
+
+
 @pytest.mark.integration  # a fresh interpreter importing lm-eval, torch and three models: ~30-80 s here
 def test_lm_eval_cli_runs_local_tasks_and_writes_its_files(tmp_path, tiny_cache):
     tasks, out = _tasks(tmp_path), tmp_path / "results"
