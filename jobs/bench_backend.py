@@ -31,19 +31,15 @@ from typing import Annotated
 
 from recmas_ray.config.checks import OneOf, Range, WritableDir
 from recmas_ray.config.cli import run_job, save_config
-from recmas_ray.config.evaluation import DEVICES, DTYPES, MODEL_PRESETS, style_names
+from recmas_ray.config.evaluation import DEVICES, DTYPES, MODEL_PRESETS, check_role_models, style_names
 from recmas_ray.config.recursion import MAX_LATENT_STEPS, MAX_NEW_TOKENS, MAX_ROUNDS
 from recmas_ray.distributed.placement import PRESETS
 
 
 def expand_role_models(table: dict[str, str], roles) -> dict[str, str]:
-    """{"all": M} gives every role M; other keys must be roles of the style."""
+    """{"all": M} gives every role M; other keys are roles (checked by the config's validate)."""
     out = {r: table["all"] for r in roles} if "all" in table else {}
-    for role, model in table.items():
-        if role != "all" and role not in roles:
-            raise ValueError(f"--role_model names {role!r}, not a role of this style {list(roles)}")
-        if role != "all":
-            out[role] = model
+    out.update({role: model for role, model in table.items() if role != "all"})
     return out
 
 
@@ -109,6 +105,9 @@ class BackendBenchConfig:
     """Seed of the links and questions."""
     output_path: Annotated[str, WritableDir()] = "out/bench_backend"
     """Where bench_backend.json and config.json go."""
+
+    def validate(self) -> None:
+        check_role_models("--role_model", self.role_model, self.style, extra=("all",))
 
 
 def run(args) -> dict:

@@ -195,10 +195,11 @@ class Agent:
             ids_BL[b, ids_BL.shape[1] - t_L.shape[0]:] = t_L.to(self.device)
         # targets are right-aligned: vocabulary logits only where a target token is predicted (the prompt's
         # positions would cost most of the lm-head work for nothing, V up to 262k here)
-        start = int((ids_BL != -100).any(0).nonzero()[0, 0]) if (ids_BL != -100).any() else ids_BL.shape[1] - 1
-        h_BLD = self.forward_hidden(e_BLD, mask_BL)[:, max(start - 1, 0):-1]
+        cols = (ids_BL != -100).any(0).nonzero()
+        first = max(int(cols[0, 0]) - 1, 0) if len(cols) else ids_BL.shape[1] - 2  # predicts the first target
+        h_BLD = self.forward_hidden(e_BLD, mask_BL)[:, first:-1]
         logp_BLV = torch.log_softmax(self.logits(h_BLD).float(), dim=-1)
-        tgt_BL = ids_BL[:, max(start - 1, 0) + 1:]
+        tgt_BL = ids_BL[:, first + 1:]
         keep_BL = tgt_BL != -100
         tok_nll_BL = -logp_BLV.gather(-1, tgt_BL.clamp(min=0)[..., None])[..., 0] * keep_BL
         return (tok_nll_BL.sum(-1) / keep_BL.sum(-1).clamp(min=1)).tolist()
