@@ -3,7 +3,8 @@
 The reference runs tool code unsandboxed with the user's rights (``recursivemas.md`` section 11). Here every call,
 whatever the parent's uid, runs under bubblewrap (see `bwrap.py` for the exact layout):
 
-* its own mount namespace: only a size-limited tmpfs /work (writable, gone after the call) and the interpreter,
+* its own mount namespace: only a size-limited tmpfs work folder (``/sandbox``; writable, gone after the call;
+  /tmp leads there too) and the interpreter (wherever it is installed: a venv under /tmp, /work, $HOME or /opt),
   /usr and a few /etc files read-only. The host's HOME, /root, /tmp, Ray's session dirs and sockets do not exist;
 * new PID, network (loopback only), IPC and UTS namespaces; every process of the call dies with it;
 * a fresh identity per call: a random uid in a new user namespace (non-root parents) or a random unused host uid
@@ -13,7 +14,7 @@ whatever the parent's uid, runs under bubblewrap (see `bwrap.py` for the exact l
 * rlimits (AS memory, CPU, FSIZE, NOFILE, CORE=0, NPROC), set by the child's boot code before user code, and a
   wall-clock timeout that kills the whole sandbox;
 * the environment from a small allow-list, so API keys and cloud credentials never reach it;
-* as an extra layer, the in-child audit hook of `boot.py` (network, subprocess, writes outside /work, ...).
+* as an extra layer, the in-child audit hook of `boot.py` (network, subprocess, writes outside the work folder, ...).
 
 Without bwrap or the kernel features the first call raises `SandboxUnavailable` naming what is missing: there is
 no weaker fallback. Hostile code never makes ``run_python`` raise: stops and refusals come back as a
@@ -96,7 +97,8 @@ class SandboxConfig:
     allow_subprocess: bool = False
     """Allow fork/exec/subprocess in the child (still killed as a group and limited by RLIMIT_NPROC)."""
     work_dir_mb: int = 64
-    """Size of the /work tmpfs in MiB (the only writable place; counted in the host's memory)."""
+    """Size of the work folder's tmpfs in MiB (the only writable place with /dev/shm; counted in the host's memory;
+    when the interpreter lives under /tmp, /tmp is a second tmpfs of this size)."""
     deny_read_paths: tuple[str, ...] = ()
     """Extra paths the audit hook refuses to open (they are not mounted in the sandbox anyway)."""
 
@@ -107,7 +109,7 @@ class SandboxConfig:
                 raise ValueError(f"SandboxConfig.{name}={getattr(self, name)!r}: expected a positive number")
 
 
-# Boot code of the child, run as ``python -I -B -c _LAUNCH BOOT FD`` in /work; FD is a memfd holding the JSON
+# Boot code of the child, run as ``python -I -B -c _LAUNCH BOOT FD`` in the work folder; FD is a memfd holding the JSON
 # config (code, prelude, tests, nonce), read and closed before user code runs so nothing of it stays reachable.
 _BOOT = (Path(__file__).parent / "boot.py").read_text()
 
@@ -121,7 +123,7 @@ def run_python(code: str, *, config: SandboxConfig | None = None, stdin: str = "
     """Run ``code`` in a fresh sandboxed interpreter and return what happened; never raises on hostile code.
 
     Args:
-        code: the untrusted program (saved as ``/work/main.py``; tracebacks name ``main.py``).
+        code: the untrusted program (saved as ``main.py`` in the work folder; tracebacks name ``main.py``).
         config: limits and permissions; ``None`` means ``SandboxConfig()``.
         stdin: text fed to the child's standard input.
         prelude: trusted setup code run in the same namespace just before the guards and ``code``.
@@ -174,7 +176,7 @@ def _run(code: str, cfg: SandboxConfig, stdin: str, prelude: str, tests: str | N
     result_r, result_w = os.pipe()
     boot_cfg = {"limits": limits, "prelude": prelude, "code": code, "tests": tests, "nonce": nonce,
                 "result_fd": result_w, "allow_network": cfg.allow_network, "allow_subprocess": cfg.allow_subprocess,
-                "deny_read": _deny_read_paths(cfg),
+                "deny_read": _deny_read_paths(cfg), "writable": list(_bwrap.layout().writable),
                 "no_handlers_filter": seccomp.build_no_handlers_filter().hex() if tests is not None else None}
     fds = [_memfd("boot", json.dumps(boot_cfg).encode()), _memfd("stdin", stdin.encode("utf-8", "replace")),
            _memfd("seccomp", seccomp.build_filter(allow_fork=cfg.allow_subprocess, allow_sockets=cfg.allow_network))]
@@ -358,7 +360,7 @@ def _child_env() -> dict[str, str]:
     env = {k: os.environ[k] for k in _ENV_ALLOW if k in os.environ}
     env["PATH"] = "/usr/local/bin:/usr/bin:/bin"
     env.setdefault("LANG", "C.UTF-8")
-    work = _bwrap.WORK
+    work = _bwrap.layout().work
     env.update(HOME=work, TMPDIR=work, MPLCONFIGDIR=work, MPLBACKEND="Agg",
                OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1", MKL_NUM_THREADS="1")
     return env

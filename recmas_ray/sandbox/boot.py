@@ -121,7 +121,8 @@ def _grade(c, src, guard, harness_src=_HARNESS, load_seccomp=_load_seccomp):
 
 def _guard(c, harness, last_line=_HARNESS_LAST_LINE):
     import os, re, sys, _thread
-    root = os.path.realpath(os.getcwd())
+    # the work folder (cwd), and /tmp where it is a tmpfs of its own (an interpreter installed under /tmp)
+    roots = tuple(os.path.realpath(d) for d in c.get("writable", ())) or (os.path.realpath(os.getcwd()),)
     deny = tuple(c["deny_read"])
     secret_proc = re.compile(r"^/proc/[0-9]+/(task/[0-9]+/)?(environ|mem|maps|smaps|pagemap)$")
     wflags = os.O_WRONLY | os.O_RDWR | os.O_CREAT | os.O_TRUNC | os.O_APPEND
@@ -152,7 +153,7 @@ def _guard(c, harness, last_line=_HARNESS_LAST_LINE):
             p = real(path, dir_fd)
         except Exception:
             return False
-        return p == root or p.startswith(root + os.sep) or p == os.devnull
+        return any(p == r or p.startswith(r + os.sep) for r in roots) or p == os.devnull
 
     def refuse(what):
         raise PermissionError("sandbox blocked: " + what)

@@ -4,7 +4,8 @@ bubblewrap loads it with ``--seccomp FD`` just before it executes the child, so 
 child starts. The filter denies (EPERM) the system calls a Python program never needs and that widen the
 kernel attack surface or undo the namespaces: ptrace, mount and the new mount API, namespaces (unshare, setns,
 clone with CLONE_NEW*), keyrings, bpf, perf, module loading, kexec, io_uring, cross-process memory access,
-handle-based opens, terminal injection (TIOCSTI). Optionally it also refuses new processes (fork, vfork,
+handle-based opens, terminal injection (TIOCSTI), and memory no limit counts (memfd, SysV shared memory and
+message queues: ``NO_SUCH_CALL``, the end of ``ALWAYS_DENIED``). Optionally it also refuses new processes (fork, vfork,
 clone without CLONE_THREAD; clone3 answers ENOSYS so glibc falls back to clone) and sockets other than AF_UNIX.
 
 Layout of ``struct seccomp_data``: nr (u32, offset 0), arch (u32, 4), ip (u64, 8), args[6] (u64, 16 + 8 i);
@@ -28,7 +29,8 @@ _NR = {
                "io_uring_setup": 425, "io_uring_enter": 426, "io_uring_register": 427, "open_tree": 428,
                "move_mount": 429, "fsopen": 430, "fsconfig": 431, "fsmount": 432, "fspick": 433,
                "pidfd_getfd": 438, "mount_setattr": 442, "quotactl": 179, "syslog": 103, "vhangup": 153,
-               "lookup_dcookie": 212, "personality": 135,
+               "lookup_dcookie": 212, "personality": 135, "shmget": 29, "shmat": 30, "shmctl": 31, "shmdt": 67,
+               "msgget": 68, "msgsnd": 69, "msgrcv": 70, "msgctl": 71, "memfd_create": 319, "memfd_secret": 447,
                "fork": 57, "vfork": 58, "clone": 56, "clone3": 435, "socket": 41, "ioctl": 16, "rt_sigaction": 13},
     "aarch64": {"ptrace": 117, "mount": 40, "umount2": 39, "pivot_root": 41, "chroot": 51, "swapon": 224,
                 "swapoff": 225, "reboot": 142, "acct": 89, "init_module": 105, "finit_module": 273,
@@ -39,7 +41,8 @@ _NR = {
                 "io_uring_enter": 426, "io_uring_register": 427, "open_tree": 428, "move_mount": 429,
                 "fsopen": 430, "fsconfig": 431, "fsmount": 432, "fspick": 433, "pidfd_getfd": 438,
                 "mount_setattr": 442, "quotactl": 60, "syslog": 116, "vhangup": 58, "lookup_dcookie": 18,
-                "personality": 92, "clone": 220, "clone3": 435, "socket": 198, "ioctl": 29, "rt_sigaction": 134},
+                "personality": 92, "shmget": 194, "shmctl": 195, "shmat": 196, "shmdt": 197, "msgget": 186,
+                "msgctl": 187, "msgrcv": 188, "msgsnd": 189, "memfd_create": 279, "memfd_secret": 447, "clone": 220, "clone3": 435, "socket": 198, "ioctl": 29, "rt_sigaction": 134},
 }
 ALWAYS_DENIED = ("ptrace", "mount", "umount2", "pivot_root", "chroot", "swapon", "swapoff", "reboot", "acct",
                  "iopl", "ioperm", "init_module", "finit_module", "delete_module", "kexec_load", "kexec_file_load",
@@ -47,7 +50,14 @@ ALWAYS_DENIED = ("ptrace", "mount", "umount2", "pivot_root", "chroot", "swapon",
                  "process_vm_readv", "process_vm_writev", "name_to_handle_at", "open_by_handle_at", "kcmp",
                  "io_uring_setup", "io_uring_enter", "io_uring_register", "open_tree", "move_mount", "fsopen",
                  "fsconfig", "fsmount", "fspick", "pidfd_getfd", "mount_setattr", "quotactl", "syslog", "vhangup",
-                 "lookup_dcookie", "personality")
+                 "lookup_dcookie", "personality",
+                 # Memory that RLIMIT_AS does not count once unmapped and no tmpfs size bounds: SysV shared memory
+                 # segments and message queues live on in the IPC namespace until the call ends.
+                 "shmget", "shmat", "shmctl", "shmdt", "msgget", "msgsnd", "msgrcv", "msgctl")
+# memfd pages written with write() are counted by no rlimit (up to the host's memory per fd); ENOSYS, as on a
+# kernel without memfd, so libraries that try it (libffi, glib) fall back to /dev/shm or the work folder,
+# whose tmpfs sizes bound them.
+NO_SUCH_CALL = ("memfd_create", "memfd_secret")
 
 _LD_ABS_W, _JEQ, _JGE, _JSET, _RET = 0x20, 0x15, 0x35, 0x45, 0x06
 _RET_ALLOW, _RET_KILL_PROCESS = 0x7FFF0000, 0x80000000
@@ -90,6 +100,8 @@ def build_filter(*, allow_fork: bool, allow_sockets: bool) -> bytes:
     for name in ALWAYS_DENIED:
         if name in nr:
             prog += [_ins(_JEQ, nr[name], 0, 1), _ins(_RET, eperm)]
+    for name in NO_SUCH_CALL:
+        prog += [_ins(_JEQ, nr[name], 0, 1), _ins(_RET, _errno(errno.ENOSYS))]
 
     def arg_rule(name: str, arg: int, op: int, k: int, allow_when_true: bool) -> list[bytes]:
         # nr == name ? (A = arg; op(A, k) ? allow-path : deny) : skip; A is reloaded with nr afterwards.
