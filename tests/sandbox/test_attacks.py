@@ -13,6 +13,10 @@ import shutil
 import pytest
 from sandbox_parents import SECRETS, alive, make_parent, parents, processes_in_namespace
 
+from recmas_ray.sandbox import bwrap, seccomp
+
+WORK = bwrap.layout().work
+
 NS = "import os\nprint('NS', os.readlink('/proc/self/ns/pid'), flush=True)\n"
 NATIVE = '''
 import ctypes, os
@@ -125,7 +129,7 @@ def test_survivors_die_with_the_call(parent, how: str) -> None:
 
 def test_survivor_cannot_rewrite_the_next_call(parent) -> None:
     attacker = NS + ("if os.fork() == 0:\n    os.setsid()\n    import time\n    for _ in range(300):\n"
-                     "        for p in ('/work/main.py', '/tmp/main.py'):\n            try:\n"
+                     f"        for p in ('{WORK}/main.py', '/tmp/main.py'):\n            try:\n"
                      "                open(p, 'w').write('print(\"HACKED\")')\n            except OSError:\n"
                      "                pass\n        time.sleep(0.01)\nos._exit(0)\n")
     first = parent.run(attacker, allow_subprocess=True)
@@ -158,13 +162,13 @@ def test_fork_storm_is_bounded_by_the_process_limit(parent) -> None:
 
 def test_only_size_limited_tmpfs_is_writable(parent) -> None:
     # Native open (no audit hook): bwrap's own root and /dev would be writable inside a user namespace.
-    dirs = ["/", "/etc", "/dev", "/usr", "/bin", "/proc", "/work", "/tmp", "/dev/shm"]
+    dirs = ["/", "/etc", "/dev", "/usr", "/bin", "/proc", WORK, "/tmp", "/dev/shm", *bwrap.layout().bound]
     code = NATIVE + ("op = native('open', ctypes.c_int, ctypes.c_char_p, ctypes.c_int, ctypes.c_int)\n"
                      "for d in %r:\n    fd = op((d.rstrip('/') + '/probe').encode(), 0o101, 0o644)\n"
                      "    print(d, 'W' if fd >= 0 else 'refused')" % dirs)
     res = parent.run(code)
     writable = {ln.split()[0] for ln in res.stdout.splitlines() if ln.endswith(" W")}
-    assert writable == {"/work", "/tmp", "/dev/shm"}, res
+    assert writable == {WORK, "/tmp", "/dev/shm"}, res
 
 
 def test_parent_secrets_never_reach_the_child_environment(parent) -> None:
@@ -200,3 +204,35 @@ def test_namespace_init_has_the_limits_too(parent) -> None:
     res = parent.run("print([l.split()[-3] for l in open('/proc/1/limits') if l.startswith('Max address space')])",
                      memory_mb=512)
     assert res.stdout.strip() == f"['{512 * 1024 * 1024}']", res
+
+
+def test_memory_no_rlimit_counts_is_refused(parent) -> None:
+    # memfd pages filled with write() and SysV segments/queues outlive every mapping, so RLIMIT_AS never counts
+    # them (300 MiB held with memory_mb=128 before); the fallbacks (/dev/shm, the work folder) are size-limited.
+    nr = seccomp._NR[seccomp.supported_arch()]
+    code = NATIVE + f'''
+sc = native('syscall', ctypes.c_long, ctypes.c_long, ctypes.c_long, ctypes.c_long, ctypes.c_long)
+try:
+    fd = os.memfd_create('hold')
+    for _ in range(300):
+        os.write(fd, b'x' * (1 << 20))
+    print('memfd held', os.fstat(fd).st_size)
+except OSError as e:
+    print('memfd ERR', e.errno)
+report('memfd_native', sc({nr["memfd_create"]}, ctypes.cast(ctypes.c_char_p(b'x'), ctypes.c_void_p).value, 0, 0))
+report('shmget', sc({nr["shmget"]}, 0, 256 << 20, 0o1600, 0))
+report('msgget', sc({nr["msgget"]}, 0, 0o1600, 0, 0))
+op = native('open', ctypes.c_int, ctypes.c_char_p, ctypes.c_int, ctypes.c_int)
+for where in ('/dev/shm/hold', 'hold'):  # native open: the kernel's bound, not the audit hook's
+    fd = op(where.encode(), 0o101, 0o600)
+    try:
+        for _ in range(300):
+            os.write(fd, b'x' * (1 << 20))
+        print(where, 'held 300 MiB')
+    except OSError as e:
+        print(where, 'ERR', e.errno)
+'''
+    res = parent.run(code, memory_mb=128, work_dir_mb=32, max_file_mb=512)
+    lines = set(res.stdout.splitlines())
+    assert {f"memfd ERR {errno.ENOSYS}", f"memfd_native -1 {errno.ENOSYS}", f"shmget -1 {errno.EPERM}",
+            f"msgget -1 {errno.EPERM}", f"/dev/shm/hold ERR {errno.ENOSPC}", f"hold ERR {errno.ENOSPC}"} <= lines, res

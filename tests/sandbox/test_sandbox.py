@@ -8,10 +8,13 @@ from __future__ import annotations
 
 import errno
 import json
+import os
 import socket
+import subprocess
+import sys
 
 import pytest
-from sandbox_parents import processes_in_namespace
+from sandbox_parents import ROOT, processes_in_namespace
 
 from recmas_ray.sandbox import (
     SandboxConfig,
@@ -31,14 +34,34 @@ def _ns(res: SandboxResult) -> str:
 NS = "import os\nprint('NS', os.readlink('/proc/self/ns/pid'), flush=True)\n"
 
 
-def test_simple_code_runs_in_a_throwaway_dir() -> None:
-    code = ("import os, json; print(json.dumps([os.getcwd(), os.environ['HOME'], input(), sorted(os.listdir('/')), "
-            "os.listdir('/work'), os.path.realpath('/tmp')]))")
+def test_simple_code_runs_in_a_throwaway_dir(tmp_path) -> None:
+    work = bwrap.layout().work
+    code = ("import os, json; print(json.dumps([os.getcwd(), os.environ['HOME'], input(), os.listdir('.'), "
+            "os.path.realpath('/tmp')]))")
     res = run_python(code, stdin="from stdin\n", config=TIGHT)
     assert res.ok, res
-    cwd, home, line, root, work, tmp = json.loads(res.stdout)
-    assert cwd == home == tmp == "/work" and line == "from stdin" and work == ["main.py"]
-    assert not {"home", "mnt", "opt", "var", "srv", "run"} & set(root), root  # only what the sandbox mounts
+    cwd, home, line, listed, tmp = json.loads(res.stdout)
+    assert cwd == home == work and line == "from stdin" and listed == ["main.py"]
+    assert tmp == (work if bwrap.layout().tmp_is_work else "/tmp")
+
+
+def test_host_folders_are_hidden_but_the_interpreter_is_there(tmp_path) -> None:
+    # What must be hidden: the project checkout, this process's home and cwd, other /tmp content, host secrets;
+    # what must be there: the interpreter's own folders (which may live under any of those places).
+    (tmp_path / "other.txt").write_text("host temp file")
+    hidden = [ROOT, os.path.expanduser("~"), os.getcwd(), str(tmp_path), "/etc/shadow", "/etc/passwd", "/var/log",
+              "/var/run", "/run", "/home", "/mnt", "/srv", "/proc/1/root" + ROOT]
+    code = ("import os, sys, json; print(json.dumps([[p, os.listdir(p) if os.path.isdir(p) else os.path.exists(p)]"
+            f" for p in {hidden!r}] + [sys.prefix, os.path.isfile(os.__file__)]))")
+    res = run_python(code, config=TIGHT)
+    assert res.ok, res
+    *seen, prefix, has_stdlib = json.loads(res.stdout)
+    bound = bwrap.layout().bound
+    for path, what in seen:
+        # an ancestor of the interpreter's folder shows only the way there, nothing else
+        inside = {b[len(path):].strip("/").split("/")[0] for b in bound if b.startswith(path.rstrip("/") + "/")}
+        assert what in (False, []) or set(what) <= inside, (path, what)
+    assert prefix == sys.prefix and has_stdlib
 
 
 def test_sandbox_refuses_to_run_without_bwrap(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -233,6 +256,78 @@ def test_endless_output_is_bounded() -> None:
     res = run_python("import sys\nwhile True:\n    sys.stdout.write('y' * 65536)",
                      config=SandboxConfig(timeout_s=1, max_output_chars=50))
     assert res.timed_out and "...[truncated" in res.stdout and len(res.stdout) < 150
+
+
+def test_parent_memory_stays_bounded_for_huge_output() -> None:
+    # 300 MiB of output: the parent keeps only the cap (and counts the rest), so its peak RSS barely moves.
+    driver = ("import json, resource\nfrom recmas_ray.sandbox import SandboxConfig, run_python\n"
+              "run_python('pass')\nbefore = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss\n"
+              "res = run_python('import sys\\nfor _ in range(300):\\n    sys.stdout.write(\"x\" * (1 << 20))',"
+              " config=SandboxConfig(timeout_s=120, cpu_time_s=60, memory_mb=128, max_output_chars=1000))\n"
+              "grown = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before\n"
+              "print(json.dumps([grown, len(res.stdout), res.stdout[-60:], res.exit_code]))")
+    env = {**os.environ, "PYTHONPATH": ROOT}
+    proc = subprocess.run([sys.executable, "-c", driver], capture_output=True, text=True, timeout=300, env=env)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    grown_kib, kept, tail, exit_code = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert exit_code == 0 and kept < 1100 and f"truncated: {300 << 20} bytes of output in all" in tail
+    assert grown_kib < 32 * 1024, grown_kib  # KiB on Linux; the output was 300 MiB
+
+
+def test_bwrap_failures_name_the_real_cause(monkeypatch: pytest.MonkeyPatch) -> None:
+    lay = bwrap.layout()
+    path_error = bwrap.explain_failure("bwrap: Can't mkdir /tmp/x: No such file or directory\n", lay)
+    assert "Can't mkdir /tmp/x" in path_error and "docker" not in path_error and lay.work in path_error
+    for refused in ("bwrap: No permissions to creating new namespace, likely because the kernel does not allow "
+                    "non-privileged user namespaces.", "bwrap: Can't mount proc on /newroot/proc: Operation not "
+                    "permitted"):
+        text = bwrap.explain_failure(refused + "\n", lay)
+        assert refused in text and "docker run --security-opt" in text
+    inner = bwrap.explain_failure("Fatal Python error: init_fs_encoding\nModuleNotFoundError: No module named "
+                                  "'encodings'\n", lay)
+    assert "interpreter" in inner and "encodings" in inner and "docker" not in inner
+    # End to end: a layout whose interpreter folder is missing fails with bwrap's own words, not a kernel story.
+    monkeypatch.setattr(bwrap, "layout", lambda: bwrap.Layout(work=lay.work, bound=("/nonexistent-recmas-prefix",),
+                                                               tmp_is_work=True))
+    bwrap._probe_reset()
+    try:
+        with pytest.raises(SandboxUnavailable, match="Can't find source path /nonexistent-recmas-prefix") as info:
+            run_python("print(1)")
+        assert "docker" not in str(info.value)
+    finally:
+        monkeypatch.undo()
+        bwrap._probe_reset()
+    assert run_python("print(1)").stdout == "1\n"
+
+
+@pytest.mark.parametrize("folders, work, tmp_is_work", [
+    (["/root/.pyenv/versions/3.11.7"], "/sandbox", True),
+    (["/sandbox/venv", "/opt/py"], "/sandbox-1", True),  # an interpreter in the preferred work folder
+    (["/sandbox", "/sandbox-1/x"], "/sandbox-2", True),
+    (["/tmp/x/venv", "/root/.pyenv/versions/3.11.7"], "/sandbox", False),
+])
+def test_work_folder_never_collides_with_the_interpreter(monkeypatch: pytest.MonkeyPatch, folders, work,
+                                                         tmp_is_work) -> None:
+    monkeypatch.setattr(bwrap, "_interpreter_paths", lambda: folders)
+    bwrap.layout.cache_clear()
+    try:
+        lay = bwrap.layout()
+        assert (lay.work, lay.tmp_is_work) == (work, tmp_is_work)
+    finally:
+        monkeypatch.undo()
+        bwrap.layout.cache_clear()
+
+
+@pytest.mark.parametrize("folder", ["/tmp", "/var", "/root", "/home", os.path.expanduser("~")])
+def test_an_interpreter_folder_holding_host_files_is_refused(monkeypatch: pytest.MonkeyPatch, folder) -> None:
+    monkeypatch.setattr(bwrap, "_interpreter_paths", lambda: [folder])
+    bwrap.layout.cache_clear()
+    try:
+        with pytest.raises(SandboxUnavailable, match=f"the interpreter's folder {folder} is \\(or contains\\)"):
+            bwrap.layout()
+    finally:
+        monkeypatch.undo()
+        bwrap.layout.cache_clear()
 
 
 def test_odd_code_never_raises() -> None:
