@@ -290,7 +290,11 @@ def _exit_status(code: int) -> int:
 
 
 def _collect(proc: subprocess.Popen, deadline: float, cap: int) -> tuple[tuple[bytes, int], tuple[bytes, int], bool]:
-    """Drain both pipes until EOF or the deadline, keeping at most ``cap`` bytes of each (the rest is counted)."""
+    """Drain both pipes until EOF or the deadline, keeping at most ``cap`` bytes of each (the rest is counted).
+
+    The parent's memory stays bounded (cap bytes per stream plus one 64 KiB read) however much the child
+    writes; draining instead of killing lets a chatty but correct program finish (its verdict still counts).
+    """
     bufs = {proc.stdout.fileno(): [bytearray(), 0], proc.stderr.fileno(): [bytearray(), 0]}
     sel = selectors.DefaultSelector()
     for fd in bufs:
