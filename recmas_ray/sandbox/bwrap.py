@@ -66,7 +66,7 @@ def _under(path: str, folder: str) -> bool:
 
 
 def _interpreter_paths() -> list[str]:
-    """Folders the interpreter needs, outermost first, without duplicates or paths inside /usr.
+    """Folders the interpreter needs, outermost first, without duplicates or paths inside /usr (shown anyway).
 
     Both the path as named and its real path (a venv's python is a symlink into pyenv, /usr, /opt, ...).
     """
@@ -77,7 +77,8 @@ def _interpreter_paths() -> list[str]:
     cands += [p for p in site.getsitepackages() if os.path.isdir(p)]
     out: list[str] = []
     for p in sorted({os.path.realpath(c) for c in cands if c} | {os.path.abspath(c) for c in cands if c}, key=len):
-        if p == "/" or any(_under(os.path.realpath(p), q) for q in _SYSTEM_FOLDERS) or not os.path.exists(p):
+        # a link elsewhere that leads into /usr (/opt/py -> /usr/local/py) is still bound under its own name
+        if p == "/" or any(_under(p, q) for q in _SYSTEM_FOLDERS) or not os.path.exists(p):
             continue
         if not any(_under(p, q) for q in out):
             out.append(p)

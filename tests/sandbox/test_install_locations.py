@@ -59,6 +59,8 @@ def _place(base: str) -> tuple[Path, bool]:
     """The place as a path, created when missing (root only); True when the test made it."""
     path = Path(os.path.expanduser(base))
     if path.is_dir():
+        if not os.access(path, os.W_OK | os.X_OK):
+            pytest.skip(f"{path} is not writable by this test run")
         return path, False
     if not IS_ROOT:
         pytest.skip(f"{path} does not exist and only a root test run creates it")
