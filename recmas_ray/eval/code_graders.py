@@ -93,14 +93,14 @@ def extract_code(text: str | None) -> str | None:
 
 
 def _run(code: str, *, timeout_s: float, memory_mb: int, stdin: str = "", prelude: str = "",
-         tests: str | None = None, max_output_chars: int = 6000, probes: dict | None = None):
+         tests: str | None = None, max_output_chars: int = 6000, grading: dict | None = None):
     from recmas_ray.sandbox import SandboxConfig, run_python
 
     # The CPU limit follows the wall limit so a long multi-test run is not cut short by the
     # sandbox's default CPU budget; an infinite loop still ends at whichever comes first.
     cfg = SandboxConfig(timeout_s=timeout_s, cpu_time_s=int(math.ceil(timeout_s)) + 1,
                         memory_mb=memory_mb, max_output_chars=max_output_chars)
-    return run_python(code, config=cfg, stdin=stdin, prelude=prelude, tests=tests, probes=probes)
+    return run_python(code, config=cfg, stdin=stdin, prelude=prelude, tests=tests, grading=grading)
 
 
 def _failure_from(res, num_tests: int, idx: int = 0) -> CodeResult | None:
@@ -130,7 +130,7 @@ def run_probes(program: str, probes: Sequence[Probe], *, timeout_s: float, memor
     calls = [{"fn": p.fn, "args": encode_value(tuple(p.args)), "kwargs": encode_value(dict(p.kwargs))}
              for p in probes]
     spec = {"calls": calls, "method_of": method_of, "per_call_timeout_s": int(per_call_timeout_s)}
-    res = _run(program, timeout_s=timeout_s, memory_mb=memory_mb, prelude=prelude, probes=spec,
+    res = _run(program, timeout_s=timeout_s, memory_mb=memory_mb, prelude=prelude, grading=spec,
                max_output_chars=_MAX_RESULT_CHARS)
     n = len(probes)
     frames = [ln for ln in res.stdout.split("\n") if ln.startswith(PROBE_MARK)]
@@ -162,23 +162,25 @@ def run_probes(program: str, probes: Sequence[Probe], *, timeout_s: float, memor
 
 
 def grade_code(program: str | None, tests: str, *, timeout_s: float = 10.0,
-               memory_mb: int = 2048, prelude: str = "", num_tests: int = 1) -> CodeResult:
+               memory_mb: int = 2048, prelude: str = "", num_tests: int = 1,
+               fn_name: str | None = None) -> CodeResult:
     """Run `program` against the assert-based `tests` script (see the module docstring).
 
     Split suites: the sandbox makes the calls, the parent judges each assertion (``num_tests`` then counts the
     assertions, loops unrolled). Other scripts: pass iff the sandbox's harness reports, with a per-call nonce,
     that the script ran to its end (exit(), sys.exit(0), os._exit(0) or forged output cannot pass).
+    ``fn_name``, the entry point, names the program's function even where it shadows a builtin (``sum``).
     """
     if not program or not program.strip():
         return CodeResult(False, 0, num_tests, "EMPTY_CODE", "no code after parsing")
     if not tests or not tests.strip():
         return CodeResult(False, 0, 0, "NO_TESTS", "no executable tests")
     try:
-        suite = split_suite(tests)
+        suite = split_suite(tests, fn_name)
         encode_value([(p.args, p.kwargs) for p in suite.probes])  # test data the sandbox cannot receive: unsplit
     except (Unsplittable, TypeError) as why:
         return _grade_in_sandbox(program, tests, timeout_s=timeout_s, memory_mb=memory_mb, prelude=prelude,
-                                 num_tests=num_tests, note=str(why))
+                                 num_tests=num_tests, note=str(why), fn_name=fn_name)
     return _grade_split(program, suite, timeout_s=timeout_s, memory_mb=memory_mb, prelude=prelude)
 
 
@@ -194,9 +196,9 @@ def _grade_split(program: str, suite: SplitSuite, *, timeout_s: float, memory_mb
 
 
 def _grade_in_sandbox(program: str, tests: str, *, timeout_s: float, memory_mb: int, prelude: str,
-                      num_tests: int, note: str) -> CodeResult:
+                      num_tests: int, note: str, fn_name: str | None) -> CodeResult:
     res = _run(program.strip() + "\n", timeout_s=timeout_s, memory_mb=memory_mb, prelude=prelude,
-               tests=tests.strip() + "\n")
+               tests=tests.strip() + "\n", grading={"program_names": [fn_name] if fn_name else []})
     if res.tests_passed:
         out = CodeResult(True, num_tests, num_tests, None, "OK", res.seconds)
     else:
@@ -325,7 +327,7 @@ def grade_program(program: str | None, *, test_type: str, tests: str | None = No
         if fn_name and re.search(r"^def check\(", tests, re.M) and not re.search(r"^check\(", tests, re.M):
             tests += f"\n\ncheck({fn_name})\n"  # HumanEval rows: `check(candidate)` is defined, not called
         return grade_code(program, tests, timeout_s=timeout_s, memory_mb=memory_mb, prelude=prelude,
-                          num_tests=num_tests)
+                          num_tests=num_tests, fn_name=fn_name)
     if kind == "functional":
         if not fn_name:
             raise ValueError("test_type='functional' needs fn_name (LiveCodeBench metadata.func_name)")

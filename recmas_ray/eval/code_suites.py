@@ -128,7 +128,15 @@ _COMPARE = {ast.Eq: operator.eq, ast.NotEq: operator.ne, ast.Lt: operator.lt, as
 # Pure functions of plain data a check may apply (the parent's own builtins, never the program's).
 _FUNCS: dict[str, Any] = {f.__name__: f for f in (abs, all, any, bool, dict, float, frozenset, int, isinstance,
                                                   len, list, max, min, round, set, sorted, str, sum, tuple)}
-_FUNCS.update(zip=lambda *a: list(zip(*a)), enumerate=lambda *a: list(enumerate(*a)), type=type)
+def _bounded_range(*args):
+    r = range(*args)
+    if len(r) > _MAX_ITEMS:
+        raise _CheckFailed("WA", "range too large")
+    return r
+
+
+_FUNCS.update(zip=lambda *a: list(zip(*a)), enumerate=lambda *a: list(enumerate(*a)), type=type,
+              range=_bounded_range)
 _CONSTANTS = {"True": True, "False": False, "None": None, "inf": math.inf, "nan": math.nan}
 _MATH = {"isclose": math.isclose, "fabs": math.fabs, "sqrt": math.sqrt, "inf": math.inf, "pi": math.pi,
          "e": math.e, "nan": math.nan, "floor": math.floor, "ceil": math.ceil}
@@ -436,7 +444,7 @@ class _Splitter:
                 return
         if isinstance(st, ast.For) and not st.orelse:
             items = self.value(st.iter, env)
-            if not isinstance(items, (list, tuple)):
+            if not isinstance(items, (list, tuple, range)):
                 raise Unsplittable(f"{where}: loop over a {type(items).__name__}")
             for item in items:
                 inner = dict(env)
@@ -486,14 +494,19 @@ class _Splitter:
         self.checks.append(_Check(node, env, kind, probe_of, node.lineno))
 
 
-def split_suite(tests: str) -> SplitSuite:
-    """Split an assert-style test script into probes and parent-side checks; `Unsplittable` if it cannot be."""
+def split_suite(tests: str, entry_point: str | None = None) -> SplitSuite:
+    """Split an assert-style test script into probes and parent-side checks; `Unsplittable` if it cannot be.
+
+    ``entry_point`` names the program's function even where it shadows a builtin (MBPP's ``sum``).
+    """
     try:
         tree = ast.parse(tests)
     except SyntaxError as exc:
         raise Unsplittable(f"the tests do not parse: {exc}") from None
     splitter = _Splitter()
     env: dict = {"__allclose__": "np.allclose"}
+    if entry_point:
+        env[entry_point] = _Candidate(entry_point)
     splitter.block(tree.body, env)
     if not splitter.checks:
         raise Unsplittable("no assertion found")

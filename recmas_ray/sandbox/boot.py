@@ -4,7 +4,8 @@ This file is not imported: `__init__.py` passes its text to `python -I -B -c` in
 memfd holding the JSON config; it is read and closed first, so user code finds neither the config nor the nonce.
 
 Grading mode (``tests`` set): the program runs as module ``solution``; the tests run afterwards in a namespace
-of their own (a copy of the solution's names, with a private copy of the builtins) through the trusted
+of their own (a copy of the solution's names, less those that shadow a builtin unless
+``grading["program_names"]`` lists them (an entry point called ``sum``), with a private copy of the builtins) through the trusted
 ``_HARNESS`` code object. Only when that code object reaches its last line does the audit hook, the sole holder
 of the call's nonce, write it to the result pipe. SystemExit, os._exit, forged output or a re-run of the
 harness cannot produce it; frames (sys._getframe, tracebacks, generators, signal handlers), tracing, ctypes
@@ -14,7 +15,7 @@ Not covered: unaudited native memory reads (ctypes.cast of an id() to a pointer)
 a secret held in this interpreter can be read by the program: graders use this mode only for suites that cannot
 be split (see `recmas_ray/eval/code_suites.py`).
 
-Probe mode (``probes`` set, what the graders use): the program runs as module ``solution``, then the boot code
+Probe mode (``grading["calls"]`` set, what the graders use): the program runs as module ``solution``, then the boot code
 calls the named functions on the given arguments and writes, on a saved copy of fd 1 (the program's own prints
 go to stderr), one line ``PROBE_MARK`` + JSON with each call's value (`encode_value`) or exception type name.
 Nothing secret is in the child: the parent alone holds the expected values and judges the values it gets back,
@@ -23,6 +24,8 @@ so output the program forges on any fd can only claim values, which pass only if
 
 PROBE_MARK = "RECMAS-PROBE-RESULTS "
 _MAX_DEPTH = 400
+# collections types encoded as the builtin they compare as against a test's literal (Counter({...}) == {...}).
+_DICT_TYPES = {"Counter": dict, "OrderedDict": dict, "defaultdict": dict}
 
 
 def encode_value(value, _depth=0):
@@ -33,7 +36,9 @@ def encode_value(value, _depth=0):
     refused) stay themselves; other values become one-key objects: ``{"float": "nan"|"inf"|"-inf"}``,
     ``{"tuple": [...]}``, ``{"set"|"frozenset": [...]}`` (items sorted by their JSON text, so the encoding is
     deterministic), ``{"dict": [[key, value], ...]}`` (insertion order), ``{"complex": [re, im]}``,
-    ``{"bytes"|"bytearray": hex}``. A numpy scalar becomes the Python scalar its ``item()`` returns.
+    ``{"bytes"|"bytearray": hex}``, ``{"deque": [...]}``, ``{"re.Match": group(0)}`` (decoded to an object that is
+    truthy and equal to nothing else, as a match is). Counter, OrderedDict and defaultdict become dicts and a
+    namedtuple a tuple, read through the builtin's own accessors; a numpy scalar becomes its ``item()``.
     """
     import json
     t = type(value)
@@ -58,11 +63,31 @@ def encode_value(value, _depth=0):
         return {"complex": [encode_value(value.real), encode_value(value.imag)]}
     if t is bytes or t is bytearray:
         return {t.__name__: value.hex()}
-    if getattr(t, "__module__", None) == "numpy" and callable(getattr(value, "item", None)) and _depth < 2:
+    module = getattr(t, "__module__", None)
+    if module == "collections" and t.__name__ == "deque":
+        return {"deque": [encode_value(v, _depth + 1) for v in value]}
+    base = _DICT_TYPES.get(t.__name__) if module == "collections" else None
+    if base is None and t.__bases__ == (tuple,) and hasattr(t, "_fields") and t.__eq__ is tuple.__eq__:
+        base = tuple  # a namedtuple compares as its items
+    if base is not None and isinstance(value, base):  # read through the builtin's own accessors: plain data only
+        return encode_value(base(dict.items(value) if base is dict else tuple.__iter__(value)), _depth)
+    if t.__name__ == "Match" and module == "re":  # truthy, equal only to itself (`assert re.match(...)`)
+        return {"re.Match": encode_value(value.group(0), _depth + 1)}
+    if module == "numpy" and callable(getattr(value, "item", None)) and _depth < 2:
         item = value.item()
         if type(item) in (bool, int, float, complex, str, bytes):
             return encode_value(item, _depth + 1)
     raise TypeError("not plain data: a %s" % getattr(t, "__qualname__", "?"))
+
+
+class _MatchValue:
+    """A returned ``re.Match`` on the parent's side: truthy, equal only to itself."""
+
+    def __init__(self, text):
+        self.text = text
+
+    def __repr__(self):
+        return "<re.Match %r>" % (self.text,)
 
 
 def decode_value(obj, _depth=0):
@@ -96,6 +121,11 @@ def decode_value(obj, _depth=0):
                 return bytes.fromhex(v)
             if tag == "bytearray" and type(v) is str:
                 return bytearray.fromhex(v)
+            if tag == "deque" and type(v) is list:
+                import collections
+                return collections.deque(items())
+            if tag == "re.Match" and type(v) is str:
+                return _MatchValue(v)
         except TypeError as exc:  # an unhashable set item or dict key
             raise ValueError("malformed encoded %s: %s" % (tag, exc)) from None
     raise ValueError("not an encoded value: %.80r" % (obj,))
@@ -105,7 +135,7 @@ try:
     exec(_solution, _ns)
 except BaseException as _e:
     _fail("the program raised " + type(_e).__name__ + " while loading (SystemExit counts as failure)", _e)
-_tns = {_k: _v for _k, _v in _ns.items() if _k not in _builtins}
+_tns = {_k: _v for _k, _v in _ns.items() if _k not in _builtins or _k in _program_names}
 _tns.update(__builtins__=_builtins, __name__="__tests__")
 try:
     exec(_tests, _tns)
@@ -137,7 +167,7 @@ def _boot():
     # a program that changes them changes only the values it reports).
     for name in ("_boot", "_guard", "_grade", "_probe", "_load_seccomp", "_HARNESS", "_HARNESS_LAST_LINE"):
         main_globals.pop(name, None)
-    if c.get("probes") is not None:
+    if (c.get("grading") or {}).get("calls") is not None:
         probe(c, src, guard)
         return
     if c["tests"] is not None:
@@ -205,7 +235,8 @@ def _grade(c, src, guard, harness_src=_HARNESS, load_seccomp=_load_seccomp):
         fail("the program does not compile: " + type(exc).__name__, exc)
     harness = compile(harness_src, "<harness>", "exec")
     env = {"_solution": solution, "_tests": compile(c["tests"], "<tests>", "exec"), "_ns": ns, "_fail": fail,
-           "_builtins": dict(builtins.__dict__), "_audit": __import__("sys").audit}
+           "_builtins": dict(builtins.__dict__), "_audit": __import__("sys").audit,
+           "_program_names": frozenset((c.get("grading") or {}).get("program_names") or ())}
     env["__builtins__"] = env["_builtins"]
     guard(c, harness)
     del c, src, solution, guard
@@ -231,7 +262,7 @@ def _probe(c, src, guard, encode=encode_value, decode=decode_value, mark=PROBE_M
             detail = "?"
         return {"error": type(exc).__name__, "detail": detail}
 
-    spec = c["probes"]
+    spec = c["grading"]
     calls = [(call["fn"], decode(call["args"]), decode(call["kwargs"])) for call in spec["calls"]]
     owner, per_call_s = spec.get("method_of"), int(spec.get("per_call_timeout_s") or 0)
 
