@@ -8,7 +8,6 @@ LiveCodeBench functional). Every cheat table row is paired with the reference so
 """
 from __future__ import annotations
 
-import dataclasses
 import json
 import os
 import subprocess
@@ -171,8 +170,13 @@ def test_reference_solution_passes_graded_in_the_parent(parent, suite: str) -> N
     assert res.num_passed == res.num_tests >= 3, res
 
 
-@pytest.mark.parametrize("suite", sorted(SUITES))
-@pytest.mark.parametrize("cheat", sorted(CHEATS))
+# Every cheat against the MBPP+ script from both parents in the default tier; against every suite format in
+# the integration tier (the same check, 4x the sandbox calls).
+_MATRIX = [pytest.param(c, s, marks=[] if s == "mbppplus" else [pytest.mark.integration])
+           for c in sorted(CHEATS) for s in sorted(SUITES)]
+
+
+@pytest.mark.parametrize(("cheat", "suite"), _MATRIX)
 def test_cheat_fails(parent, cheat: str, suite: str) -> None:
     res = _grade(parent, CHEATS[cheat], SUITES[suite])
     assert not res.passed and res.grading == "parent", (cheat, suite, res)
@@ -184,6 +188,3 @@ def test_always_equal_object_is_not_data() -> None:
     listy = grade_program(CHEATS["list subclass with its own __eq__"], **SUITES["mbppplus"])
     assert not listy.passed and listy.error_type == "NOT_DATA", listy
 
-
-def test_fixture_is_plain_dataclass() -> None:
-    assert {f.name for f in dataclasses.fields(CodeResult)} >= {"grading", "grading_note"}
