@@ -4,7 +4,7 @@ The verdict is computed in the parent from the values the sandbox sends back, so
 reads or rewrites its own process: frames, its own memory through /proc (dir_fd included) or ctypes, the
 builtins the tests use, objects that compare equal to anything, or forged result lines. Problems are written
 inline in each benchmark's published format (MBPP+ evalplus script, MBPP asserts, HumanEval ``check``,
-LiveCodeBench functional). Every cheat table row is paired with the reference solution passing the same suite.
+HumanEval+ ``check`` with evalplus' helpers, LiveCodeBench functional); the reference solution passes each.
 """
 from __future__ import annotations
 
@@ -55,6 +55,10 @@ SUITES = {
     "humaneval": dict(test_type="script", fn_name="combine", tests=(
         "METADATA = {'author': 'x'}\n\ndef check(candidate):\n    assert candidate(2, 3) == 5\n"
         "    assert abs(candidate(0.5, 0.25) - 0.75) < 1e-6, 'floats'\n    assert candidate(-4, 9) == 5\n")),
+    "humanevalplus": dict(test_type="script", fn_name="combine", tests=_EVALPLUS.replace(
+        "assert np.allclose(out, exp, rtol=1e-07, atol=atol)", "np.testing.assert_allclose(out, exp, atol=atol)") + (
+        "\n\ndef check(candidate):\n    inputs = [[2, 3], [0.5, 0.25], [-4, 9]]\n    results = [5, 0.75, 5]\n"
+        "    for i, (inp, exp) in enumerate(zip(inputs, results)):\n        assertion(candidate(*inp), exp, 0)\n")),
     "lcb_functional": dict(test_type="functional", fn_name="combine", inputs=["2\n3", "-4\n9", "10\n32"],
                            outputs=["5", "5", "42"]),
 }
