@@ -124,7 +124,8 @@ def _reject_constant(name: str):
 
 
 def run_probes(program: str, probes: Sequence[Probe], *, timeout_s: float, memory_mb: int, prelude: str,
-               method_of: str | None = None, per_call_timeout_s: int = 0) -> tuple[list[dict] | None, CodeResult | None, float]:
+               method_of: str | None = None,
+               per_call_timeout_s: int = 0) -> tuple[list[dict] | None, CodeResult | None, float]:
     """Make `probes` in the sandbox after `program`; (outcomes with decoded values, None, seconds) or
     (None, the failure, seconds). Only the one well-formed results line counts; anything else fails."""
     calls = [{"fn": p.fn, "args": encode_value(tuple(p.args)), "kwargs": encode_value(dict(p.kwargs))}
@@ -136,8 +137,8 @@ def run_probes(program: str, probes: Sequence[Probe], *, timeout_s: float, memor
     frames = [ln for ln in res.stdout.split("\n") if ln.startswith(PROBE_MARK)]
     fail = _failure_from(res, n)
     if fail or len(frames) != 1:
-        return None, fail or CodeResult(False, 0, n, "RE", "no single results line from the sandbox (the program "
-                                        "exited early or wrote its own): " + res.stderr[-600:], res.seconds), res.seconds
+        why = "no single results line from the sandbox (the program exited early or wrote its own): "
+        return None, fail or CodeResult(False, 0, n, "RE", why + res.stderr[-600:], res.seconds), res.seconds
     try:
         report = json.loads(frames[0][len(PROBE_MARK):], parse_constant=_reject_constant)
     except (ValueError, RecursionError):

@@ -26,11 +26,15 @@ from typing import Any, Callable
 __all__ = ["Probe", "SplitSuite", "Unsplittable", "split_suite", "evalplus_assertion"]
 
 _MAX_PROBES = 20_000
-_MAX_ITEMS = 10_000_000  # largest sequence a check may build (repetition of a returned value)
+_MAX_ITEMS = 1_000_000  # longest sequence or range a check may build from a returned value
 
 
 class Unsplittable(Exception):
     """The suite cannot be split into calls and parent-side checks (the message says what stopped it)."""
+
+
+# A call's exception type name -> the error type of the test that needed its value.
+_ERROR_KINDS = {"TimeoutError": "TLE", "NotRun": "TLE", "NotPlainData": "NOT_DATA", "NO_FUNC": "NO_FUNC"}
 
 
 class _CheckFailed(Exception):
@@ -81,7 +85,7 @@ class SplitSuite:
                 if "value" in got:
                     return got["value"]
                 err = str(got.get("error"))
-                kind = {"TimeoutError": "TLE", "NotRun": "TLE", "NotPlainData": "NOT_DATA", "NO_FUNC": "NO_FUNC"}.get(err, "RE")
+                kind = _ERROR_KINDS.get(err, "RE")
                 raise _CheckFailed(kind, f"{self.probes[k].fn}() raised {err}: {str(got.get('detail', ''))[:200]}")
             try:
                 if check.kind == "evalplus":

@@ -5,9 +5,9 @@ memfd holding the JSON config; it is read and closed first, so user code finds n
 
 Grading mode (``tests`` set): the program runs as module ``solution``; the tests run afterwards in a namespace
 of their own (a copy of the solution's names, less those that shadow a builtin unless
-``grading["program_names"]`` lists them (an entry point called ``sum``), with a private copy of the builtins) through the trusted
-``_HARNESS`` code object. Only when that code object reaches its last line does the audit hook, the sole holder
-of the call's nonce, write it to the result pipe. SystemExit, os._exit, forged output or a re-run of the
+``grading["program_names"]`` lists them, e.g. an entry point called ``sum``; with a private copy of the
+builtins) through the trusted ``_HARNESS`` code object. Only when that code object reaches its last line does
+the audit hook, the sole holder of the call's nonce, write it to the result pipe. SystemExit, os._exit, forged output or a re-run of the
 harness cannot produce it; frames (sys._getframe, tracebacks, generators, signal handlers), tracing, ctypes
 symbol loading and audited memory reads, and gc walks are refused so the program cannot read the tests'
 globals or the harness.
