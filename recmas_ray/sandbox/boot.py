@@ -3,23 +3,22 @@
 This file is not imported: `__init__.py` passes its text to `python -I -B -c` in the child, with the number of a
 memfd holding the JSON config; it is read and closed first, so user code finds neither the config nor the nonce.
 
-Grading mode (``tests`` set): the program runs as module ``solution``; the tests run afterwards in a namespace
-of their own (a copy of the solution's names, less those that shadow a builtin unless
-``grading["program_names"]`` lists them, e.g. an entry point called ``sum``; with a private copy of the
-builtins) through the trusted ``_HARNESS`` code object. Only when that code object reaches its last line does
-the audit hook, the sole holder of the call's nonce, write it to the result pipe. SystemExit, os._exit, forged output or a re-run of the
-harness cannot produce it; frames (sys._getframe, tracebacks, generators, signal handlers), tracing, ctypes
-symbol loading and audited memory reads, and gc walks are refused so the program cannot read the tests'
-globals or the harness.
-Not covered: unaudited native memory reads (ctypes.cast of an id() to a pointer) of the process's own heap, so
-a secret held in this interpreter can be read by the program: graders use this mode only for suites that cannot
-be split (see `recmas_ray/eval/code_suites.py`).
+Probe mode (``grading["calls"]`` set; what the graders use): the program runs as module ``solution``, then the
+boot code calls the named functions on the given arguments and writes, on a saved copy of fd 1 (the program's
+own prints go to stderr), one line ``PROBE_MARK`` + JSON with each call's value (`encode_value`) or exception
+type name. Nothing secret is in the child: the parent alone holds the expected values and judges the values it
+gets back, so what the program forges on any fd can only claim values, which pass only if they are right.
 
-Probe mode (``grading["calls"]`` set, what the graders use): the program runs as module ``solution``, then the boot code
-calls the named functions on the given arguments and writes, on a saved copy of fd 1 (the program's own prints
-go to stderr), one line ``PROBE_MARK`` + JSON with each call's value (`encode_value`) or exception type name.
-Nothing secret is in the child: the parent alone holds the expected values and judges the values it gets back,
-so output the program forges on any fd can only claim values, which pass only if they are the right ones.
+Nonce mode (``tests`` set; graders use it only for suites `recmas_ray/eval/code_suites.py` cannot split): the
+program runs as module ``solution``; the tests run afterwards in a namespace of their own (the solution's
+names, less those that shadow a builtin unless ``grading["program_names"]`` lists them, e.g. an entry point
+called ``sum``; a private copy of the builtins) through the trusted ``_HARNESS`` code object. Only when that
+code object reaches its last line does the audit hook, the sole holder of the call's nonce, write it to the
+result pipe. SystemExit, os._exit, forged output or a re-run of the harness cannot produce it; frames
+(sys._getframe, tracebacks, generators, signal handlers), tracing, ctypes symbol loading, audited memory reads
+and gc walks are refused. Not covered: the nonce lives in this interpreter, so a program that reads its own
+memory without an audited call (ctypes.cast of an address, /proc/self/mem) or replaces what the guard calls
+can find it.
 """
 
 PROBE_MARK = "RECMAS-PROBE-RESULTS "
