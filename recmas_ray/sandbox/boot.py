@@ -3,22 +3,138 @@
 This file is not imported: `__init__.py` passes its text to `python -I -B -c` in the child, with the number of a
 memfd holding the JSON config; it is read and closed first, so user code finds neither the config nor the nonce.
 
-Grading mode (``tests`` set): the program runs as module ``solution``; the tests run afterwards in a namespace
-of their own (a copy of the solution's names, with a private copy of the builtins) through the trusted
-``_HARNESS`` code object. Only when that code object reaches its last line does the audit hook, the sole holder
-of the call's nonce, write it to the result pipe. SystemExit, os._exit, forged output or a re-run of the
-harness cannot produce it; frames (sys._getframe, tracebacks, generators, signal handlers), tracing, ctypes
-symbol loading and audited memory reads, and gc walks are refused so the program cannot read the tests'
-globals or the harness.
-Not covered: unaudited native memory reads (ctypes.cast of an id() to a pointer) of the process's own heap.
+Probe mode (``grading["calls"]`` set; what the graders use): the program runs as module ``solution``, then the
+boot code calls the named functions on the given arguments and writes, on a saved copy of fd 1 (the program's
+own prints go to stderr), one line ``PROBE_MARK`` + JSON with each call's value (`encode_value`) or exception
+type name. Nothing secret is in the child: the parent alone holds the expected values and judges the values it
+gets back, so what the program forges on any fd can only claim values, which pass only if they are right.
+
+Nonce mode (``tests`` set; graders use it only for suites `recmas_ray/eval/code_suites.py` cannot split): the
+program runs as module ``solution``; the tests run afterwards in a namespace of their own (the solution's
+names, less those that shadow a builtin unless ``grading["program_names"]`` lists them, e.g. an entry point
+called ``sum``; a private copy of the builtins) through the trusted ``_HARNESS`` code object. Only when that
+code object reaches its last line does the audit hook, the sole holder of the call's nonce, write it to the
+result pipe. SystemExit, os._exit, forged output or a re-run of the harness cannot produce it; frames
+(sys._getframe, tracebacks, generators, signal handlers), tracing, ctypes symbol loading, audited memory reads
+and gc walks are refused. Not covered: the nonce lives in this interpreter, so a program that reads its own
+memory without an audited call (ctypes.cast of an address, /proc/self/mem) or replaces what the guard calls
+can find it.
 """
+
+PROBE_MARK = "RECMAS-PROBE-RESULTS "
+_MAX_DEPTH = 400
+# collections types encoded as the builtin they compare as against a test's literal (Counter({...}) == {...}).
+_DICT_TYPES = {"Counter": dict, "OrderedDict": dict, "defaultdict": dict}
+
+
+def encode_value(value, _depth=0):
+    """A candidate's return value as strict JSON of plain types; TypeError for anything that is not plain data.
+
+    None, bool, str, int (|x| >= 2**63 as ``{"int": hex}``), finite float, and lists (exact types only: no
+    subclasses, so an object that compares equal to anything, or a list subclass with its own ``__eq__``, is
+    refused) stay themselves; other values become one-key objects: ``{"float": "nan"|"inf"|"-inf"}``,
+    ``{"tuple": [...]}``, ``{"set"|"frozenset": [...]}`` (items sorted by their JSON text, so the encoding is
+    deterministic), ``{"dict": [[key, value], ...]}`` (insertion order), ``{"complex": [re, im]}``,
+    ``{"bytes"|"bytearray": hex}``, ``{"deque": [...]}``, ``{"re.Match": group(0)}`` (decoded to an object that is
+    truthy and equal to nothing else, as a match is). Counter, OrderedDict and defaultdict become dicts and a
+    namedtuple a tuple, read through the builtin's own accessors; a numpy scalar becomes its ``item()``.
+    """
+    import json
+    t = type(value)
+    if value is None or t is bool or t is str:
+        return value
+    if t is int:
+        return value if -(1 << 63) < value < (1 << 63) else {"int": format(value, "x")}
+    if t is float:
+        return value if value - value == 0 else {"float": repr(value)}
+    if _depth > _MAX_DEPTH:
+        raise TypeError("not plain data: nested deeper than %d" % _MAX_DEPTH)
+    if t is list:
+        return [encode_value(v, _depth + 1) for v in value]
+    if t is tuple:
+        return {"tuple": [encode_value(v, _depth + 1) for v in value]}
+    if t is set or t is frozenset:
+        items = [encode_value(v, _depth + 1) for v in value]
+        return {t.__name__: sorted(items, key=lambda e: json.dumps(e, sort_keys=True))}
+    if t is dict:
+        return {"dict": [[encode_value(k, _depth + 1), encode_value(v, _depth + 1)] for k, v in value.items()]}
+    if t is complex:
+        return {"complex": [encode_value(value.real), encode_value(value.imag)]}
+    if t is bytes or t is bytearray:
+        return {t.__name__: value.hex()}
+    module = getattr(t, "__module__", None)
+    if module == "collections" and t.__name__ == "deque":
+        return {"deque": [encode_value(v, _depth + 1) for v in value]}
+    base = _DICT_TYPES.get(t.__name__) if module == "collections" else None
+    if base is None and t.__bases__ == (tuple,) and hasattr(t, "_fields") and t.__eq__ is tuple.__eq__:
+        base = tuple  # a namedtuple compares as its items
+    if base is not None and isinstance(value, base):  # read through the builtin's own accessors: plain data only
+        return encode_value(base(dict.items(value) if base is dict else tuple.__iter__(value)), _depth)
+    if t.__name__ == "Match" and module == "re":  # truthy, equal only to itself (`assert re.match(...)`)
+        return {"re.Match": encode_value(value.group(0), _depth + 1)}
+    if module == "numpy" and callable(getattr(value, "item", None)) and _depth < 2:
+        item = value.item()
+        if type(item) in (bool, int, float, complex, str, bytes):
+            return encode_value(item, _depth + 1)
+    raise TypeError("not plain data: a %s" % getattr(t, "__qualname__", "?"))
+
+
+class _MatchValue:
+    """A returned ``re.Match`` on the parent's side: truthy, equal only to itself."""
+
+    def __init__(self, text):
+        self.text = text
+
+    def __repr__(self):
+        return "<re.Match %r>" % (self.text,)
+
+
+def decode_value(obj, _depth=0):
+    """Inverse of `encode_value` on parsed JSON; ValueError for anything `encode_value` cannot produce."""
+    t = type(obj)
+    if obj is None or t in (bool, int, str) or (t is float and obj - obj == 0):
+        return obj
+    if _depth > _MAX_DEPTH:
+        raise ValueError("encoded value nested deeper than %d" % _MAX_DEPTH)
+    if t is list:
+        return [decode_value(v, _depth + 1) for v in obj]
+    if t is dict and len(obj) == 1:
+        ((tag, v),) = obj.items()
+        items = lambda: [decode_value(x, _depth + 1) for x in v]  # noqa: E731
+        try:
+            if tag == "int" and type(v) is str:
+                return int(v, 16)
+            if tag == "float" and v in ("nan", "inf", "-inf"):
+                return float(v)
+            if tag == "tuple" and type(v) is list:
+                return tuple(items())
+            if tag == "set" and type(v) is list:
+                return set(items())
+            if tag == "frozenset" and type(v) is list:
+                return frozenset(items())
+            if tag == "dict" and type(v) is list and all(type(p) is list and len(p) == 2 for p in v):
+                return {decode_value(k, _depth + 1): decode_value(x, _depth + 1) for k, x in v}
+            if tag == "complex" and type(v) is list and len(v) == 2:
+                return complex(*items())
+            if tag == "bytes" and type(v) is str:
+                return bytes.fromhex(v)
+            if tag == "bytearray" and type(v) is str:
+                return bytearray.fromhex(v)
+            if tag == "deque" and type(v) is list:
+                import collections
+                return collections.deque(items())
+            if tag == "re.Match" and type(v) is str:
+                return _MatchValue(v)
+        except TypeError as exc:  # an unhashable set item or dict key
+            raise ValueError("malformed encoded %s: %s" % (tag, exc)) from None
+    raise ValueError("not an encoded value: %.80r" % (obj,))
 
 _HARNESS = """\
 try:
     exec(_solution, _ns)
 except BaseException as _e:
     _fail("the program raised " + type(_e).__name__ + " while loading (SystemExit counts as failure)", _e)
-_tns = dict(_ns)
+_tns = {_k: _v for _k, _v in _ns.items() if _k not in _builtins or _k in _program_names}
 _tns.update(__builtins__=_builtins, __name__="__tests__")
 try:
     exec(_tests, _tns)
@@ -45,8 +161,14 @@ def _boot():
     sys.argv[:] = ["main.py"]
     main_globals = sys.modules["__main__"].__dict__
     guard, grade = _guard, _grade
-    for name in ("_boot", "_guard", "_grade", "_load_seccomp", "_HARNESS", "_HARNESS_LAST_LINE"):  # no handle on the boot code
+    probe = _probe
+    # No handle on the boot code (encode_value and decode_value stay: they recurse through these globals, and
+    # a program that changes them changes only the values it reports).
+    for name in ("_boot", "_guard", "_grade", "_probe", "_load_seccomp", "_HARNESS", "_HARNESS_LAST_LINE"):
         main_globals.pop(name, None)
+    if (c.get("grading") or {}).get("calls") is not None:
+        probe(c, src, guard)
+        return
     if c["tests"] is not None:
         grade(c, src, guard)
         return
@@ -112,11 +234,72 @@ def _grade(c, src, guard, harness_src=_HARNESS, load_seccomp=_load_seccomp):
         fail("the program does not compile: " + type(exc).__name__, exc)
     harness = compile(harness_src, "<harness>", "exec")
     env = {"_solution": solution, "_tests": compile(c["tests"], "<tests>", "exec"), "_ns": ns, "_fail": fail,
-           "_builtins": dict(builtins.__dict__), "_audit": __import__("sys").audit}
+           "_builtins": dict(builtins.__dict__), "_audit": __import__("sys").audit,
+           "_program_names": frozenset((c.get("grading") or {}).get("program_names") or ())}
     env["__builtins__"] = env["_builtins"]
     guard(c, harness)
     del c, src, solution, guard
     exec(harness, env)
+
+
+def _probe(c, src, guard, encode=encode_value, decode=decode_value, mark=PROBE_MARK):
+    import builtins, json, os, signal, sys
+    write, exit_now, dumps, alarm = os.write, os._exit, json.dumps, signal.alarm
+    result_fd = os.dup(1)
+    os.dup2(2, 1)  # the program's prints (print, os.write(1, ...)) land on stderr, the results on result_fd
+
+    def report(obj):
+        data = memoryview(("\n" + mark + dumps(obj, separators=(",", ":"), allow_nan=False) + "\n").encode())
+        while data:
+            data = data[write(result_fd, data):]
+        exit_now(0)  # no atexit handler, thread or finaliser of the program runs after the report
+
+    def name_of(exc):
+        try:
+            detail = str(exc)[:300]
+        except BaseException:
+            detail = "?"
+        return {"error": type(exc).__name__, "detail": detail}
+
+    spec = c["grading"]
+    calls = [(call["fn"], decode(call["args"]), decode(call["kwargs"])) for call in spec["calls"]]
+    owner, per_call_s = spec.get("method_of"), int(spec.get("per_call_timeout_s") or 0)
+
+    def on_alarm(signum, frame):
+        raise TimeoutError("probe time limit")
+
+    signal.signal(signal.SIGALRM, on_alarm)
+    ns = {"__name__": "solution", "__file__": "main.py", "__builtins__": builtins}
+    exec(compile(c["prelude"], "<prelude>", "exec"), ns)
+    guard(c, None)
+    del c
+    try:
+        exec(compile(src, "main.py", "exec"), ns)
+        instance = ns[owner]() if owner and isinstance(ns.get(owner), type) else None
+    except BaseException as exc:
+        report({"load_error": name_of(exc)})
+    outcomes = []
+    for name, args, kwargs in calls:
+        try:
+            alarm(per_call_s)
+            fn = getattr(instance, name, None) if instance is not None else ns.get(name)
+            if not callable(fn):
+                alarm(0)
+                outcomes.append({"error": "NO_FUNC", "detail": "no callable %r" % name})
+                continue
+            value = fn(*args, **kwargs)
+            try:  # under the alarm too (numpy item(), huge values)
+                outcome = {"value": encode(value)}
+            except Exception as exc:
+                outcome = {"error": "NotPlainData", "detail": str(exc)[:300]}
+            alarm(0)
+            outcomes.append(outcome)
+        except BaseException as exc:
+            alarm(0)
+            outcomes.append(name_of(exc))
+            if type(exc) is TimeoutError:
+                break  # the rest would not be graded
+    report({"outcomes": outcomes})
 
 
 def _guard(c, harness, last_line=_HARNESS_LAST_LINE):

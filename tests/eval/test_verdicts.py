@@ -90,6 +90,7 @@ def test_code_golds_pass_under_both_graders(tmp_path):
     for it, code in ((mbpp, mbpp["gold"]), (human, human["raw_question"] + human["gold"])):
         res = grade("code", it, f"```python\n{code}\n```")
         assert res.detail["strict"] and res.detail["reference"], res.detail
+        assert res.detail["grading"] == "parent", res.detail  # the verdict was computed outside the sandbox
 
 
 if __name__ == "__main__":
