@@ -282,7 +282,9 @@ def resolve_num_replicas(placement: PlacementConfig, pplan: PlacementPlan, *, cl
     each with `client_cpus` for its evaluation clients and one CPU left for Ray Data's reads."""
     if placement.num_replicas > 0:
         return placement.num_replicas
-    n = replicas_that_fit(pplan, _free_per_node(), extra_cpus_per_replica=client_cpus, reserve_cpus=1.0)
+    totals = [nd["Resources"] for nd in ray.nodes() if nd.get("Alive")]
+    n = replicas_that_fit(pplan, _free_per_node(), extra_cpus_per_replica=client_cpus, reserve_cpus=1.0,
+                          node_totals=totals)
     if n < 1:  # let the resource check name the shortfall
         return 1
     log.info("num_replicas auto: %d replicas fit the cluster", n)

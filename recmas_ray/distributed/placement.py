@@ -150,47 +150,67 @@ def replica_strategy(plan: PlacementPlan, node_totals: list[dict]) -> str:
 
 
 def replicas_that_fit(plan: PlacementPlan, node_free: list[dict], *, extra_cpus_per_replica: float = 0.0,
-                      reserve_cpus: float = 0.0) -> int:
+                      reserve_cpus: float = 0.0, node_totals: list[dict] | None = None) -> int:
     """How many replicas (bundles + one orchestrator CPU + `extra_cpus_per_replica` for its
     clients each) fit into the nodes' free resources, with `reserve_cpus` left for Ray Data reads.
 
-    Greedy first-fit per replica, each replica on one node when it fits there (as created), else
-    bundle by bundle. Pure: tested without Ray.
+    Counted the way they are created: a replica whose strategy is STRICT_PACK (it fits one node of
+    `node_totals`, default `node_free`; see `replica_strategy`) needs all its bundles on one node;
+    otherwise bundle by bundle (first fit). The orchestrator and the clients sit in no bundle, so
+    they may take CPUs on any node. Pure: tested without Ray.
     """
     free = [dict(n) for n in node_free]
     if free and reserve_cpus:
         biggest = max(free, key=lambda n: n.get("CPU", 0.0))
         biggest["CPU"] = biggest.get("CPU", 0.0) - reserve_cpus
-    items = [*plan.bundles, {"CPU": ORCHESTRATOR_CPUS}] + ([{"CPU": extra_cpus_per_replica}]
-                                                           if extra_cpus_per_replica > 0 else [])
+    strict = replica_strategy(plan, node_totals if node_totals is not None else node_free) == "STRICT_PACK"
+    loose = [{"CPU": ORCHESTRATOR_CPUS}] + ([{"CPU": extra_cpus_per_replica}] if extra_cpus_per_replica > 0 else [])
     count = 0
     while count < 1024:
         trial = [dict(n) for n in free]
-        if not _place_all(items, trial):
+        placed = _place_together(plan.bundles, trial) if strict else _place_each(plan.bundles, trial)
+        if not placed or not _place_each(loose, trial, whole_first=True):
             return count
         free, count = trial, count + 1
     return count
 
 
-def _place_all(items: list[dict], free: list[dict]) -> bool:
-    def fits(node, b):
-        return all(node.get(k, 0.0) + 1e-9 >= v for k, v in b.items())
+def _fits(node: dict, need: dict) -> bool:
+    return all(node.get(k, 0.0) + 1e-9 >= v for k, v in need.items())
 
+
+def _take(node: dict, need: dict) -> None:
+    for k, v in need.items():
+        node[k] = node.get(k, 0.0) - v
+
+
+def _sum(items: list[dict]) -> dict:
     total: dict[str, float] = {}
     for b in items:
         for k, v in b.items():
             total[k] = total.get(k, 0.0) + v
-    for node in free:  # the whole replica on one node first
-        if fits(node, total):
-            for k, v in total.items():
-                node[k] = node.get(k, 0.0) - v
-            return True
+    return total
+
+
+def _place_together(items: list[dict], free: list[dict]) -> bool:
+    """All of `items` on one node (STRICT_PACK), first fit; False when no node holds them."""
+    total = _sum(items)
+    node = next((n for n in free if _fits(n, total)), None)
+    if node is None:
+        return False
+    _take(node, total)
+    return True
+
+
+def _place_each(items: list[dict], free: list[dict], *, whole_first: bool = True) -> bool:
+    """`items` on one node when one holds them all, else each on the first node it fits."""
+    if whole_first and _place_together(items, free):
+        return True
     for b in items:
-        node = next((n for n in free if fits(n, b)), None)
+        node = next((n for n in free if _fits(n, b)), None)
         if node is None:
             return False
-        for k, v in b.items():
-            node[k] = node.get(k, 0.0) - v
+        _take(node, b)
     return True
 
 

@@ -146,3 +146,57 @@ def test_autoscaler_detection_from_its_status_report():
     assert autoscaling_from_status(status({"de31": "head", "aa07": "gpu_worker"}))  # `ray up` config types
     assert autoscaling_from_status(status({}, pending_launches={"gpu_worker": 1}))
     assert not autoscaling_from_status(None) and not autoscaling_from_status("not json")
+
+
+def _place_like_ray(plan, nodes: list[dict], n: int) -> int:
+    """How many of `n` replicas a Ray-like scheduler places: each replica's placement group as created
+    (STRICT_PACK: every bundle on one node; else bundle by bundle), then its orchestrator CPU anywhere."""
+    from recmas_ray.distributed.placement import ORCHESTRATOR_CPUS, replica_strategy
+
+    free = [dict(x) for x in nodes]
+    strategy = replica_strategy(plan, nodes)
+
+    def fits(node, need):
+        return all(node.get(k, 0) + 1e-9 >= v for k, v in need.items())
+
+    def take(node, need):
+        for k, v in need.items():
+            node[k] -= v
+
+    placed = 0
+    for _ in range(n):
+        if strategy == "STRICT_PACK":
+            need = {}
+            for b in plan.bundles:
+                for k, v in b.items():
+                    need[k] = need.get(k, 0) + v
+            node = next((x for x in free if fits(x, need)), None)
+            if node is None:
+                break
+            take(node, need)
+        else:
+            for b in plan.bundles:
+                node = next((x for x in free if fits(x, b)), None)
+                if node is None:
+                    return placed
+                take(node, b)
+        node = next((x for x in free if fits(x, {"CPU": ORCHESTRATOR_CPUS})), None)
+        if node is None:
+            break
+        take(node, {"CPU": ORCHESTRATOR_CPUS})
+        placed += 1
+    return placed
+
+
+@pytest.mark.parametrize("nodes,gpus,num_roles", [(2, 8, 3), (3, 3, 2), (4, 5, 3), (2, 7, 2), (1, 8, 3)])
+def test_auto_replica_count_on_several_nodes_places_every_replica_it_plans(nodes, gpus, num_roles):
+    """2 x 8 GPUs, 3 agents: 2 strictly packed replicas per node = 4 (the old count, 5, let the last one
+    span both nodes, which its STRICT_PACK placement group never does)."""
+    from recmas_ray.distributed.placement import replicas_that_fit
+
+    plan = plan_placement(PlacementConfig(preset="one_gpu_per_agent"), ROLES[:num_roles])
+    cluster = [{"CPU": 16, "GPU": gpus} for _ in range(nodes)]
+    n = replicas_that_fit(plan, cluster)
+    assert n == nodes * (gpus // num_roles)
+    assert _place_like_ray(plan, cluster, n) == n
+    assert _place_like_ray(plan, cluster, n + 1) == n  # and exactly what fits: one more would not place
