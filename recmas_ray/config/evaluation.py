@@ -171,3 +171,6 @@ class EvalConfig:
         self.placement.check_transport(self.transport, style.roles, device=self.device)
         if self.backend == "local" and self.transport != "object_store":
             raise ValueError(f"--transport {self.transport} needs --backend ray")
+        from recmas_ray.distributed.placement import check_ablation_transport
+
+        check_ablation_transport(self.recursion.latent_ablation, self.transport)

@@ -17,6 +17,7 @@ import collections
 import os
 import socket
 import time
+import uuid
 
 import ray
 
@@ -39,6 +40,8 @@ class _AgentActorImpl:
         if torch_threads > 0:
             torch.set_num_threads(torch_threads)
         self._log = collections.deque(maxlen=CALL_LOG_SIZE)
+        self._kept: dict = {}  # (key, edge) -> message, Ray Direct Transport only
+        self._dropped: set[str] = set()  # key prefixes of failed batches
         self._exit_after = None
         role, _, count = os.environ.get(AGENT_EXIT_AFTER_ENV, "").partition(":")
         if role == spec.role and count and not _reconstructed():
@@ -88,12 +91,28 @@ class _AgentActorImpl:
         """
         *msgs, stats = self._logged("rollout", users, slot_names,
                                     lambda: self.service.rollout(users, slot_names, num_steps, edges, *latents))
-        self._kept = getattr(self, "_kept", {})
-        self._kept.update({(key, e): m for e, m in zip(edges, msgs)})
+        prefix = key.rsplit(":", 1)[0]
+        if prefix not in self._dropped:  # its batch failed while this call waited: keep nothing
+            self._kept.update({(key, e): m for e, m in zip(edges, msgs)})
         return stats
 
     def take_message(self, key, edge, _after=None):
         return self._kept.pop((key, edge))
+
+    def drop_messages(self, prefix: str) -> int:
+        """Free the kept messages of one batch (`prefix` of its keys) after it failed, and keep none
+        that its still-running calls produce later; returns how many were freed."""
+        self._dropped.add(prefix)
+        if len(self._dropped) > CALL_LOG_SIZE:  # bounded: forget the oldest half
+            self._dropped = set(list(self._dropped)[CALL_LOG_SIZE // 2:])
+        gone = [k for k in self._kept if k[0].rsplit(":", 1)[0] == prefix]
+        for k in gone:
+            del self._kept[k]
+        return len(gone)
+
+    def num_kept(self) -> int:
+        """Messages held for Ray Direct Transport, not yet taken (0 when no batch is in flight)."""
+        return len(self._kept)
 
     def retry_format(self, texts, suffixes, num_tokens, *, cfg):
         """The answer-format retry on this agent (see `AgentService.retry_format`)."""
@@ -127,11 +146,16 @@ class RayPool:
     def __init__(self, handles: dict, *, timeout_s: float = 600.0, context: str = "", transport: str = "object_store"):
         self.handles, self.timeout_s, self.context, self.transport = handles, timeout_s, context, transport
         self._num_calls = 0
+        # Keys of kept RDT messages: unique per pool (one pool per batch), whatever batch id the caller
+        # gave, so concurrent batches without one (the Python API, serving) never collide.
+        self.key_prefix = uuid.uuid4().hex
+        self._holders: set[str] = set()
 
     def rollout(self, role, users, slot_names, num_steps, edges, latents):
         if self.transport != "object_store":
             self._num_calls += 1
-            key = f"{self.context}:{self._num_calls}"
+            key = f"{self.key_prefix}:{self._num_calls}"
+            self._holders.add(role)
             stats = self.handles[role].rollout_keep.remote(key, users, slot_names, num_steps, tuple(edges), *latents)
             backend = self.transport.split(":")[1]
             take = self.handles[role].take_message.options(tensor_transport=backend)
@@ -142,6 +166,14 @@ class RayPool:
 
     def decode(self, role, users, slot_names, cfg, latents):
         return self.handles[role].decode.remote(users, slot_names, cfg, *latents)
+
+    def release_kept(self) -> None:
+        """After a failed batch: every agent that kept RDT messages for it frees them (fire and forget)."""
+        for role in self._holders:
+            try:
+                self.handles[role].drop_messages.remote(self.key_prefix)
+            except Exception:  # noqa: BLE001 - a dead agent holds nothing
+                pass
 
     def get(self, handle, *, what):
         try:

@@ -31,7 +31,8 @@ import ray
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
 from recmas_ray.distributed.actors import AGENT_EXIT_AFTER_ENV, TRANSPORTS, AgentActor, RayPool, RDTAgentActor
-from recmas_ray.distributed.placement import (ORCHESTRATOR_CPUS, PlacementConfig, PlacementPlan, check_resources,
+from recmas_ray.distributed.placement import (ORCHESTRATOR_CPUS, PlacementConfig, PlacementPlan, check_ablation_transport,
+                                              check_resources,
                                               create_placement, detect_autoscaling, gpu_count, plan_placement,
                                               replicas_that_fit)
 from recmas_ray.config.recursion import RecursionConfig
@@ -61,9 +62,14 @@ class Orchestrator:
         return True
 
     def solve(self, questions: list[str], tasks: list[str], cfg: RecursionConfig, batch_id: str = ""):
+        check_ablation_transport(cfg.latent_ablation, self.transport)  # Python callers skip EvalConfig
         pool = RayPool(self.handles, timeout_s=self.timeout_s, context=f", batch {batch_id}" if batch_id else "",
                        transport=self.transport)
-        return run_batch(pool, self.style, questions, tasks, cfg)
+        try:
+            return run_batch(pool, self.style, questions, tasks, cfg)
+        except BaseException:
+            pool.release_kept()  # RDT: the failed batch's messages would stay in the agents otherwise
+            raise
 
 
 @ray.remote(num_cpus=0, max_concurrency=64)

@@ -102,6 +102,15 @@ class PlacementConfig:
                              "on one GPU); use --transport object_store")
 
 
+def check_ablation_transport(latent_ablation: str, transport: str) -> None:
+    """Refuse `--latent_ablation` with Ray Direct Transport (before any model loads): the ablation
+    rewrites received latents in the orchestrator, which can read object-store messages but not RDT
+    ones (they live in the producing agent and move only agent to agent)."""
+    if latent_ablation != "none" and transport != "object_store":
+        raise ValueError(f"--latent_ablation {latent_ablation} needs --transport object_store (the orchestrator "
+                         f"rewrites the latents, and --transport {transport} keeps them inside the agents)")
+
+
 @dataclass
 class PlacementPlan:
     """Bundles of one replica's placement group and, per role, its bundle index and actor resources."""

@@ -200,3 +200,13 @@ def test_auto_replica_count_on_several_nodes_places_every_replica_it_plans(nodes
     assert n == nodes * (gpus // num_roles)
     assert _place_like_ray(plan, cluster, n) == n
     assert _place_like_ray(plan, cluster, n + 1) == n  # and exactly what fits: one more would not place
+
+
+@pytest.mark.parametrize("transport", ["rdt:gloo", "rdt:nccl"])
+def test_latent_ablation_with_direct_transport_is_refused_up_front(transport, capsys):
+    """The orchestrator rewrites the latents for an ablation; RDT latents never reach it (every batch failed)."""
+    rc, err = _run_cli(["--transport", transport, "--placement", "one_gpu_per_agent", "--latent_ablation", "zero"],
+                       capsys)
+    assert rc == 2 and "--latent_ablation zero needs --transport object_store" in err and err.count("\n") == 1, err
+    rc, _ = _run_cli(["--transport", "rdt:gloo", "--placement", "cpu", "--latent_ablation", "none"], capsys)
+    assert rc == 0
