@@ -210,3 +210,15 @@ def test_latent_ablation_with_direct_transport_is_refused_up_front(transport, ca
     assert rc == 2 and "--latent_ablation zero needs --transport object_store" in err and err.count("\n") == 1, err
     rc, _ = _run_cli(["--transport", "rdt:gloo", "--placement", "cpu", "--latent_ablation", "none"], capsys)
     assert rc == 0
+
+
+@pytest.mark.parametrize("gpus", ["0.5", "2"])
+def test_outer_pipeline_refuses_anything_but_one_gpu_per_worker(gpus, capsys):
+    """NCCL point to point between the outer pipeline's role workers: two ranks cannot share a GPU."""
+    from jobs import train_outer
+
+    base = ["--style", "sequential_light", "--dataset_name", "synthetic:8", "--print_config", "--use_gpu"]
+    rc = train_outer.main([*base, "--gpus_per_worker", gpus])
+    err = capsys.readouterr().err
+    assert rc == 2 and f"--gpus_per_worker {gpus}" in err and err.count("\n") == 1, err
+    assert train_outer.main([*base, "--gpus_per_worker", "1"]) == 0
