@@ -94,8 +94,11 @@ def quick() -> ScaleBenchConfig:
 
 
 def start_cluster(args):
-    """A head without resources plus `--nodes` nodes with fake GPUs (or the cluster at --address)."""
+    """A head without resources plus `--nodes` nodes with fake GPUs, every process on 127.0.0.1 (or the
+    cluster at --address, which must answer within 10 s)."""
     import ray
+
+    from recmas_ray.distributed.driver import loopback_only
 
     os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -105,12 +108,15 @@ def start_cluster(args):
         return None
     from ray.cluster_utils import Cluster
 
-    cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 1, "include_dashboard": False,
-                                                            "object_store_memory": 256 * 2**20})
-    for _ in range(args.nodes):
-        cluster.add_node(num_cpus=args.cpus_per_node, num_gpus=args.gpus_per_node, object_store_memory=384 * 2**20)
-    cluster.wait_for_nodes()
-    ray.init(address=cluster.address, log_to_driver=False, configure_logging=False)
+    with loopback_only():
+        cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 1, "include_dashboard": False,
+                                                                "object_store_memory": 256 * 2**20,
+                                                                "node_ip_address": "127.0.0.1"})
+        for _ in range(args.nodes):
+            cluster.add_node(num_cpus=args.cpus_per_node, num_gpus=args.gpus_per_node,
+                             object_store_memory=384 * 2**20, node_ip_address="127.0.0.1")
+        cluster.wait_for_nodes()
+        ray.init(address=cluster.address, log_to_driver=False, configure_logging=False)
     return cluster
 
 
@@ -236,6 +242,10 @@ def bench(args: ScaleBenchConfig) -> int:
     from recmas_ray.distributed.placement import PlacementConfig
     from recmas_ray.models.sim import simulated_plan
 
+    from recmas_ray.distributed.driver import check_reachable
+
+    if args.address:
+        check_reachable(args.address)  # a dead address: one line and exit 2 before anything is written
     save_config(args, args.output_path)
     t_start = time.perf_counter()
     cluster = start_cluster(args)

@@ -21,6 +21,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import logging
 import os
@@ -348,6 +349,37 @@ def _require_cupy() -> None:
     if importlib.util.find_spec("cupy") is None:
         raise ValueError("--transport rdt:nccl needs cupy (pip install 'ray[cgraph]' or cupy-cuda12x) on every "
                          "node; use --transport object_store")
+
+
+@contextlib.contextmanager
+def loopback_only():
+    """Inside: Ray nodes started in this process (`ray.cluster_utils.Cluster`, given
+    `node_ip_address="127.0.0.1"`) and the driver joining them keep 127.0.0.1 instead of the machine's
+    routable address (see `init_local_ray`: Ray resolves loopback away while multi-node is on)."""
+    from ray._private import ray_constants
+
+    saved = ray_constants.ENABLE_RAY_CLUSTER
+    ray_constants.ENABLE_RAY_CLUSTER = False
+    try:
+        yield
+    finally:
+        ray_constants.ENABLE_RAY_CLUSTER = saved
+
+
+def check_reachable(address: str, *, timeout_s: float = 10.0) -> None:
+    """Fail within `timeout_s` with one line when a HOST:PORT cluster address does not answer
+    (`ray.init` keeps retrying a dead address for minutes); other forms (auto, ray://) pass through.
+    ValueError: the address is the user's input, refused before anything runs."""
+    import socket
+
+    host, sep, port = address.rpartition(":")
+    if not sep or not port.isdigit() or "://" in address or not host:
+        return
+    try:
+        socket.create_connection((host.strip("[]"), int(port)), timeout=timeout_s).close()
+    except OSError as e:
+        raise ValueError(f"--address {address}: no Ray cluster answers there within {timeout_s:g}s "
+                         f"({e.strerror or e}); start one (ray start --head) or pass a live address") from None
 
 
 def init_ray(address: str | None = None, **kwargs) -> None:

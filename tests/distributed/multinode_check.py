@@ -71,14 +71,17 @@ def start_cluster(num_nodes: int, gpus_per_node: int) -> tuple[Cluster, dict]:
 
     Nodes have 3 logical CPUs: two replicas' agents, orchestrators and evaluation clients fit.
     """
-    cluster = Cluster(initialize_head=True, head_node_args={
-        "num_cpus": 1, "object_store_memory": 80 * 2**20, "include_dashboard": False,
-        "_system_config": {"max_direct_call_object_size": 1024}})
-    for i in range(num_nodes):
-        cluster.add_node(num_cpus=3, num_gpus=gpus_per_node, object_store_memory=80 * 2**20,
-                         resources={f"node{i}": 1})
-    cluster.wait_for_nodes()
-    ray.init(address=cluster.address, log_to_driver=False, configure_logging=False)
+    from recmas_ray.distributed.driver import loopback_only
+
+    with loopback_only():  # every node and the driver on 127.0.0.1 (tests never use other addresses)
+        cluster = Cluster(initialize_head=True, head_node_args={
+            "num_cpus": 1, "object_store_memory": 80 * 2**20, "include_dashboard": False,
+            "node_ip_address": "127.0.0.1", "_system_config": {"max_direct_call_object_size": 1024}})
+        for i in range(num_nodes):
+            cluster.add_node(num_cpus=3, num_gpus=gpus_per_node, object_store_memory=80 * 2**20,
+                             resources={f"node{i}": 1}, node_ip_address="127.0.0.1")
+        cluster.wait_for_nodes()
+        ray.init(address=cluster.address, log_to_driver=False, configure_logging=False)
     names = {}
     for node in ray.nodes():
         own = [k for k in node["Resources"] if k.startswith("node") and k[4:].isdigit()]
