@@ -19,6 +19,7 @@ GRADERS = ("strict", "reference")
 TRANSPORTS = ("object_store", "rdt:gloo", "rdt:nccl")
 DEVICES = ("auto", "cpu", "cuda")
 DTYPES = ("auto", "float32", "bfloat16", "float16", "fp32", "bf16", "fp16")
+MESSAGE_DTYPES = ("auto", "bf16", "fp32", "bfloat16", "float32")
 MODEL_PRESETS = ("tiny", "demo", "paper")
 PROTOCOLS = ("greedy", "reference")  # what each one sets: recmas_ray.eval.protocol
 
@@ -106,6 +107,9 @@ class EvalConfig:
     """Where agents run: auto (CUDA when present), cpu or cuda."""
     dtype: Annotated[str, OneOf(DTYPES)] = "auto"
     """Model dtype: auto (bf16 on CUDA, fp32 on CPU), float32, bfloat16 or float16."""
+    message_dtype: Annotated[str, OneOf(MESSAGE_DTYPES)] = "auto"
+    """Dtype of the latent messages between agents: auto (bf16 on CUDA, fp32 on CPU), bf16 (half the
+    bytes) or fp32; receivers compute in their own model dtype."""
     seed: Annotated[int, Range(0, 2**32 - 1)] = 42
     """Seed of fresh links and of sampling."""
     grader: Annotated[str, OneOf(GRADERS)] = "strict"

@@ -14,10 +14,12 @@ batch A's round-2 step whose inputs are still being computed. A crashed agent is
 from __future__ import annotations
 
 import collections
+import dataclasses
 import os
 import socket
 import time
 import uuid
+from typing import Any
 
 import ray
 
@@ -29,6 +31,46 @@ TRANSPORTS = ("object_store", "rdt:gloo", "rdt:nccl")
 # once (a restarted actor does not exit again).
 AGENT_EXIT_AFTER_ENV = "RECMAS_AGENT_EXIT_AFTER"
 CALL_LOG_SIZE = 100_000
+
+
+@dataclasses.dataclass
+class WireMessage:
+    """A latent message as it crosses the object store: the tensor's bytes as a numpy array.
+
+    Ray ships numpy arrays as out-of-band pickle-5 buffers: the producer writes the bytes once into
+    shared memory and a consumer on the same node maps them without a copy (a torch tensor is
+    pickled through its storage instead, with copies on both sides). numpy has no bfloat16, so bf16
+    travels as its int16 bit pattern with the dtype named beside it.
+    """
+
+    array: Any
+    dtype: str
+
+
+def to_wire(x):
+    """A CPU tensor -> WireMessage (a view, no copy); anything else (CUDA tensors for NCCL) unchanged."""
+    import torch
+
+    if not isinstance(x, torch.Tensor) or x.device.type != "cpu":
+        return x
+    x = x.detach().contiguous()
+    name = str(x.dtype).removeprefix("torch.")
+    return WireMessage((x.view(torch.int16) if x.dtype == torch.bfloat16 else x).numpy(), name)
+
+
+def from_wire(x):
+    """WireMessage -> tensor over the same memory (read-only when mapped from the object store; agents
+    only read latents, converting them to their own dtype); anything else unchanged."""
+    if not isinstance(x, WireMessage):
+        return x
+    import warnings
+
+    import torch
+
+    with warnings.catch_warnings():  # read-only shared memory: torch warns, we never write into it
+        warnings.simplefilter("ignore", UserWarning)
+        t = torch.from_numpy(x.array)
+    return t.view(torch.bfloat16) if x.dtype == "bfloat16" else t
 
 
 class _AgentActorImpl:
@@ -76,10 +118,14 @@ class _AgentActorImpl:
         return out
 
     def rollout(self, users, slot_names, num_steps, edges, *latents):
-        return self._logged("rollout", users, slot_names,
-                            lambda: self.service.rollout(users, slot_names, num_steps, edges, *latents))
+        """The service's rollout; messages leave as zero-copy `WireMessage`s, latents arrive as either."""
+        latents = [from_wire(x) for x in latents]
+        *msgs, stats = self._logged("rollout", users, slot_names,
+                                    lambda: self.service.rollout(users, slot_names, num_steps, edges, *latents))
+        return (*[to_wire(m) for m in msgs], stats)
 
     def decode(self, users, slot_names, cfg, *latents):
+        latents = [from_wire(x) for x in latents]
         return self._logged("decode", users, slot_names,
                             lambda: self.service.decode(users, slot_names, cfg, *latents))
 
@@ -89,6 +135,7 @@ class _AgentActorImpl:
         RDT methods have a single return value, so each edge's message is fetched by its own call;
         the tensor then moves point to point (gloo / NCCL) and never enters the object store.
         """
+        latents = [from_wire(x) for x in latents]
         *msgs, stats = self._logged("rollout", users, slot_names,
                                     lambda: self.service.rollout(users, slot_names, num_steps, edges, *latents))
         prefix = key.rsplit(":", 1)[0]
@@ -120,7 +167,7 @@ class _AgentActorImpl:
 
     def score(self, users, slot_names, targets, *latents):
         """Mean NLL of target texts after the prompts (see `AgentService.score`)."""
-        return self.service.score(users, slot_names, targets, *latents)
+        return self.service.score(users, slot_names, targets, *[from_wire(x) for x in latents])
 
     def set_links(self, *links):
         """Swap this agent's links without reloading its model (see `AgentService.set_links`)."""
@@ -177,7 +224,7 @@ class RayPool:
 
     def get(self, handle, *, what):
         try:
-            return ray.get(handle, timeout=self.timeout_s)
+            return from_wire(ray.get(handle, timeout=self.timeout_s))
         except ray.exceptions.GetTimeoutError as e:
             raise RuntimeError(f"{what}{self.context}: no answer within {self.timeout_s:g}s") from e
         except ray.exceptions.RayActorError as e:

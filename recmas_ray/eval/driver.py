@@ -245,7 +245,7 @@ def evaluate(cfg: EvalConfig, *, progress: bool = True, system=None) -> dict:
                            json_field=cfg.dataset_json_field)
     task = items[0]["task_type"] if items[0]["task_type"] in ("math", "code") else "math"
     plan = plan_system(cfg.style, preset=cfg.preset, ckpt_overrides=resolve_overrides(cfg.ckpt_override),
-                       seed=cfg.seed, dtype=cfg.dtype, device=cfg.device, task=task,
+                       seed=cfg.seed, dtype=cfg.dtype, device=cfg.device, task=task, message_dtype=cfg.message_dtype,
                        tools=cfg.tool_loop(), prompt_set=cfg.prompt_set, role_model_overrides=cfg.models,
                        allow_base_model_mismatch=cfg.allow_base_model_mismatch)
     for warning in run_warnings(cfg, plan):

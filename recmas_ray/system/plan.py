@@ -81,7 +81,7 @@ def parse_overrides(items: list[str] | None) -> dict[str, str]:
 
 
 def plan_system(style_name: str, *, preset: str = "tiny", ckpt_overrides: dict[str, str] | None = None,
-                seed: int = 42, dtype: str = "auto", device: str = "auto", message_dtype: str = "float32",
+                seed: int = 42, dtype: str = "auto", device: str = "auto", message_dtype: str = "auto",
                 task: str = "math", role_model_overrides: dict[str, str] | None = None,
                 tools: ToolLoopConfig | None = None, prompt_set: str | None = None,
                 allow_base_model_mismatch: bool = False) -> SystemPlan:

@@ -35,7 +35,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 sys.path.insert(0, ROOT)
 
 from recmas_ray.agent import DecodeConfig  # noqa: E402
-from recmas_ray.distributed.actors import RayPool  # noqa: E402
+from recmas_ray.distributed.actors import RayPool, from_wire  # noqa: E402
 from recmas_ray.distributed.driver import build_ray_system, build_replicas  # noqa: E402
 from recmas_ray.distributed.placement import PlacementConfig  # noqa: E402
 from recmas_ray.config.recursion import RecursionConfig
@@ -117,7 +117,7 @@ def check_spread_equivalence(system, plan, names, timeout_s: float) -> dict:
     # Locations are read before the driver fetches anything, so they show agent-to-agent pulls only.
     refs = [ref for _, _, ref in rec_ray.messages]
     locations = ray.experimental.get_object_locations(refs, timeout_ms=int(timeout_s * 1000))
-    ray_msgs = ray.get(refs, timeout=timeout_s)
+    ray_msgs = [from_wire(m) for m in ray.get(refs, timeout=timeout_s)]
     services = {r: AgentService(*plan.service_args(r)) for r in plan.style.roles}
     rec_local = RecordingPool(LocalPool(services))
     local = run_batch(rec_local, plan.style, QUESTIONS, tasks, CFG)

@@ -222,3 +222,10 @@ def test_outer_pipeline_refuses_anything_but_one_gpu_per_worker(gpus, capsys):
     err = capsys.readouterr().err
     assert rc == 2 and f"--gpus_per_worker {gpus}" in err and err.count("\n") == 1, err
     assert train_outer.main([*base, "--gpus_per_worker", "1"]) == 0
+
+
+def test_message_dtype_is_a_config_field(capsys):
+    rc = _run_cli(["--message_dtype", "bf16"], capsys)[0]
+    assert rc == 0
+    rc, err = _run_cli(["--message_dtype", "int8"], capsys)
+    assert rc == 2 and "--message_dtype 'int8'" in err and err.count("\n") == 1, err

@@ -58,7 +58,11 @@ def test_latents_travel_between_actors_and_match_local(seq_system):
     planner = system.handles["planner"]
     msg_ref, stats_ref = planner.rollout.options(num_returns=2).remote(QUESTIONS, [], 5, ("planner->critic",))
     local_msg, _ = AgentService(*plan.service_args("planner")).rollout(QUESTIONS, [], 5, ("planner->critic",))
-    msg = ray.get(msg_ref, timeout=60)
+    from recmas_ray.distributed.actors import WireMessage, from_wire
+
+    wire = ray.get(msg_ref, timeout=60)
+    assert isinstance(wire, WireMessage) and not wire.array.flags.writeable  # mapped from the object store
+    msg = from_wire(wire)
     assert msg.device.type == "cpu" and msg.shape == (3, 5, 96)
     assert torch.allclose(msg, local_msg, atol=1e-5)
 
@@ -153,3 +157,36 @@ def test_rdt_message_keys_differ_between_batches_without_a_batch_id():
     for _ in range(2):
         RayPool({"planner": _Handle()}, transport="rdt:gloo").rollout("planner", ["q"], [], 2, ("planner->critic",), [])
     assert len(keys) == 2 and keys[0] != keys[1]
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_messages_cross_the_object_store_as_zero_copy_buffers(ray_cluster, dtype):
+    """fp32 and bf16 messages: a numpy view out (no copy), the same bits back, mapped read-only on get."""
+    from recmas_ray.distributed.actors import WireMessage, from_wire, to_wire
+
+    x = torch.randn(2, 64, 256).to(dtype)
+    wire = to_wire(x)
+    assert isinstance(wire, WireMessage) and wire.array.ctypes.data == x.data_ptr()  # a view, not a copy
+    back = from_wire(ray.get(ray.put(wire), timeout=60))
+    assert back.dtype == dtype and torch.equal(back, x)
+    assert from_wire(wire).data_ptr() == x.data_ptr()
+    got = ray.get(ray.put(wire), timeout=60)
+    assert not got.array.flags.writeable  # served from shared memory, not unpickled into a fresh copy
+    assert to_wire("text") == "text" and from_wire(x) is x  # everything else passes through
+
+
+def test_message_dtype_auto_is_fp32_on_cpu_and_bf16_halves_the_bytes():
+    from recmas_ray.service import AgentService
+
+    plan = plan_system("sequential_light", preset="tiny", seed=0)
+    spec, inner, outer = plan.service_args("planner")
+    assert spec.message_dtype == "auto"
+    auto_msg, _ = AgentService(spec, inner, outer).rollout(QUESTIONS[:1], [], 3, ("planner->critic",))
+    import dataclasses
+
+    bf16_msg, _ = AgentService(dataclasses.replace(spec, message_dtype="bf16"), inner, outer).rollout(
+        QUESTIONS[:1], [], 3, ("planner->critic",))
+    assert auto_msg.dtype == torch.float32 and bf16_msg.dtype == torch.bfloat16
+    assert torch.allclose(bf16_msg.float(), auto_msg, rtol=1e-2, atol=1e-2)
+    plan16 = plan_system("sequential_light", preset="tiny", seed=0, message_dtype="bf16")
+    assert {s.message_dtype for s in plan16.specs.values()} == {"bf16"}
