@@ -240,7 +240,7 @@ def bench(args: ScaleBenchConfig) -> int:
 
     from recmas_ray.distributed.driver import build_replicas
     from recmas_ray.distributed.placement import PlacementConfig
-    from recmas_ray.models.sim import simulated_plan
+    from recmas_ray.system.plan import simulated_plan
 
     from recmas_ray.distributed.driver import check_reachable
 

@@ -63,21 +63,3 @@ class SimulatedAgent:
         time.sleep((self.params["prefill_ms"] + n * self.params["token_ms"]) / 1000.0)
         return [Decoded("\\boxed{0}", n) for _ in range(e_BLD.shape[0])]
 
-
-def simulated_plan(style_name: str, model_name: str = "sim:hidden=2048"):
-    """A SystemPlan whose every role is `model_name` (links are 8-wide placeholders: the simulated
-    agents ignore them, so nothing large is shipped at start-up)."""
-    from recmas_ray.links import InnerLink, OuterLink
-    from recmas_ray.service import AgentSpec
-    from recmas_ray.styles import get_style
-    from recmas_ray.system.checkpoints import LinkSet
-    from recmas_ray.system.plan import SystemPlan
-
-    style = get_style(style_name)
-    hidden = int(parse_sim_name(model_name)["hidden"])
-    links = LinkSet()
-    links.inner.update({r: InnerLink(8) for r in style.roles})
-    links.outer.update({e: OuterLink(8, 8) for e in style.edges})
-    specs = {r: AgentSpec(role=r, model_name=model_name, system_prompt=style.system_prompt) for r in style.roles}
-    return SystemPlan(style_name, style, {r: model_name for r in style.roles}, {r: hidden for r in style.roles},
-                      links, specs, {"links": "placeholder (simulated agents)"})
