@@ -45,6 +45,12 @@ class PlacementConfig:
     """Per-role logical CPU override."""
     cpus_per_agent: Annotated[float, Range(0, 1024)] = 0.25
     """Logical CPUs per agent actor (fractions leave room for Ray Data read tasks)."""
+    role_replicas: Annotated[dict[str, int], Range(1, 64)] = field(default_factory=dict)
+    """Actor copies of a role inside each replica (a per-role pool), e.g. {"solver": 3}: each batch's
+    steps for that role go to its least-loaded copy, and stay there (distributed/pools.py)."""
+    auto_role_replicas: bool = False
+    """Size every role's pool (not named in role_replicas) from its cost per batch, parameters x
+    tokens (sim: agents: their configured times), the cheapest role one copy."""
     num_replicas: Annotated[int, Range(0, 1024)] = 1
     """Independent copies of the system (own placement group and orchestrator each); batches go to
     whichever replica is free. 0 = auto: as many as the cluster's resources hold now."""
@@ -73,7 +79,8 @@ class PlacementConfig:
     def check_roles(self, roles) -> None:
         """Per-role overrides must name roles of the style."""
         self.validate()
-        for name, table in (("role_gpus", self.role_gpus), ("role_cpus", self.role_cpus)):
+        for name, table in (("role_gpus", self.role_gpus), ("role_cpus", self.role_cpus),
+                            ("role_replicas", self.role_replicas)):
             bad = [r for r in table if r not in roles]
             if bad:
                 raise ValueError(f"--{name} names {bad}, not roles of this style {list(roles)}")
@@ -118,30 +125,42 @@ class PlacementPlan:
     strategy: str
     bundles: list[dict[str, float]]
     bundle_of: dict[str, int]
+    """Bundle of each role's first copy."""
     gpus: dict[str, float]
     cpus: dict[str, float]
+    copy_bundles: dict[str, list[int]] = field(default_factory=dict)
+    """Bundle of every copy of each role (one per copy; all 0 for colocated)."""
 
 
-def plan_placement(cfg: PlacementConfig, roles) -> PlacementPlan:
-    """Translate a preset and overrides into bundles and per-actor resources (pure, no Ray calls)."""
+def plan_placement(cfg: PlacementConfig, roles, copies: dict[str, int] | None = None) -> PlacementPlan:
+    """Translate a preset and overrides into bundles and per-actor resources (pure, no Ray calls).
+
+    `copies`: actor copies per role (per-role pools, default one each); every copy has its own
+    bundle, with the role's resources.
+    """
     if cfg.preset not in PRESETS:
         raise ValueError(f"unknown placement preset {cfg.preset!r}; expected one of {PRESETS}")
     cfg.check_roles(roles)
     roles = list(roles)
+    copies = {r: int((copies or {}).get(r, 1)) for r in roles}
+    num_actors = sum(copies.values())
     cpus = {r: cfg.role_cpus.get(r, cfg.cpus_per_agent) for r in roles}
     if cfg.preset == "cpu":
         gpus = {r: 0.0 for r in roles}
     elif cfg.preset == "colocated":
-        gpus = {r: cfg.role_gpus.get(r, 1.0 / len(roles)) for r in roles}
+        gpus = {r: cfg.role_gpus.get(r, 1.0 / num_actors) for r in roles}
     else:
         gpus = {r: cfg.role_gpus.get(r, 1.0) for r in roles}
     if cfg.preset == "colocated":
-        total_gpu = sum(gpus.values())
-        bundle = {"CPU": sum(cpus.values()), "GPU": float(max(1, round(total_gpu + 0.499)))}
-        return PlacementPlan("PACK", [bundle], {r: 0 for r in roles}, gpus, cpus)
-    bundles = [{k: v for k, v in (("CPU", cpus[r]), ("GPU", gpus[r])) if v > 0} for r in roles]
+        total_gpu = sum(gpus[r] * copies[r] for r in roles)
+        bundle = {"CPU": sum(cpus[r] * copies[r] for r in roles), "GPU": float(max(1, round(total_gpu + 0.499)))}
+        return PlacementPlan("PACK", [bundle], {r: 0 for r in roles}, gpus, cpus, {r: [0] * copies[r] for r in roles})
+    bundles, copy_bundles = [], {}
+    for r in roles:
+        copy_bundles[r] = list(range(len(bundles), len(bundles) + copies[r]))
+        bundles += [{k: v for k, v in (("CPU", cpus[r]), ("GPU", gpus[r])) if v > 0} for _ in range(copies[r])]
     strategy = "SPREAD" if cfg.preset == "spread" else "PACK"
-    return PlacementPlan(strategy, bundles, {r: i for i, r in enumerate(roles)}, gpus, cpus)
+    return PlacementPlan(strategy, bundles, {r: b[0] for r, b in copy_bundles.items()}, gpus, cpus, copy_bundles)
 
 
 def fits_one_node(plan: PlacementPlan, node_totals: list[dict]) -> bool:
@@ -223,6 +242,10 @@ def _place_each(items: list[dict], free: list[dict], *, whole_first: bool = True
     return True
 
 
+def _times(n: int) -> str:
+    return f"{n} copies x " if n > 1 else ""
+
+
 def check_resources(plan: PlacementPlan, cluster_total: dict, node_totals: list[dict], *, preset: str,
                     num_replicas: int = 1) -> None:
     """Raise ValueError listing the shortfall if the cluster can never host `num_replicas` copies of the plan."""
@@ -231,7 +254,8 @@ def check_resources(plan: PlacementPlan, cluster_total: dict, node_totals: list[
         need = num_replicas * sum(b.get(res, 0.0) for b in plan.bundles)
         have = cluster_total.get(res, 0.0)
         if need > have + 1e-9:
-            per_role = ", ".join(f"{r} {(plan.gpus if res == 'GPU' else plan.cpus)[r]:g}" for r in plan.bundle_of)
+            per_role = ", ".join(f"{r} {_times(len(plan.copy_bundles.get(r, [0])))}"
+                                 f"{(plan.gpus if res == 'GPU' else plan.cpus)[r]:g}" for r in plan.bundle_of)
             times = f"{num_replicas} replicas x " if num_replicas > 1 else ""
             missing.append(f"{res}: needs {need:g} ({times}{per_role}), cluster has {have:g}")
     for i, bundle in enumerate(plan.bundles):

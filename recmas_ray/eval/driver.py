@@ -141,7 +141,8 @@ def done_keys(samples_file: Path) -> set[str]:
 
 
 def start_agents(plan, *, backend: str = "ray", placement=None, timeout_s: float = 900.0, torch_threads: int = 0,
-                 transport: str = "object_store", num_replicas: int | None = None, client_cpus: float = 0.0):
+                 transport: str = "object_store", num_replicas: int | None = None, client_cpus: float = 0.0,
+                 recursion=None):
     """The agents of `plan`: a `LocalPool` in this process (backend "local", no Ray) or running `RayReplicas`
     (`placement.num_replicas` copies of the system, or `num_replicas` when given; 0: as many as fit)."""
     from recmas_ray.distributed.placement import PlacementConfig
@@ -161,7 +162,7 @@ def start_agents(plan, *, backend: str = "ray", placement=None, timeout_s: float
 
     init_ray()
     return build_replicas(plan, placement, timeout_s=timeout_s, torch_threads=torch_threads, transport=transport,
-                          client_cpus=client_cpus)
+                          client_cpus=client_cpus, recursion=recursion)
 
 
 def run_warnings(cfg: EvalConfig, plan) -> list[str]:
@@ -196,7 +197,8 @@ class Backend:
         else:
             agents = start_agents(plan, backend=cfg.backend, placement=cfg.placement, timeout_s=cfg.timeout_s,
                                   torch_threads=cfg.torch_threads, transport=cfg.transport,
-                                  client_cpus=cfg.stream.num_clients * cfg.stream.client_cpus)
+                                  client_cpus=cfg.stream.num_clients * cfg.stream.client_cpus,
+                                  recursion=cfg.recursion)
             self.pool, self.system = (agents, None) if cfg.backend == "local" else (None, agents)
 
     def stream(self, batches, method):
