@@ -50,8 +50,10 @@ def check_role_models(flag: str, table: dict[str, str], style_name: str, *, extr
 class StreamConfig:
     """How the Ray backend streams batches through client actors (Ray Data)."""
 
-    num_clients: Annotated[int, Range(1, 1024)] = 2
-    """Client actors per system replica, i.e. batches in flight per replica, so agents overlap."""
+    num_clients: Annotated[int, Range(0, 1024)] = 0
+    """Client actors per system replica, i.e. batches in flight per replica, so agents overlap; 0 (auto):
+    two per agent actor of a replica, enough to keep every stage busy, capped by the object store's
+    memory for the batches' messages and by free CPUs (eval/stream.py `clients_per_replica`)."""
     client_cpus: Annotated[float, Range(0, 64)] = 0.25
     """Logical CPUs per client actor (fractions keep CPUs free for Ray Data's own tasks; no GPUs)."""
     client_max_restarts: Annotated[int, Range(-1, 10_000)] = -1

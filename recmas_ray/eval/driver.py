@@ -195,9 +195,11 @@ class Backend:
                                  f"this run's {plan.manifest()} (backend {cfg.backend})")
             self.system = system
         else:
+            from recmas_ray.eval.stream import planned_clients
+
             agents = start_agents(plan, backend=cfg.backend, placement=cfg.placement, timeout_s=cfg.timeout_s,
                                   torch_threads=cfg.torch_threads, transport=cfg.transport,
-                                  client_cpus=cfg.stream.num_clients * cfg.stream.client_cpus,
+                                  client_cpus=planned_clients(cfg.stream, len(plan.style.roles)) * cfg.stream.client_cpus,
                                   recursion=cfg.recursion)
             self.pool, self.system = (agents, None) if cfg.backend == "local" else (None, agents)
 
