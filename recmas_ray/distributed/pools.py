@@ -62,13 +62,25 @@ def role_costs(style: StyleSpec, role_models: dict[str, str], num_rounds: int, l
     return costs
 
 
-def copies_from_costs(costs: dict[str, float], *, max_copies: int = 64) -> dict[str, int]:
-    """Copies per role proportional to cost, the cheapest (non-zero) role one copy."""
+def copies_from_costs(costs: dict[str, float], *, max_copies: int = 64, budget: int | None = None) -> dict[str, int]:
+    """Copies per role proportional to cost: the cheapest (non-zero) role one copy, or with `budget`
+    exactly that many actors in all (each role at least one; largest remainders get the rest)."""
     positive = [c for c in costs.values() if c > 0]
     if not positive:
         return {r: 1 for r in costs}
-    base = min(positive)
-    return {r: max(1, min(max_copies, round(c / base))) for r, c in costs.items()}
+    if budget is None:
+        base = min(positive)
+        return {r: max(1, min(max_copies, round(c / base))) for r, c in costs.items()}
+    if budget < len(costs):
+        raise ValueError(f"{budget} agent actors cannot hold {len(costs)} roles (one copy each at least)")
+    total = sum(costs.values())
+    share = {r: (budget - len(costs)) * c / total for r, c in costs.items()}
+    # each role one copy first, then the copies that lower the worst cost per copy most
+    out = {r: 1 for r in costs}
+    for _ in range(budget - len(costs)):
+        worst = max(costs, key=lambda r: (costs[r] / out[r], share[r]))
+        out[worst] += 1
+    return out
 
 
 def resolve_copies(role_replicas: dict[str, int], auto: bool, roles, costs: dict[str, float] | None) -> dict[str, int]:
