@@ -136,6 +136,29 @@ def check_spread_equivalence(system, plan, names, timeout_s: float) -> dict:
             "local_edges": [edge for _, edge, _ in rec_local.messages]}
 
 
+def check_auto_replicas(names: dict, timeout_s: float) -> dict:
+    """--num_replicas 0 on the 3 x 3-GPU nodes with 2-GPU systems (the solver CPU-only): one strictly
+    packed replica per node = 3; the old count also planned a 4th over the three nodes' spare GPUs,
+    which its STRICT_PACK group never places. Every planned replica must come up."""
+    from recmas_ray.system.plan import simulated_plan
+
+    plan = simulated_plan("sequential_light", "sim:hidden=8,step_ms=0,token_ms=0,tokens=1")
+    pcfg = PlacementConfig(preset="one_gpu_per_agent", role_gpus={"solver": 0}, cpus_per_agent=0.05,
+                           num_replicas=0, ready_timeout_s=min(timeout_s, 60), agent_max_restarts=0)
+    t0 = time.perf_counter()
+    try:
+        replicas = build_replicas(plan, pcfg, timeout_s=timeout_s)
+    except Exception as e:  # noqa: BLE001 - reported, the test names it
+        return {"error": f"{type(e).__name__}: {str(e)[:500]}", "seconds": time.perf_counter() - t0}
+    try:
+        nodes = [sorted({names.get(i["node"], i["node"]) for r, i in s.infos.items() if r != "solver"})
+                 for s in replicas.systems]
+        return {"num_replicas": replicas.num_replicas, "gpu_nodes": nodes, "error": None,
+                "seconds": time.perf_counter() - t0}
+    finally:
+        replicas.shutdown()
+
+
 def check_replicas(names: dict, timeout_s: float, workdir: str) -> dict:
     """Two replicas on the fake-GPU nodes, an evaluation streamed over both, and the local backend."""
     from recmas_ray.config.evaluation import EvalConfig, StreamConfig
@@ -190,6 +213,7 @@ def main(argv=None) -> int:
     try:
         report["startup_s"] = time.perf_counter() - t_start
         report["impossible"] = check_impossible(plan)
+        report["auto_replicas"] = check_auto_replicas(names, args.timeout_s)
         for preset, pcfg in cases.items():
             pcfg.ready_timeout_s = args.timeout_s
             t0 = time.perf_counter()
