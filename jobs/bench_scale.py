@@ -64,7 +64,9 @@ class ScaleBenchConfig:
     batch_size: Annotated[int, Range(1, 4096)] = 4
     """Questions per batch."""
     num_clients: Annotated[int, Range(0, 1024)] = 0
-    """Ray Data clients (batches in flight) per replica; 0: the production default (auto)."""
+    """Ray Data clients (batches in flight): 0, the production default (auto: two per agent actor, the
+    same total for both layouts of the balance comparison); N: N per replica in the weak series and N
+    in all in the balance comparison (a small machine's memory: each client is a process)."""
     latent_steps: Annotated[int, Range(0, MAX_LATENT_STEPS)] = 32
     """m."""
     tokens: Annotated[int, Range(1, 100_000)] = 256
@@ -146,9 +148,13 @@ def busy_by_role(logs: dict, t0: float, t1: float) -> dict:
     return {role: sum(v) / len(v) for role, v in per.items()}
 
 
-def eval_run(replicas, n_replicas: int, n_batches: int, rounds: int, args, tag: str) -> dict:
+def eval_run(replicas, n_replicas: int, n_batches: int, rounds: int, args, tag: str, clients: int = 0) -> dict:
     """`n_batches` through the production evaluation stream (Ray Data clients, router, grading) on the
-    first `n_replicas` replicas; throughput and per-role busy fractions."""
+    first `n_replicas` replicas, `clients` per replica (0: the production default).
+
+    Throughput and busy fractions are taken over the agents' active window (first call start to
+    last call end, from their own call logs); `wall_s` adds Ray Data's start of the client actors.
+    """
     import ray
 
     from recmas_ray.config.evaluation import StreamConfig
@@ -157,21 +163,23 @@ def eval_run(replicas, n_replicas: int, n_batches: int, rounds: int, args, tag: 
 
     view = RayReplicas(replicas.plan, replicas.systems[:n_replicas], Router.remote(n_replicas), args.timeout_s)
     view.call_logs(clear=True)
-    stream = StreamConfig(num_clients=args.num_clients, client_cpus=0.05)
+    stream = StreamConfig(num_clients=clients, client_cpus=0.05)
     t0 = time.time()
     records = list(stream_samples(view, question_batches(n_batches, args.batch_size, tag), "recursive_mas",
                                   recursion(rounds, args), "strict", False, stream, timeout_s=args.timeout_s))
-    t1 = time.time()
+    wall = time.time() - t0
     logs = view.call_logs()
     ray.kill(view.router)
-    busy = [busy_by_role(log, t0, t1) for log in logs]
-    role_busy = {r: sum(b[r] for b in busy) / len(busy) for r in busy[0]}
+    calls = [c for log in logs for cs in log.values() for c in cs]
+    a, b = min(c["t0"] for c in calls), max(c["t1"] for c in calls)
+    busy = [busy_by_role(log, a, b) for log in logs]
+    role_busy = {r: sum(x[r] for x in busy) / len(busy) for r in busy[0]}
     errors = sum(1 for r in records if r.get("error"))
     if errors or len(records) != n_batches * args.batch_size:
         raise RuntimeError(f"{tag}: {errors} errored samples, {len(records)} of {n_batches * args.batch_size}")
-    return {"replicas": n_replicas, "rounds": rounds, "batches": n_batches, "seconds": t1 - t0,
-            "throughput_batches_per_s": n_batches / (t1 - t0), "busy_by_role": role_busy,
-            "min_role_busy": min(role_busy.values()), "graded": len(records)}
+    return {"replicas": n_replicas, "rounds": rounds, "batches": n_batches, "active_s": b - a, "wall_s": wall,
+            "clients_per_replica": clients or "auto", "throughput_batches_per_s": n_batches / (b - a),
+            "busy_by_role": role_busy, "min_role_busy": min(role_busy.values()), "graded": len(records)}
 
 
 def build(plan, copies: dict | None, n: int, args):
@@ -197,9 +205,10 @@ def balance(plan, rounds: int, args) -> dict:
     n_batches = args.num_batches * n_whole
     for name, cps, n in (("whole_system", None, n_whole), ("per_role_pools", copies, 1)):
         reps = build(plan, cps, n, args)
+        # the same batches in flight in all: auto gives 2 per agent actor either way; N is the total
+        clients = max(1, args.num_clients // n) if args.num_clients else 0
         try:
-            eval_run(reps, n, max(2, n), rounds, args, f"warm-{name}-{rounds}")
-            run = eval_run(reps, n, n_batches, rounds, args, f"{name}-{rounds}")
+            run = eval_run(reps, n, n_batches, rounds, args, f"{name}-{rounds}", clients)
         finally:
             reps.shutdown()
         run["throughput_per_gpu"] = run["throughput_batches_per_s"] / out["gpus"]
@@ -215,9 +224,8 @@ def weak(plan, args) -> list[dict]:
     reps = build(plan, None, max(counts), args)
     rows = []
     try:
-        eval_run(reps, 1, 2, args.weak_rounds, args, "warm-weak")
         for n in counts:
-            rows.append(eval_run(reps, n, args.num_batches * n, args.weak_rounds, args, f"weak{n}"))
+            rows.append(eval_run(reps, n, args.num_batches * n, args.weak_rounds, args, f"weak{n}", args.num_clients))
             print(json.dumps({k: v for k, v in rows[-1].items() if k != "busy_by_role"}), flush=True)
     finally:
         reps.shutdown()
