@@ -113,6 +113,12 @@ def start_cluster(args):
         return None
     from ray.cluster_utils import Cluster
 
+    # A private temp dir: the simulated cluster's address file must not replace the machine's own
+    # (`ray.init()` / init_ray elsewhere would join it); short, for Ray's 108-byte socket paths.
+    if "RAY_TMPDIR" not in os.environ:
+        import tempfile
+
+        os.environ["RAY_TMPDIR"] = tempfile.mkdtemp(prefix="rbs", dir="/tmp")
     with loopback_only():
         cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 1, "include_dashboard": False,
                                                                 "object_store_memory": 256 * 2**20,
