@@ -387,13 +387,25 @@ def bench(args: ScaleBenchConfig) -> int:
               "cluster": ray.cluster_resources(), "balance": [],
               "machine": {"platform": platform.platform(), "cpu_count": os.cpu_count(),
                           "loadavg_1_5_15_before": load_before, "ray": ray.__version__}}
+    report["weak"], report["ray_call"], report["errors"] = [], {}, {}
+
+    def series(name, fn):  # a series that fails (a loaded machine's start-up timeout) is recorded, not fatal
+        try:
+            return fn()
+        except RuntimeError as e:
+            report["errors"][name] = " ".join(str(e).split())[:500]
+            print(f"{name} failed: {report['errors'][name]}", file=sys.stderr, flush=True)
+            return None
+
     try:
         for r in args.balance_rounds:
-            report["balance"].append(balance(plan, r, args))
-        report["weak"] = weak(plan, args)
-        report["ray_call"] = call_costs(args)
+            row = series(f"balance_R{r}", lambda: balance(plan, r, args))
+            if row:
+                report["balance"].append(row)
+        report["weak"] = series("weak", lambda: weak(plan, args)) or []
+        report["ray_call"] = series("ray_call", lambda: call_costs(args)) or {}
         if args.real:
-            report["real_models"] = real_models(args)
+            report["real_models"] = series("real_models", lambda: real_models(args))
     finally:
         ray.shutdown()
         if cluster is not None:
@@ -410,6 +422,7 @@ def bench(args: ScaleBenchConfig) -> int:
         "weak_efficiency": {n: weak_eff[n] for n in (4, 8) if n in weak_eff}, "target_weak_efficiency": 0.9,
         "ray_call_ms": {d: {k: v["ms_per_call"] for k, v in calls[d].items()} for d in calls},
         "ray_call_ratio_to_empty_at_1MiB": {d: calls[d]["1MiB"]["ratio_to_empty_call"] for d in calls},
+        "failed_series": sorted(report["errors"]),
         "target_ray_call_ms_at_1MiB": 5.0,
         "real_models_same_predictions": (report.get("real_models") or {}).get("same_predictions"),
         "loadavg_1min_before_after": [load_before[0], report["machine"]["loadavg_1_5_15_after"][0]]}
@@ -417,10 +430,11 @@ def bench(args: ScaleBenchConfig) -> int:
     path = os.path.join(args.output_path, "bench_scale.json")
     with open(path, "w") as f:
         json.dump(report, f, indent=2)
-    plot(report, os.path.join(args.output_path, "bench_scale.png"))
+    if report["balance"] and report["weak"]:
+        plot(report, os.path.join(args.output_path, "bench_scale.png"))
     print(json.dumps(report["targets"], indent=2))
-    print(f"wrote {path} and bench_scale.png")
-    return 0
+    print(f"wrote {path}" + (" and bench_scale.png" if report["balance"] and report["weak"] else ""))
+    return 1 if report["errors"] else 0
 
 
 def main(argv=None) -> int:
