@@ -1,27 +1,28 @@
-"""Scaling benchmark: system replicas x recursion rounds on a simulated multi-node cluster with fake GPUs.
+"""Scaling benchmark on the production path: Ray Data clients, router and grading over simulated agents.
 
-Agents are cost-simulated (`sim:` models, recmas_ray/models/sim.py): each latent step and each
-generated token waits a configured time inside the SAME agent actor, pool, orchestrator, router and
-object-store transport code as a real model, and messages have the real size [B, m, hidden]
-(float32). So two CPU cores can host dozens of agents, and what is measured is the system: routing,
-out-of-order agents, Ray's per-call cost and the pipeline of rounds.
+Agents are cost-simulated (`sim:` models, recmas_ray/models/sim.py) inside the SAME agent actors,
+pools, orchestrators, router, transport, Ray Data clients and grader as real models: each latent step,
+generated token and prompt prefill waits a time proportional to the role's parameters (the paper's
+light or mixture system by default, `paper_sim_models`), and messages have the real size
+[B, m, hidden]. So two CPU cores host dozens of agents on a simulated cluster of fake GPUs.
 
-Figures (targets of issue 12 in brackets):
-  throughput       batches/s for replicas 1, 2, 4, 8 and R = 1, 2, 3
-  efficiency       throughput / (replicas x one-replica throughput), strong scaling (the same
-                   `--num_batches` spread over the replicas) and weak scaling (`--num_batches` per
-                   replica) [>= 0.9 at 4 replicas]
-  busy fraction    each agent's busy time / wall time, one replica, `--in_flight` batches in flight,
-                   from the agents' own call logs [every agent >= 0.8 at R = 3 with 8 in flight]
-  ray_call_ms      Ray's cost per agent call at the message size: a chain of zero-cost calls
-                   passing one message on, agent to agent [<= 5 ms]
-  real models      tiny random-weight models, 1 vs 2 replicas: identical predictions
+Figures (targets of issue 23 in brackets):
+  balance      the same GPU count (--gpus) as whole-system replicas only vs per-role pools sized
+               from each role's cost (one replica): per-role busy fraction (its copies' mean),
+               throughput, throughput per GPU, for each R in --balance_rounds
+               [lowest role busy ~0.3 -> >= 0.7; throughput per GPU >= 1.8x]
+  weak         whole-system replicas 1 .. max(--replicas), --num_batches per replica: efficiency =
+               throughput / (replicas x one replica's) [>= 0.9 at 4 and 8]
+  ray_call     Ray's cost per agent call passing a message on (a chain of zero-cost rollouts) at 0 B
+               (an empty call), 32 KiB and 1 MiB, fp32 and bf16, and its ratio to the empty call
+               [<= 5 ms at 1 MiB on an idle machine]
+  real models  tiny random-weight models, 1 vs 2 replicas: identical predictions
 
-  python -m jobs.bench_scale                        # simulated 2-node cluster, 24 fake GPUs (a few minutes)
-  python -m jobs.bench_scale --quick                # replicas 1, 2, 4; R = 1, 3; fewer batches
-  python -m jobs.bench_scale --address auto         # on a running cluster (its own GPUs) instead
+  python -m jobs.bench_scale                        # simulated 2-node cluster, 24 fake GPUs
+  python -m jobs.bench_scale --quick                # fewer batches, replicas 1 and 4
+  python -m jobs.bench_scale --address HOST:PORT    # on a running cluster (its own GPUs) instead
 
-Writes <output_path>/bench_scale.json and bench_scale.png (efficiency vs replicas; busy fraction vs R).
+Writes <output_path>/bench_scale.json and bench_scale.png; the machine's load average is recorded.
 """
 
 from __future__ import annotations
@@ -31,7 +32,6 @@ from typing import Annotated
 
 from recmas_ray.config.checks import NonEmpty, OneOf, Range, WritableDir
 from recmas_ray.config.cli import run_job, save_config
-from recmas_ray.config.evaluation import style_names
 from recmas_ray.config.recursion import MAX_LATENT_STEPS, MAX_ROUNDS
 
 import json
@@ -41,47 +41,52 @@ import statistics
 import sys
 import time
 
+SYSTEMS = ("light", "mixture")
+PAPER_ROLES = {"light": ("planner", "critic", "solver"), "mixture": ("math", "code", "science", "summarizer")}
+
 
 @dataclass(kw_only=True)
 class ScaleBenchConfig:
     """What the scaling benchmark runs."""
 
-    replicas: Annotated[list[int], Range(1, 64), NonEmpty()] = field(default_factory=lambda: [1, 2, 4, 8])
-    """Replica counts."""
-    rounds: Annotated[list[int], Range(1, MAX_ROUNDS), NonEmpty()] = field(default_factory=lambda: [1, 2, 3])
-    """Recursion rounds R."""
-    num_batches: Annotated[int, Range(1, 100_000)] = 16
-    """Batches per run (strong scaling; weak scaling runs this many per replica)."""
+    system: Annotated[str, OneOf(SYSTEMS)] = "light"
+    """Paper system whose per-role costs are simulated: light (sequential) or mixture."""
+    gpus: Annotated[int, Range(1, 1024)] = 12
+    """GPUs (one per agent actor) of the balance comparison, the same for both layouts."""
+    balance_rounds: Annotated[list[int], Range(1, MAX_ROUNDS), NonEmpty()] = field(default_factory=lambda: [1, 3])
+    """R of the balance comparison."""
+    replicas: Annotated[list[int], Range(1, 64), NonEmpty()] = field(default_factory=lambda: [1, 4, 8])
+    """Whole-system replica counts of the weak-scaling series."""
+    weak_rounds: Annotated[int, Range(1, MAX_ROUNDS)] = 3
+    """R of the weak-scaling series."""
+    num_batches: Annotated[int, Range(1, 100_000)] = 24
+    """Batches per run (balance: per whole-system replica's share of the GPUs; weak: per replica)."""
     batch_size: Annotated[int, Range(1, 4096)] = 4
     """Questions per batch."""
-    in_flight: Annotated[int, Range(1, 1024)] = 8
-    """Batches in flight per replica."""
-    hidden: Annotated[int, Range(1, 65536)] = 2048
-    """Message width of the simulated agents."""
+    num_clients: Annotated[int, Range(0, 1024)] = 0
+    """Ray Data clients (batches in flight): 0, the production default (auto: two per agent actor, the
+    same total for both layouts of the balance comparison); N: N per replica in the weak series and N
+    in all in the balance comparison (a small machine's memory: each client is a process)."""
     latent_steps: Annotated[int, Range(0, MAX_LATENT_STEPS)] = 32
     """m."""
-    step_ms: Annotated[float, Range(0, 10_000)] = 5.0
-    """Simulated cost of one latent step, in ms."""
-    token_ms: Annotated[float, Range(0, 10_000)] = 5.0
-    """Simulated cost of one generated token, in ms."""
-    tokens: Annotated[int, Range(1, 100_000)] = 32
-    """Tokens the decoder generates per batch."""
-    style: Annotated[str, OneOf(style_names)] = "sequential_light"
-    """Style whose agents are simulated."""
+    tokens: Annotated[int, Range(1, 100_000)] = 256
+    """Tokens the decoder generates per batch (the paper's runs decode 256-1000)."""
+    ms_per_gparam: Annotated[float, Range(0, 10_000)] = 1.0
+    """Simulated ms per latent step or token per billion parameters."""
+    prompt_tokens: Annotated[int, Range(0, 100_000)] = 200
+    """Prompt tokens prefilled on every call (20x faster per token than decoding)."""
     nodes: Annotated[int, Range(1, 64)] = 2
     """Simulated nodes (ignored with address)."""
     gpus_per_node: Annotated[int, Range(0, 1024)] = 12
     """Fake GPUs per simulated node."""
-    cpus_per_node: Annotated[int, Range(1, 1024)] = 8
-    """Logical CPUs per simulated node."""
+    cpus_per_node: Annotated[int, Range(1, 1024)] = 16
+    """Logical CPUs per simulated node (agents, orchestrators and clients mostly wait)."""
     call_chain: Annotated[int, Range(1, 100_000)] = 60
-    """Zero-cost calls timed for ray_call_ms."""
-    weak: bool = True
-    """Run the weak-scaling series too (--no_weak skips it)."""
+    """Zero-cost calls timed per ray_call figure."""
     real: bool = True
     """Check tiny real models on 1 vs 2 replicas (--no_real skips it)."""
     address: str | None = None
-    """Join this Ray cluster (e.g. auto) instead of simulating one."""
+    """Join this Ray cluster (HOST:PORT or auto) instead of simulating one."""
     timeout_s: Annotated[float, Range(0, 86400, lo_open=True)] = 600.0
     """Timeout of every wait, in seconds."""
     output_path: Annotated[str, WritableDir()] = "out/bench_scale"
@@ -89,13 +94,16 @@ class ScaleBenchConfig:
 
 
 def quick() -> ScaleBenchConfig:
-    """Replicas 1, 2, 4; R = 1, 3; 8 batches."""
-    return ScaleBenchConfig(replicas=[1, 2, 4], rounds=[1, 3], num_batches=8)
+    """Fewer batches; weak scaling at 1 and 4 replicas; R = 1 only."""
+    return ScaleBenchConfig(replicas=[1, 4], balance_rounds=[1], num_batches=12, real=False)
 
 
 def start_cluster(args):
-    """A head without resources plus `--nodes` nodes with fake GPUs (or the cluster at --address)."""
+    """A head without resources plus `--nodes` nodes with fake GPUs, every process on 127.0.0.1 (or the
+    cluster at --address, which must answer within 10 s)."""
     import ray
+
+    from recmas_ray.distributed.driver import loopback_only
 
     os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -105,12 +113,21 @@ def start_cluster(args):
         return None
     from ray.cluster_utils import Cluster
 
-    cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 1, "include_dashboard": False,
-                                                            "object_store_memory": 256 * 2**20})
-    for _ in range(args.nodes):
-        cluster.add_node(num_cpus=args.cpus_per_node, num_gpus=args.gpus_per_node, object_store_memory=384 * 2**20)
-    cluster.wait_for_nodes()
-    ray.init(address=cluster.address, log_to_driver=False, configure_logging=False)
+    # A private temp dir: the simulated cluster's address file must not replace the machine's own
+    # (`ray.init()` / init_ray elsewhere would join it); short, for Ray's 108-byte socket paths.
+    if "RAY_TMPDIR" not in os.environ:
+        import tempfile
+
+        os.environ["RAY_TMPDIR"] = tempfile.mkdtemp(prefix="rbs", dir="/tmp")
+    with loopback_only():
+        cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 1, "include_dashboard": False,
+                                                                "object_store_memory": 256 * 2**20,
+                                                                "node_ip_address": "127.0.0.1"})
+        for _ in range(args.nodes):
+            cluster.add_node(num_cpus=args.cpus_per_node, num_gpus=args.gpus_per_node,
+                             object_store_memory=384 * 2**20, node_ip_address="127.0.0.1")
+        cluster.wait_for_nodes()
+        ray.init(address=cluster.address, log_to_driver=False, configure_logging=False)
     return cluster
 
 
@@ -121,53 +138,160 @@ def recursion(rounds: int, args):
                            decode=DecodeConfig(max_new_tokens=args.tokens))
 
 
-def batches(n: int, size: int, tag: str) -> list:
-    return [([f"{tag} question {k}.{i}: what is {k} + {i}?" for i in range(size)], ["math"] * size)
+def question_batches(n: int, size: int, tag: str) -> list:
+    """(items, rollout) batches as the evaluation driver makes them: graded math questions."""
+    return [([{"doc_id": f"{tag}-{k}-{i}", "question": f"{tag} question {k}.{i}: what is {k} + {i}?",
+               "gold": "0", "task_type": "math", "benchmark": "bench_scale"} for i in range(size)], 0)
             for k in range(n)]
 
 
-def busy_fractions(logs: dict, t0: float, t1: float) -> dict:
-    """Each role's busy time inside [t0, t1] divided by t1 - t0 (from its own call log)."""
-    wall = max(t1 - t0, 1e-9)
-    return {role: sum(max(0.0, min(c["t1"], t1) - max(c["t0"], t0)) for c in calls) / wall
-            for role, calls in logs.items()}
+def busy_by_role(logs: dict, t0: float, t1: float) -> dict:
+    """Each role's busy time in [t0, t1] / (t1 - t0), averaged over its copies (call logs ROLE, ROLE#K)."""
+    wall, per = max(t1 - t0, 1e-9), {}
+    for name, calls in logs.items():
+        busy = sum(max(0.0, min(c["t1"], t1) - max(c["t0"], t0)) for c in calls) / wall
+        per.setdefault(name.split("#")[0], []).append(busy)
+    return {role: sum(v) / len(v) for role, v in per.items()}
 
 
-def timed_run(replicas, n_replicas: int, n_batches: int, rounds: int, args, tag: str) -> dict:
-    """One run: `n_batches` over the first `n_replicas` replicas; throughput and busy fractions."""
-    replicas.call_logs(clear=True)
-    t0 = time.time()
-    out = replicas.solve_all(batches(n_batches, args.batch_size, tag), recursion(rounds, args),
-                             in_flight_per_replica=args.in_flight, replicas=n_replicas)
-    t1 = time.time()
-    logs = replicas.call_logs()[:n_replicas]
-    busy = [busy_fractions(log, t0, t1) for log in logs]
-    return {"replicas": n_replicas, "rounds": rounds, "batches": n_batches, "seconds": t1 - t0,
-            "throughput_batches_per_s": n_batches / (t1 - t0),
-            "batches_per_replica": [sum(1 for i, _ in out if i == r) for r in range(n_replicas)],
-            "busy_fraction": busy, "min_busy": min(min(b.values()) for b in busy)}
+def eval_run(replicas, n_replicas: int, n_batches: int, rounds: int, args, tag: str, clients: int = 0) -> dict:
+    """`n_batches` through the production evaluation stream (Ray Data clients, router, grading) on the
+    first `n_replicas` replicas, `clients` per replica (0: the production default).
 
-
-def ray_call_cost(handles: dict, args, latent_steps: int) -> dict:
-    """ms per agent call: a chain of zero-cost rollouts, each taking the previous one's message
-    ([batch, latent_steps, hidden] float32) from the other actor."""
+    Throughput and busy fractions are taken over the agents' active window (first call start to
+    last call end, from their own call logs); `wall_s` adds Ray Data's start of the client actors.
+    """
     import ray
 
+    from recmas_ray.config.evaluation import StreamConfig
+    from recmas_ray.distributed.driver import RayReplicas, Router
+    from recmas_ray.eval.stream import stream_samples
+
+    view = RayReplicas(replicas.plan, replicas.systems[:n_replicas], Router.remote(n_replicas), args.timeout_s)
+    view.call_logs(clear=True)
+    stream = StreamConfig(num_clients=clients, client_cpus=0.05)
+    t0 = time.time()
+    records = list(stream_samples(view, question_batches(n_batches, args.batch_size, tag), "recursive_mas",
+                                  recursion(rounds, args), "strict", False, stream, timeout_s=args.timeout_s))
+    wall = time.time() - t0
+    logs = view.call_logs()
+    ray.kill(view.router)
+    calls = [c for log in logs for cs in log.values() for c in cs]
+    a, b = min(c["t0"] for c in calls), max(c["t1"] for c in calls)
+    busy = [busy_by_role(log, a, b) for log in logs]
+    role_busy = {r: sum(x[r] for x in busy) / len(busy) for r in busy[0]}
+    errors = sum(1 for r in records if r.get("error"))
+    if errors or len(records) != n_batches * args.batch_size:
+        raise RuntimeError(f"{tag}: {errors} errored samples, {len(records)} of {n_batches * args.batch_size}")
+    return {"replicas": n_replicas, "rounds": rounds, "batches": n_batches, "active_s": b - a, "wall_s": wall,
+            "clients_per_replica": clients or "auto", "throughput_batches_per_s": n_batches / (b - a),
+            "busy_by_role": role_busy, "min_role_busy": min(role_busy.values()), "graded": len(records)}
+
+
+def build(plan, copies: dict | None, n: int, args):
+    from recmas_ray.distributed.driver import build_replicas
+    from recmas_ray.distributed.placement import PlacementConfig
+
+    return build_replicas(plan, PlacementConfig(preset="one_gpu_per_agent", cpus_per_agent=0.05, num_replicas=n,
+                                                agent_max_restarts=0, role_replicas=copies or {}),
+                          timeout_s=args.timeout_s, torch_threads=1)
+
+
+def balance(plan, rounds: int, args) -> dict:
+    """Whole-system replicas vs one replica of per-role pools, both on `args.gpus` GPUs."""
+    from recmas_ray.distributed.pools import copies_from_costs, role_costs
+
+    roles = list(plan.style.roles)
+    n_whole = args.gpus // len(roles)
+    costs = role_costs(plan.style, plan.role_models, rounds, args.latent_steps, args.tokens)
+    copies = copies_from_costs(costs, budget=n_whole * len(roles))
+    out = {"rounds": rounds, "role_costs_ms": costs, "pool_copies": copies, "gpus": n_whole * len(roles),
+           # the best any layout can do: every GPU busy, vs whole systems paced by their slowest role
+           "ideal_per_gpu_ratio": max(costs.values()) * len(roles) / sum(costs.values())}
+    n_batches = args.num_batches * n_whole
+    for name, cps, n in (("whole_system", None, n_whole), ("per_role_pools", copies, 1)):
+        reps = build(plan, cps, n, args)
+        # the same batches in flight in all: auto gives 2 per agent actor either way; N is the total
+        clients = max(1, args.num_clients // n) if args.num_clients else 0
+        try:
+            run = eval_run(reps, n, n_batches, rounds, args, f"{name}-{rounds}", clients)
+        finally:
+            reps.shutdown()
+        run["throughput_per_gpu"] = run["throughput_batches_per_s"] / out["gpus"]
+        out[name] = run
+        print(json.dumps({name: {k: v for k, v in run.items() if k != "busy_by_role"}}), flush=True)
+    out["per_gpu_ratio"] = out["per_role_pools"]["throughput_per_gpu"] / out["whole_system"]["throughput_per_gpu"]
+    return out
+
+
+def weak(plan, args) -> list[dict]:
+    """Whole-system replicas, `num_batches` per replica: efficiency vs one replica."""
+    counts = sorted(set(args.replicas))
+    reps = build(plan, None, max(counts), args)
+    rows = []
+    try:
+        for n in counts:
+            rows.append(eval_run(reps, n, args.num_batches * n, args.weak_rounds, args, f"weak{n}", args.num_clients))
+            print(json.dumps({k: v for k, v in rows[-1].items() if k != "busy_by_role"}), flush=True)
+    finally:
+        reps.shutdown()
+    base = rows[0]["throughput_batches_per_s"] / rows[0]["replicas"]
+    for row in rows:
+        row["efficiency"] = row["throughput_batches_per_s"] / (row["replicas"] * base)
+    return rows
+
+
+def ray_call_cost(handles: dict, args, num_bytes: int, dtype: str) -> dict:
+    """ms per agent call: a chain of zero-cost rollouts, each taking the previous one's message of
+    `num_bytes` (`dtype`) from the other actor (0 bytes: an empty message, Ray's bare call cost)."""
+    import ray
+
+    from recmas_ray.distributed.actors import from_wire
+
     a, b = handles["planner"], handles["critic"]
+    width = 2048
+    steps = num_bytes // (args.batch_size * width * (2 if dtype == "bf16" else 4))
     users, edge = ["cost probe"] * args.batch_size, ("planner->critic",)
-    ref, _ = a.rollout.options(num_returns=2).remote(users, [], latent_steps, edge)
+    ref, _ = a.rollout.options(num_returns=2).remote(users, [], steps, edge)
     ray.get(ref, timeout=args.timeout_s)  # warm: both actors have deserialised a message once
     samples = []
     for _ in range(3):
         t0 = time.perf_counter()
         for k in range(args.call_chain):
             actor = b if k % 2 == 0 else a
-            ref, _ = actor.rollout.options(num_returns=2).remote(users, ["<<SLOT>>"], latent_steps, edge, ref)
+            ref, _ = actor.rollout.options(num_returns=2).remote(users, ["<<SLOT>>"] if steps else [], steps, edge,
+                                                                  *([ref] if steps else []))
         ray.get(ref, timeout=args.timeout_s)
         samples.append((time.perf_counter() - t0) / args.call_chain * 1000)
-    msg = ray.get(ref, timeout=args.timeout_s)
+    msg = from_wire(ray.get(ref, timeout=args.timeout_s))
     return {"ms_per_call": statistics.median(samples), "samples_ms": samples, "message_shape": list(msg.shape),
-            "message_bytes": msg.numel() * msg.element_size()}
+            "message_bytes": msg.numel() * msg.element_size(), "dtype": dtype}
+
+
+def call_costs(args) -> dict:
+    """`ray_call_cost` at 0 B, 32 KiB and 1 MiB for fp32 and bf16 messages, with ratios to the empty call."""
+    from recmas_ray.system.plan import simulated_plan
+
+    out = {}
+    for dtype in ("fp32", "bf16"):
+        plan = simulated_plan("sequential_light", "sim:hidden=2048,step_ms=0,token_ms=0,tokens=1",
+                              message_dtype=dtype)
+        from recmas_ray.distributed.driver import build_replicas
+        from recmas_ray.distributed.placement import PlacementConfig
+
+        cost = build_replicas(plan, PlacementConfig(preset="cpu", cpus_per_agent=0.05, agent_max_restarts=0),
+                              timeout_s=args.timeout_s)
+        try:
+            handles = cost.systems[0].handles
+            empty = ray_call_cost(handles, args, 0, dtype)
+            out[dtype] = {"empty": empty}
+            for label, size in (("32KiB", 32 * 2**10), ("1MiB", 2**20)):
+                row = ray_call_cost(handles, args, size, dtype)
+                row["ratio_to_empty_call"] = row["ms_per_call"] / max(empty["ms_per_call"], 1e-9)
+                out[dtype][label] = row
+        finally:
+            cost.shutdown()
+    return out
 
 
 def real_models(args) -> dict:
@@ -175,12 +299,13 @@ def real_models(args) -> dict:
     from recmas_ray.config.recursion import DecodeConfig, RecursionConfig
     from recmas_ray.distributed.driver import build_replicas
     from recmas_ray.distributed.placement import PlacementConfig
+    from recmas_ray.models.sim import PAPER_STYLES
     from recmas_ray.system.plan import plan_system
 
-    plan = plan_system(args.style, preset="tiny", seed=0)
+    plan = plan_system(PAPER_STYLES[args.system], preset="tiny", seed=0)
     cfg = RecursionConfig(method="recursive_mas", num_recursive_rounds=2, latent_steps=4,
                           decode=DecodeConfig(max_new_tokens=6))
-    qs = batches(4, 2, "real")
+    qs = [([f"real question {k}.{i}: what is {k} + {i}?" for i in range(2)], ["math"] * 2) for k in range(4)]
     t0 = time.perf_counter()
     reps = build_replicas(plan, PlacementConfig(preset="cpu", cpus_per_agent=0.05, num_replicas=2,
                                                 agent_max_restarts=0), timeout_s=args.timeout_s, torch_threads=1)
@@ -199,112 +324,117 @@ def plot(report: dict, path: str) -> None:
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
 
-    fig = Figure(figsize=(11, 4))
+    fig = Figure(figsize=(13, 4))
     FigureCanvasAgg(fig)
-    ax = fig.add_subplot(1, 2, 1)
-    for kind, style in (("strong", "-"), ("weak", "--")):
-        for r in report["rounds"]:
-            pts = [(x["replicas"], x["efficiency"]) for x in report[kind] if x["rounds"] == r]
-            if pts:
-                ax.plot(*zip(*pts), style, marker="o", label=f"R={r} {kind}")
-    ax.axhline(0.9, color="grey", lw=0.8, ls=":")
-    ax.set_xlabel("replicas")
-    ax.set_ylabel("efficiency")
-    ax.set_ylim(0, 1.1)
-    ax.set_title(f"{report['num_batches']} batches (strong) / per replica (weak)")
-    ax.legend(fontsize=7)
-    ax = fig.add_subplot(1, 2, 2)
-    one = [x for x in report["strong"] if x["replicas"] == 1]
-    for role in one[0]["busy_fraction"][0]:
-        ax.plot([x["rounds"] for x in one], [x["busy_fraction"][0][role] for x in one], marker="o", label=role)
-    ax.axhline(0.8, color="grey", lw=0.8, ls=":")
-    ax.set_xlabel("recursion rounds R")
+    ax = fig.add_subplot(1, 3, 1)
+    bal = report["balance"]
+    roles = list(bal[0]["whole_system"]["busy_by_role"])
+    width = 0.8 / (2 * len(bal))
+    for j, b in enumerate(bal):
+        for k, name in enumerate(("whole_system", "per_role_pools")):
+            xs = [i + (2 * j + k) * width for i in range(len(roles))]
+            ax.bar(xs, [b[name]["busy_by_role"][r] for r in roles], width,
+                   label=f"R={b['rounds']} {name.replace('_', ' ')}")
+    ax.axhline(0.7, color="grey", lw=0.8, ls=":")
+    ax.set_xticks([i + 0.4 - width / 2 for i in range(len(roles))], roles)
     ax.set_ylabel("busy fraction")
     ax.set_ylim(0, 1.05)
-    ax.set_title(f"one replica, {report['in_flight']} batches in flight")
+    ax.set_title(f"{report['system']} system, {bal[0]['gpus']} GPUs, {report['tokens']} tokens")
     ax.legend(fontsize=7)
+    ax = fig.add_subplot(1, 3, 2)
+    labels = [f"R={b['rounds']}" for b in bal]
+    for k, name in enumerate(("whole_system", "per_role_pools")):
+        ax.bar([i + k * 0.4 for i in range(len(bal))], [b[name]["throughput_per_gpu"] for b in bal], 0.4,
+               label=name.replace("_", " "))
+    ax.set_xticks([i + 0.2 for i in range(len(bal))], labels)
+    ax.set_ylabel("batches / s / GPU")
+    ax.set_title("throughput per GPU (ratio " + ", ".join(f"{b['per_gpu_ratio']:.2f}" for b in bal) + ")")
+    ax.legend(fontsize=7)
+    ax = fig.add_subplot(1, 3, 3)
+    ax.plot([x["replicas"] for x in report["weak"]], [x["efficiency"] for x in report["weak"]], marker="o")
+    ax.axhline(0.9, color="grey", lw=0.8, ls=":")
+    ax.set_xlabel("whole-system replicas")
+    ax.set_ylabel("weak-scaling efficiency")
+    ax.set_ylim(0, 1.1)
+    ax.set_title(f"R={report['weak_rounds']}, {report['num_batches']} batches per replica")
     fig.tight_layout()
     fig.savefig(path, dpi=100)
 
 
 def bench(args: ScaleBenchConfig) -> int:
     """Run the series and write the report (the config is saved next to it)."""
-    counts, rounds = list(args.replicas), list(args.rounds)
+    from recmas_ray.distributed.driver import check_reachable
+
+    if args.address:
+        check_reachable(args.address)  # a dead address: one line and exit 2 before anything is written
+    if args.gpus < len(PAPER_ROLES[args.system]):
+        raise ValueError(f"--gpus {args.gpus}: the {args.system} system needs at least {len(PAPER_ROLES[args.system])}")
     import ray
 
-    from recmas_ray.distributed.driver import build_replicas
-    from recmas_ray.distributed.placement import PlacementConfig
-    from recmas_ray.models.sim import simulated_plan
+    from recmas_ray.models.sim import PAPER_STYLES, paper_sim_models
+    from recmas_ray.system.plan import simulated_plan
 
     save_config(args, args.output_path)
     t_start = time.perf_counter()
+    load_before = list(os.getloadavg())
     cluster = start_cluster(args)
-    sim = f"sim:hidden={args.hidden},step_ms={args.step_ms},token_ms={args.token_ms},tokens={args.tokens}"
-    report = {"style": args.style, "model": sim, "rounds": rounds, "replica_counts": counts,
-              "num_batches": args.num_batches, "batch_size": args.batch_size, "in_flight": args.in_flight,
-              "latent_steps": args.latent_steps, "cluster": ray.cluster_resources(), "strong": [], "weak": [],
+    models = paper_sim_models(args.system, ms_per_gparam=args.ms_per_gparam, tokens=args.tokens,
+                              prompt_tokens=args.prompt_tokens)
+    plan = simulated_plan(PAPER_STYLES[args.system], models)
+    report = {"system": args.system, "style": plan.style_name, "models": models, "tokens": args.tokens,
+              "latent_steps": args.latent_steps, "batch_size": args.batch_size, "num_batches": args.num_batches,
+              "weak_rounds": args.weak_rounds, "num_clients": args.num_clients or "auto",
+              "cluster": ray.cluster_resources(), "balance": [],
               "machine": {"platform": platform.platform(), "cpu_count": os.cpu_count(),
-                          "loadavg_1_5_15": list(os.getloadavg()), "ray": ray.__version__}}
+                          "loadavg_1_5_15_before": load_before, "ray": ray.__version__}}
+    report["weak"], report["ray_call"], report["errors"] = [], {}, {}
+
+    def series(name, fn):  # a series that fails (a loaded machine's start-up timeout) is recorded, not fatal
+        try:
+            return fn()
+        except RuntimeError as e:
+            report["errors"][name] = " ".join(str(e).split())[:500]
+            print(f"{name} failed: {report['errors'][name]}", file=sys.stderr, flush=True)
+            return None
+
     try:
-        t0 = time.perf_counter()
-        reps = build_replicas(simulated_plan(args.style, sim),
-                              PlacementConfig(preset="one_gpu_per_agent", cpus_per_agent=0.05,
-                                              num_replicas=max(counts), agent_max_restarts=0),
-                              timeout_s=args.timeout_s, torch_threads=1)
-        report["startup_s"] = time.perf_counter() - t0
-        try:
-            report["replica_nodes"] = [sorted({i["node"][:8] for i in s.infos.values()}) for s in reps.systems]
-            timed_run(reps, 1, 2, 1, args, "warmup")
-            for r in rounds:
-                for n in counts:
-                    report["strong"].append(timed_run(reps, n, args.num_batches, r, args, f"s{n}r{r}"))
-                    if not not args.weak and n > 1:
-                        report["weak"].append(timed_run(reps, n, args.num_batches * n, r, args, f"w{n}r{r}"))
-                    print(json.dumps({k: v for k, v in report["strong"][-1].items() if k != "busy_fraction"}),
-                          flush=True)
-            for kind in ("strong", "weak"):
-                for x in report[kind]:
-                    base = next(y for y in report["strong"] if y["replicas"] == 1 and y["rounds"] == x["rounds"])
-                    x["efficiency"] = x["throughput_batches_per_s"] / (x["replicas"] * base["throughput_batches_per_s"])
-            for x in report["strong"]:
-                if x["replicas"] == 1 and not not args.weak:
-                    report["weak"].insert(0, dict(x))
-        finally:
-            reps.shutdown()
-        cost_plan = simulated_plan(args.style, f"sim:hidden={args.hidden},step_ms=0,token_ms=0,tokens=1")
-        cost = build_replicas(cost_plan, PlacementConfig(preset="cpu", cpus_per_agent=0.05, num_replicas=1,
-                                                         agent_max_restarts=0), timeout_s=args.timeout_s)
-        try:
-            report["ray_call"] = ray_call_cost(cost.systems[0].handles, args, args.latent_steps)
-            # the same chain with one latent step: a message small enough to be inlined (< 100 KiB)
-            report["ray_call_small_message"] = ray_call_cost(cost.systems[0].handles, args, 1)
-        finally:
-            cost.shutdown()
-        if not not args.real:
-            report["real_models"] = real_models(args)
+        for r in args.balance_rounds:
+            row = series(f"balance_R{r}", lambda: balance(plan, r, args))
+            if row:
+                report["balance"].append(row)
+        report["weak"] = series("weak", lambda: weak(plan, args)) or []
+        report["ray_call"] = series("ray_call", lambda: call_costs(args)) or {}
+        if args.real:
+            report["real_models"] = series("real_models", lambda: real_models(args))
     finally:
         ray.shutdown()
         if cluster is not None:
             cluster.shutdown()
-    by = {(x["replicas"], x["rounds"]): x for x in report["strong"]}
-    weak = {(x["replicas"], x["rounds"]): x for x in report["weak"]}
-    r_max = max(rounds)
+    report["machine"]["loadavg_1_5_15_after"] = list(os.getloadavg())
+    weak_eff = {x["replicas"]: x["efficiency"] for x in report["weak"]}
+    calls = report["ray_call"]
     report["targets"] = {
-        "efficiency_at_4_replicas_strong": {r: by[(4, r)]["efficiency"] for r in rounds if (4, r) in by},
-        "efficiency_at_4_replicas_weak": {r: weak[(4, r)]["efficiency"] for r in rounds if (4, r) in weak},
-        "target_efficiency": 0.9,
-        f"min_busy_one_replica_R{r_max}": by[(1, r_max)]["min_busy"], "target_busy": 0.8,
-        "ray_call_ms": report["ray_call"]["ms_per_call"], "target_ray_call_ms": 5.0,
-        "ray_call_ms_small_message": report["ray_call_small_message"]["ms_per_call"],
-        "real_models_same_predictions": (report.get("real_models") or {}).get("same_predictions")}
+        "balance": {f"R{b['rounds']}": {
+            "min_role_busy_whole_system": b["whole_system"]["min_role_busy"],
+            "min_role_busy_per_role_pools": b["per_role_pools"]["min_role_busy"], "target_min_busy_pools": 0.7,
+            "throughput_per_gpu_ratio": b["per_gpu_ratio"], "target_ratio": 1.8,
+            "ideal_ratio_for_these_costs": b["ideal_per_gpu_ratio"]} for b in report["balance"]},
+        "weak_efficiency": {n: weak_eff[n] for n in (4, 8) if n in weak_eff}, "target_weak_efficiency": 0.9,
+        "ray_call_ms": {d: {k: v["ms_per_call"] for k, v in calls[d].items()} for d in calls},
+        "ray_call_ratio_to_empty_at_1MiB": {d: calls[d]["1MiB"]["ratio_to_empty_call"] for d in calls},
+        "failed_series": sorted(report["errors"]),
+        "target_ray_call_ms_at_1MiB": 5.0,
+        "real_models_same_predictions": (report.get("real_models") or {}).get("same_predictions"),
+        "loadavg_1min_before_after": [load_before[0], report["machine"]["loadavg_1_5_15_after"][0]]}
     report["seconds"] = time.perf_counter() - t_start
     path = os.path.join(args.output_path, "bench_scale.json")
     with open(path, "w") as f:
         json.dump(report, f, indent=2)
-    plot(report, os.path.join(args.output_path, "bench_scale.png"))
+    if report["balance"] and report["weak"]:
+        plot(report, os.path.join(args.output_path, "bench_scale.png"))
     print(json.dumps(report["targets"], indent=2))
-    print(f"wrote {path} and bench_scale.png")
-    return 0
+    print(f"wrote {path}" + (" and bench_scale.png" if report["balance"] and report["weak"] else ""))
+    return 1 if report["errors"] else 0
 
 
 def main(argv=None) -> int:

@@ -42,8 +42,9 @@ class AgentSpec:
     """Model dtype: auto (bf16 on CUDA, fp32 on CPU), float32, bfloat16."""
     device: str = "auto"
     """auto picks CUDA when torch sees a GPU, else CPU."""
-    message_dtype: str = "float32"
-    """Dtype of latents sent to other agents (float32 or bfloat16)."""
+    message_dtype: str = "auto"
+    """Dtype of latents sent to other agents: auto (bf16 on CUDA, fp32 on CPU), float32/fp32 or
+    bfloat16/bf16 (half the bytes per message; receivers compute in their own dtype)."""
     tools: ToolLoopConfig | None = None
     """Deliberation toolcaller only: decode with the tool loop (keys are read where the agent runs)."""
     num_devices: int = 1
@@ -83,7 +84,7 @@ class AgentService:
                                role=spec.role, model_name=spec.model_name, system_prompt=spec.system_prompt)
             for edge, sd in outer_states.items():
                 self.agent.attach_outer_link(edge, outer_link_from_state_dict(sd, what=f"outer link {edge}"))
-        self.message_dtype = resolve_dtype(spec.message_dtype, torch.device("cpu"))
+        self.message_dtype = resolve_dtype(spec.message_dtype, self.agent.device)
         self.toolbox = None
         if spec.tools is not None:
             self.configure_tools(spec.tools)

@@ -19,6 +19,7 @@ GRADERS = ("strict", "reference")
 TRANSPORTS = ("object_store", "rdt:gloo", "rdt:nccl")
 DEVICES = ("auto", "cpu", "cuda")
 DTYPES = ("auto", "float32", "bfloat16", "float16", "fp32", "bf16", "fp16")
+MESSAGE_DTYPES = ("auto", "bf16", "fp32", "bfloat16", "float32")
 MODEL_PRESETS = ("tiny", "demo", "paper")
 PROTOCOLS = ("greedy", "reference")  # what each one sets: recmas_ray.eval.protocol
 
@@ -49,8 +50,10 @@ def check_role_models(flag: str, table: dict[str, str], style_name: str, *, extr
 class StreamConfig:
     """How the Ray backend streams batches through client actors (Ray Data)."""
 
-    num_clients: Annotated[int, Range(1, 1024)] = 2
-    """Client actors per system replica, i.e. batches in flight per replica, so agents overlap."""
+    num_clients: Annotated[int, Range(0, 1024)] = 0
+    """Client actors per system replica, i.e. batches in flight per replica, so agents overlap; 0 (auto):
+    two per agent actor of a replica, enough to keep every stage busy, capped by the object store's
+    memory for the batches' messages and by free CPUs (eval/stream.py `clients_per_replica`)."""
     client_cpus: Annotated[float, Range(0, 64)] = 0.25
     """Logical CPUs per client actor (fractions keep CPUs free for Ray Data's own tasks; no GPUs)."""
     client_max_restarts: Annotated[int, Range(-1, 10_000)] = -1
@@ -106,6 +109,9 @@ class EvalConfig:
     """Where agents run: auto (CUDA when present), cpu or cuda."""
     dtype: Annotated[str, OneOf(DTYPES)] = "auto"
     """Model dtype: auto (bf16 on CUDA, fp32 on CPU), float32, bfloat16 or float16."""
+    message_dtype: Annotated[str, OneOf(MESSAGE_DTYPES)] = "auto"
+    """Dtype of the latent messages between agents: auto (bf16 on CUDA, fp32 on CPU), bf16 (half the
+    bytes) or fp32; receivers compute in their own model dtype."""
     seed: Annotated[int, Range(0, 2**32 - 1)] = 42
     """Seed of fresh links and of sampling."""
     grader: Annotated[str, OneOf(GRADERS)] = "strict"
@@ -171,3 +177,6 @@ class EvalConfig:
         self.placement.check_transport(self.transport, style.roles, device=self.device)
         if self.backend == "local" and self.transport != "object_store":
             raise ValueError(f"--transport {self.transport} needs --backend ray")
+        from recmas_ray.distributed.placement import check_ablation_transport
+
+        check_ablation_transport(self.recursion.latent_ablation, self.transport)

@@ -229,3 +229,8 @@ class OuterTrainConfig(TrainConfig):
             raise ValueError("--eval_every needs --eval_dataset (held-out rows)")
         if self.eval_dataset:
             _check_dataset("--eval_dataset", self.eval_dataset)
+        if self.use_gpu and self.gpus_per_worker != 1:
+            # The role workers exchange activations over NCCL point to point: two ranks cannot share a
+            # GPU, and a worker uses only one device (the pipeline does not split a model over GPUs).
+            raise ValueError(f"--gpus_per_worker {self.gpus_per_worker:g}: the outer pipeline with --use_gpu needs "
+                             "exactly 1 GPU per role worker (NCCL ranks cannot share a GPU, and a worker uses one)")

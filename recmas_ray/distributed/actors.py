@@ -14,9 +14,12 @@ batch A's round-2 step whose inputs are still being computed. A crashed agent is
 from __future__ import annotations
 
 import collections
+import dataclasses
 import os
 import socket
 import time
+import uuid
+from typing import Any
 
 import ray
 
@@ -30,6 +33,46 @@ AGENT_EXIT_AFTER_ENV = "RECMAS_AGENT_EXIT_AFTER"
 CALL_LOG_SIZE = 100_000
 
 
+@dataclasses.dataclass
+class WireMessage:
+    """A latent message as it crosses the object store: the tensor's bytes as a numpy array.
+
+    Ray ships numpy arrays as out-of-band pickle-5 buffers: the producer writes the bytes once into
+    shared memory and a consumer on the same node maps them without a copy (a torch tensor is
+    pickled through its storage instead, with copies on both sides). numpy has no bfloat16, so bf16
+    travels as its int16 bit pattern with the dtype named beside it.
+    """
+
+    array: Any
+    dtype: str
+
+
+def to_wire(x):
+    """A CPU tensor -> WireMessage (a view, no copy); anything else (CUDA tensors for NCCL) unchanged."""
+    import torch
+
+    if not isinstance(x, torch.Tensor) or x.device.type != "cpu":
+        return x
+    x = x.detach().contiguous()
+    name = str(x.dtype).removeprefix("torch.")
+    return WireMessage((x.view(torch.int16) if x.dtype == torch.bfloat16 else x).numpy(), name)
+
+
+def from_wire(x):
+    """WireMessage -> tensor over the same memory (read-only when mapped from the object store; agents
+    only read latents, converting them to their own dtype); anything else unchanged."""
+    if not isinstance(x, WireMessage):
+        return x
+    import warnings
+
+    import torch
+
+    with warnings.catch_warnings():  # read-only shared memory: torch warns, we never write into it
+        warnings.simplefilter("ignore", UserWarning)
+        t = torch.from_numpy(x.array)
+    return t.view(torch.bfloat16) if x.dtype == "bfloat16" else t
+
+
 class _AgentActorImpl:
     """A GPU- (or CPU-) pinned agent holding its frozen model and links (wrapped by `ray.remote` below)."""
 
@@ -39,6 +82,8 @@ class _AgentActorImpl:
         if torch_threads > 0:
             torch.set_num_threads(torch_threads)
         self._log = collections.deque(maxlen=CALL_LOG_SIZE)
+        self._kept: dict = {}  # (key, edge) -> message, Ray Direct Transport only
+        self._dropped: set[str] = set()  # key prefixes of failed batches
         self._exit_after = None
         role, _, count = os.environ.get(AGENT_EXIT_AFTER_ENV, "").partition(":")
         if role == spec.role and count and not _reconstructed():
@@ -73,10 +118,14 @@ class _AgentActorImpl:
         return out
 
     def rollout(self, users, slot_names, num_steps, edges, *latents):
-        return self._logged("rollout", users, slot_names,
-                            lambda: self.service.rollout(users, slot_names, num_steps, edges, *latents))
+        """The service's rollout; messages leave as zero-copy `WireMessage`s, latents arrive as either."""
+        latents = [from_wire(x) for x in latents]
+        *msgs, stats = self._logged("rollout", users, slot_names,
+                                    lambda: self.service.rollout(users, slot_names, num_steps, edges, *latents))
+        return (*[to_wire(m) for m in msgs], stats)
 
     def decode(self, users, slot_names, cfg, *latents):
+        latents = [from_wire(x) for x in latents]
         return self._logged("decode", users, slot_names,
                             lambda: self.service.decode(users, slot_names, cfg, *latents))
 
@@ -86,14 +135,31 @@ class _AgentActorImpl:
         RDT methods have a single return value, so each edge's message is fetched by its own call;
         the tensor then moves point to point (gloo / NCCL) and never enters the object store.
         """
+        latents = [from_wire(x) for x in latents]
         *msgs, stats = self._logged("rollout", users, slot_names,
                                     lambda: self.service.rollout(users, slot_names, num_steps, edges, *latents))
-        self._kept = getattr(self, "_kept", {})
-        self._kept.update({(key, e): m for e, m in zip(edges, msgs)})
+        prefix = key.rsplit(":", 1)[0]
+        if prefix not in self._dropped:  # its batch failed while this call waited: keep nothing
+            self._kept.update({(key, e): m for e, m in zip(edges, msgs)})
         return stats
 
     def take_message(self, key, edge, _after=None):
         return self._kept.pop((key, edge))
+
+    def drop_messages(self, prefix: str) -> int:
+        """Free the kept messages of one batch (`prefix` of its keys) after it failed, and keep none
+        that its still-running calls produce later; returns how many were freed."""
+        self._dropped.add(prefix)
+        if len(self._dropped) > CALL_LOG_SIZE:  # bounded: forget the oldest half
+            self._dropped = set(list(self._dropped)[CALL_LOG_SIZE // 2:])
+        gone = [k for k in self._kept if k[0].rsplit(":", 1)[0] == prefix]
+        for k in gone:
+            del self._kept[k]
+        return len(gone)
+
+    def num_kept(self) -> int:
+        """Messages held for Ray Direct Transport, not yet taken (0 when no batch is in flight)."""
+        return len(self._kept)
 
     def retry_format(self, texts, suffixes, num_tokens, *, cfg):
         """The answer-format retry on this agent (see `AgentService.retry_format`)."""
@@ -101,7 +167,7 @@ class _AgentActorImpl:
 
     def score(self, users, slot_names, targets, *latents):
         """Mean NLL of target texts after the prompts (see `AgentService.score`)."""
-        return self.service.score(users, slot_names, targets, *latents)
+        return self.service.score(users, slot_names, targets, *[from_wire(x) for x in latents])
 
     def set_links(self, *links):
         """Swap this agent's links without reloading its model (see `AgentService.set_links`)."""
@@ -127,11 +193,16 @@ class RayPool:
     def __init__(self, handles: dict, *, timeout_s: float = 600.0, context: str = "", transport: str = "object_store"):
         self.handles, self.timeout_s, self.context, self.transport = handles, timeout_s, context, transport
         self._num_calls = 0
+        # Keys of kept RDT messages: unique per pool (one pool per batch), whatever batch id the caller
+        # gave, so concurrent batches without one (the Python API, serving) never collide.
+        self.key_prefix = uuid.uuid4().hex
+        self._holders: set[str] = set()
 
     def rollout(self, role, users, slot_names, num_steps, edges, latents):
         if self.transport != "object_store":
             self._num_calls += 1
-            key = f"{self.context}:{self._num_calls}"
+            key = f"{self.key_prefix}:{self._num_calls}"
+            self._holders.add(role)
             stats = self.handles[role].rollout_keep.remote(key, users, slot_names, num_steps, tuple(edges), *latents)
             backend = self.transport.split(":")[1]
             take = self.handles[role].take_message.options(tensor_transport=backend)
@@ -143,9 +214,17 @@ class RayPool:
     def decode(self, role, users, slot_names, cfg, latents):
         return self.handles[role].decode.remote(users, slot_names, cfg, *latents)
 
+    def release_kept(self) -> None:
+        """After a failed batch: every agent that kept RDT messages for it frees them (fire and forget)."""
+        for role in self._holders:
+            try:
+                self.handles[role].drop_messages.remote(self.key_prefix)
+            except Exception:  # noqa: BLE001 - a dead agent holds nothing
+                pass
+
     def get(self, handle, *, what):
         try:
-            return ray.get(handle, timeout=self.timeout_s)
+            return from_wire(ray.get(handle, timeout=self.timeout_s))
         except ray.exceptions.GetTimeoutError as e:
             raise RuntimeError(f"{what}{self.context}: no answer within {self.timeout_s:g}s") from e
         except ray.exceptions.RayActorError as e:

@@ -21,6 +21,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import logging
 import os
@@ -31,7 +32,8 @@ import ray
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
 from recmas_ray.distributed.actors import AGENT_EXIT_AFTER_ENV, TRANSPORTS, AgentActor, RayPool, RDTAgentActor
-from recmas_ray.distributed.placement import (ORCHESTRATOR_CPUS, PlacementConfig, PlacementPlan, check_resources,
+from recmas_ray.distributed.placement import (ORCHESTRATOR_CPUS, PlacementConfig, PlacementPlan, check_ablation_transport,
+                                              check_resources,
                                               create_placement, detect_autoscaling, gpu_count, plan_placement,
                                               replicas_that_fit)
 from recmas_ray.config.recursion import RecursionConfig
@@ -48,22 +50,39 @@ AGENT_ENV = {"TOKENIZERS_PARALLELISM": "false", "HF_HUB_DISABLE_PROGRESS_BARS": 
 class Orchestrator:
     """Runs batches through the recursion against agent actor handles (one per replica)."""
 
-    def __init__(self, style: StyleSpec, handles: dict, timeout_s: float, transport: str = "object_store"):
+    def __init__(self, style: StyleSpec, copies: dict, timeout_s: float, transport: str = "object_store"):
+        from recmas_ray.distributed.pools import CopyRouter
+
         self.style = style  # the plan's style object: it carries the run's prompt set
-        self.handles, self.timeout_s, self.transport = handles, timeout_s, transport
+        self.timeout_s, self.transport = timeout_s, transport
+        # role -> list of actor copies (a per-role pool; one each without --role_replicas)
+        self.copies = CopyRouter({r: list(h) if isinstance(h, (list, tuple)) else [h] for r, h in copies.items()})
         if transport != "object_store":
             # RDT checks the transport in the calling process, so the orchestrator creates the group.
             from ray.experimental.collective import create_collective_group
 
-            create_collective_group(list(handles.values()), backend="torch_gloo" if transport == "rdt:gloo" else "nccl")
+            actors = [h for hs in self.copies.copies.values() for h in hs]
+            create_collective_group(actors, backend="torch_gloo" if transport == "rdt:gloo" else "nccl")
 
     def ready(self) -> bool:
         return True
 
     def solve(self, questions: list[str], tasks: list[str], cfg: RecursionConfig, batch_id: str = ""):
-        pool = RayPool(self.handles, timeout_s=self.timeout_s, context=f", batch {batch_id}" if batch_id else "",
-                       transport=self.transport)
-        return run_batch(pool, self.style, questions, tasks, cfg)
+        check_ablation_transport(cfg.latent_ablation, self.transport)  # Python callers skip EvalConfig
+        chosen = self.copies.acquire()  # one copy per role, kept for every step of this batch
+        pool = RayPool(self.copies.handles(chosen), timeout_s=self.timeout_s,
+                       context=f", batch {batch_id}" if batch_id else "", transport=self.transport)
+        try:
+            return run_batch(pool, self.style, questions, tasks, cfg)
+        except BaseException:
+            pool.release_kept()  # RDT: the failed batch's messages would stay in the agents otherwise
+            raise
+        finally:
+            self.copies.release(chosen)
+
+    def copy_stats(self) -> dict:
+        """Per role and copy: batches in flight now and batches served."""
+        return self.copies.stats()
 
 
 @ray.remote(num_cpus=0, max_concurrency=64)
@@ -101,6 +120,8 @@ class RaySystem:
     infos: dict
     timeout_s: float
     replica: int = 0
+    copies: dict = field(default_factory=dict)
+    """role -> every actor copy of the role (`handles[role]` is the first)."""
     arg_refs: list = field(default_factory=list)
     """Object-store copies of the agents' constructor arguments, kept so a restarted agent can
     rebuild itself (Ray frees creation arguments otherwise, ray#53727)."""
@@ -111,14 +132,19 @@ class RaySystem:
 
     def call_logs(self, clear: bool = False) -> dict[str, list[dict]]:
         """Each agent's own call log (method, first prompt, slots, start and end times)."""
-        roles = list(self.handles)
-        logs = ray.get([self.handles[r].call_log.remote(clear) for r in roles], timeout=self.timeout_s)
-        return dict(zip(roles, logs))
+        actors = self.actors()
+        logs = ray.get([h.call_log.remote(clear) for h in actors.values()], timeout=self.timeout_s)
+        return dict(zip(actors, logs))
+
+    def actors(self) -> dict:
+        """Every agent actor by name: the role for its first copy, ROLE#K for copy K > 0."""
+        copies = self.copies or {r: [h] for r, h in self.handles.items()}
+        return {(r if k == 0 else f"{r}#{k}"): h for r, hs in copies.items() for k, h in enumerate(hs)}
 
     def shutdown(self) -> None:
         from ray.util.placement_group import remove_placement_group
 
-        for h in [*self.handles.values(), self.orchestrator]:
+        for h in [*self.handles.values(), *(h for hs in self.copies.values() for h in hs), self.orchestrator]:
             try:
                 if h is not None:
                     ray.kill(h, no_restart=True)
@@ -194,7 +220,7 @@ def actor_options(transport: str, max_restarts: int, *, out_of_order: bool = Tru
 def build_ray_system(plan: SystemPlan, placement: PlacementConfig, *, timeout_s: float = 600.0,
                      torch_threads: int = 0, transport: str = "object_store", replica: int = 0,
                      num_replicas: int = 1, autoscaling: bool | None = None, out_of_order: bool = True,
-                     extra_env: dict | None = None) -> RaySystem:
+                     extra_env: dict | None = None, copies: dict[str, int] | None = None) -> RaySystem:
     """Create one replica: its placement group, one actor per role, await `ready()`, then the orchestrator.
 
     `transport` moves latents through the object store (default) or by Ray Direct Transport
@@ -203,13 +229,13 @@ def build_ray_system(plan: SystemPlan, placement: PlacementConfig, *, timeout_s:
     """
     system = start_system(plan, placement, timeout_s=timeout_s, torch_threads=torch_threads, transport=transport,
                           replica=replica, num_replicas=num_replicas, autoscaling=autoscaling,
-                          out_of_order=out_of_order, extra_env=extra_env)
+                          out_of_order=out_of_order, extra_env=extra_env, copies=copies)
     return await_system(system, placement, transport=transport)
 
 
 def start_system(plan: SystemPlan, placement: PlacementConfig, *, timeout_s: float, torch_threads: int,
                  transport: str, replica: int, num_replicas: int, autoscaling: bool | None, out_of_order: bool,
-                 extra_env: dict | None) -> RaySystem:
+                 extra_env: dict | None, copies: dict[str, int] | None = None) -> RaySystem:
     """First half of `build_ray_system`: placement group and agent actors, not yet awaited (so the
     agents of several replicas load their models at the same time)."""
     if transport not in TRANSPORTS:
@@ -219,7 +245,7 @@ def start_system(plan: SystemPlan, placement: PlacementConfig, *, timeout_s: flo
     placement.check_transport(transport, roles)
     if transport == "rdt:nccl":
         _require_cupy()
-    pplan = plan_placement(placement, roles)
+    pplan = plan_placement(placement, roles, copies)
     scaling = detect_autoscaling() if autoscaling is None else autoscaling
     pg = create_placement(pplan, preset=placement.preset, timeout_s=placement.ready_timeout_s, autoscaling=scaling,
                           placement_timeout_s=placement.placement_timeout_s, num_replicas=num_replicas,
@@ -234,17 +260,19 @@ def start_system(plan: SystemPlan, placement: PlacementConfig, *, timeout_s: flo
     system = RaySystem(plan, {}, None, pg, {}, timeout_s, replica)
     try:
         for role in roles:
-            strategy = PlacementGroupSchedulingStrategy(placement_group=pg,
-                                                        placement_group_bundle_index=pplan.bundle_of[role])
             spec, inner, outer = plan.service_args(role)
             spec = dataclasses.replace(spec, num_devices=gpu_count(pplan.gpus[role]),
                                        keep_messages_on_device=transport == "rdt:nccl")
             inner, outer = ray.put(inner), ray.put(outer)
             system.arg_refs += [inner, outer]
-            system.handles[role] = actor_cls.options(
-                num_cpus=pplan.cpus[role], num_gpus=pplan.gpus[role], scheduling_strategy=strategy,
-                runtime_env={"env_vars": env}, name=None, **opts,
-            ).remote(spec, inner, outer, torch_threads)
+            system.copies[role] = []
+            for bundle in pplan.copy_bundles[role]:
+                strategy = PlacementGroupSchedulingStrategy(placement_group=pg, placement_group_bundle_index=bundle)
+                system.copies[role].append(actor_cls.options(
+                    num_cpus=pplan.cpus[role], num_gpus=pplan.gpus[role], scheduling_strategy=strategy,
+                    runtime_env={"env_vars": env}, name=None, **opts,
+                ).remote(spec, inner, outer, torch_threads))
+            system.handles[role] = system.copies[role][0]
     except BaseException:
         system.shutdown()
         raise
@@ -255,19 +283,20 @@ def await_system(system: RaySystem, placement: PlacementConfig, *, transport: st
     """Second half of `build_ray_system`: every agent's `ready()` (with the timeout), then the orchestrator."""
     plan, replica = system.plan, system.replica
     try:
-        refs = {role: h.ready.remote() for role, h in system.handles.items()}
+        refs = {name: h.ready.remote() for name, h in system.actors().items()}
         ray.wait(list(refs.values()), num_returns=len(refs), timeout=placement.ready_timeout_s)
         for role, ref in refs.items():
             try:
                 system.infos[role] = ray.get(ref, timeout=1.0)
             except Exception as e:
-                raise RuntimeError(f"agent {role} ({plan.role_models[role]}) of replica {replica} failed to start "
+                model = plan.role_models[role.split("#")[0]]
+                raise RuntimeError(f"agent {role} ({model}) of replica {replica} failed to start "
                                    f"within {placement.ready_timeout_s:g}s: {e}") from e
             log.info("agent ready (replica %d): %s", replica, system.infos[role])
         # The orchestrator sits in no bundle: it may land on any node with a free CPU.
         restarts = actor_options(transport, placement.agent_max_restarts)["max_restarts"]
         system.orchestrator = Orchestrator.options(max_restarts=restarts).remote(
-            plan.style, system.handles, system.timeout_s, transport)
+            plan.style, system.copies or system.handles, system.timeout_s, transport)
         if not ray.wait([system.orchestrator.ready.remote()], timeout=placement.ready_timeout_s)[0]:
             raise RuntimeError(f"orchestrator actor of replica {replica} ({ORCHESTRATOR_CPUS:g} CPU) not scheduled "
                                f"after {placement.ready_timeout_s:g}s; available resources: {ray.available_resources()}")
@@ -282,7 +311,9 @@ def resolve_num_replicas(placement: PlacementConfig, pplan: PlacementPlan, *, cl
     each with `client_cpus` for its evaluation clients and one CPU left for Ray Data's reads."""
     if placement.num_replicas > 0:
         return placement.num_replicas
-    n = replicas_that_fit(pplan, _free_per_node(), extra_cpus_per_replica=client_cpus, reserve_cpus=1.0)
+    totals = [nd["Resources"] for nd in ray.nodes() if nd.get("Alive")]
+    n = replicas_that_fit(pplan, _free_per_node(), extra_cpus_per_replica=client_cpus, reserve_cpus=1.0,
+                          node_totals=totals)
     if n < 1:  # let the resource check name the shortfall
         return 1
     log.info("num_replicas auto: %d replicas fit the cluster", n)
@@ -295,9 +326,23 @@ def _free_per_node() -> list[dict]:
     return [{k: v for k, v in res.items() if k in ("CPU", "GPU")} for res in available_resources_per_node().values()]
 
 
+def role_copies(plan: SystemPlan, placement: PlacementConfig, recursion: RecursionConfig | None = None) -> dict:
+    """Actor copies per role: `--role_replicas`, the rest sized from costs with `--auto_role_replicas`
+    (`recursion`: the run's R, m and decode budget; defaults otherwise)."""
+    from recmas_ray.distributed.pools import resolve_copies, role_costs
+
+    costs = None
+    if placement.auto_role_replicas:
+        rc = recursion or RecursionConfig()
+        costs = role_costs(plan.style, plan.role_models, rc.num_recursive_rounds, rc.latent_steps,
+                           rc.decode.max_new_tokens, decode_every_round=rc.decode_every_round)
+    return resolve_copies(placement.role_replicas, placement.auto_role_replicas, plan.style.roles, costs)
+
+
 def build_replicas(plan: SystemPlan, placement: PlacementConfig, *, timeout_s: float = 600.0,
                    torch_threads: int = 0, transport: str = "object_store", client_cpus: float = 0.0,
-                   out_of_order: bool = True, extra_env: dict | None = None) -> RayReplicas:
+                   out_of_order: bool = True, extra_env: dict | None = None,
+                   recursion: RecursionConfig | None = None) -> RayReplicas:
     """`placement.num_replicas` independent systems (0: as many as fit) and their router.
 
     On a cluster that cannot grow, the whole request is checked before any actor starts, so a
@@ -305,7 +350,8 @@ def build_replicas(plan: SystemPlan, placement: PlacementConfig, *, timeout_s: f
     when counting how many replicas fit (auto).
     """
     roles = list(plan.style.roles)
-    pplan = plan_placement(placement, roles)
+    copies = role_copies(plan, placement, recursion)
+    pplan = plan_placement(placement, roles, copies)
     n = resolve_num_replicas(placement, pplan, client_cpus=client_cpus)
     scaling = detect_autoscaling() if placement.autoscaling is None else placement.autoscaling
     if not scaling:
@@ -316,7 +362,7 @@ def build_replicas(plan: SystemPlan, placement: PlacementConfig, *, timeout_s: f
         for i in range(n):  # every replica's agents load their models at once, then all are awaited
             systems.append(start_system(plan, placement, timeout_s=timeout_s, torch_threads=torch_threads,
                                         transport=transport, replica=i, num_replicas=1, autoscaling=scaling,
-                                        out_of_order=out_of_order, extra_env=extra_env))
+                                        out_of_order=out_of_order, extra_env=extra_env, copies=copies))
         for system in systems:
             await_system(system, placement, transport=transport)
         router = Router.remote(n)
@@ -324,7 +370,8 @@ def build_replicas(plan: SystemPlan, placement: PlacementConfig, *, timeout_s: f
         for s in systems:
             s.shutdown()
         raise
-    return RayReplicas(plan, systems, router, timeout_s, placement={"num_replicas": n, "autoscaling": scaling})
+    return RayReplicas(plan, systems, router, timeout_s,
+                       placement={"num_replicas": n, "autoscaling": scaling, "role_copies": copies})
 
 
 def as_replicas(system) -> RayReplicas:
@@ -340,6 +387,37 @@ def _require_cupy() -> None:
     if importlib.util.find_spec("cupy") is None:
         raise ValueError("--transport rdt:nccl needs cupy (pip install 'ray[cgraph]' or cupy-cuda12x) on every "
                          "node; use --transport object_store")
+
+
+@contextlib.contextmanager
+def loopback_only():
+    """Inside: Ray nodes started in this process (`ray.cluster_utils.Cluster`, given
+    `node_ip_address="127.0.0.1"`) and the driver joining them keep 127.0.0.1 instead of the machine's
+    routable address (see `init_local_ray`: Ray resolves loopback away while multi-node is on)."""
+    from ray._private import ray_constants
+
+    saved = ray_constants.ENABLE_RAY_CLUSTER
+    ray_constants.ENABLE_RAY_CLUSTER = False
+    try:
+        yield
+    finally:
+        ray_constants.ENABLE_RAY_CLUSTER = saved
+
+
+def check_reachable(address: str, *, timeout_s: float = 10.0) -> None:
+    """Fail within `timeout_s` with one line when a HOST:PORT cluster address does not answer
+    (`ray.init` keeps retrying a dead address for minutes); other forms (auto, ray://) pass through.
+    ValueError: the address is the user's input, refused before anything runs."""
+    import socket
+
+    host, sep, port = address.rpartition(":")
+    if not sep or not port.isdigit() or "://" in address or not host:
+        return
+    try:
+        socket.create_connection((host.strip("[]"), int(port)), timeout=timeout_s).close()
+    except OSError as e:
+        raise ValueError(f"--address {address}: no Ray cluster answers there within {timeout_s:g}s "
+                         f"({e.strerror or e}); start one (ray start --head) or pass a live address") from None
 
 
 def init_ray(address: str | None = None, **kwargs) -> None:

@@ -45,6 +45,12 @@ class PlacementConfig:
     """Per-role logical CPU override."""
     cpus_per_agent: Annotated[float, Range(0, 1024)] = 0.25
     """Logical CPUs per agent actor (fractions leave room for Ray Data read tasks)."""
+    role_replicas: Annotated[dict[str, int], Range(1, 64)] = field(default_factory=dict)
+    """Actor copies of a role inside each replica (a per-role pool), e.g. {"solver": 3}: each batch's
+    steps for that role go to its least-loaded copy, and stay there (distributed/pools.py)."""
+    auto_role_replicas: bool = False
+    """Size every role's pool (not named in role_replicas) from its cost per batch, parameters x
+    tokens (sim: agents: their configured times), the cheapest role one copy."""
     num_replicas: Annotated[int, Range(0, 1024)] = 1
     """Independent copies of the system (own placement group and orchestrator each); batches go to
     whichever replica is free. 0 = auto: as many as the cluster's resources hold now."""
@@ -73,7 +79,8 @@ class PlacementConfig:
     def check_roles(self, roles) -> None:
         """Per-role overrides must name roles of the style."""
         self.validate()
-        for name, table in (("role_gpus", self.role_gpus), ("role_cpus", self.role_cpus)):
+        for name, table in (("role_gpus", self.role_gpus), ("role_cpus", self.role_cpus),
+                            ("role_replicas", self.role_replicas)):
             bad = [r for r in table if r not in roles]
             if bad:
                 raise ValueError(f"--{name} names {bad}, not roles of this style {list(roles)}")
@@ -102,6 +109,15 @@ class PlacementConfig:
                              "on one GPU); use --transport object_store")
 
 
+def check_ablation_transport(latent_ablation: str, transport: str) -> None:
+    """Refuse `--latent_ablation` with Ray Direct Transport (before any model loads): the ablation
+    rewrites received latents in the orchestrator, which can read object-store messages but not RDT
+    ones (they live in the producing agent and move only agent to agent)."""
+    if latent_ablation != "none" and transport != "object_store":
+        raise ValueError(f"--latent_ablation {latent_ablation} needs --transport object_store (the orchestrator "
+                         f"rewrites the latents, and --transport {transport} keeps them inside the agents)")
+
+
 @dataclass
 class PlacementPlan:
     """Bundles of one replica's placement group and, per role, its bundle index and actor resources."""
@@ -109,30 +125,42 @@ class PlacementPlan:
     strategy: str
     bundles: list[dict[str, float]]
     bundle_of: dict[str, int]
+    """Bundle of each role's first copy."""
     gpus: dict[str, float]
     cpus: dict[str, float]
+    copy_bundles: dict[str, list[int]] = field(default_factory=dict)
+    """Bundle of every copy of each role (one per copy; all 0 for colocated)."""
 
 
-def plan_placement(cfg: PlacementConfig, roles) -> PlacementPlan:
-    """Translate a preset and overrides into bundles and per-actor resources (pure, no Ray calls)."""
+def plan_placement(cfg: PlacementConfig, roles, copies: dict[str, int] | None = None) -> PlacementPlan:
+    """Translate a preset and overrides into bundles and per-actor resources (pure, no Ray calls).
+
+    `copies`: actor copies per role (per-role pools, default one each); every copy has its own
+    bundle, with the role's resources.
+    """
     if cfg.preset not in PRESETS:
         raise ValueError(f"unknown placement preset {cfg.preset!r}; expected one of {PRESETS}")
     cfg.check_roles(roles)
     roles = list(roles)
+    copies = {r: int((copies or {}).get(r, 1)) for r in roles}
+    num_actors = sum(copies.values())
     cpus = {r: cfg.role_cpus.get(r, cfg.cpus_per_agent) for r in roles}
     if cfg.preset == "cpu":
         gpus = {r: 0.0 for r in roles}
     elif cfg.preset == "colocated":
-        gpus = {r: cfg.role_gpus.get(r, 1.0 / len(roles)) for r in roles}
+        gpus = {r: cfg.role_gpus.get(r, 1.0 / num_actors) for r in roles}
     else:
         gpus = {r: cfg.role_gpus.get(r, 1.0) for r in roles}
     if cfg.preset == "colocated":
-        total_gpu = sum(gpus.values())
-        bundle = {"CPU": sum(cpus.values()), "GPU": float(max(1, round(total_gpu + 0.499)))}
-        return PlacementPlan("PACK", [bundle], {r: 0 for r in roles}, gpus, cpus)
-    bundles = [{k: v for k, v in (("CPU", cpus[r]), ("GPU", gpus[r])) if v > 0} for r in roles]
+        total_gpu = sum(gpus[r] * copies[r] for r in roles)
+        bundle = {"CPU": sum(cpus[r] * copies[r] for r in roles), "GPU": float(max(1, round(total_gpu + 0.499)))}
+        return PlacementPlan("PACK", [bundle], {r: 0 for r in roles}, gpus, cpus, {r: [0] * copies[r] for r in roles})
+    bundles, copy_bundles = [], {}
+    for r in roles:
+        copy_bundles[r] = list(range(len(bundles), len(bundles) + copies[r]))
+        bundles += [{k: v for k, v in (("CPU", cpus[r]), ("GPU", gpus[r])) if v > 0} for _ in range(copies[r])]
     strategy = "SPREAD" if cfg.preset == "spread" else "PACK"
-    return PlacementPlan(strategy, bundles, {r: i for i, r in enumerate(roles)}, gpus, cpus)
+    return PlacementPlan(strategy, bundles, {r: b[0] for r, b in copy_bundles.items()}, gpus, cpus, copy_bundles)
 
 
 def fits_one_node(plan: PlacementPlan, node_totals: list[dict]) -> bool:
@@ -150,48 +178,72 @@ def replica_strategy(plan: PlacementPlan, node_totals: list[dict]) -> str:
 
 
 def replicas_that_fit(plan: PlacementPlan, node_free: list[dict], *, extra_cpus_per_replica: float = 0.0,
-                      reserve_cpus: float = 0.0) -> int:
+                      reserve_cpus: float = 0.0, node_totals: list[dict] | None = None) -> int:
     """How many replicas (bundles + one orchestrator CPU + `extra_cpus_per_replica` for its
     clients each) fit into the nodes' free resources, with `reserve_cpus` left for Ray Data reads.
 
-    Greedy first-fit per replica, each replica on one node when it fits there (as created), else
-    bundle by bundle. Pure: tested without Ray.
+    Counted the way they are created: a replica whose strategy is STRICT_PACK (it fits one node of
+    `node_totals`, default `node_free`; see `replica_strategy`) needs all its bundles on one node;
+    otherwise bundle by bundle (first fit). The orchestrator and the clients sit in no bundle, so
+    they may take CPUs on any node. Pure: tested without Ray.
     """
     free = [dict(n) for n in node_free]
     if free and reserve_cpus:
         biggest = max(free, key=lambda n: n.get("CPU", 0.0))
         biggest["CPU"] = biggest.get("CPU", 0.0) - reserve_cpus
-    items = [*plan.bundles, {"CPU": ORCHESTRATOR_CPUS}] + ([{"CPU": extra_cpus_per_replica}]
-                                                           if extra_cpus_per_replica > 0 else [])
+    strict = replica_strategy(plan, node_totals if node_totals is not None else node_free) == "STRICT_PACK"
+    loose = [{"CPU": ORCHESTRATOR_CPUS}] + ([{"CPU": extra_cpus_per_replica}] if extra_cpus_per_replica > 0 else [])
     count = 0
     while count < 1024:
         trial = [dict(n) for n in free]
-        if not _place_all(items, trial):
+        placed = _place_together(plan.bundles, trial) if strict else _place_each(plan.bundles, trial)
+        if not placed or not _place_each(loose, trial, whole_first=True):
             return count
         free, count = trial, count + 1
     return count
 
 
-def _place_all(items: list[dict], free: list[dict]) -> bool:
-    def fits(node, b):
-        return all(node.get(k, 0.0) + 1e-9 >= v for k, v in b.items())
+def _fits(node: dict, need: dict) -> bool:
+    return all(node.get(k, 0.0) + 1e-9 >= v for k, v in need.items())
 
+
+def _take(node: dict, need: dict) -> None:
+    for k, v in need.items():
+        node[k] = node.get(k, 0.0) - v
+
+
+def _sum(items: list[dict]) -> dict:
     total: dict[str, float] = {}
     for b in items:
         for k, v in b.items():
             total[k] = total.get(k, 0.0) + v
-    for node in free:  # the whole replica on one node first
-        if fits(node, total):
-            for k, v in total.items():
-                node[k] = node.get(k, 0.0) - v
-            return True
+    return total
+
+
+def _place_together(items: list[dict], free: list[dict]) -> bool:
+    """All of `items` on one node (STRICT_PACK), first fit; False when no node holds them."""
+    total = _sum(items)
+    node = next((n for n in free if _fits(n, total)), None)
+    if node is None:
+        return False
+    _take(node, total)
+    return True
+
+
+def _place_each(items: list[dict], free: list[dict], *, whole_first: bool = True) -> bool:
+    """`items` on one node when one holds them all, else each on the first node it fits."""
+    if whole_first and _place_together(items, free):
+        return True
     for b in items:
-        node = next((n for n in free if fits(n, b)), None)
+        node = next((n for n in free if _fits(n, b)), None)
         if node is None:
             return False
-        for k, v in b.items():
-            node[k] = node.get(k, 0.0) - v
+        _take(node, b)
     return True
+
+
+def _times(n: int) -> str:
+    return f"{n} copies x " if n > 1 else ""
 
 
 def check_resources(plan: PlacementPlan, cluster_total: dict, node_totals: list[dict], *, preset: str,
@@ -202,7 +254,8 @@ def check_resources(plan: PlacementPlan, cluster_total: dict, node_totals: list[
         need = num_replicas * sum(b.get(res, 0.0) for b in plan.bundles)
         have = cluster_total.get(res, 0.0)
         if need > have + 1e-9:
-            per_role = ", ".join(f"{r} {(plan.gpus if res == 'GPU' else plan.cpus)[r]:g}" for r in plan.bundle_of)
+            per_role = ", ".join(f"{r} {_times(len(plan.copy_bundles.get(r, [0])))}"
+                                 f"{(plan.gpus if res == 'GPU' else plan.cpus)[r]:g}" for r in plan.bundle_of)
             times = f"{num_replicas} replicas x " if num_replicas > 1 else ""
             missing.append(f"{res}: needs {need:g} ({times}{per_role}), cluster has {have:g}")
     for i, bundle in enumerate(plan.bundles):

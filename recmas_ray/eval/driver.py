@@ -141,7 +141,8 @@ def done_keys(samples_file: Path) -> set[str]:
 
 
 def start_agents(plan, *, backend: str = "ray", placement=None, timeout_s: float = 900.0, torch_threads: int = 0,
-                 transport: str = "object_store", num_replicas: int | None = None, client_cpus: float = 0.0):
+                 transport: str = "object_store", num_replicas: int | None = None, client_cpus: float = 0.0,
+                 recursion=None):
     """The agents of `plan`: a `LocalPool` in this process (backend "local", no Ray) or running `RayReplicas`
     (`placement.num_replicas` copies of the system, or `num_replicas` when given; 0: as many as fit)."""
     from recmas_ray.distributed.placement import PlacementConfig
@@ -161,7 +162,7 @@ def start_agents(plan, *, backend: str = "ray", placement=None, timeout_s: float
 
     init_ray()
     return build_replicas(plan, placement, timeout_s=timeout_s, torch_threads=torch_threads, transport=transport,
-                          client_cpus=client_cpus)
+                          client_cpus=client_cpus, recursion=recursion)
 
 
 def run_warnings(cfg: EvalConfig, plan) -> list[str]:
@@ -194,9 +195,12 @@ class Backend:
                                  f"this run's {plan.manifest()} (backend {cfg.backend})")
             self.system = system
         else:
+            from recmas_ray.eval.stream import planned_clients
+
             agents = start_agents(plan, backend=cfg.backend, placement=cfg.placement, timeout_s=cfg.timeout_s,
                                   torch_threads=cfg.torch_threads, transport=cfg.transport,
-                                  client_cpus=cfg.stream.num_clients * cfg.stream.client_cpus)
+                                  client_cpus=planned_clients(cfg.stream, len(plan.style.roles)) * cfg.stream.client_cpus,
+                                  recursion=cfg.recursion)
             self.pool, self.system = (agents, None) if cfg.backend == "local" else (None, agents)
 
     def stream(self, batches, method):
@@ -245,7 +249,7 @@ def evaluate(cfg: EvalConfig, *, progress: bool = True, system=None) -> dict:
                            json_field=cfg.dataset_json_field)
     task = items[0]["task_type"] if items[0]["task_type"] in ("math", "code") else "math"
     plan = plan_system(cfg.style, preset=cfg.preset, ckpt_overrides=resolve_overrides(cfg.ckpt_override),
-                       seed=cfg.seed, dtype=cfg.dtype, device=cfg.device, task=task,
+                       seed=cfg.seed, dtype=cfg.dtype, device=cfg.device, task=task, message_dtype=cfg.message_dtype,
                        tools=cfg.tool_loop(), prompt_set=cfg.prompt_set, role_model_overrides=cfg.models,
                        allow_base_model_mismatch=cfg.allow_base_model_mismatch)
     for warning in run_warnings(cfg, plan):

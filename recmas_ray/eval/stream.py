@@ -229,12 +229,46 @@ class EvalClient:
         return {"record": out}
 
 
+CLIENTS_PER_ACTOR = 2
+"""Auto depth: batches in flight per agent actor. Measured on simulated agents (issue 23): busy 0.31 /
+0.56 / 0.75 / 0.89 at 1 / 2 / 3 / 8 batches for 3 stages; about two per stage keeps each one fed
+while a batch waits on its upstream step."""
+STORE_SHARE = 0.25
+"""Share of the object store the in-flight batches' messages may fill (the rest: Ray Data, results)."""
+
+
+def planned_clients(cfg: StreamConfig, num_actors: int) -> int:
+    """Clients per replica before the system exists (for counting its CPUs): `num_clients`, or auto."""
+    return cfg.num_clients or CLIENTS_PER_ACTOR * max(1, num_actors)
+
+
+def clients_per_replica(cfg: StreamConfig, num_actors: int, *, message_bytes_per_batch: int = 0,
+                        store_bytes: float = 0.0, free_cpus: float = 0.0, num_replicas: int = 1) -> int:
+    """Batches in flight per replica: `num_clients`, or with 0 (auto) `CLIENTS_PER_ACTOR` per agent actor,
+    capped so that the batches' messages fit `STORE_SHARE` of the object store and the clients' CPUs fit
+    `free_cpus` (0: no cap), at least 1."""
+    if cfg.num_clients:
+        return cfg.num_clients
+    n = planned_clients(cfg, num_actors)
+    if message_bytes_per_batch > 0 and store_bytes > 0:
+        n = min(n, int(STORE_SHARE * store_bytes / (message_bytes_per_batch * num_replicas)))
+    if free_cpus > 0 and cfg.client_cpus > 0:
+        n = min(n, int(free_cpus / (cfg.client_cpus * num_replicas)))
+    return max(1, n)
+
+
+def message_bytes(plan, recursion: RecursionConfig, batch_size: int) -> int:
+    """Bytes of the latent messages one batch has alive at once (every edge's latest, fp32 worst case)."""
+    width = max(plan.hidden_sizes.values()) if plan.hidden_sizes else 0
+    return len(plan.style.edges) * batch_size * recursion.latent_steps * width * 4
+
+
 def stream_samples(system, batches: list[tuple[list[dict], int]], method: str, recursion: RecursionConfig,
                    grader: str, format_retry: bool, cfg: StreamConfig, *, timeout_s: float,
                    max_batch_retries: int = 2) -> Iterator[dict]:
     """Yield graded sample records as client actors finish their batches (arrival order).
 
-    `system`: a RaySystem or RayReplicas; `cfg.num_clients` clients per replica keep batches in flight.
+    `system`: a RaySystem or RayReplicas; `clients_per_replica` clients per replica keep batches in flight.
     """
     import ray
 
@@ -248,7 +282,14 @@ def stream_samples(system, batches: list[tuple[list[dict], int]], method: str, r
     ctx = ray.data.DataContext.get_current()
     ctx.enable_progress_bars = False  # the driver shows its own bar (samples, accuracy, samples/s)
     exit_after = os.environ.get(EXIT_AFTER_ENV)
-    pool_size = min(cfg.num_clients * replicas.num_replicas, len(rows))
+    system0 = replicas.systems[0]
+    num_actors = len(system0.actors()) if hasattr(system0, "actors") else len(system0.handles)
+    clients = clients_per_replica(cfg, num_actors, num_replicas=replicas.num_replicas,
+                                  message_bytes_per_batch=message_bytes(replicas.plan, recursion,
+                                                                        max(len(b) for b, _ in batches)),
+                                  store_bytes=ray.cluster_resources().get("object_store_memory", 0.0),
+                                  free_cpus=ray.available_resources().get("CPU", 0.0))
+    pool_size = min(clients * replicas.num_replicas, len(rows))
     ds = ray.data.from_items(rows, override_num_blocks=len(rows))
     # 2.60 has no named parameter for restarts: only a non-default limit goes through the generic
     # remote args (deprecated for 2.64, so the warning is silenced where we must use them).

@@ -74,7 +74,10 @@ def output_device(model) -> torch.device:
 
 def device_map_for(config, devices: list[str]) -> dict[str, str]:
     """`plan_device_map` with the module names of `config`'s model family (built on the meta device,
-    no weights): its decoder-layer list, its input embeddings, everything else after the last layer."""
+    no weights): its decoder-layer list, its input embeddings, and every other module off the path
+    from the root to the layer list. Those that feed the embeddings (a multimodal model's vision
+    tower and projector, which come before the language model) sit with the first device, the rest
+    (final norm, rotary tables, LM head) with the last."""
     from accelerate import init_empty_weights
     from transformers import AutoModelForCausalLM
 
@@ -87,12 +90,22 @@ def device_map_for(config, devices: list[str]) -> dict[str, str]:
     if not layers:
         raise ValueError(f"{type(model).__name__}: no list of {text.num_hidden_layers} decoder layers to split")
     prefix, embed = layers[0], names[model.get_input_embeddings()]
-    parent = prefix.rsplit(".", 1)[0] if "." in prefix else ""
-    siblings = [n for n, _ in (model.get_submodule(parent).named_children() if parent else model.named_children())]
-    tail = [f"{parent}.{n}" if parent else n for n in siblings
-            if (f"{parent}.{n}" if parent else n) not in (prefix, embed)]
-    tail += [n for n, _ in model.named_children() if parent and not parent.startswith(n) and n not in tail]
-    return plan_device_map(int(text.num_hidden_layers), devices, layer_prefix=prefix, embed=embed, tail=tuple(tail))
+    parts = prefix.split(".")
+    path = {".".join(parts[:i]) for i in range(len(parts) + 1)}  # "" (the root) ... the layer list
+    head, tail = [], []
+    for ancestor in sorted(path - {prefix}, key=len, reverse=True):  # innermost first
+        module = model.get_submodule(ancestor) if ancestor else model
+        child_on_path = ".".join(parts[:ancestor.count(".") + 2 if ancestor else 1])
+        seen_path = False
+        for child, _ in module.named_children():
+            full = f"{ancestor}.{child}" if ancestor else child
+            if full == child_on_path:
+                seen_path = True
+            elif full != embed and full not in path:
+                (tail if seen_path else head).append(full)
+    dmap = plan_device_map(int(text.num_hidden_layers), devices, layer_prefix=prefix, embed=embed, tail=tuple(tail))
+    dmap.update({name: devices[0] for name in head})
+    return dmap
 
 
 def _split_model_map(path: str, num_devices: int) -> dict[str, str]:

@@ -64,20 +64,26 @@ class SimulatedAgent:
         return [Decoded("\\boxed{0}", n) for _ in range(e_BLD.shape[0])]
 
 
-def simulated_plan(style_name: str, model_name: str = "sim:hidden=2048"):
-    """A SystemPlan whose every role is `model_name` (links are 8-wide placeholders: the simulated
-    agents ignore them, so nothing large is shipped at start-up)."""
-    from recmas_ray.links import InnerLink, OuterLink
-    from recmas_ray.service import AgentSpec
-    from recmas_ray.styles import get_style
-    from recmas_ray.system.checkpoints import LinkSet
-    from recmas_ray.system.plan import SystemPlan
 
-    style = get_style(style_name)
-    hidden = int(parse_sim_name(model_name)["hidden"])
-    links = LinkSet()
-    links.inner.update({r: InnerLink(8) for r in style.roles})
-    links.outer.update({e: OuterLink(8, 8) for e in style.edges})
-    specs = {r: AgentSpec(role=r, model_name=model_name, system_prompt=style.system_prompt) for r in style.roles}
-    return SystemPlan(style_name, style, {r: model_name for r in style.roles}, {r: hidden for r in style.roles},
-                      links, specs, {"links": "placeholder (simulated agents)"})
+# Parameters (billions) of the paper systems' base models (recmas_ray/system/presets.py PAPER), from
+# their model cards; the hidden sizes are their configs' (the width of the messages they send).
+PAPER_MODELS = {
+    "light": {"planner": (1.72, 2048), "critic": (1.24, 2048), "solver": (1.54, 1536)},
+    "mixture": {"math": (1.78, 1536), "code": (3.09, 2048), "science": (7.24, 4096), "summarizer": (2.0, 2048)},
+}
+PAPER_STYLES = {"light": "sequential_light", "mixture": "mixture"}
+
+
+def paper_sim_models(system: str, *, ms_per_gparam: float = 1.0, tokens: int = 256, prompt_tokens: int = 200,
+                     prefill_speedup: float = 20.0) -> dict[str, str]:
+    """`sim:` names for each role of a paper system, costs proportional to parameters: a latent step or
+    a decoded token takes `ms_per_gparam` x parameters (B) ms; the prompt's `prompt_tokens` are
+    prefilled `prefill_speedup` times faster per token (one parallel forward), on every call."""
+    if system not in PAPER_MODELS:
+        raise ValueError(f"unknown paper system {system!r}; expected one of {sorted(PAPER_MODELS)}")
+    out = {}
+    for role, (params_b, hidden) in PAPER_MODELS[system].items():
+        token_ms = ms_per_gparam * params_b
+        out[role] = (f"sim:hidden={hidden},step_ms={token_ms:.4g},token_ms={token_ms:.4g},tokens={tokens},"
+                     f"prefill_ms={token_ms * prompt_tokens / prefill_speedup:.4g}")
+    return out

@@ -81,7 +81,7 @@ def parse_overrides(items: list[str] | None) -> dict[str, str]:
 
 
 def plan_system(style_name: str, *, preset: str = "tiny", ckpt_overrides: dict[str, str] | None = None,
-                seed: int = 42, dtype: str = "auto", device: str = "auto", message_dtype: str = "float32",
+                seed: int = 42, dtype: str = "auto", device: str = "auto", message_dtype: str = "auto",
                 task: str = "math", role_model_overrides: dict[str, str] | None = None,
                 tools: ToolLoopConfig | None = None, prompt_set: str | None = None,
                 allow_base_model_mismatch: bool = False) -> SystemPlan:
@@ -152,3 +152,26 @@ def plan_system(style_name: str, *, preset: str = "tiny", ckpt_overrides: dict[s
                           device=device, message_dtype=message_dtype,
                           tools=tools if r == style.decoder else None) for r in style.roles}
     return SystemPlan(style_name, style, models, hidden, links, specs, sources)
+
+
+def simulated_plan(style_name: str, model_name: str | dict[str, str] = "sim:hidden=2048", *,
+                   message_dtype: str = "auto") -> SystemPlan:
+    """A SystemPlan of cost-simulated agents (`recmas_ray.models.sim`): `model_name` for every role, or a
+    `sim:` name per role. Links are 8-wide placeholders (the simulated agents ignore them, so nothing
+    large is shipped at start-up)."""
+    from recmas_ray.links import InnerLink, OuterLink
+    from recmas_ray.models.sim import parse_sim_name
+
+    style = get_style(style_name)
+    models = dict(model_name) if isinstance(model_name, dict) else {r: model_name for r in style.roles}
+    missing = [r for r in style.roles if r not in models]
+    if missing:
+        raise ValueError(f"simulated_plan: no sim: model for roles {missing} of {style_name}")
+    links = LinkSet()
+    links.inner.update({r: InnerLink(8) for r in style.roles})
+    links.outer.update({e: OuterLink(8, 8) for e in style.edges})
+    specs = {r: AgentSpec(role=r, model_name=models[r], system_prompt=style.system_prompt,
+                          message_dtype=message_dtype) for r in style.roles}
+    hidden = {r: int(parse_sim_name(models[r])["hidden"]) for r in style.roles}
+    return SystemPlan(style_name, style, {r: models[r] for r in style.roles}, hidden, links, specs,
+                      {"links": "placeholder (simulated agents)"})

@@ -35,7 +35,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 sys.path.insert(0, ROOT)
 
 from recmas_ray.agent import DecodeConfig  # noqa: E402
-from recmas_ray.distributed.actors import RayPool  # noqa: E402
+from recmas_ray.distributed.actors import RayPool, from_wire  # noqa: E402
 from recmas_ray.distributed.driver import build_ray_system, build_replicas  # noqa: E402
 from recmas_ray.distributed.placement import PlacementConfig  # noqa: E402
 from recmas_ray.config.recursion import RecursionConfig
@@ -71,14 +71,17 @@ def start_cluster(num_nodes: int, gpus_per_node: int) -> tuple[Cluster, dict]:
 
     Nodes have 3 logical CPUs: two replicas' agents, orchestrators and evaluation clients fit.
     """
-    cluster = Cluster(initialize_head=True, head_node_args={
-        "num_cpus": 1, "object_store_memory": 80 * 2**20, "include_dashboard": False,
-        "_system_config": {"max_direct_call_object_size": 1024}})
-    for i in range(num_nodes):
-        cluster.add_node(num_cpus=3, num_gpus=gpus_per_node, object_store_memory=80 * 2**20,
-                         resources={f"node{i}": 1})
-    cluster.wait_for_nodes()
-    ray.init(address=cluster.address, log_to_driver=False, configure_logging=False)
+    from recmas_ray.distributed.driver import loopback_only
+
+    with loopback_only():  # every node and the driver on 127.0.0.1 (tests never use other addresses)
+        cluster = Cluster(initialize_head=True, head_node_args={
+            "num_cpus": 1, "object_store_memory": 80 * 2**20, "include_dashboard": False,
+            "node_ip_address": "127.0.0.1", "_system_config": {"max_direct_call_object_size": 1024}})
+        for i in range(num_nodes):
+            cluster.add_node(num_cpus=3, num_gpus=gpus_per_node, object_store_memory=80 * 2**20,
+                             resources={f"node{i}": 1}, node_ip_address="127.0.0.1")
+        cluster.wait_for_nodes()
+        ray.init(address=cluster.address, log_to_driver=False, configure_logging=False)
     names = {}
     for node in ray.nodes():
         own = [k for k in node["Resources"] if k.startswith("node") and k[4:].isdigit()]
@@ -114,7 +117,7 @@ def check_spread_equivalence(system, plan, names, timeout_s: float) -> dict:
     # Locations are read before the driver fetches anything, so they show agent-to-agent pulls only.
     refs = [ref for _, _, ref in rec_ray.messages]
     locations = ray.experimental.get_object_locations(refs, timeout_ms=int(timeout_s * 1000))
-    ray_msgs = ray.get(refs, timeout=timeout_s)
+    ray_msgs = [from_wire(m) for m in ray.get(refs, timeout=timeout_s)]
     services = {r: AgentService(*plan.service_args(r)) for r in plan.style.roles}
     rec_local = RecordingPool(LocalPool(services))
     local = run_batch(rec_local, plan.style, QUESTIONS, tasks, CFG)
@@ -131,6 +134,29 @@ def check_spread_equivalence(system, plan, names, timeout_s: float) -> dict:
             "ray_trace_roles": [t["role"] for t in remote[0].trace],
             "local_trace_roles": [t["role"] for t in local[0].trace], "messages": messages,
             "local_edges": [edge for _, edge, _ in rec_local.messages]}
+
+
+def check_auto_replicas(names: dict, timeout_s: float) -> dict:
+    """--num_replicas 0 on the 3 x 3-GPU nodes with 2-GPU systems (the solver CPU-only): one strictly
+    packed replica per node = 3; the old count also planned a 4th over the three nodes' spare GPUs,
+    which its STRICT_PACK group never places. Every planned replica must come up."""
+    from recmas_ray.system.plan import simulated_plan
+
+    plan = simulated_plan("sequential_light", "sim:hidden=8,step_ms=0,token_ms=0,tokens=1")
+    pcfg = PlacementConfig(preset="one_gpu_per_agent", role_gpus={"solver": 0}, cpus_per_agent=0.05,
+                           num_replicas=0, ready_timeout_s=min(timeout_s, 60), agent_max_restarts=0)
+    t0 = time.perf_counter()
+    try:
+        replicas = build_replicas(plan, pcfg, timeout_s=timeout_s)
+    except Exception as e:  # noqa: BLE001 - reported, the test names it
+        return {"error": f"{type(e).__name__}: {str(e)[:500]}", "seconds": time.perf_counter() - t0}
+    try:
+        nodes = [sorted({names.get(i["node"], i["node"]) for r, i in s.infos.items() if r != "solver"})
+                 for s in replicas.systems]
+        return {"num_replicas": replicas.num_replicas, "gpu_nodes": nodes, "error": None,
+                "seconds": time.perf_counter() - t0}
+    finally:
+        replicas.shutdown()
 
 
 def check_replicas(names: dict, timeout_s: float, workdir: str) -> dict:
@@ -187,6 +213,7 @@ def main(argv=None) -> int:
     try:
         report["startup_s"] = time.perf_counter() - t_start
         report["impossible"] = check_impossible(plan)
+        report["auto_replicas"] = check_auto_replicas(names, args.timeout_s)
         for preset, pcfg in cases.items():
             pcfg.ready_timeout_s = args.timeout_s
             t0 = time.perf_counter()

@@ -64,3 +64,29 @@ def test_output_device_is_the_last_layers_device():
 
 if __name__ == "__main__":
     raise SystemExit(pytest.main([__file__, "-v", "-x"]))
+
+
+@pytest.mark.parametrize("k", [2, 4])
+def test_multimodal_gemma3_maps_vision_tower_and_projector(k):
+    """gemma-3-4b-it (the paper preset's planner) is Gemma3ForConditionalGeneration: its vision tower and
+    projector sit beside the language model, off the path to the layer list; all must be mapped."""
+    from accelerate import init_empty_weights
+    from transformers import AutoModelForCausalLM, Gemma3Config
+
+    config = Gemma3Config(
+        text_config=dict(hidden_size=32, intermediate_size=64, num_hidden_layers=4, num_attention_heads=2,
+                         num_key_value_heads=1, head_dim=16, vocab_size=300,
+                         layer_types=["sliding_attention"] * 3 + ["full_attention"]),
+        vision_config=dict(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=2,
+                           image_size=28, patch_size=14), mm_tokens_per_image=4)
+    devices = [f"cuda:{i}" for i in range(k)]
+    dmap = device_map_for(config, devices)
+    with init_empty_weights():
+        model = AutoModelForCausalLM.from_config(config)
+    assert type(model).__name__ == "Gemma3ForConditionalGeneration"
+    for name, _ in model.named_parameters():
+        owners = [m for m in dmap if name == m or name.startswith(m + ".")]
+        assert len(owners) == 1, (name, owners)
+    # the image path feeds the input embeddings: it sits with them; the LM head with the last layer
+    assert dmap["model.vision_tower"] == dmap["model.multi_modal_projector"] == devices[0]
+    assert dmap["lm_head"] == dmap["model.language_model.layers.3"] == devices[-1]

@@ -137,3 +137,11 @@ def test_two_replicas_each_on_one_node_match_the_local_backend(report):
     assert len({tuple(g) for gs in rep["gpus"] for g in gs}) == 6  # six distinct (node, GPU) slots
     assert rep["ray_predictions"] == rep["local_predictions"] and len(rep["ray_predictions"]) == 6
     assert set(rep["replica_of"].values()) == {0, 1}  # batches went to both replicas
+
+
+def test_auto_replica_count_places_every_replica_it_plans(report):
+    """--num_replicas 0, 2-GPU systems on 3 x 3 GPUs: exactly 3 (one per node), each on a single node."""
+    auto = report["auto_replicas"]
+    assert auto["error"] is None, auto
+    assert auto["num_replicas"] == 3
+    assert sorted(n for nodes in auto["gpu_nodes"] for n in nodes) == ["node0", "node1", "node2"]

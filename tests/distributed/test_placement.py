@@ -146,3 +146,86 @@ def test_autoscaler_detection_from_its_status_report():
     assert autoscaling_from_status(status({"de31": "head", "aa07": "gpu_worker"}))  # `ray up` config types
     assert autoscaling_from_status(status({}, pending_launches={"gpu_worker": 1}))
     assert not autoscaling_from_status(None) and not autoscaling_from_status("not json")
+
+
+def _place_like_ray(plan, nodes: list[dict], n: int) -> int:
+    """How many of `n` replicas a Ray-like scheduler places: each replica's placement group as created
+    (STRICT_PACK: every bundle on one node; else bundle by bundle), then its orchestrator CPU anywhere."""
+    from recmas_ray.distributed.placement import ORCHESTRATOR_CPUS, replica_strategy
+
+    free = [dict(x) for x in nodes]
+    strategy = replica_strategy(plan, nodes)
+
+    def fits(node, need):
+        return all(node.get(k, 0) + 1e-9 >= v for k, v in need.items())
+
+    def take(node, need):
+        for k, v in need.items():
+            node[k] -= v
+
+    placed = 0
+    for _ in range(n):
+        if strategy == "STRICT_PACK":
+            need = {}
+            for b in plan.bundles:
+                for k, v in b.items():
+                    need[k] = need.get(k, 0) + v
+            node = next((x for x in free if fits(x, need)), None)
+            if node is None:
+                break
+            take(node, need)
+        else:
+            for b in plan.bundles:
+                node = next((x for x in free if fits(x, b)), None)
+                if node is None:
+                    return placed
+                take(node, b)
+        node = next((x for x in free if fits(x, {"CPU": ORCHESTRATOR_CPUS})), None)
+        if node is None:
+            break
+        take(node, {"CPU": ORCHESTRATOR_CPUS})
+        placed += 1
+    return placed
+
+
+@pytest.mark.parametrize("nodes,gpus,num_roles", [(2, 8, 3), (3, 3, 2), (4, 5, 3), (2, 7, 2), (1, 8, 3)])
+def test_auto_replica_count_on_several_nodes_places_every_replica_it_plans(nodes, gpus, num_roles):
+    """2 x 8 GPUs, 3 agents: 2 strictly packed replicas per node = 4 (the old count, 5, let the last one
+    span both nodes, which its STRICT_PACK placement group never does)."""
+    from recmas_ray.distributed.placement import replicas_that_fit
+
+    plan = plan_placement(PlacementConfig(preset="one_gpu_per_agent"), ROLES[:num_roles])
+    cluster = [{"CPU": 16, "GPU": gpus} for _ in range(nodes)]
+    n = replicas_that_fit(plan, cluster)
+    assert n == nodes * (gpus // num_roles)
+    assert _place_like_ray(plan, cluster, n) == n
+    assert _place_like_ray(plan, cluster, n + 1) == n  # and exactly what fits: one more would not place
+
+
+@pytest.mark.parametrize("transport", ["rdt:gloo", "rdt:nccl"])
+def test_latent_ablation_with_direct_transport_is_refused_up_front(transport, capsys):
+    """The orchestrator rewrites the latents for an ablation; RDT latents never reach it (every batch failed)."""
+    rc, err = _run_cli(["--transport", transport, "--placement", "one_gpu_per_agent", "--latent_ablation", "zero"],
+                       capsys)
+    assert rc == 2 and "--latent_ablation zero needs --transport object_store" in err and err.count("\n") == 1, err
+    rc, _ = _run_cli(["--transport", "rdt:gloo", "--placement", "cpu", "--latent_ablation", "none"], capsys)
+    assert rc == 0
+
+
+@pytest.mark.parametrize("gpus", ["0.5", "2"])
+def test_outer_pipeline_refuses_anything_but_one_gpu_per_worker(gpus, capsys):
+    """NCCL point to point between the outer pipeline's role workers: two ranks cannot share a GPU."""
+    from jobs import train_outer
+
+    base = ["--style", "sequential_light", "--dataset_name", "synthetic:8", "--print_config", "--use_gpu"]
+    rc = train_outer.main([*base, "--gpus_per_worker", gpus])
+    err = capsys.readouterr().err
+    assert rc == 2 and f"--gpus_per_worker {gpus}" in err and err.count("\n") == 1, err
+    assert train_outer.main([*base, "--gpus_per_worker", "1"]) == 0
+
+
+def test_message_dtype_is_a_config_field(capsys):
+    rc = _run_cli(["--message_dtype", "bf16"], capsys)[0]
+    assert rc == 0
+    rc, err = _run_cli(["--message_dtype", "int8"], capsys)
+    assert rc == 2 and "--message_dtype 'int8'" in err and err.count("\n") == 1, err

@@ -58,7 +58,11 @@ def test_latents_travel_between_actors_and_match_local(seq_system):
     planner = system.handles["planner"]
     msg_ref, stats_ref = planner.rollout.options(num_returns=2).remote(QUESTIONS, [], 5, ("planner->critic",))
     local_msg, _ = AgentService(*plan.service_args("planner")).rollout(QUESTIONS, [], 5, ("planner->critic",))
-    msg = ray.get(msg_ref, timeout=60)
+    from recmas_ray.distributed.actors import WireMessage, from_wire
+
+    wire = ray.get(msg_ref, timeout=60)
+    assert isinstance(wire, WireMessage) and not wire.array.flags.writeable  # mapped from the object store
+    msg = from_wire(wire)
     assert msg.device.type == "cpu" and msg.shape == (3, 5, 96)
     assert torch.allclose(msg, local_msg, atol=1e-5)
 
@@ -91,5 +95,98 @@ def test_ray_direct_transport_gloo_matches_object_store(ray_cluster):
     try:
         remote = ray.get(system.solve(QUESTIONS, ["math"] * 3, CFG, batch_id="rdt"), timeout=180)
         assert [r.prediction for r in remote] == [r.prediction for r in local]
+        # concurrent batches without a batch id (the Python API's generate) must not share message keys
+        both = ray.get([system.solve(QUESTIONS, ["math"] * 3, CFG), system.solve(QUESTIONS[::-1], ["math"] * 3, CFG)],
+                       timeout=240)
+        assert [r.prediction for r in both[0]] == [r.prediction for r in local]
+        assert [r.prediction for r in both[1]] == [r.prediction for r in local][::-1]
+        kept = ray.get([h.num_kept.remote() for h in system.handles.values()], timeout=60)
+        assert kept == [0] * len(kept)  # every message was taken
+        # a batch that fails after its rollout: the orchestrator's pool frees what the agents kept
+        from recmas_ray.distributed.actors import RayPool
+
+        pool = RayPool(system.handles, timeout_s=60, transport="rdt:gloo")
+        role = plan.style.roles[0]
+        edge = next(e for e in plan.style.edges if e.split("->")[0] == role)
+        ray.get(system.handles[role].rollout_keep.remote(f"{pool.key_prefix}:1", ["x"], [], 2, (edge,)), timeout=60)
+        pool._holders.add(role)
+        assert ray.get(system.handles[role].num_kept.remote(), timeout=60) == 1
+        pool.release_kept()
+        assert ray.get(system.handles[role].num_kept.remote(), timeout=60) == 0
     finally:
         system.shutdown()
+
+
+def test_rdt_agent_keeps_nothing_for_a_batch_already_dropped():
+    """A call of a failed batch that finishes after the drop (out-of-order agents) keeps nothing."""
+    from recmas_ray.distributed.actors import _AgentActorImpl
+    from recmas_ray.service import AgentSpec
+
+    impl = _AgentActorImpl(AgentSpec(role="planner", model_name="sim:hidden=8,step_ms=0", system_prompt="",
+                                     device="cpu"), {}, {})
+    impl.rollout_keep("a:1", ["q"], [], 2, ("planner->critic",))
+    impl.rollout_keep("b:1", ["q"], [], 2, ("planner->critic",))
+    assert impl.drop_messages("a") == 1 and impl.num_kept() == 1
+    impl.rollout_keep("a:2", ["q"], [], 2, ("planner->critic",))  # late call of the dropped batch
+    assert impl.num_kept() == 1
+    assert impl.take_message("b:1", "planner->critic").shape == (1, 2, 8)
+
+
+def test_rdt_message_keys_differ_between_batches_without_a_batch_id():
+    """api.py's generate submits no batch id: two pools (two batches) must still key their messages apart."""
+    from recmas_ray.distributed.actors import RayPool
+
+    keys = []
+
+    class _Method:
+        def __init__(self, name):
+            self.name = name
+
+        def options(self, **_):
+            return self
+
+        def remote(self, *args):
+            if self.name == "rollout_keep":
+                keys.append(args[0])
+            return object()
+
+    class _Handle:
+        def __getattr__(self, name):
+            return _Method(name)
+
+    for _ in range(2):
+        RayPool({"planner": _Handle()}, transport="rdt:gloo").rollout("planner", ["q"], [], 2, ("planner->critic",), [])
+    assert len(keys) == 2 and keys[0] != keys[1]
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_messages_cross_the_object_store_as_zero_copy_buffers(ray_cluster, dtype):
+    """fp32 and bf16 messages: a numpy view out (no copy), the same bits back, mapped read-only on get."""
+    from recmas_ray.distributed.actors import WireMessage, from_wire, to_wire
+
+    x = torch.randn(2, 64, 256).to(dtype)
+    wire = to_wire(x)
+    assert isinstance(wire, WireMessage) and wire.array.ctypes.data == x.data_ptr()  # a view, not a copy
+    back = from_wire(ray.get(ray.put(wire), timeout=60))
+    assert back.dtype == dtype and torch.equal(back, x)
+    assert from_wire(wire).data_ptr() == x.data_ptr()
+    got = ray.get(ray.put(wire), timeout=60)
+    assert not got.array.flags.writeable  # served from shared memory, not unpickled into a fresh copy
+    assert to_wire("text") == "text" and from_wire(x) is x  # everything else passes through
+
+
+def test_message_dtype_auto_is_fp32_on_cpu_and_bf16_halves_the_bytes():
+    from recmas_ray.service import AgentService
+
+    plan = plan_system("sequential_light", preset="tiny", seed=0)
+    spec, inner, outer = plan.service_args("planner")
+    assert spec.message_dtype == "auto"
+    auto_msg, _ = AgentService(spec, inner, outer).rollout(QUESTIONS[:1], [], 3, ("planner->critic",))
+    import dataclasses
+
+    bf16_msg, _ = AgentService(dataclasses.replace(spec, message_dtype="bf16"), inner, outer).rollout(
+        QUESTIONS[:1], [], 3, ("planner->critic",))
+    assert auto_msg.dtype == torch.float32 and bf16_msg.dtype == torch.bfloat16
+    assert torch.allclose(bf16_msg.float(), auto_msg, rtol=1e-2, atol=1e-2)
+    plan16 = plan_system("sequential_light", preset="tiny", seed=0, message_dtype="bf16")
+    assert {s.message_dtype for s in plan16.specs.values()} == {"bf16"}

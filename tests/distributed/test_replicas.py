@@ -13,7 +13,7 @@ import ray
 from recmas_ray.config.recursion import DecodeConfig, RecursionConfig
 from recmas_ray.distributed.driver import build_ray_system, build_replicas
 from recmas_ray.distributed.placement import PlacementConfig
-from recmas_ray.models.sim import simulated_plan
+from recmas_ray.system.plan import simulated_plan
 
 # 6 latent steps of 60 ms: each rollout takes ~0.36 s, long next to Ray's per-call cost.
 SIM = "sim:hidden=256,step_ms=60,token_ms=20,tokens=4"

@@ -39,7 +39,7 @@ def _bad_rows(tmp):
         ("samples_negative", ["--num_samples", "-1"], "--num_samples -1"),
         ("rollouts_zero", ["--num_rollouts", "0"], "--num_rollouts 0"),
         ("batch_zero", ["--batch_size", "0"], "--batch_size 0"),
-        ("clients_zero", ["--max_inflight_batches", "0"], "--num_clients 0"),
+        ("clients_negative", ["--max_inflight_batches", "-1"], "--num_clients -1"),
         ("client_cpus", ["--client_cpus", "-1"], "--client_cpus -1"),
         ("timeout_negative", ["--timeout_s", "-1"], "--timeout_s -1"),
         ("timeout_zero", ["--timeout_s", "0"], "--timeout_s 0"),

@@ -1,0 +1,129 @@
+"""Per-role agent pools: several actor copies of a role inside one system replica, sized by cost.
+
+A system's stages cost what their models and their work cost: in the paper's mixture system a 7B
+expert sits beside 1.5B ones, and the light system's solver decodes hundreds of tokens while the
+planner and critic run a few dozen latent steps. Replicating whole systems keeps that imbalance; a
+pool gives each role as many copies as its share of the work (`--role_replicas solver=3`, or
+`--auto_role_replicas`: from `role_costs`, parameters x tokens per batch, the cheapest role one copy).
+
+Routing (`CopyRouter`, inside each replica's orchestrator): a batch takes, per role, the copy with the
+fewest batches in flight when it starts, and keeps it for all its steps: a batch's round-r step goes
+to the copy that ran its round r-1 step, so whatever state that copy holds for the batch (a prompt
+KV cache) is where the step runs. Pure Python, no Ray (tested without it).
+"""
+
+from __future__ import annotations
+
+import threading
+
+from recmas_ray.styles import StyleSpec, build_schedule
+
+PROMPT_TOKENS = 200
+"""Prompt tokens prefilled per agent call in the cost estimate (the styles' prompts are ~100-300)."""
+
+
+def _params(model_name: str) -> float:
+    """Parameter count of a model from its config alone (12 L d^2 for the blocks + V d embeddings)."""
+    from transformers import AutoConfig
+
+    from recmas_ray.models.loader import resolve_model_path
+
+    text = AutoConfig.from_pretrained(resolve_model_path(model_name)).get_text_config()
+    d, layers = int(text.hidden_size), int(text.num_hidden_layers)
+    return 12.0 * layers * d * d + float(getattr(text, "vocab_size", 0)) * d
+
+
+def call_cost(model_name: str, kind: str, num_tokens: int) -> float:
+    """Relative cost of one call: `kind` rollout (num_tokens latent steps) or decode (tokens).
+
+    Simulated agents: their configured milliseconds. Real models: parameters x (prompt + tokens),
+    the FLOPs of a forward per token (decode and latent steps are both one token per step).
+    """
+    if model_name.startswith("sim:"):
+        from recmas_ray.models.sim import parse_sim_name
+
+        p = parse_sim_name(model_name)
+        if kind == "rollout":
+            return p["prefill_ms"] + num_tokens * p["step_ms"]
+        return p["prefill_ms"] + min(num_tokens, int(p["tokens"])) * p["token_ms"]
+    return _params(model_name) * (PROMPT_TOKENS + num_tokens)
+
+
+def role_costs(style: StyleSpec, role_models: dict[str, str], num_rounds: int, latent_steps: int,
+               max_new_tokens: int, *, decode_every_round: bool = False) -> dict[str, float]:
+    """Each role's cost per batch over the whole schedule (the same schedule the runner walks)."""
+    costs = {r: 0.0 for r in style.roles}
+    for step in build_schedule(style, num_rounds, decode_every_round=decode_every_round):
+        model = role_models[step.role]
+        if step.decode or step.discard_decode:
+            costs[step.role] += call_cost(model, "decode", max_new_tokens)
+        if step.outputs:
+            costs[step.role] += call_cost(model, "rollout", latent_steps)
+    return costs
+
+
+def copies_from_costs(costs: dict[str, float], *, max_copies: int = 64, budget: int | None = None) -> dict[str, int]:
+    """Copies per role proportional to cost: the cheapest (non-zero) role one copy, or with `budget`
+    exactly that many actors in all (each role at least one; largest remainders get the rest)."""
+    positive = [c for c in costs.values() if c > 0]
+    if not positive:
+        return {r: 1 for r in costs}
+    if budget is None:
+        base = min(positive)
+        return {r: max(1, min(max_copies, round(c / base))) for r, c in costs.items()}
+    if budget < len(costs):
+        raise ValueError(f"{budget} agent actors cannot hold {len(costs)} roles (one copy each at least)")
+    total = sum(costs.values())
+    share = {r: (budget - len(costs)) * c / total for r, c in costs.items()}
+    # each role one copy first, then the copies that lower the worst cost per copy most
+    out = {r: 1 for r in costs}
+    for _ in range(budget - len(costs)):
+        worst = max(costs, key=lambda r: (costs[r] / out[r], share[r]))
+        out[worst] += 1
+    return out
+
+
+def resolve_copies(role_replicas: dict[str, int], auto: bool, roles, costs: dict[str, float] | None) -> dict[str, int]:
+    """Copies per role: explicit `role_replicas` win, the rest from `costs` with `auto`, else 1."""
+    roles = list(roles)
+    bad = [r for r in role_replicas if r not in roles]
+    if bad:
+        raise ValueError(f"--role_replicas names {bad}, not roles of this style {roles}")
+    base = copies_from_costs(costs) if auto and costs else {r: 1 for r in roles}
+    return {r: int(role_replicas.get(r, base.get(r, 1))) for r in roles}
+
+
+class CopyRouter:
+    """Picks a copy of each role per batch (fewest batches in flight, ties: fewest served, lowest index)
+    and keeps the batch there until `release`; thread-safe (the orchestrator runs batches in threads)."""
+
+    def __init__(self, copies: dict[str, list]):
+        self.copies = copies
+        self.in_flight = {r: [0] * len(h) for r, h in copies.items()}
+        self.served = {r: [0] * len(h) for r, h in copies.items()}
+        self._lock = threading.Lock()
+
+    def acquire(self) -> dict[str, int]:
+        """One copy index per role for a new batch."""
+        with self._lock:
+            out = {}
+            for role, load in self.in_flight.items():
+                i = min(range(len(load)), key=lambda k: (load[k], self.served[role][k], k))
+                load[i] += 1
+                self.served[role][i] += 1
+                out[role] = i
+            return out
+
+    def handles(self, chosen: dict[str, int]) -> dict:
+        """The actor handles of a batch's copies (role -> handle)."""
+        return {role: self.copies[role][i] for role, i in chosen.items()}
+
+    def release(self, chosen: dict[str, int]) -> None:
+        with self._lock:
+            for role, i in chosen.items():
+                self.in_flight[role][i] = max(0, self.in_flight[role][i] - 1)
+
+    def stats(self) -> dict:
+        with self._lock:
+            return {"in_flight": {r: list(v) for r, v in self.in_flight.items()},
+                    "served": {r: list(v) for r, v in self.served.items()}}
