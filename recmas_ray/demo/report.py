@@ -14,18 +14,65 @@ COLUMNS = ("Method", "R", "n", "Accuracy", "95% CI", "NLL", "Tokens/sample", "s/
            "Token reduction")
 
 
+def _classes(rows: list[dict]) -> list[str]:
+    from recmas_ray.eval.probe import TOKEN_CLASSES
+
+    got = [((r.get("flow") or {}).get("nll_by_class") or {}) for r in rows]
+    return [c for c in TOKEN_CLASSES if any(g.get(c) is not None for g in got)]
+
+
 def table(rows: list[dict]) -> str:
-    """Markdown table, one line per (method, R); speedup and token reduction vs Recursive-TextMAS at that R."""
-    lines = ["|" + "|".join(COLUMNS) + "|", "|" + "|".join("---" for _ in COLUMNS) + "|"]
+    """Markdown table, one line per (method, R); speedup and token reduction vs Recursive-TextMAS at that R;
+    then the answer NLL per token class (result / operand / fact / wording) where it was measured."""
+    classes = _classes(rows)
+    cols = COLUMNS + tuple(f"NLL {c}" for c in classes)
+    lines = ["|" + "|".join(cols) + "|", "|" + "|".join("---" for _ in cols) + "|"]
     for r in rows:
+        by_class = (r.get("flow") or {}).get("nll_by_class") or {}
         lines.append("|" + "|".join([
             r["label"], str(r["rounds"]), str(r["n"]), _f(r["accuracy"], ".3f"),
             f"[{_f(r['ci_low'], '.3f')}, {_f(r['ci_high'], '.3f')}]", _f(r["nll"], ".3f"),
             _f(r["tokens_per_sample"], ".1f"), _f(r["seconds_per_sample"], ".3f"),
             _f(r.get("speedup"), ".2f") + ("x" if r.get("speedup") else ""),
             _f(100 * r["token_reduction"] if r.get("token_reduction") is not None else None, ".1f")
-            + ("%" if r.get("token_reduction") is not None else "")]) + "|")
+            + ("%" if r.get("token_reduction") is not None else "")] + [_f(by_class.get(c), ".3f") for c in classes]) + "|")
     return "\n".join(lines)
+
+
+def flow_table(rows: list[dict]) -> str:
+    """One line per (method, R, edge): the messages' between-question cosine, variance ratio, vector norm and
+    the held-out probes (score vs constant baseline: accuracy for labels, R^2 for numbers)."""
+    cols = ("Method", "R", "Edge", "Cosine", "Var ratio", "Norm", "Probe (held-out vs constant)")
+    lines = ["|" + "|".join(cols) + "|", "|" + "|".join("---" for _ in cols) + "|"]
+    for r in rows:
+        if r.get("same_run_as"):
+            continue
+        for name, e in ((r.get("flow") or {}).get("edges") or {}).items():
+            probes = ", ".join(f"{k} {_f(p['score'], '.2f')}/{_f(p['baseline'], '.2f')}" for k, p in e["probe"].items())
+            lines.append("|" + "|".join([r["label"], str(r["rounds"]), name, _f(e["mean_cosine"], ".3f"),
+                                         _f(e["variance_ratio"], ".4f"), _f(e["mean_vector_norm"], ".1f"),
+                                         probes or "N/A"]) + "|")
+    return "\n".join(lines) if len(lines) > 2 else ""
+
+
+def paired_table(tests: list[dict]) -> str:
+    """One line per paired test of the trained system: accuracies, McNemar's exact p, NLL difference
+    (other - trained) +- SE with its t-test p, and the same per token class."""
+    classes = sorted({c for t in tests for c in t["nll_diff_by_class"]},
+                     key=lambda c: ("result", "fact", "operand", "wording").index(c))
+    cols = ("Trained vs", "R", "Accuracy trained / other", "McNemar p", "NLL diff +- SE", "t-test p") + tuple(
+        f"{c} diff +- SE" for c in classes)
+    lines = ["|" + "|".join(cols) + "|", "|" + "|".join("---" for _ in cols) + "|"]
+    for t in tests:
+        d = t["nll_diff"]
+        cells = [f"{t['other_label']} (R={t['other_rounds']})", str(t["rounds"]),
+                 f"{_f(t['accuracy'], '.3f')} / {_f(t['other_accuracy'], '.3f')}", _f(t["mcnemar"]["p"], ".3g"),
+                 f"{_f(d['mean'], '+.3f')} +- {_f(d['se'], '.3f')}", _f(d["p"], ".3g")]
+        for c in classes:
+            x = t["nll_diff_by_class"].get(c)
+            cells.append(f"{_f(x['mean'], '+.3f')} +- {_f(x['se'], '.3f')}" if x else "N/A")
+        lines.append("|" + "|".join(cells) + "|")
+    return "\n".join(lines) if tests else ""
 
 
 def plot(rows: list[dict], path: Path) -> Path:
