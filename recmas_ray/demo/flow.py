@@ -66,6 +66,8 @@ class FlowRecorder:
         for (edge, rnd), by_doc in sorted(self.messages.items(), key=lambda kv: (kv[0][1], kv[0][0])):
             docs = [d for d in doc_order if d in by_doc]
             m_NMD = torch.stack([by_doc[d] for d in docs])
+            if m_NMD.shape[1] == 0:  # m = 0 (empty slots): no message to measure
+                continue
             edges[f"{edge} R{rnd}"] = {
                 "edge": edge, "round": rnd, **probe.message_geometry(m_NMD),
                 "probe": probe.probe_facts(probe.message_features(m_NMD), [self.facts[d] for d in docs], seed=seed)}

@@ -8,7 +8,7 @@ question's facts, and the gold answer's NLL split by token class.
                 classification (categorical facts: operation; accuracy) from message features, against a
                 constant baseline fitted on the same training folds (train-fold mean / majority class);
                 figures are on held-out folds only, the ridge penalty is chosen inside each training fold
-                (exact leave-one-out), features standardised on the training fold
+                (exact leave-one-out), features centred on the training fold
   token classes the gold answer's tokens labelled result (numbers after the first '='), operand (numbers
                 before it; "fact" where the number is a hidden fact), wording (everything else), so a
                 constant soft prompt that only wins the fixed wording shows up as such
@@ -91,21 +91,23 @@ def _folds(n: int, num_folds: int, seed: int) -> list[np.ndarray]:
 
 def _ridge_fit_predict(x_tr: np.ndarray, y_tr: np.ndarray, x_te: np.ndarray) -> np.ndarray:
     """Ridge in dual form (features >> questions), penalty chosen by exact leave-one-out on the training rows."""
-    mu, sd = x_tr.mean(0), x_tr.std(0)
-    sd[sd < 1e-12] = 1.0
-    a, b = (x_tr - mu) / sd, (x_te - mu) / sd
+    # centred on the training rows, one global scale: per-feature standardising would blow up directions
+    # where the training rows barely vary (a collapsed message), and a held-out row then lands far outside
+    mu = x_tr.mean(0)
+    scale = float(np.sqrt(((x_tr - mu) ** 2).sum(1).mean())) or 1.0
+    a, b = (x_tr - mu) / scale, (x_te - mu) / scale
     y_mean = y_tr.mean(0)
     yc = y_tr - y_mean
     s, u = np.linalg.eigh(a @ a.T)
     s = np.clip(s, 0.0, None)
     uty = u.T @ yc
     best, best_err = None, math.inf
-    scale = max(float(s.mean()), 1e-12)
-    for c in np.logspace(-4, 3, 15):
-        alpha = c * scale
+    eig_scale = max(float(s.mean()), 1e-12)
+    for c in np.logspace(-4, 4, 17):
+        alpha = c * eig_scale
         shrink = s / (s + alpha)
         fit = u @ (shrink[:, None] * uty)
-        h_diag = (u ** 2) @ shrink
+        h_diag = (u ** 2) @ shrink + 1.0 / len(yc)  # + the intercept's (the training mean's) leverage
         err = float((((yc - fit) / np.maximum(1 - h_diag, 1e-9)[:, None]) ** 2).mean())
         if err < best_err:
             best, best_err = alpha, err
