@@ -70,9 +70,10 @@ def train_links(cfg: DemoConfig, train_file: Path, out: Path, models: dict[str, 
         InnerTrainConfig(style=cfg.style, mas_role="all", role_model=dict(models), preset=cfg.preset,
                          dataset_name=str(train_file), save_dir=str(out / "inner"),
                          max_steps=cfg.inner_steps, batch_size=cfg.inner_batch_size, lr=cfg.inner_lr,
-                         warmup_steps=min(2, cfg.inner_steps - 1), save_every=cfg.inner_steps, seed=cfg.seed,
-                         num_workers=0, progress=False, max_length=512, task=cfg.task,
-                         log_every=max(1, cfg.inner_steps // 4), **inner_options))
+                         seed=cfg.seed, task=cfg.task,
+                         **{"warmup_steps": min(2, cfg.inner_steps - 1), "save_every": cfg.inner_steps,
+                            "num_workers": 0, "progress": False, "max_length": 512,
+                            "log_every": max(1, cfg.inner_steps // 4), **inner_options}))
     losses = {}
     for role, d in inner_dirs.items():
         try:
@@ -89,18 +90,27 @@ def train_links(cfg: DemoConfig, train_file: Path, out: Path, models: dict[str, 
         dataset_name=str(train_file), task=cfg.task,
         save_dir=str(out / "outer"), num_recursive_rounds=cfg.outer_r(), max_latent_tokens=cfg.max_latent_tokens,
         max_steps=cfg.outer_steps, batch_size=cfg.outer_batch_size, lr=cfg.outer_lr,
-        save_every=cfg.outer_steps, seed=cfg.seed, **{"cpus_per_worker": 0.5, "max_failures": 0, "warmup_steps": 1,
-                                                      **outer_options}))
+        seed=cfg.seed, **{"save_every": cfg.outer_steps, "cpus_per_worker": 0.5, "max_failures": 0,
+                          "warmup_steps": 1, **outer_options}))
     log = outer.log or []
     first, last = (log[0]["loss"], log[-1]["loss"]) if log else (None, None)
     console.done(f"loss {first:.3f} -> {last:.3f}" if log else "no steps logged")
     return {**overrides, "outer": str(outer.save_dir), "_inner_losses": losses, "_outer_log": log}
 
 
+def link_plans(cfg: DemoConfig, models: dict[str, str], trained: dict[str, str]) -> dict:
+    """The three link sets as system plans: fresh, inner-trained (fresh outer links), inner+outer trained."""
+    from recmas_ray.system.plan import plan_system
+
+    inner_only = {r: d for r, d in trained.items() if r != "outer"}
+    return {name: plan_system(cfg.style, preset=cfg.preset, ckpt_overrides=links, seed=cfg.seed, task=cfg.task,
+                              role_model_overrides=models)
+            for name, links in (("fresh", None), ("inner", inner_only), ("trained", trained))}
+
+
 def run_demo(cfg: DemoConfig, console: Console | None = None) -> dict:
     """Run the whole pipeline; returns the rows, the table, and the paths written."""
     from recmas_ray.models.loader import resolve_model_path
-    from recmas_ray.system.plan import plan_system
     from recmas_ray.system.presets import role_models
 
     console = console or Console()
@@ -124,12 +134,9 @@ def run_demo(cfg: DemoConfig, console: Console | None = None) -> dict:
     trained = train_links(cfg, train_file, out, models, console)
     phases["training"] = time.perf_counter() - t0
     inner_losses, outer_log = trained.pop("_inner_losses"), trained.pop("_outer_log")
-    inner_only = {r: d for r, d in trained.items() if r != "outer"}
 
     console.start("starting agents" + (" (Ray actors)" if cfg.backend == "ray" else " (in-process)"))
-    plans = {name: plan_system(cfg.style, preset=cfg.preset, ckpt_overrides=links, seed=cfg.seed, task=cfg.task,
-                               role_model_overrides=models)
-             for name, links in (("fresh", None), ("inner", inner_only), ("trained", trained))}
+    plans = link_plans(cfg, models, trained)
     agents = compare.Agents(plans, cfg.backend, torch_threads=cfg.torch_threads)
     phases["start_agents"] = console.done()
 

@@ -309,8 +309,14 @@ def test_user_errors_exit_2_before_anything_runs(tmp_path, capsys):
     assert demo_job.main(["--num_eval", "0", "--output_path", str(tmp_path)]) == 2
     assert demo_job.main(["--ablation_rounds", "5", "--output_path", str(tmp_path)]) == 2
     assert demo_job.main(["--rounds", "1,2", "--link_rounds", "3", "--output_path", str(tmp_path)]) == 2
+    assert demo_job.main(["--outer_options", "no_such_field=1", "--output_path", str(tmp_path)]) == 2
+    assert demo_job.main(["--outer_options", "lr=1e-3", "--output_path", str(tmp_path)]) == 2
+    assert demo_job.main(["--outer_options", "weight_decay=lots", "--output_path", str(tmp_path)]) == 2
     err = capsys.readouterr().err
-    assert "--num_eval 0" in err and "exclude each other" in err and len(err.strip().splitlines()) == 4
+    assert "--num_eval 0" in err and "exclude each other" in err and len(err.strip().splitlines()) == 7
+    assert "--outer_options no_such_field: not a field of OuterTrainConfig" in err
+    assert "--outer_options lr: set by the demo's own flag (--inner_lr / outer_lr)" in err
+    assert "--outer_options weight_decay='lots': expected a number" in err
     assert "--link_rounds [3] are not among --rounds [1, 2]" in err
     assert not list(tmp_path.iterdir())
 
@@ -341,7 +347,7 @@ def test_demo_quick_on_tiny_preset(tmp_path, ray_cluster, capsys):
         ("recursive_mas/trained", r) for r in cfg["rounds"]} | {
         (f"recursive_mas/{k}", r) for r in (cfg["link_rounds"] or cfg["rounds"]) for k in ("fresh", "inner")}
     abl = cfg["ablation_rounds"] or [max(cfg["link_rounds"] or cfg["rounds"])]
-    expected |= {(f"ablation/{a}", r) for r in abl for a in ("shuffle", "zero")}
+    expected |= {(f"ablation/{a}", r) for r in abl for a in compare.ABLATIONS}
     assert keys == expected and len(cfg["rounds"]) >= 2
     for r in rows:
         assert r["n"] == n and 0 <= r["ci_low"] <= r["accuracy"] <= r["ci_high"] <= 1, r
@@ -352,15 +358,29 @@ def test_demo_quick_on_tiny_preset(tmp_path, ray_cluster, capsys):
     for r in cfg["rounds"]:  # fewer generated tokens than text recursion at every R, on the same questions
         assert by[("recursive_mas/trained", r)]["token_reduction"] > 0
     assert by[("recursive_textmas", 1)]["accuracy"] == by[("textmas", 1)]["accuracy"]
-    assert len(data["ablation"]) == 2 * len(abl) and all("answer NLL" in v for v in data["ablation"])
-    # the console: phase lines, the table and the ablation verdicts, nothing else
+    # paired tests of the trained system against every other method, and the verdicts they support
+    tests = {(t["other"], t["rounds"]) for t in data["paired_tests"]}
+    assert {("ablation/shuffle", r) for r in abl} <= tests and ("recursive_mas/fresh", 1) in tests
+    assert ("textmas", 1) in tests and ("single_agent", 1) in tests
+    assert all(0 <= t["mcnemar"]["p"] <= 1 and math.isfinite(t["nll_diff"]["mean"]) for t in data["paired_tests"])
+    assert sum(v.startswith("paired:") for v in data["verdicts"]) == len(data["paired_tests"])
+    assert sum(v.startswith("flow: trained") for v in data["verdicts"]) >= 2
+    for r in rows:  # information flow: NLL by token class everywhere, geometry + probes on every latent edge
+        assert r["flow"]["nll_by_class"]["result"] is not None and r["flow"]["nll_by_class"]["wording"] is not None
+        if r["method"] == "recursive_mas" and r["variant"] != "ablation/empty":
+            assert "critic->solver R1" in r["flow"]["edges"], r["variant"]
+            assert all(math.isfinite(e["mean_cosine"]) for e in r["flow"]["edges"].values())
+    # the console: phase lines, the tables and the verdicts, nothing else
     lines = [ln for ln in printed.splitlines() if ln.strip()]
     table = [ln for ln in lines if ln.startswith("|")]
-    assert table[0].startswith("|Method|R|n|Accuracy|95% CI|NLL|Tokens/sample|s/sample|Speedup|Token reduction|")
-    assert len(table) == 2 + len(rows)
+    assert table[0].startswith("|Method|R|n|Accuracy|95% CI|NLL|Tokens/sample|s/sample|Speedup|Token reduction|"
+                               "NLL result|NLL operand|NLL wording|")
+    assert any(ln.startswith("|Method|R|Edge|Cosine|") for ln in table)
+    assert any(ln.startswith("|Trained vs|R|") for ln in table)
+    assert len([ln for ln in table if ln.startswith("|---")]) == 3
     other = [ln for ln in lines if not ln.startswith("|")]
     assert all(ln.startswith(("data:", "preparing models", "inner training", "outer training", "starting agents",
-                              "evaluate ", "ablation:", "plot:", "results:")) for ln in other), other
+                              "evaluate ", "paired:", "flow:", "plot:", "results:")) for ln in other), other
     assert sum(ln.startswith("evaluate ") for ln in other) == len(rows) - 1  # R=1 text recursion is TextMAS
     assert (out / "demo_results.png").stat().st_size > 1000 and (out / "logs" / "demo.log").exists()
     for role in ("planner", "critic", "solver"):
