@@ -1,4 +1,5 @@
-"""The demo's table (method x R) and its PNG (accuracy with 95% CI bars, NLL, tokens, seconds)."""
+"""The demo's tables (method x R; information flow per edge; paired tests) and its PNG (accuracy with 95% CI
+bars, NLL, tokens, seconds, NLL by answer token class)."""
 
 from __future__ import annotations
 
@@ -82,7 +83,7 @@ def plot(rows: list[dict], path: Path) -> Path:
     from matplotlib.figure import Figure
     from matplotlib.ticker import MaxNLocator
 
-    fig = Figure(figsize=(16, 4.2))
+    fig = Figure(figsize=(20, 4.2))
     FigureCanvasAgg(fig)
     by: dict[str, list[dict]] = {}
     for r in rows:
@@ -93,7 +94,7 @@ def plot(rows: list[dict], path: Path) -> Path:
               ("tokens_per_sample", "tokens / sample"), ("seconds_per_sample", "seconds / sample")]
     n_methods = max(1, len(by))
     for i, (key, title) in enumerate(panels):
-        ax = fig.add_subplot(1, 4, i + 1)
+        ax = fig.add_subplot(1, 5, i + 1)
         for j, (label, rs) in enumerate(by.items()):
             rs = sorted(rs, key=lambda r: r["rounds"])
             xs = [r["rounds"] + (j - n_methods / 2) * 0.03 for r in rs]  # small dodge so CI bars do not overlap
@@ -111,6 +112,16 @@ def plot(rows: list[dict], path: Path) -> Path:
         ax.set_xlabel("recursion rounds R")
         ax.set_title(title, fontsize=10)
         ax.grid(alpha=0.3)
+    ax = fig.add_subplot(1, 5, 5)  # the result tokens: where question-specific content has to show
+    for j, (label, rs) in enumerate(by.items()):
+        rs = sorted(rs, key=lambda r: r["rounds"])
+        ys = [((r.get("flow") or {}).get("nll_by_class") or {}).get("result") for r in rs]
+        ax.plot([r["rounds"] + (j - n_methods / 2) * 0.03 for r in rs],
+                [y if y is not None else float("nan") for y in ys], marker="o", label=label)
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+    ax.set_xlabel("recursion rounds R")
+    ax.set_title("answer NLL, result tokens", fontsize=10)
+    ax.grid(alpha=0.3)
     fig.axes[0].legend(fontsize=7)
     fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -127,7 +138,7 @@ def _plot_one_round(fig, rows: list[dict], path: Path) -> Path:
     xs = list(range(len(rows)))
     colors = [f"C{i}" for i in xs]
     for i, (key, title) in enumerate(panels):
-        ax = fig.add_subplot(1, 4, i + 1)
+        ax = fig.add_subplot(1, 5, i + 1)
         ys = [r[key] if r[key] is not None and math.isfinite(r[key]) else float("nan") for r in rows]
         if key == "accuracy":
             err = [[max(0.0, r["accuracy"] - r["ci_low"]) for r in rows],
@@ -145,6 +156,19 @@ def _plot_one_round(fig, rows: list[dict], path: Path) -> Path:
         ax.set_xticklabels(labels, rotation=60, ha="right", fontsize=7)
         ax.set_title(f"{title}, R = {rows[0]['rounds']}", fontsize=10)
         ax.grid(alpha=0.3, axis="y")
+    classes = _classes(rows)
+    ax = fig.add_subplot(1, 5, 5)  # NLL per answer token class: a constant soft prompt wins only the wording
+    width = 0.8 / max(1, len(classes))
+    for k, c in enumerate(classes):
+        ys = [((r.get("flow") or {}).get("nll_by_class") or {}).get(c) for r in rows]
+        ax.bar([x + (k - (len(classes) - 1) / 2) * width for x in xs], [y if y is not None else float("nan") for y in ys],
+               width=width, label=c)
+    ax.set_xticks(xs)
+    ax.set_xticklabels(labels, rotation=60, ha="right", fontsize=7)
+    ax.set_title(f"answer NLL by token class, R = {rows[0]['rounds']}", fontsize=10)
+    ax.grid(alpha=0.3, axis="y")
+    if classes:
+        ax.legend(fontsize=7)
     fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, format="png", dpi=100)
