@@ -23,6 +23,7 @@ information flow (`demo.flow`: messages per edge, NLL per answer token class) ri
 from __future__ import annotations
 
 import json
+import os
 import time
 from dataclasses import dataclass
 from pathlib import Path
