@@ -181,7 +181,7 @@ def run_demo(cfg: DemoConfig, console: Console | None = None) -> dict:
     rows.sort(key=lambda x: (order.index(x["variant"]), x["rounds"]))
     compare.add_comparisons(rows)
     tests = verdicts.paired_tests(rows)
-    lines = verdicts.paired_verdicts(tests) + verdicts.flow_verdicts(rows)
+    lines = verdicts.channel_verdicts(rows, tests) + verdicts.paired_verdicts(tests) + verdicts.flow_verdicts(rows)
     text = "\n\n".join(t for t in (report.table(rows), report.flow_table(rows), report.paired_table(tests)) if t)
     png = report.plot(rows, out / "demo_results.png")
     phases["total"] = time.perf_counter() - t_start

@@ -119,4 +119,29 @@ def flow_verdicts(rows: list[dict]) -> list[str]:
     return lines
 
 
-__all__ = ["paired_tests", "paired_verdicts", "flow_verdicts", "ALPHA"]
+CHANNEL_ALPHA = 0.01
+CHANNEL_MIN_N = 128
+
+
+def channel_verdicts(rows: list[dict], tests: list[dict]) -> list[str]:
+    """Hidden-operand task: between the floor (single agent without the fact) and the ceiling (given it), do
+    trained links beat fresh and shuffled ones with McNemar p < 0.01 on >= 128 questions (issue 25)?"""
+    by = {(r["variant"], r["rounds"]): r for r in rows}
+    floor, ceiling = by.get(("single_agent", 1)), by.get(("single_agent/fact", 1))
+    if ceiling is None:
+        return []
+    lines = []
+    for t in tests:
+        if t["other"] not in ("recursive_mas/fresh", "ablation/shuffle"):
+            continue
+        mc = t["mcnemar"]
+        holds = mc["p"] < CHANNEL_ALPHA and mc["a_only"] > mc["b_only"] and mc["n"] >= CHANNEL_MIN_N
+        lines.append(f"channel: hidden operand, R={t['rounds']}: trained {t['accuracy']:.3f} vs {t['other_label']} "
+                     f"{t['other_accuracy']:.3f} (McNemar exact p {mc['p']:.2g}, n {mc['n']}; floor "
+                     f"{floor['accuracy'] if floor else float('nan'):.3f}, ceiling {ceiling['accuracy']:.3f}): "
+                     + ("the trained links transmit the fact (p < 0.01, n >= 128)" if holds else
+                        f"not shown at p < {CHANNEL_ALPHA} with n >= {CHANNEL_MIN_N}") + ".")
+    return lines
+
+
+__all__ = ["paired_tests", "paired_verdicts", "flow_verdicts", "channel_verdicts", "ALPHA"]

@@ -279,6 +279,9 @@ def test_every_figure_of_the_report_is_computed(tmp_path, tiny_cache, family):
         assert math.isfinite(t["nll_diff"]["mean"]) and math.isfinite(t["nll_diff"]["se"])
         assert set(t["nll_diff_by_class"]) == classes
     lines = verdicts.paired_verdicts(tests) + verdicts.flow_verdicts(rows)
+    channel = verdicts.channel_verdicts(rows, tests)
+    assert len(channel) == (2 if hidden else 0)  # trained vs fresh (R = 1) and vs shuffled (R = 2)
+    assert all("not shown at p < 0.01 with n >= 128" in ln for ln in channel)  # n = 10 can never show it
     assert len([ln for ln in lines if ln.startswith("paired:")]) == len(tests)
     assert len([ln for ln in lines if ln.startswith("flow: ")]) == 2 + 5  # trained edges at R = 1 and 2
     assert any("question-specific" in ln for ln in lines)
@@ -395,7 +398,7 @@ def test_demo_quick_on_tiny_preset(tmp_path, ray_cluster, capsys):
     assert len([ln for ln in table if ln.startswith("|---")]) == 3
     other = [ln for ln in lines if not ln.startswith("|")]
     assert all(ln.startswith(("data:", "preparing models", "inner training", "outer training", "starting agents",
-                              "evaluate ", "paired:", "flow:", "plot:", "results:")) for ln in other), other
+                              "evaluate ", "channel:", "paired:", "flow:", "plot:", "results:")) for ln in other), other
     assert sum(ln.startswith("evaluate ") for ln in other) == len(rows) - 1  # R=1 text recursion is TextMAS
     assert (out / "demo_results.png").stat().st_size > 1000 and (out / "logs" / "demo.log").exists()
     for role in ("planner", "critic", "solver"):
