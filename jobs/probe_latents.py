@@ -123,10 +123,11 @@ def run(cfg: ProbeLatentsConfig) -> int:
                 for k in range(0, len(rows), cfg.batch_size):
                     chunk, cid = rows[k:k + cfg.batch_size], ids[k:k + cfg.batch_size]
                     gold = [x["answer"] for x in chunk]
-                    res = run_batch(agents.pool, agents.style, [x["question"] for x in chunk], [demo.task] * len(chunk),
-                                    rc, targets=gold, role_questions=[views[i] for i in cid] if any(views.values()) else None,
-                                    capture=rec.hook(cid, gold))
-                    nll.update({i: x.nll for i, x in zip(cid, res)})
+                    run_batch(agents.pool, agents.style, [x["question"] for x in chunk], [demo.task] * len(chunk),
+                              rc, role_questions=[views[i] for i in cid] if any(views.values()) else None,
+                              capture=rec.hook(cid, gold))
+                    rec.score_pending()  # the decoder's token NLLs; their mean is the answer's NLL
+                    nll.update({i: rec.mean_nll[i] for i in cid})
                 flow = rec.summary(ids, seed=cfg.seed)
                 row = {"label": f"{links} links, {ablation}", "links": links, "ablation": ablation, "rounds": r,
                        "n": len(rows), "nll": sum(nll.values()) / len(nll), "nll_per_doc": nll, "flow": flow}

@@ -189,15 +189,22 @@ def run_one(agents: Agents, variant: Variant, rounds: int, items: list[dict], ta
         gold = [targets[i["doc_id"]] for i in batch]
         capture = recorder.hook([i["doc_id"] for i in batch], gold) if recorder else None
 
+        # the recorder scoring in this process gives the row's NLL from its token NLLs (one forward, the same
+        # Agent.target_nll); otherwise the runner scores (`targets`), e.g. on Ray actors
+        self_scored = recorder is not None and recorder.agent is not None
+
         def solve(qs, ts, rc):
-            res = run_batch(agents.pool, agents.style, qs, ts, rc, targets=gold, role_questions=views(batch),
-                            capture=capture)
+            res = run_batch(agents.pool, agents.style, qs, ts, rc, targets=None if self_scored else gold,
+                            role_questions=views(batch), capture=capture)
             got.extend(res)
             return res
 
         recs = solve_and_grade(batch, 0, variant.key, rc, "strict", solve, agents.retry)
+        if recorder is not None:
+            recorder.score_pending()
         for rec, res in zip(recs, got):
-            rec.update(variant=variant.key, label=variant.label, nll=res.nll, target=targets[rec["doc_id"]])
+            nll = recorder.mean_nll.get(rec["doc_id"]) if self_scored else res.nll
+            rec.update(variant=variant.key, label=variant.label, nll=nll, target=targets[rec["doc_id"]])
         return recs
 
     batches = [items[k:k + batch_size] for k in range(0, len(items), batch_size)]

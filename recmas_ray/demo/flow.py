@@ -3,8 +3,8 @@
 `FlowRecorder` is the runner's `capture` hook (`runner.run_batch(..., capture=...)`) for one (method, R):
 it keeps each question's message per (edge, round) and, where the decoder runs in this process, scores
 the gold answer token by token from the very prompt the decoder decoded from (`Agent.target_nll` with
-`per_token`, the function behind the rows' NLL) so the NLL splits into result / operand / fact / wording
-tokens (`eval.probe.answer_token_classes`). `summary()` turns that into the report's figures: geometry
+`per_token`, the function behind the rows' NLL; after the run, so its time is not the method's) so the
+NLL splits into result / operand / fact / wording tokens (`eval.probe.answer_token_classes`). `summary()` turns that into the report's figures: geometry
 and held-out probes per edge (`eval.probe`), class NLLs per question and on average.
 """
 
@@ -26,6 +26,9 @@ class FlowRecorder:
         """Facts only the planner is given (their numbers are "fact" tokens of the answer)."""
         self.messages: dict[tuple[str, int], dict[str, object]] = {}
         self.class_nll: dict[str, dict[str, float | None]] = {}
+        self.mean_nll: dict[str, float] = {}
+        """doc id -> the mean token NLL of its gold answer (the row's NLL, from the same forward)."""
+        self._pending: list[tuple[list[str], list[str], dict]] = []
         self.class_tokens: dict[str, int] = {c: 0 for c in probe.TOKEN_CLASSES}
         self._lock = threading.Lock()
 
@@ -40,9 +43,19 @@ class FlowRecorder:
                     for b, d in enumerate(doc_ids):
                         slot[d] = msg[b]
             elif event["kind"] == "decoder_input" and self.agent is not None:
-                self._score(doc_ids, targets, event)
+                with self._lock:  # scored after the run (`score_pending`), outside its timing
+                    self._pending.append((doc_ids, targets, event))
 
         return capture
+
+    def score_pending(self) -> None:
+        """Score the decoder inputs captured so far, token by token (in this process)."""
+        while True:
+            with self._lock:
+                if not self._pending:
+                    return
+                doc_ids, targets, event = self._pending.pop(0)
+            self._score(doc_ids, targets, event)
 
     def _score(self, doc_ids, targets, event) -> None:
         latents = dict(zip(event["slot_names"], event["latents"]))
@@ -54,6 +67,7 @@ class FlowRecorder:
             per = probe.nll_by_class(nll, classes)
             with self._lock:
                 self.class_nll[d] = per
+                self.mean_nll[d] = sum(nll) / len(nll)
                 for c in classes:
                     self.class_tokens[c] += 1
 
