@@ -121,7 +121,7 @@ class DemoConfig:
         check_role_models("--role_model", self.role_model, self.style)
 
         cap = DIFFICULTY_SIZES.get(self.difficulty)
-        if cap is not None and self.num_train + self.num_eval > cap:
+        if self.task_family == "arithmetic" and cap is not None and self.num_train + self.num_eval > cap:
             raise ValueError(f"--num_train + --num_eval = {self.num_train + self.num_eval}, but the {self.difficulty} "
                              f"family has only about {cap} distinct questions")
         if self.outer_batch_size > self.num_train or self.inner_batch_size > self.num_train:
