@@ -4,8 +4,10 @@ On a local Ray cluster (or the one `ray job submit` runs in), offline:
   1. generate arithmetic questions ("What is 17 - 8?"; train / held-out split, no question in both)
   2. train the sequential style's inner links (three roles at once), then its outer links
   3. compare on the same held-out questions: single agent, TextMAS, Recursive-TextMAS and RecursiveMAS
-     (fresh, inner-trained, inner+outer-trained links), plus the latent ablation (shuffled, zeroed)
-  4. print one table (accuracy with 95% CI, NLL, tokens, seconds, speedup, token reduction) and write a PNG
+     (fresh, inner-trained, inner+outer-trained links), plus the latent ablation (shuffled, zeroed, empty slot)
+  4. print the tables (accuracy with 95% CI, NLL overall and per answer token class, tokens, seconds, speedup,
+     token reduction; per edge: message cosine, variance ratio, held-out probes; paired tests: McNemar,
+     NLL differences +- SE) and the verdicts, and write a PNG
 
   python jobs/demo.py                    # real small models (SmolLM2-135M, Gemma-3-270M), R = 1, < 20 min on 2 cores
   python jobs/demo.py --rounds 1,2       # also R = 2 (about 7 more minutes)
@@ -13,6 +15,8 @@ On a local Ray cluster (or the one `ray job submit` runs in), offline:
   python jobs/demo.py --quick            # smoke run, a few minutes
   python jobs/demo.py --preset tiny --quick --backend local   # random tiny models, about a minute
   python jobs/demo.py --role_model critic=pkg:smollm2-135m-instruct   # any base model per role
+  python jobs/demo.py --task_family hidden_operand   # only the planner knows x: the answer needs the channel
+  python jobs/demo.py --outer_options NAME=VALUE     # any further OuterTrainConfig field (a recipe's options)
 
 The console shows one line per phase; Ray, training and grader output goes to OUTPUT/logs/ (--verbose
 shows it). Every setting below can also come from --config FILE (JSON/YAML).

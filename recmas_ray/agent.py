@@ -177,8 +177,10 @@ class Agent:
         return e_LD, ids_L, assistant_L
 
     @torch.no_grad()
-    def target_nll(self, users: list[str], latents: dict[str, torch.Tensor] | None, targets: list[str]) -> list[float]:
-        """Mean token NLL of each target teacher-forced after its chat prompt with latents spliced in.
+    def target_nll(self, users: list[str], latents: dict[str, torch.Tensor] | None, targets: list[str], *,
+                   per_token: bool = False) -> list[float] | list[list[float]]:
+        """Mean token NLL of each target teacher-forced after its chat prompt with latents spliced in
+        (`per_token`: each target's token NLLs instead, in the order of `target_token_offsets`).
 
         The prompt is exactly what `decode` starts from (`embed_prompt`); the target is the assistant turn
         as the chat template renders it (`embed_teacher_forced`, as in training); `latents` maps slot -> [B, M, D].
@@ -202,7 +204,15 @@ class Agent:
         tgt_BL = ids_BL[:, first + 1:]
         keep_BL = tgt_BL != -100
         tok_nll_BL = -logp_BLV.gather(-1, tgt_BL.clamp(min=0)[..., None])[..., 0] * keep_BL
+        if per_token:
+            return [row[keep].tolist() for row, keep in zip(tok_nll_BL, keep_BL)]
         return (tok_nll_BL.sum(-1) / keep_BL.sum(-1).clamp(min=1)).tolist()
+
+    def target_token_offsets(self, target: str) -> list[tuple[int, int]]:
+        """Character span in `target` of each token `target_nll` scores (the turn's end: spans past the text)."""
+        enc = self.tokenizer(target + self.assistant_turn_end(), add_special_tokens=False,
+                             return_offsets_mapping=True)
+        return [tuple(o) for o in enc["offset_mapping"]]
 
     def forward_hidden(self, e_BLD: torch.Tensor, mask_BL: torch.Tensor) -> torch.Tensor:
         """Last-layer hidden states [B, L, D] (after the final norm), no cache; grad as the caller enables."""

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any, Callable, Protocol
 
 from recmas_ray.config.checks import check_tree
 from recmas_ray.config.recursion import DecodeConfig, RecursionConfig
@@ -52,28 +52,60 @@ class SampleResult:
 
 
 def run_batch(pool: AgentPool, style: StyleSpec, questions: list[str], tasks: list[str],
-              cfg: RecursionConfig, *, targets: list[str] | None = None) -> list[SampleResult]:
+              cfg: RecursionConfig, *, targets: list[str] | None = None,
+              role_questions: list[dict[str, str]] | None = None,
+              capture: Callable[[dict], None] | None = None) -> list[SampleResult]:
     """Run one batch of questions through the style with `cfg.method`.
 
     `targets` (one gold answer text per question): the decoder also teacher-forces each target after
     the very prompt it decodes from (latents or upstream texts spliced in) and `SampleResult.nll` is
     its mean token negative log-likelihood; the same code path for every method. Scoring time is not
     counted in `seconds`, and traces and token counts are unchanged.
+
+    `role_questions[b]` (optional): role -> the question text that role sees for question b (roles not
+    named see `questions[b]`), for tasks where only some agents hold a fact. `capture` (measurement
+    hook, e.g. `recmas_ray.eval.probe`): called with {"kind": "message", "round", "role", "edge",
+    "message" [B, M, E] tensor} for every latent message produced, and once with {"kind":
+    "decoder_input", "role", "users", "slot_names", "latents"} for the prompt the final decode starts
+    from (latents after any ablation); materialising them is the hook's only cost.
     """
     check_tree(cfg, lambda path: path)
     if targets is not None and len(targets) != len(questions):
         raise ValueError(f"run_batch: {len(targets)} targets for {len(questions)} questions")
+    if role_questions is not None and len(role_questions) != len(questions):
+        raise ValueError(f"run_batch: {len(role_questions)} role_questions for {len(questions)} questions")
+    asked = _Asked(questions, role_questions)
     t0 = time.perf_counter()
     if cfg.method == "single_agent":
-        users = [render_single_agent_prompt(style, t, q) for q, t in zip(questions, tasks)]
+        users = [render_single_agent_prompt(style, t, q) for q, t in zip(asked.of(style.decoder), tasks)]
         calls = [(1, style.decoder, "decode", pool.decode(style.decoder, users, [], cfg.decode, []))]
         calls += _score(pool, style.decoder, users, [], [], targets)
+        _capture_input(capture, pool, style.decoder, users, [], [])
     elif cfg.method == "recursive_mas":
-        calls = _run_latent(pool, style, questions, tasks, cfg, targets)
+        calls = _run_latent(pool, style, asked, tasks, cfg, targets, capture)
     else:
         rounds = 1 if cfg.method == "textmas" else cfg.num_recursive_rounds
-        calls = _run_text(pool, style, questions, tasks, cfg, rounds, targets)
+        calls = _run_text(pool, style, asked, tasks, cfg, rounds, targets, capture)
     return _collect(pool, calls, len(questions), t0)
+
+
+@dataclass
+class _Asked:
+    """The question text each role sees (the same for every role unless `role_questions` says otherwise)."""
+
+    questions: list[str]
+    role_questions: list[dict[str, str]] | None
+
+    def of(self, role: str) -> list[str]:
+        if self.role_questions is None:
+            return self.questions
+        return [rq.get(role, q) for q, rq in zip(self.questions, self.role_questions)]
+
+
+def _capture_input(capture, pool, role, users, slot_names, latents) -> None:
+    if capture is not None:
+        capture({"kind": "decoder_input", "role": role, "users": list(users), "slot_names": list(slot_names),
+                 "latents": [pool.get(h, what=f"role {role} (captured input)") for h in latents]})
 
 
 def _score(pool, role, users, slot_names, latents, targets) -> list:
@@ -96,11 +128,11 @@ def _ablate(pool, handles: list, mode: str, what: str) -> list:
     return out
 
 
-def _run_latent(pool, style, questions, tasks, cfg, targets=None):
+def _run_latent(pool, style, asked, tasks, cfg, targets=None, capture=None):
     messages: dict[str, Any] = {}  # edge -> handle of its latest [B, M, E] message
     calls = []
     for step in build_schedule(style, cfg.num_recursive_rounds, decode_every_round=cfg.decode_every_round):
-        users = [render_prompt(style, step.role, step.variant, t, q) for q, t in zip(questions, tasks)]
+        users = [render_prompt(style, step.role, step.variant, t, q) for q, t in zip(asked.of(step.role), tasks)]
         slot_names = [m for m, _ in step.inputs]
         latents = _ablate(pool, [messages[e] for _, e in step.inputs], cfg.latent_ablation,
                           f"role {step.role}, round {step.round} (latents to ablate)")
@@ -109,23 +141,28 @@ def _run_latent(pool, style, questions, tasks, cfg, targets=None):
                           pool.decode(step.role, users, slot_names, cfg.decode, latents)))
             if step.decode:
                 calls += _score(pool, step.role, users, slot_names, latents, targets)
+                _capture_input(capture, pool, step.role, users, slot_names, latents)
         if step.outputs:
             outs, stats = pool.rollout(step.role, users, slot_names, cfg.latent_steps, step.outputs, latents)
             messages.update(zip(step.outputs, outs))
+            for edge, h in zip(step.outputs, outs) if capture is not None else ():
+                capture({"kind": "message", "round": step.round, "role": step.role, "edge": edge,
+                         "message": pool.get(h, what=f"role {step.role}, round {step.round} (captured message)")})
             calls.append((step.round, step.role, "rollout", stats))
     return calls
 
 
-def _run_text(pool, style, questions, tasks, cfg, rounds, targets=None):
+def _run_text(pool, style, asked, tasks, cfg, rounds, targets=None, capture=None):
     texts: dict[str, list[str]] = {}  # edge -> latest text per sample
     calls = []
     for step in build_schedule(style, rounds):
         users = [render_prompt(style, step.role, step.variant, t, q, {m: texts[e][b] for m, e in step.inputs})
-                 for b, (q, t) in enumerate(zip(questions, tasks))]
+                 for b, (q, t) in enumerate(zip(asked.of(step.role), tasks))]
         handle = pool.decode(step.role, users, [], cfg.decode, [])
         if step.decode:
             calls.append((step.round, step.role, "decode", handle))
             calls += _score(pool, step.role, users, [], [], targets)
+            _capture_input(capture, pool, step.role, users, [], [])
             continue
         decoded, stats = pool.get(handle, what=f"role {step.role}, round {step.round} (text)")
         calls.append((step.round, step.role, "text", _Ready((decoded, stats))))

@@ -6,10 +6,16 @@
   outer loop  outer links trained through R rounds of the frozen agents (pipeline-parallel Ray Train)
   comparison  on the same held-out questions (`demo.compare`): single agent, TextMAS, Recursive-TextMAS,
               RecursiveMAS with fresh / inner-trained / inner+outer-trained links (default R = 1;
-              --rounds / --link_rounds choose more), and the latent ablation (shuffled, zeroed);
-              accuracy with a Wilson 95% CI and n, the gold answer's NLL under the decoder given what
-              it receives, tokens and seconds per question
-  report      one table (speedup and token reduction vs Recursive-TextMAS) and one PNG
+              --rounds / --link_rounds choose more), and the latent ablation (shuffled, zeroed, empty
+              slot = the solver's multi-agent prompt alone); accuracy with a Wilson 95% CI and n, the
+              gold answer's NLL under the decoder given what it receives (overall and per answer token
+              class), tokens and seconds per question; the information flow of every latent row
+              (`demo.flow`: cosine, variance ratio and held-out probes per edge and round)
+  tests       paired, trained system vs every other row (`demo.verdicts`: McNemar exact, paired NLL
+              differences +- SE per token class); verdict lines from them
+  report      three tables (methods; information flow; paired tests) and one PNG
+  tasks       --task_family arithmetic, or hidden_operand (only the planner is told the fact; adds the
+              single agent given the fact as the ceiling; `pipeline.role_questions_of` reads the rows)
 
 With `--preset demo` the agents are real small models from PyPI wheels (planner and solver
 SmolLM2-135M-Instruct, critic Gemma-3-270M); `--preset tiny` uses the random tiny models of the tests.

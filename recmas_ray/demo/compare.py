@@ -1,24 +1,28 @@
-"""The comparison: every method on the same held-out questions, accuracy (Wilson 95% CI), NLL, cost.
+"""The comparison: every method on the same held-out questions, accuracy (Wilson 95% CI), NLL, cost, information flow.
 
 One set of agents serves every row: the text methods ignore links, and the RecursiveMAS variants
 swap link weights into the running agents (`AgentService.set_links`), so models load once.
 
   single agent                 the decoder alone                                  R = 1
+  single agent given the fact  hidden-operand task only: the planner's question   R = 1
   TextMAS                      one round of text between the agents               R = 1
   Recursive-TextMAS            R rounds of text (R = 1 is TextMAS itself)         R in rounds
   RecursiveMAS (fresh links)   latents through freshly initialised links          R in rounds
   RecursiveMAS (inner only)    trained inner links, fresh outer links             R in rounds
   RecursiveMAS (inner+outer)   trained inner and outer links                      R in rounds
   ablation: shuffled / zero    inner+outer, incoming latents of another question / zeros
+  ablation: empty slot         m = 0: every slot empty, so the decoder sees the solver's multi-agent
+                               prompt alone (separates the prompt from the latents)
 
 NLL: the decoder teacher-forces the gold answer after the prompt it decodes from (its latents, or
-the upstream agents' text), one code path for every method (`run_batch(..., targets=...)`).
+the upstream agents' text), one code path for every method (`run_batch(..., targets=...)`). The
+information flow (`demo.flow`: messages per edge, NLL per answer token class) rides on the runner's
+`capture` hook of the same runs; paired tests and verdicts are in `demo.verdicts`.
 """
 
 from __future__ import annotations
 
 import json
-import math
 import os
 import time
 from dataclasses import dataclass
@@ -27,6 +31,7 @@ from typing import Callable
 
 from recmas_ray.config.recursion import DecodeConfig, RecursionConfig
 from recmas_ray.eval.results import SampleWriter
+from recmas_ray.eval.stats import wilson_interval
 from recmas_ray.eval.stream import solve_and_grade
 
 
@@ -40,10 +45,16 @@ class Variant:
     links: str | None = None
     """fresh, inner or trained: the link set swapped in first (None: text methods, links unused)."""
     ablation: str = "none"
+    latent_steps: int | None = None
+    """m of this row (None: the run's m); 0 sends empty latent blocks, i.e. empty slots."""
+    question_from: str | None = None
+    """Single agent only: decode from the question text this role sees (the planner's holds the hidden
+    fact: the ceiling row of the hidden-operand task)."""
 
 
 VARIANTS = (
     Variant("single_agent", "single agent", "single_agent"),
+    Variant("single_agent/fact", "single agent given the fact (ceiling)", "single_agent", question_from="planner"),
     Variant("textmas", "TextMAS", "textmas"),
     Variant("recursive_textmas", "Recursive-TextMAS", "recursive_textmas"),
     Variant("recursive_mas/fresh", "RecursiveMAS, fresh links", "recursive_mas", "fresh"),
@@ -51,34 +62,32 @@ VARIANTS = (
     Variant("recursive_mas/trained", "RecursiveMAS, inner+outer trained", "recursive_mas", "trained"),
     Variant("ablation/shuffle", "ablation: latents shuffled", "recursive_mas", "trained", "shuffle"),
     Variant("ablation/zero", "ablation: latents zeroed", "recursive_mas", "trained", "zero"),
+    Variant("ablation/empty", "ablation: empty slot (solver prompt alone)", "recursive_mas", "trained",
+            latent_steps=0),
 )
 BY_KEY = {v.key: v for v in VARIANTS}
 BASELINE = "recursive_textmas"
+ABLATIONS = ("shuffle", "zero", "empty")
 
 
-def wilson(k: int, n: int, z: float = 1.96) -> tuple[float, float]:
-    """Wilson score interval of k successes in n trials (95% by default)."""
-    if n <= 0:
-        return (0.0, 1.0)
-    p = k / n
-    den = 1 + z * z / n
-    centre = (p + z * z / (2 * n)) / den
-    half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / den
-    return (max(0.0, centre - half), min(1.0, centre + half))
+def wilson(k: int, n: int) -> tuple[float, float]:
+    """Wilson score 95% interval of k successes in n trials (`eval.stats.wilson_interval`, scipy)."""
+    return wilson_interval(k, n)
 
 
-def plan_runs(rounds: list[int], ablation_rounds: list[int], link_rounds: list[int] | None = None
-              ) -> list[tuple[str, int]]:
+def plan_runs(rounds: list[int], ablation_rounds: list[int], link_rounds: list[int] | None = None, *,
+              hidden_fact: bool = False) -> list[tuple[str, int]]:
     """(variant key, R) in the order they run: text methods, then the link sets one after another.
 
-    The fresh and inner-only link sets run at `link_rounds` (default: every R), the trained one at every R.
+    The fresh and inner-only link sets run at `link_rounds` (default: every R), the trained one at every R;
+    `hidden_fact` adds the hidden-operand task's ceiling row (the single agent given the fact).
     """
-    runs = [("single_agent", 1), ("textmas", 1)]
+    runs = [("single_agent", 1)] + ([("single_agent/fact", 1)] if hidden_fact else []) + [("textmas", 1)]
     runs += [("recursive_textmas", r) for r in rounds if r > 1]  # R = 1 is TextMAS, reused
     for links in ("fresh", "inner", "trained"):
         runs += [(f"recursive_mas/{links}", r) for r in rounds
                  if links == "trained" or link_rounds is None or r in link_rounds]
-    runs += [(f"ablation/{a}", r) for r in ablation_rounds for a in ("shuffle", "zero")]
+    runs += [(f"ablation/{a}", r) for r in ablation_rounds for a in ABLATIONS]
     return runs
 
 
@@ -137,36 +146,65 @@ class Agents:
         if self.system is not None:
             self.system.shutdown()
 
+    def decoder_agent(self):
+        """The decoder's `Agent` when it runs in this process (token-class NLL), else None."""
+        return self.pool.services[self.decoder].agent if self.system is None else None
+
 
 def run_one(agents: Agents, variant: Variant, rounds: int, items: list[dict], targets: dict[str, str], *,
             latent_steps: int, max_new_tokens: int, batch_size: int, seed: int, samples_path: Path,
-            num_in_flight: int = 1, on_sample: Callable[[int, int, float], None] | None = None) -> dict:
+            num_in_flight: int = 1, on_sample: Callable[[int, int, float], None] | None = None,
+            facts: dict[str, dict] | None = None, role_questions: dict[str, dict[str, str]] | None = None,
+            hidden_facts: tuple[str, ...] = ()) -> dict:
     """Evaluate one (variant, R) on `items`; writes its samples file and returns its summary row.
 
     `num_in_flight` batches run at once (Ray backend): each agent is its own process, so while the
-    solver decodes one batch the planner and critic already work on the next ones.
+    solver decodes one batch the planner and critic already work on the next ones. `facts` (doc id ->
+    `eval.probe.question_facts`) turns on the information-flow figures (`demo.flow`); `role_questions`
+    (doc id -> role -> question text) gives roles different views of a question (the hidden fact).
     """
     from concurrent.futures import ThreadPoolExecutor
 
+    from recmas_ray.demo.flow import FlowRecorder
     from recmas_ray.runner import run_batch
 
     if variant.links:
         agents.use_links(variant.links)
-    rc = RecursionConfig(method=variant.method, num_recursive_rounds=rounds, latent_steps=latent_steps,
+    m = latent_steps if variant.latent_steps is None else variant.latent_steps
+    rc = RecursionConfig(method=variant.method, num_recursive_rounds=rounds, latent_steps=m,
                          latent_ablation=variant.ablation,
                          decode=DecodeConfig(max_new_tokens=max_new_tokens, seed=seed))
+    recorder = FlowRecorder(facts, agents.decoder_agent(), hidden_facts=hidden_facts) if facts is not None else None
+
+    def views(batch):
+        if role_questions is None:
+            return None
+        got = [dict(role_questions.get(i["doc_id"], {})) for i in batch]
+        if variant.question_from:  # the single agent reads that role's view of the question
+            got = [{agents.decoder: v.get(variant.question_from, i["question"])} for v, i in zip(got, batch)]
+        return got
 
     def one_batch(batch: list[dict]) -> list[dict]:
         got: list = []
+        gold = [targets[i["doc_id"]] for i in batch]
+        capture = recorder.hook([i["doc_id"] for i in batch], gold) if recorder else None
+
+        # the recorder scoring in this process gives the row's NLL from its token NLLs (one forward, the same
+        # Agent.target_nll); otherwise the runner scores (`targets`), e.g. on Ray actors
+        self_scored = recorder is not None and recorder.agent is not None
 
         def solve(qs, ts, rc):
-            res = run_batch(agents.pool, agents.style, qs, ts, rc, targets=[targets[i["doc_id"]] for i in batch])
+            res = run_batch(agents.pool, agents.style, qs, ts, rc, targets=None if self_scored else gold,
+                            role_questions=views(batch), capture=capture)
             got.extend(res)
             return res
 
         recs = solve_and_grade(batch, 0, variant.key, rc, "strict", solve, agents.retry)
+        if recorder is not None:
+            recorder.score_pending()
         for rec, res in zip(recs, got):
-            rec.update(variant=variant.key, label=variant.label, nll=res.nll, target=targets[rec["doc_id"]])
+            nll = recorder.mean_nll.get(rec["doc_id"]) if self_scored else res.nll
+            rec.update(variant=variant.key, label=variant.label, nll=nll, target=targets[rec["doc_id"]])
         return recs
 
     batches = [items[k:k + batch_size] for k in range(0, len(items), batch_size)]
@@ -181,11 +219,16 @@ def run_one(agents: Agents, variant: Variant, rounds: int, items: list[dict], ta
                 ok += int(rec["correct"])
                 if on_sample:
                     on_sample(len(records), ok, time.perf_counter() - t0)
-    return summarize_run(variant, rounds, records, wall_s=time.perf_counter() - t0)
+    row = summarize_run(variant, rounds, records, wall_s=time.perf_counter() - t0)
+    if recorder is not None:
+        row["flow"] = recorder.summary([i["doc_id"] for i in items], seed=seed)
+    return row
 
 
 def summarize_run(variant: Variant, rounds: int, records: list[dict], *, wall_s: float | None = None) -> dict:
     """accuracy, its Wilson 95% CI and n; NLL (mean and standard error); tokens, latent steps, seconds."""
+    import math
+
     n = len(records)
     k = sum(bool(r["correct"]) for r in records)
     lo, hi = wilson(k, n)
@@ -204,10 +247,10 @@ def summarize_run(variant: Variant, rounds: int, records: list[dict], *, wall_s:
 
 def add_comparisons(rows: list[dict]) -> list[dict]:
     """Speedup (baseline s / s) and token reduction (1 - tokens / baseline tokens) vs Recursive-TextMAS at
-    the same R (R = 1 for single agent and TextMAS, where Recursive-TextMAS is TextMAS itself)."""
+    the same R (R = 1 for the single-agent rows and TextMAS, where Recursive-TextMAS is TextMAS itself)."""
     base = {r["rounds"]: r for r in rows if r["variant"] == BASELINE}
     for r in rows:
-        b = base.get(r["rounds"] if r["variant"] not in ("single_agent", "textmas") else 1)
+        b = base.get(r["rounds"] if not r["variant"].startswith(("single_agent", "textmas")) else 1)
         s, bs = r["seconds_per_sample"], (b or {}).get("seconds_per_sample")
         t, bt = r["tokens_per_sample"], (b or {}).get("tokens_per_sample")
         r["speedup"] = bs / s if b and s and bs else None
@@ -215,40 +258,15 @@ def add_comparisons(rows: list[dict]) -> list[dict]:
     return rows
 
 
-def ablation_verdicts(rows: list[dict]) -> list[str]:
-    """Per ablation row: did accuracy and answer likelihood drop against the intact trained system?"""
-    intact = {r["rounds"]: r for r in rows if r["variant"] == "recursive_mas/trained"}
-    out = []
-    for r in rows:
-        if not r["variant"].startswith("ablation/") or r["rounds"] not in intact:
-            continue
-        ref = intact[r["rounds"]]
-        diffs = [r["nll_per_doc"][d] - ref["nll_per_doc"][d] for d in ref["nll_per_doc"]
-                 if r["nll_per_doc"].get(d) is not None and ref["nll_per_doc"][d] is not None]
-        mean = sum(diffs) / len(diffs) if diffs else float("nan")
-        se = math.sqrt(sum((x - mean) ** 2 for x in diffs) / (len(diffs) - 1) / len(diffs)) if len(diffs) > 1 else float("nan")
-        nll_says = ("rose" if mean > 2 * se else "fell" if mean < -2 * se else "did not change significantly") \
-            if math.isfinite(se) else "could not be compared"
-        d_acc = r["accuracy"] - ref["accuracy"]
-        overlap = r["ci_high"] >= ref["ci_low"] and ref["ci_high"] >= r["ci_low"]
-        acc_says = ("dropped" if d_acc < 0 else "rose" if d_acc > 0 else "did not change") + \
-            (" (within the 95% CIs)" if overlap and d_acc else "")
-        rose = math.isfinite(se) and mean > 2 * se
-        if r["ablation"] == "shuffle":  # another question's latents: tests question-specific content
-            verdict = "the latents carry information about their own question" if rose else \
-                "no evidence here that the latents carry question-specific information"
-        else:  # zeros: tests whether the decoder uses the latent slots at all
-            verdict = "the decoder uses what the latents carry" if rose else \
-                "no evidence here that the decoder uses the latents"
-        out.append(f"{r['label']} at R={r['rounds']}: accuracy {acc_says} ({ref['accuracy']:.3f} -> "
-                   f"{r['accuracy']:.3f}), answer NLL {nll_says} ({ref['nll']:.3f} -> {r['nll']:.3f}, paired "
-                   f"difference {mean:+.3f} +- {se:.3f}): {verdict}.")
-    return out
+PER_DOC = ("nll_per_doc", "correct_per_doc")
 
 
 def public_row(row: dict) -> dict:
     """The row without per-question detail (for the results file's table)."""
-    return {k: v for k, v in row.items() if k not in ("nll_per_doc", "correct_per_doc")}
+    out = {k: v for k, v in row.items() if k not in PER_DOC}
+    if row.get("flow"):
+        out["flow"] = {k: v for k, v in row["flow"].items() if k != "nll_by_class_per_doc"}
+    return out
 
 
 def write_json(path: Path, data) -> Path:

@@ -7,12 +7,21 @@ sizes below, and any flag given with them still wins.
 from __future__ import annotations
 
 import dataclasses
+import typing
 from dataclasses import dataclass, field
 from typing import Annotated
 
 from recmas_ray.config.checks import OneOf, Range, WritableDir
 from recmas_ray.config.recursion import MAX_ROUNDS
 from recmas_ray.train.synthetic import DIFFICULTIES
+
+TASK_FAMILIES = ("arithmetic", "hidden_operand")
+DEMO_INNER = ("style", "mas_role", "role_model", "preset", "dataset_name", "save_dir", "max_steps", "batch_size",
+              "lr", "seed", "task")
+"""InnerTrainConfig fields the demo sets from its own flags (not accepted in --inner_options)."""
+DEMO_OUTER = ("style", "ckpt_override", "role_model", "preset", "dataset_name", "task", "save_dir",
+              "num_recursive_rounds", "max_latent_tokens", "max_steps", "batch_size", "lr", "seed")
+"""OuterTrainConfig fields the demo sets from its own flags (not accepted in --outer_options)."""
 
 MIN_HELDOUT = 64
 """Held-out questions of the default and full runs (the quick smoke run may use fewer)."""
@@ -33,6 +42,10 @@ class DemoConfig:
     difficulty: Annotated[str, OneOf(tuple(DIFFICULTIES))] = "arith"
     """Generated task family: arith (bare a + b / a - b; calibrated so the decoder alone solves part of it),
     one_step (one-operation word problems), multi (2-4 steps) or mixed."""
+    task_family: Annotated[str, OneOf(TASK_FAMILIES)] = "arithmetic"
+    """arithmetic (every agent sees the whole question; --difficulty picks the family) or hidden_operand (only
+    the planner's prompt holds a fact, "x = 17", the critic and solver see "What is x - 8?": the answer can
+    arrive only through the channel; rows from `train.synthetic.make_hidden_operand_dataset`)."""
     task: Annotated[str, OneOf(("qa", "math"))] = "qa"
     """Answer format asked for: qa ("put the final short answer within \\boxed{}") or math ("reason step
     by step and put the final answer within \\boxed{}"; the 135M decoder rambles and scores lower)."""
@@ -74,6 +87,15 @@ class DemoConfig:
     row always runs at every R. At R = 1 every outer link but the feedback edge is already in use."""
     ablation: bool = True
     """Also run the latent ablation (trained links, incoming latents shuffled within the batch / zeroed)."""
+    information_flow: bool = True
+    """Measure the messages of every latent row (between-question cosine, variance ratio, held-out probes
+    of the question's facts per edge and round) and, with --backend local, the answer NLL per token class."""
+    inner_options: dict[str, str] = field(default_factory=dict)
+    """NAME=VALUE: further InnerTrainConfig fields for the inner loop (checked against that config)."""
+    outer_options: dict[str, str] = field(default_factory=dict)
+    """NAME=VALUE: further OuterTrainConfig fields for the outer loop, e.g. a training recipe's options
+    (checked against that config before anything runs; the demo's own settings above take these names:
+    max_steps, lr, batch_size, max_latent_tokens, num_recursive_rounds ... come from their own flags)."""
     ablation_rounds: Annotated[list[int], Range(1, MAX_ROUNDS)] = field(default_factory=list)
     """R values of the ablation (empty: the largest evaluated R)."""
     backend: Annotated[str, OneOf(("ray", "local"))] = "local"
@@ -99,15 +121,26 @@ class DemoConfig:
         check_role_models("--role_model", self.role_model, self.style)
 
         cap = DIFFICULTY_SIZES.get(self.difficulty)
-        if cap is not None and self.num_train + self.num_eval > cap:
+        if self.task_family == "arithmetic" and cap is not None and self.num_train + self.num_eval > cap:
             raise ValueError(f"--num_train + --num_eval = {self.num_train + self.num_eval}, but the {self.difficulty} "
                              f"family has only about {cap} distinct questions")
         if self.outer_batch_size > self.num_train or self.inner_batch_size > self.num_train:
             raise ValueError(f"--num_train {self.num_train} cannot fill one training batch")
+        if self.task_family == "hidden_operand" and hidden_operand_generator() is None:
+            raise ValueError("--task_family hidden_operand needs recmas_ray.train.synthetic."
+                             "make_hidden_operand_dataset, which this checkout does not have")
+        self.typed_options()
         for flag, values in (("--ablation_rounds", self.ablation_rounds), ("--link_rounds", self.link_rounds)):
             bad = sorted(set(values) - set(self.rounds))
             if bad:
                 raise ValueError(f"{flag} {bad} are not among --rounds {self.rounds}")
+
+    def typed_options(self) -> tuple[dict, dict]:
+        """--inner_options / --outer_options as typed values of InnerTrainConfig / OuterTrainConfig fields."""
+        from recmas_ray.config.training import InnerTrainConfig, OuterTrainConfig
+
+        return (_typed("--inner_options", InnerTrainConfig, self.inner_options, DEMO_INNER),
+                _typed("--outer_options", OuterTrainConfig, self.outer_options, DEMO_OUTER))
 
     def ablation_r(self) -> list[int]:
         """R values at which the ablation runs (default: the largest R of the fresh / inner-only rows)."""
@@ -145,3 +178,35 @@ RECIPES = {"default": default, "quick": quick, "full": full}
 
 def as_dict(cfg: DemoConfig) -> dict:
     return dataclasses.asdict(cfg)
+
+
+def hidden_operand_generator():
+    """`train.synthetic.make_hidden_operand_dataset(num_rows, seed=...)` where this checkout has it, else None."""
+    from recmas_ray.train import synthetic
+
+    return getattr(synthetic, "make_hidden_operand_dataset", None)
+
+
+def _typed(flag: str, cls, options: dict[str, str], reserved: tuple[str, ...]) -> dict:
+    from recmas_ray.config.checks import field_hints, split_annotated
+    from recmas_ray.config.cli import parse_text
+
+    hints = field_hints(cls)
+    out = {}
+    for name, text in options.items():
+        if name in reserved:
+            raise ValueError(f"{flag} {name}: set by the demo's own flag (--{_own_flag(name)}), not here")
+        if name not in hints:
+            raise ValueError(f"{flag} {name}: not a field of {cls.__name__}; expected one of {sorted(hints)}")
+        base, _ = split_annotated(hints[name])
+        try:
+            out[name] = parse_text(base, [text] if typing.get_origin(base) in (list, tuple, dict) else text)
+        except Exception as e:  # noqa: BLE001 - argparse's type error: one line naming the value
+            raise ValueError(f"{flag} {name}={text!r}: {e}") from None
+    return out
+
+
+def _own_flag(name: str) -> str:
+    return {"max_steps": "inner_steps / outer_steps", "lr": "inner_lr / outer_lr", "batch_size":
+            "inner_batch_size / outer_batch_size", "num_recursive_rounds": "outer_rounds",
+            "max_latent_tokens": "max_latent_tokens"}.get(name, name)

@@ -7,7 +7,7 @@ import json
 import time
 from pathlib import Path
 
-from recmas_ray.demo import compare, report
+from recmas_ray.demo import compare, report, verdicts
 from recmas_ray.demo.config import DemoConfig
 from recmas_ray.demo.console import Console
 
@@ -16,10 +16,42 @@ def make_data(cfg: DemoConfig, out: Path) -> tuple[Path, Path, list[dict]]:
     """Generate, split (held-out questions never in training: checked) and write train / held-out files."""
     from recmas_ray.train.synthetic import check_disjoint, make_arithmetic_dataset, split_train_eval, write_jsonl
 
-    rows = make_arithmetic_dataset(cfg.num_train + cfg.num_eval, seed=cfg.seed, difficulty=cfg.difficulty)
+    if cfg.task_family == "hidden_operand":
+        from recmas_ray.demo.config import hidden_operand_generator
+
+        rows = hidden_operand_generator()(cfg.num_train + cfg.num_eval, seed=cfg.seed)
+    else:
+        rows = make_arithmetic_dataset(cfg.num_train + cfg.num_eval, seed=cfg.seed, difficulty=cfg.difficulty)
     train, heldout = split_train_eval(rows, cfg.num_eval, seed=cfg.seed)
-    check_disjoint(train, heldout)
+    # a question is what its best-informed agent sees (the hidden fact included)
+    check_disjoint([{"question": full_question(r)} for r in train], [{"question": full_question(r)} for r in heldout])
     return write_jsonl(train, out / "train.jsonl"), write_jsonl(heldout, out / "heldout.jsonl"), heldout
+
+
+def role_questions_of(row: dict) -> dict[str, str]:
+    """role -> the question text that role sees, for rows where roles see different things (empty: all
+    see `question`). THE one place the demo reads a per-role view: `role_questions` (role -> text) or
+    `context` (role -> text put before the question) of a generated row."""
+    if isinstance(row.get("role_questions"), dict):
+        return {str(k): str(v) for k, v in row["role_questions"].items()}
+    if isinstance(row.get("context"), dict):
+        return {str(k): f"{v} {row['question']}".strip() for k, v in row["context"].items()}
+    return {}
+
+
+def full_question(row: dict) -> str:
+    """The question with every role's extra context (what an agent seeing everything would read)."""
+    views = role_questions_of(row)
+    return max([row["question"], *views.values()], key=len)
+
+
+def hidden_facts_of(row: dict, facts: dict) -> tuple[str, ...]:
+    """Facts (numbers) some role's view states but the plain question does not: the hidden operand."""
+    import re
+
+    shown = set(re.findall(r"\d+", row["question"]))
+    extra = {n for v in role_questions_of(row).values() for n in re.findall(r"\d+", v)} - shown
+    return tuple(k for k, v in facts.items() if isinstance(v, float) and v.is_integer() and str(int(v)) in extra)
 
 
 def train_links(cfg: DemoConfig, train_file: Path, out: Path, models: dict[str, str], console: Console) -> dict:
@@ -32,14 +64,16 @@ def train_links(cfg: DemoConfig, train_file: Path, out: Path, models: dict[str, 
     from recmas_ray.train.pipeline import train_outer
 
     roles = list(models)
+    inner_options, outer_options = cfg.typed_options()
     console.start(f"inner training: {', '.join(roles)} at once, {cfg.inner_steps} steps each")
     inner_dirs = train_all_roles(
         InnerTrainConfig(style=cfg.style, mas_role="all", role_model=dict(models), preset=cfg.preset,
                          dataset_name=str(train_file), save_dir=str(out / "inner"),
                          max_steps=cfg.inner_steps, batch_size=cfg.inner_batch_size, lr=cfg.inner_lr,
-                         warmup_steps=min(2, cfg.inner_steps - 1), save_every=cfg.inner_steps, seed=cfg.seed,
-                         num_workers=0, progress=False, max_length=512, task=cfg.task,
-                         log_every=max(1, cfg.inner_steps // 4)))
+                         seed=cfg.seed, task=cfg.task,
+                         **{"warmup_steps": min(2, cfg.inner_steps - 1), "save_every": cfg.inner_steps,
+                            "num_workers": 0, "progress": False, "max_length": 512,
+                            "log_every": max(1, cfg.inner_steps // 4), **inner_options}))
     losses = {}
     for role, d in inner_dirs.items():
         try:
@@ -55,18 +89,28 @@ def train_links(cfg: DemoConfig, train_file: Path, out: Path, models: dict[str, 
         style=cfg.style, ckpt_override=overrides, role_model=dict(models), preset=cfg.preset,
         dataset_name=str(train_file), task=cfg.task,
         save_dir=str(out / "outer"), num_recursive_rounds=cfg.outer_r(), max_latent_tokens=cfg.max_latent_tokens,
-        max_steps=cfg.outer_steps, batch_size=cfg.outer_batch_size, lr=cfg.outer_lr, warmup_steps=1,
-        save_every=cfg.outer_steps, seed=cfg.seed, cpus_per_worker=0.5, max_failures=0))
+        max_steps=cfg.outer_steps, batch_size=cfg.outer_batch_size, lr=cfg.outer_lr,
+        seed=cfg.seed, **{"save_every": cfg.outer_steps, "cpus_per_worker": 0.5, "max_failures": 0,
+                          "warmup_steps": 1, **outer_options}))
     log = outer.log or []
     first, last = (log[0]["loss"], log[-1]["loss"]) if log else (None, None)
     console.done(f"loss {first:.3f} -> {last:.3f}" if log else "no steps logged")
     return {**overrides, "outer": str(outer.save_dir), "_inner_losses": losses, "_outer_log": log}
 
 
+def link_plans(cfg: DemoConfig, models: dict[str, str], trained: dict[str, str]) -> dict:
+    """The three link sets as system plans: fresh, inner-trained (fresh outer links), inner+outer trained."""
+    from recmas_ray.system.plan import plan_system
+
+    inner_only = {r: d for r, d in trained.items() if r != "outer"}
+    return {name: plan_system(cfg.style, preset=cfg.preset, ckpt_overrides=links, seed=cfg.seed, task=cfg.task,
+                              role_model_overrides=models)
+            for name, links in (("fresh", None), ("inner", inner_only), ("trained", trained))}
+
+
 def run_demo(cfg: DemoConfig, console: Console | None = None) -> dict:
     """Run the whole pipeline; returns the rows, the table, and the paths written."""
     from recmas_ray.models.loader import resolve_model_path
-    from recmas_ray.system.plan import plan_system
     from recmas_ray.system.presets import role_models
 
     console = console or Console()
@@ -76,7 +120,7 @@ def run_demo(cfg: DemoConfig, console: Console | None = None) -> dict:
     phases: dict[str, float] = {}
     t_start = time.perf_counter()
 
-    console.start(f"data: {cfg.difficulty} arithmetic, {cfg.num_train} training rows, {cfg.num_eval} held-out")
+    console.start(f"data: {cfg.difficulty if cfg.task_family == 'arithmetic' else cfg.task_family} questions, {cfg.num_train} training rows, {cfg.num_eval} held-out")
     train_file, eval_file, heldout = make_data(cfg, out)
     phases["data"] = console.done(f"{train_file.name}, {eval_file.name} (no held-out question in training)")
 
@@ -90,24 +134,28 @@ def run_demo(cfg: DemoConfig, console: Console | None = None) -> dict:
     trained = train_links(cfg, train_file, out, models, console)
     phases["training"] = time.perf_counter() - t0
     inner_losses, outer_log = trained.pop("_inner_losses"), trained.pop("_outer_log")
-    inner_only = {r: d for r, d in trained.items() if r != "outer"}
 
     console.start("starting agents" + (" (Ray actors)" if cfg.backend == "ray" else " (in-process)"))
-    plans = {name: plan_system(cfg.style, preset=cfg.preset, ckpt_overrides=links, seed=cfg.seed, task=cfg.task,
-                               role_model_overrides=models)
-             for name, links in (("fresh", None), ("inner", inner_only), ("trained", trained))}
+    plans = link_plans(cfg, models, trained)
     agents = compare.Agents(plans, cfg.backend, torch_threads=cfg.torch_threads)
     phases["start_agents"] = console.done()
 
     from recmas_ray.eval.benchmarks import load_benchmark
 
+    from recmas_ray.eval.probe import question_facts
+
     items = load_benchmark(str(eval_file), task_type=cfg.task)
     targets = {i["doc_id"]: row["answer"] for i, row in zip(items, heldout)}
     assert all(i["question"] == row["question"] for i, row in zip(items, heldout))
+    facts = {i["doc_id"]: question_facts(row) for i, row in zip(items, heldout)}
+    views = {i["doc_id"]: role_questions_of(row) for i, row in zip(items, heldout)}
+    hidden = tuple(sorted({k for i, row in zip(items, heldout) for k in hidden_facts_of(row, facts[i["doc_id"]])}))
+    role_questions = views if any(views.values()) else None
+    plan = compare.plan_runs(cfg.rounds, cfg.ablation_r(), cfg.link_r(), hidden_fact=role_questions is not None)
     rows, by_run = [], {}
     (out / "samples").mkdir(exist_ok=True)
     try:
-        for key, r in compare.plan_runs(cfg.rounds, cfg.ablation_r(), cfg.link_r()):
+        for key, r in plan:
             variant = compare.BY_KEY[key]
             console.start(f"evaluate {variant.label}, R={r}")
 
@@ -116,7 +164,8 @@ def run_demo(cfg: DemoConfig, console: Console | None = None) -> dict:
 
             row = compare.run_one(agents, variant, r, items, targets, latent_steps=cfg.latent_steps,
                                   max_new_tokens=cfg.max_new_tokens, batch_size=cfg.batch_size, seed=cfg.seed,
-                                  num_in_flight=cfg.num_in_flight,
+                                  num_in_flight=cfg.num_in_flight, facts=facts if cfg.information_flow else None,
+                                  role_questions=role_questions, hidden_facts=hidden,
                                   samples_path=out / "samples" / f"{key.replace('/', '_')}_R{r}.jsonl", on_sample=tick)
             phases[f"eval {key} R={r}"] = console.done(
                 f"acc {row['accuracy']:.3f} [{row['ci_low']:.3f}, {row['ci_high']:.3f}] n={row['n']}, "
@@ -124,28 +173,32 @@ def run_demo(cfg: DemoConfig, console: Console | None = None) -> dict:
             by_run[(key, r)] = row
     finally:
         agents.close()
-    for key, r in [(k, r) for k, r in compare.plan_runs(cfg.rounds, cfg.ablation_r(), cfg.link_r())]:
+    for key, r in plan:
         rows.append(by_run[(key, r)])
         if key == "textmas" and 1 in cfg.rounds:  # Recursive-TextMAS at R = 1 is TextMAS: the same run
             rows.append(compare.replace_round(by_run[(key, r)], compare.BY_KEY["recursive_textmas"], 1))
     order = [v.key for v in compare.VARIANTS]
     rows.sort(key=lambda x: (order.index(x["variant"]), x["rounds"]))
     compare.add_comparisons(rows)
-    verdicts = compare.ablation_verdicts(rows)
-    text = report.table(rows)
+    tests = verdicts.paired_tests(rows)
+    lines = verdicts.channel_verdicts(rows, tests) + verdicts.paired_verdicts(tests) + verdicts.flow_verdicts(rows)
+    text = "\n\n".join(t for t in (report.table(rows), report.flow_table(rows), report.paired_table(tests)) if t)
     png = report.plot(rows, out / "demo_results.png")
     phases["total"] = time.perf_counter() - t_start
-    results = {"rows": [compare.public_row(r) for r in rows], "ablation": verdicts,
-               "per_question": {f"{r['variant']} R={r['rounds']}": {"nll": r["nll_per_doc"],
-                                                                    "correct": r["correct_per_doc"]} for r in rows},
+    results = {"rows": [compare.public_row(r) for r in rows], "verdicts": lines, "paired_tests": tests,
+               "task_family": cfg.task_family, "hidden_facts": list(hidden),
+               "per_question": {f"{r['variant']} R={r['rounds']}": {
+                   "nll": r["nll_per_doc"], "correct": r["correct_per_doc"],
+                   "nll_by_class": (r.get("flow") or {}).get("nll_by_class_per_doc")} for r in rows},
                "training": {"inner_final_loss": inner_losses, "outer_log": outer_log, "checkpoints": trained},
                "phase_seconds": phases, "config": dataclasses.asdict(cfg), "heldout_size": len(items),
                "role_models": models}
     compare.write_json(out / "demo_results.json", results)
     console.line()
     console.line(text)
-    for v in verdicts:
+    console.line()
+    for v in lines:
         console.line(v)
     console.line(f"\nplot: {png}\nresults: {out / 'demo_results.json'}  (samples/, logs/ beside it)")
-    return {"rows": rows, "table": text, "ablation": verdicts, "plot": str(png), "output_path": str(out),
+    return {"rows": rows, "table": text, "verdicts": lines, "paired_tests": tests, "plot": str(png), "output_path": str(out),
             "phase_seconds": phases}

@@ -151,11 +151,144 @@ def test_set_links_swaps_weights_in_place(seq_pool):
     assert all((before[k] == v).all() for k, v in svc.agent.inner_link.state_dict().items())
 
 
-# ----------------------------------------------------------------------------- statistics
-def test_wilson_interval():
-    lo, hi = compare.wilson(8, 64)
-    assert lo < 8 / 64 < hi and lo == pytest.approx(0.0647, abs=1e-3) and hi == pytest.approx(0.2277, abs=1e-3)
-    assert compare.wilson(0, 16)[0] == 0.0 and compare.wilson(16, 16)[1] == 1.0
+def test_capture_hook_sees_messages_and_the_decoders_input(seq_pool):
+    import torch
+
+    from recmas_ray.runner import run_batch
+
+    plan, pool = seq_pool
+    events = {a: [] for a in ("none", "shuffle")}
+    for a in events:
+        run_batch(pool, plan.style, QUESTIONS, ["math"] * 3, _rc("recursive_mas", a), capture=events[a].append)
+    msgs = [(e["edge"], e["round"]) for e in events["none"] if e["kind"] == "message"]
+    assert msgs == [("planner->critic", 1), ("critic->solver", 1), ("solver->planner", 1), ("planner->critic", 2),
+                    ("critic->solver", 2)]
+    last = [e for e in events["none"] if e["kind"] == "message"][-1]["message"]
+    (inp,) = [e for e in events["none"] if e["kind"] == "decoder_input"]
+    assert inp["role"] == "solver" and torch.equal(inp["latents"][0], last.to(inp["latents"][0].dtype))
+    (shuffled,) = [e for e in events["shuffle"] if e["kind"] == "decoder_input"]
+    shuffled_last = [e for e in events["shuffle"] if e["kind"] == "message"][-1]["message"]
+    assert torch.equal(shuffled["latents"][0], torch.roll(shuffled_last, -1, 0))  # what the decoder received
+
+
+def test_role_questions_reach_only_the_named_role(seq_pool):
+    from recmas_ray.runner import run_batch
+
+    plan, pool = seq_pool
+    views = [{"planner": f"x = {7 + i}. {q}"} for i, q in enumerate(QUESTIONS)]
+    got = []
+    run_batch(pool, plan.style, QUESTIONS, ["math"] * 3, _rc("recursive_mas"), role_questions=views, capture=got.append)
+    plain = []
+    run_batch(pool, plan.style, QUESTIONS, ["math"] * 3, _rc("recursive_mas"), capture=plain.append)
+    first = [e["message"] for e in got if e["kind"] == "message"][0]
+    assert not (first == [e["message"] for e in plain if e["kind"] == "message"][0]).all()  # the planner saw more
+    (inp,) = [e for e in got if e["kind"] == "decoder_input"]
+    assert all("x = " not in u for u in inp["users"])  # the solver did not
+    with pytest.raises(ValueError, match="role_questions"):
+        run_batch(pool, plan.style, QUESTIONS, ["math"] * 3, _rc("recursive_mas"), role_questions=views[:1])
+
+
+def test_per_token_nll_averages_to_the_rows_nll(seq_pool):
+    from recmas_ray.styles import render_single_agent_prompt
+
+    plan, pool = seq_pool
+    agent = pool.services["solver"].agent
+    users = [render_single_agent_prompt(plan.style, "math", q) for q in QUESTIONS]
+    means = agent.target_nll(users, None, TARGETS)
+    tokens = agent.target_nll(users, None, TARGETS, per_token=True)
+    for mean, tok, target in zip(means, tokens, TARGETS):
+        assert sum(tok) / len(tok) == pytest.approx(mean, rel=1e-5)
+        offsets = agent.target_token_offsets(target)
+        assert len(offsets) == len(tok) and "".join(target[a:b] for a, b in offsets if b <= len(target)) == target
+
+
+# ----------------------------------------------------------------------------- the report's figures
+HIDDEN_FIELDS = ("question", "answer", "gold", "context", "facts")
+
+
+def _hidden_rows(n: int) -> list[dict]:
+    """An in-test stand-in of hidden-operand rows (the generator lives in train.synthetic): only the
+    planner's view holds x."""
+    rows = []
+    for i in range(n):
+        x, b = 10 + i, 1 + i % 7
+        rows.append({"question": f"What is x - {b}?", "context": {"planner": f"x = {x}."},
+                     "answer": f"{x} - {b} = {x - b}. \\boxed{{{x - b}}}", "gold": str(x - b),
+                     "facts": {"x": x, "b": b}})
+    return rows
+
+
+@pytest.mark.parametrize("family", ["arithmetic", "hidden_operand"])
+def test_every_figure_of_the_report_is_computed(tmp_path, tiny_cache, family):
+    """Tiny random models, every method and ablation at R = 1, 2: each figure of the table, the information
+    flow and the paired tests is present and finite where it must be (not that it is good)."""
+    from recmas_ray.demo import report, verdicts
+    from recmas_ray.demo.pipeline import hidden_facts_of, role_questions_of
+    from recmas_ray.eval.probe import question_facts
+    from recmas_ray.system.plan import plan_system
+
+    rows_ = _hidden_rows(10) if family == "hidden_operand" else make_arithmetic_dataset(10, difficulty="arith")
+    plans = {k: plan_system("sequential_light", preset="tiny", seed=s, task="qa")
+             for k, s in (("fresh", 0), ("inner", 1), ("trained", 2))}
+    agents = compare.Agents(plans, "local", torch_threads=1)
+    items = [{"doc_id": f"q{i}", "question": r["question"], "gold": r["gold"], "task_type": "qa"}
+             for i, r in enumerate(rows_)]
+    targets = {i["doc_id"]: r["answer"] for i, r in zip(items, rows_)}
+    facts = {i["doc_id"]: question_facts(r) for i, r in zip(items, rows_)}
+    views = {i["doc_id"]: role_questions_of(r) for i, r in zip(items, rows_)}
+    hidden = tuple(sorted({k for i, r in zip(items, rows_) for k in hidden_facts_of(r, facts[i["doc_id"]])}))
+    assert hidden == (("x",) if family == "hidden_operand" else ())
+    role_questions = views if any(views.values()) else None
+    plan = compare.plan_runs([1, 2], [2], [1], hidden_fact=role_questions is not None)
+    rows = [compare.run_one(agents, compare.BY_KEY[k], r, items, targets, latent_steps=2, max_new_tokens=2,
+                            batch_size=5, seed=0, samples_path=tmp_path / f"{k.replace('/', '_')}_{r}.jsonl",
+                            facts=facts, role_questions=role_questions, hidden_facts=hidden) for k, r in plan]
+    compare.add_comparisons(rows)
+    classes = {"result", "operand", "wording"} | ({"fact"} if hidden else set())
+    for row in rows:
+        assert row["n"] == 10 and 0 <= row["ci_low"] <= row["accuracy"] <= row["ci_high"] <= 1
+        assert math.isfinite(row["nll"])
+        by_class = row["flow"]["nll_by_class"]
+        assert {c for c, v in by_class.items() if v is not None} == classes, (row["variant"], by_class)
+        assert all(math.isfinite(v) for v in by_class.values() if v is not None)
+        edges = row["flow"]["edges"]
+        if row["method"] != "recursive_mas" or row["variant"] == "ablation/empty":
+            assert edges == {}, row["variant"]
+            continue
+        want = {"planner->critic R1", "critic->solver R1"} | (
+            {"solver->planner R1", "planner->critic R2", "critic->solver R2"} if row["rounds"] == 2 else set())
+        assert set(edges) == want, row["variant"]
+        for e in edges.values():
+            assert all(math.isfinite(e[k]) for k in ("mean_cosine", "variance_ratio", "mean_vector_norm"))
+            expected = {"x", "b", "answer"} if hidden else {"operation", "operand_a", "operand_b", "answer"}
+            assert set(e["probe"]) == expected
+            assert all(math.isfinite(p["score"]) and math.isfinite(p["baseline"]) for p in e["probe"].values())
+    if hidden:  # the ceiling row read the planner's view: the fact, which the floor row never saw
+        ceiling = json.loads((tmp_path / "single_agent_fact_1.jsonl").read_text().splitlines()[0])
+        assert ceiling["variant"] == "single_agent/fact"
+    tests = verdicts.paired_tests(rows)
+    others = {(t["other"], t["rounds"]) for t in tests}
+    expect = {("recursive_mas/fresh", 1), ("recursive_mas/inner", 1), ("textmas", 1), ("single_agent", 1),
+              ("textmas", 2), ("recursive_textmas", 2), ("single_agent", 2)} | {
+        (f"ablation/{a}", 2) for a in compare.ABLATIONS}
+    if hidden:
+        expect |= {("single_agent/fact", 1), ("single_agent/fact", 2)}
+    assert others == expect
+    for t in tests:
+        assert 0 <= t["mcnemar"]["p"] <= 1 and t["mcnemar"]["n"] == 10
+        assert math.isfinite(t["nll_diff"]["mean"]) and math.isfinite(t["nll_diff"]["se"])
+        assert set(t["nll_diff_by_class"]) == classes
+    lines = verdicts.paired_verdicts(tests) + verdicts.flow_verdicts(rows)
+    channel = verdicts.channel_verdicts(rows, tests)
+    assert len(channel) == (2 if hidden else 0)  # trained vs fresh (R = 1) and vs shuffled (R = 2)
+    assert all("not shown at p < 0.01 with n >= 128" in ln for ln in channel)  # n = 10 can never show it
+    assert len([ln for ln in lines if ln.startswith("paired:")]) == len(tests)
+    assert len([ln for ln in lines if ln.startswith("flow: ")]) == 2 + 5  # trained edges at R = 1 and 2
+    assert any("question-specific" in ln for ln in lines)
+    for text in (report.table(rows), report.flow_table(rows), report.paired_table(tests)):
+        assert text.count("\n") >= 3 and "nan" not in text
+    assert report.plot(rows, tmp_path / "p.png").stat().st_size > 10_000
+    json.dumps([compare.public_row(r) for r in rows])  # the results file's rows serialise
 
 
 def test_run_plan_covers_every_method_and_r():
@@ -163,7 +296,8 @@ def test_run_plan_covers_every_method_and_r():
     assert ("single_agent", 1) in runs and ("textmas", 1) in runs and ("recursive_textmas", 1) not in runs
     for links in ("fresh", "inner", "trained"):
         assert {r for k, r in runs if k == f"recursive_mas/{links}"} == {1, 2, 3}
-    assert ("ablation/shuffle", 3) in runs and ("ablation/zero", 3) in runs
+    assert {k for k, r in runs if k.startswith("ablation/")} == {"ablation/shuffle", "ablation/zero", "ablation/empty"}
+    assert ("single_agent/fact", 1) not in runs and ("single_agent/fact", 1) in compare.plan_runs([1], [1], hidden_fact=True)
     # --link_rounds: fresh and inner-only rows at those R only, the trained row still at every R
     runs = compare.plan_runs([1, 2], [1], [1])
     assert {(k, r) for k, r in runs if k.startswith("recursive_mas/")} == {
@@ -178,10 +312,31 @@ def test_user_errors_exit_2_before_anything_runs(tmp_path, capsys):
     assert demo_job.main(["--num_eval", "0", "--output_path", str(tmp_path)]) == 2
     assert demo_job.main(["--ablation_rounds", "5", "--output_path", str(tmp_path)]) == 2
     assert demo_job.main(["--rounds", "1,2", "--link_rounds", "3", "--output_path", str(tmp_path)]) == 2
+    assert demo_job.main(["--outer_options", "no_such_field=1", "--output_path", str(tmp_path)]) == 2
+    assert demo_job.main(["--outer_options", "lr=1e-3", "--output_path", str(tmp_path)]) == 2
+    assert demo_job.main(["--outer_options", "weight_decay=lots", "--output_path", str(tmp_path)]) == 2
     err = capsys.readouterr().err
-    assert "--num_eval 0" in err and "exclude each other" in err and len(err.strip().splitlines()) == 4
+    assert "--num_eval 0" in err and "exclude each other" in err and len(err.strip().splitlines()) == 7
+    assert "--outer_options no_such_field: not a field of OuterTrainConfig" in err
+    assert "--outer_options lr: set by the demo's own flag (--inner_lr / outer_lr)" in err
+    assert "--outer_options weight_decay='lots': expected a number" in err
     assert "--link_rounds [3] are not among --rounds [1, 2]" in err
     assert not list(tmp_path.iterdir())
+
+
+def test_hidden_operand_family_needs_its_generator_and_uses_every_view(tmp_path, capsys, monkeypatch):
+    from recmas_ray.demo.pipeline import full_question, make_data
+    from recmas_ray.train import synthetic
+
+    monkeypatch.delattr(synthetic, "make_hidden_operand_dataset", raising=False)
+    assert demo_job.main(["--task_family", "hidden_operand", "--output_path", str(tmp_path / "o")]) == 2
+    assert "make_hidden_operand_dataset" in capsys.readouterr().err and not (tmp_path / "o").exists()
+    # with a generator, the split is checked on what the best-informed agent sees: "What is x - 3?" repeats
+    monkeypatch.setattr(synthetic, "make_hidden_operand_dataset", lambda n, seed=0: _hidden_rows(n), raising=False)
+    cfg = DemoConfig(task_family="hidden_operand", num_train=6, num_eval=4, output_path=str(tmp_path))
+    cfg.validate()
+    _, _, heldout = make_data(cfg, tmp_path)
+    assert len(heldout) == 4 and all(full_question(r).startswith("x = ") for r in heldout)
 
 
 def test_quick_and_full_are_recipes_flags_still_win(capsys):
@@ -210,7 +365,7 @@ def test_demo_quick_on_tiny_preset(tmp_path, ray_cluster, capsys):
         ("recursive_mas/trained", r) for r in cfg["rounds"]} | {
         (f"recursive_mas/{k}", r) for r in (cfg["link_rounds"] or cfg["rounds"]) for k in ("fresh", "inner")}
     abl = cfg["ablation_rounds"] or [max(cfg["link_rounds"] or cfg["rounds"])]
-    expected |= {(f"ablation/{a}", r) for r in abl for a in ("shuffle", "zero")}
+    expected |= {(f"ablation/{a}", r) for r in abl for a in compare.ABLATIONS}
     assert keys == expected and len(cfg["rounds"]) >= 2
     for r in rows:
         assert r["n"] == n and 0 <= r["ci_low"] <= r["accuracy"] <= r["ci_high"] <= 1, r
@@ -221,15 +376,29 @@ def test_demo_quick_on_tiny_preset(tmp_path, ray_cluster, capsys):
     for r in cfg["rounds"]:  # fewer generated tokens than text recursion at every R, on the same questions
         assert by[("recursive_mas/trained", r)]["token_reduction"] > 0
     assert by[("recursive_textmas", 1)]["accuracy"] == by[("textmas", 1)]["accuracy"]
-    assert len(data["ablation"]) == 2 * len(abl) and all("answer NLL" in v for v in data["ablation"])
-    # the console: phase lines, the table and the ablation verdicts, nothing else
+    # paired tests of the trained system against every other method, and the verdicts they support
+    tests = {(t["other"], t["rounds"]) for t in data["paired_tests"]}
+    assert {("ablation/shuffle", r) for r in abl} <= tests and ("recursive_mas/fresh", 1) in tests
+    assert ("textmas", 1) in tests and ("single_agent", 1) in tests
+    assert all(0 <= t["mcnemar"]["p"] <= 1 and math.isfinite(t["nll_diff"]["mean"]) for t in data["paired_tests"])
+    assert sum(v.startswith("paired:") for v in data["verdicts"]) == len(data["paired_tests"])
+    assert sum(v.startswith("flow: trained") for v in data["verdicts"]) >= 2
+    for r in rows:  # information flow: NLL by token class everywhere, geometry + probes on every latent edge
+        assert r["flow"]["nll_by_class"]["result"] is not None and r["flow"]["nll_by_class"]["wording"] is not None
+        if r["method"] == "recursive_mas" and r["variant"] != "ablation/empty":
+            assert "critic->solver R1" in r["flow"]["edges"], r["variant"]
+            assert all(math.isfinite(e["mean_cosine"]) for e in r["flow"]["edges"].values())
+    # the console: phase lines, the tables and the verdicts, nothing else
     lines = [ln for ln in printed.splitlines() if ln.strip()]
     table = [ln for ln in lines if ln.startswith("|")]
-    assert table[0].startswith("|Method|R|n|Accuracy|95% CI|NLL|Tokens/sample|s/sample|Speedup|Token reduction|")
-    assert len(table) == 2 + len(rows)
+    assert table[0].startswith("|Method|R|n|Accuracy|95% CI|NLL|Tokens/sample|s/sample|Speedup|Token reduction|"
+                               "NLL result|NLL operand|NLL wording|")
+    assert any(ln.startswith("|Method|R|Edge|Cosine|") for ln in table)
+    assert any(ln.startswith("|Trained vs|R|") for ln in table)
+    assert len([ln for ln in table if ln.startswith("|---")]) == 3
     other = [ln for ln in lines if not ln.startswith("|")]
     assert all(ln.startswith(("data:", "preparing models", "inner training", "outer training", "starting agents",
-                              "evaluate ", "ablation:", "plot:", "results:")) for ln in other), other
+                              "evaluate ", "channel:", "paired:", "flow:", "plot:", "results:")) for ln in other), other
     assert sum(ln.startswith("evaluate ") for ln in other) == len(rows) - 1  # R=1 text recursion is TextMAS
     assert (out / "demo_results.png").stat().st_size > 1000 and (out / "logs" / "demo.log").exists()
     for role in ("planner", "critic", "solver"):
