@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from typing import Annotated
 
 from recmas_ray.config.checks import ExistingPath, NonEmpty, OneOf, Range, WritableDir, writable_dir_problem
-from recmas_ray.config.evaluation import DTYPES, MODEL_PRESETS, check_role_models, style_names
+from recmas_ray.config.evaluation import DTYPES, MODEL_PRESETS, check_model_names, check_role_models, style_names
 from recmas_ray.config.recursion import MAX_ROUNDS
 from recmas_ray.styles.base import TASK_TYPES
 
@@ -112,8 +112,14 @@ class TrainConfig:
 
     def validate(self) -> None:
         """Rules across fields and files (run before any model loads)."""
+        from recmas_ray.config.inputs import check_cuda
+
         _check_dataset("--dataset_name", self.dataset_name)
         check_role_models("--role_model", self.role_model, self.style)
+        check_role_models("--ckpt_override", self.ckpt_override, self.style, extra=self.checkpoint_keys())
+        check_model_names("--role_model", self.role_model)
+        if self.use_gpu:
+            check_cuda("--use_gpu")
         bad = sorted(set(self.ckpt_override) - set(self.checkpoint_keys()))
         if bad:
             raise ValueError(f"--ckpt_override names {bad}; expected some of {list(self.checkpoint_keys())}")
@@ -132,8 +138,10 @@ class TrainConfig:
 
 
 def _check_dataset(flag: str, name: str) -> None:
-    if os.path.splitext(name)[1] in (".json", ".jsonl") and not os.path.isfile(name):
-        raise ValueError(f"{flag} {name!r}: no such file")
+    from recmas_ray.config.inputs import check_file
+
+    if os.path.splitext(name)[1].lower() in (".json", ".jsonl"):
+        check_file(flag, name, non_empty=True)
     count = name.partition(":")[2]
     if is_synthetic(name) and name != SYNTHETIC and not (count.isdigit() and int(count) >= 1):
         raise ValueError(f"{flag} {name!r}: expected synthetic or synthetic:N with N >= 1")
@@ -176,6 +184,8 @@ class InnerTrainConfig(TrainConfig):
 
         if self.mas_role != "all":
             role = canonical_role(get_style(self.style), self.mas_role)
+            if self.model_name_or_path is not None:
+                check_model_names("--model_name_or_path", {role: self.model_name_or_path})
             if self.model_name_or_path and role in self.role_model:
                 raise ValueError(f"--model_name_or_path and --role_model {role}=... both name the base model of {role}")
         elif self.model_name_or_path or self.load_dir:
