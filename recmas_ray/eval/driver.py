@@ -29,6 +29,7 @@ from pathlib import Path
 
 from recmas_ray.config.checks import check_tree
 from recmas_ray.config.cli import save_config
+from recmas_ray.config.inputs import OutputLock
 from recmas_ray.config.evaluation import EvalConfig
 from recmas_ray.config.recursion import RecursionConfig
 from recmas_ray.eval.benchmarks import load_benchmark
@@ -95,6 +96,8 @@ def run_fingerprint(cfg: EvalConfig, manifest: dict, extra: dict | None = None) 
           "links": manifest.get("sources", {}), "link_sha256": manifest.get("link_sha256", {}),
           "methods": list(cfg.methods), "recursion": rec, "grader": cfg.grader, "format_retry": cfg.format_retry,
           "seed": cfg.seed, "num_rollouts": cfg.num_rollouts, "dtype": cfg.dtype,
+          # batch_size changes padding, hence (rarely) a greedy token: a resume must keep it
+          "batch_size": cfg.batch_size,
           # not num_samples: it only selects questions (samples are keyed by doc id), so a resume may extend it
           "dataset": {"name": cfg.dataset, "path": cfg.dataset_path, "json_field": cfg.dataset_json_field},
           "tools": dataclasses.asdict(cfg.tools) if cfg.tool_loop() is not None else None}
@@ -118,12 +121,26 @@ def fingerprint_path(samples_file: Path) -> Path:
     return samples_file.with_name(samples_file.stem + ".fingerprint.json")
 
 
+def read_fingerprint(side: Path) -> dict:
+    """A samples file's fingerprint; a corrupt or unreadable one is one line naming it and the way out."""
+    try:
+        data = json.loads(side.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise ValueError(f"--resume: fingerprint {side} is unreadable ({' '.join(str(e).split())}); it cannot "
+                         "show which run wrote the samples: delete it to adopt this run's settings, or use another "
+                         "--output_path") from None
+    if not isinstance(data, dict):
+        raise ValueError(f"--resume: fingerprint {side} holds a {type(data).__name__}, not a JSON object; delete it "
+                         "to adopt this run's settings, or use another --output_path")
+    return data
+
+
 def check_fingerprint(samples_file: Path, fp: dict, *, resume: bool) -> None:
     """Write the samples file's fingerprint, or (resuming) refuse one that differs, naming the fields."""
     side = fingerprint_path(samples_file)
     if resume and samples_file.exists():
         if side.exists():
-            diff = fingerprint_diff(json.loads(side.read_text(encoding="utf-8")), fp)
+            diff = fingerprint_diff(read_fingerprint(side), fp)
             if diff:
                 raise ValueError(f"--resume: {samples_file.name} was written by a different run; differing "
                                  f"fields: {'; '.join(diff)}. Use another --output_path or drop --resume")
@@ -252,9 +269,28 @@ def evaluate(cfg: EvalConfig, *, progress: bool = True, system=None) -> dict:
         print(f"warning: {warning}", file=sys.stderr, flush=True)
     items = [{**i, "question": question_with_interface(plan.style, i["question"], i.get("interface"))}
              for i in items]
-    samples_file = open_samples_file(cfg)
     fingerprint = run_fingerprint(cfg, {**plan.manifest(), "link_sha256": link_hashes(plan)},
-                                  extra={"protocol": cfg.protocol, "prompt_set_sha256": prompt_set_hash(plan.style)})
+                                  extra={"protocol": cfg.protocol, "prompt_set_sha256": prompt_set_hash(plan.style),
+                                         **resolved_runtime(cfg, plan)})
+    with OutputLock(cfg.output_path):  # a second run into this folder stops here, naming this one's PID
+        return _evaluate_locked(cfg, plan, items, fingerprint, resolution, progress, system)
+
+
+def resolved_runtime(cfg: EvalConfig, plan) -> dict:
+    """Fingerprint fields that `auto` settings hide: the device and dtype the agents really use, and the
+    revision of each base model (a Hub snapshot's commit, a local model's config hash)."""
+    from recmas_ray.models.loader import model_revision, resolve_dtype
+    from recmas_ray.service import pick_device
+
+    device = pick_device(cfg.device)  # as the agents resolve it (on a Ray cluster: as seen from the driver)
+    return {"device": cfg.device, "resolved_device": device.type, "resolved_dtype": str(resolve_dtype(cfg.dtype, device)).replace("torch.", ""),
+            "model_revisions": {r: model_revision(m) for r, m in sorted(plan.role_models.items())}}
+
+
+def _evaluate_locked(cfg: EvalConfig, plan, items: list[dict], fingerprint: dict, resolution, progress: bool,
+                     system) -> dict:
+    """The writing half of `evaluate`, run while this process holds the output folder's lock."""
+    samples_file = open_samples_file(cfg)
     check_fingerprint(samples_file, fingerprint, resume=cfg.resume)
     save_config(cfg, cfg.output_path)
     start = time.time()
