@@ -135,6 +135,14 @@ class TrainConfig:
             problem = writable_dir_problem(local) if scheme in ("", "file") else None
             if problem:
                 raise ValueError(f"--storage_path {self.storage_path!r} {problem}")
+        if self.resume:
+            self.check_resume()
+
+    def check_resume(self) -> None:
+        """--resume refuses a save_dir whose earlier run had other settings (field by field)."""
+        from recmas_ray.config.resume import check_training_resume
+
+        check_training_resume(self, self.save_dir)
 
 
 def _check_dataset(flag: str, name: str) -> None:
@@ -193,6 +201,15 @@ class InnerTrainConfig(TrainConfig):
                              "instead of --model_name_or_path / --load_dir")
         if self.load_dir and not os.path.isdir(self.load_dir):
             raise ValueError(f"--load_dir {self.load_dir!r} is not a directory")
+
+    def check_resume(self) -> None:
+        """--mas_role all keeps one run per role in save_dir/<role>: each is compared."""
+        from recmas_ray.config.resume import check_training_resume
+
+        if self.mas_role != "all":
+            return super().check_resume()
+        for role in self.roles():
+            check_training_resume(self, os.path.join(self.save_dir, role))
 
 
 @dataclass(kw_only=True)

@@ -30,6 +30,7 @@ from pathlib import Path
 from recmas_ray.config.checks import check_tree
 from recmas_ray.config.cli import save_config
 from recmas_ray.config.inputs import OutputLock
+from recmas_ray.config.resume import settings_diff
 from recmas_ray.config.evaluation import EvalConfig
 from recmas_ray.config.recursion import RecursionConfig
 from recmas_ray.eval.benchmarks import load_benchmark
@@ -106,15 +107,8 @@ def run_fingerprint(cfg: EvalConfig, manifest: dict, extra: dict | None = None) 
 
 
 def fingerprint_diff(old: dict, new: dict, prefix: str = "") -> list[str]:
-    """Dotted names of the fields that differ, with both values ("recursion.num_recursive_rounds: 1 -> 3")."""
-    out = []
-    for key in sorted(set(old) | set(new)):
-        a, b, name = old.get(key, "<absent>"), new.get(key, "<absent>"), f"{prefix}{key}"
-        if isinstance(a, dict) and isinstance(b, dict):
-            out += fingerprint_diff(a, b, name + ".")
-        elif a != b:
-            out.append(f"{name}: {json.dumps(a)} -> {json.dumps(b)}")
-    return out
+    """Dotted names of the fields that differ, with both values (the shared `settings_diff`)."""
+    return settings_diff(old, new, prefix)
 
 
 def fingerprint_path(samples_file: Path) -> Path:
