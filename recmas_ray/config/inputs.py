@@ -168,6 +168,24 @@ def check_cuda(flag: str, why: str = "") -> None:
                           "run where one is visible (CUDA_VISIBLE_DEVICES) or choose the CPU")
 
 
+def check_ray_address(flag: str, address: str, *, timeout_s: float = 10.0) -> None:
+    """A Ray cluster address (host:port or ray://host:port) must accept a TCP connection within `timeout_s`,
+    so a dead address is one line instead of a hang; `auto` / `local` are left to Ray."""
+    import socket
+
+    if address in ("auto", "local"):
+        return
+    target = address.split("://", 1)[-1].rstrip("/")
+    host, sep, port = target.rpartition(":")
+    if not sep or not port.isdigit() or not host:
+        raise ConfigError(f"{flag} {address!r}: expected HOST:PORT or ray://HOST:PORT (or auto)")
+    try:
+        socket.create_connection((host.strip("[]"), int(port)), timeout=timeout_s).close()
+    except OSError as e:
+        raise ConfigError(f"{flag} {address!r}: no Ray cluster answers there within {timeout_s:g} s "
+                          f"({e.strerror or e}); start one (`ray start --head`) or fix the address") from None
+
+
 def model_name_problem(name) -> str | None:
     """Why a base-model name cannot load, checked without loading anything, or None.
 
