@@ -19,12 +19,29 @@ from typing import Any, Sequence
 __all__ = ["train_inner", "train_outer"]
 
 
-def _config(cls, values: dict[str, Any], options: dict[str, Any]):
+def _config(cls, values: dict[str, Any], options: dict[str, Any], rows, rows_dir: Path, rows_name: str):
+    """The checked training config (every argument validated, as the CLI does) and only then, in-memory rows
+    written next to the outputs: a bad argument leaves nothing on disk and starts nothing."""
+    from recmas_ray.config.checks import check_tree
+
     names = {f.name for f in dataclasses.fields(cls)}
     unknown = sorted(set(options) - names)
     if unknown:
         raise ValueError(f"unknown training setting(s) {unknown} for {cls.__name__}; expected some of {sorted(names)}")
-    return cls(**{k: v for k, v in values.items() if k in names}, **options)
+    in_memory = not isinstance(rows, (str, Path))
+    if in_memory:
+        rows = list(rows) if isinstance(rows, (list, tuple)) else rows
+        if not isinstance(rows, list) or not rows or not all(isinstance(r, dict) for r in rows):
+            raise TypeError("rows: expected a path, a dataset name, or a non-empty list of dicts, got "
+                            f"{type(rows).__name__}")
+    dataset = "synthetic:1" if in_memory else str(rows)  # stands in for the rows until they are accepted
+    cfg = cls(**{k: v for k, v in values.items() if k in names}, **{"dataset_name": dataset, **options})
+    check_tree(cfg, lambda path: path)
+    if in_memory:
+        from recmas_ray.api import rows_file
+
+        cfg = dataclasses.replace(cfg, dataset_name=rows_file(rows, rows_dir, rows_name))
+    return cfg
 
 
 def train_inner(style: str, *, rows: str | Path | Sequence[dict], save_dir: str | Path,
@@ -48,24 +65,40 @@ def train_inner(style: str, *, rows: str | Path | Sequence[dict], save_dir: str 
         ...                num_workers=0)  # doctest: +SKIP
         PosixPath('ckpt')
     """
-    from recmas_ray.api import rows_file
+    from recmas_ray.config.inputs import OutputLock
     from recmas_ray.config.training import InnerTrainConfig
     from recmas_ray.distributed.driver import init_ray
     from recmas_ray.train.inner_job import train_all_roles
     from recmas_ray.train.inner_job import train_inner as train_one_role
 
+    if not isinstance(save_dir, (str, Path)) or not str(save_dir).strip():
+        raise TypeError(f"save_dir: expected a folder path, got {save_dir!r}")
     save_dir = Path(save_dir)
+    if role_models is not None and not isinstance(role_models, dict):
+        raise TypeError(f"role_models: expected a dict ROLE -> model name, got {type(role_models).__name__}")
     cfg = _config(InnerTrainConfig, {"style": style, "task": task, "preset": preset,
-                                     "role_model": dict(role_models or {}), "save_dir": str(save_dir),
-                                     "dataset_name": rows_file(rows, save_dir)}, options)
-    if roles:  # a subset: one run per role, each into save_dir/<role>
+                                     "role_model": dict(role_models or {}), "save_dir": str(save_dir)},
+                  options, rows, save_dir, "train.jsonl")
+    if roles is not None:
+        from recmas_ray.styles import get_style
+        from recmas_ray.train.data import canonical_role
+
+        if isinstance(roles, str) or not all(isinstance(r, str) for r in roles):
+            raise TypeError(f"roles: expected a list of role names, got {roles!r:.60}")
         for role in roles:
-            if cfg.num_workers > 0:
-                init_ray()
-            train_one_role(dataclasses.replace(cfg, mas_role=role, save_dir=str(save_dir / role)))
+            canonical_role(get_style(style), role)
+            dataclasses.replace(cfg, mas_role=role, save_dir=str(save_dir / role)).check_resume()
     else:
-        init_ray()
-        train_all_roles(dataclasses.replace(cfg, mas_role="all"))
+        dataclasses.replace(cfg, mas_role="all").check_resume()
+    with OutputLock(save_dir, "save_dir"):
+        if roles:  # a subset: one run per role, each into save_dir/<role>
+            for role in roles:
+                if cfg.num_workers > 0:
+                    init_ray()
+                train_one_role(dataclasses.replace(cfg, mas_role=role, save_dir=str(save_dir / role)))
+        else:
+            init_ray()
+            train_all_roles(dataclasses.replace(cfg, mas_role="all"))
     return save_dir
 
 
@@ -85,7 +118,7 @@ def train_outer(style: str, *, rows: str | Path | Sequence[dict], links: str | P
         num_recursive_rounds: R unrolled in every training step.
         **options: Other `OuterTrainConfig` settings (max_steps, lr, batch_size, max_latent_tokens, ...).
     """
-    from recmas_ray.api import rows_file
+    from recmas_ray.config.inputs import OutputLock
     from recmas_ray.styles import get_style
     from recmas_ray.system.hub import links_overrides
     from recmas_ray.config.training import OuterTrainConfig
@@ -99,7 +132,7 @@ def train_outer(style: str, *, rows: str | Path | Sequence[dict], links: str | P
         save_dir = Path(links) / "outer"
     save_dir = Path(save_dir)
     cfg = _config(OuterTrainConfig, {"style": style, "ckpt_override": inner, "preset": preset, "task": task,
-                                     "save_dir": str(save_dir), "num_recursive_rounds": num_recursive_rounds,
-                                     "dataset_name": rows_file(rows, save_dir.parent, f"{save_dir.name}_train.jsonl")},
-                  options)
-    return Path(run_outer(cfg).save_dir)
+                                     "save_dir": str(save_dir), "num_recursive_rounds": num_recursive_rounds},
+                  options, rows, save_dir.parent, f"{save_dir.name}_train.jsonl")
+    with OutputLock(save_dir, "save_dir"):
+        return Path(run_outer(cfg).save_dir)

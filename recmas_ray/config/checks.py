@@ -25,6 +25,10 @@ class ConfigError(ValueError):
     """A user error in a job's configuration: one line, shown without a traceback."""
 
 
+class ConfigTypeError(ConfigError, TypeError):
+    """A value of the wrong type (also a TypeError, as Python callers expect for wrong types)."""
+
+
 @dataclass(frozen=True)
 class Range:
     """Numeric bounds, inclusive unless `lo_open` / `hi_open`; `None` leaves that side open."""
@@ -171,7 +175,7 @@ def _check_type(flag: str, value, base) -> None:
     if value is None:
         if type(None) in args or base is Any:
             return
-        raise ConfigError(f"{flag} is required (got null)")
+        raise ConfigTypeError(f"{flag} is required (got null)")
     kinds = [a for a in args if a is not type(None)] if args and typing.get_origin(base) in (typing.Union,
                                                                                               _union_type()) else [base]
     for k in kinds:
@@ -179,7 +183,7 @@ def _check_type(flag: str, value, base) -> None:
             _check_items(flag, value, k)
             return
     names = " or ".join(_kind_name(k) for k in kinds)
-    raise ConfigError(f"{flag} {_short(value)}: expected {names}")
+    raise ConfigTypeError(f"{flag} {_short(value)}: expected {names}")
 
 
 def _is_kind(value, k) -> bool:
@@ -200,14 +204,14 @@ def _check_items(flag: str, value, k) -> None:
         item = item_args[0]
         for i, v in enumerate(value):
             if not _is_kind(v, item):
-                raise ConfigError(f"{flag} item {i} {_short(v)}: expected {_kind_name(item)}")
+                raise ConfigTypeError(f"{flag} item {i} {_short(v)}: expected {_kind_name(item)}")
     elif origin is dict and len(item_args) == 2:
         key_kind, value_kind = item_args
         for key, v in value.items():
             if not _is_kind(key, key_kind):
-                raise ConfigError(f"{flag} key {_short(key)}: expected {_kind_name(key_kind)}")
+                raise ConfigTypeError(f"{flag} key {_short(key)}: expected {_kind_name(key_kind)}")
             if not _is_kind(v, value_kind):
-                raise ConfigError(f"{flag} {key}={_short(v)}: expected {_kind_name(value_kind)}")
+                raise ConfigTypeError(f"{flag} {key}={_short(v)}: expected {_kind_name(value_kind)}")
 
 
 def _kind_name(k) -> str:

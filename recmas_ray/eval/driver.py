@@ -129,15 +129,31 @@ def read_fingerprint(side: Path) -> dict:
     return data
 
 
+def verify_resume(cfg: EvalConfig, fp: dict) -> None:
+    """With --resume, refuse (before anything is written) the latest samples file of another run."""
+    existing = sorted(glob.glob(str(Path(cfg.output_path) / f"samples_{bench_name(cfg)}_*.jsonl")))
+    if cfg.resume and existing:
+        _same_run(Path(existing[-1]), fp)
+
+
+def _same_run(samples_file: Path, fp: dict) -> bool:
+    """True when `samples_file` has this run's fingerprint, False when it has none; else a ValueError naming
+    the differing fields."""
+    side = fingerprint_path(samples_file)
+    if not side.exists():
+        return False
+    diff = fingerprint_diff(read_fingerprint(side), fp)
+    if diff:
+        raise ValueError(f"--resume: {samples_file.name} was written by a different run; differing "
+                         f"fields: {'; '.join(diff)}. Use another --output_path or drop --resume")
+    return True
+
+
 def check_fingerprint(samples_file: Path, fp: dict, *, resume: bool) -> None:
     """Write the samples file's fingerprint, or (resuming) refuse one that differs, naming the fields."""
     side = fingerprint_path(samples_file)
     if resume and samples_file.exists():
-        if side.exists():
-            diff = fingerprint_diff(read_fingerprint(side), fp)
-            if diff:
-                raise ValueError(f"--resume: {samples_file.name} was written by a different run; differing "
-                                 f"fields: {'; '.join(diff)}. Use another --output_path or drop --resume")
+        if _same_run(samples_file, fp):
             return
         log.warning("--resume: %s has no fingerprint (an older run); adopting this run's", samples_file)
     tmp = side.with_name("." + side.name + ".tmp")
@@ -266,6 +282,7 @@ def evaluate(cfg: EvalConfig, *, progress: bool = True, system=None) -> dict:
     fingerprint = run_fingerprint(cfg, {**plan.manifest(), "link_sha256": link_hashes(plan)},
                                   extra={"protocol": cfg.protocol, "prompt_set_sha256": prompt_set_hash(plan.style),
                                          **resolved_runtime(cfg, plan)})
+    verify_resume(cfg, fingerprint)  # read-only: a refused resume writes nothing, not even the lock file
     with OutputLock(cfg.output_path):  # a second run into this folder stops here, naming this one's PID
         return _evaluate_locked(cfg, plan, items, fingerprint, resolution, progress, system)
 
