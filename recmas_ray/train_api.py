@@ -19,6 +19,35 @@ from typing import Any, Sequence
 __all__ = ["train_inner", "train_outer"]
 
 
+def check_training_inputs(cfg) -> None:
+    """Everything a training run reads, read once before it writes anything (no model weights, no Ray): the
+    system plan (checkpoints, their manifests and link weights, base-model configs) and the rows with the
+    fields each role needs. The jobs and these wrappers call it before taking the save_dir lock."""
+    from recmas_ray.config.checks import check_tree
+    from recmas_ray.config.training import InnerTrainConfig
+    from recmas_ray.styles import get_style
+    from recmas_ray.train.data import canonical_role, load_rows, validate_rows
+
+    check_tree(cfg)
+    style = get_style(cfg.style)
+    rows = load_rows(cfg.dataset_name, cfg.dataset_json_field, split=cfg.dataset_split)
+    if isinstance(cfg, InnerTrainConfig):
+        from recmas_ray.train.inner_job import plan_roles
+
+        roles = list(style.roles) if cfg.mas_role == "all" else [canonical_role(style, cfg.mas_role)]
+        plan_roles(cfg, roles)
+        validate_rows(rows, style, roles, task=cfg.task)
+        return
+    from recmas_ray.system.plan import plan_system
+    from recmas_ray.train.outer import prepare_samples
+
+    plan_system(cfg.style, preset=cfg.preset, ckpt_overrides=cfg.ckpt_override, seed=cfg.seed, task=cfg.task,
+                role_model_overrides=cfg.role_model)
+    prepare_samples(rows, style, cfg.task)
+    if cfg.eval_dataset:
+        prepare_samples(load_rows(cfg.eval_dataset, cfg.dataset_json_field), style, cfg.task)
+
+
 def _config(cls, values: dict[str, Any], options: dict[str, Any], rows, rows_dir: Path, rows_name: str):
     """The checked training config (every argument validated, as the CLI does) and only then, in-memory rows
     written next to the outputs: a bad argument leaves nothing on disk and starts nothing."""
@@ -90,6 +119,8 @@ def train_inner(style: str, *, rows: str | Path | Sequence[dict], save_dir: str 
             dataclasses.replace(cfg, mas_role=role, save_dir=str(save_dir / role)).check_resume()
     else:
         dataclasses.replace(cfg, mas_role="all").check_resume()
+    for role in roles or ["all"]:
+        check_training_inputs(dataclasses.replace(cfg, mas_role=role))
     with OutputLock(save_dir, "save_dir"):
         if roles:  # a subset: one run per role, each into save_dir/<role>
             for role in roles:
@@ -134,5 +165,6 @@ def train_outer(style: str, *, rows: str | Path | Sequence[dict], links: str | P
     cfg = _config(OuterTrainConfig, {"style": style, "ckpt_override": inner, "preset": preset, "task": task,
                                      "save_dir": str(save_dir), "num_recursive_rounds": num_recursive_rounds},
                   options, rows, save_dir.parent, f"{save_dir.name}_train.jsonl")
+    check_training_inputs(cfg)
     with OutputLock(save_dir, "save_dir"):
         return Path(run_outer(cfg).save_dir)
