@@ -49,14 +49,15 @@ def _field_docs(cls) -> dict[str, str]:
     """Attribute docstrings (the string literal under each field), collected over the class's MRO."""
     import ast
     import inspect
+    import textwrap
 
     docs: dict[str, str] = {}
     for klass in reversed(cls.__mro__):
         if not dataclasses.is_dataclass(klass):
             continue
         try:
-            body = ast.parse(inspect.getsource(klass)).body[0].body
-        except (OSError, TypeError, IndexError):
+            body = ast.parse(textwrap.dedent(inspect.getsource(klass))).body[0].body
+        except (OSError, TypeError, IndexError, SyntaxError):
             continue
         for prev, node in zip(body, body[1:]):
             if isinstance(prev, ast.AnnAssign) and isinstance(prev.target, ast.Name) and isinstance(node, ast.Expr) \

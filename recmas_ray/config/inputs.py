@@ -134,6 +134,19 @@ def load_yaml(text: str, where: str):
         loader.dispose()
 
 
+def check_text_table(name: str, table) -> dict[str, str]:
+    """A ROLE=TEXT argument of the Python API (role_models, ckpt_override): None or a dict of strings."""
+    if table is None:
+        return {}
+    if not isinstance(table, dict):
+        raise TypeError(f"{name}: expected a dict ROLE -> text, got {type(table).__name__}")
+    for key, value in table.items():
+        if not isinstance(key, str) or not isinstance(value, str):
+            raise TypeError(f"{name} {key!s:.40}={value!r:.40}: expected ROLE -> text, got "
+                            f"{type(key).__name__} -> {type(value).__name__}")
+    return dict(table)
+
+
 def check_question(name: str, question, *, max_chars: int = MAX_QUESTION_CHARS) -> str:
     """A question must be a non-empty string of at most `max_chars` characters (TypeError / ValueError)."""
     if not isinstance(question, str):

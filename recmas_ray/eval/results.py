@@ -88,10 +88,7 @@ class SampleWriter:
             fd = self._f.fileno()
             start = os.fstat(fd).st_size
             try:
-                view = memoryview(data)
-                while view:
-                    view = view[os.write(fd, view):]
-                os.fsync(fd)
+                write_whole(fd, data)
             except OSError as e:
                 try:
                     os.ftruncate(fd, start)
@@ -110,6 +107,14 @@ class SampleWriter:
 
     def __exit__(self, *exc) -> None:
         self.close()
+
+
+def write_whole(fd: int, data: bytes) -> None:
+    """Write all of `data` to `fd` and fsync (one seam, so tests can fill the disk part-way through a line)."""
+    view = memoryview(data)
+    while view:
+        view = view[os.write(fd, view):]
+    os.fsync(fd)
 
 
 def _sha256(text: str) -> str:

@@ -171,8 +171,10 @@ def read_json(path: Path, root: Path | None = None) -> dict:
 def task_entry(cfg: dict, task: str, file: Path) -> dict:
     """`cfg["tasks"][task]` of a task-scoped release config; a missing task names the ones present."""
     tasks = cfg.get("tasks")
-    if not isinstance(tasks, dict):
+    if tasks is None:
         return cfg
+    if not isinstance(tasks, dict):
+        raise TypeError(f"'tasks' in {file.name} is a {type(tasks).__name__}; expected a mapping task -> entry")
     if task not in tasks:
         raise ValueError(f"{file}: no links for task {task!r}; the release manifest holds tasks {sorted(tasks)}")
     return tasks[task]
