@@ -174,8 +174,12 @@ def cuda_available() -> bool:
     return bool(torch.cuda.is_available())
 
 
-def check_cuda(flag: str, why: str = "") -> None:
-    """Refuse a setting that needs CUDA on a machine where torch sees no GPU."""
+def check_cuda(flag: str, why: str = "", *, on_cluster: bool = False) -> None:
+    """Refuse a setting that needs CUDA on a machine where torch sees no GPU. `on_cluster`: the GPUs are wanted
+    by Ray workers, which may run on other nodes; with a cluster named (RAY_ADDRESS, as `ray job submit` sets
+    it) this machine's GPUs say nothing, so only a local run is checked."""
+    if on_cluster and os.environ.get("RAY_ADDRESS", "").strip() not in ("", "local"):
+        return
     if not cuda_available():
         raise ConfigError(f"{flag}{' ' + why if why else ''}: torch sees no CUDA GPU on this machine; "
                           "run where one is visible (CUDA_VISIBLE_DEVICES) or choose the CPU")

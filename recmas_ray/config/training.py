@@ -118,8 +118,8 @@ class TrainConfig:
         check_role_models("--role_model", self.role_model, self.style)
         check_role_models("--ckpt_override", self.ckpt_override, self.style, extra=self.checkpoint_keys())
         check_model_names("--role_model", self.role_model)
-        if self.use_gpu:
-            check_cuda("--use_gpu")
+        if self.use_gpu:  # inner num_workers=0 trains in this process; otherwise Ray workers, maybe elsewhere
+            check_cuda("--use_gpu", on_cluster=getattr(self, "num_workers", 1) != 0)
         bad = sorted(set(self.ckpt_override) - set(self.checkpoint_keys()))
         if bad:
             raise ValueError(f"--ckpt_override names {bad}; expected some of {list(self.checkpoint_keys())}")
