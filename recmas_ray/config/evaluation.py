@@ -199,8 +199,6 @@ class EvalConfig:
                              "backend runs one in-process system)")
         if self.device == "cuda":
             check_cuda("--device cuda", on_cluster=self.backend == "ray")
-        if self.transport == "rdt:nccl":
-            check_cuda("--transport rdt:nccl", "moves CUDA tensors", on_cluster=True)
         check_role_models("--ckpt_override", self.ckpt_override, self.style, extra=("outer",))
         check_role_models("--models", self.models, self.style)
         check_model_names("--models", self.models)

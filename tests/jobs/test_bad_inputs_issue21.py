@@ -166,8 +166,7 @@ ROWS = [
     ("keys_file_mode", "run", ["--style", "deliberation", "--tavily_keys_file", "{keys_open_txt}"], "chmod 600"),
     ("keys_file_fifo", "run", ["--style", "deliberation", "--tavily_keys_file", "{fifo}"], "is a FIFO"),
     ("device_cuda_no_gpu", "run", ["--device", "cuda"], "--device cuda: torch sees no CUDA GPU"),
-    ("nccl_no_gpu", "run", ["--backend", "ray", "--transport", "rdt:nccl", "--placement", "one_gpu_per_agent"],
-     "--transport rdt:nccl"),
+    ("nccl_cpu_placement", "run", ["--backend", "ray", "--transport", "rdt:nccl"], "--placement cpu"),
     ("resume_corrupt_fingerprint", "run", ["--output_path", "{fp_out}", "--resume"], "fingerprint"),
     # training
     ("train_resume_other_seed", "train_inner", ["--save_dir", "{train_seed1}", "--seed", "2", "--resume"],
