@@ -33,8 +33,9 @@ MAX_SETTINGS_FILE_BYTES = 16 << 20
 
 
 def path_problem(path: str | os.PathLike, *, kind: str = "file", readable: bool = True,
-                 non_empty: bool = False, max_bytes: int | None = None) -> str | None:
-    """Why `path` is not a usable `kind` ("file" or "dir"), or None. Follows symlinks; creates nothing."""
+                 non_empty: bool = False, max_bytes: int | None = None, private: bool = False) -> str | None:
+    """Why `path` is not a usable `kind` ("file" or "dir"), or None. Follows symlinks; creates nothing.
+    `private`: group and others may not read it (a file of secrets)."""
     p = Path(path).expanduser()
     try:
         st = p.stat()
@@ -61,6 +62,8 @@ def path_problem(path: str | os.PathLike, *, kind: str = "file", readable: bool 
         return "is empty"
     if kind == "file" and max_bytes is not None and st.st_size > max_bytes:
         return f"is {st.st_size} bytes; expected at most {max_bytes}"
+    if private and stat.S_IMODE(mode) & 0o077:
+        return f"is readable by group or others (mode {stat.S_IMODE(mode):04o}): run `chmod 600 {p}`"
     return None
 
 
@@ -161,10 +164,7 @@ def check_question(name: str, question, *, max_chars: int = MAX_QUESTION_CHARS) 
 
 def check_keys_file(flag: str, path) -> None:
     """The search keys file: a readable regular file that only its owner may read (keys are secrets)."""
-    p = check_file(flag, path)
-    mode = stat.S_IMODE(p.stat().st_mode)
-    if mode & 0o077:
-        raise ConfigError(f"{flag} {str(p)!r} is readable by group or others (mode {mode:04o}): run `chmod 600 {p}`")
+    check_file(flag, path, private=True)
 
 
 def cuda_available() -> bool:
