@@ -119,7 +119,10 @@ def plan_system(style_name: str, *, preset: str = "tiny", ckpt_overrides: dict[s
                              f"{base!r}, named by the checkpoint {path}; pass --allow_base_model_mismatch to run "
                              "the configured one")
         manifest_models[role] = base
-    preset_models = role_models(style_name, preset)
+    try:
+        preset_models = role_models(style_name, preset)
+    except ValueError:  # a style the preset does not cover: nothing to compare against
+        preset_models = {}
     for role, base in manifest_models.items():  # said out loud: the checkpoint, not --preset, picks this model
         if role not in explicit and not same_model(base, preset_models.get(role, base)):
             log.warning("role %s runs %s, the base model named by its checkpoint %s, instead of preset %s's %s "
