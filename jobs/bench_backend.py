@@ -107,7 +107,15 @@ class BackendBenchConfig:
     """Where bench_backend.json and config.json go."""
 
     def validate(self) -> None:
+        from recmas_ray.config.evaluation import check_model_names
+        from recmas_ray.config.inputs import check_cuda, check_ray_address
+
         check_role_models("--role_model", self.role_model, self.style, extra=("all",))
+        check_model_names("--role_model", self.role_model)
+        if self.device == "cuda":
+            check_cuda("--device cuda")
+        if self.address:
+            check_ray_address("--address", self.address)
 
 
 def run(args) -> dict:
@@ -124,9 +132,6 @@ def run(args) -> dict:
     from recmas_ray.train.synthetic import make_arithmetic_dataset
     from recmas_ray.system.plan import plan_system
 
-    for name in ("batch_size", "inflight", "repeats", "rounds"):
-        if getattr(args, name) < 1:
-            raise ValueError(f"--{name} must be >= 1, got {getattr(args, name)}")
     threads = args.torch_threads or os.cpu_count() or 1
     torch.set_num_threads(threads)
     overrides = expand_role_models(args.role_model, get_style(args.style).roles)

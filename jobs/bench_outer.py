@@ -61,11 +61,11 @@ def bench_reference(base: dict, rounds: list[int]) -> list[dict]:
     from recmas_ray.train.outer import SavedTensorMeter
     from recmas_ray.train.reference import build_reference, reference_backward, reference_step
 
+    data = load_rows(base["dataset_name"], base.get("dataset_json_field"))  # bad data fails before any model
     plan = plan_system(base["style"], preset=base["preset"], ckpt_overrides=base.get("ckpt_override"),
                        seed=base["seed"], role_model_overrides=base["role_model"])
     device = "cuda" if base["use_gpu"] else "cpu"
     agents, _ = build_reference(plan, device=device)
-    data = load_rows(base["dataset_name"], base.get("dataset_json_field"))
     rows = []
     for r in rounds:
         outer = _fresh_outer(plan, device)
@@ -127,19 +127,27 @@ class OuterBenchConfig:
     output_path: Annotated[str, WritableDir()] = "out/bench_outer"
     """Where bench_outer.json and config.json go."""
 
+    def train_base(self) -> dict:
+        """The OuterTrainConfig settings every measured run shares."""
+        return dict(style=self.style, preset=self.preset, role_model=dict(self.role_model),
+                    dataset_name=self.dataset_name, max_steps=self.max_steps, batch_size=self.batch_size,
+                    num_microbatches=self.num_microbatches, lr=1e-4, warmup_steps=0,
+                    max_latent_tokens=self.max_latent_tokens, use_gpu=self.use_gpu, seed=0, max_failures=0)
+
     def validate(self) -> None:
+        """The training runs' own checks (dataset, models, GPU), before the reference loads any model."""
+        from recmas_ray.config.checks import check_tree
+
         check_role_models("--role_model", self.role_model, self.style)
         if self.num_microbatches > self.batch_size:
             raise ValueError(f"--num_microbatches {self.num_microbatches} exceeds --batch_size {self.batch_size}")
+        check_tree(OuterTrainConfig(**self.train_base(), save_dir=self.output_path))
 
 
 def bench(args: OuterBenchConfig) -> int:
     """Reference first (the machine to itself), then the pipelined runs; write and print the JSON."""
     rounds = list(args.rounds)
-    base = dict(style=args.style, preset=args.preset, role_model=dict(args.role_model),
-                dataset_name=args.dataset_name, max_steps=args.max_steps,
-                batch_size=args.batch_size, num_microbatches=args.num_microbatches, lr=1e-4, warmup_steps=0,
-                max_latent_tokens=args.max_latent_tokens, use_gpu=args.use_gpu, seed=0, max_failures=0)
+    base = args.train_base()
     # the reference runs first, before any Ray process exists, so it has the machine to itself
     import torch
 

@@ -35,7 +35,16 @@ ALIASES = {
 
 
 def main_cfg(cfg: InnerTrainConfig) -> int:
-    """Run a parsed, checked config (heavy imports happen here, after parsing)."""
+    """Run a parsed, checked config (heavy imports happen here, after parsing), holding --save_dir's lock."""
+    from recmas_ray.config.inputs import OutputLock
+    from recmas_ray.train_api import check_training_inputs
+
+    check_training_inputs(cfg)  # checkpoints, models' configs and rows read before anything is written
+    with OutputLock(cfg.save_dir, "--save_dir"):  # a second run into this folder stops, naming this PID
+        return _train(cfg)
+
+
+def _train(cfg) -> int:
     from recmas_ray.train import inner_job
 
     if cfg.mas_role == "all":

@@ -34,7 +34,16 @@ ALIASES = {"mas_design": "style", "mas_task": "task"}
 
 
 def main_cfg(cfg: OuterTrainConfig) -> int:
-    """Run a parsed, checked config (heavy imports happen here, after parsing)."""
+    """Run a parsed, checked config (heavy imports happen here, after parsing), holding --save_dir's lock."""
+    from recmas_ray.config.inputs import OutputLock
+    from recmas_ray.train_api import check_training_inputs
+
+    check_training_inputs(cfg)  # checkpoints, models' configs and rows read before anything is written
+    with OutputLock(cfg.save_dir, "--save_dir"):  # a second run into this folder stops, naming this PID
+        return _train(cfg)
+
+
+def _train(cfg) -> int:
     from recmas_ray.train.pipeline import train_outer
 
     result = train_outer(cfg)

@@ -96,6 +96,10 @@ class System:
         from recmas_ray.system.hub import links_overrides, resolve_overrides
         from recmas_ray.system.plan import plan_system
 
+        from recmas_ray.config.inputs import check_text_table
+
+        role_models, ckpt_override = check_text_table("role_models", role_models), check_text_table(
+            "ckpt_override", ckpt_override)  # before any of them is resolved (Hub ids, link folders)
         if not isinstance(num_replicas, int) or isinstance(num_replicas, bool) or num_replicas < 1:
             raise ValueError(f"num_replicas must be a positive integer, got {num_replicas!r}")
         if backend == "local" and num_replicas != 1:

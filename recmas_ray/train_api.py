@@ -19,12 +19,75 @@ from typing import Any, Sequence
 __all__ = ["train_inner", "train_outer"]
 
 
-def _config(cls, values: dict[str, Any], options: dict[str, Any]):
+def check_training_inputs(cfg, rows: list[dict] | None = None) -> None:
+    """Everything a training run reads, read once before it writes anything (no model weights, no Ray): the
+    system plan (checkpoints, their manifests and link weights, base-model configs) and the rows with the
+    fields each role needs (`rows`: in-memory rows instead of cfg's dataset). The jobs and these wrappers call
+    it before taking the save_dir lock."""
+    from recmas_ray.config.checks import check_tree
+    from recmas_ray.config.training import InnerTrainConfig
+    from recmas_ray.styles import get_style
+    from recmas_ray.train.data import canonical_role, load_rows, validate_rows
+
+    check_tree(cfg)
+    style = get_style(cfg.style)
+    if rows is None:
+        rows = load_rows(cfg.dataset_name, cfg.dataset_json_field, split=cfg.dataset_split)
+    if isinstance(cfg, InnerTrainConfig):
+        from recmas_ray.train.inner_job import plan_roles
+
+        roles = list(style.roles) if cfg.mas_role == "all" else [canonical_role(style, cfg.mas_role)]
+        plan_roles(cfg, roles)
+        validate_rows(rows, style, roles, task=cfg.task)
+        return
+    from recmas_ray.system.plan import plan_system
+    from recmas_ray.train.outer import prepare_samples
+
+    plan_system(cfg.style, preset=cfg.preset, ckpt_overrides=cfg.ckpt_override, seed=cfg.seed, task=cfg.task,
+                role_model_overrides=cfg.role_model)
+    prepare_samples(rows, style, cfg.task)
+    if cfg.eval_dataset:
+        prepare_samples(load_rows(cfg.eval_dataset, cfg.dataset_json_field), style, cfg.task)
+
+
+def _config(cls, values: dict[str, Any], options: dict[str, Any], rows, rows_file: Path):
+    """(checked training config, in-memory rows or None): every argument validated as the CLI does. In-memory
+    rows will be `rows_file` (the config already names it, as the earlier run's config.json does for --resume),
+    written only once everything is accepted (`_with_rows`)."""
+    from recmas_ray.config.checks import check_tree
+
     names = {f.name for f in dataclasses.fields(cls)}
     unknown = sorted(set(options) - names)
     if unknown:
         raise ValueError(f"unknown training setting(s) {unknown} for {cls.__name__}; expected some of {sorted(names)}")
-    return cls(**{k: v for k, v in values.items() if k in names}, **options)
+    in_memory = not isinstance(rows, (str, Path))
+    if in_memory:
+        rows = list(rows) if isinstance(rows, (list, tuple)) else rows
+        if not isinstance(rows, list) or not rows or not all(isinstance(r, dict) for r in rows):
+            raise TypeError("rows: expected a path, a dataset name, or a non-empty list of dicts, got "
+                            f"{type(rows).__name__}")
+    dataset = "synthetic:1" if in_memory else str(rows)  # stands in for the rows until they are accepted
+    cfg = cls(**{k: v for k, v in values.items() if k in names}, **{"dataset_name": dataset, **options})
+    check_tree(dataclasses.replace(cfg, resume=False), lambda path: path)  # resume: checked on the real rows path
+    if not in_memory:
+        return cfg, None
+    return dataclasses.replace(cfg, dataset_name=str(rows_file)), rows
+
+
+def _probe(cfg, rows):
+    """`cfg` as the checks see it before in-memory rows are on disk (they are checked as rows; --resume is
+    compared by `check_resume` on the real config)."""
+    return dataclasses.replace(cfg, dataset_name="synthetic:1", resume=False) if rows is not None else \
+        dataclasses.replace(cfg, resume=False)
+
+
+def _with_rows(cfg, rows) -> None:
+    """Write the accepted in-memory `rows` where `cfg` reads them."""
+    if rows is not None:
+        from recmas_ray.api import rows_file
+
+        path = Path(cfg.dataset_name)
+        rows_file(rows, path.parent, path.name)
 
 
 def train_inner(style: str, *, rows: str | Path | Sequence[dict], save_dir: str | Path,
@@ -48,24 +111,44 @@ def train_inner(style: str, *, rows: str | Path | Sequence[dict], save_dir: str 
         ...                num_workers=0)  # doctest: +SKIP
         PosixPath('ckpt')
     """
-    from recmas_ray.api import rows_file
+    from recmas_ray.config.inputs import OutputLock
     from recmas_ray.config.training import InnerTrainConfig
     from recmas_ray.distributed.driver import init_ray
     from recmas_ray.train.inner_job import train_all_roles
     from recmas_ray.train.inner_job import train_inner as train_one_role
 
+    if not isinstance(save_dir, (str, Path)) or not str(save_dir).strip():
+        raise TypeError(f"save_dir: expected a folder path, got {save_dir!r}")
     save_dir = Path(save_dir)
-    cfg = _config(InnerTrainConfig, {"style": style, "task": task, "preset": preset,
-                                     "role_model": dict(role_models or {}), "save_dir": str(save_dir),
-                                     "dataset_name": rows_file(rows, save_dir)}, options)
-    if roles:  # a subset: one run per role, each into save_dir/<role>
+    if role_models is not None and not isinstance(role_models, dict):
+        raise TypeError(f"role_models: expected a dict ROLE -> model name, got {type(role_models).__name__}")
+    cfg, mem = _config(InnerTrainConfig, {"style": style, "task": task, "preset": preset,
+                                     "role_model": dict(role_models or {}), "save_dir": str(save_dir)},
+                       options, rows, save_dir / "train.jsonl")
+    if roles is not None:
+        from recmas_ray.styles import get_style
+        from recmas_ray.train.data import canonical_role
+
+        if isinstance(roles, str) or not all(isinstance(r, str) for r in roles):
+            raise TypeError(f"roles: expected a list of role names, got {roles!r:.60}")
         for role in roles:
-            if cfg.num_workers > 0:
-                init_ray()
-            train_one_role(dataclasses.replace(cfg, mas_role=role, save_dir=str(save_dir / role)))
-    else:
-        init_ray()
-        train_all_roles(dataclasses.replace(cfg, mas_role="all"))
+            canonical_role(get_style(style), role)
+            if cfg.resume:
+                dataclasses.replace(cfg, mas_role=role, save_dir=str(save_dir / role)).check_resume()
+    elif cfg.resume:
+        dataclasses.replace(cfg, mas_role="all").check_resume()
+    for role in roles or ["all"]:
+        check_training_inputs(_probe(dataclasses.replace(cfg, mas_role=role), mem), mem)
+    with OutputLock(save_dir, "save_dir"):
+        _with_rows(cfg, mem)
+        if roles:  # a subset: one run per role, each into save_dir/<role>
+            for role in roles:
+                if cfg.num_workers > 0:
+                    init_ray()
+                train_one_role(dataclasses.replace(cfg, mas_role=role, save_dir=str(save_dir / role)))
+        else:
+            init_ray()
+            train_all_roles(dataclasses.replace(cfg, mas_role="all"))
     return save_dir
 
 
@@ -85,7 +168,7 @@ def train_outer(style: str, *, rows: str | Path | Sequence[dict], links: str | P
         num_recursive_rounds: R unrolled in every training step.
         **options: Other `OuterTrainConfig` settings (max_steps, lr, batch_size, max_latent_tokens, ...).
     """
-    from recmas_ray.api import rows_file
+    from recmas_ray.config.inputs import OutputLock
     from recmas_ray.styles import get_style
     from recmas_ray.system.hub import links_overrides
     from recmas_ray.config.training import OuterTrainConfig
@@ -98,8 +181,12 @@ def train_outer(style: str, *, rows: str | Path | Sequence[dict], links: str | P
             raise ValueError("train_outer: give save_dir (links is not a local folder to save next to)")
         save_dir = Path(links) / "outer"
     save_dir = Path(save_dir)
-    cfg = _config(OuterTrainConfig, {"style": style, "ckpt_override": inner, "preset": preset, "task": task,
-                                     "save_dir": str(save_dir), "num_recursive_rounds": num_recursive_rounds,
-                                     "dataset_name": rows_file(rows, save_dir.parent, f"{save_dir.name}_train.jsonl")},
-                  options)
-    return Path(run_outer(cfg).save_dir)
+    cfg, mem = _config(OuterTrainConfig, {"style": style, "ckpt_override": inner, "preset": preset, "task": task,
+                                     "save_dir": str(save_dir), "num_recursive_rounds": num_recursive_rounds},
+                       options, rows, save_dir.parent / f"{save_dir.name}_train.jsonl")
+    if cfg.resume:
+        cfg.check_resume()
+    check_training_inputs(_probe(cfg, mem), mem)
+    with OutputLock(save_dir, "save_dir"):
+        _with_rows(cfg, mem)
+        return Path(run_outer(cfg).save_dir)

@@ -25,6 +25,10 @@ class ConfigError(ValueError):
     """A user error in a job's configuration: one line, shown without a traceback."""
 
 
+class ConfigTypeError(ConfigError, TypeError):
+    """A value of the wrong type (also a TypeError, as Python callers expect for wrong types)."""
+
+
 @dataclass(frozen=True)
 class Range:
     """Numeric bounds, inclusive unless `lo_open` / `hi_open`; `None` leaves that side open."""
@@ -42,6 +46,8 @@ class Range:
         return f"{kind} in {'(' if self.lo_open else '['}{self.lo}, {self.hi}{')' if self.hi_open else ']'}"
 
     def ok(self, v: float) -> bool:
+        if isinstance(v, bool) or not isinstance(v, (int, float)):
+            return False
         if isinstance(v, float) and not math.isfinite(v):
             return False
         if self.lo is not None and (v <= self.lo if self.lo_open else v < self.lo):
@@ -129,6 +135,8 @@ def _check_value(flag: str, value, base, check) -> None:
         if value and not (check.allow and check.allow(str(value))) and not Path(str(value)).expanduser().exists():
             raise ConfigError(f"{flag} {value!r}: no such file or directory")
     elif isinstance(check, WritableDir):
+        if isinstance(value, str) and not value.strip():
+            raise ConfigError(f"{flag} is empty; expected a directory path")
         problem = writable_dir_problem(str(value)) if value else None
         if problem:
             raise ConfigError(f"{flag} {value!r} {problem}")
@@ -161,29 +169,65 @@ def check_tree(cfg, flag_of: Callable[[str], str] = lambda path: "--" + path, pr
 
 
 def _check_type(flag: str, value, base) -> None:
-    """Reject values of the wrong kind (a config file or a Python caller can bypass the CLI's parsing)."""
+    """Reject values of the wrong kind (a config file or a Python caller can bypass the CLI's parsing),
+    down to the items of lists and dicts."""
     args = typing.get_args(base)
     if value is None:
         if type(None) in args or base is Any:
             return
-        raise ConfigError(f"{flag} is required")
+        raise ConfigTypeError(f"{flag} is required (got null)")
     kinds = [a for a in args if a is not type(None)] if args and typing.get_origin(base) in (typing.Union,
                                                                                               _union_type()) else [base]
     for k in kinds:
-        origin = typing.get_origin(k) or k
-        if origin is typing.Literal or k is Any:
+        if _is_kind(value, k):
+            _check_items(flag, value, k)
             return
-        if origin is float and isinstance(value, (int, float)) and not isinstance(value, bool):
-            return
-        if origin is int and isinstance(value, int) and not isinstance(value, bool):
-            return
-        if origin in (str, bool, list, dict, tuple) and isinstance(value, origin):
-            return
-        if isinstance(origin, type) and origin not in (int, float, str, bool, list, dict, tuple) \
-                and isinstance(value, origin):
-            return
-    names = " or ".join(getattr(k, "__name__", str(k)) for k in kinds)
-    raise ConfigError(f"{flag} {value!r}: expected {names}")
+    names = " or ".join(_kind_name(k) for k in kinds)
+    raise ConfigTypeError(f"{flag} {_short(value)}: expected {names}")
+
+
+def _is_kind(value, k) -> bool:
+    origin = typing.get_origin(k) or k
+    if origin is typing.Literal or k is Any:
+        return True
+    if origin is float:
+        return isinstance(value, (int, float)) and not isinstance(value, bool)
+    if origin is int:
+        return isinstance(value, int) and not isinstance(value, bool)
+    return isinstance(origin, type) and isinstance(value, origin)
+
+
+def _check_items(flag: str, value, k) -> None:
+    """Items of a list / tuple and keys and values of a dict against the annotation's item types."""
+    origin, item_args = typing.get_origin(k), typing.get_args(k)
+    if origin in (list, tuple) and item_args:
+        item = item_args[0]
+        for i, v in enumerate(value):
+            if not _is_kind(v, item):
+                raise ConfigTypeError(f"{flag} item {i} {_short(v)}: expected {_kind_name(item)}")
+    elif origin is dict and len(item_args) == 2:
+        key_kind, value_kind = item_args
+        for key, v in value.items():
+            if not _is_kind(key, key_kind):
+                raise ConfigTypeError(f"{flag} key {_short(key)}: expected {_kind_name(key_kind)}")
+            if not _is_kind(v, value_kind):
+                raise ConfigTypeError(f"{flag} {key}={_short(v)}: expected {_kind_name(value_kind)}")
+
+
+def _kind_name(k) -> str:
+    origin = typing.get_origin(k)
+    if origin in (list, tuple, dict):
+        return f"a {origin.__name__} of " + ", ".join(_kind_name(a) for a in typing.get_args(k)) \
+            if typing.get_args(k) else f"a {origin.__name__}"
+    return {int: "an integer", float: "a number", str: "a string", bool: "true or false"}.get(
+        k, getattr(k, "__name__", str(k)))
+
+
+def _short(value, limit: int = 60) -> str:
+    """repr of a value cut to `limit` characters (a bad value may be huge)."""
+    text = repr(value) if not isinstance(value, (list, dict)) or len(value) < 20 else \
+        f"<{type(value).__name__} of {len(value)} items>"
+    return text if len(text) <= limit else text[:limit] + "..."
 
 
 def _union_type():

@@ -49,14 +49,15 @@ def _field_docs(cls) -> dict[str, str]:
     """Attribute docstrings (the string literal under each field), collected over the class's MRO."""
     import ast
     import inspect
+    import textwrap
 
     docs: dict[str, str] = {}
     for klass in reversed(cls.__mro__):
         if not dataclasses.is_dataclass(klass):
             continue
         try:
-            body = ast.parse(inspect.getsource(klass)).body[0].body
-        except (OSError, TypeError, IndexError):
+            body = ast.parse(textwrap.dedent(inspect.getsource(klass))).body[0].body
+        except (OSError, TypeError, IndexError, SyntaxError):
             continue
         for prev, node in zip(body, body[1:]):
             if isinstance(prev, ast.AnnAssign) and isinstance(prev.target, ast.Name) and isinstance(node, ast.Expr) \
@@ -309,19 +310,18 @@ def from_dict(cls, data: dict, *, base=None, where: str = "config"):
 
 
 def read_data_file(path: str | Path, flag: str):
-    """A JSON or YAML file given by `flag`; an unreadable or malformed file is one ConfigError naming it."""
-    p = Path(path)
-    try:
-        text = p.read_text(encoding="utf-8")
-    except OSError as e:
-        raise ConfigError(f"{flag} {str(path)!r}: {e.strerror or e}") from None
-    yaml_file = p.suffix in (".yaml", ".yml")
+    """A JSON or YAML file given by `flag`; an unreadable, oversized or malformed file (or YAML with
+    anchors/aliases) is one ConfigError naming it."""
+    from recmas_ray.config.inputs import load_yaml, read_text_file
+
+    text = read_text_file(flag, path)
+    yaml_file = Path(path).suffix in (".yaml", ".yml")
     try:
         if yaml_file:
-            import yaml
-
-            return yaml.safe_load(text)
+            return load_yaml(text, f"{flag} {str(path)!r}")
         return json.loads(text)
+    except ConfigError:
+        raise
     except Exception as e:  # noqa: BLE001 - any parse error of the user's file is one clear line
         raise ConfigError(f"{flag} {str(path)!r} is not valid {'YAML' if yaml_file else 'JSON'}: "
                           f"{str(e).splitlines()[0]}") from None
@@ -332,7 +332,12 @@ def load_config_file(path: str) -> dict:
     data = read_data_file(path, "--config")
     if isinstance(data, dict) and isinstance(data.get("config"), dict) and "results" in data:
         data = data["config"]  # a results_*.json: reuse its resolved config
-    return data or {}
+    if data is None:
+        return {}
+    if not isinstance(data, dict):
+        raise ConfigError(f"--config {path!r} holds a {type(data).__name__}; expected a mapping of settings "
+                          "(setting: value, nested by section)")
+    return data
 
 
 def _has_path(values: dict, path: str) -> bool:
@@ -345,8 +350,12 @@ def _has_path(values: dict, path: str) -> bool:
 
 def _set_path(values: dict, path: str, value) -> None:
     parts = path.split(".")
-    for part in parts[:-1]:
-        values = values.setdefault(part, {})
+    for i, part in enumerate(parts[:-1]):
+        inner = values.setdefault(part, {})
+        if not isinstance(inner, dict):  # a --config file with `recursion: 3` or `recursion: [..]`
+            raise ConfigError(f"--config: section {'.'.join(parts[:i + 1])!r} is a {type(inner).__name__}; "
+                              "expected a mapping of its settings")
+        values = inner
     values[parts[-1]] = value
 
 
@@ -393,7 +402,11 @@ def save_config(cfg, directory: str | Path, name: str = "config.json") -> Path:
 
 def run_job(main: Callable[[Any], int | None], cls, argv=None, *, prog=None, description=None, aliases=None,
             recipes=None, hidden=()) -> int:
-    """Parse, check and run one job; returns its exit status (2 user error, 1 failed run, 0 done)."""
+    """Parse, check and run one job; returns its exit status (2 user error, 1 failed run, 0 done).
+
+    Every exception becomes one line on stderr (`--debug` re-raises it with its traceback): ValueError and
+    TypeError (the user's input) exit 2, anything else (a failed run, a full disk, out of memory) exits 1.
+    """
     argv = list(sys.argv[1:] if argv is None else argv)
     debug = "--debug" in argv
     try:
@@ -405,17 +418,46 @@ def run_job(main: Callable[[Any], int | None], cls, argv=None, *, prog=None, des
         return int(main(cfg) or 0)
     except SystemExit as e:  # --help, or a job that exits itself
         return int(e.code or 0) if not isinstance(e.code, str) else (print(e.code, file=sys.stderr) or 2)
-    except ValueError as e:  # ConfigError included: the user's input, found before or after parsing
+    except KeyboardInterrupt:
         if debug:
             raise
-        print(f"error: {_one_line(e)}", file=sys.stderr)
-        return 2
-    except RuntimeError as e:  # a run that failed; whatever finished is on disk
+        print("error: interrupted; whatever finished is on disk (rerun with --resume)", file=sys.stderr)
+        return 130
+    except Exception as e:  # noqa: BLE001 - the promise: one line, never a traceback without --debug
         if debug:
             raise
-        print(f"error: {_one_line(e)}", file=sys.stderr)
-        return 1
+        print(f"error: {describe_error(e)}", file=sys.stderr)
+        return 2 if isinstance(e, (ValueError, TypeError)) else 1
+
+
+def describe_error(e: BaseException) -> str:
+    """One line for any exception: user errors as they are, a full disk / missing memory / other OS error named
+    with its fix, anything else with its type and the `--debug` hint."""
+    import errno
+
+    cause = getattr(e, "cause", None)  # a Ray task/actor error: the user's exception inside it
+    if isinstance(cause, BaseException) and cause is not e:
+        return describe_error(cause)
+    if isinstance(e, (ValueError, TypeError, RuntimeError)):
+        return _one_line(e)
+    if isinstance(e, OSError):
+        where = f" ({e.filename})" if getattr(e, "filename", None) else ""
+        if e.errno == errno.ENOSPC:
+            return (f"no space left on the device{where}; what finished is on disk: free space and rerun with "
+                    "--resume")
+        return f"{e.strerror or _one_line(e)}{where} (rerun with --debug for the traceback)"
+    if isinstance(e, MemoryError):
+        return "out of memory; lower --batch_size or the input size (rerun with --debug for the traceback)"
+    return f"{type(e).__name__}: {_one_line(e)} (rerun with --debug for the traceback)"
 
 
 def _one_line(e: BaseException) -> str:
-    return " ".join(str(e).split()) or type(e).__name__
+    """The message of `e` on one line; a message that embeds a traceback (Ray's errors) keeps only its
+    final line, the exception itself."""
+    text = str(e)
+    if "Traceback (most recent call last)" in text:
+        tail = [ln.strip() for ln in text.splitlines() if ln.strip()]
+        head = text.split("Traceback (most recent call last)")[0].strip()
+        last = tail[-1] if tail else ""
+        text = f"{head.splitlines()[0]} {last}" if head and head.splitlines()[0] not in last else last
+    return " ".join(text.split()) or type(e).__name__

@@ -6,6 +6,7 @@ fields; the driver sets `recursion.method` per method and `recursion.decode.seed
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from dataclasses import dataclass, field
 from typing import Annotated
@@ -41,9 +42,23 @@ def check_role_models(flag: str, table: dict[str, str], style_name: str, *, extr
     if bad:
         expected = f"roles of {style_name} {roles}" + (f" or {' / '.join(extra)}" if extra else "")
         raise ValueError(f"{flag} names {bad}; expected {expected}")
-    empty = sorted(k for k, v in table.items() if not str(v).strip())
+    wrong = next(((k, v) for k, v in table.items() if not isinstance(k, str) or not isinstance(v, str)), None)
+    if wrong is not None:  # a config file or Python caller; never str() a value that may be huge
+        raise TypeError(f"{flag} {wrong[0]!s:.40}=...: expected ROLE=TEXT with text values, got "
+                        f"{type(wrong[1]).__name__}")
+    empty = sorted(k for k, v in table.items() if not v.strip())
     if empty:
         raise ValueError(f"{flag} {empty[0]}=: empty value")
+
+
+def check_model_names(flag: str, table: dict[str, str]) -> None:
+    """Every ROLE=MODEL names a model that can load (without loading it): one line naming the role."""
+    from recmas_ray.config.inputs import model_name_problem
+
+    for role, name in table.items():
+        problem = model_name_problem(name)
+        if problem:
+            raise ValueError(f"{flag} {role}={name}: {problem}")
 
 
 @dataclass(kw_only=True)
@@ -153,17 +168,46 @@ class EvalConfig:
 
         return self.tools if get_style(self.style).name == "deliberation" else None
 
+    def check_tools(self, style) -> None:
+        """Tool settings given for a style without a toolcaller are refused (they would be ignored)."""
+        if style.name == "deliberation":
+            return
+        default = ToolLoopConfig()
+        changed = [f.name for f in dataclasses.fields(ToolLoopConfig)
+                   if getattr(self.tools, f.name) != getattr(default, f.name)]
+        if changed:
+            raise ValueError(f"{', '.join('--' + c for c in changed)}: tool settings apply to style deliberation "
+                             f"only; style {self.style} has no tools, so drop them")
+
     def validate(self) -> None:
         """Rules across fields and files (run before any model loads)."""
         from recmas_ray.styles import get_style
 
+        from recmas_ray.config.inputs import check_cuda, check_data_path, check_file
+
         style = get_style(self.style)
-        if os.path.splitext(self.dataset)[1] in (".json", ".jsonl") and not os.path.isfile(self.dataset):
-            raise ValueError(f"--dataset {self.dataset!r}: no such file")
-        if self.dataset_path and not os.path.exists(self.dataset_path):
-            raise ValueError(f"--dataset_path {self.dataset_path!r}: no such file or directory")
+        local = os.path.splitext(self.dataset)[1].lower() in (".json", ".jsonl", ".csv", ".parquet")
+        if local:
+            check_file("--dataset", self.dataset, non_empty=True)
+        if self.dataset_path is not None:
+            if local:
+                raise ValueError(f"--dataset_path is for a named benchmark, but --dataset {self.dataset!r} is a "
+                                 "file already; drop --dataset_path")
+            from recmas_ray.eval.benchmarks import BENCHMARKS, canonical_name
+
+            if canonical_name(self.dataset) not in BENCHMARKS:
+                raise ValueError(f"--dataset {self.dataset!r} is no known benchmark, so --dataset_path has "
+                                 f"nothing to be a copy of; expected one of {sorted(BENCHMARKS)}")
+            check_data_path("--dataset_path", self.dataset_path)
+        self.check_tools(style)
+        if self.backend == "local" and self.placement.num_replicas != 1:
+            raise ValueError(f"--num_replicas {self.placement.num_replicas} needs --backend ray (the local "
+                             "backend runs one in-process system)")
+        if self.device == "cuda":
+            check_cuda("--device cuda", on_cluster=self.backend == "ray")
         check_role_models("--ckpt_override", self.ckpt_override, self.style, extra=("outer",))
         check_role_models("--models", self.models, self.style)
+        check_model_names("--models", self.models)
         from recmas_ray.system.hub import looks_like_hub_id
 
         missing = {r: p for r, p in self.ckpt_override.items() if not os.path.isdir(p) and not looks_like_hub_id(p)}
@@ -171,6 +215,9 @@ class EvalConfig:
             raise ValueError(f"--ckpt_override {' '.join(f'{r}={p}' for r, p in missing.items())}: no such directory")
         self.placement.check_roles(style.roles)
         if self.prompt_set:
+            from recmas_ray.config.cli import read_data_file
+
+            read_data_file(self.prompt_set, "--prompt_set")  # kind, size, encoding, no YAML aliases
             from recmas_ray.styles.prompts import load_prompt_set
 
             load_prompt_set(self.prompt_set, style)  # a bad file fails here, before any model loads

@@ -78,8 +78,9 @@ class ToolLoopConfig:
     """Decoded tokens searched for a closing tag after each step (reference: 16)."""
 
     def validate(self) -> None:
-        """The keys file, when named, must exist (checked before any model loads)."""
-        import os
+        """The keys file, when named, must be a regular file only its owner can read (checked before any
+        model loads or Ray starts)."""
+        from recmas_ray.config.inputs import check_keys_file
 
-        if self.tavily_keys_file and not os.path.isfile(os.path.expanduser(self.tavily_keys_file)):
-            raise ValueError(f"--tavily_keys_file {self.tavily_keys_file!r}: no such file")
+        if self.tavily_keys_file is not None:
+            check_keys_file("--tavily_keys_file", self.tavily_keys_file)

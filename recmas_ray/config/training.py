@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from typing import Annotated
 
 from recmas_ray.config.checks import ExistingPath, NonEmpty, OneOf, Range, WritableDir, writable_dir_problem
-from recmas_ray.config.evaluation import DTYPES, MODEL_PRESETS, check_role_models, style_names
+from recmas_ray.config.evaluation import DTYPES, MODEL_PRESETS, check_model_names, check_role_models, style_names
 from recmas_ray.config.recursion import MAX_ROUNDS
 from recmas_ray.styles.base import TASK_TYPES
 
@@ -112,8 +112,14 @@ class TrainConfig:
 
     def validate(self) -> None:
         """Rules across fields and files (run before any model loads)."""
+        from recmas_ray.config.inputs import check_cuda
+
         _check_dataset("--dataset_name", self.dataset_name)
         check_role_models("--role_model", self.role_model, self.style)
+        check_role_models("--ckpt_override", self.ckpt_override, self.style, extra=self.checkpoint_keys())
+        check_model_names("--role_model", self.role_model)
+        if self.use_gpu:  # inner num_workers=0 trains in this process; otherwise Ray workers, maybe elsewhere
+            check_cuda("--use_gpu", on_cluster=getattr(self, "num_workers", 1) != 0)
         bad = sorted(set(self.ckpt_override) - set(self.checkpoint_keys()))
         if bad:
             raise ValueError(f"--ckpt_override names {bad}; expected some of {list(self.checkpoint_keys())}")
@@ -129,11 +135,21 @@ class TrainConfig:
             problem = writable_dir_problem(local) if scheme in ("", "file") else None
             if problem:
                 raise ValueError(f"--storage_path {self.storage_path!r} {problem}")
+        if self.resume:
+            self.check_resume()
+
+    def check_resume(self) -> None:
+        """--resume refuses a save_dir whose earlier run had other settings (field by field)."""
+        from recmas_ray.config.resume import check_training_resume
+
+        check_training_resume(self, self.save_dir)
 
 
 def _check_dataset(flag: str, name: str) -> None:
-    if os.path.splitext(name)[1] in (".json", ".jsonl") and not os.path.isfile(name):
-        raise ValueError(f"{flag} {name!r}: no such file")
+    from recmas_ray.config.inputs import check_file
+
+    if os.path.splitext(name)[1].lower() in (".json", ".jsonl"):
+        check_file(flag, name, non_empty=True)
     count = name.partition(":")[2]
     if is_synthetic(name) and name != SYNTHETIC and not (count.isdigit() and int(count) >= 1):
         raise ValueError(f"{flag} {name!r}: expected synthetic or synthetic:N with N >= 1")
@@ -176,6 +192,8 @@ class InnerTrainConfig(TrainConfig):
 
         if self.mas_role != "all":
             role = canonical_role(get_style(self.style), self.mas_role)
+            if self.model_name_or_path is not None:
+                check_model_names("--model_name_or_path", {role: self.model_name_or_path})
             if self.model_name_or_path and role in self.role_model:
                 raise ValueError(f"--model_name_or_path and --role_model {role}=... both name the base model of {role}")
         elif self.model_name_or_path or self.load_dir:
@@ -183,6 +201,15 @@ class InnerTrainConfig(TrainConfig):
                              "instead of --model_name_or_path / --load_dir")
         if self.load_dir and not os.path.isdir(self.load_dir):
             raise ValueError(f"--load_dir {self.load_dir!r} is not a directory")
+
+    def check_resume(self) -> None:
+        """--mas_role all keeps one run per role in save_dir/<role>: each is compared."""
+        from recmas_ray.config.resume import check_training_resume
+
+        if self.mas_role != "all":
+            return super().check_resume()
+        for role in self.roles():
+            check_training_resume(self, os.path.join(self.save_dir, role))
 
 
 @dataclass(kw_only=True)

@@ -11,7 +11,7 @@ import typing
 from dataclasses import dataclass, field
 from typing import Annotated
 
-from recmas_ray.config.checks import OneOf, Range, WritableDir
+from recmas_ray.config.checks import NonEmpty, OneOf, Range, WritableDir
 from recmas_ray.config.recursion import MAX_ROUNDS
 from recmas_ray.train.synthetic import DIFFICULTIES
 
@@ -53,7 +53,7 @@ class DemoConfig:
     """Generated training rows (never among the held-out questions)."""
     num_eval: Annotated[int, Range(1, 10_000)] = 64
     """Held-out questions, the same for every method and R."""
-    rounds: Annotated[list[int], Range(1, MAX_ROUNDS)] = field(default_factory=lambda: [1])
+    rounds: Annotated[list[int], Range(1, MAX_ROUNDS), NonEmpty()] = field(default_factory=lambda: [1])
     """R values evaluated (text recursion and the inner+outer-trained system at every one). The default
     evaluates R = 1 to stay within 20 minutes on 2 cores; --rounds 1,2 adds about 7 minutes, --full
     runs R = 1, 2."""

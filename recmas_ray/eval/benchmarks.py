@@ -103,11 +103,24 @@ def task_type_for(name: str) -> str:
 
 # ----------------------------------------------------------------------------- raw readers
 
+def _read_text(path: Path) -> str:
+    """A data file's UTF-8 text; a FIFO, an unreadable file or a decoding error is a ValueError naming it."""
+    from recmas_ray.config.inputs import check_file
+
+    check_file("data file", path)
+    try:
+        return path.read_text(encoding="utf-8")
+    except UnicodeDecodeError as e:
+        raise ValueError(f"{path}: not UTF-8 text (byte {e.start}: {e.reason}); save it as UTF-8") from None
+    except OSError as e:
+        raise ValueError(f"{path}: cannot be read ({e.strerror or e})") from None
+
+
 def _read_file(path: Path, json_field: str | None = None) -> list[dict]:
     suffix = path.suffix.lower()
     if suffix == ".jsonl":
         rows = []
-        for i, line in enumerate(path.read_text(encoding="utf-8").splitlines()):
+        for i, line in enumerate(_read_text(path).splitlines()):
             if line.strip():
                 try:
                     rows.append(json.loads(line))
@@ -116,7 +129,7 @@ def _read_file(path: Path, json_field: str | None = None) -> list[dict]:
         return rows
     if suffix == ".json":
         try:
-            data = json.loads(path.read_text(encoding="utf-8") or "null")
+            data = json.loads(_read_text(path) or "null")
         except json.JSONDecodeError as exc:
             raise ValueError(f"{path}: not valid JSON ({exc})") from None
         if isinstance(data, dict):
@@ -127,8 +140,7 @@ def _read_file(path: Path, json_field: str | None = None) -> list[dict]:
             data = data[key]
         return data if isinstance(data, list) else [data] if data else []
     if suffix == ".csv":
-        with path.open(newline="", encoding="utf-8") as f:
-            return list(csv.DictReader(f))
+        return list(csv.DictReader(io.StringIO(_read_text(path), newline="")))
     if suffix == ".parquet":
         import pyarrow.parquet as pq
 
@@ -144,10 +156,11 @@ def read_records(path: str | os.PathLike, json_field: str | None = None) -> list
         if not files:
             raise ValueError(f"{p}: directory holds no .jsonl/.json files")
         rows = [r for f in files for r in _read_file(f, json_field)]
-    elif p.is_file():
-        rows = _read_file(p, json_field)
     else:
-        raise ValueError(f"benchmark data path {str(p)!r} does not exist")
+        from recmas_ray.config.inputs import check_file
+
+        check_file("benchmark data path", p)  # missing, a FIFO, unreadable: named
+        rows = _read_file(p, json_field)
     if not rows:
         raise ValueError(f"{p}: no records (empty file)")
     bad = next((i for i, r in enumerate(rows) if not isinstance(r, dict)), None)
@@ -184,6 +197,21 @@ def _field(row: dict, keys: tuple[str, ...], i: int, name: str, *, required=True
     return None
 
 
+def _text(row: dict, keys: tuple[str, ...], i: int, name: str, **kw) -> str:
+    """`_field` of a text field as a string; a list or object there is refused, not stringified."""
+    value = _field(row, keys, i, name, **kw)
+    if isinstance(value, (list, dict, tuple)):
+        key = next(k for k in keys if row.get(k) is value)
+        raise ValueError(f"{name}: row {i} field {key!r} holds a {type(value).__name__} ({_preview(value)}); "
+                         "expected text")
+    return "" if value is None else str(value)
+
+
+def _preview(value, limit: int = 40) -> str:
+    text = json.dumps(value, default=str)[:limit + 1]
+    return text if len(text) <= limit else text[:limit] + "..."
+
+
 def _item(doc_id, question, gold, task_type, benchmark, raw_question, **extra) -> dict:
     return {"doc_id": str(doc_id), "question": question, "gold": gold, "task_type": task_type,
             "benchmark": benchmark, "raw_question": raw_question, **extra}
@@ -198,7 +226,7 @@ def _choice_question(stem: str, options: list[str]) -> str:
 
 def _math500(rows, name, **_):
     return [_item(_field(r, ("unique_id", "id"), i, name, required=False) or i,
-                  str(_field(r, ("problem",), i, name)), str(_field(r, ("answer",), i, name)).strip(),
+                  _text(r, ("problem",), i, name), _text(r, ("answer",), i, name).strip(),
                   "math", name, str(r["problem"]), solution=str(r.get("solution") or ""),
                   subject=str(r.get("subject") or ""), level=str(r.get("level") or ""))
             for i, r in enumerate(rows)]
@@ -207,8 +235,8 @@ def _math500(rows, name, **_):
 def _aime(rows, name, **_):
     out = []
     for i, r in enumerate(rows):
-        q = str(_field(r, ("problem", "question", "Problem"), i, name))
-        gold = str(_field(r, ("answer", "Answer"), i, name)).strip()
+        q = _text(r, ("problem", "question", "Problem"), i, name)
+        gold = _text(r, ("answer", "Answer"), i, name).strip()
         if gold.isdigit():
             gold = gold.lstrip("0") or "0"  # some copies keep leading zeros: "025"
         doc = _field(r, ("id", "problem_idx", "ID"), i, name, required=False)
@@ -219,7 +247,7 @@ def _aime(rows, name, **_):
 def _gsm8k(rows, name, **_):
     out = []
     for i, r in enumerate(rows):
-        q, sol = str(_field(r, ("question",), i, name)), str(_field(r, ("answer",), i, name))
+        q, sol = _text(r, ("question",), i, name), _text(r, ("answer",), i, name)
         m = re.search(r"####\s*(.+?)\s*$", sol, re.DOTALL)
         if not m:
             raise ValueError(f"{name}: row {i} answer has no '#### <number>' final line")
@@ -231,8 +259,8 @@ def _gpqa(rows, name, *, seed=0, gpqa_shuffle_options=True, **_):
     out = []
     keys = ("Correct Answer", "Incorrect Answer 1", "Incorrect Answer 2", "Incorrect Answer 3")
     for i, r in enumerate(rows):
-        stem = str(_field(r, ("Question", "question"), i, name)).strip()
-        opts = [str(_field(r, (k,), i, name)).strip() for k in keys]
+        stem = _text(r, ("Question", "question"), i, name).strip()
+        opts = [_text(r, (k,), i, name).strip() for k in keys]
         if gpqa_shuffle_options:
             opts, gold = shuffle_options(stem, opts, 0, seed)
         else:
@@ -245,7 +273,7 @@ def _gpqa(rows, name, *, seed=0, gpqa_shuffle_options=True, **_):
 def _medqa(rows, name, **_):
     out = []
     for i, r in enumerate(rows):
-        stem = str(_field(r, ("query", "question"), i, name)).strip()
+        stem = _text(r, ("query", "question"), i, name).strip()
         raw = _field(r, ("options",), i, name)
         if isinstance(raw, dict):
             opts = [str(raw[k]).strip() for k in sorted(raw)]
@@ -255,7 +283,7 @@ def _medqa(rows, name, **_):
             raise ValueError(f"{name}: row {i} options must be a dict or a list, got {type(raw).__name__}")
         gold = str(r.get("answer_idx") or "").strip().upper()
         if not gold:
-            ans = re.sub(r"\s+", " ", str(_field(r, ("answer",), i, name))).strip().lower()
+            ans = re.sub(r"\s+", " ", _text(r, ("answer",), i, name)).strip().lower()
             norm = [re.sub(r"\s+", " ", o).lower() for o in opts]
             hits = [j for j, o in enumerate(norm) if o == ans] or \
                 [j for j, o in enumerate(norm) if ans in o or o in ans]
@@ -279,8 +307,8 @@ def _medqa(rows, name, **_):
 def _mbppplus(rows, name, *, mbppplus_num_prompt_tests=3, mbppplus_timeout_s=10.0, **_):
     out = []
     for i, r in enumerate(rows):
-        prompt = str(_field(r, ("prompt",), i, name)).strip()
-        tests = str(_field(r, ("test",), i, name))
+        prompt = _text(r, ("prompt",), i, name).strip()
+        tests = _text(r, ("test",), i, name)
         test_list = [str(t) for t in (r.get("test_list") or [])]
         shown = test_list[:max(0, int(mbppplus_num_prompt_tests))]
         question = prompt if not shown else (
@@ -315,7 +343,7 @@ def _json_field(value: Any) -> Any:
 def _lcb(rows, name, *, lcb_timeout_s=6.0, lcb_use_private_tests=False, **_):
     out = []
     for i, r in enumerate(rows):
-        content = str(_field(r, ("question_content",), i, name)).strip()
+        content = _text(r, ("question_content",), i, name).strip()
         starter = str(r.get("starter_code") or "")
         question = content + (f"\n\nStarter code:\n{starter}" if starter.strip() else "")
         try:
@@ -378,8 +406,8 @@ def _qa(rows, name, *, qa_wrap=None, **_):
     wrap = (name == "hotpotqa") if qa_wrap is None else qa_wrap
     out = []
     for i, r in enumerate(rows):
-        q = str(_field(r, ("question", "Question"), i, name)).strip()
-        gold = str(_field(r, ("answer", "Answer"), i, name)).strip()
+        q = _text(r, ("question", "Question"), i, name).strip()
+        gold = _text(r, ("answer", "Answer"), i, name).strip()
         aliases = [gold] + [str(r[k]).strip() for k in ("Answer 2", "answer_2")
                             if str(r.get(k) or "").strip()]
         question = f"{QA_INSTRUCTION}\n\n[Question Start]\n{q}\n[Question End]" if wrap else q
@@ -392,9 +420,9 @@ def _qa(rows, name, *, qa_wrap=None, **_):
 def _humaneval(rows, name, **_):
     out = []
     for i, r in enumerate(rows):
-        prompt = str(_field(r, ("prompt",), i, name))
-        entry = str(_field(r, ("entry_point",), i, name))
-        test = str(_field(r, ("test",), i, name))
+        prompt = _text(r, ("prompt",), i, name)
+        entry = _text(r, ("entry_point",), i, name)
+        test = _text(r, ("test",), i, name)
         imports = "\n".join(ln for ln in prompt.splitlines() if re.match(r"(from|import)\s", ln))
         question = ("Complete the following Python function. Put the full function in a "
                     f"```python code block.\n\n```python\n{prompt}```")
@@ -410,9 +438,9 @@ def _humaneval(rows, name, **_):
 def _local(rows, name, *, task_type="math", **_):
     out = []
     for i, r in enumerate(rows):
-        q = str(_field(r, ("question", "problem"), i, name))
+        q = _text(r, ("question", "problem"), i, name)
         # an explicit `gold` wins over `answer`, which may hold a worked solution (the generated sets)
-        gold = str(_field(r, ("gold", "answer"), i, name)).strip()
+        gold = _text(r, ("gold", "answer"), i, name).strip()
         m = re.search(r"####\s*(.+?)\s*$", gold, re.DOTALL)
         extra = {"options": r["options"]} if task_type == "choice" and "options" in r else {}
         if task_type == "qa":
@@ -420,6 +448,22 @@ def _local(rows, name, *, task_type="math", **_):
         out.append(_item(r.get("id", r.get("doc_id", i)), q, m[1].strip() if m else gold,
                          task_type, name, q, **extra))
     return out
+
+
+def _check_items(source: str, items: list[dict]) -> None:
+    """Unique doc ids (resume keys on them) and questions of bounded size, each error naming the rows."""
+    from recmas_ray.config.inputs import MAX_QUESTION_CHARS
+
+    first: dict[str, int] = {}
+    for i, it in enumerate(items):
+        if len(it["question"]) > MAX_QUESTION_CHARS:
+            raise ValueError(f"{source}: row {i} has a question of {len(it['question'])} characters; expected at "
+                             f"most {MAX_QUESTION_CHARS} (a whole file in one row?)")
+        doc = it["doc_id"]
+        if doc in first:
+            raise ValueError(f"{source}: duplicate doc_id {doc!r} in rows {first[doc]} and {i} (a row without an "
+                             "id field gets its row number as id); ids must be unique for --resume")
+        first[doc] = i
 
 
 _LOADERS: dict[str, Callable[..., list[dict]]] = {
@@ -477,10 +521,7 @@ def load_benchmark(name_or_path: str, *, path: str | os.PathLike | None = None,
         raise AssertionError("unreachable")
     if not items:
         raise ValueError(f"{name_or_path}: no records")
-    ids = [it["doc_id"] for it in items]
-    if len(set(ids)) != len(ids):
-        dup = next(d for d in ids if ids.count(d) > 1)
-        raise ValueError(f"{name_or_path}: duplicate doc_id {dup!r}; ids must be unique for resume")
+    _check_items(name_or_path, items)
     if shuffle:
         random.Random(seed).shuffle(items)
     if num_samples is not None and num_samples > 0:

@@ -11,7 +11,8 @@ Order of work, so that bad input fails before any model loads:
      (fsynced; `--resume` skips what is there), then summarise into `results_<time>.json`
 
 The samples file has a sidecar `samples_<bench>_<time>.fingerprint.json`: everything that changes
-results (`run_fingerprint`). `--resume` against a different fingerprint stops, naming the fields.
+results (`eval/fingerprint.py`). `--resume` against a different fingerprint stops, naming the fields,
+before anything is written; a second run into the same folder stops at its lock (`OutputLock`).
 A batch that fails `max_batch_retries` + 1 times is written as error records; results count them
 (`n_errored`), the job exits 1, and `--resume` runs them again.
 """
@@ -29,9 +30,12 @@ from pathlib import Path
 
 from recmas_ray.config.checks import check_tree
 from recmas_ray.config.cli import save_config
+from recmas_ray.config.inputs import OutputLock
 from recmas_ray.config.evaluation import EvalConfig
 from recmas_ray.config.recursion import RecursionConfig
 from recmas_ray.eval.benchmarks import load_benchmark
+from recmas_ray.eval.fingerprint import (check_fingerprint, fingerprint_diff, fingerprint_path, link_hashes,  # noqa: F401
+                                         read_fingerprint, resolved_runtime, run_fingerprint, verify_resume)
 from recmas_ray.eval.protocol import Resolution, metric_k, resolve
 from recmas_ray.eval.results import (VERDICT_FIELDS, SampleWriter, markdown_table, plot_vs_rounds, read_samples,
                                      sample_key, summarize, timestamp, with_verdicts, write_results)
@@ -63,75 +67,6 @@ def open_samples_file(cfg: EvalConfig) -> Path:
     if cfg.resume and existing:
         return Path(existing[-1])
     return out / f"samples_{bench_name(cfg)}_{timestamp()}.jsonl"
-
-
-# ----------------------------------------------------------------------------- fingerprint
-def link_hashes(plan) -> dict[str, str]:
-    """sha256 (first 16 hex digits) of every link's weights, by "inner:ROLE" / "outer:EDGE"."""
-    import hashlib
-
-    out = {}
-    for kind, table in (("inner", plan.links.inner), ("outer", plan.links.outer)):
-        for name, module in sorted(table.items()):
-            h = hashlib.sha256()
-            for key, t in sorted(module.state_dict().items()):
-                h.update(key.encode())
-                h.update(t.detach().cpu().contiguous().float().numpy().tobytes())
-            out[f"{kind}:{name}"] = h.hexdigest()[:16]
-    return out
-
-
-def run_fingerprint(cfg: EvalConfig, manifest: dict, extra: dict | None = None) -> dict:
-    """Everything that changes a run's samples: style, models, links (sources and hashes), methods,
-    recursion (R, m, decoding), grader, format retry, seed, rollouts, question source, dtype.
-
-    `manifest` is the plan's (`SystemPlan.manifest()`, with `link_sha256` added by the caller);
-    `extra` adds fields (e.g. a prompt-set hash) in one line.
-    """
-    rec = dataclasses.asdict(cfg.recursion)
-    rec.pop("method", None)  # set per method by the driver; `methods` below covers it
-    rec.get("decode", {}).pop("seed", None)  # set from `seed`
-    fp = {"style": cfg.style, "models": {r: v["base_model"] for r, v in manifest["roles"].items()},
-          "links": manifest.get("sources", {}), "link_sha256": manifest.get("link_sha256", {}),
-          "methods": list(cfg.methods), "recursion": rec, "grader": cfg.grader, "format_retry": cfg.format_retry,
-          "seed": cfg.seed, "num_rollouts": cfg.num_rollouts, "dtype": cfg.dtype,
-          # not num_samples: it only selects questions (samples are keyed by doc id), so a resume may extend it
-          "dataset": {"name": cfg.dataset, "path": cfg.dataset_path, "json_field": cfg.dataset_json_field},
-          "tools": dataclasses.asdict(cfg.tools) if cfg.tool_loop() is not None else None}
-    fp.update(extra or {})
-    return json.loads(json.dumps(fp, default=str))
-
-
-def fingerprint_diff(old: dict, new: dict, prefix: str = "") -> list[str]:
-    """Dotted names of the fields that differ, with both values ("recursion.num_recursive_rounds: 1 -> 3")."""
-    out = []
-    for key in sorted(set(old) | set(new)):
-        a, b, name = old.get(key, "<absent>"), new.get(key, "<absent>"), f"{prefix}{key}"
-        if isinstance(a, dict) and isinstance(b, dict):
-            out += fingerprint_diff(a, b, name + ".")
-        elif a != b:
-            out.append(f"{name}: {json.dumps(a)} -> {json.dumps(b)}")
-    return out
-
-
-def fingerprint_path(samples_file: Path) -> Path:
-    return samples_file.with_name(samples_file.stem + ".fingerprint.json")
-
-
-def check_fingerprint(samples_file: Path, fp: dict, *, resume: bool) -> None:
-    """Write the samples file's fingerprint, or (resuming) refuse one that differs, naming the fields."""
-    side = fingerprint_path(samples_file)
-    if resume and samples_file.exists():
-        if side.exists():
-            diff = fingerprint_diff(json.loads(side.read_text(encoding="utf-8")), fp)
-            if diff:
-                raise ValueError(f"--resume: {samples_file.name} was written by a different run; differing "
-                                 f"fields: {'; '.join(diff)}. Use another --output_path or drop --resume")
-            return
-        log.warning("--resume: %s has no fingerprint (an older run); adopting this run's", samples_file)
-    tmp = side.with_name("." + side.name + ".tmp")
-    tmp.write_text(json.dumps(fp, indent=2, sort_keys=True) + "\n", encoding="utf-8")
-    tmp.replace(side)
 
 
 def done_keys(samples_file: Path) -> set[str]:
@@ -256,9 +191,18 @@ def evaluate(cfg: EvalConfig, *, progress: bool = True, system=None) -> dict:
         print(f"warning: {warning}", file=sys.stderr, flush=True)
     items = [{**i, "question": question_with_interface(plan.style, i["question"], i.get("interface"))}
              for i in items]
-    samples_file = open_samples_file(cfg)
     fingerprint = run_fingerprint(cfg, {**plan.manifest(), "link_sha256": link_hashes(plan)},
-                                  extra={"protocol": cfg.protocol, "prompt_set_sha256": prompt_set_hash(plan.style)})
+                                  extra={"protocol": cfg.protocol, "prompt_set_sha256": prompt_set_hash(plan.style),
+                                         **resolved_runtime(cfg, plan)})
+    verify_resume(cfg, fingerprint)  # read-only: a refused resume writes nothing, not even the lock file
+    with OutputLock(cfg.output_path):  # a second run into this folder stops here, naming this one's PID
+        return _evaluate_locked(cfg, plan, items, fingerprint, resolution, progress, system)
+
+
+def _evaluate_locked(cfg: EvalConfig, plan, items: list[dict], fingerprint: dict, resolution, progress: bool,
+                     system) -> dict:
+    """The writing half of `evaluate`, run while this process holds the output folder's lock."""
+    samples_file = open_samples_file(cfg)
     check_fingerprint(samples_file, fingerprint, resume=cfg.resume)
     save_config(cfg, cfg.output_path)
     start = time.time()

@@ -75,15 +75,26 @@ class SampleWriter:
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self._lock = threading.Lock()
         _drop_partial_line(self.path)
-        self._f = open(self.path, "a", encoding="utf-8")
+        self._f = open(self.path, "ab", buffering=0)
 
     def write(self, record: Mapping[str, Any]) -> None:
-        """Append `record` as one line (JSON, non-ASCII kept, lm-eval's sample fields added) and make it durable."""
-        line = json.dumps(lm_eval_sample(record), ensure_ascii=False, default=_json_default)
+        """Append `record` as one line (JSON, non-ASCII kept, lm-eval's sample fields added) and make it durable.
+
+        A write that fails part-way (a full disk) is cut back to the end of the previous line before the
+        error propagates, so the file never holds a partial line and `--resume` continues from it.
+        """
+        data = (json.dumps(lm_eval_sample(record), ensure_ascii=False, default=_json_default) + "\n").encode()
         with self._lock:
-            self._f.write(line + "\n")
-            self._f.flush()
-            os.fsync(self._f.fileno())
+            fd = self._f.fileno()
+            start = os.fstat(fd).st_size
+            try:
+                write_whole(fd, data)
+            except OSError as e:
+                try:
+                    os.ftruncate(fd, start)
+                except OSError:
+                    pass  # the next open cuts a torn tail too (_drop_partial_line)
+                raise OSError(e.errno, e.strerror, str(self.path)) from None
 
     def close(self) -> None:
         """Close the file (idempotent)."""
@@ -96,6 +107,14 @@ class SampleWriter:
 
     def __exit__(self, *exc) -> None:
         self.close()
+
+
+def write_whole(fd: int, data: bytes) -> None:
+    """Write all of `data` to `fd` and fsync (one seam, so tests can fill the disk part-way through a line)."""
+    view = memoryview(data)
+    while view:
+        view = view[os.write(fd, view):]
+    os.fsync(fd)
 
 
 def _sha256(text: str) -> str:

@@ -28,6 +28,27 @@ def resolve_model_path(name: str) -> str:
     return name
 
 
+def model_revision(name: str) -> str | None:
+    """Which weights `name` means right now, without loading them: the commit of a cached Hub snapshot, a
+    hash of a local model folder's config.json, or the name itself for tiny:/pkg: models (built from the
+    name); None where nothing can be read (a Hub id not cached yet)."""
+    import hashlib
+    from pathlib import Path
+
+    if name.startswith(("tiny:", "pkg:")):
+        return name
+    folder = Path(name).expanduser()
+    if (folder / "config.json").is_file():
+        return "config-sha256:" + hashlib.sha256((folder / "config.json").read_bytes()).hexdigest()[:16]
+    try:
+        from huggingface_hub import try_to_load_from_cache
+
+        cached = try_to_load_from_cache(name, "config.json")
+    except Exception:  # noqa: BLE001 - not a valid repo id: nothing to record
+        return None
+    return Path(cached).parent.name if isinstance(cached, str) else None  # .../snapshots/<commit>/config.json
+
+
 def resolve_dtype(dtype: str, device: torch.device) -> torch.dtype:
     """`auto` is bf16 on CUDA and fp32 on CPU (bf16 CPU numerics are too coarse for equivalence tests)."""
     table = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16, "bf16": torch.bfloat16,

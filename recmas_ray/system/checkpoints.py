@@ -33,6 +33,7 @@ from safetensors.torch import load_file, save_file
 from recmas_ray.links import (INNER_LINK_TYPE, OUTER_LINK_TYPE, InnerLink, OuterLink,
                               inner_link_from_state_dict, outer_link_from_state_dict)
 from recmas_ray.styles import StyleSpec
+from recmas_ray.system.untrusted import check_finite, opened_inside, read_bytes_inside
 
 MANIFEST = "manifest.json"
 WEIGHTS = "links.safetensors"
@@ -101,12 +102,20 @@ def group_link_tensors(tensors: dict, *, what: str = "checkpoint") -> dict[tuple
     return groups
 
 
-def read_safetensors(path: Path) -> dict[str, torch.Tensor]:
-    """A safetensors file; a truncated or corrupt one is a ValueError naming the file."""
+def read_safetensors(path: Path, root: Path | None = None) -> dict[str, torch.Tensor]:
+    """A safetensors file (opened inside `root` when given); a truncated or corrupt one, or one holding NaN/Inf,
+    is a ValueError naming the file."""
     try:
-        return load_file(str(path))
+        with opened_inside(root or Path(path).parent, path, what=str(path)) as opened:
+            tensors = load_file(opened)
+    except ValueError as e:
+        if "not a readable" in str(e) or str(path) in str(e):
+            raise
+        raise ValueError(f"{path}: not a readable safetensors file ({' '.join(str(e).split())})") from None
     except Exception as e:  # noqa: BLE001 - safetensors raises its own error types for torn files
         raise ValueError(f"{path}: not a readable safetensors file ({' '.join(str(e).split())})") from None
+    check_finite(tensors, str(path))
+    return tensors
 
 
 def save_links(path: str | os.PathLike, links: LinkSet, manifest: dict) -> Path:
@@ -147,10 +156,11 @@ def contained(folder: Path, name: str, *, what: str) -> Path:
     return target
 
 
-def read_json(path: Path) -> dict:
-    """A checkpoint's JSON file; malformed JSON is a one-line ValueError naming the file."""
+def read_json(path: Path, root: Path | None = None) -> dict:
+    """A checkpoint's JSON file (opened inside `root`, default its folder); malformed JSON is a one-line
+    ValueError naming the file."""
     try:
-        data = json.loads(path.read_text(encoding="utf-8"))
+        data = json.loads(read_bytes_inside(root or path.parent, path, what=str(path)).decode("utf-8"))
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
         raise ValueError(f"{path}: not a readable JSON file ({str(e).splitlines()[0]})") from None
     if not isinstance(data, dict):
@@ -161,8 +171,10 @@ def read_json(path: Path) -> dict:
 def task_entry(cfg: dict, task: str, file: Path) -> dict:
     """`cfg["tasks"][task]` of a task-scoped release config; a missing task names the ones present."""
     tasks = cfg.get("tasks")
-    if not isinstance(tasks, dict):
+    if tasks is None:
         return cfg
+    if not isinstance(tasks, dict):
+        raise TypeError(f"'tasks' in {file.name} is a {type(tasks).__name__}; expected a mapping task -> entry")
     if task not in tasks:
         raise ValueError(f"{file}: no links for task {task!r}; the release manifest holds tasks {sorted(tasks)}")
     return tasks[task]
@@ -176,6 +188,24 @@ def read_manifest(path: str | os.PathLike) -> dict:
     return {}
 
 
+def malformed_config_guard(fn):
+    """Checkpoint configs are untrusted JSON: a value of the wrong type (a list where a mapping belongs, a
+    number where a file name belongs) or a missing key is one ValueError naming the folder, not a crash."""
+    import functools
+
+    @functools.wraps(fn)
+    def guarded(path, *args, **kwargs):
+        try:
+            return fn(path, *args, **kwargs)
+        except (KeyError, TypeError, AttributeError, IndexError) as e:
+            detail = f"missing key {e}" if isinstance(e, KeyError) else " ".join(str(e).split())
+            raise ValueError(f"checkpoint {str(path)!r}: malformed configuration JSON ({type(e).__name__}: "
+                             f"{detail}); expected the layout of links.safetensors + manifest.json or the "
+                             "release's adapter/outer configs") from None
+    return guarded
+
+
+@malformed_config_guard
 def declared_base_model(path: str | os.PathLike, role: str) -> str | None:
     """The base model an inner checkpoint names for `role` (no weights read), else None.
 
@@ -185,12 +215,16 @@ def declared_base_model(path: str | os.PathLike, role: str) -> str | None:
     path = Path(path)
     manifest = read_manifest(path)
     if manifest:
-        return (manifest.get("roles", {}).get(role, {}) or {}).get("base_model") or manifest.get("base_model")
+        name = (manifest.get("roles", {}).get(role, {}) or {}).get("base_model") or manifest.get("base_model")
+        if name is not None and not isinstance(name, str):
+            raise TypeError(f"base_model of {role} is a {type(name).__name__}, expected a model name")
+        return name
     if not (path / WEIGHTS).exists() and (path / "config.json").exists():
         return str(path)
     return None
 
 
+@malformed_config_guard
 def load_links(path: str | os.PathLike, *, role: str | None = None, style: StyleSpec | None = None,
                task: str = "math", hidden_sizes: dict[str, int] | None = None) -> LinkSet:
     """Load our format or a release layout. `role` names the role for a release inner adapter.
@@ -237,8 +271,12 @@ def _load_ours(path: Path, hidden: dict[str, int] | None) -> LinkSet:
     manifest = read_manifest(path)
     file = contained(path, WEIGHTS, what=str(path))
     try:
-        with safe_open(str(file), framework="pt") as f:  # the header only: shapes before weights
-            shapes = {k: tuple(f.get_slice(k).get_shape()) for k in f.keys()}
+        with opened_inside(path, file, what=str(path)) as opened, safe_open(opened, framework="pt") as f:
+            shapes = {k: tuple(f.get_slice(k).get_shape()) for k in f.keys()}  # the header: shapes before weights
+    except ValueError as e:
+        if str(path) in str(e):
+            raise
+        raise ValueError(f"{file}: not a readable safetensors file ({str(e).splitlines()[0]})") from None
     except Exception as e:  # noqa: BLE001 - safetensors raises its own error type for corrupt files
         raise ValueError(f"{file}: not a readable safetensors file ({str(e).splitlines()[0]})") from None
     groups = group_link_tensors(shapes, what=str(file))
@@ -250,7 +288,7 @@ def _load_ours(path: Path, hidden: dict[str, int] | None) -> LinkSet:
             elif kind == "outer" and all(r in hidden for r in name.split("->")):
                 src, dst = name.split("->")
                 _check_dims(what, _outer_dims(sh, what), (hidden[src], hidden[dst]))
-    tensors = read_safetensors(file)  # a file cut after its header fails here, naming it
+    tensors = read_safetensors(file, path)  # a file cut after its header fails here, naming it
     links = LinkSet(manifest=manifest)
     for (kind, name), sh in groups.items():
         sd = {param: tensors[f"{kind}.{name}.{param}"] for param in sh}
@@ -261,19 +299,29 @@ def _load_ours(path: Path, hidden: dict[str, int] | None) -> LinkSet:
     return links
 
 
-def _sha256(p: Path) -> str:
-    return hashlib.sha256(p.read_bytes()).hexdigest()
+def _sha256(p: Path, root: Path) -> str:
+    return hashlib.sha256(read_bytes_inside(root, p, what=str(p))).hexdigest()
 
 
-def _torch_load(p: Path) -> dict:
+def _torch_load(p: Path, root: Path) -> dict:
     try:  # weights_only: a .pt file can hold no code; mmap: shapes are checked before data is read
-        sd = torch.load(p, map_location="cpu", weights_only=True, mmap=True)
+        with opened_inside(root, p, what=str(p)) as opened:
+            sd = torch.load(opened, map_location="cpu", weights_only=True, mmap=True)
+            sd = {k: v.clone() for k, v in sd.items()} if isinstance(sd, dict) and all(
+                isinstance(v, torch.Tensor) for v in sd.values()) else sd  # off the mapping before the fd closes
+    except ValueError as e:
+        if str(p) in str(e):
+            raise
+        first = re.sub(r"\x1b\[[0-9;]*m", "", str(e).strip().splitlines()[0])[:160]
+        raise ValueError(f"{p}: not a plain tensor checkpoint (loaded with weights_only=True, which refuses "
+                         f"pickled objects): {first}") from None
     except Exception as e:  # noqa: BLE001 - corrupt zip, pickle refused by weights_only, ...
         first = re.sub(r"\x1b\[[0-9;]*m", "", str(e).strip().splitlines()[0])[:160]
         raise ValueError(f"{p}: not a plain tensor checkpoint (loaded with weights_only=True, which refuses "
                          f"pickled objects): {first}") from None
     if not isinstance(sd, dict) or not all(isinstance(v, torch.Tensor) for v in sd.values()):
         raise ValueError(f"{p}: expected a state dict of tensors, got {type(sd).__name__}")
+    check_finite(sd, str(p))
     return sd
 
 
@@ -307,7 +355,7 @@ def _load_release_inner(path: Path, file: Path, role: str, task: str, hidden: di
     cfg = _inner_config(path, task)
     if cfg["adapter_type"] != INNER_LINK_TYPE:
         raise ValueError(f"{file}: adapter_type {cfg['adapter_type']!r} is not supported; expected {INNER_LINK_TYPE}")
-    sd = _torch_load(file)
+    sd = _torch_load(file, path)
     d = _inner_dim({k: tuple(v.shape) for k, v in sd.items()}, str(file))
     if "hidden_size" in cfg:
         _check_dims(f"{file} (hidden_size in its config)", (d,), (int(cfg["hidden_size"]),))
@@ -320,7 +368,7 @@ def _load_release_inner(path: Path, file: Path, role: str, task: str, hidden: di
     if hidden and role in hidden:
         _check_dims(f"{file} (role {role})", (d,), (hidden[role],))
     link = inner_link_from_state_dict(sd, what=str(file))
-    manifest = {"source": "release", "files": {str(file): _sha256(file)}}
+    manifest = {"source": "release", "files": {str(file): _sha256(file, path)}}
     if model_cfg.exists():
         manifest["roles"] = {role: {"base_model": str(path)}}
     return LinkSet(inner={role: link}, manifest=manifest)
@@ -346,7 +394,7 @@ def _load_release_outer(path: Path, style: StyleSpec | None, task: str, hidden: 
         edge = LEGACY_EDGE_KEYS[key]
         if style is not None and edge not in style.edges:
             continue
-        sd = _torch_load(file)
+        sd = _torch_load(file, path)
         dims = _outer_dims({k: tuple(v.shape) for k, v in sd.items()}, str(file))
         if None not in declared:
             _check_dims(f"{file} (in_dim/out_dim in {cfg_file.name})", dims, tuple(int(x) for x in declared))
@@ -354,7 +402,7 @@ def _load_release_outer(path: Path, style: StyleSpec | None, task: str, hidden: 
         if hidden and src in hidden and dst in hidden:
             _check_dims(f"{file} ({edge})", dims, (hidden[src], hidden[dst]))
         links.outer[edge] = outer_link_from_state_dict(sd, what=str(file))
-        links.manifest["files"][str(file)] = _sha256(file)
+        links.manifest["files"][str(file)] = _sha256(file, path)
     if not links.outer:
         raise ValueError(f"{path}: no outer links for style {style.name if style else '?'} found")
     return links

@@ -7,6 +7,7 @@ unknown roles in `--ckpt_override`, link dims that do not match a role's base mo
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
@@ -16,6 +17,8 @@ from recmas_ray.system.presets import role_models
 from recmas_ray.service import AgentSpec, link_states
 from recmas_ray.styles import StyleSpec, get_style
 from recmas_ray.styles.prompts import load_prompt_set, prompt_set_hash
+
+log = logging.getLogger(__name__)
 
 if TYPE_CHECKING:
     from recmas_ray.config.recursion import ToolLoopConfig
@@ -116,6 +119,15 @@ def plan_system(style_name: str, *, preset: str = "tiny", ckpt_overrides: dict[s
                              f"{base!r}, named by the checkpoint {path}; pass --allow_base_model_mismatch to run "
                              "the configured one")
         manifest_models[role] = base
+    try:
+        preset_models = role_models(style_name, preset)
+    except ValueError:  # a style the preset does not cover: nothing to compare against
+        preset_models = {}
+    for role, base in manifest_models.items():  # said out loud: the checkpoint, not --preset, picks this model
+        if role not in explicit and not same_model(base, preset_models.get(role, base)):
+            log.warning("role %s runs %s, the base model named by its checkpoint %s, instead of preset %s's %s "
+                        "(give --role_model %s=... to choose)", role, base, overrides[role], preset,
+                        preset_models[role], role)
     models = role_models(style_name, preset, {**manifest_models, **explicit})
     hidden = {role: model_hidden_size(name) for role, name in models.items()}
     loaded_inner, sources = {}, {}
@@ -140,6 +152,10 @@ def plan_system(style_name: str, *, preset: str = "tiny", ckpt_overrides: dict[s
         links.inner[role] = link
     if "outer" in overrides:
         outer = load_links(overrides["outer"], style=style, task=task, hidden_sizes=hidden)
+        foreign = sorted(set(outer.outer) - set(style.edges))
+        if foreign:
+            raise ValueError(f"--ckpt_override outer={overrides['outer']}: holds outer links {foreign} of another "
+                             f"style; style {style.name} has edges {list(style.edges)}")
         for edge, link in outer.outer.items():
             src, dst = edge.split("->")
             if (link.in_dim, link.out_dim) != (hidden[src], hidden[dst]):

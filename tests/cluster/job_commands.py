@@ -121,16 +121,19 @@ def _dedupe(cmds: list[Command]) -> list[Command]:
     return out
 
 
-class Parsed(Exception):
+class Parsed(BaseException):  # not an Exception: run_job turns every Exception into one error line
     """Raised from inside an argparse-based job once its flags parsed (so `main` does no work)."""
 
 
 @contextlib.contextmanager
 def paths_all_exist():
-    """Answer every existence/writability question with yes (example paths live on clusters)."""
-    from recmas_ray.config import checks
+    """Answer every existence/writability/GPU question with yes (example paths and GPUs live on clusters)."""
+    from recmas_ray.config import checks, inputs
 
-    with mock.patch.object(os.path, "exists", lambda p: True), \
+    with mock.patch.object(inputs, "path_problem", lambda *a, **k: None), \
+            mock.patch.object(inputs, "model_name_problem", lambda name: None), \
+            mock.patch.object(inputs, "cuda_available", lambda: True), \
+            mock.patch.object(os.path, "exists", lambda p: True), \
             mock.patch.object(os.path, "isfile", lambda p: True), \
             mock.patch.object(os.path, "isdir", lambda p: True), \
             mock.patch.object(pathlib.Path, "exists", lambda self: True), \

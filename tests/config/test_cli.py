@@ -107,7 +107,7 @@ def test_saved_config_reloads_identically(tmp_path):
 def test_file_values_are_type_checked(tmp_path):
     path = tmp_path / "c.json"
     path.write_text(json.dumps({"name": "x", "inner": {"steps": "many"}}))
-    with pytest.raises(ConfigError, match="--steps 'many': expected int"):
+    with pytest.raises(ConfigError, match="--steps 'many': expected an integer"):
         parse(["--config", str(path)])
 
 

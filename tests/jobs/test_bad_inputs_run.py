@@ -70,7 +70,7 @@ def _bad_rows(tmp):
         ("ckpt_role", ["--ckpt_override", f"summarizer={tmp}"], "--ckpt_override names ['summarizer']"),
         ("ckpt_missing", ["--ckpt_override", f"planner={tmp}/nope"], "no such directory"),
         ("ckpt_shape", ["--ckpt_override", "planner"], "item 'planner' is not KEY=VALUE"),
-        ("dataset_missing", ["--dataset", str(tmp / "missing.jsonl")], "missing.jsonl': no such file"),
+        ("dataset_missing", ["--dataset", str(tmp / "missing.jsonl")], "missing.jsonl' does not exist"),
         ("dataset_path_missing", ["--dataset", "math500", "--dataset_path", str(tmp / "m.jsonl")],
          "--dataset_path"),
         ("dataset_empty", ["--dataset", str(tmp / "empty.jsonl")], "empty.jsonl"),
@@ -84,8 +84,8 @@ def _bad_rows(tmp):
         ("tool_rounds", ["--style", "deliberation", "--max_tool_rounds", "-1"], "--max_tool_rounds -1"),
         ("python_timeout", ["--python_timeout", "0"], "--python_timeout_s 0.0"),
         ("keys_file_missing", ["--style", "deliberation", "--tavily_keys_file", str(tmp / "keys.txt")],
-         "no such file"),
-        ("keys_file_dir", ["--style", "deliberation", "--tavily_keys_file", str(tmp / "keys_dir")], "no such file"),
+         "keys.txt' does not exist"),
+        ("keys_file_dir", ["--style", "deliberation", "--tavily_keys_file", str(tmp / "keys_dir")], "is a directory"),
     ]
 
 

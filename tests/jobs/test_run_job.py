@@ -64,3 +64,48 @@ def test_bad_question_files_fail_before_models_load(tmp_path, capsys, monkeypatc
 def test_ckpt_override_for_unknown_role(tmp_path, question_file, capsys):
     assert run_job.main(base_args(question_file, tmp_path / "o", "--ckpt_override", f"summarizer={tmp_path}")) == 2
     assert "expected roles of sequential_light" in capsys.readouterr().err
+
+
+def test_resume_with_another_batch_size_is_refused_before_anything_runs(tmp_path, tiny_cache, question_file, capsys):
+    out = tmp_path / "out"
+    assert run_job.main(base_args(question_file, out, "--num_samples", "2")) == 0
+    before = sorted((p.name, p.stat().st_size) for p in out.iterdir())
+    capsys.readouterr()
+    assert run_job.main(base_args(question_file, out, "--resume", "--batch_size", "4")) == 2
+    err = capsys.readouterr().err
+    assert "differing fields: batch_size: 8 -> 4" in err and len(err.strip().splitlines()) == 1, err
+    assert sorted((p.name, p.stat().st_size) for p in out.iterdir()) == before
+    fp = json.load(open(glob.glob(f"{out}/samples_*.fingerprint.json")[0]))
+    assert {"batch_size", "resolved_dtype", "resolved_device", "model_revisions"} <= set(fp)
+    assert fp["resolved_dtype"] == "float32" and fp["model_revisions"]["planner"] == "tiny:qwen3"
+
+
+def test_full_disk_is_one_line_and_resume_completes(tmp_path, tiny_cache, question_file, capsys, monkeypatch):
+    """The disk fills half-way through the third sample's line: one line, exit 1, the samples file holds two
+    whole lines; --resume (disk freed) runs the other two and ends with four samples, one per question."""
+    import errno
+    import os
+
+    from recmas_ray.eval import results
+
+    real, calls = results.write_whole, {"n": 0}
+
+    def fill_disk(fd, data):
+        calls["n"] += 1
+        if calls["n"] == 3:
+            os.write(fd, data[:10])
+            raise OSError(errno.ENOSPC, "No space left on device")
+        real(fd, data)
+
+    monkeypatch.setattr(results, "write_whole", fill_disk)
+    out = tmp_path / "out"
+    assert run_job.main(base_args(question_file, out, "--batch_size", "1")) == 1
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "no space left on the device" in err[0] and "--resume" in err[0], err
+    files = glob.glob(f"{out}/samples_*.jsonl")
+    assert [len(open(f).read().splitlines()) for f in files] == [2]
+    assert all(json.loads(line) for line in open(files[0]))
+    monkeypatch.setattr(results, "write_whole", real)
+    assert run_job.main(base_args(question_file, out, "--batch_size", "1", "--resume")) == 0
+    samples, _ = read(out)
+    assert sorted(s["doc_id"] for s in samples) == ["0", "1", "2", "3"]

@@ -1,0 +1,269 @@
+"""Checks of what a user hands a job or the Python API, run before any side effect.
+
+`checks.py` states per-field rules (ranges, choices); this module holds the rules about the world
+those values point at, shared by every job, `train_api.py` and `api.py`:
+
+* paths: existence and kind (regular file vs directory vs FIFO), readable, non-empty, bounded size
+  (`check_file`, `check_dir`, `read_text_file`: a decoding error names the file);
+* YAML without anchors or aliases (`load_yaml`): a few hundred bytes of nested aliases expand to
+  gigabytes once any code walks the data, so they are refused at parse time;
+* questions: a string of bounded length (`check_question`);
+* the search keys file's mode (`check_keys_file`), device / GPU availability (`check_cuda`);
+* `OutputLock`: one run at a time per output folder (`fcntl.flock`, the other run's PID in the error).
+
+Errors are `ConfigError` (a `ValueError`) naming the setting, the value and the fix. Nothing here
+creates a file, except `OutputLock`, which is taken only after the whole input was accepted.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import stat
+from pathlib import Path
+
+from recmas_ray.config.checks import ConfigError
+
+MAX_QUESTION_CHARS = 100_000
+"""Longest question accepted (characters). The longest in the shipped benchmarks (LiveCodeBench) is ~12k;
+a longer text is a mistake (a whole file pasted as one row), and a 10 MB one allocates gigabytes of
+attention before failing."""
+MAX_SETTINGS_FILE_BYTES = 16 << 20
+"""Largest --config / prompt-set / keys / checkpoint-config file read into memory."""
+
+
+def path_problem(path: str | os.PathLike, *, kind: str = "file", readable: bool = True,
+                 non_empty: bool = False, max_bytes: int | None = None, private: bool = False) -> str | None:
+    """Why `path` is not a usable `kind` ("file" or "dir"), or None. Follows symlinks; creates nothing.
+    `private`: group and others may not read it (a file of secrets)."""
+    p = Path(path).expanduser()
+    try:
+        st = p.stat()
+    except FileNotFoundError:
+        return "does not exist"
+    except NotADirectoryError:
+        return "does not exist (a parent is not a directory)"
+    except OSError as e:
+        return f"cannot be inspected ({e.strerror or e})"
+    mode = st.st_mode
+    if kind == "file":
+        if stat.S_ISDIR(mode):
+            return "is a directory; expected a file"
+        if stat.S_ISFIFO(mode):
+            return "is a FIFO (named pipe); expected a regular file"
+        if not stat.S_ISREG(mode):
+            return "is not a regular file (a device or socket)"
+    elif not stat.S_ISDIR(mode):
+        return "is a FIFO (named pipe); expected a directory" if stat.S_ISFIFO(mode) else \
+            "is a file; expected a directory"
+    if readable and not os.access(p, os.R_OK | (os.X_OK if kind == "dir" else 0)):
+        return "is not readable (permission denied)"
+    if kind == "file" and non_empty and st.st_size == 0:
+        return "is empty"
+    if kind == "file" and max_bytes is not None and st.st_size > max_bytes:
+        return f"is {st.st_size} bytes; expected at most {max_bytes}"
+    if private and stat.S_IMODE(mode) & 0o077:
+        return f"is readable by group or others (mode {stat.S_IMODE(mode):04o}): run `chmod 600 {p}`"
+    return None
+
+
+def check_file(flag: str, path, **kw) -> Path:
+    """`path` as a readable regular file (see `path_problem` for `kw`), else a ConfigError naming `flag`."""
+    problem = path_problem(path, kind="file", **kw)
+    if problem:
+        raise ConfigError(f"{flag} {str(path)!r} {problem}")
+    return Path(path).expanduser()
+
+
+def check_dir(flag: str, path) -> Path:
+    """`path` as a readable directory, else a ConfigError naming `flag`."""
+    problem = path_problem(path, kind="dir")
+    if problem:
+        raise ConfigError(f"{flag} {str(path)!r} {problem}")
+    return Path(path).expanduser()
+
+
+def check_data_path(flag: str, path) -> Path:
+    """A data file or a directory of data files: either kind, readable; a file must be non-empty."""
+    p = Path(path).expanduser()
+    kind = "dir" if p.is_dir() else "file"
+    problem = path_problem(p, kind=kind, non_empty=True)
+    if problem:
+        raise ConfigError(f"{flag} {str(path)!r} {problem}")
+    return p
+
+
+def read_text_file(flag: str, path, *, max_bytes: int = MAX_SETTINGS_FILE_BYTES) -> str:
+    """The UTF-8 text of a small settings file; every failure is one ConfigError naming `flag` and the file.
+
+    Opened with O_NONBLOCK after a kind check, so a FIFO swapped in meanwhile cannot block the reader.
+    """
+    p = check_file(flag, path, max_bytes=max_bytes)
+    try:
+        fd = os.open(p, os.O_RDONLY | os.O_NONBLOCK)
+        with os.fdopen(fd, "rb") as f:
+            if not stat.S_ISREG(os.fstat(f.fileno()).st_mode):
+                raise ConfigError(f"{flag} {str(path)!r} is not a regular file")
+            data = f.read(max_bytes + 1)
+    except OSError as e:
+        raise ConfigError(f"{flag} {str(path)!r}: {e.strerror or e}") from None
+    if len(data) > max_bytes:
+        raise ConfigError(f"{flag} {str(path)!r} is larger than {max_bytes} bytes")
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise ConfigError(f"{flag} {str(path)!r} is not UTF-8 text (byte {e.start}: {e.reason}); "
+                          "save it as UTF-8") from None
+
+
+def load_yaml(text: str, where: str):
+    """`yaml.safe_load` that refuses anchors and aliases (`&a`, `*a`, `<<: *a`): they can expand a tiny file
+    into gigabytes ("billion laughs"), and a settings file never needs them."""
+    import yaml
+
+    class _NoAliasLoader(yaml.SafeLoader):
+        def compose_node(self, parent, index):
+            event = self.peek_event()
+            if isinstance(event, yaml.AliasEvent) or getattr(event, "anchor", None):
+                mark = event.start_mark
+                raise ConfigError(f"{where}: YAML anchors and aliases (&name, *name) are not accepted "
+                                  f"(line {mark.line + 1}); write the values out")
+            return super().compose_node(parent, index)
+
+    loader = _NoAliasLoader(text)
+    try:
+        return loader.get_single_data()
+    finally:
+        loader.dispose()
+
+
+def check_text_table(name: str, table) -> dict[str, str]:
+    """A ROLE=TEXT argument of the Python API (role_models, ckpt_override): None or a dict of strings."""
+    if table is None:
+        return {}
+    if not isinstance(table, dict):
+        raise TypeError(f"{name}: expected a dict ROLE -> text, got {type(table).__name__}")
+    for key, value in table.items():
+        if not isinstance(key, str) or not isinstance(value, str):
+            raise TypeError(f"{name} {key!s:.40}={value!r:.40}: expected ROLE -> text, got "
+                            f"{type(key).__name__} -> {type(value).__name__}")
+    return dict(table)
+
+
+def check_question(name: str, question, *, max_chars: int = MAX_QUESTION_CHARS) -> str:
+    """A question must be a non-empty string of at most `max_chars` characters (TypeError / ValueError)."""
+    if not isinstance(question, str):
+        raise TypeError(f"{name}: expected a string, got {type(question).__name__}")
+    if not question.strip():
+        raise ValueError(f"{name}: empty question")
+    if len(question) > max_chars:
+        raise ValueError(f"{name}: {len(question)} characters; expected at most {max_chars} "
+                         "(is a whole file in one question?)")
+    return question
+
+
+def check_keys_file(flag: str, path) -> None:
+    """The search keys file: a readable regular file that only its owner may read (keys are secrets)."""
+    check_file(flag, path, private=True)
+
+
+def cuda_available() -> bool:
+    """Whether torch sees a CUDA GPU (imports torch: call only when a setting asks for CUDA)."""
+    import torch
+
+    return bool(torch.cuda.is_available())
+
+
+def check_cuda(flag: str, why: str = "", *, on_cluster: bool = False) -> None:
+    """Refuse a setting that needs CUDA on a machine where torch sees no GPU. `on_cluster`: the GPUs are wanted
+    by Ray workers, which may run on other nodes; with a cluster named (RAY_ADDRESS, as `ray job submit` sets
+    it) this machine's GPUs say nothing, so only a local run is checked."""
+    if on_cluster and os.environ.get("RAY_ADDRESS", "").strip() not in ("", "local"):
+        return
+    if not cuda_available():
+        raise ConfigError(f"{flag}{' ' + why if why else ''}: torch sees no CUDA GPU on this machine; "
+                          "run where one is visible (CUDA_VISIBLE_DEVICES) or choose the CPU")
+
+
+def check_ray_address(flag: str, address: str, *, timeout_s: float = 10.0) -> None:
+    """A Ray cluster address (host:port or ray://host:port) must accept a TCP connection within `timeout_s`,
+    so a dead address is one line instead of a hang; `auto` / `local` are left to Ray."""
+    import socket
+
+    if address in ("auto", "local"):
+        return
+    target = address.split("://", 1)[-1].rstrip("/")
+    host, sep, port = target.rpartition(":")
+    if not sep or not port.isdigit() or not host:
+        raise ConfigError(f"{flag} {address!r}: expected HOST:PORT or ray://HOST:PORT (or auto)")
+    try:
+        socket.create_connection((host.strip("[]"), int(port)), timeout=timeout_s).close()
+    except OSError as e:
+        raise ConfigError(f"{flag} {address!r}: no Ray cluster answers there within {timeout_s:g} s "
+                          f"({e.strerror or e}); start one (`ray start --head`) or fix the address") from None
+
+
+def model_name_problem(name) -> str | None:
+    """Why a base-model name cannot load, checked without loading anything, or None.
+
+    tiny:/pkg: names resolve offline; a name that looks like a path must be a model directory (config.json);
+    a Hub id offline (HF_HUB_OFFLINE) must be in the local cache.
+    """
+    if not isinstance(name, str):
+        return f"expected a model name (string), got {type(name).__name__}"
+    if not name.strip():
+        return "is empty"
+    if name.startswith(("tiny:", "pkg:")):
+        return None  # offline names, checked by their own resolvers (known families and wheels)
+    p = Path(name).expanduser()
+    looks_local = name.startswith((".", "/", "~")) or p.exists() or name.count("/") > 1
+    if looks_local:
+        if not p.exists():
+            return "is no model directory (no such path) and not a Hugging Face id ORG/NAME"
+        if not p.is_dir():
+            return "is a file; expected a model directory holding config.json, or a Hugging Face id"
+        if not (p / "config.json").is_file():
+            return "is a directory without config.json; expected a model directory"
+        return None
+    if os.environ.get("HF_HUB_OFFLINE", "").strip().lower() in ("1", "true", "yes", "on"):
+        try:
+            from huggingface_hub import try_to_load_from_cache
+
+            found = try_to_load_from_cache(name, "config.json")
+        except Exception:  # noqa: BLE001 - a malformed id
+            found = None
+        if not isinstance(found, str):
+            return "is not in the local Hugging Face cache and HF_HUB_OFFLINE is set"
+    return None
+
+
+class OutputLock:
+    """An exclusive `fcntl.flock` on `<folder>/.lock` for the life of a run; a second run into the same folder
+    fails at once, naming the first one's PID. The kernel drops the lock when the process dies."""
+
+    def __init__(self, folder: str | os.PathLike, flag: str = "--output_path"):
+        self.folder, self.flag, self._fd = Path(folder), flag, None
+
+    def __enter__(self) -> "OutputLock":
+        import fcntl
+
+        self.folder.mkdir(parents=True, exist_ok=True)
+        fd = os.open(self.folder / ".lock", os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError as e:
+            other = os.pread(fd, 32, 0).decode(errors="replace").strip() or "?"
+            os.close(fd)
+            if e.errno in (errno.EAGAIN, errno.EACCES, errno.EWOULDBLOCK):
+                raise ConfigError(f"{self.flag} {str(self.folder)!r} is in use by another run (PID {other}); "
+                                  "wait for it to end or use another folder") from None
+            raise
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+        self._fd = fd
+        return self
+
+    def __exit__(self, *exc) -> None:
+        if self._fd is not None:
+            os.close(self._fd)  # closing releases the flock
+            self._fd = None
