@@ -213,9 +213,12 @@ def test_latent_ablation_with_direct_transport_is_refused_up_front(transport, ca
 
 
 @pytest.mark.parametrize("gpus", ["0.5", "2"])
-def test_outer_pipeline_refuses_anything_but_one_gpu_per_worker(gpus, capsys):
+def test_outer_pipeline_refuses_anything_but_one_gpu_per_worker(gpus, capsys, monkeypatch):
     """NCCL point to point between the outer pipeline's role workers: two ranks cannot share a GPU."""
     from jobs import train_outer
+    from recmas_ray.config import inputs
+
+    monkeypatch.setattr(inputs, "cuda_available", lambda: True)  # the GPU check passes; this rule is the point
 
     base = ["--style", "sequential_light", "--dataset_name", "synthetic:8", "--print_config", "--use_gpu"]
     rc = train_outer.main([*base, "--gpus_per_worker", gpus])
