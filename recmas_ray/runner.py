@@ -49,30 +49,36 @@ class SampleResult:
     trace: list[dict] = field(default_factory=list)
     nll: float | None = None
     """Mean token NLL of the gold target under the decoder's final prompt (only when targets were given)."""
+    finish_reason: str | None = None
+    """Why the final text ended: "stop" (EOS or a stop string) or "length" (the budget); set by `System.generate`."""
 
 
 def run_batch(pool: AgentPool, style: StyleSpec, questions: list[str], tasks: list[str],
-              cfg: RecursionConfig, *, targets: list[str] | None = None) -> list[SampleResult]:
+              cfg: RecursionConfig, *, targets: list[str] | None = None, on_token=None) -> list[SampleResult]:
     """Run one batch of questions through the style with `cfg.method`.
 
     `targets` (one gold answer text per question): the decoder also teacher-forces each target after
     the very prompt it decodes from (latents or upstream texts spliced in) and `SampleResult.nll` is
     its mean token negative log-likelihood; the same code path for every method. Scoring time is not
     counted in `seconds`, and traces and token counts are unchanged.
+
+    `on_token` (streaming): passed to the final decode step only, called with the token id picked per
+    question at every decoding step (None for questions already done); see `Agent.decode`.
     """
+    stream = {} if on_token is None else {"on_token": on_token}  # pools without streaming keep working
     check_tree(cfg, lambda path: path)
     if targets is not None and len(targets) != len(questions):
         raise ValueError(f"run_batch: {len(targets)} targets for {len(questions)} questions")
     t0 = time.perf_counter()
     if cfg.method == "single_agent":
         users = [render_single_agent_prompt(style, t, q) for q, t in zip(questions, tasks)]
-        calls = [(1, style.decoder, "decode", pool.decode(style.decoder, users, [], cfg.decode, []))]
+        calls = [(1, style.decoder, "decode", pool.decode(style.decoder, users, [], cfg.decode, [], **stream))]
         calls += _score(pool, style.decoder, users, [], [], targets)
     elif cfg.method == "recursive_mas":
-        calls = _run_latent(pool, style, questions, tasks, cfg, targets)
+        calls = _run_latent(pool, style, questions, tasks, cfg, targets, stream)
     else:
         rounds = 1 if cfg.method == "textmas" else cfg.num_recursive_rounds
-        calls = _run_text(pool, style, questions, tasks, cfg, rounds, targets)
+        calls = _run_text(pool, style, questions, tasks, cfg, rounds, targets, stream)
     return _collect(pool, calls, len(questions), t0)
 
 
@@ -96,7 +102,7 @@ def _ablate(pool, handles: list, mode: str, what: str) -> list:
     return out
 
 
-def _run_latent(pool, style, questions, tasks, cfg, targets=None):
+def _run_latent(pool, style, questions, tasks, cfg, targets=None, stream=None):
     messages: dict[str, Any] = {}  # edge -> handle of its latest [B, M, E] message
     calls = []
     for step in build_schedule(style, cfg.num_recursive_rounds, decode_every_round=cfg.decode_every_round):
@@ -106,7 +112,8 @@ def _run_latent(pool, style, questions, tasks, cfg, targets=None):
                           f"role {step.role}, round {step.round} (latents to ablate)")
         if step.decode or step.discard_decode:
             calls.append((step.round, step.role, "decode" if step.decode else "discarded_decode",
-                          pool.decode(step.role, users, slot_names, cfg.decode, latents)))
+                          pool.decode(step.role, users, slot_names, cfg.decode, latents,
+                                      **((stream or {}) if step.decode else {}))))
             if step.decode:
                 calls += _score(pool, step.role, users, slot_names, latents, targets)
         if step.outputs:
@@ -116,13 +123,13 @@ def _run_latent(pool, style, questions, tasks, cfg, targets=None):
     return calls
 
 
-def _run_text(pool, style, questions, tasks, cfg, rounds, targets=None):
+def _run_text(pool, style, questions, tasks, cfg, rounds, targets=None, stream=None):
     texts: dict[str, list[str]] = {}  # edge -> latest text per sample
     calls = []
     for step in build_schedule(style, rounds):
         users = [render_prompt(style, step.role, step.variant, t, q, {m: texts[e][b] for m, e in step.inputs})
                  for b, (q, t) in enumerate(zip(questions, tasks))]
-        handle = pool.decode(step.role, users, [], cfg.decode, [])
+        handle = pool.decode(step.role, users, [], cfg.decode, [], **((stream or {}) if step.decode else {}))
         if step.decode:
             calls.append((step.round, step.role, "decode", handle))
             calls += _score(pool, step.role, users, [], [], targets)
@@ -156,6 +163,8 @@ def _collect(pool, calls, batch_size, t0) -> list[SampleResult]:
         for b, res in enumerate(results):
             entry = {"role": role, "round": rnd, "action": action, "latent_steps": stats["latent_steps"],
                      "text_tokens": stats["text_tokens"][b], "seconds": stats["seconds"] / batch_size}
+            if stats.get("prompt_tokens"):  # the prompt as this agent read it (latent positions not counted)
+                entry["prompt_tokens"] = stats["prompt_tokens"][b]
             if decoded is not None and action != "decode":
                 entry["text"] = decoded[b].text
             if decoded is not None and getattr(decoded[b], "tool_calls", None):
@@ -181,8 +190,8 @@ class LocalPool:
         *msgs, stats = self.services[role].rollout(users, slot_names, num_steps, edges, *latents)
         return msgs, stats
 
-    def decode(self, role, users, slot_names, cfg, latents):
-        return self.services[role].decode(users, slot_names, cfg, *latents)
+    def decode(self, role, users, slot_names, cfg, latents, **stream):
+        return self.services[role].decode(users, slot_names, cfg, *latents, **stream)
 
     def score(self, role, users, slot_names, targets, latents):
         return self.services[role].score(users, slot_names, targets, *latents)

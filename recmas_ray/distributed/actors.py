@@ -76,9 +76,9 @@ class _AgentActorImpl:
         return self._logged("rollout", users, slot_names,
                             lambda: self.service.rollout(users, slot_names, num_steps, edges, *latents))
 
-    def decode(self, users, slot_names, cfg, *latents):
+    def decode(self, users, slot_names, cfg, *latents, **stream):
         return self._logged("decode", users, slot_names,
-                            lambda: self.service.decode(users, slot_names, cfg, *latents))
+                            lambda: self.service.decode(users, slot_names, cfg, *latents, **stream))
 
     def rollout_keep(self, key, users, slot_names, num_steps, edges, *latents):
         """Ray Direct Transport path: keep the messages here until `take_message` hands one out.
@@ -140,8 +140,8 @@ class RayPool:
             users, slot_names, num_steps, tuple(edges), *latents)
         return list(refs[:-1]), refs[-1]
 
-    def decode(self, role, users, slot_names, cfg, latents):
-        return self.handles[role].decode.remote(users, slot_names, cfg, *latents)
+    def decode(self, role, users, slot_names, cfg, latents, **stream):  # stream: on_token (picklable)
+        return self.handles[role].decode.remote(users, slot_names, cfg, *latents, **stream)
 
     def get(self, handle, *, what):
         try:
