@@ -225,7 +225,7 @@ def start_system(plan: SystemPlan, placement: PlacementConfig, *, timeout_s: flo
     scaling = detect_autoscaling() if autoscaling is None else autoscaling
     pg = create_placement(pplan, preset=placement.preset, timeout_s=placement.ready_timeout_s, autoscaling=scaling,
                           placement_timeout_s=placement.placement_timeout_s, num_replicas=num_replicas,
-                          name=f"recmas-replica{replica}")
+                          name=f"recmas-replica{replica}-{os.urandom(4).hex()}")  # unique: Serve replicas build one each
     env = dict(AGENT_ENV)
     if torch_threads > 0:  # Ray pins OMP threads to floor(num_cpus) (>= 1) otherwise
         env["OMP_NUM_THREADS"] = str(torch_threads)
