@@ -14,8 +14,8 @@ p50/p99 latency, completion tokens/s, mean rows per batch (from the server's /me
 
 Issue 24 targets at 16 clients: batched throughput >= 4x batched at 1 client, and >= 3x unbatched.
 
-  python -m jobs.bench_serve                       # tiny preset, R = 1, m = 4, 16 tokens
-  python -m jobs.bench_serve --clients 1 4 16 64 --requests_per_client 4 --max_tokens 16
+  python -m jobs.bench_serve                       # tiny preset, R = 2, m = 8, 32 tokens, greedy
+  python -m jobs.bench_serve --clients 1 4 16 64 --requests_per_client 4 --num_recursive_rounds 1 --latent_steps 4
 
 Writes <output_path>/bench_serve.json (figures, ratios, machine and load) and bench_serve.png.
 """
@@ -55,17 +55,17 @@ class ServeBenchConfig:
     """Backend of both servers (ray: agent actors; local: agents inside the replica)."""
     clients: list[int] = field(default_factory=lambda: [1, 4, 16, 64])
     """Concurrent client counts measured (each 1..256)."""
-    requests_per_client: Annotated[int, Range(1, 100)] = 4
+    requests_per_client: Annotated[int, Range(1, 100)] = 6
     """Requests per client and level (at least min_requests_per_level per level)."""
     min_requests_per_level: Annotated[int, Range(1, MAX_REQUESTS_PER_LEVEL)] = 16
     """Fewest requests of one level (so 1 client still gives a median)."""
     level_timeout_s: Annotated[float, Range(1, 3600)] = 240.0
     """Time bound of one level: clients send no new request after it."""
-    max_tokens: Annotated[int, Range(1, 4096)] = 16
+    max_tokens: Annotated[int, Range(1, 4096)] = 32
     """max_tokens of every request."""
-    num_recursive_rounds: Annotated[int, Range(1, 32)] = 1
-    """R of every request."""
-    latent_steps: Annotated[int, Range(0, 4096)] = 4
+    num_recursive_rounds: Annotated[int, Range(1, 32)] = 2
+    """R of every request (R = 2, m = 8, 32 tokens: about the single-request cost issue 24 measured)."""
+    latent_steps: Annotated[int, Range(0, 4096)] = 8
     """m of every request."""
     max_batch_size: Annotated[int, Range(2, 1024)] = 16
     """--max_batch_size of the batched server."""
@@ -193,11 +193,12 @@ def plot(results: dict, path: str) -> None:
     fig = Figure(figsize=(10, 4))
     FigureCanvasAgg(fig)
     ax_rps, ax_lat = fig.subplots(1, 2)
-    for mode, levels in results.items():
+    for color, (mode, levels) in zip(("C0", "C1"), results.items()):
         xs = [lv["clients"] for lv in levels]
-        ax_rps.plot(xs, [lv["requests_per_s"] for lv in levels], marker="o", label=mode)
-        ax_lat.plot(xs, [lv["latency_p50_s"] for lv in levels], marker="o", label=f"{mode} p50")
-        ax_lat.plot(xs, [lv["latency_p99_s"] for lv in levels], marker="x", linestyle="--", label=f"{mode} p99")
+        ax_rps.plot(xs, [lv["requests_per_s"] for lv in levels], marker="o", color=color, label=mode)
+        ax_lat.plot(xs, [lv["latency_p50_s"] for lv in levels], marker="o", color=color, label=f"{mode} p50")
+        ax_lat.plot(xs, [lv["latency_p99_s"] for lv in levels], marker="x", linestyle="--", color=color,
+                    label=f"{mode} p99")
     for ax, label in ((ax_rps, "requests / s"), (ax_lat, "latency (s)")):
         ax.set_xscale("log", base=2)
         ax.set_xlabel("concurrent clients")
