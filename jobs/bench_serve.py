@@ -71,6 +71,8 @@ class ServeBenchConfig:
     """--max_batch_size of the batched server."""
     batch_wait_timeout_s: Annotated[float, Range(0, 10)] = 0.02
     """--batch_wait_timeout_s of the batched server."""
+    batched_concurrency: Annotated[int, Range(0, 64)] = 0
+    """--max_concurrent_batches of the batched server (0: the server's default)."""
     unbatched_concurrency: Annotated[int, Range(1, 64)] = 16
     """Single-request batches the unbatched server runs at once."""
     torch_threads: Annotated[int, Range(0, 1024)] = 1
@@ -106,6 +108,8 @@ def _server_config(args: ServeBenchConfig, name: str, port: int, batched: bool):
             "--max_ongoing_requests", str(2 * MAX_CLIENTS)]
     if not batched:
         argv += ["--max_concurrent_batches", str(args.unbatched_concurrency)]
+    elif args.batched_concurrency:
+        argv += ["--max_concurrent_batches", str(args.batched_concurrency)]
     for role, model in args.role_model.items():
         argv += ["--role_model", f"{role}={model}"]
     return serve_job.parse(argv)
@@ -179,7 +183,12 @@ def measure(args: ServeBenchConfig, port: int, prefix: str, num_clients: int) ->
     ok = [r for r in records if r[0] == 200]
     latencies = sorted(r[1] for r in ok)
     pct = (lambda q: latencies[min(len(latencies) - 1, int(q * len(latencies)))]) if latencies else (lambda q: None)
+    statuses: dict[str, int] = {}
+    for r in records:
+        if r[0] != 200:
+            statuses[str(r[0])] = statuses.get(str(r[0]), 0) + 1
     return {"clients": num_clients, "requests": len(records), "ok": len(ok), "errors": len(records) - len(ok),
+            "error_statuses": statuses,
             "wall_s": wall, "requests_per_s": len(ok) / wall, "tokens_per_s": sum(r[2] for r in ok) / wall,
             "latency_p50_s": statistics.median(latencies) if latencies else None, "latency_p99_s": pct(0.99),
             "mean_rows_per_batch": (rows1 - rows0) / (batches1 - batches0) if batches1 > batches0 else None,
