@@ -71,8 +71,9 @@ class ServeConfig:
     """Most rows (requests x n) one batch runs through the agents (1: every request alone)."""
     batch_wait_timeout_s: Annotated[float, Range(0, 60)] = 0.02
     """How long the first request of a batch waits for compatible ones to join it."""
-    max_concurrent_batches: Annotated[int, Range(1, 64)] = 2
-    """Batches a replica runs at once (backend ray overlaps them across agents; local runs one)."""
+    max_concurrent_batches: Annotated[int, Range(1, 64)] = 1
+    """Batches a replica runs at once (backend local always runs one). 1 keeps batches whole; 2 or more let Ray
+    agents on separate devices work on different batches at once (on a few CPU cores it splits batches)."""
     port: Annotated[int, Range(1, 65535)] = 8000
     """HTTP port of the Serve proxy."""
     app_name: Annotated[str, NonEmpty()] = "recmas"
