@@ -2,8 +2,10 @@
 
 Requests carry a key (method, R, m, decoding settings: `GenRequest.batch_key`) and a number of rows.
 A batch of one key starts when it holds `max_batch_size` rows, or `batch_wait_timeout_s` after its
-oldest request arrived; at most `max_concurrent_batches` run at once, and while they do, arriving
-requests keep gathering (under load batches grow by themselves, as in vLLM's scheduler). A request
+oldest request arrived or a running batch last finished, whichever is later; at most
+`max_concurrent_batches` run at once, and while they do, arriving requests keep gathering (under load
+batches grow by themselves). The wait after a batch finishes lets its clients' next requests join the
+waiting ones: without it, closed-loop clients split into groups that take turns in half-full batches. A request
 larger than `max_batch_size` rows runs as a batch of its own. Requests of different keys never share a
 batch. Within a key, requests are served first come, first served.
 
@@ -39,6 +41,7 @@ class Batcher:
         self.wait_s, self.max_running = batch_wait_timeout_s, max_concurrent_batches
         self.pending: dict[str, list[Job]] = {}
         self.running = 0
+        self.freed_at = 0.0  # when a running batch last finished
         self._wake: asyncio.Event | None = None
         self._loop_task: asyncio.Task | None = None
 
@@ -60,7 +63,7 @@ class Batcher:
         """The next batch to start (oldest key first) and, if none is ready, when one will be."""
         next_due = None
         for key, jobs in sorted(self.pending.items(), key=lambda kv: kv[1][0].arrived):
-            due = jobs[0].arrived + self.wait_s
+            due = max(jobs[0].arrived, self.freed_at) + self.wait_s
             if sum(j.rows for j in jobs) >= self.max_batch_size or now >= due:
                 batch, rows = [], 0
                 while jobs and (not batch or rows + jobs[0].rows <= self.max_batch_size):
@@ -101,4 +104,5 @@ class Batcher:
                     job.future.set_exception(e)
         finally:
             self.running -= 1
+            self.freed_at = time.monotonic()
             self._wake.set()

@@ -92,5 +92,25 @@ def test_a_failed_batch_fails_each_of_its_requests_only():
     assert isinstance(bad1, RuntimeError) and isinstance(bad2, RuntimeError) and ok == 3
 
 
+def test_closed_loop_clients_that_arrive_apart_end_up_in_one_batch():
+    rec = Recorder(seconds=0.1)
+
+    async def client(b, i):
+        await asyncio.sleep(0.06 * i)  # arrivals further apart than the wait timeout
+        for k in range(5):
+            await b.submit("k", 1, (i, k))
+            await asyncio.sleep(0.01)  # the answer's way back and the next request's way in
+
+    async def main():
+        b = Batcher(rec, max_batch_size=8, batch_wait_timeout_s=0.05, max_concurrent_batches=1)
+        await asyncio.gather(*[client(b, i) for i in range(4)])
+
+    run(main())
+    sizes = [len(p) for _, p in rec.batches]
+    # after a batch finishes the queue waits for its clients' next requests: no groups taking turns
+    first_full = sizes.index(4)
+    assert all(n == 4 for n in sizes[first_full:-1]) and len(sizes) - first_full >= 3, sizes
+
+
 if __name__ == "__main__":
     pytest.main([__file__, "-v", "-x"])
