@@ -7,7 +7,7 @@
 Any model per role, trained links (a folder or a Hub id), GPU agents:
   python -m jobs.serve --style sequential_light --preset paper --links org/recmas-links@v1 \
       --role_model critic=meta-llama/Llama-3.2-1B-Instruct --placement one_gpu_per_agent --device cuda \
-      --host 0.0.0.0 --num_replicas 2
+      --host 0.0.0.0 --num_replicas 2          # RECMAS_API_KEY=... in the environment: clients need the key
 Or with Serve's own tooling: `serve run cluster/serve.yaml`. Every setting can come from --config FILE.
 """
 
@@ -31,12 +31,18 @@ def parse(argv) -> ServeConfig:
 
 def start(cfg: ServeConfig) -> str:
     """Start Serve (HTTP on cfg.host:cfg.port) and the application; returns its base URL once it answers."""
+    import os
+
     from ray import serve
 
     from recmas_ray.distributed.driver import init_ray
     from recmas_ray.serve.app import build_app
+    from recmas_ray.serve.security import API_KEY_ENV
 
-    init_ray()
+    # The config holds only the key's digest (ServeConfig.validate); the key itself must not reach the
+    # Ray processes started next, which inherit this environment.
+    os.environ.pop(API_KEY_ENV, None)
+    init_ray(cfg.address)
     serve.start(http_options={"host": cfg.host, "port": cfg.port})
     serve.run(build_app(cfg), name=cfg.app_name, route_prefix=cfg.route_prefix)
     host = "127.0.0.1" if cfg.host in ("0.0.0.0", "::") else cfg.host
@@ -48,8 +54,9 @@ def serve_forever(cfg: ServeConfig) -> int:
     from ray import serve
 
     url = start(cfg)
-    print(f"serving {cfg.served_name!r} at {url}/v1 (POST /chat/completions, GET /models); Ctrl-C stops",
-          flush=True)
+    auth = "API key required" if cfg.api_key else "no API key (--api_key or $RECMAS_API_KEY to require one)"
+    print(f"serving {cfg.served_name!r} at {url}/v1 (POST /chat/completions, /completions, GET /models; "
+          f"{auth}); GET {url}/health, /metrics; Ctrl-C stops", flush=True)
     try:
         while True:
             time.sleep(3600)

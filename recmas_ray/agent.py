@@ -280,12 +280,18 @@ class Agent:
 
     # ----------------------------------------------------------------------------- text
     @torch.no_grad()
-    def decode(self, e_BLD: torch.Tensor, mask_BL: torch.Tensor, cfg: DecodeConfig) -> list[Decoded]:
-        """Decode text from embeddings with the KV cache; stops per sample at EOS or the budget."""
+    def decode(self, e_BLD: torch.Tensor, mask_BL: torch.Tensor, cfg: DecodeConfig, *,
+               on_token=None) -> list[Decoded]:
+        """Decode text from embeddings with the KV cache; stops per sample at EOS or the budget.
+
+        `on_token(ids)`, when given, is called after every decoding step with the token id picked per
+        row (None for rows already done): what token-by-token streaming reads.
+        """
         if cfg.max_new_tokens < 1:
             raise ValueError(f"max_new_tokens must be >= 1, got {cfg.max_new_tokens}")
         state = self.prefill(e_BLD, mask_BL)
-        tokens = self.generate(state, cfg, max_new_tokens=cfg.max_new_tokens, gen=self.make_generator(cfg))
+        tokens = self.generate(state, cfg, max_new_tokens=cfg.max_new_tokens, gen=self.make_generator(cfg),
+                               on_token=on_token)
         return [Decoded(self.detokenize(toks), len(toks)) for toks in tokens]
 
     # Resumable decoding (the deliberation tool loop): prefill once, generate until a stop, feed the
@@ -324,7 +330,7 @@ class Agent:
 
     @torch.no_grad()
     def generate(self, state: DecodeState, cfg: DecodeConfig, *, max_new_tokens: int, gen=None,
-                 stop_fn=None) -> list[list[int]]:
+                 stop_fn=None, on_token=None) -> list[list[int]]:
         """Generate up to `max_new_tokens` per row from a paused state; returns the new tokens per row.
 
         A row stops at EOS (kept in its list), at the budget, or when `stop_fn(row, tokens)` is true.
@@ -342,6 +348,8 @@ class Agent:
                 self.feed(state, state.pending_B.new_zeros(B, 0))
             next_B = _pick(state.logits_BV.float(), cfg, gen)
             next_B = torch.where(done, torch.full_like(next_B, self.tokenizer.pad_token_id or 0), next_B)
+            if on_token is not None:  # streaming: the picked token of every row still decoding
+                on_token([None if done[b] else int(next_B[b]) for b in range(B)])
             for b in range(B):
                 if not done[b]:
                     tokens[b].append(int(next_B[b]))

@@ -13,6 +13,7 @@ Both backends take the same arguments and give the same greedy predictions. Sett
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import logging
 from pathlib import Path
@@ -29,6 +30,63 @@ log = logging.getLogger(__name__)
 __all__ = ["System", "SampleResult"]
 
 _NO_DATASET = "<python-api>"  # the EvalConfig held by a System has no dataset until `evaluate`
+MAX_QUESTION_CHARS = 32_000
+"""Default longest question of `generate` (a 100k-character prompt runs for minutes on CPU)."""
+MAX_N = 64
+"""Most answers per question (`n`)."""
+MAX_STOP_STRINGS = 16
+
+
+def _str_list(values, name: str) -> list[str]:
+    if isinstance(values, (str, bytes)) or not isinstance(values, (list, tuple)):
+        raise TypeError(f"{name} must be a str or a list of str, got {type(values).__name__}")
+    bad = [i for i, v in enumerate(values) if not isinstance(v, str)]
+    if bad:
+        raise TypeError(f"{name}[{bad[0]}] must be a str, got {type(values[bad[0]]).__name__}")
+    return list(values)
+
+
+def check_questions(questions, *, max_question_chars: int = MAX_QUESTION_CHARS) -> list[str]:
+    """A question or a list/tuple of them, each a non-empty str of at most `max_question_chars` characters."""
+    questions = [questions] if isinstance(questions, str) else _str_list(questions, "questions")
+    if not questions:
+        raise ValueError("questions is empty; pass a question or a non-empty list of them")
+    for i, q in enumerate(questions):
+        if not q.strip():
+            raise ValueError(f"questions[{i}] is empty")
+        if len(q) > max_question_chars:
+            raise ValueError(f"questions[{i}] has {len(q)} characters; at most max_question_chars="
+                             f"{max_question_chars} are accepted")
+    return questions
+
+
+def check_stop(stop) -> list[str]:
+    """Stop strings as a list (None: none); each a non-empty str, at most MAX_STOP_STRINGS of them."""
+    if stop is None:
+        return []
+    stops = [stop] if isinstance(stop, str) else _str_list(stop, "stop")
+    if len(stops) > MAX_STOP_STRINGS or any(not s for s in stops):
+        raise ValueError(f"stop must hold 1 to {MAX_STOP_STRINGS} non-empty strings, got {stops!r}")
+    return stops
+
+
+def cut_at_stop(text: str, stops: Sequence[str]) -> tuple[str, bool]:
+    """`text` up to the earliest stop string (not included), and whether one was found."""
+    cuts = [i for i in (text.find(s) for s in stops) if i >= 0]
+    return (text[:min(cuts)], True) if cuts else (text, False)
+
+
+def finish(result: SampleResult, max_new_tokens: int, stops: Sequence[str]) -> SampleResult:
+    """Cut `result.prediction` at the first stop string and set its `finish_reason`.
+
+    "length" when the final decode used its whole budget (a row that reached EOS on exactly its last
+    token is counted so too: the trace holds token counts, not the tokens), else "stop".
+    """
+    result.prediction, hit = cut_at_stop(result.prediction, stops)
+    decoded = [t for t in result.trace if t.get("action") == "decode"]
+    full = bool(decoded) and decoded[-1]["text_tokens"] >= max_new_tokens
+    result.finish_reason = "stop" if hit or not full else "length"
+    return result
 
 
 class System:
@@ -135,14 +193,15 @@ class System:
         """What results and checkpoints record about this system (roles, base models, links' sources)."""
         return self.plan.manifest()
 
-    def generate(self, questions: Sequence[str], *, task: str | Sequence[str] = "math",
+    def generate(self, questions: str | Sequence[str], *, task: str | Sequence[str] = "math",
                  method: str = "recursive_mas", num_recursive_rounds: int = 3, latent_steps: int = 32,
                  max_new_tokens: int = 256, do_sample: bool = False, temperature: float = 0.6, top_p: float = 0.95,
-                 top_k: int = 0, seed: int | None = None, batch_size: int = 8) -> list[SampleResult]:
+                 top_k: int = 0, seed: int | None = None, batch_size: int = 8, stop: str | Sequence[str] | None = None,
+                 n: int = 1, max_question_chars: int = MAX_QUESTION_CHARS) -> list:
         """Answer questions with the system; one `SampleResult` per question, in order.
 
         Args:
-            questions: The questions (the task's answer instruction is added by the style's prompts).
+            questions: A question or a list of them (the task's answer instruction is added by the style's prompts).
             task: Task type of every question, or one per question: math, choice, code or qa.
             method: recursive_mas, recursive_textmas, textmas or single_agent.
             num_recursive_rounds: R, rounds of the agent loop.
@@ -154,15 +213,27 @@ class System:
             top_k: Top-k sampling (0 disables).
             seed: Sampling seed (default: the system's seed).
             batch_size: Questions per agent call.
+            stop: Stop string(s): the final text is cut before the first one found and its
+                `finish_reason` is "stop" (decoding itself runs to EOS or the budget; `num_text_tokens`
+                counts every decoded token).
+            n: Answers per question. With n > 1 the result holds one list of n `SampleResult`s per
+                question: sampled as rows of one batch (do_sample), or n copies of the greedy answer
+                (greedy decoding gives the same answer every time, as vLLM's n does).
+            max_question_chars: Longest question accepted (characters).
 
         Returns:
-            Per question: `prediction` (the final agent's text), `num_text_tokens`, `num_latent_steps`,
-            `seconds` and `trace` (per agent and round: role, round, action, latent_steps, text_tokens,
-            seconds, and the text of intermediate text steps).
+            Per question: `prediction` (the final agent's text), `finish_reason` ("stop": EOS or a stop
+            string; "length": the budget), `num_text_tokens`, `num_latent_steps`, `seconds` and `trace`
+            (per agent and round: role, round, action, latent_steps, text_tokens, prompt_tokens, seconds,
+            and the text of intermediate text steps).
+
+        Raises:
+            TypeError: A question, task or stop string that is not a str.
+            ValueError: Any other bad argument (before any agent runs).
         """
         self._check_open()
-        questions = [questions] if isinstance(questions, str) else list(questions)
-        tasks = [task] * len(questions) if isinstance(task, str) else list(task)
+        questions = check_questions(questions, max_question_chars=max_question_chars)
+        tasks = [task] * len(questions) if isinstance(task, str) else _str_list(task, "task")
         if len(tasks) != len(questions):
             raise ValueError(f"{len(questions)} questions but {len(tasks)} task types")
         from recmas_ray.styles.base import TASK_TYPES
@@ -170,26 +241,41 @@ class System:
         bad = sorted({t for t in tasks if t not in TASK_TYPES})
         if bad:
             raise ValueError(f"unknown task type(s) {bad}; expected one of {list(TASK_TYPES)}")
-        if not isinstance(batch_size, int) or batch_size < 1:
+        if not isinstance(batch_size, int) or isinstance(batch_size, bool) or batch_size < 1:
             raise ValueError(f"batch_size must be a positive integer, got {batch_size!r}")
+        if not isinstance(n, int) or isinstance(n, bool) or not 1 <= n <= MAX_N:
+            raise ValueError(f"n must be an integer in [1, {MAX_N}], got {n!r}")
+        stops = check_stop(stop)
         rc = RecursionConfig(method=method, num_recursive_rounds=num_recursive_rounds, latent_steps=latent_steps,
                              decode=DecodeConfig(max_new_tokens=max_new_tokens, do_sample=do_sample,
                                                  temperature=temperature, top_p=top_p, top_k=top_k,
                                                  seed=self.cfg.seed if seed is None else seed))
         check_tree(rc, lambda path: path)
+        # Sampled n > 1: n rows per question; greedy: one row, copied (every copy would be the same).
+        rows = [q for q in questions for _ in range(n if do_sample else 1)]
+        row_tasks = [t for t in tasks for _ in range(n if do_sample else 1)]
         out: list[SampleResult] = []
-        for k in range(0, len(questions), batch_size):
-            out += self._solve(questions[k:k + batch_size], tasks[k:k + batch_size], rc)
-        return out
+        for k in range(0, len(rows), batch_size):
+            out += self.run(rows[k:k + batch_size], row_tasks[k:k + batch_size], rc)
+        for res in out:
+            finish(res, rc.decode.max_new_tokens, stops)
+        if n == 1:
+            return out
+        if do_sample:
+            return [out[i * n:(i + 1) * n] for i in range(len(questions))]
+        return [[copy.deepcopy(res) for _ in range(n)] for res in out]
 
-    def _solve(self, questions: list[str], tasks: list[str], rc: RecursionConfig) -> list[SampleResult]:
+    def run(self, questions: list[str], tasks: list[str], rc: RecursionConfig, *, on_token=None) -> list[SampleResult]:
+        """One checked batch through the agents (what `generate` and the server call); `on_token(ids)` is
+        called with the token id picked per question at every step of the final decode (streaming)."""
         from recmas_ray.runner import LocalPool, run_batch
 
+        self._check_open()
         if isinstance(self.agents, LocalPool):
-            return run_batch(self.agents, self.plan.style, questions, tasks, rc)
+            return run_batch(self.agents, self.plan.style, questions, tasks, rc, on_token=on_token)
         import ray
 
-        ref = self.agents.solve(questions, tasks, rc)
+        ref = self.agents.solve(questions, tasks, rc, **({} if on_token is None else {"on_token": on_token}))
         try:
             return ray.get(ref, timeout=self.cfg.timeout_s)
         except ray.exceptions.GetTimeoutError:

@@ -49,12 +49,14 @@ class SampleResult:
     trace: list[dict] = field(default_factory=list)
     nll: float | None = None
     """Mean token NLL of the gold target under the decoder's final prompt (only when targets were given)."""
+    finish_reason: str | None = None
+    """Why the final text ended: "stop" (EOS or a stop string) or "length" (the budget); set by `System.generate`."""
 
 
 def run_batch(pool: AgentPool, style: StyleSpec, questions: list[str], tasks: list[str],
               cfg: RecursionConfig, *, targets: list[str] | None = None,
               role_questions: list[dict[str, str]] | None = None,
-              capture: Callable[[dict], None] | None = None) -> list[SampleResult]:
+              capture: Callable[[dict], None] | None = None, on_token=None) -> list[SampleResult]:
     """Run one batch of questions through the style with `cfg.method`.
 
     `targets` (one gold answer text per question): the decoder also teacher-forces each target after
@@ -68,7 +70,11 @@ def run_batch(pool: AgentPool, style: StyleSpec, questions: list[str], tasks: li
     "message" [B, M, E] tensor} for every latent message produced, and once with {"kind":
     "decoder_input", "role", "users", "slot_names", "latents"} for the prompt the final decode starts
     from (latents after any ablation); materialising them is the hook's only cost.
+
+    `on_token` (streaming): passed to the final decode step only, called with the token id picked per
+    question at every decoding step (None for questions already done); see `Agent.decode`.
     """
+    stream = {} if on_token is None else {"on_token": on_token}  # pools without streaming keep working
     check_tree(cfg, lambda path: path)
     if targets is not None and len(targets) != len(questions):
         raise ValueError(f"run_batch: {len(targets)} targets for {len(questions)} questions")
@@ -78,14 +84,14 @@ def run_batch(pool: AgentPool, style: StyleSpec, questions: list[str], tasks: li
     t0 = time.perf_counter()
     if cfg.method == "single_agent":
         users = [render_single_agent_prompt(style, t, q) for q, t in zip(asked.of(style.decoder), tasks)]
-        calls = [(1, style.decoder, "decode", pool.decode(style.decoder, users, [], cfg.decode, []))]
+        calls = [(1, style.decoder, "decode", pool.decode(style.decoder, users, [], cfg.decode, [], **stream))]
         calls += _score(pool, style.decoder, users, [], [], targets)
         _capture_input(capture, pool, style.decoder, users, [], [])
     elif cfg.method == "recursive_mas":
-        calls = _run_latent(pool, style, asked, tasks, cfg, targets, capture)
+        calls = _run_latent(pool, style, asked, tasks, cfg, targets, capture, stream)
     else:
         rounds = 1 if cfg.method == "textmas" else cfg.num_recursive_rounds
-        calls = _run_text(pool, style, asked, tasks, cfg, rounds, targets, capture)
+        calls = _run_text(pool, style, asked, tasks, cfg, rounds, targets, capture, stream)
     return _collect(pool, calls, len(questions), t0)
 
 
@@ -128,7 +134,7 @@ def _ablate(pool, handles: list, mode: str, what: str) -> list:
     return out
 
 
-def _run_latent(pool, style, asked, tasks, cfg, targets=None, capture=None):
+def _run_latent(pool, style, asked, tasks, cfg, targets=None, capture=None, stream=None):
     messages: dict[str, Any] = {}  # edge -> handle of its latest [B, M, E] message
     calls = []
     for step in build_schedule(style, cfg.num_recursive_rounds, decode_every_round=cfg.decode_every_round):
@@ -138,7 +144,8 @@ def _run_latent(pool, style, asked, tasks, cfg, targets=None, capture=None):
                           f"role {step.role}, round {step.round} (latents to ablate)")
         if step.decode or step.discard_decode:
             calls.append((step.round, step.role, "decode" if step.decode else "discarded_decode",
-                          pool.decode(step.role, users, slot_names, cfg.decode, latents)))
+                          pool.decode(step.role, users, slot_names, cfg.decode, latents,
+                                      **((stream or {}) if step.decode else {}))))
             if step.decode:
                 calls += _score(pool, step.role, users, slot_names, latents, targets)
                 _capture_input(capture, pool, step.role, users, slot_names, latents)
@@ -152,13 +159,13 @@ def _run_latent(pool, style, asked, tasks, cfg, targets=None, capture=None):
     return calls
 
 
-def _run_text(pool, style, asked, tasks, cfg, rounds, targets=None, capture=None):
+def _run_text(pool, style, asked, tasks, cfg, rounds, targets=None, capture=None, stream=None):
     texts: dict[str, list[str]] = {}  # edge -> latest text per sample
     calls = []
     for step in build_schedule(style, rounds):
         users = [render_prompt(style, step.role, step.variant, t, q, {m: texts[e][b] for m, e in step.inputs})
                  for b, (q, t) in enumerate(zip(asked.of(step.role), tasks))]
-        handle = pool.decode(step.role, users, [], cfg.decode, [])
+        handle = pool.decode(step.role, users, [], cfg.decode, [], **((stream or {}) if step.decode else {}))
         if step.decode:
             calls.append((step.round, step.role, "decode", handle))
             calls += _score(pool, step.role, users, [], [], targets)
@@ -193,6 +200,8 @@ def _collect(pool, calls, batch_size, t0) -> list[SampleResult]:
         for b, res in enumerate(results):
             entry = {"role": role, "round": rnd, "action": action, "latent_steps": stats["latent_steps"],
                      "text_tokens": stats["text_tokens"][b], "seconds": stats["seconds"] / batch_size}
+            if stats.get("prompt_tokens"):  # the prompt as this agent read it (latent positions not counted)
+                entry["prompt_tokens"] = stats["prompt_tokens"][b]
             if decoded is not None and action != "decode":
                 entry["text"] = decoded[b].text
             if decoded is not None and getattr(decoded[b], "tool_calls", None):
@@ -218,8 +227,8 @@ class LocalPool:
         *msgs, stats = self.services[role].rollout(users, slot_names, num_steps, edges, *latents)
         return msgs, stats
 
-    def decode(self, role, users, slot_names, cfg, latents):
-        return self.services[role].decode(users, slot_names, cfg, *latents)
+    def decode(self, role, users, slot_names, cfg, latents, **stream):
+        return self.services[role].decode(users, slot_names, cfg, *latents, **stream)
 
     def score(self, role, users, slot_names, targets, latents):
         return self.services[role].score(users, slot_names, targets, *latents)

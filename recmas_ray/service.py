@@ -112,12 +112,23 @@ class AgentService:
         h_BMD = self.agent.latent_rollout(e_BLD, mask_BL, num_steps)
         msgs = self.agent.messages(h_BMD, tuple(edges), device=None if self.spec.keep_messages_on_device else "cpu")
         stats = {"role": self.spec.role, "latent_steps": num_steps, "text_tokens": [0] * len(users),
-                 "seconds": time.perf_counter() - t0}
+                 "seconds": time.perf_counter() - t0, "prompt_tokens": self._prompt_tokens(mask_BL, latents)}
         return (*[msgs[e].to(self.message_dtype) for e in edges], stats)
 
-    def decode(self, users, slot_names, cfg: DecodeConfig, *latents):
-        """Text decode (latents spliced when given); returns (list[Decoded], stats)."""
+    @staticmethod
+    def _prompt_tokens(mask_BL, latents) -> list[int]:
+        """Text tokens of each prompt as this agent read it (chat template included, latent positions not)."""
+        if mask_BL is None:  # the tool loop embeds its own prompts
+            return []
+        num_latent = sum(int(x.shape[1]) for x in latents)
+        return [int(n) - num_latent for n in mask_BL.sum(dim=1).tolist()]
+
+    def decode(self, users, slot_names, cfg: DecodeConfig, *latents, on_token=None):
+        """Text decode (latents spliced when given); returns (list[Decoded], stats).
+
+        `on_token`: streaming callback of `Agent.decode` (not called by the tool loop)."""
         t0 = time.perf_counter()
+        mask_BL = None
         if self.toolbox is not None:
             from recmas_ray.tools.loop import decode_with_tools
 
@@ -126,9 +137,9 @@ class AgentService:
             out = decode_with_tools(self.agent, list(users), dict(zip(slot_names, latents)), cfg, self.toolbox)
         else:
             e_BLD, mask_BL = self._embed(users, slot_names, latents)
-            out = self.agent.decode(e_BLD, mask_BL, cfg)
+            out = self.agent.decode(e_BLD, mask_BL, cfg, **({} if on_token is None else {"on_token": on_token}))
         stats = {"role": self.spec.role, "latent_steps": 0, "text_tokens": [d.num_tokens for d in out],
-                 "seconds": time.perf_counter() - t0}
+                 "seconds": time.perf_counter() - t0, "prompt_tokens": self._prompt_tokens(mask_BL, latents)}
         return out, stats
 
     def score(self, users, slot_names, targets, *latents):

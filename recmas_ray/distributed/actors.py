@@ -124,10 +124,10 @@ class _AgentActorImpl:
                                     lambda: self.service.rollout(users, slot_names, num_steps, edges, *latents))
         return (*[to_wire(m) for m in msgs], stats)
 
-    def decode(self, users, slot_names, cfg, *latents):
+    def decode(self, users, slot_names, cfg, *latents, **stream):
         latents = [from_wire(x) for x in latents]
         return self._logged("decode", users, slot_names,
-                            lambda: self.service.decode(users, slot_names, cfg, *latents))
+                            lambda: self.service.decode(users, slot_names, cfg, *latents, **stream))
 
     def rollout_keep(self, key, users, slot_names, num_steps, edges, *latents):
         """Ray Direct Transport path: keep the messages here until `take_message` hands one out.
@@ -211,8 +211,8 @@ class RayPool:
             users, slot_names, num_steps, tuple(edges), *latents)
         return list(refs[:-1]), refs[-1]
 
-    def decode(self, role, users, slot_names, cfg, latents):
-        return self.handles[role].decode.remote(users, slot_names, cfg, *latents)
+    def decode(self, role, users, slot_names, cfg, latents, **stream):  # stream: on_token (picklable)
+        return self.handles[role].decode.remote(users, slot_names, cfg, *latents, **stream)
 
     def release_kept(self) -> None:
         """After a failed batch: every agent that kept RDT messages for it frees them (fire and forget)."""

@@ -67,13 +67,14 @@ class Orchestrator:
     def ready(self) -> bool:
         return True
 
-    def solve(self, questions: list[str], tasks: list[str], cfg: RecursionConfig, batch_id: str = ""):
+    def solve(self, questions: list[str], tasks: list[str], cfg: RecursionConfig, batch_id: str = "",
+              on_token=None):
         check_ablation_transport(cfg.latent_ablation, self.transport)  # Python callers skip EvalConfig
         chosen = self.copies.acquire()  # one copy per role, kept for every step of this batch
         pool = RayPool(self.copies.handles(chosen), timeout_s=self.timeout_s,
                        context=f", batch {batch_id}" if batch_id else "", transport=self.transport)
         try:
-            return run_batch(pool, self.style, questions, tasks, cfg)
+            return run_batch(pool, self.style, questions, tasks, cfg, on_token=on_token)
         except BaseException:
             pool.release_kept()  # RDT: the failed batch's messages would stay in the agents otherwise
             raise
@@ -126,9 +127,9 @@ class RaySystem:
     """Object-store copies of the agents' constructor arguments, kept so a restarted agent can
     rebuild itself (Ray frees creation arguments otherwise, ray#53727)."""
 
-    def solve(self, questions, tasks, cfg: RecursionConfig, batch_id: str = ""):
-        """Submit one batch; returns an ObjectRef of list[SampleResult]."""
-        return self.orchestrator.solve.remote(questions, tasks, cfg, batch_id)
+    def solve(self, questions, tasks, cfg: RecursionConfig, batch_id: str = "", on_token=None):
+        """Submit one batch; returns an ObjectRef of list[SampleResult] (`on_token`: see `run_batch`)."""
+        return self.orchestrator.solve.remote(questions, tasks, cfg, batch_id, on_token)
 
     def call_logs(self, clear: bool = False) -> dict[str, list[dict]]:
         """Each agent's own call log (method, first prompt, slots, start and end times)."""
@@ -193,10 +194,11 @@ class RayReplicas:
             out[k] = (i, ray.get(done[0], timeout=self.timeout_s))
         return out
 
-    def solve(self, questions: list[str], tasks: list[str], cfg: RecursionConfig, batch_id: str = ""):
+    def solve(self, questions: list[str], tasks: list[str], cfg: RecursionConfig, batch_id: str = "",
+              on_token=None):
         """Submit one batch to the next replica in turn; returns an ObjectRef of list[SampleResult]."""
         self._next = (getattr(self, "_next", -1) + 1) % len(self.systems)
-        return self.systems[self._next].solve(questions, tasks, cfg, batch_id)
+        return self.systems[self._next].solve(questions, tasks, cfg, batch_id, on_token)
 
     def call_logs(self, clear: bool = False) -> list[dict[str, list[dict]]]:
         return [s.call_logs(clear) for s in self.systems]
@@ -249,7 +251,7 @@ def start_system(plan: SystemPlan, placement: PlacementConfig, *, timeout_s: flo
     scaling = detect_autoscaling() if autoscaling is None else autoscaling
     pg = create_placement(pplan, preset=placement.preset, timeout_s=placement.ready_timeout_s, autoscaling=scaling,
                           placement_timeout_s=placement.placement_timeout_s, num_replicas=num_replicas,
-                          name=f"recmas-replica{replica}")
+                          name=f"recmas-replica{replica}-{os.urandom(4).hex()}")  # unique: Serve replicas build one each
     env = dict(AGENT_ENV)
     if torch_threads > 0:  # Ray pins OMP threads to floor(num_cpus) (>= 1) otherwise
         env["OMP_NUM_THREADS"] = str(torch_threads)
@@ -421,27 +423,22 @@ def check_reachable(address: str, *, timeout_s: float = 10.0) -> None:
 
 
 def init_ray(address: str | None = None, **kwargs) -> None:
-    """Join a running cluster (RAY_ADDRESS / `ray start`) if there is one, else start a local one."""
+    """Join the cluster at `address` (or $RAY_ADDRESS, Ray's own convention: `ray job submit` sets it),
+    else start a private local cluster.
+
+    Nothing else picks the cluster: Ray's address file (/tmp/ray/ray_current_cluster, under a
+    world-writable folder, so any local user can plant one) is never read, unless the caller asks for
+    it with address="auto" (Ray's explicit "the cluster `ray start` runs on this machine").
+    """
     import os
 
     if ray.is_initialized():
         return
     os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
-    address = address or os.environ.get("RAY_ADDRESS")
-    if address and address != "local":
+    address = address or os.environ.get("RAY_ADDRESS") or "local"
+    if address != "local":
         ray.init(address=address, **kwargs)
         return
-    if address != "local":
-        # The address file written by `ray start` on this machine; unlike address="auto" this never
-        # joins some other process's private cluster found by scanning running processes.
-        from ray._private.utils import read_ray_address
-
-        if read_ray_address():
-            try:
-                ray.init(**kwargs)
-                return
-            except ConnectionError:  # a stale address file: that cluster is gone
-                pass
     # A fresh local cluster: workers inherit this environment, so a checkout that is not
     # pip-installed still imports in every actor.
     root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -460,12 +457,30 @@ def init_local_ray(**kwargs) -> None:
     workers would listen on every interface) unless it believes multi-node clusters are off; a local
     cluster has no other node, so that belief is held just for the start-up. Auth is whatever
     RAY_AUTH_MODE says, by default token (Ray >= 2.59 for local clusters); only tests turn it off.
+
+    The token Ray generates (~/.ray/auth_token) is written with the umask's mode (often 0644): it is
+    made owner-only before and after the start (and ~/.ray is created 0700), so other local users
+    cannot read it and call into the cluster.
     """
+    from pathlib import Path
+
     from ray._private import ray_constants
 
+    token = Path.home() / ".ray" / "auth_token"
+
+    def owner_only() -> None:
+        try:
+            token.parent.mkdir(mode=0o700, exist_ok=True)
+            if token.is_file() and token.stat().st_uid == os.getuid() and token.stat().st_mode & 0o077:
+                token.chmod(0o600)
+        except OSError:  # a read-only home: nothing Ray could have written there either
+            pass
+
+    owner_only()
     saved = ray_constants.ENABLE_RAY_CLUSTER
     ray_constants.ENABLE_RAY_CLUSTER = False
     try:
         ray.init(address="local", _node_ip_address="127.0.0.1", **kwargs)
     finally:
         ray_constants.ENABLE_RAY_CLUSTER = saved
+        owner_only()

@@ -1,30 +1,40 @@
 """The Ray Serve application: a FastAPI ingress whose replicas each drive one RecursiveMAS system.
 
-    client (openai SDK, curl) --HTTP--> Serve proxy --> RecMASServer replica (FastAPI routes)
-        replica: System.build(...) once; per request: check -> system.generate (in a thread) -> body
-        backend ray:   the replica drives agent actors + an orchestrator (several requests in flight)
-        backend local: the agents load inside the replica (requests run one at a time)
+    client (openai SDK, curl) --HTTP--> Serve proxy (127.0.0.1 unless --host) --> RecMASServer replica
+        replica: System.build(...) once; per request: key + size limit -> checks -> batch queue -> body
+        batch queue: compatible requests (same method, R, m, decoding) run as one batch (`batching.py`)
+        backend ray:   the replica drives agent actors + an orchestrator (batches overlap across agents)
+        backend local: the agents load inside the replica (one batch at a time)
+        streaming: the final agent's decode loop reports every token (`streaming.py`), sent as SSE chunks
 
-`build_app(cfg)` gives the bound application; `app_builder(args)` is the same for a Serve config file
-(`cluster/serve.yaml`: `import_path: recmas_ray.serve.app:app_builder`, `args:` = ServeConfig fields).
+Routes: POST /v1/chat/completions, POST /v1/completions, GET /v1/models (these need the API key when
+one is set), GET /health, GET /metrics (Prometheus). `build_app(cfg)` gives the bound application;
+`app_builder(args)` is the same for a Serve config file (`cluster/serve.yaml`).
 """
 
 # No `from __future__ import annotations`: FastAPI reads the route annotations (Request) as objects, and the
 # class is shipped by value, without this module's globals.
 import asyncio
+import copy
+import dataclasses
+import json
 import logging
+import random
 import threading
+import time
+import uuid
+from dataclasses import dataclass
 
 from fastapi import FastAPI, Request
-from fastapi.responses import JSONResponse, StreamingResponse
+from fastapi.responses import JSONResponse, Response, StreamingResponse
 from ray import serve
 
 from recmas_ray.serve.config import ServeConfig
-from recmas_ray.serve.openai_api import (RequestError, completion_body, models_body, parse_chat_request,
-                                         stream_chunks)
+from recmas_ray.serve.openai_api import GenRequest, RequestError, parse_request
+from recmas_ray.serve.security import (BodyTooLarge, authorized, read_body, too_large_body, unauthorized_body)
 
 log = logging.getLogger(__name__)
-api = FastAPI(title="recmas_ray", description="OpenAI-compatible chat completions of a RecursiveMAS system")
+api = FastAPI(title="recmas_ray", description="OpenAI-compatible completions of a RecursiveMAS system")
 
 
 def _tokenizer(model_name: str):
@@ -35,15 +45,32 @@ def _tokenizer(model_name: str):
     return AutoTokenizer.from_pretrained(resolve_model_path(model_name))
 
 
+def _error(message: str, status: int) -> JSONResponse:
+    return JSONResponse({"error": {"message": message, "type": "server_error" if status >= 500 else
+                                   "invalid_request_error", "param": None, "code": None}}, status_code=status)
+
+
+@dataclass
+class _Work:
+    """A request in the batch queue; `on_rows(ids)` gets its rows' token ids per decoding step (streaming)."""
+
+    req: GenRequest
+    on_rows: object = None
+
+
 # Serve serializes the class when it is decorated: everything it uses must be defined above it.
 @serve.deployment
 @serve.ingress(api)
 class RecMASServer:
-    """One replica: builds its system at start and answers the OpenAI routes with it."""
+    """One replica: builds its system at start, batches compatible requests, answers the OpenAI routes."""
 
     def __init__(self, cfg: "ServeConfig"):
         from recmas_ray.api import System
+        from recmas_ray.serve.batching import Batcher
+        from recmas_ray.serve.metrics import ServerMetrics
+        from recmas_ray.serve.security import bind_replica_grpc_to_node_address
 
+        bind_replica_grpc_to_node_address()  # before Serve starts the replica's gRPC server (after __init__)
         self.cfg = cfg
         self.system = System.build(cfg.style, role_models=cfg.models, links=cfg.links,
                                    allow_base_model_mismatch=cfg.allow_base_model_mismatch,
@@ -53,44 +80,178 @@ class RecMASServer:
         self.tokenizer = _tokenizer(self.system.role_models[self.system.plan.style.decoder])
         # In-process agents are not safe to drive from several threads at once; Ray agents are.
         self.lock = threading.Lock() if cfg.backend == "local" else None
+        self.metrics = ServerMetrics()
+        self.batcher = Batcher(self._run_batch, max_batch_size=cfg.max_batch_size,
+                               batch_wait_timeout_s=cfg.batch_wait_timeout_s,
+                               max_concurrent_batches=1 if cfg.backend == "local" else cfg.max_concurrent_batches)
+        self.relay = None  # TokenRelay actor, made for the first streamed request on the Ray backend
+
+    # ------------------------------------------------------------------ routes
+    @api.get("/health")
+    def health(self):
+        return {"status": "ok", "model": self.cfg.served_name}
+
+    @api.get("/metrics")
+    def metrics(self):
+        from recmas_ray.serve.metrics import CONTENT_TYPE_LATEST
+
+        return Response(self.metrics.exposition(self.batcher.queued_rows, self.batcher.running),
+                        media_type=CONTENT_TYPE_LATEST)
 
     @api.get("/v1/models")
-    def models(self):
-        return models_body(self.cfg.served_name, style=self.cfg.style, role_models=self.system.role_models)
+    def models(self, request: Request):
+        if not authorized(request.headers.get("authorization"), self.cfg.api_key):
+            return JSONResponse(unauthorized_body(), status_code=401)
+        return {"object": "list", "data": [{"id": self.cfg.served_name, "object": "model",
+                                            "created": int(time.time()), "owned_by": "recmas_ray",
+                                            "style": self.cfg.style, "role_models": self.system.role_models}]}
 
     @api.post("/v1/chat/completions")
     async def chat_completions(self, request: Request):
+        return await self._answer(request, "chat")
+
+    @api.post("/v1/completions")
+    async def completions(self, request: Request):
+        return await self._answer(request, "completion")
+
+    # ------------------------------------------------------------------ one request
+    async def _answer(self, request: Request, kind: str):
+        t0, route = time.perf_counter(), f"/v1/{'chat/completions' if kind == 'chat' else 'completions'}"
+        response = await self._respond(request, kind, t0, route)
+        if not isinstance(response, StreamingResponse):
+            self.metrics.observe_request(route, response.status_code, time.perf_counter() - t0)
+        return response
+
+    async def _respond(self, request: Request, kind: str, t0: float, route: str):
+        from recmas_ray.serve.responses import body as response_body
+        from recmas_ray.serve.responses import usage
+
+        if not authorized(request.headers.get("authorization"), self.cfg.api_key):
+            return JSONResponse(unauthorized_body(), status_code=401)
         try:
             try:
-                body = await request.json()
-            except Exception:  # noqa: BLE001 - any unparsable body is the client's error
+                raw = await read_body(request, self.cfg.max_request_bytes)
+            except BodyTooLarge:
+                return JSONResponse(too_large_body(self.cfg.max_request_bytes), status_code=413)
+            try:
+                data = json.loads(raw)
+            except ValueError:
                 raise RequestError("the request body is not valid JSON") from None
-            req = parse_chat_request(body, served_name=self.cfg.served_name, defaults=self.cfg.recursion,
-                                     default_task=self.cfg.task, max_input_chars=self.cfg.max_input_chars)
-            result = await asyncio.to_thread(self._generate, req)
+            req = parse_request(data, kind=kind, served_name=self.cfg.served_name, defaults=self.cfg.recursion,
+                                default_task=self.cfg.task, max_input_chars=self.cfg.max_input_chars)
+            request_id = uuid.uuid4().hex
+            if req.stream:
+                return StreamingResponse(self._stream(req, request_id, t0, route), media_type="text/event-stream")
+            choices = await self.batcher.submit(req.batch_key(request_id), req.num_rows, _Work(req))
         except RequestError as e:
             return JSONResponse(e.body(), status_code=e.status)
         except ValueError as e:  # a setting the system rejects (e.g. a budget above its limits)
             return JSONResponse(RequestError(" ".join(str(e).split())).body(), status_code=400)
         except Exception as e:  # noqa: BLE001 - a failed run: one line, no traceback in the response
             log.exception("request failed")
-            return JSONResponse({"error": {"message": f"{type(e).__name__}: {' '.join(str(e).split())[:500]}",
-                                           "type": "server_error", "param": None, "code": None}}, status_code=500)
-        prompt_tokens = len(self.tokenizer(req.question, add_special_tokens=False).input_ids)
-        if req.stream:
-            return StreamingResponse(stream_chunks(req, result, model=self.cfg.served_name,
-                                                   prompt_tokens=prompt_tokens), media_type="text/event-stream")
-        return completion_body(req, result, model=self.cfg.served_name, prompt_tokens=prompt_tokens)
+            return _error(f"{type(e).__name__}: {' '.join(str(e).split())[:500]}", 500)
+        out = response_body(req, choices, model=self.cfg.served_name, tokenizer=self.tokenizer)
+        self.metrics.observe_usage(*usage(req, choices, self.tokenizer))
+        return JSONResponse(out)
 
-    def _generate(self, req):
-        rc, dc = req.recursion, req.recursion.decode
-        kwargs = dict(task=req.task, method=rc.method, num_recursive_rounds=rc.num_recursive_rounds,
-                      latent_steps=rc.latent_steps, max_new_tokens=dc.max_new_tokens, do_sample=dc.do_sample,
-                      temperature=dc.temperature, top_p=dc.top_p, top_k=dc.top_k, seed=dc.seed)
+    async def _stream(self, req: GenRequest, request_id: str, t0: float, route: str):
+        from recmas_ray.serve.responses import ChunkWriter, TextStream, usage
+
+        writer, queue = ChunkWriter(req, self.cfg.served_name), asyncio.Queue()
+        # sampled: row r is choice r; greedy: row r (question r) feeds its n identical choices
+        choices_of = [[r] if req.sampled else list(range(r * req.n, (r + 1) * req.n)) for r in range(req.num_rows)]
+        texts = [TextStream(self.tokenizer, req.stop) for _ in range(req.num_rows)]
+        done = asyncio.ensure_future(self.batcher.submit(req.batch_key(request_id), req.num_rows,
+                                                         _Work(req, on_rows=queue.put_nowait)))
+        done.add_done_callback(lambda _: queue.put_nowait(None))
+        status = 200
+        try:
+            yield writer.start(len(req.questions) * req.n)
+            while (ids := await queue.get()) is not None:
+                for r, token in enumerate(ids):
+                    if token is not None and (delta := texts[r].add(token)):
+                        for c in choices_of[r]:
+                            yield writer.text(c, delta)
+            try:
+                choices = done.result()
+            except Exception as e:  # noqa: BLE001 - the stream has started: the error goes in an event
+                log.exception("streamed request failed")
+                status = 500
+                yield writer.error(f"{type(e).__name__}: {' '.join(str(e).split())[:500]}")
+                return
+            for r, text in enumerate(texts):
+                if delta := text.close(choices[choices_of[r][0]].prediction):
+                    for c in choices_of[r]:
+                        yield writer.text(c, delta)
+            self.metrics.observe_usage(*usage(req, choices, self.tokenizer))
+            yield writer.finish(choices, self.tokenizer)
+        finally:
+            self.metrics.observe_request(route, status, time.perf_counter() - t0)
+
+    # ------------------------------------------------------------------ one batch
+    async def _run_batch(self, key: str, jobs: list) -> list:
+        """Run the rows of every job as one batch; returns each job's choices (finish_reason set, stops cut)."""
+        from recmas_ray.api import finish
+
+        reqs = [job.payload.req for job in jobs]
+        rc = reqs[0].recursion
+        if rc.decode.do_sample and not reqs[0].seeded:  # unseeded sampling: a fresh seed per batch
+            rc = dataclasses.replace(rc, decode=dataclasses.replace(rc.decode, seed=random.getrandbits(63)))
+        questions = [q for req in reqs for q in req.questions for _ in range(req.n if req.sampled else 1)]
+        tasks = [req.task for req in reqs for _ in range(req.num_rows)]
+        on_token, pump = self._token_route(jobs)
+        self.metrics.batch_rows.observe(len(questions))
+        try:
+            results = await asyncio.to_thread(self._run_rows, questions, tasks, rc, on_token)
+        finally:
+            if pump is not None:
+                pump.cancel()
+        out, k = [], 0
+        for req in reqs:
+            rows, k = results[k:k + req.num_rows], k + req.num_rows
+            if not req.sampled and req.n > 1:  # greedy n: n copies of the one answer (as vLLM gives)
+                rows = [copy.deepcopy(r) for r in rows for _ in range(req.n)]
+            out.append([finish(r, rc.decode.max_new_tokens, req.stop) for r in rows])
+        return out
+
+    def _token_route(self, jobs: list):
+        """(on_token for the engine, pump task) sending each step's ids to the streaming jobs' rows."""
+        if not any(job.payload.on_rows for job in jobs):
+            return None, None
+        spans, k = [], 0
+        for job in jobs:
+            spans.append((job.payload.on_rows, k, k + job.rows))
+            k += job.rows
+
+        def dispatch(ids: list) -> None:
+            for on_rows, lo, hi in spans:
+                if on_rows is not None:
+                    on_rows(ids[lo:hi])
+
+        loop = asyncio.get_running_loop()
+        if self.cfg.backend == "local":  # called in the batch's thread
+            return (lambda ids: loop.call_soon_threadsafe(dispatch, ids)), None
+        from recmas_ray.serve.streaming import RelaySink, TokenRelay
+
+        if self.relay is None:
+            self.relay = TokenRelay.remote()
+        key = uuid.uuid4().hex
+
+        async def pump():
+            try:
+                while True:
+                    for _, ids in await self.relay.take.remote(key, 1.0):
+                        dispatch(ids)
+            finally:
+                self.relay.close.remote(key)
+
+        return RelaySink(self.relay, key), loop.create_task(pump())
+
+    def _run_rows(self, questions, tasks, rc, on_token):
         if self.lock is None:
-            return self.system.generate([req.question], **kwargs)[0]
+            return self.system.run(questions, tasks, rc, on_token=on_token)
         with self.lock:
-            return self.system.generate([req.question], **kwargs)[0]
+            return self.system.run(questions, tasks, rc, on_token=on_token)
 
     def __del__(self):
         system = getattr(self, "system", None)

@@ -6,6 +6,7 @@ The same tree feeds `python -m jobs.serve` flags (through `config/cli.py`), a `-
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, field
 from typing import Annotated
 
@@ -56,7 +57,23 @@ class ServeConfig:
     max_input_chars: Annotated[int, Range(1, 10_000_000)] = 16_000
     """Longest question accepted (characters of the last user message); longer ones get a 400."""
     host: str = "127.0.0.1"
-    """HTTP host of the Serve proxy (0.0.0.0 to listen on every interface)."""
+    """HTTP host of the Serve proxy (0.0.0.0 to listen on every interface). Replicas' own gRPC servers
+    listen on their Ray node's address (127.0.0.1 on the private local cluster), never on every interface."""
+    address: str | None = None
+    """Ray cluster to join (default: $RAY_ADDRESS, else a private local cluster on 127.0.0.1)."""
+    api_key: str | None = field(default=None, repr=False)
+    """Bearer key clients must send (`Authorization: Bearer KEY`, as vLLM's --api-key) on /v1 routes;
+    default $RECMAS_API_KEY (prefer it: a flag shows in `ps`). Kept only as its SHA-256 digest
+    ("sha256:<hex>", which may be given instead), so the key is never logged or saved; none: no auth."""
+    max_request_bytes: Annotated[int, Range(1024, 1 << 30)] = 4 << 20
+    """Largest request body accepted (bytes); larger ones get HTTP 413 before they are read."""
+    max_batch_size: Annotated[int, Range(1, 1024)] = 16
+    """Most rows (requests x n) one batch runs through the agents (1: every request alone)."""
+    batch_wait_timeout_s: Annotated[float, Range(0, 60)] = 0.02
+    """How long the first request of a batch waits for compatible ones to join it."""
+    max_concurrent_batches: Annotated[int, Range(1, 64)] = 1
+    """Batches a replica runs at once (backend local always runs one). 1 keeps batches whole; 2 or more let Ray
+    agents on separate devices work on different batches at once (on a few CPU cores it splits batches)."""
     port: Annotated[int, Range(1, 65535)] = 8000
     """HTTP port of the Serve proxy."""
     app_name: Annotated[str, NonEmpty()] = "recmas"
@@ -67,8 +84,8 @@ class ServeConfig:
     """Serve replicas; each drives its own system."""
     replica_cpus: Annotated[float, Range(0, 1024)] = 0.25
     """Logical CPUs of a replica (with backend local it also runs the models)."""
-    max_ongoing_requests: Annotated[int, Range(1, 100_000)] = 32
-    """Requests a replica works on at once (the Ray backend overlaps their batches across agents)."""
+    max_ongoing_requests: Annotated[int, Range(1, 100_000)] = 128
+    """Requests a replica holds at once (queued for a batch or running); more wait in Serve's queue."""
 
     @property
     def served_name(self) -> str:
@@ -76,8 +93,14 @@ class ServeConfig:
         return self.model_name or self.style
 
     def validate(self) -> None:
-        """Roles named in models / ckpt_override must be roles of the style."""
+        """Roles named in models / ckpt_override must be roles of the style; the API key becomes its digest."""
+        from recmas_ray.serve.security import API_KEY_ENV, key_digest
         from recmas_ray.styles import get_style
+
+        if self.api_key is None and os.environ.get(API_KEY_ENV):
+            self.api_key = os.environ[API_KEY_ENV]
+        if self.api_key is not None:
+            self.api_key = key_digest(self.api_key)
 
         roles = get_style(self.style).roles
         for flag, table, extra in (("models", self.models, ()), ("ckpt_override", self.ckpt_override,

@@ -1,31 +1,40 @@
-"""The OpenAI chat-completions surface: request checks and response bodies (no Ray, no FastAPI here).
+"""The OpenAI request surface: checks of `/v1/chat/completions` and `/v1/completions` bodies (no Ray, no FastAPI).
 
-Request (`POST /v1/chat/completions`): `model` names the system, the last `user` message is the question
-(earlier messages are ignored: each request is one question to the whole system); `max_tokens` /
-`max_completion_tokens`, `temperature` (0: greedy), `top_p`, `seed`, `stream`; extra body fields `task`
-(math, choice, code, qa), `method`, `num_recursive_rounds`, `latent_steps`. Anything wrong is a
-`RequestError` (HTTP 400, OpenAI's error body), never a server error.
+Chat: `model` names the system, the last `user` message is the question (earlier messages are ignored:
+each request is one question to the whole system). Completions: `prompt` is the question (a string or
+a list of them, one choice per prompt and n). Both take `max_tokens` / `max_completion_tokens`,
+`temperature` (0: greedy; < 0 refused), `top_p`, `top_k`, `seed`, `n`, `stop`, `stream`,
+`stream_options.include_usage`, and the extra body fields `task` (math, choice, code, qa), `method`,
+`num_recursive_rounds`, `latent_steps`. Fields this server cannot honour (`logprobs`, `tools`,
+`response_format`, penalties, ...) and unknown fields are refused with a 400 naming the field, never
+silently ignored; neutral values (null, false, 0, []) of known OpenAI fields are accepted.
 
-Response: OpenAI's `chat.completion` (or `chat.completion.chunk` events when streaming), `usage` with
-token counts, and the side field `recmas` with the per-agent, per-round trace.
+Anything wrong is a `RequestError` (HTTP 400, OpenAI's error body), never a server error.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import time
-import uuid
-from dataclasses import dataclass
+import json
+from dataclasses import dataclass, field
 from typing import Any
 
+from recmas_ray.api import MAX_N, MAX_STOP_STRINGS
 from recmas_ray.config.checks import ConfigError, check_tree
 from recmas_ray.config.recursion import METHODS, RecursionConfig
 from recmas_ray.styles.base import TASK_TYPES
 
-EXTRA_FIELDS = ("task", "method", "num_recursive_rounds", "latent_steps")
-IGNORED_FIELDS = ("frequency_penalty", "presence_penalty", "logit_bias", "user", "stop", "response_format",
-                  "tools", "tool_choice", "parallel_tool_calls", "metadata", "store", "stream_options",
-                  "logprobs", "top_logprobs", "service_tier", "extra_body")
+EXTRA_FIELDS = ("task", "method", "num_recursive_rounds", "latent_steps", "top_k")
+COMMON_FIELDS = ("model", "max_tokens", "temperature", "top_p", "seed", "n", "stop", "stream", "stream_options",
+                 "user", *EXTRA_FIELDS)
+CHAT_FIELDS = ("messages", "max_completion_tokens", *COMMON_FIELDS)
+COMPLETION_FIELDS = ("prompt", *COMMON_FIELDS)
+# OpenAI fields this server cannot honour: accepted only at their neutral value.
+UNSUPPORTED_FIELDS = ("logprobs", "top_logprobs", "tools", "tool_choice", "parallel_tool_calls", "functions",
+                      "function_call", "response_format", "logit_bias", "frequency_penalty", "presence_penalty",
+                      "echo", "best_of", "suffix", "audio", "modalities", "prediction", "reasoning_effort",
+                      "web_search_options", "metadata", "store", "service_tier")
+MAX_PROMPTS = 64
 
 
 class RequestError(ValueError):
@@ -43,13 +52,38 @@ class RequestError(ValueError):
 
 
 @dataclass
-class ChatRequest:
-    """A checked chat-completions request."""
+class GenRequest:
+    """A checked request: its questions (chat: one; completions: one per prompt) and settings."""
 
-    question: str
+    kind: str
+    """chat or completion."""
+    questions: list[str]
     task: str
     recursion: RecursionConfig
-    stream: bool
+    stream: bool = False
+    n: int = 1
+    stop: list[str] = field(default_factory=list)
+    include_usage: bool = False
+    """stream_options.include_usage: a last chunk with usage (and no choices)."""
+    seeded: bool = False
+    """The request named its sampling seed (then it runs alone, so the seed reproduces it)."""
+
+    @property
+    def question(self) -> str:
+        return self.questions[0]
+
+    @property
+    def sampled(self) -> bool:
+        return self.recursion.decode.do_sample
+
+    @property
+    def num_rows(self) -> int:
+        """Rows this request adds to a batch: one per prompt, times n when sampling (greedy copies one)."""
+        return len(self.questions) * (self.n if self.sampled else 1)
+
+    def batch_key(self, request_id: str) -> str:
+        """Requests with equal keys may share a batch: same method, R, m and decoding."""
+        return json.dumps([dataclasses.asdict(self.recursion), request_id if self.seeded else None])
 
 
 def _text(content: Any) -> str:
@@ -62,15 +96,33 @@ def _text(content: Any) -> str:
     raise RequestError("messages[].content must be a string or a list of text parts", param="messages")
 
 
-def parse_chat_request(body: Any, *, served_name: str, defaults: RecursionConfig, default_task: str,
-                       max_input_chars: int) -> ChatRequest:
-    """Check a request body against the served system; raises `RequestError` with one clear line."""
-    if not isinstance(body, dict):
-        raise RequestError("the request body must be a JSON object")
-    model = body.get("model")
-    if model != served_name:
-        raise RequestError(f"unknown model {model!r}; this server serves {served_name!r} (see GET /v1/models)",
-                           param="model", code="model_not_found")
+def _neutral(value: Any) -> bool:
+    return value is None or value is False or value == 0 or value == [] or value == {}
+
+
+def _check_fields(body: dict, allowed: tuple[str, ...]) -> None:
+    for name, value in body.items():
+        if name in allowed:
+            continue
+        if name in UNSUPPORTED_FIELDS:
+            if _neutral(value):
+                continue
+            raise RequestError(f"{name} is not supported by this server (a RecursiveMAS system); remove it",
+                               param=name, code="unsupported_parameter")
+        raise RequestError(f"unknown field {name!r}; this endpoint accepts {sorted(allowed)}", param=name,
+                           code="unknown_parameter")
+
+
+def _check_question(question: str, max_input_chars: int, param: str) -> str:
+    if not question.strip():
+        raise RequestError(f"the {'last user message' if param == 'messages' else 'prompt'} is empty", param=param)
+    if len(question) > max_input_chars:
+        raise RequestError(f"the question has {len(question)} characters; this server accepts at most "
+                           f"{max_input_chars}", param=param)
+    return question
+
+
+def _chat_questions(body: dict, max_input_chars: int) -> list[str]:
     messages = body.get("messages")
     if not isinstance(messages, list) or not messages:
         raise RequestError("messages must be a non-empty list", param="messages")
@@ -79,34 +131,84 @@ def parse_chat_request(body: Any, *, served_name: str, defaults: RecursionConfig
     users = [m for m in messages if m["role"] == "user"]
     if not users:
         raise RequestError("messages hold no user message (the last user message is the question)", param="messages")
-    question = _text(users[-1].get("content"))
-    if not question.strip():
-        raise RequestError("the last user message is empty", param="messages")
-    if len(question) > max_input_chars:
-        raise RequestError(f"the question has {len(question)} characters; this server accepts at most "
-                           f"{max_input_chars}", param="messages")
+    return [_check_question(_text(users[-1].get("content")), max_input_chars, "messages")]
+
+
+def _completion_prompts(body: dict, max_input_chars: int) -> list[str]:
+    prompt = body.get("prompt")
+    prompts = [prompt] if isinstance(prompt, str) else prompt
+    if not isinstance(prompts, list) or not prompts or not all(isinstance(p, str) for p in prompts):
+        raise RequestError("prompt must be a string or a non-empty list of strings (token ids are not accepted)",
+                           param="prompt")
+    if len(prompts) > MAX_PROMPTS:
+        raise RequestError(f"prompt holds {len(prompts)} prompts; at most {MAX_PROMPTS}", param="prompt")
+    return [_check_question(p, max_input_chars, "prompt") for p in prompts]
+
+
+def parse_request(body: Any, *, kind: str, served_name: str, defaults: RecursionConfig, default_task: str,
+                  max_input_chars: int) -> GenRequest:
+    """Check a chat (kind="chat") or completions (kind="completion") body; raises `RequestError`."""
+    if not isinstance(body, dict):
+        raise RequestError("the request body must be a JSON object")
+    _check_fields(body, CHAT_FIELDS if kind == "chat" else COMPLETION_FIELDS)
+    model = body.get("model")
+    if model != served_name:
+        raise RequestError(f"unknown model {model!r}; this server serves {served_name!r} (see GET /v1/models)",
+                           param="model", code="model_not_found")
+    questions = (_chat_questions if kind == "chat" else _completion_prompts)(body, max_input_chars)
     task = body.get("task", default_task)
     if task not in TASK_TYPES:
         raise RequestError(f"unknown task {task!r}; expected one of {list(TASK_TYPES)}", param="task")
     method = body.get("method", defaults.method)
     if method not in METHODS:
         raise RequestError(f"unknown method {method!r}; expected one of {list(METHODS)}", param="method")
-    if body.get("n", 1) != 1:
-        raise RequestError("only n=1 is supported", param="n")
-    for name in ("stream",):
-        if not isinstance(body.get(name, False), bool):
-            raise RequestError(f"{name} must be true or false", param=name)
+    n = 1 if body.get("n") is None else _int(body["n"], "n")
+    if not 1 <= n <= MAX_N:
+        raise RequestError(f"n must be between 1 and {MAX_N}, got {n}", param="n")
+    stream = body.get("stream") or False
+    if not isinstance(stream, bool):
+        raise RequestError("stream must be true or false", param="stream")
+    options = body.get("stream_options") or {}
+    if not isinstance(options, dict) or set(options) - {"include_usage"}:
+        raise RequestError("stream_options accepts only include_usage", param="stream_options")
+    return GenRequest(kind, questions, task, _recursion(body, defaults, method), stream, n,
+                      _stops(body.get("stop")), bool(options.get("include_usage", False)),
+                      seeded=body.get("seed") is not None)
+
+
+def parse_chat_request(body: Any, *, served_name: str, defaults: RecursionConfig, default_task: str,
+                       max_input_chars: int) -> GenRequest:
+    """`parse_request` of a chat-completions body."""
+    return parse_request(body, kind="chat", served_name=served_name, defaults=defaults, default_task=default_task,
+                         max_input_chars=max_input_chars)
+
+
+def _stops(stop: Any) -> list[str]:
+    if stop is None:
+        return []
+    stops = [stop] if isinstance(stop, str) else stop
+    if not isinstance(stops, list) or not all(isinstance(s, str) and s for s in stops) \
+            or len(stops) > MAX_STOP_STRINGS:
+        raise RequestError(f"stop must be a non-empty string or a list of at most {MAX_STOP_STRINGS} of them",
+                           param="stop")
+    return stops
+
+
+def _recursion(body: dict, defaults: RecursionConfig, method: str) -> RecursionConfig:
     decode = defaults.decode
     max_tokens = body.get("max_completion_tokens", body.get("max_tokens"))
-    temperature = body.get("temperature")
     try:
         if max_tokens is not None:
             decode = dataclasses.replace(decode, max_new_tokens=_int(max_tokens, "max_tokens"))
-        if temperature is not None:
-            t = _num(temperature, "temperature")
+        if body.get("temperature") is not None:
+            t = _num(body["temperature"], "temperature")
+            if t < 0:
+                raise RequestError(f"temperature must be >= 0 (0: greedy), got {t:g}", param="temperature")
             decode = dataclasses.replace(decode, do_sample=t > 0, temperature=t if t > 0 else decode.temperature)
         if body.get("top_p") is not None:
             decode = dataclasses.replace(decode, top_p=_num(body["top_p"], "top_p"))
+        if body.get("top_k") is not None:  # vLLM's meaning: -1 or 0 disable it
+            decode = dataclasses.replace(decode, top_k=max(0, _int(body["top_k"], "top_k")))
         if body.get("seed") is not None:
             decode = dataclasses.replace(decode, seed=_int(body["seed"], "seed"))
         rc = dataclasses.replace(
@@ -117,7 +219,7 @@ def parse_chat_request(body: Any, *, served_name: str, defaults: RecursionConfig
         check_tree(rc, lambda path: path.rsplit(".", 1)[-1].replace("max_new_tokens", "max_tokens"))
     except ConfigError as e:
         raise RequestError(str(e)) from None
-    return ChatRequest(question, task, rc, bool(body.get("stream", False)))
+    return rc
 
 
 def _int(value, name) -> int:
@@ -130,54 +232,3 @@ def _num(value, name) -> float:
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         raise RequestError(f"{name} must be a number, got {value!r}", param=name)
     return float(value)
-
-
-def side_info(req: ChatRequest, result) -> dict:
-    """The `recmas` side field: settings used and the per-agent, per-round trace."""
-    rc = req.recursion
-    return {"task": req.task, "method": rc.method, "num_recursive_rounds": rc.num_recursive_rounds,
-            "latent_steps": req.recursion.latent_steps, "total_latent_steps": result.num_latent_steps,
-            "seconds": result.seconds, "trace": result.trace}
-
-
-def _usage(prompt_tokens: int, result) -> dict:
-    return {"prompt_tokens": prompt_tokens, "completion_tokens": result.num_text_tokens,
-            "total_tokens": prompt_tokens + result.num_text_tokens}
-
-
-def _finish_reason(req: ChatRequest, result) -> str:
-    decoded = [t for t in result.trace if t.get("action") == "decode"]
-    return "length" if decoded and decoded[-1]["text_tokens"] >= req.recursion.decode.max_new_tokens else "stop"
-
-
-def completion_body(req: ChatRequest, result, *, model: str, prompt_tokens: int) -> dict:
-    """OpenAI's `chat.completion` object for one finished request."""
-    return {"id": f"chatcmpl-{uuid.uuid4().hex}", "object": "chat.completion", "created": int(time.time()),
-            "model": model, "choices": [{"index": 0, "message": {"role": "assistant", "content": result.prediction},
-                                         "finish_reason": _finish_reason(req, result), "logprobs": None}],
-            "usage": _usage(prompt_tokens, result), "recmas": side_info(req, result)}
-
-
-def stream_chunks(req: ChatRequest, result, *, model: str, prompt_tokens: int, piece_chars: int = 64):
-    """Server-sent `chat.completion.chunk` events of the final agent's text, then usage and `[DONE]`."""
-    import json
-
-    base = {"id": f"chatcmpl-{uuid.uuid4().hex}", "object": "chat.completion.chunk", "created": int(time.time()),
-            "model": model}
-
-    def event(delta: dict, finish=None, **extra) -> str:
-        return "data: " + json.dumps({**base, "choices": [{"index": 0, "delta": delta, "finish_reason": finish,
-                                                            "logprobs": None}], **extra}) + "\n\n"
-
-    yield event({"role": "assistant", "content": ""})
-    text = result.prediction
-    for k in range(0, len(text), piece_chars):
-        yield event({"content": text[k:k + piece_chars]})
-    yield event({}, _finish_reason(req, result), usage=_usage(prompt_tokens, result), recmas=side_info(req, result))
-    yield "data: [DONE]\n\n"
-
-
-def models_body(model: str, *, style: str, role_models: dict[str, str]) -> dict:
-    """`GET /v1/models`: the one served system."""
-    return {"object": "list", "data": [{"id": model, "object": "model", "created": int(time.time()),
-                                        "owned_by": "recmas_ray", "style": style, "role_models": role_models}]}

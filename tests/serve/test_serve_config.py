@@ -8,7 +8,7 @@ import yaml
 
 from recmas_ray.config.checks import ConfigError
 from recmas_ray.config.recursion import RecursionConfig
-from recmas_ray.serve.openai_api import RequestError, parse_chat_request
+from recmas_ray.serve.openai_api import RequestError, parse_request
 
 SERVE_YAML = Path(__file__).resolve().parents[2] / "cluster" / "serve.yaml"
 
@@ -39,19 +39,21 @@ def test_jobs_serve_flags_and_user_errors(capsys):
     assert "--port" in capsys.readouterr().err
 
 
-def parse(body, **kw):
-    return parse_chat_request(body, served_name="m", defaults=RecursionConfig(), default_task="math",
-                              max_input_chars=kw.get("max_input_chars", 100))
+def parse(body, kind="chat", **kw):
+    return parse_request(body, kind=kind, served_name="m", defaults=RecursionConfig(), default_task="math",
+                         max_input_chars=kw.get("max_input_chars", 100))
 
 
 def test_request_checks():
     user = [{"role": "system", "content": "be brief"}, {"role": "user", "content": "first"},
             {"role": "assistant", "content": "..."}, {"role": "user", "content": [{"type": "text", "text": "Q?"}]}]
     req = parse({"model": "m", "messages": user, "max_tokens": 9, "temperature": 0, "latent_steps": 3,
-                 "task": "choice", "method": "textmas"})
+                 "task": "choice", "method": "textmas", "logprobs": False, "tools": None, "n": 2, "stop": "##"})
     assert (req.question, req.task, req.recursion.method, req.recursion.latent_steps) == ("Q?", "choice", "textmas", 3)
     assert req.recursion.decode.max_new_tokens == 9 and not req.recursion.decode.do_sample
-    assert parse({"model": "m", "messages": user, "temperature": 0.7}).recursion.decode.do_sample
+    assert (req.n, req.stop, req.num_rows) == (2, ["##"], 1)  # greedy n: one row, copied
+    sampled = parse({"model": "m", "messages": user, "temperature": 0.7, "n": 3, "top_k": -1})
+    assert sampled.recursion.decode.do_sample and sampled.num_rows == 3 and sampled.recursion.decode.top_k == 0
     bad = [({"model": "x", "messages": user}, "unknown model"), ({"model": "m", "messages": []}, "non-empty"),
            ({"model": "m", "messages": [{"role": "system", "content": "s"}]}, "no user message"),
            ({"model": "m", "messages": [{"role": "user", "content": "  "}]}, "empty"),
@@ -59,11 +61,45 @@ def test_request_checks():
            ({"model": "m", "messages": user, "task": "poetry"}, "unknown task"),
            ({"model": "m", "messages": user, "latent_steps": "8"}, "integer"),
            ({"model": "m", "messages": user, "num_recursive_rounds": 0}, "num_recursive_rounds"),
-           ({"model": "m", "messages": user, "n": 2}, "n=1"), ("text", "JSON object")]
+           ({"model": "m", "messages": user, "n": 0}, "n must be between"),
+           ({"model": "m", "messages": user, "n": 65}, "n must be between"),
+           ({"model": "m", "messages": user, "temperature": -0.5}, "temperature must be >= 0"),
+           ({"model": "m", "messages": user, "logprobs": True}, "logprobs is not supported"),
+           ({"model": "m", "messages": user, "top_logprobs": 2}, "top_logprobs is not supported"),
+           ({"model": "m", "messages": user, "tools": [{"type": "function"}]}, "tools is not supported"),
+           ({"model": "m", "messages": user, "response_format": {"type": "json_object"}}, "response_format"),
+           ({"model": "m", "messages": user, "frequency_penalty": 0.5}, "frequency_penalty"),
+           ({"model": "m", "messages": user, "latent_step": 4}, "unknown field 'latent_step'"),
+           ({"model": "m", "messages": user, "prompt": "x"}, "unknown field 'prompt'"),
+           ({"model": "m", "messages": user, "stop": ["a", 1]}, "stop must be"),
+           ({"model": "m", "messages": user, "stop": [""]}, "stop must be"),
+           ({"model": "m", "messages": user, "stream": "yes"}, "stream must be"),
+           ({"model": "m", "messages": user, "stream_options": {"x": 1}}, "include_usage"),
+           ("text", "JSON object")]
     for body, message in bad:
         with pytest.raises(RequestError, match=message) as e:
             parse(body)
         assert e.value.body()["error"]["type"] == "invalid_request_error"
+        if isinstance(body, dict) and e.value.param is not None and "field" in message:
+            assert e.value.param in message
+
+
+def test_completion_request_checks():
+    req = parse({"model": "m", "prompt": ["a?", "b?"], "n": 2, "temperature": 1.0, "seed": 4}, kind="completion")
+    assert req.kind == "completion" and req.questions == ["a?", "b?"] and req.num_rows == 4 and req.seeded
+    assert req.batch_key("r1") != req.batch_key("r2")  # a seeded request runs alone (its seed reproduces it)
+    unseeded = parse({"model": "m", "prompt": "a?", "temperature": 1.0}, kind="completion")
+    assert unseeded.batch_key("r1") == unseeded.batch_key("r2")
+    greedy = parse({"model": "m", "prompt": "a?"}, kind="completion")
+    longer = parse({"model": "m", "prompt": "a?", "max_tokens": 7}, kind="completion")
+    assert greedy.batch_key("r") != unseeded.batch_key("r") and greedy.batch_key("r") != longer.batch_key("r")
+    for body, message in [({"model": "m", "prompt": [1, 2]}, "token ids are not accepted"),
+                          ({"model": "m", "prompt": []}, "non-empty list"),
+                          ({"model": "m", "prompt": ["x"] * 65}, "at most 64"),
+                          ({"model": "m", "prompt": "x", "messages": []}, "unknown field 'messages'"),
+                          ({"model": "m", "prompt": "x", "echo": True}, "echo is not supported")]:
+        with pytest.raises(RequestError, match=message):
+            parse(body, kind="completion")
 
 
 if __name__ == "__main__":
