@@ -25,9 +25,13 @@ SYNTHETIC = "synthetic"
 MAX_STEPS = 10**9
 
 
+SYNTHETIC_NAMES = (SYNTHETIC, "synthetic_hidden")
+"""Generated dataset names: synthetic[:N] (arithmetic word problems), synthetic_hidden[:N] (hidden operand)."""
+
+
 def is_synthetic(name: str) -> bool:
-    """A synthetic[:N] dataset name (generated, not a file)."""
-    return name == SYNTHETIC or name.startswith(SYNTHETIC + ":")
+    """A synthetic[:N] or synthetic_hidden[:N] dataset name (generated, not a file)."""
+    return name.partition(":")[0] in SYNTHETIC_NAMES
 
 
 def storage_scheme(path: str) -> str:
@@ -52,7 +56,8 @@ class TrainConfig:
     ckpt_override: dict[str, str] = field(default_factory=dict)
     """ROLE=DIR inner link per role (ours or the release's adapter.pt; its manifest names the base model)."""
     dataset_name: Annotated[str, NonEmpty()] = "synthetic:256"
-    """Local .json/.jsonl, a HF dataset id, or synthetic[:N] (the offline arithmetic set)."""
+    """Local .json/.jsonl, a HF dataset id, synthetic[:N] (the offline arithmetic set) or synthetic_hidden[:N]
+    (the hidden-operand set: only the planner is told the fact, the answer must come through the latents)."""
     dataset_json_field: str | None = None
     """Field holding the rows in a {"data": [...]} JSON file."""
     dataset_split: str = "train"
@@ -72,7 +77,10 @@ class TrainConfig:
     lr_scheduler_type: Annotated[str, OneOf(SCHEDULES)] = "cosine"
     """LR after the linear warmup: cosine (to 0 at max_steps, the reference), linear (to 0) or constant."""
     warmup_steps: Annotated[int, Range(0, MAX_STEPS)] = 10
-    """Linear warmup steps from 0 to lr."""
+    """Linear warmup steps up to lr."""
+    warmup_from_zero: bool = False
+    """Reference schedule (HF's warmup: the first step runs at lr 0). Default (non-reference): the warmup ramp
+    is shifted by one step, (step + 1) / (warmup_steps + 1), so no step is wasted in a short run."""
     max_grad_norm: Annotated[float, Range(0, 1e9)] = 1.0
     """Gradient-norm clip over all trained links (0 disables)."""
     seed: Annotated[int, Range(0, 2**32 - 1)] = 42
@@ -134,9 +142,9 @@ class TrainConfig:
 def _check_dataset(flag: str, name: str) -> None:
     if os.path.splitext(name)[1] in (".json", ".jsonl") and not os.path.isfile(name):
         raise ValueError(f"{flag} {name!r}: no such file")
-    count = name.partition(":")[2]
-    if is_synthetic(name) and name != SYNTHETIC and not (count.isdigit() and int(count) >= 1):
-        raise ValueError(f"{flag} {name!r}: expected synthetic or synthetic:N with N >= 1")
+    prefix, sep, count = name.partition(":")
+    if is_synthetic(name) and sep and not (count.isdigit() and int(count) >= 1):
+        raise ValueError(f"{flag} {name!r}: expected {prefix} or {prefix}:N with N >= 1")
 
 
 @dataclass(kw_only=True)
