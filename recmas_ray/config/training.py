@@ -23,6 +23,10 @@ STORAGE_SCHEMES = ("s3", "gs", "file")
 ADAPTER_DTYPES = ("base", "float32")
 SYNTHETIC = "synthetic"
 MAX_STEPS = 10**9
+LATENT_NORMS = ("none", "embedding")
+"""How spliced latents are scaled (`Agent.set_latent_norm`): none (the release) or embedding (each latent row
+rescaled to the receiving model's mean token-embedding norm, as LatentMAS does; non-reference)."""
+OUTER_INITS = ("default", "bridge")
 
 
 SYNTHETIC_NAMES = (SYNTHETIC, "synthetic_hidden")
@@ -223,6 +227,22 @@ class OuterTrainConfig(TrainConfig):
     """Held-out loss on --eval_dataset every this many steps and at the end (no grad, the training loss); 0: off."""
     eval_dataset: Annotated[str | None, ExistingPath(allow=is_synthetic)] = None
     """Held-out rows (.json/.jsonl with the training fields, or synthetic:N); uses --dataset_json_field."""
+    # Non-reference recipe options (issue 25: make the latent channel carry content). Each is off by default.
+    latent_norm: Annotated[str, OneOf(LATENT_NORMS)] = "none"
+    """Non-reference: "embedding" rescales every spliced latent row to the receiving model's mean token-
+    embedding norm (as LatentMAS does; the outer link's final LayerNorm gives ~sqrt(d), 8.5x SmolLM2's
+    embeddings). Recorded in the checkpoint's manifest, so inference with these links does the same."""
+    outer_init: Annotated[str, OneOf(OUTER_INITS)] = "default"
+    """default (the reference: PyTorch init) or bridge (non-reference, spec 1.2 [KO]): residual_proj starts as
+    the ridge regression from the source's to the target's token embeddings over their shared vocabulary
+    strings, the MLP branch ~0, and ln_target's gain at the target embeddings' scale. Ignored with
+    --ckpt_override outer=DIR or --resume (the links come from there)."""
+    bridge_ridge: Annotated[float, Range(0, 1e6)] = 1e-2
+    """--outer_init bridge: ridge strength (times the number of paired tokens) of the least-squares fit."""
+    value_token_weight: Annotated[float, Range(0, 1e6, lo_open=True)] = 1.0
+    """Weight of the decoder's answer tokens that hold a digit (the answer's value) in the loss, against 1 for
+    the fixed wording; each sample's CE is the weighted mean. 1 is the reference (uniform); > 1 is non-
+    reference and counters a loss dominated by the answer's template. Logged losses stay unweighted."""
 
     def checkpoint_keys(self) -> tuple[str, ...]:
         """Roles, plus outer=DIR: start from trained outer links instead of the seeded init."""
