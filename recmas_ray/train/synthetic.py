@@ -15,7 +15,8 @@ test: only the upstream roles are told the fact (`role_context`, e.g. {"planner"
 sees "What is x - 8?" and its latent slot, so its answer can only come through the latents. The gold plan
 states the fact in its first tokens, the critic's gold text never holds the value (the value must cross the
 planner -> critic link, not come back from the critic's teacher-forced text), the answer is short
-("17 - 8 = 9. \\boxed{9}"), and `full_question` ("x = 17. What is x - 8?") is the single agent's ceiling.
+("17 - 8 = 9. \\boxed{9}"), `full_question` ("x = 17. What is x - 8?") is the single agent's ceiling, and
+`facts` ({"fact": 17, "operand": 8, "operation": "-"}) is what a probe of the messages should find.
 
 CLI: `python -m recmas_ray.train.synthetic --num_rows 200 --out data.jsonl [--json_field data] [--seed 0]`.
 """
@@ -280,7 +281,8 @@ def _hidden_row(rng: random.Random) -> dict:
     code = f"{var} = {x}\nprint({var} {op} {b})"
     return {
         "question": question, "role_context": {r: fact for r in HIDDEN_CONTEXT_ROLES},
-        "full_question": f"{fact} {question}", "hidden_value": x,
+        "full_question": f"{fact} {question}",
+        "facts": {"fact": x, "operand": b, "operation": op},
         "plan": plan, "refined_plan": refined, "answer": answer, "gold": str(value),
         "hie_math_expert": f"Math expert: {plan}", "hie_code_expert": f"```python\n{code}\n```",
         "hie_science_expert": f"Science expert: {var} = {x} is a whole number, so the result is one too.",
