@@ -29,8 +29,9 @@ rescaled to the receiving model's mean token-embedding norm, as LatentMAS does; 
 OUTER_INITS = ("default", "bridge")
 
 
-SYNTHETIC_NAMES = (SYNTHETIC, "synthetic_hidden")
-"""Generated dataset names: synthetic[:N] (arithmetic word problems), synthetic_hidden[:N] (hidden operand)."""
+SYNTHETIC_NAMES = (SYNTHETIC, "synthetic_short", "synthetic_hidden")
+"""Generated dataset names (= recmas_ray.train.data.SYNTHETIC_DATASETS): synthetic[:N] (arithmetic word problems),
+synthetic_short[:N] (the same, short answer targets; non-reference), synthetic_hidden[:N] (hidden operand)."""
 
 
 def is_synthetic(name: str) -> bool:
@@ -60,8 +61,9 @@ class TrainConfig:
     ckpt_override: dict[str, str] = field(default_factory=dict)
     """ROLE=DIR inner link per role (ours or the release's adapter.pt; its manifest names the base model)."""
     dataset_name: Annotated[str, NonEmpty()] = "synthetic:256"
-    """Local .json/.jsonl, a HF dataset id, synthetic[:N] (the offline arithmetic set) or synthetic_hidden[:N]
-    (the hidden-operand set: only the planner is told the fact, the answer must come through the latents)."""
+    """Local .json/.jsonl, a HF dataset id, synthetic[:N] (the offline arithmetic set), synthetic_short[:N] (the
+    same with short answer targets "3 + 4 = 7. \\boxed{7}", non-reference) or synthetic_hidden[:N] (the
+    hidden-operand set: only the planner is told the fact, the answer must come through the latents)."""
     dataset_json_field: str | None = None
     """Field holding the rows in a {"data": [...]} JSON file."""
     dataset_split: str = "train"

@@ -7,7 +7,8 @@ role's target, how upstream gold texts fill a role's prompt slots, and which row
 Datasets: a local `.json` / `.jsonl` file (`{"data": [...]}` wrapped JSON via `json_field`), a
 Hugging Face dataset id (train split, via `datasets.load_dataset`), `synthetic[:N]` for the
 offline multi-step arithmetic set of `recmas_ray.train.synthetic` (N rows, default 256), or
-`synthetic_hidden[:N]` for its hidden-operand set (only the planner is told the fact). A row's optional
+`synthetic_short[:N]` for the same with short answer targets, `synthetic_hidden[:N]` for its hidden-operand
+set (only the planner is told the fact). A row's optional
 `role_context` ({role: text}) is attached to its question by `question_text`; the renderer shows each
 role its own part.
 """
@@ -32,8 +33,10 @@ ROLE_ALIASES = {
 SYNTHETIC_PREFIX = "synthetic"
 SYNTHETIC_HIDDEN_PREFIX = "synthetic_hidden"
 DEFAULT_SYNTHETIC_ROWS = 256
-SYNTHETIC_DIFFICULTY = {SYNTHETIC_PREFIX: "multi", SYNTHETIC_HIDDEN_PREFIX: "hidden"}
-"""Generated dataset name -> task family of `recmas_ray.train.synthetic`."""
+SYNTHETIC_DATASETS = {SYNTHETIC_PREFIX: {"difficulty": "multi"},
+                      "synthetic_short": {"difficulty": "multi", "short_answers": True},
+                      SYNTHETIC_HIDDEN_PREFIX: {"difficulty": "hidden"}}
+"""Generated dataset name -> arguments of `recmas_ray.train.synthetic.make_arithmetic_dataset`."""
 
 
 def canonical_role(style: StyleSpec, name: str) -> str:
@@ -50,7 +53,7 @@ def load_rows(dataset_name: str, json_field: str | None = None, *, split: str = 
     """Rows of a local .json/.jsonl file, `synthetic[:N]`, or a Hugging Face dataset id (`split`)."""
     if not dataset_name:
         raise ValueError("empty dataset name; expected a .json/.jsonl path, synthetic[:N] or a HF dataset id")
-    if dataset_name.partition(":")[0] in SYNTHETIC_DIFFICULTY:
+    if dataset_name.partition(":")[0] in SYNTHETIC_DATASETS:
         return _synthetic_rows(dataset_name)
     path = Path(dataset_name)
     if path.suffix in (".json", ".jsonl"):
@@ -76,7 +79,7 @@ def _synthetic_rows(name: str) -> list[dict]:
         raise ValueError(f"dataset {name!r}: expected {prefix} or {prefix}:N with an integer N") from None
     if num_rows < 1:
         raise ValueError(f"dataset {name!r}: the number of rows must be >= 1")
-    return make_arithmetic_dataset(num_rows, seed=0, difficulty=SYNTHETIC_DIFFICULTY[prefix])
+    return make_arithmetic_dataset(num_rows, seed=0, **SYNTHETIC_DATASETS[prefix])
 
 
 def _json_rows(path: Path, json_field: str | None) -> list[dict]:

@@ -225,7 +225,7 @@ def _evaluate(steps: tuple[Step, ...]) -> list[tuple[str, int]]:
     return out
 
 
-def _row(problem: Problem) -> dict:
+def _row(problem: Problem, short_answer: bool = False) -> dict:
     worked = _evaluate(problem.steps)
     gold = worked[-1][1]
     boxed = f"\\boxed{{{gold}}}"
@@ -239,7 +239,7 @@ def _row(problem: Problem) -> dict:
         "question": problem.question,
         "plan": plan,
         "refined_plan": "\n".join(concrete + [f"Step {len(concrete) + 1}: Write the final number in \\boxed{{}}."]),
-        "answer": f"{solution}\nThe answer is {boxed}.",
+        "answer": f"{chain}. {boxed}" if short_answer else f"{solution}\nThe answer is {boxed}.",
         "gold": str(gold),
         "hie_math_expert": f"Math expert: {chain}. Result: {gold}.",
         "hie_code_expert": f"```python\n{code}\n```",
@@ -308,8 +308,13 @@ def make_hidden_operand_dataset(num_rows: int, *, seed: int = 0) -> list[dict]:
     return rows
 
 
-def make_arithmetic_dataset(num_rows: int, *, seed: int = 0, difficulty: str = "multi") -> list[dict]:
+def make_arithmetic_dataset(num_rows: int, *, seed: int = 0, difficulty: str = "multi",
+                            short_answers: bool = False) -> list[dict]:
     """`num_rows` distinct word problems with every style's fields; same seed, same rows.
+
+    `short_answers` (non-reference: the release's targets are worked solutions): the decoder's `answer` is
+    the bare computation and the boxed value ("3 + 4 = 7. \\boxed{7}"), so fixed wording no longer
+    dominates its loss.
 
     `difficulty` picks the family (see `DIFFICULTIES`): multi (2-4 steps each, the default), one_step or
     mixed. Templates rotate so every kind appears in small sets; questions are unique so a train/eval split
@@ -336,7 +341,7 @@ def make_arithmetic_dataset(num_rows: int, *, seed: int = 0, difficulty: str = "
         if problem.question in seen:
             continue
         seen.add(problem.question)
-        rows.append(_row(problem))
+        rows.append(_row(problem, short_answers))
     return rows
 
 
@@ -388,12 +393,15 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--out", required=True, help="output file (.jsonl, or .json with --json_field)")
     parser.add_argument("--json_field", default=None,
                         help="write one JSON object {FIELD: [rows]} instead of JSON lines (e.g. 'data')")
+    parser.add_argument("--short_answers", action="store_true",
+                        help="short answer targets, e.g. '3 + 4 = 7. \\boxed{7}' (non-reference)")
     parser.add_argument("--seed", type=int, default=0, help="random seed (same seed, same rows)")
     parser.add_argument("--difficulty", default="multi", choices=list(DIFFICULTIES),
                         help="task family: multi (2-4 steps), one_step, mixed, arith or hidden (the hidden "
                              "operand, only the planner told the fact; default: multi)")
     args = parser.parse_args(argv)
-    rows = make_arithmetic_dataset(args.num_rows, seed=args.seed, difficulty=args.difficulty)
+    rows = make_arithmetic_dataset(args.num_rows, seed=args.seed, difficulty=args.difficulty,
+                                   short_answers=args.short_answers)
     if args.json_field:
         path = write_json(rows, args.out, json_field=args.json_field)
     else:
