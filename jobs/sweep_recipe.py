@@ -23,6 +23,8 @@ flags) and the table to <out_dir>/summary.md. Recipes (`RECIPES`; --recipes pick
   +bridge         release + ridge bridge init of the outer links (non-reference)
   +value          release + answer value tokens weighted 5x in the loss (non-reference)
   all             release + norm + bridge + value
+  release_r1      release at R = 1 and lr 1e-3 (half the cost per step: what a 2-core budget affords)
+  all_r1          release_r1 + norm + bridge + value
 
 Example (real small models, about an hour on 2 busy cores; logs under out_exp/, never committed):
     PYTHONPATH=$PWD python -m jobs.sweep_recipe --out_dir out_exp/sweep --recipes release,all \
@@ -55,6 +57,9 @@ RECIPES: dict[str, dict] = {
     "+bridge": {**RELEASE, "outer_init": "bridge"},
     "+value": {**RELEASE, "value_token_weight": 5.0},
     "all": {**RELEASE, "latent_norm": "embedding", "outer_init": "bridge", "value_token_weight": 5.0},
+    "release_r1": {**RELEASE, "num_recursive_rounds": 1, "lr": 1e-3},
+    "all_r1": {**RELEASE, "num_recursive_rounds": 1, "lr": 1e-3, "latent_norm": "embedding", "outer_init": "bridge",
+               "value_token_weight": 5.0},
 }
 """Recipe name -> OuterTrainConfig fields (on top of the sweep's steps, batch size and seed)."""
 
@@ -91,10 +96,19 @@ class SweepRecipeConfig:
     """Decoding budget of every text step at evaluation."""
     eval_batch_size: Annotated[int, Range(1, 1024)] = 32
     """Questions per agent call at evaluation."""
+    inner_from: str | None = None
+    """Reuse the inner links of an earlier sweep (<inner_from>/<role>, e.g. out_exp/sweep/inner) instead of
+    training them (they must come from the same --preset and --seed data)."""
     baselines: bool = True
     """Also measure the single agent without / with the fact and TextMAS (once per sweep)."""
     seed: Annotated[int, Range(0, 2**31 - 1)] = 0
     """Seed of the data, the link init and the data order."""
+
+    def validate(self) -> None:
+        """--inner_from must hold every role's inner link (checked before Ray or any model starts)."""
+        roles = ("planner", "critic", "solver")
+        if self.inner_from and not all((Path(self.inner_from) / r / "manifest.json").exists() for r in roles):
+            raise ValueError(f"--inner_from {self.inner_from!r}: expected <dir>/<role>/manifest.json for {list(roles)}")
 
 
 def _inner(cfg: SweepRecipeConfig, train_file: Path, out: Path) -> dict[str, str]:
@@ -104,7 +118,7 @@ def _inner(cfg: SweepRecipeConfig, train_file: Path, out: Path) -> dict[str, str
     from recmas_ray.train.inner_job import train_all_roles
 
     roles = get_style("sequential_light").roles
-    dirs = {r: out / "inner" / r for r in roles}
+    dirs = {r: Path(cfg.inner_from or out / "inner") / r for r in roles}
     if not all((d / "manifest.json").exists() for d in dirs.values()):
         train_all_roles(InnerTrainConfig(
             style="sequential_light", mas_role="all", preset=cfg.preset, dataset_name=str(train_file),
