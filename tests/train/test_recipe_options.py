@@ -101,3 +101,20 @@ def test_recipe_fields_default_to_the_reference_and_are_checked():
     for bad in ({"latent_norm": "tokens"}, {"outer_init": "ridge"}, {"value_token_weight": 0.0}):
         with pytest.raises(ValueError):
             check_tree(OuterTrainConfig(**bad))
+
+
+@pytest.mark.parametrize("mode", ["embedding", None])
+def test_inference_follows_the_latent_norm_the_outer_links_were_trained_with(tmp_path, tiny_cache, mode):
+    from recmas_ray.service import AgentService
+    from recmas_ray.system.checkpoints import LinkSet, save_links
+    from recmas_ray.system.plan import plan_system
+
+    fresh = plan_system("sequential_light", preset="tiny", seed=0)
+    train_config = {"latent_norm": mode} if mode else {}
+    save_links(tmp_path, LinkSet(outer=dict(fresh.links.outer)), {**fresh.manifest(), "kind": "outer",
+                                                                    "train_config": train_config})
+    plan = plan_system("sequential_light", preset="tiny", seed=0, ckpt_overrides={"outer": str(tmp_path)})
+    assert {s.latent_norm for s in plan.specs.values()} == {mode or "none"}
+    assert {s.latent_norm for s in fresh.specs.values()} == {"none"}
+    svc = AgentService(*plan.service_args("solver"))
+    assert (svc.agent.latent_norm is not None) == (mode == "embedding")
