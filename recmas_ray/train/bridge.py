@@ -45,13 +45,14 @@ def bridge_outer_links(plan, *, ridge: float, dtype: str = "float32", max_pairs:
     """
     from recmas_ray.models.loader import load_frozen_model, resolve_dtype
 
-    loaded: dict[str, tuple] = {}
+    loaded: dict[str, tuple] = {}  # by model name: roles on one base model share it
 
     def model_of(role):
-        if role not in loaded:
-            loaded[role] = load_frozen_model(plan.role_models[role], dtype=resolve_dtype(dtype, torch.device("cpu")),
+        name = plan.role_models[role]
+        if name not in loaded:
+            loaded[name] = load_frozen_model(name, dtype=resolve_dtype(dtype, torch.device("cpu")),
                                              device=torch.device("cpu"))
-        return loaded[role]
+        return loaded[name]
 
     counts = {}
     for edge, link in plan.links.outer.items():
@@ -63,4 +64,8 @@ def bridge_outer_links(plan, *, ridge: float, dtype: str = "float32", max_pairs:
         init_bridge(link, x_ND, y_NE, ridge=ridge)
         counts[edge] = len(src_ids)
         print(f"[outer] bridge init {edge}: ridge fit on {len(src_ids)} shared tokens", flush=True)
+    loaded.clear()  # the training workers load their own models: free these before they start
+    import gc
+
+    gc.collect()
     return counts
