@@ -24,6 +24,7 @@ flags) and the table to <out_dir>/summary.md. Recipes (`RECIPES`; --recipes pick
   +value          release + answer value tokens weighted 5x in the loss (non-reference)
   all             release + norm + bridge + value
   release_r1      release at R = 1 and lr 1e-3 (half the cost per step: what a 2-core budget affords)
+  norm_value_r1   release_r1 + norm + value (no bridge: its fit loads both base models in the driver)
   all_r1          release_r1 + norm + bridge + value
 
 Example (real small models, about an hour on 2 busy cores; logs under out_exp/, never committed):
@@ -58,6 +59,8 @@ RECIPES: dict[str, dict] = {
     "+value": {**RELEASE, "value_token_weight": 5.0},
     "all": {**RELEASE, "latent_norm": "embedding", "outer_init": "bridge", "value_token_weight": 5.0},
     "release_r1": {**RELEASE, "num_recursive_rounds": 1, "lr": 1e-3},
+    "norm_value_r1": {**RELEASE, "num_recursive_rounds": 1, "lr": 1e-3, "latent_norm": "embedding",
+                      "value_token_weight": 5.0},
     "all_r1": {**RELEASE, "num_recursive_rounds": 1, "lr": 1e-3, "latent_norm": "embedding", "outer_init": "bridge",
                "value_token_weight": 5.0},
 }
