@@ -175,12 +175,13 @@ def main_cfg(cfg: SweepRecipeConfig) -> int:
     t0 = time.perf_counter()
     inner = _inner(cfg, train_file, out)
     print(f"[sweep] inner links ready ({time.perf_counter() - t0:.0f} s)", flush=True)
-    measurer = Measurer(cfg, inner, heldout)
     results = {}
     if cfg.baselines:
         path = out / "baselines.json"
         if not path.exists():
+            measurer = Measurer(cfg, inner, heldout)
             path.write_text(json.dumps(measurer.baselines(), indent=2))
+            measurer.close()
         results["_baselines"] = json.loads(path.read_text())
     for recipe in cfg.recipes:
         path = out / recipe / "result.json"
@@ -188,7 +189,9 @@ def main_cfg(cfg: SweepRecipeConfig) -> int:
             save_dir, log, curve, secs = _outer(cfg, recipe, inner, train_file, eval_file, out)
             print(f"[sweep] {recipe}: outer training {secs:.0f} s, loss {log[0]['loss']:.3f} -> "
                   f"{log[-1]['loss']:.3f}", flush=True)
+            measurer = Measurer(cfg, inner, heldout)  # the agents load only while no training runs (memory)
             got = measurer.recipe(save_dir, RECIPES[recipe])
+            measurer.close()
             got.update(recipe=recipe, settings=RECIPES[recipe], train_seconds=secs,
                        loss_first=log[0]["loss"], loss_last=log[-1]["loss"], eval_curve=curve)
             path.write_text(json.dumps(got, indent=2))
@@ -196,7 +199,6 @@ def main_cfg(cfg: SweepRecipeConfig) -> int:
         table = summary_table(results, cfg)
         (out / "summary.md").write_text(table + "\n")
         print(table, flush=True)
-    measurer.close()
     return 0
 
 

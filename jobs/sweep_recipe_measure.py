@@ -186,7 +186,11 @@ class Measurer:
         return got
 
     def close(self) -> None:
+        """Drop the agents (their models' memory goes back before the next training run)."""
+        import gc
+
         self.pool.services.clear()
+        gc.collect()
 
 
 def _pm(d: dict) -> str:
