@@ -75,6 +75,8 @@ class Agent:
         self.device = output_device(model)  # links sit with the last layer (models split over GPUs)
         self.dtype = next(model.parameters()).dtype
         self.inner_link.to(self.device, self.dtype)
+        self.latent_norm: float | None = None
+        """Non-reference (config.training.LATENT_NORMS): spliced latent rows are rescaled to this norm; None as the release."""
 
     # ----------------------------------------------------------------------------- links
     def attach_outer_link(self, edge: str, link: OuterLink) -> None:
@@ -83,6 +85,17 @@ class Agent:
             raise ValueError(f"outer link {edge}: in_dim {link.in_dim} does not match {self.role}'s "
                              f"hidden size {self.hidden_size} ({self.model_name})")
         self.outer_links[edge] = link.to(self.device, self.dtype)
+
+    def set_latent_norm(self, mode: str) -> None:
+        """'embedding' (non-reference, LatentMAS): rescale spliced latents to this model's mean token-embedding
+        norm from now on; 'none' (the release): splice them as they come."""
+        from recmas_ray.config.training import LATENT_NORMS
+        from recmas_ray.links import mean_embedding_norm
+
+        if mode not in LATENT_NORMS:
+            raise ValueError(f"latent_norm {mode!r}; expected one of {LATENT_NORMS}")
+        self.latent_norm = None if mode == "none" else mean_embedding_norm(
+            self.model.get_input_embeddings(), len(self.tokenizer), device=self.device)
 
     # ----------------------------------------------------------------------------- prompts
     def render_chat(self, user: str, *, system: str | None = None) -> str:
@@ -135,6 +148,10 @@ class Agent:
                 if block_MD.dim() != 2 or block_MD.shape[-1] != self.hidden_size:
                     raise ValueError(f"role {self.role}: latent for slot {markers[i]} has shape {tuple(block_MD.shape)}, "
                                      f"expected [M, {self.hidden_size}]")
+                if self.latent_norm is not None:  # non-reference option, see set_latent_norm
+                    from recmas_ray.links import rescale_rows
+
+                    block_MD = rescale_rows(block_MD, self.latent_norm)
                 embeds.append(block_MD)
                 ids.extend([-100] * block_MD.shape[0])
         return torch.cat(embeds, dim=0), torch.tensor(ids, dtype=torch.long)

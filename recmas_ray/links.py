@@ -73,6 +73,56 @@ class OuterLink(nn.Module):
         return self.ln_target(u_BME + self.residual_proj(x_BMD))
 
 
+# ----------------------------------------------------------------------------- non-reference options
+def rescale_rows(x_MD: torch.Tensor, norm: float) -> torch.Tensor:
+    """Each row of `x_MD` scaled to L2 norm `norm` (direction kept; differentiable)."""
+    return x_MD * (norm / x_MD.float().norm(dim=-1, keepdim=True).clamp_min(1e-6)).to(x_MD.dtype)
+
+
+@torch.no_grad()
+def mean_embedding_norm(embed: nn.Module, vocab_size: int, *, device=None, chunk: int = 8192) -> float:
+    """Mean L2 norm of the embedding module's output over every token id (the module's own scaling included,
+    e.g. Gemma-3's sqrt(d)), in chunks so a 262k vocabulary never sits in memory at once."""
+    total = 0.0
+    for start in range(0, vocab_size, chunk):
+        ids = torch.arange(start, min(vocab_size, start + chunk), device=device)
+        total += float(embed(ids).float().norm(dim=-1).sum())
+    return total / vocab_size
+
+
+def ridge_bridge(x_ND: torch.Tensor, y_NE: torch.Tensor, ridge: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """(W_ED, b_E) minimising ||x W^T + b - y||^2 + ridge * N * ||W||^2 (the intercept unpenalised).
+
+    Paired rows, e.g. the same token's embedding in the source and in the target model: the closed form on
+    centred data, solved in float64 (spec 1.2, [KO]'s aligned bridge; non-reference)."""
+    if x_ND.shape[0] != y_NE.shape[0] or x_ND.dim() != 2 or y_NE.dim() != 2:
+        raise ValueError(f"ridge_bridge: expected paired [N, D] and [N, E] rows, got {tuple(x_ND.shape)} and "
+                         f"{tuple(y_NE.shape)}")
+    x, y = x_ND.double(), y_NE.double()
+    mx, my = x.mean(0), y.mean(0)
+    xc, yc = x - mx, y - my
+    gram_DD = xc.T @ xc + ridge * x.shape[0] * torch.eye(x.shape[1], dtype=torch.float64)
+    w_ED = torch.linalg.solve(gram_DD, xc.T @ yc).T
+    return w_ED.float(), (my - w_ED @ mx).float()
+
+
+@torch.no_grad()
+def init_bridge(link: "OuterLink", x_ND: torch.Tensor, y_NE: torch.Tensor, *, ridge: float = 1e-2,
+                mlp_scale: float = 1e-3) -> "OuterLink":
+    """Start `link` as the ridge bridge x -> y (non-reference, spec 1.2 [KO]): residual_proj = the ridge solution,
+    the MLP branch scaled to ~0 (still trainable), ln_target's gain set to the targets' mean per-row standard
+    deviation and its bias to their mean value, so link(x) ~ y in scale as well as direction."""
+    w, b = ridge_bridge(x_ND, y_NE, ridge)
+    link.residual_proj.weight.copy_(w)
+    link.residual_proj.bias.copy_(b)
+    link.proj2.weight.mul_(mlp_scale)
+    link.proj2.bias.mul_(mlp_scale)
+    y = y_NE.float()
+    link.ln_target.weight.fill_(float(y.std(dim=-1, unbiased=False).mean()))
+    link.ln_target.bias.fill_(float(y.mean()))  # LN removes each row's mean: put the average one back
+    return link
+
+
 def check_state_dict_keys(state_dict: dict, expected: frozenset, what: str) -> None:
     """Raise ValueError naming missing/unexpected keys (the release's loaders fail the same way)."""
     keys = set(state_dict)

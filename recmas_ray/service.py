@@ -51,6 +51,9 @@ class AgentSpec:
     """CUDA devices the model is split over (a role given K > 1 GPUs; the Ray layer sets it)."""
     keep_messages_on_device: bool = False
     """Messages stay on the producer's device (NCCL transport) instead of moving to CPU."""
+    latent_norm: str = "none"
+    """Non-reference: "embedding" rescales latents spliced into this agent's prompts to its token-embedding norm
+    (set from the outer checkpoint's training config, config.training.LATENT_NORMS); "none" as the release."""
 
 
 def pick_device(requested: str) -> torch.device:
@@ -84,6 +87,8 @@ class AgentService:
                                role=spec.role, model_name=spec.model_name, system_prompt=spec.system_prompt)
             for edge, sd in outer_states.items():
                 self.agent.attach_outer_link(edge, outer_link_from_state_dict(sd, what=f"outer link {edge}"))
+            if spec.latent_norm != "none":
+                self.agent.set_latent_norm(spec.latent_norm)
         self.message_dtype = resolve_dtype(spec.message_dtype, self.agent.device)
         self.toolbox = None
         if spec.tools is not None:

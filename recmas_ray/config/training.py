@@ -23,11 +23,20 @@ STORAGE_SCHEMES = ("s3", "gs", "file")
 ADAPTER_DTYPES = ("base", "float32")
 SYNTHETIC = "synthetic"
 MAX_STEPS = 10**9
+LATENT_NORMS = ("none", "embedding")
+"""How spliced latents are scaled (`Agent.set_latent_norm`): none (the release) or embedding (each latent row
+rescaled to the receiving model's mean token-embedding norm, as LatentMAS does; non-reference)."""
+OUTER_INITS = ("default", "bridge")
+
+
+SYNTHETIC_NAMES = (SYNTHETIC, "synthetic_short", "synthetic_hidden")
+"""Generated dataset names (= recmas_ray.train.data.SYNTHETIC_DATASETS): synthetic[:N] (arithmetic word problems),
+synthetic_short[:N] (the same, short answer targets; non-reference), synthetic_hidden[:N] (hidden operand)."""
 
 
 def is_synthetic(name: str) -> bool:
-    """A synthetic[:N] dataset name (generated, not a file)."""
-    return name == SYNTHETIC or name.startswith(SYNTHETIC + ":")
+    """A synthetic[:N] or synthetic_hidden[:N] dataset name (generated, not a file)."""
+    return name.partition(":")[0] in SYNTHETIC_NAMES
 
 
 def storage_scheme(path: str) -> str:
@@ -52,7 +61,9 @@ class TrainConfig:
     ckpt_override: dict[str, str] = field(default_factory=dict)
     """ROLE=DIR inner link per role (ours or the release's adapter.pt; its manifest names the base model)."""
     dataset_name: Annotated[str, NonEmpty()] = "synthetic:256"
-    """Local .json/.jsonl, a HF dataset id, or synthetic[:N] (the offline arithmetic set)."""
+    """Local .json/.jsonl, a HF dataset id, synthetic[:N] (the offline arithmetic set), synthetic_short[:N] (the
+    same with short answer targets "3 + 4 = 7. \\boxed{7}", non-reference) or synthetic_hidden[:N] (the
+    hidden-operand set: only the planner is told the fact, the answer must come through the latents)."""
     dataset_json_field: str | None = None
     """Field holding the rows in a {"data": [...]} JSON file."""
     dataset_split: str = "train"
@@ -72,7 +83,10 @@ class TrainConfig:
     lr_scheduler_type: Annotated[str, OneOf(SCHEDULES)] = "cosine"
     """LR after the linear warmup: cosine (to 0 at max_steps, the reference), linear (to 0) or constant."""
     warmup_steps: Annotated[int, Range(0, MAX_STEPS)] = 10
-    """Linear warmup steps from 0 to lr."""
+    """Linear warmup steps up to lr."""
+    warmup_from_zero: bool = False
+    """Reference schedule (HF's warmup: the first step runs at lr 0). Default (non-reference): the warmup ramp
+    is shifted by one step, (step + 1) / (warmup_steps + 1), so no step is wasted in a short run."""
     max_grad_norm: Annotated[float, Range(0, 1e9)] = 1.0
     """Gradient-norm clip over all trained links (0 disables)."""
     seed: Annotated[int, Range(0, 2**32 - 1)] = 42
@@ -150,9 +164,9 @@ def _check_dataset(flag: str, name: str) -> None:
 
     if os.path.splitext(name)[1].lower() in (".json", ".jsonl"):
         check_file(flag, name, non_empty=True)
-    count = name.partition(":")[2]
-    if is_synthetic(name) and name != SYNTHETIC and not (count.isdigit() and int(count) >= 1):
-        raise ValueError(f"{flag} {name!r}: expected synthetic or synthetic:N with N >= 1")
+    prefix, sep, count = name.partition(":")
+    if is_synthetic(name) and sep and not (count.isdigit() and int(count) >= 1):
+        raise ValueError(f"{flag} {name!r}: expected {prefix} or {prefix}:N with N >= 1")
 
 
 @dataclass(kw_only=True)
@@ -242,6 +256,22 @@ class OuterTrainConfig(TrainConfig):
     """Held-out loss on --eval_dataset every this many steps and at the end (no grad, the training loss); 0: off."""
     eval_dataset: Annotated[str | None, ExistingPath(allow=is_synthetic)] = None
     """Held-out rows (.json/.jsonl with the training fields, or synthetic:N); uses --dataset_json_field."""
+    # Non-reference recipe options (issue 25: make the latent channel carry content). Each is off by default.
+    latent_norm: Annotated[str, OneOf(LATENT_NORMS)] = "none"
+    """Non-reference: "embedding" rescales every spliced latent row to the receiving model's mean token-
+    embedding norm (as LatentMAS does; the outer link's final LayerNorm gives ~sqrt(d), 8.5x SmolLM2's
+    embeddings). Recorded in the checkpoint's manifest, so inference with these links does the same."""
+    outer_init: Annotated[str, OneOf(OUTER_INITS)] = "default"
+    """default (the reference: PyTorch init) or bridge (non-reference, spec 1.2 [KO]): residual_proj starts as
+    the ridge regression from the source's to the target's token embeddings over their shared vocabulary
+    strings, the MLP branch ~0, and ln_target's gain at the target embeddings' scale. Ignored with
+    --ckpt_override outer=DIR or --resume (the links come from there)."""
+    bridge_ridge: Annotated[float, Range(0, 1e6)] = 1e-2
+    """--outer_init bridge: ridge strength (times the number of paired tokens) of the least-squares fit."""
+    value_token_weight: Annotated[float, Range(0, 1e6, lo_open=True)] = 1.0
+    """Weight of the decoder's answer tokens that hold a digit (the answer's value) in the loss, against 1 for
+    the fixed wording; each sample's CE is the weighted mean. 1 is the reference (uniform); > 1 is non-
+    reference and counters a loss dominated by the answer's template. Logged losses stay unweighted."""
 
     def checkpoint_keys(self) -> tuple[str, ...]:
         """Roles, plus outer=DIR: start from trained outer links instead of the seeded init."""

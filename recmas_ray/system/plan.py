@@ -150,12 +150,18 @@ def plan_system(style_name: str, *, preset: str = "tiny", ckpt_overrides: dict[s
             raise ValueError(f"role {role}: inner link from {overrides[role]} has hidden size {link.hidden_size}, "
                              f"but its base model {models[role]} has {hidden[role]}")
         links.inner[role] = link
+    latent_norm = "none"  # a non-reference option trained into the outer links must hold at inference too
     if "outer" in overrides:
         outer = load_links(overrides["outer"], style=style, task=task, hidden_sizes=hidden)
         foreign = sorted(set(outer.outer) - set(style.edges))
         if foreign:
             raise ValueError(f"--ckpt_override outer={overrides['outer']}: holds outer links {foreign} of another "
                              f"style; style {style.name} has edges {list(style.edges)}")
+        trained_with = outer.manifest.get("train_config")
+        latent_norm = str((trained_with.get("latent_norm") if isinstance(trained_with, dict) else None) or "none")
+        if latent_norm not in ("none", "embedding"):
+            raise ValueError(f"--ckpt_override outer={overrides['outer']}: manifest train_config.latent_norm "
+                             f"{latent_norm!r}; expected none or embedding")
         for edge, link in outer.outer.items():
             src, dst = edge.split("->")
             if (link.in_dim, link.out_dim) != (hidden[src], hidden[dst]):
@@ -166,7 +172,7 @@ def plan_system(style_name: str, *, preset: str = "tiny", ckpt_overrides: dict[s
     sources |= {f"outer:{e}": f"init(seed={seed})" for e in style.edges if f"outer:{e}" not in sources}
     specs = {r: AgentSpec(role=r, model_name=models[r], system_prompt=style.system_prompt, dtype=dtype,
                           device=device, message_dtype=message_dtype,
-                          tools=tools if r == style.decoder else None) for r in style.roles}
+                          tools=tools if r == style.decoder else None, latent_norm=latent_norm) for r in style.roles}
     return SystemPlan(style_name, style, models, hidden, links, specs, sources)
 
 

@@ -34,11 +34,17 @@ CHECKPOINT_PREFIX = "checkpoint_"
 
 
 # ----------------------------------------------------------------------------- schedule and data order
-def lr_factor(step: int, *, warmup_steps: int, max_steps: int, kind: str = "cosine") -> float:
+def lr_factor(step: int, *, warmup_steps: int, max_steps: int, kind: str = "cosine",
+              warmup_from_zero: bool = False) -> float:
     """Multiplier of the peak LR at 0-based `step`: linear warmup, then HF's cosine (num_cycles 0.5), linear
-    or constant schedule (`get_{cosine,linear,constant}_schedule_with_warmup`)."""
+    or constant schedule (`get_{cosine,linear,constant}_schedule_with_warmup`).
+
+    HF's warmup (`warmup_from_zero`, the reference) runs step 0 at LR 0, a wasted step that matters in short
+    runs (a 16-step run with warmup 1 loses a sixteenth of its budget); by default the ramp is shifted by
+    one, (step + 1) / (warmup_steps + 1), so every step moves the links.
+    """
     if step < warmup_steps:
-        return step / max(1, warmup_steps)
+        return step / max(1, warmup_steps) if warmup_from_zero else (step + 1) / (warmup_steps + 1)
     if kind == "constant":
         return 1.0
     progress = (step - warmup_steps) / max(1, max_steps - warmup_steps)
@@ -50,7 +56,8 @@ def lr_factor(step: int, *, warmup_steps: int, max_steps: int, kind: str = "cosi
 def make_scheduler(opt: torch.optim.Optimizer, cfg: TrainConfig) -> torch.optim.lr_scheduler.LambdaLR:
     """The run's LR schedule over `cfg.max_steps` optimizer steps."""
     return torch.optim.lr_scheduler.LambdaLR(
-        opt, lambda s: lr_factor(s, warmup_steps=cfg.warmup_steps, max_steps=cfg.max_steps, kind=cfg.lr_scheduler_type))
+        opt, lambda s: lr_factor(s, warmup_steps=cfg.warmup_steps, max_steps=cfg.max_steps, kind=cfg.lr_scheduler_type,
+                           warmup_from_zero=cfg.warmup_from_zero))
 
 
 def step_indices(num_rows: int, step: int, rows_per_step: int, seed: int) -> list[int]:

@@ -5,8 +5,12 @@ trainer needs from a row goes through here, so the inner and outer loops agree o
 role's target, how upstream gold texts fill a role's prompt slots, and which rows are rejected.
 
 Datasets: a local `.json` / `.jsonl` file (`{"data": [...]}` wrapped JSON via `json_field`), a
-Hugging Face dataset id (train split, via `datasets.load_dataset`), or `synthetic[:N]` for the
-offline multi-step arithmetic set of `recmas_ray.train.synthetic` (N rows, default 256).
+Hugging Face dataset id (train split, via `datasets.load_dataset`), `synthetic[:N]` for the
+offline multi-step arithmetic set of `recmas_ray.train.synthetic` (N rows, default 256), or
+`synthetic_short[:N]` for the same with short answer targets, `synthetic_hidden[:N]` for its hidden-operand
+set (only the planner is told the fact). A row's optional
+`role_context` ({role: text}) is attached to its question by `question_text`; the renderer shows each
+role its own part.
 """
 
 from __future__ import annotations
@@ -27,7 +31,12 @@ ROLE_ALIASES = {
 }
 
 SYNTHETIC_PREFIX = "synthetic"
+SYNTHETIC_HIDDEN_PREFIX = "synthetic_hidden"
 DEFAULT_SYNTHETIC_ROWS = 256
+SYNTHETIC_DATASETS = {SYNTHETIC_PREFIX: {"difficulty": "multi"},
+                      "synthetic_short": {"difficulty": "multi", "short_answers": True},
+                      SYNTHETIC_HIDDEN_PREFIX: {"difficulty": "hidden"}}
+"""Generated dataset name -> arguments of `recmas_ray.train.synthetic.make_arithmetic_dataset`."""
 
 
 def canonical_role(style: StyleSpec, name: str) -> str:
@@ -44,7 +53,7 @@ def load_rows(dataset_name: str, json_field: str | None = None, *, split: str = 
     """Rows of a local .json/.jsonl file, `synthetic[:N]`, or a Hugging Face dataset id (`split`)."""
     if not dataset_name:
         raise ValueError("empty dataset name; expected a .json/.jsonl path, synthetic[:N] or a HF dataset id")
-    if dataset_name == SYNTHETIC_PREFIX or dataset_name.startswith(SYNTHETIC_PREFIX + ":"):
+    if dataset_name.partition(":")[0] in SYNTHETIC_DATASETS:
         return _synthetic_rows(dataset_name)
     path = Path(dataset_name)
     if path.suffix in (".json", ".jsonl"):
@@ -63,14 +72,14 @@ def load_rows(dataset_name: str, json_field: str | None = None, *, split: str = 
 def _synthetic_rows(name: str) -> list[dict]:
     from recmas_ray.train.synthetic import make_arithmetic_dataset
 
-    _, _, count = name.partition(":")
+    prefix, _, count = name.partition(":")
     try:
         num_rows = int(count) if count else DEFAULT_SYNTHETIC_ROWS
     except ValueError:
-        raise ValueError(f"dataset {name!r}: expected synthetic or synthetic:N with an integer N") from None
+        raise ValueError(f"dataset {name!r}: expected {prefix} or {prefix}:N with an integer N") from None
     if num_rows < 1:
         raise ValueError(f"dataset {name!r}: the number of rows must be >= 1")
-    return make_arithmetic_dataset(num_rows, seed=0)
+    return make_arithmetic_dataset(num_rows, seed=0, **SYNTHETIC_DATASETS[prefix])
 
 
 def _json_rows(path: Path, json_field: str | None) -> list[dict]:
@@ -97,8 +106,11 @@ def _present(row: dict, field: str) -> bool:
 
 
 def question_text(row: dict) -> str:
-    """The row's question, surrounding white space stripped (as every text field the trainers read)."""
-    return str(row["question"]).strip()
+    """The row's question, surrounding white space stripped (as every text field the trainers read), with its
+    `role_context` attached (`styles.prompts.with_role_context`: each role's prompt shows its own part)."""
+    from recmas_ray.styles.prompts import with_role_context
+
+    return with_role_context(str(row["question"]).strip(), row.get("role_context"))
 
 
 def role_target(style: StyleSpec, role: str, row: dict) -> str:

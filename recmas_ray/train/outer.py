@@ -111,7 +111,7 @@ def truncate_left(e_LD: torch.Tensor, ids_L: torch.Tensor, asst_L: torch.Tensor,
 
 def encode_stage(agent: Agent, style: StyleSpec, step: Step, samples: list[Sample], latents: dict[str, Latent], *,
                  task: str, num_rounds: int, max_latent_tokens: int, non_last_loss_weight: float,
-                 batch_size: int, max_length: int = 1 << 20) -> Encoded:
+                 batch_size: int, max_length: int = 1 << 20, value_token_weight: float = 1.0) -> Encoded:
     """Teacher-forced pass of one schedule step over a microbatch; see the module docstring."""
     per_sample = {m: torch.split(lat.flat, lat.lengths) for m, lat in latents.items()}
     # Without incoming latents nothing upstream is trainable: run the frozen model without a graph.
@@ -141,11 +141,22 @@ def encode_stage(agent: Agent, style: StyleSpec, step: Step, samples: list[Sampl
             pred = torch.cat([h_BLD[b, p - 1] for b, p in enumerate(pos)])
             gold = torch.cat([ids[b][a] for b, a in enumerate(asst)]).to(pred.device)
             nll = F.cross_entropy(agent.logits(pred).float(), gold, reduction="none")
-            ce_B = torch.stack([chunk.mean() for chunk in torch.split(nll, [len(p) for p in pos])])
+            sizes = [len(p) for p in pos]
+            ce_B = torch.stack([chunk.mean() for chunk in torch.split(nll, sizes)])
             sample_losses = [float(x) for x in ce_B.detach()]
+            if value_token_weight != 1.0:  # non-reference: the answer's value tokens count more than its wording
+                w = value_token_weights(agent.tokenizer, gold.tolist(), value_token_weight).to(nll.device)
+                ce_B = torch.stack([(n * v).sum() / v.sum() for n, v in zip(torch.split(nll, sizes),
+                                                                           torch.split(w, sizes))])
             if weight > 0:
                 objective = ce_B.sum() * (weight / batch_size)
     return Encoded(z_ND, lengths, objective, sample_losses, truncated)
+
+
+def value_token_weights(tokenizer, token_ids: list[int], weight: float) -> torch.Tensor:
+    """Per-token loss weights: `weight` for tokens whose text holds a digit (the answer's value), 1 otherwise."""
+    pieces = [tokenizer.decode([t]) for t in token_ids]
+    return torch.tensor([weight if any(c.isdigit() for c in p) else 1.0 for p in pieces], dtype=torch.float32)
 
 
 def emit_messages(agent: Agent, z_ND: torch.Tensor, edges: tuple[str, ...]) -> dict[str, torch.Tensor]:

@@ -54,6 +54,8 @@ def _build_stage(cfg: OuterTrainConfig, style: StyleSpec, role: str, system: dic
     agent = Agent(model, tokenizer, inner_link_from_state_dict(inner_sd, what=f"inner link of {role}"), role=role,
                   model_name=name, system_prompt=style.system_prompt)
     masters = {e: outer_link_from_state_dict(sd, what=f"outer link {e}") for e, sd in outer_sds.items()}
+    if cfg.latent_norm != "none":  # non-reference option: the receiving agent rescales what is spliced in
+        agent.set_latent_norm(cfg.latent_norm)
     return PipelineStage(cfg, style, agent, masters, role_ranks={r: i for i, r in enumerate(style.roles)}, group=group)
 
 
@@ -219,6 +221,10 @@ def train_outer(cfg: OuterTrainConfig, *, faults: dict | None = None) -> OuterRu
     resume_from = core.start_or_resume(cfg, storage, "outer")
     if resume_from is not None:
         _check_resume(resume_from, manifest)
+    if cfg.outer_init == "bridge" and "outer" not in cfg.ckpt_override and resume_from is None:
+        from recmas_ray.train.bridge import bridge_outer_links
+
+        bridge_outer_links(plan, ridge=cfg.bridge_ridge, dtype=cfg.dtype)
     if storage.exists(NAN_STOP):
         storage.fs.delete_file(storage.path(NAN_STOP))
     save_config(cfg, cfg.save_dir)  # next to the outputs, once every input has been checked

@@ -10,6 +10,14 @@ all short so CPU training is fast:
     deliberation_reflector, deliberation_toolcaller                                 deliberation
     template                                                         metadata: which word-problem template
 
+The hidden-operand family (`difficulty="hidden"`, dataset name `synthetic_hidden:N`) is the latent-handoff
+test: only the upstream roles are told the fact (`role_context`, e.g. {"planner": "x = 17."}); the decoder
+sees "What is x - 8?" and its latent slot, so its answer can only come through the latents. The gold plan
+states the fact in its first tokens, the critic's gold text never holds the value (the value must cross the
+planner -> critic link, not come back from the critic's teacher-forced text), the answer is short
+("17 - 8 = 9. \\boxed{9}"), `full_question` ("x = 17. What is x - 8?") is the single agent's ceiling, and
+`facts` ({"fact": 17, "operand": 8, "operation": "-"}) is what a probe of the messages should find.
+
 CLI: `python -m recmas_ray.train.synthetic --num_rows 200 --out data.jsonl [--json_field data] [--seed 0]`.
 """
 
@@ -194,12 +202,13 @@ ONE_STEP_TEMPLATES: dict[str, Callable[[random.Random], Problem]] = {"more": _mo
 """The one-step family (one small addition, subtraction or multiplication): difficulty "one_step"."""
 
 DIFFICULTIES: dict[str, dict[str, Callable[[random.Random], Problem]]] = {
-    "arith": ARITH_TEMPLATES, "one_step": ONE_STEP_TEMPLATES, "multi": TEMPLATES, "mixed": {**ONE_STEP_TEMPLATES, **TEMPLATES}}
+    "arith": ARITH_TEMPLATES, "one_step": ONE_STEP_TEMPLATES, "multi": TEMPLATES, "mixed": {**ONE_STEP_TEMPLATES, **TEMPLATES},
+    "hidden": {}}
 """Task families by difficulty: arith (bare a + b / a - b, the demo's: its 135M decoder solves part of
-it), one_step (one-operation word problems), multi (2-4 steps, the original family) and mixed (one_step
-and multi, rotating)."""
+it), one_step (one-operation word problems), multi (2-4 steps, the original family), mixed (one_step
+and multi, rotating) and hidden (the hidden-operand rows of `make_hidden_operand_dataset`, no templates)."""
 
-DIFFICULTY_SIZES = {"arith": 310}
+DIFFICULTY_SIZES = {"arith": 310, "hidden": 2000}
 """How many rows a family can safely produce (arith has 315 distinct questions)."""
 
 
@@ -216,7 +225,7 @@ def _evaluate(steps: tuple[Step, ...]) -> list[tuple[str, int]]:
     return out
 
 
-def _row(problem: Problem) -> dict:
+def _row(problem: Problem, short_answer: bool = False) -> dict:
     worked = _evaluate(problem.steps)
     gold = worked[-1][1]
     boxed = f"\\boxed{{{gold}}}"
@@ -230,7 +239,7 @@ def _row(problem: Problem) -> dict:
         "question": problem.question,
         "plan": plan,
         "refined_plan": "\n".join(concrete + [f"Step {len(concrete) + 1}: Write the final number in \\boxed{{}}."]),
-        "answer": f"{solution}\nThe answer is {boxed}.",
+        "answer": f"{chain}. {boxed}" if short_answer else f"{solution}\nThe answer is {boxed}.",
         "gold": str(gold),
         "hie_math_expert": f"Math expert: {chain}. Result: {gold}.",
         "hie_code_expert": f"```python\n{code}\n```",
@@ -249,8 +258,63 @@ def _row(problem: Problem) -> dict:
     return row
 
 
-def make_arithmetic_dataset(num_rows: int, *, seed: int = 0, difficulty: str = "multi") -> list[dict]:
+HIDDEN_VARIABLES = ("x", "y", "n", "k")
+HIDDEN_VALUES = (2, 40)
+"""Range of the hidden operand (inclusive): a decoder that cannot read it is near chance (1 in 39)."""
+HIDDEN_CONTEXT_ROLES = ("planner", "math", "code", "science", "expert", "reflector")
+"""Roles told the fact: the first stage of every style (the decoders solver, summarizer, learner and
+toolcaller never are)."""
+
+
+def _hidden_row(rng: random.Random) -> dict:
+    var = rng.choice(HIDDEN_VARIABLES)
+    x = rng.randint(*HIDDEN_VALUES)
+    plus = rng.random() < 0.5
+    b = rng.randint(1, 9) if plus else rng.randint(1, min(9, x - 1))
+    op, value = ("+", x + b) if plus else ("-", x - b)
+    fact, question = f"{var} = {x}.", f"What is {var} {op} {b}?"
+    verb = f"Add {b} to {var}" if plus else f"Subtract {b} from {var}"
+    boxed = f"\\boxed{{{value}}}"
+    answer = f"{x} {op} {b} = {value}. {boxed}"
+    plan = f"{var} = {x}. Compute {x} {op} {b}."
+    refined = f"{verb} and write the result in \\boxed{{}}."
+    code = f"{var} = {x}\nprint({var} {op} {b})"
+    return {
+        "question": question, "role_context": {r: fact for r in HIDDEN_CONTEXT_ROLES},
+        "full_question": f"{fact} {question}",
+        "facts": {"fact": x, "operand": b, "operation": op},
+        "plan": plan, "refined_plan": refined, "answer": answer, "gold": str(value),
+        "hie_math_expert": f"Math expert: {plan}", "hie_code_expert": f"```python\n{code}\n```",
+        "hie_science_expert": f"Science expert: {var} = {x} is a whole number, so the result is one too.",
+        "hie_summarizer": answer, "distill_expert": f"Plan for the learner: {plan}", "distill_learner": answer,
+        "deliberation_reflector": f"Reflection: {plan} {refined}",
+        "deliberation_toolcaller": f"<python>\n{code}\n</python> <result> {value} </result>\n{answer}",
+        "template": "hidden_plus" if plus else "hidden_minus",
+    }
+
+
+def make_hidden_operand_dataset(num_rows: int, *, seed: int = 0) -> list[dict]:
+    """`num_rows` distinct hidden-operand rows (see the module docstring); same seed, same rows."""
+    if num_rows < 0:
+        raise ValueError(f"num_rows must be >= 0, got {num_rows}")
+    if num_rows > DIFFICULTY_SIZES["hidden"]:
+        raise ValueError(f"at most {DIFFICULTY_SIZES['hidden']} distinct hidden-operand rows, got {num_rows}")
+    rng, rows, seen = random.Random(seed), [], set()
+    while len(rows) < num_rows:
+        row = _hidden_row(rng)
+        if row["full_question"] not in seen:
+            seen.add(row["full_question"])
+            rows.append(row)
+    return rows
+
+
+def make_arithmetic_dataset(num_rows: int, *, seed: int = 0, difficulty: str = "multi",
+                            short_answers: bool = False) -> list[dict]:
     """`num_rows` distinct word problems with every style's fields; same seed, same rows.
+
+    `short_answers` (non-reference: the release's targets are worked solutions): the decoder's `answer` is
+    the bare computation and the boxed value ("3 + 4 = 7. \\boxed{7}"), so fixed wording no longer
+    dominates its loss.
 
     `difficulty` picks the family (see `DIFFICULTIES`): multi (2-4 steps each, the default), one_step or
     mixed. Templates rotate so every kind appears in small sets; questions are unique so a train/eval split
@@ -258,6 +322,8 @@ def make_arithmetic_dataset(num_rows: int, *, seed: int = 0, difficulty: str = "
     """
     if num_rows < 0:
         raise ValueError(f"num_rows must be >= 0, got {num_rows}")
+    if difficulty == "hidden":
+        return make_hidden_operand_dataset(num_rows, seed=seed)
     if difficulty not in DIFFICULTIES:
         raise ValueError(f"difficulty {difficulty!r}; expected one of {', '.join(DIFFICULTIES)}")
     templates = DIFFICULTIES[difficulty]
@@ -275,7 +341,7 @@ def make_arithmetic_dataset(num_rows: int, *, seed: int = 0, difficulty: str = "
         if problem.question in seen:
             continue
         seen.add(problem.question)
-        rows.append(_row(problem))
+        rows.append(_row(problem, short_answers))
     return rows
 
 
@@ -293,11 +359,11 @@ def split_train_eval(rows: list[dict], num_eval: int, seed: int = 0) -> tuple[li
 
 def check_disjoint(train: list[dict], heldout: list[dict]) -> None:
     """Raise ValueError if any held-out question (whitespace and case ignored) also appears in `train`."""
-    def norm(q: str) -> str:
-        return " ".join(q.lower().split())
+    def norm(r: dict) -> str:  # the question with its per-role facts: hidden rows share the masked text
+        return " ".join((r["question"] + json.dumps(r.get("role_context") or {}, sort_keys=True)).lower().split())
 
-    seen = {norm(r["question"]) for r in train}
-    leaked = [r["question"] for r in heldout if norm(r["question"]) in seen]
+    seen = {norm(r) for r in train}
+    leaked = [r["question"] for r in heldout if norm(r) in seen]
     if leaked:
         raise ValueError(f"{len(leaked)} held-out question(s) also appear in the training rows, e.g. {leaked[0]!r}")
 
@@ -327,11 +393,15 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--out", required=True, help="output file (.jsonl, or .json with --json_field)")
     parser.add_argument("--json_field", default=None,
                         help="write one JSON object {FIELD: [rows]} instead of JSON lines (e.g. 'data')")
+    parser.add_argument("--short_answers", action="store_true",
+                        help="short answer targets, e.g. '3 + 4 = 7. \\boxed{7}' (non-reference)")
     parser.add_argument("--seed", type=int, default=0, help="random seed (same seed, same rows)")
     parser.add_argument("--difficulty", default="multi", choices=list(DIFFICULTIES),
-                        help="task family: multi (2-4 steps), one_step, or mixed (default: multi)")
+                        help="task family: multi (2-4 steps), one_step, mixed, arith or hidden (the hidden "
+                             "operand, only the planner told the fact; default: multi)")
     args = parser.parse_args(argv)
-    rows = make_arithmetic_dataset(args.num_rows, seed=args.seed, difficulty=args.difficulty)
+    rows = make_arithmetic_dataset(args.num_rows, seed=args.seed, difficulty=args.difficulty,
+                                   short_answers=args.short_answers)
     if args.json_field:
         path = write_json(rows, args.out, json_field=args.json_field)
     else:

@@ -64,3 +64,64 @@ def test_wrong_keys_fail_with_names():
     sd["extra.weight"] = sd.pop("proj1.weight")
     with pytest.raises(ValueError, match=r"missing keys \['proj1.weight'\].*unexpected keys \['extra.weight'\]"):
         inner_link_from_state_dict(sd)
+
+
+# ----------------------------------------------------------------------------- non-reference recipe options
+def test_rescale_rows_gives_the_target_norm_and_keeps_direction():
+    from recmas_ray.links import rescale_rows
+
+    x = torch.randn(5, 16) * torch.arange(1, 6)[:, None]
+    y = rescale_rows(x, 3.2)
+    assert torch.allclose(y.norm(dim=-1), torch.full((5,), 3.2), atol=1e-5)
+    assert torch.allclose(torch.nn.functional.cosine_similarity(x, y, dim=-1), torch.ones(5), atol=1e-6)
+
+
+def test_mean_embedding_norm_counts_every_token_and_the_modules_scaling():
+    from recmas_ray.links import mean_embedding_norm
+
+    emb = torch.nn.Embedding(50, 8)
+
+    class Scaled(torch.nn.Module):  # as Gemma-3 multiplies by sqrt(d) inside its embedding module
+        def forward(self, ids):
+            return emb(ids) * 4.0
+
+    want = float(emb.weight.norm(dim=-1).mean())
+    assert mean_embedding_norm(emb, 50, chunk=7) == pytest.approx(want, rel=1e-5)
+    assert mean_embedding_norm(Scaled(), 50, chunk=64) == pytest.approx(4 * want, rel=1e-5)
+
+
+def test_ridge_bridge_solves_the_ridge_problem():
+    from recmas_ray.links import ridge_bridge
+
+    torch.manual_seed(0)
+    x = torch.randn(400, 12)
+    w_true, b_true = torch.randn(6, 12), torch.randn(6)
+    w, b = ridge_bridge(x, x @ w_true.T + b_true, ridge=0.0)  # noiseless, no penalty: the exact map
+    assert torch.allclose(w, w_true, atol=1e-4) and torch.allclose(b, b_true, atol=1e-4)
+    y = x @ w_true.T + b_true + 0.3 * torch.randn(400, 6)
+    lam = 0.5
+    w, b = ridge_bridge(x, y, ridge=lam)
+    # optimality: the gradient of ||x W^T + b - y||^2 + lam N ||W||^2 vanishes in W and b
+    resid = (x @ w.T + b - y).double()
+    assert torch.allclose(resid.T @ x.double() + lam * 400 * w.double(), torch.zeros(6, 12, dtype=torch.float64),
+                          atol=1e-3)
+    assert torch.allclose(resid.sum(0), torch.zeros(6, dtype=torch.float64), atol=1e-3)
+    assert w.norm() < ridge_bridge(x, y, ridge=0.0)[0].norm()  # the penalty shrinks
+    with pytest.raises(ValueError, match="paired"):
+        ridge_bridge(x, y[:10], ridge=lam)
+
+
+def test_init_bridge_makes_the_link_map_source_rows_near_their_targets():
+    from recmas_ray.links import init_bridge
+
+    torch.manual_seed(1)
+    x = torch.randn(600, 24)
+    y = (x @ torch.randn(32, 24).T) * 0.1  # targets at a small scale, like SmolLM2's token embeddings
+    link = OuterLink(24, 32)
+    before = torch.nn.functional.cosine_similarity(link(x), y, dim=-1).mean()
+    init_bridge(link, x, y, ridge=1e-3)
+    with torch.no_grad():
+        out = link(x)
+    assert torch.nn.functional.cosine_similarity(out, y, dim=-1).mean() > 0.95 > before
+    assert out.norm(dim=-1).mean() == pytest.approx(y.norm(dim=-1).mean(), rel=0.15)
+    assert set(link.state_dict()) == OUTER_KEYS  # still the release's layout

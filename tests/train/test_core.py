@@ -20,7 +20,22 @@ def test_schedules_match_transformers(kind):
     opt = torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=1.0)
     hf = make(opt, 3, 20)
     for step in range(22):
-        assert core.lr_factor(step, warmup_steps=3, max_steps=20, kind=kind) == pytest.approx(hf.lr_lambdas[0](step))
+        assert core.lr_factor(step, warmup_steps=3, max_steps=20, kind=kind, warmup_from_zero=True) == \
+            pytest.approx(hf.lr_lambdas[0](step))
+
+
+@pytest.mark.parametrize("warmup", [0, 1, 3, 10])
+def test_default_schedule_never_wastes_the_first_step(warmup):
+    """The default warmup ramps (step + 1) / (warmup + 1): step 0 moves the links, the ramp still rises to the
+    peak, and after the warmup the schedule equals the reference one."""
+    factors = [core.lr_factor(s, warmup_steps=warmup, max_steps=16) for s in range(16)]
+    assert factors[0] > 0
+    assert factors[:warmup + 1] == sorted(factors[:warmup + 1])
+    assert factors[warmup] == pytest.approx(1.0)
+    for s in range(warmup, 16):
+        assert factors[s] == core.lr_factor(s, warmup_steps=warmup, max_steps=16, warmup_from_zero=True)
+    assert sum(factors) > sum(core.lr_factor(s, warmup_steps=warmup, max_steps=16, warmup_from_zero=True)
+                              for s in range(16)) - 1e-12
 
 
 def test_data_order_is_a_function_of_seed_and_step():

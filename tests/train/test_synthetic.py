@@ -119,3 +119,17 @@ def test_write_jsonl_and_cli(rows, tmp_path, capsys):
     wrapped = json.loads((tmp_path / "d.json").read_text())
     assert list(wrapped) == ["data"] and wrapped["data"] == make_arithmetic_dataset(4, seed=0)
     assert "wrote 4 rows" in capsys.readouterr().out
+
+
+def test_short_answer_targets_keep_the_value_and_drop_the_wording():
+    from recmas_ray.train.data import load_rows
+    from recmas_ray.train.synthetic import make_arithmetic_dataset
+
+    for difficulty in ("arith", "multi"):
+        long = make_arithmetic_dataset(6, seed=2, difficulty=difficulty)
+        short = make_arithmetic_dataset(6, seed=2, difficulty=difficulty, short_answers=True)
+        for a, b in zip(long, short):
+            assert {k: v for k, v in a.items() if k != "answer"} == {k: v for k, v in b.items() if k != "answer"}
+            assert b["answer"].endswith(f"\\boxed{{{a['gold']}}}") and len(b["answer"]) < len(a["answer"])
+            assert "The answer is" not in b["answer"]
+    assert load_rows("synthetic_short:4") == make_arithmetic_dataset(4, seed=0, short_answers=True)

@@ -1,0 +1,206 @@
+r"""Which outer-training recipe makes trained links carry the hidden operand? (issue 25, the experiment driver)
+
+One run: generate the hidden-operand set (`synthetic_hidden`: only the planner is told "x = 17."; critic and
+solver see "What is x - 8?"), split train / held-out (disjoint, checked), train the inner links once (shared
+by every recipe), then for each named recipe train the outer links with the project's own trainer and
+measure on the held-out questions, with the project's own runner (`run_batch`, in-process agents):
+
+  accuracy   trained links / the same links with latents shuffled between questions / zeroed / fresh outer
+             links (trained inner links), graded strictly; McNemar's exact test of trained vs each
+  NLL        of the gold answer's fact tokens (the hidden x, "17" in "17 - 8 = 9. \boxed{9}") and result
+             tokens (the value after "="), per question, paired differences (mean +- SE) trained vs shuffled
+  probe      can a linear map read x from each edge's message (the final round's, mean over positions)?
+             5-fold cross-validated ridge R^2 and the share of questions whose rounded prediction is x
+  baselines  once per run: the single agent without the fact (floor), with it (ceiling), TextMAS
+
+Results stream to <out_dir>/<recipe>/result.json (a finished recipe is skipped on a rerun with the same
+flags) and the table to <out_dir>/summary.md. Recipes (`RECIPES`; --recipes picks, in order):
+
+  demo_today      K = 8, R = 1, lr 1e-4, HF warmup (first step at lr 0): the demo's outer recipe as it was
+  release         K = 80, R = 2, lr 5e-4, warmup 1 shifted (first step > 0), steps/rows as given
+  release_lr1e-3  release at lr 1e-3 (the issue's longer run used it)
+  +norm           release + latents rescaled to the target's token-embedding norm (non-reference)
+  +bridge         release + ridge bridge init of the outer links (non-reference)
+  +value          release + answer value tokens weighted 5x in the loss (non-reference)
+  all             release + norm + bridge + value
+  release_r1      release at R = 1 and lr 1e-3 (half the cost per step: what a 2-core budget affords)
+  norm_value_r1   release_r1 + norm + value (no bridge: its fit loads both base models in the driver)
+  all_r1          release_r1 + norm + bridge + value
+
+Example (real small models, about an hour on 2 busy cores; logs under out_exp/, never committed):
+    PYTHONPATH=$PWD python -m jobs.sweep_recipe --out_dir out_exp/sweep --recipes release,all \
+        --num_train 512 --num_eval 128 --outer_steps 64
+Smoke test of the pipeline (tiny random models, a minute):
+    PYTHONPATH=$PWD python -m jobs.sweep_recipe --preset tiny --out_dir /tmp/sweep --num_train 16 \
+        --num_eval 8 --inner_steps 2 --outer_steps 2 --recipes release
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Annotated
+
+from recmas_ray.config.checks import OneOf, Range, WritableDir
+from recmas_ray.config.cli import run_job
+
+RELEASE = {"max_latent_tokens": 80, "num_recursive_rounds": 2, "lr": 5e-4, "warmup_steps": 1}
+RECIPES: dict[str, dict] = {
+    "demo_today": {"max_latent_tokens": 8, "num_recursive_rounds": 1, "lr": 1e-4, "warmup_steps": 1,
+                   "warmup_from_zero": True},
+    "release": RELEASE,
+    "release_lr1e-3": {**RELEASE, "lr": 1e-3},
+    "+norm": {**RELEASE, "latent_norm": "embedding"},
+    "+bridge": {**RELEASE, "outer_init": "bridge"},
+    "+value": {**RELEASE, "value_token_weight": 5.0},
+    "all": {**RELEASE, "latent_norm": "embedding", "outer_init": "bridge", "value_token_weight": 5.0},
+    "release_r1": {**RELEASE, "num_recursive_rounds": 1, "lr": 1e-3},
+    "norm_value_r1": {**RELEASE, "num_recursive_rounds": 1, "lr": 1e-3, "latent_norm": "embedding",
+                      "value_token_weight": 5.0},
+    "all_r1": {**RELEASE, "num_recursive_rounds": 1, "lr": 1e-3, "latent_norm": "embedding", "outer_init": "bridge",
+               "value_token_weight": 5.0},
+}
+"""Recipe name -> OuterTrainConfig fields (on top of the sweep's steps, batch size and seed)."""
+
+
+@dataclass(kw_only=True)
+class SweepRecipeConfig:
+    """One sweep: data sizes, the shared inner training, the outer budget and the recipes to compare."""
+
+    out_dir: Annotated[str, WritableDir()] = "out_exp/sweep_recipe"
+    """Folder for data, checkpoints, per-recipe result.json and summary.md."""
+    preset: Annotated[str, OneOf(("demo", "tiny"))] = "demo"
+    """demo (SmolLM2-135M planner and solver, Gemma-3-270M critic) or tiny (random weights: the smoke test)."""
+    task: Annotated[str, OneOf(("qa", "math"))] = "qa"
+    """Answer-format instruction of the prompts (the demo's qa asks for a short boxed answer)."""
+    recipes: Annotated[list[str], OneOf(tuple(RECIPES))] = field(default_factory=lambda: ["release", "all"])
+    """Recipes to train and measure, in order (see RECIPES)."""
+    num_train: Annotated[int, Range(2, 1500)] = 512
+    """Generated training rows."""
+    num_eval: Annotated[int, Range(2, 500)] = 128
+    """Held-out questions (the issue's target needs >= 128)."""
+    inner_steps: Annotated[int, Range(1, 1_000_000)] = 48
+    """Inner-loop steps per role (trained once, shared by every recipe)."""
+    inner_lr: Annotated[float, Range(0, 1, lo_open=True)] = 3e-3
+    """Inner-loop learning rate (the demo's)."""
+    outer_steps: Annotated[int, Range(1, 1_000_000)] = 64
+    """Outer-loop steps of every recipe."""
+    outer_batch_size: Annotated[int, Range(1, 1024)] = 4
+    """Outer-loop rows per step."""
+    eval_every: Annotated[int, Range(0, 1_000_000)] = 0
+    """Held-out loss curve of the outer run every this many steps (0: off; costs a forward sweep each)."""
+    latent_steps: Annotated[int, Range(1, 4096)] = 16
+    """m at evaluation: latent rollout steps per agent and round."""
+    max_new_tokens: Annotated[int, Range(1, 512)] = 24
+    """Decoding budget of every text step at evaluation."""
+    eval_batch_size: Annotated[int, Range(1, 1024)] = 32
+    """Questions per agent call at evaluation."""
+    inner_from: str | None = None
+    """Reuse the inner links of an earlier sweep (<inner_from>/<role>, e.g. out_exp/sweep/inner) instead of
+    training them (they must come from the same --preset and --seed data)."""
+    baselines: bool = True
+    """Also measure the single agent without / with the fact and TextMAS (once per sweep)."""
+    seed: Annotated[int, Range(0, 2**31 - 1)] = 0
+    """Seed of the data, the link init and the data order."""
+
+    def validate(self) -> None:
+        """--inner_from must hold every role's inner link (checked before Ray or any model starts)."""
+        roles = ("planner", "critic", "solver")
+        if self.inner_from and not all((Path(self.inner_from) / r / "manifest.json").exists() for r in roles):
+            raise ValueError(f"--inner_from {self.inner_from!r}: expected <dir>/<role>/manifest.json for {list(roles)}")
+
+
+def _inner(cfg: SweepRecipeConfig, train_file: Path, out: Path) -> dict[str, str]:
+    """Inner links of every role, trained once (reused when <out>/inner/<role> exists)."""
+    from recmas_ray.config.training import InnerTrainConfig
+    from recmas_ray.styles import get_style
+    from recmas_ray.train.inner_job import train_all_roles
+
+    roles = get_style("sequential_light").roles
+    dirs = {r: Path(cfg.inner_from or out / "inner") / r for r in roles}
+    if not all((d / "manifest.json").exists() for d in dirs.values()):
+        train_all_roles(InnerTrainConfig(
+            style="sequential_light", mas_role="all", preset=cfg.preset, dataset_name=str(train_file),
+            save_dir=str(out / "inner"), max_steps=cfg.inner_steps, batch_size=4, lr=cfg.inner_lr, warmup_steps=2,
+            save_every=cfg.inner_steps, seed=cfg.seed, num_workers=0, progress=False, max_length=512, task=cfg.task,
+            log_every=max(1, cfg.inner_steps // 4)))
+    return {r: str(d) for r, d in dirs.items()}
+
+
+def _outer(cfg: SweepRecipeConfig, recipe: str, inner: dict, train_file: Path, eval_file: Path, out: Path):
+    """Train one recipe's outer links; returns (save_dir, per-step log, held-out curve, seconds)."""
+    from recmas_ray.config.training import OuterTrainConfig
+    from recmas_ray.train.pipeline import train_outer
+
+    t0 = time.perf_counter()
+    tc = OuterTrainConfig(
+        style="sequential_light", preset=cfg.preset, ckpt_override=dict(inner), dataset_name=str(train_file),
+        task=cfg.task, save_dir=str(out / recipe / "outer"), max_steps=cfg.outer_steps,
+        batch_size=cfg.outer_batch_size, save_every=cfg.outer_steps, seed=cfg.seed, cpus_per_worker=0.5,
+        max_failures=0, log_every=max(1, cfg.outer_steps // 8), progress=False,
+        eval_every=cfg.eval_every, eval_dataset=str(eval_file) if cfg.eval_every else None, **RECIPES[recipe])
+    res = train_outer(tc)
+    return str(res.save_dir), res.log, res.eval_log, time.perf_counter() - t0
+
+
+def main_cfg(cfg: SweepRecipeConfig) -> int:
+    """Run the sweep; writes per-recipe result.json and summary.md, prints the table."""
+    import ray
+
+    from recmas_ray.distributed.driver import init_ray
+    from recmas_ray.train.synthetic import check_disjoint, make_hidden_operand_dataset, split_train_eval, write_jsonl
+    from jobs.sweep_recipe_measure import Measurer, summary_table
+
+    out = Path(cfg.out_dir).resolve()
+    out.mkdir(parents=True, exist_ok=True)
+    want = dataclasses.asdict(cfg)
+    old = out / "sweep_config.json"
+    if old.exists():
+        prev = json.loads(old.read_text())
+        diff = sorted(k for k in want if k != "recipes" and prev.get(k) != want[k])
+        if diff:
+            raise ValueError(f"--out_dir {out} holds a sweep with other settings ({', '.join(diff)}); "
+                             "use another --out_dir")
+    old.write_text(json.dumps(want, indent=2))
+    rows = make_hidden_operand_dataset(cfg.num_train + cfg.num_eval, seed=cfg.seed)
+    train, heldout = split_train_eval(rows, cfg.num_eval, seed=cfg.seed)
+    check_disjoint(train, heldout)
+    train_file, eval_file = write_jsonl(train, out / "train.jsonl"), write_jsonl(heldout, out / "heldout.jsonl")
+    if not ray.is_initialized():
+        init_ray()
+    t0 = time.perf_counter()
+    inner = _inner(cfg, train_file, out)
+    print(f"[sweep] inner links ready ({time.perf_counter() - t0:.0f} s)", flush=True)
+    results = {}
+    if cfg.baselines:
+        path = out / "baselines.json"
+        if not path.exists():
+            measurer = Measurer(cfg, inner, heldout)
+            path.write_text(json.dumps(measurer.baselines(), indent=2))
+            measurer.close()
+        results["_baselines"] = json.loads(path.read_text())
+    for recipe in cfg.recipes:
+        path = out / recipe / "result.json"
+        if not path.exists():
+            save_dir, log, curve, secs = _outer(cfg, recipe, inner, train_file, eval_file, out)
+            print(f"[sweep] {recipe}: outer training {secs:.0f} s, loss {log[0]['loss']:.3f} -> "
+                  f"{log[-1]['loss']:.3f}", flush=True)
+            measurer = Measurer(cfg, inner, heldout)  # the agents load only while no training runs (memory)
+            got = measurer.recipe(save_dir, RECIPES[recipe])
+            measurer.close()
+            got.update(recipe=recipe, settings=RECIPES[recipe], train_seconds=secs,
+                       loss_first=log[0]["loss"], loss_last=log[-1]["loss"], eval_curve=curve)
+            path.write_text(json.dumps(got, indent=2))
+        results[recipe] = json.loads(path.read_text())
+        table = summary_table(results, cfg)
+        (out / "summary.md").write_text(table + "\n")
+        print(table, flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(run_job(main_cfg, SweepRecipeConfig, prog="sweep_recipe", description=__doc__))

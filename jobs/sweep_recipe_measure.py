@@ -1,0 +1,222 @@
+"""Measurements of `jobs/sweep_recipe.py` on the hidden-operand held-out set: accuracy, fact / result token NLL,
+a linear probe of the hidden x per edge, paired tests.
+
+In-process agents (`runner.LocalPool`) loaded once; link sets are swapped into them (`AgentService.set_links`)
+and the measured quantities are taken from the very calls `run_batch` makes: `CapturePool` keeps every latent
+message it passes on and scores the decoder's gold answer token by token from the prompt it decodes from.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import torch
+
+from recmas_ray.runner import LocalPool
+
+
+def mcnemar_exact(a: list[bool], b: list[bool]) -> dict:
+    """McNemar's exact test of paired outcomes: two-sided binomial test on the discordant pairs."""
+    from scipy.stats import binomtest
+
+    only_a = sum(x and not y for x, y in zip(a, b))
+    only_b = sum(y and not x for x, y in zip(a, b))
+    n = only_a + only_b
+    return {"only_a": only_a, "only_b": only_b, "p": float(binomtest(only_a, n, 0.5).pvalue) if n else 1.0}
+
+
+def paired(a: list[float], b: list[float]) -> dict:
+    """Mean and standard error of b - a over the pairs where both are present."""
+    d = np.array([y - x for x, y in zip(a, b) if x is not None and y is not None], dtype=np.float64)
+    if len(d) < 2:
+        return {"mean": None, "se": None, "n": int(len(d))}
+    return {"mean": float(d.mean()), "se": float(d.std(ddof=1) / math.sqrt(len(d))), "n": int(len(d))}
+
+
+def probe_x(features_NE: np.ndarray, x: list[float], seed: int = 0) -> dict:
+    """5-fold cross-validated ridge (penalty chosen inside each training fold) from features to x: held-out R^2
+    (0 = the constant baseline) and the share of questions whose rounded prediction equals x."""
+    from sklearn.linear_model import RidgeCV
+    from sklearn.model_selection import KFold, cross_val_predict
+    from sklearn.pipeline import make_pipeline
+    from sklearn.preprocessing import StandardScaler
+
+    y = np.asarray(x, dtype=np.float64)
+    model = make_pipeline(StandardScaler(), RidgeCV(alphas=np.logspace(-2, 6, 17)))
+    pred = cross_val_predict(model, features_NE, y, cv=KFold(5, shuffle=True, random_state=seed))
+    r2 = 1.0 - float(((y - pred) ** 2).sum() / max(1e-12, ((y - y.mean()) ** 2).sum()))
+    return {"r2": r2, "exact": float(np.mean(np.round(pred) == y))}
+
+
+def _spans(target: str, value: str, start: int) -> tuple[int, int]:
+    at = target.index(value, start)
+    return at, at + len(value)
+
+
+def token_classes(tokenizer, target: str, fact: str, result: str, turn_end: str) -> list[str]:
+    """fact / result / other per token of `target + turn_end` (as the decoder is scored): the hidden value's
+    digits at the start of the answer, and the value after '='."""
+    fact_span = _spans(target, fact, 0)
+    res_span = _spans(target, result, target.index("=") + 1)
+    enc = tokenizer(target + turn_end, add_special_tokens=False, return_offsets_mapping=True)
+    out = []
+    for a, b in enc["offset_mapping"]:
+        overlaps = lambda s: a < s[1] and b > s[0]  # noqa: E731
+        out.append("fact" if overlaps(fact_span) else "result" if overlaps(res_span) else "other")
+    return out
+
+
+class CapturePool(LocalPool):
+    """LocalPool that records every latent message and the decoder's per-token answer NLL."""
+
+    def __init__(self, services: dict):
+        super().__init__(services)
+        self.messages: dict[str, list[torch.Tensor]] = {}
+        self.token_nll: list[list[float]] = []
+
+    def rollout(self, role, users, slot_names, num_steps, edges, latents):
+        msgs, stats = super().rollout(role, users, slot_names, num_steps, edges, latents)
+        for edge, m in zip(edges, msgs):
+            self.messages.setdefault(edge, []).append(m.detach().float().cpu())  # later rounds come last
+        return msgs, stats
+
+    @torch.no_grad()
+    def score(self, role, users, slot_names, targets, latents):
+        import time
+
+        from recmas_ray.agent import left_pad
+
+        t0 = time.perf_counter()
+        agent = self.services[role].agent
+        rows, masks = [], []
+        for b, (user, target) in enumerate(zip(users, targets)):
+            e_LD, ids_L, asst_L = agent.embed_teacher_forced(user, {m: x[b] for m, x in zip(slot_names, latents)},
+                                                            target)
+            rows.append(e_LD)
+            masks.append((ids_L, asst_L))
+        e_BLD, mask_BL = left_pad(rows)
+        h_BLD = agent.forward_hidden(e_BLD, mask_BL)
+        L = h_BLD.shape[1]
+        out = []
+        for b, (ids_L, asst_L) in enumerate(masks):
+            pos = L - asst_L.shape[0] + torch.nonzero(asst_L).squeeze(1)
+            logp = torch.log_softmax(agent.logits(h_BLD[b, pos - 1]).float(), dim=-1)
+            gold = ids_L[asst_L].to(logp.device)
+            out.append((-logp.gather(-1, gold[:, None])[:, 0]).tolist())
+        self.token_nll.extend(out)
+        return [float(np.mean(t)) for t in out], {"role": role, "seconds": time.perf_counter() - t0}
+
+
+class Measurer:
+    """Agents of the sweep's system, loaded once; each measurement swaps link sets into them."""
+
+    def __init__(self, cfg, inner: dict[str, str], heldout: list[dict]):
+        from recmas_ray.service import AgentService
+        from recmas_ray.system.plan import plan_system
+        from recmas_ray.train.data import question_text
+
+        self.cfg, self.rows = cfg, heldout
+        self.questions = [question_text(r) for r in heldout]
+        self.plan_of = lambda overrides: plan_system("sequential_light", preset=cfg.preset, ckpt_overrides=overrides,
+                                                     seed=cfg.seed, task=cfg.task)
+        self.inner = dict(inner)
+        base = self.plan_of(self.inner)
+        self.style = base.style
+        torch.set_num_threads(2)
+        self.pool = CapturePool({r: AgentService(*base.service_args(r)) for r in base.style.roles})
+
+    def _use(self, plan, latent_norm: str) -> None:
+        for role, svc in self.pool.services.items():
+            svc.set_links(*plan.service_args(role)[1:])
+            svc.agent.set_latent_norm(latent_norm)
+
+    def _run(self, method: str, rounds: int, *, ablation: str = "none", questions=None) -> dict:
+        from recmas_ray.config.recursion import DecodeConfig, RecursionConfig
+        from recmas_ray.eval.graders import grade_math_strict
+        from recmas_ray.runner import run_batch
+
+        cfg, questions = self.cfg, questions or self.questions
+        rc = RecursionConfig(method=method, num_recursive_rounds=rounds, latent_steps=cfg.latent_steps,
+                             latent_ablation=ablation, decode=DecodeConfig(max_new_tokens=cfg.max_new_tokens,
+                                                                           seed=cfg.seed))
+        correct, fact_nll, result_nll, feats, preds = [], [], [], {}, []
+        decoder = self.pool.services[self.style.decoder].agent
+        for k in range(0, len(self.rows), cfg.eval_batch_size):
+            rows = self.rows[k:k + cfg.eval_batch_size]
+            self.pool.messages, self.pool.token_nll = {}, []
+            res = run_batch(self.pool, self.style, questions[k:k + cfg.eval_batch_size], [cfg.task] * len(rows), rc,
+                            targets=[r["answer"] for r in rows])
+            for r, s, tok in zip(rows, res, self.pool.token_nll):
+                correct.append(bool(grade_math_strict(s.prediction, r["gold"])))
+                preds.append(s.prediction)
+                cls = token_classes(decoder.tokenizer, r["answer"], str(r["facts"]["fact"]), r["gold"],
+                                    decoder.assistant_turn_end())
+                for name, into in (("fact", fact_nll), ("result", result_nll)):
+                    vals = [v for v, c in zip(tok, cls) if c == name]
+                    into.append(float(np.mean(vals)) if vals else None)
+            for edge, per_round in self.pool.messages.items():
+                feats.setdefault(edge, []).append(per_round[-1].mean(dim=1).numpy())
+        out = {"accuracy": float(np.mean(correct)), "correct": correct, "fact_nll": fact_nll,
+               "result_nll": result_nll, "predictions": preds[:8]}
+        x = [float(r["facts"]["fact"]) for r in self.rows]
+        out["probe"] = {e: probe_x(np.concatenate(f), x, self.cfg.seed) for e, f in feats.items()}
+        return out
+
+    def baselines(self) -> dict:
+        """Single agent without the fact (floor), with it (ceiling), TextMAS (text can carry the fact)."""
+        self._use(self.plan_of(self.inner), "none")
+        full = [r["full_question"] for r in self.rows]
+        return {"single_floor": self._run("single_agent", 1), "single_ceiling": self._run("single_agent", 1, questions=full),
+                "textmas": self._run("textmas", 1)}
+
+    def recipe(self, outer_dir: str, settings: dict) -> dict:
+        """Trained links (own, shuffled, zeroed latents) and fresh outer links, at the recipe's R and latent norm."""
+        rounds, norm = settings.get("num_recursive_rounds", 2), settings.get("latent_norm", "none")
+        self._use(self.plan_of({**self.inner, "outer": outer_dir}), norm)
+        got = {"trained": self._run("recursive_mas", rounds), "shuffled": self._run("recursive_mas", rounds, ablation="shuffle"),
+               "zeroed": self._run("recursive_mas", rounds, ablation="zero")}
+        self._use(self.plan_of(self.inner), norm)
+        got["fresh"] = self._run("recursive_mas", rounds)
+        t = got["trained"]
+        got["tests"] = {f"vs_{k}": {"mcnemar": mcnemar_exact(t["correct"], got[k]["correct"]),
+                                    "fact_nll": paired(t["fact_nll"], got[k]["fact_nll"]),
+                                    "result_nll": paired(t["result_nll"], got[k]["result_nll"])}
+                        for k in ("shuffled", "zeroed", "fresh")}
+        return got
+
+    def close(self) -> None:
+        """Drop the agents (their models' memory goes back before the next training run)."""
+        import gc
+
+        self.pool.services.clear()
+        gc.collect()
+
+
+def _pm(d: dict) -> str:
+    return "n/a" if d.get("mean") is None else f"{d['mean']:+.3f} +- {d['se']:.3f}"
+
+
+def summary_table(results: dict, cfg) -> str:
+    """Markdown table: per recipe accuracies, McNemar p, paired fact/result NLL gaps, probe R^2 per edge."""
+    n = cfg.num_eval
+    lines = [f"hidden-operand task, {n} held-out questions, {cfg.num_train} training rows, outer {cfg.outer_steps} "
+             f"steps x {cfg.outer_batch_size} rows, inner {cfg.inner_steps} steps, m = {cfg.latent_steps}", ""]
+    base = results.get("_baselines")
+    if base:
+        lines.append("baselines: " + ", ".join(f"{k} {v['accuracy']:.1%}" for k, v in base.items()))
+        lines.append("")
+    lines += ["| recipe | loss first -> last | acc trained / shuffled / zeroed / fresh | McNemar p vs shuffled / fresh "
+              "| fact NLL shuffled - own | result NLL shuffled - own | probe R^2 of x (exact) per edge, trained | fresh |",
+              "|---|---|---|---|---|---|---|---|"]
+    for name, r in results.items():
+        if name.startswith("_"):
+            continue
+        acc = " / ".join(f"{r[k]['accuracy']:.1%}" for k in ("trained", "shuffled", "zeroed", "fresh"))
+        t = r["tests"]
+        probes = lambda v: ", ".join(f"{e} {p['r2']:.2f} ({p['exact']:.0%})" for e, p in r[v]["probe"].items())  # noqa: E731
+        lines.append(f"| {name} | {r['loss_first']:.3f} -> {r['loss_last']:.3f} | {acc} | "
+                     f"{t['vs_shuffled']['mcnemar']['p']:.2g} / {t['vs_fresh']['mcnemar']['p']:.2g} | "
+                     f"{_pm(t['vs_shuffled']['fact_nll'])} | {_pm(t['vs_shuffled']['result_nll'])} | "
+                     f"{probes('trained')} | {probes('fresh')} |")
+    return "\n".join(lines)

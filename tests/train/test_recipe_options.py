@@ -1,0 +1,120 @@
+"""Non-reference recipe options of outer training, on tiny models: latents rescaled to the receiving model's
+token-embedding norm at splice time, answer value tokens weighted in the loss, the ridge bridge's token pairs,
+and the config fields (off by default, checked before any model loads)."""
+
+import pytest
+import torch
+
+from recmas_ray.agent import Agent
+from recmas_ray.config.training import LATENT_NORMS, OuterTrainConfig
+from recmas_ray.links import InnerLink
+from recmas_ray.models.loader import load_frozen_model
+from recmas_ray.styles import build_schedule, get_style
+
+SLOT = "<<LATENT_PLANNER_SLOT>>"
+
+
+@pytest.fixture(scope="module")
+def agents(tiny_cache):
+    out = {}
+    for family in ("qwen3", "gemma3"):
+        model, tok = load_frozen_model(f"tiny:{family}", dtype=torch.float32)
+        torch.manual_seed(0)
+        out[family] = Agent(model, tok, InnerLink(model.config.hidden_size), role="critic", model_name=f"tiny:{family}")
+    return out
+
+
+@pytest.mark.parametrize("family", ["qwen3", "gemma3"])
+def test_spliced_latents_get_the_token_embedding_norm(agents, family):
+    agent = agents[family]
+    emb = agent.model.get_input_embeddings()
+    want = float(emb(torch.arange(len(agent.tokenizer))).norm(dim=-1).mean())  # Gemma's sqrt(d) scaling included
+    block = torch.randn(3, agent.hidden_size) * 10
+    e_plain, ids = agent.embed_prompt(f"Plan: {SLOT} go", {SLOT: block})
+    at = ids == -100
+    assert torch.allclose(e_plain[at], block)  # the release: spliced as they come
+    agent.set_latent_norm("embedding")
+    try:
+        e_scaled, _ = agent.embed_prompt(f"Plan: {SLOT} go", {SLOT: block})
+        assert torch.allclose(e_scaled[at].norm(dim=-1), torch.full((3,), want), rtol=1e-4)
+        assert torch.allclose(e_scaled[~at], e_plain[~at])  # text positions untouched
+        grad_in = block.clone().requires_grad_()
+        agent.embed_teacher_forced(f"Plan: {SLOT} go", {SLOT: grad_in}, "ok")[0].sum().backward()
+        assert grad_in.grad is not None and grad_in.grad.abs().sum() > 0  # training still reaches the links
+    finally:
+        agent.set_latent_norm("none")
+    assert agent.latent_norm is None
+    with pytest.raises(ValueError, match="latent_norm"):
+        agent.set_latent_norm("tokens")
+
+
+def test_value_token_weights_mark_digit_tokens(agents):
+    from recmas_ray.train.outer import value_token_weights
+
+    tok = agents["qwen3"].tokenizer
+    ids = tok("17 - 8 = 9. \\boxed{9}", add_special_tokens=False).input_ids
+    w = value_token_weights(tok, ids, 5.0)
+    for t, wt in zip(ids, w.tolist()):
+        assert wt == (5.0 if any(c.isdigit() for c in tok.decode([t])) else 1.0)
+    assert 5.0 in w.tolist() and 1.0 in w.tolist()
+
+
+def test_value_token_weight_changes_the_objective_not_the_logged_loss(agents):
+    from recmas_ray.train.outer import encode_stage, prepare_samples
+    from recmas_ray.train.synthetic import make_hidden_operand_dataset
+
+    style = get_style("sequential_light")
+    model, tok = load_frozen_model("tiny:qwen3", dtype=torch.float32)
+    torch.manual_seed(0)
+    solver = Agent(model, tok, InnerLink(64), role="solver", model_name="tiny:qwen3")
+    samples = prepare_samples(make_hidden_operand_dataset(3, seed=0), style, "qa")
+    step = next(s for s in build_schedule(style, 1) if s.decode)
+    lat = {m: torch.randn(12, 64, requires_grad=True) for m, _ in step.inputs}
+    from recmas_ray.train.outer import Latent
+
+    kw = dict(task="qa", num_rounds=1, max_latent_tokens=8, non_last_loss_weight=0.0, batch_size=3)
+    runs = {w: encode_stage(solver, style, step, samples, {m: Latent(x, [4, 4, 4]) for m, x in lat.items()},
+                            value_token_weight=w, **kw) for w in (1.0, 5.0)}
+    assert runs[1.0].sample_losses == pytest.approx(runs[5.0].sample_losses)  # logs stay the plain CE
+    assert float(runs[1.0].objective.detach()) == pytest.approx(sum(runs[1.0].sample_losses) / 3, rel=1e-5)
+    assert float(runs[5.0].objective.detach()) != pytest.approx(float(runs[1.0].objective.detach()), rel=1e-3)
+    runs[5.0].objective.backward()
+    assert all(x.grad is not None and x.grad.abs().sum() > 0 for x in lat.values())
+
+
+def test_bridge_pairs_tokens_with_the_same_text(agents):
+    from recmas_ray.train.bridge import shared_token_pairs
+
+    a, b = agents["qwen3"].tokenizer, agents["gemma3"].tokenizer
+    src, dst = shared_token_pairs(a, b, max_pairs=50)
+    assert 16 <= len(src) == len(dst) <= 50
+    assert all(a.decode([i]) == b.decode([j]) for i, j in zip(src, dst))
+
+
+def test_recipe_fields_default_to_the_reference_and_are_checked():
+    cfg = OuterTrainConfig()
+    assert (cfg.latent_norm, cfg.outer_init, cfg.value_token_weight, cfg.warmup_from_zero) == \
+        ("none", "default", 1.0, False)
+    assert LATENT_NORMS == ("none", "embedding")
+    from recmas_ray.config.checks import check_tree
+
+    for bad in ({"latent_norm": "tokens"}, {"outer_init": "ridge"}, {"value_token_weight": 0.0}):
+        with pytest.raises(ValueError):
+            check_tree(OuterTrainConfig(**bad))
+
+
+@pytest.mark.parametrize("mode", ["embedding", None])
+def test_inference_follows_the_latent_norm_the_outer_links_were_trained_with(tmp_path, tiny_cache, mode):
+    from recmas_ray.service import AgentService
+    from recmas_ray.system.checkpoints import LinkSet, save_links
+    from recmas_ray.system.plan import plan_system
+
+    fresh = plan_system("sequential_light", preset="tiny", seed=0)
+    train_config = {"latent_norm": mode} if mode else {}
+    save_links(tmp_path, LinkSet(outer=dict(fresh.links.outer)), {**fresh.manifest(), "kind": "outer",
+                                                                    "train_config": train_config})
+    plan = plan_system("sequential_light", preset="tiny", seed=0, ckpt_overrides={"outer": str(tmp_path)})
+    assert {s.latent_norm for s in plan.specs.values()} == {mode or "none"}
+    assert {s.latent_norm for s in fresh.specs.values()} == {"none"}
+    svc = AgentService(*plan.service_args("solver"))
+    assert (svc.agent.latent_norm is not None) == (mode == "embedding")
