@@ -22,7 +22,9 @@ from dataclasses import dataclass, field
 
 import torch
 
+from recmas_ray.config.engine import EngineConfig
 from recmas_ray.config.recursion import DecodeConfig
+from recmas_ray.kv_cache import PrefixStore, left_pad, positions, prefill
 from recmas_ray.links import InnerLink, OuterLink
 
 _SLOT_RE = re.compile(r"<<[A-Z_]+_SLOT>>")
@@ -60,7 +62,7 @@ class Agent:
     """A frozen causal LM with its inner link; outer links of outgoing edges are attached by name."""
 
     def __init__(self, model, tokenizer, inner_link: InnerLink, *, role: str, model_name: str,
-                 system_prompt: str = "You are a helpful assistant."):
+                 system_prompt: str = "You are a helpful assistant.", engine: EngineConfig | None = None):
         hidden = model.config.get_text_config().hidden_size
         if inner_link.hidden_size != hidden:
             raise ValueError(f"role {role}: inner link has hidden size {inner_link.hidden_size}, "
@@ -75,6 +77,12 @@ class Agent:
         self.device = output_device(model)  # links sit with the last layer (models split over GPUs)
         self.dtype = next(model.parameters()).dtype
         self.inner_link.to(self.device, self.dtype)
+        self.engine = engine or EngineConfig()
+        self.prefix_store = PrefixStore(int(self.engine.prefix_cache_mib * 2**20))
+        # prompt tokens run (tokens_prefilled) and copied from the prefix store (tokens_reused) by the
+        # latest static-cache rollout or decode (the benchmark reports them per round)
+        self.last_prefill: dict[str, int] = {}
+        self._compiled: dict[str, object] = {}
 
     # ----------------------------------------------------------------------------- links
     def attach_outer_link(self, edge: str, link: OuterLink) -> None:
@@ -141,9 +149,19 @@ class Agent:
 
     def embed_batch(self, users: list[str], latents: dict[str, torch.Tensor] | None = None):
         """Left-padded batch: (E_BLD, mask_BL). `latents` maps slot -> [B, M, D]."""
+        return self.embed_batch_with_prefix(users, latents)[:2]
+
+    def embed_batch_with_prefix(self, users: list[str], latents: dict[str, torch.Tensor] | None = None):
+        """(E_BLD, mask_BL, prefix_ids): `prefix_ids[b]` are row b's tokens before its first latent block
+        (the whole prompt without slots), the part whose KV `latent_rollout`/`decode` can reuse."""
         latents = latents or {}
-        rows = [self.embed_prompt(u, {k: v[b] for k, v in latents.items()})[0] for b, u in enumerate(users)]
-        return left_pad(rows)
+        rows, prefix_ids = [], []
+        for b, u in enumerate(users):
+            e_LD, ids_L = self.embed_prompt(u, {k: v[b] for k, v in latents.items()})
+            ids = ids_L.tolist()
+            rows.append(e_LD)
+            prefix_ids.append(ids[:ids.index(-100)] if -100 in ids else ids)
+        return (*left_pad(rows), prefix_ids)
 
     def assistant_turn_end(self) -> str:
         """What the chat template writes after an assistant message's text (Qwen: `<|im_end|>` and a newline),
@@ -224,17 +242,21 @@ class Agent:
 
     @torch.no_grad()
     def latent_rollout(self, e_BLD: torch.Tensor, mask_BL: torch.Tensor, num_steps: int, *,
-                       use_cache: bool = True) -> torch.Tensor:
+                       use_cache: bool = True, prefix_ids: list[list[int]] | None = None) -> torch.Tensor:
         """m latent steps; returns the raw last-layer states H_BMD (before any link).
 
         With the cache, the prompt is prefilled once and each inner(h) is one new position; without it,
         the whole prefix is re-run every step (the reference's O(m) full forwards; kept for checks).
+        `prefix_ids` (from `embed_batch_with_prefix`) lets the prompt text before the first slot reuse
+        the KV stored by earlier calls (static cache only).
         """
         if num_steps < 0:
             raise ValueError(f"latent_steps must be >= 0, got {num_steps}")
         B = e_BLD.shape[0]
         if num_steps == 0:
             return e_BLD.new_zeros(B, 0, self.hidden_size)
+        if use_cache and self.engine.static_cache:
+            return self._rollout_static(e_BLD, mask_BL, num_steps, prefix_ids)
         pos_BL = positions(mask_BL)
         hs = []
         if use_cache:
@@ -257,6 +279,42 @@ class Agent:
                 mask_BL = torch.cat([mask_BL, mask_BL.new_ones(B, 1)], dim=1)
         return torch.stack(hs, dim=1)
 
+    def _prefill_static(self, run, e_BLD, mask_BL, extra: int, prefix_ids):
+        store = self.prefix_store if self.engine.prefix_cache_mib > 0 else None
+        out, pre = prefill(self.model, run, e_BLD, mask_BL, extra, prefix_ids=prefix_ids, store=store)
+        self.last_prefill = {"tokens_prefilled": pre.tokens_prefilled, "tokens_reused": pre.tokens_reused}
+        return out, pre
+
+    def _hidden_run(self, e_BTD, mask_BS, pos_BT, cache):
+        return self.model.get_decoder()(inputs_embeds=e_BTD, attention_mask=mask_BS, position_ids=pos_BT,
+                                        use_cache=True, **{cache_kw(): cache}).last_hidden_state
+
+    def _logits_run(self, e_BTD, mask_BS, pos_BT, cache, ids_BT=None):
+        inputs = {"input_ids": ids_BT} if ids_BT is not None else {"inputs_embeds": e_BTD}
+        return self.model(**inputs, attention_mask=mask_BS, position_ids=pos_BT, use_cache=True,
+                          logits_to_keep=1, **{cache_kw(): cache}).logits[:, -1]
+
+    def _step_fn(self, name: str):
+        """The one-position step (`hidden` or `logits`), compiled when `engine.compile_step`."""
+        fn = self._hidden_run if name == "hidden" else self._logits_run
+        if not self.engine.compile_step:
+            return fn
+        if name not in self._compiled:
+            self._compiled[name] = torch.compile(fn, dynamic=False)
+        return self._compiled[name]
+
+    def _rollout_static(self, e_BLD, mask_BL, num_steps: int, prefix_ids) -> torch.Tensor:
+        """The cached rollout on a preallocated cache: H_BMD written in place, one position per step."""
+        B = e_BLD.shape[0]
+        h_BLD, pre = self._prefill_static(self._hidden_run, e_BLD, mask_BL, num_steps - 1, prefix_ids)
+        h_BMD = h_BLD.new_empty(B, num_steps, h_BLD.shape[-1])
+        h_BMD[:, 0] = h_BLD[:, -1]
+        step, pos_B1 = self._step_fn("hidden"), pre.pos_B1
+        for t in range(1, num_steps):
+            pos_B1 = pos_B1 + 1
+            h_BMD[:, t] = step(self.inner_link(h_BMD[:, t - 1])[:, None], pre.mask_BS, pos_B1, pre.cache)[:, -1]
+        return h_BMD
+
     def messages(self, h_BMD: torch.Tensor, edges: tuple[str, ...] | list[str], *,
                  device: str | None = "cpu") -> dict[str, torch.Tensor]:
         """outer_{edge}(inner(H)) per edge, detached, on `device` (None: where computed, for NCCL)."""
@@ -270,13 +328,50 @@ class Agent:
 
     # ----------------------------------------------------------------------------- text
     @torch.no_grad()
-    def decode(self, e_BLD: torch.Tensor, mask_BL: torch.Tensor, cfg: DecodeConfig) -> list[Decoded]:
-        """Decode text from embeddings with the KV cache; stops per sample at EOS or the budget."""
+    def decode(self, e_BLD: torch.Tensor, mask_BL: torch.Tensor, cfg: DecodeConfig, *,
+               prefix_ids: list[list[int]] | None = None) -> list[Decoded]:
+        """Decode text from embeddings with the KV cache; stops per sample at EOS or the budget.
+
+        `prefix_ids` (from `embed_batch_with_prefix`) reuses stored prompt-prefix KV (static cache only).
+        """
         if cfg.max_new_tokens < 1:
             raise ValueError(f"max_new_tokens must be >= 1, got {cfg.max_new_tokens}")
-        state = self.prefill(e_BLD, mask_BL)
-        tokens = self.generate(state, cfg, max_new_tokens=cfg.max_new_tokens, gen=self.make_generator(cfg))
+        if self.engine.static_cache:
+            tokens = self._decode_static(e_BLD, mask_BL, cfg, prefix_ids)
+        else:
+            state = self.prefill(e_BLD, mask_BL)
+            tokens = self.generate(state, cfg, max_new_tokens=cfg.max_new_tokens, gen=self.make_generator(cfg))
         return [Decoded(self.detokenize(toks), len(toks)) for toks in tokens]
+
+    def _decode_static(self, e_BLD, mask_BL, cfg: DecodeConfig, prefix_ids) -> list[list[int]]:
+        """Greedy/sampled decode on a preallocated cache; tokens stay on the device and "all rows done" is
+        checked every `engine.decode_sync_every` tokens. Same picks as `generate` (same `_pick` calls in
+        the same order), each row cut after its first EOS."""
+        B, N = e_BLD.shape[0], cfg.max_new_tokens
+        if cfg.do_sample and cfg.top_k < 0:
+            cfg = dataclasses.replace(cfg, top_k=model_top_k(self.model))
+        gen = self.make_generator(cfg)
+        eos = _eos_ids(self.model, self.tokenizer).to(self.device)
+        logits_BV, pre = self._prefill_static(self._logits_run, e_BLD, mask_BL, N - 1, prefix_ids)
+        pad = torch.tensor(self.tokenizer.pad_token_id or 0, device=self.device)
+        tokens_BN = torch.full((B, N), int(pad), dtype=torch.long, device=self.device)
+        done_B = torch.zeros(B, dtype=torch.bool, device=self.device)
+        step, pos_B1, num_picked = self._step_fn("logits"), pre.pos_B1, 0
+        for t in range(N):
+            next_B = torch.where(done_B, pad, _pick(logits_BV.float(), cfg, gen))
+            tokens_BN[:, t] = next_B
+            done_B |= torch.isin(next_B, eos)
+            num_picked = t + 1
+            if t == N - 1 or (num_picked % self.engine.decode_sync_every == 0 and bool(done_B.all())):
+                break
+            pos_B1 = pos_B1 + 1
+            logits_BV = step(None, pre.mask_BS, pos_B1, pre.cache, next_B[:, None])
+        eos_set = set(eos.tolist())
+        out = []
+        for row in tokens_BN[:, :num_picked].tolist():
+            cut = next((i + 1 for i, tok in enumerate(row) if tok in eos_set), len(row))
+            out.append(row[:cut])
+        return out
 
     # Resumable decoding (the deliberation tool loop): prefill once, generate until a stop, feed the
     # tool result into the same cache, generate again. `decode` is prefill + one generate.
@@ -397,19 +492,3 @@ def _pick(logits_BV: torch.Tensor, cfg: DecodeConfig, gen) -> torch.Tensor:
     sorted_p = sorted_p * keep
     choice = torch.multinomial(sorted_p / sorted_p.sum(-1, keepdim=True), 1, generator=gen)
     return idx.gather(-1, choice).squeeze(-1)
-
-
-def positions(mask_BL: torch.Tensor) -> torch.Tensor:
-    """Position ids that ignore left padding: cumsum(mask) - 1, pads clamped to 0."""
-    return (mask_BL.long().cumsum(-1) - 1).clamp(min=0)
-
-
-def left_pad(rows: list[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
-    """Stack [L_i, D] rows into (E_BLD, mask_BL), zero vectors and mask 0 on the left."""
-    L = max(r.shape[0] for r in rows)
-    e_BLD = rows[0].new_zeros(len(rows), L, rows[0].shape[-1])
-    mask_BL = torch.zeros(len(rows), L, dtype=torch.long, device=rows[0].device)
-    for b, r in enumerate(rows):
-        e_BLD[b, L - r.shape[0]:] = r
-        mask_BL[b, L - r.shape[0]:] = 1
-    return e_BLD, mask_BL
