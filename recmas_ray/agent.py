@@ -8,6 +8,8 @@ What it does, per batch of prompts:
   message  outer_{edge}(inner(H)) for each outgoing edge, detached on CPU
   decode   greedy or sampled text decoding from embeddings, with the KV cache; resumable
            (prefill / generate / feed) so the tool loop can append results and continue
+Rollout and `decode` run on a preallocated cache and mask (`kv_cache.py`) and reuse the stored KV of
+prompt text before the first slot across calls; `engine` (config/engine.py) chooses.
 
 Legend: B batch, L sequence, M latent steps, D this agent's hidden size, E target hidden size.
 """
@@ -15,42 +17,19 @@ Legend: B batch, L sequence, M latent steps, D this agent's hidden size, E targe
 from __future__ import annotations
 
 import dataclasses
-import functools
-import inspect
 import re
-from dataclasses import dataclass, field
 
 import torch
 
 from recmas_ray.config.engine import EngineConfig
 from recmas_ray.config.recursion import DecodeConfig
-from recmas_ray.kv_cache import PrefixStore, left_pad, positions, prefill
+from recmas_ray.decoding import HF_DEFAULT_TOP_K, Decoded, DecodeState, decode_loop, model_top_k  # noqa: F401 (re-exported)
+from recmas_ray.decoding import eos_ids as _eos_ids
+from recmas_ray.decoding import pick as _pick  # tests replace agent._pick
+from recmas_ray.kv_cache import PrefixStore, cache_kw, left_pad, out_cache, positions, prefill  # noqa: F401 (re-exported)
 from recmas_ray.links import InnerLink, OuterLink
 
 _SLOT_RE = re.compile(r"<<[A-Z_]+_SLOT>>")
-
-
-@dataclass
-class Decoded:
-    """One sample's decoded text and the number of tokens generated for it (EOS included)."""
-
-    text: str
-    num_tokens: int
-    tool_calls: list[dict] = field(default_factory=list)
-    """Deliberation tool loop: one dict per executed call (kind, input, result, ok, seconds)."""
-
-
-@functools.cache
-def cache_kw() -> str:
-    # transformers 5.x renamed past_key_values -> cache (the old name warns); 4.x only knows the old one.
-    from transformers import LlamaModel
-
-    return "cache" if "cache" in inspect.signature(LlamaModel.forward).parameters else "past_key_values"
-
-
-
-def _out_cache(out):
-    return getattr(out, "cache", None) if cache_kw() == "cache" else out.past_key_values
 
 
 def find_slots(text: str) -> list[str]:
@@ -238,7 +217,7 @@ class Agent:
         kw = {cache_kw(): cache} if cache is not None else {}
         out = self.model.get_decoder()(inputs_embeds=e_BLD, attention_mask=mask_BL, position_ids=pos_BL,
                                        use_cache=True, **kw)
-        return out.last_hidden_state, _out_cache(out)
+        return out.last_hidden_state, out_cache(out)
 
     @torch.no_grad()
     def latent_rollout(self, e_BLD: torch.Tensor, mask_BL: torch.Tensor, num_steps: int, *,
@@ -344,34 +323,19 @@ class Agent:
         return [Decoded(self.detokenize(toks), len(toks)) for toks in tokens]
 
     def _decode_static(self, e_BLD, mask_BL, cfg: DecodeConfig, prefix_ids) -> list[list[int]]:
-        """Greedy/sampled decode on a preallocated cache; tokens stay on the device and "all rows done" is
-        checked every `engine.decode_sync_every` tokens. Same picks as `generate` (same `_pick` calls in
-        the same order), each row cut after its first EOS."""
-        B, N = e_BLD.shape[0], cfg.max_new_tokens
+        """Decode on a preallocated cache (`decode_loop`: same picks as `generate`, fewer host syncs)."""
         if cfg.do_sample and cfg.top_k < 0:
             cfg = dataclasses.replace(cfg, top_k=model_top_k(self.model))
-        gen = self.make_generator(cfg)
-        eos = _eos_ids(self.model, self.tokenizer).to(self.device)
-        logits_BV, pre = self._prefill_static(self._logits_run, e_BLD, mask_BL, N - 1, prefix_ids)
-        pad = torch.tensor(self.tokenizer.pad_token_id or 0, device=self.device)
-        tokens_BN = torch.full((B, N), int(pad), dtype=torch.long, device=self.device)
-        done_B = torch.zeros(B, dtype=torch.bool, device=self.device)
-        step, pos_B1, num_picked = self._step_fn("logits"), pre.pos_B1, 0
-        for t in range(N):
-            next_B = torch.where(done_B, pad, _pick(logits_BV.float(), cfg, gen))
-            tokens_BN[:, t] = next_B
-            done_B |= torch.isin(next_B, eos)
-            num_picked = t + 1
-            if t == N - 1 or (num_picked % self.engine.decode_sync_every == 0 and bool(done_B.all())):
-                break
-            pos_B1 = pos_B1 + 1
-            logits_BV = step(None, pre.mask_BS, pos_B1, pre.cache, next_B[:, None])
-        eos_set = set(eos.tolist())
-        out = []
-        for row in tokens_BN[:, :num_picked].tolist():
-            cut = next((i + 1 for i, tok in enumerate(row) if tok in eos_set), len(row))
-            out.append(row[:cut])
-        return out
+        logits_BV, pre = self._prefill_static(self._logits_run, e_BLD, mask_BL, cfg.max_new_tokens - 1, prefix_ids)
+        run, pos = self._step_fn("logits"), [pre.pos_B1]
+
+        def step(ids_B1):
+            pos[0] = pos[0] + 1
+            return run(None, pre.mask_BS, pos[0], pre.cache, ids_B1)
+
+        return decode_loop(logits_BV, step, cfg, gen=self.make_generator(cfg), pick=_pick,
+                           eos=_eos_ids(self.model, self.tokenizer).to(self.device),
+                           pad_id=self.tokenizer.pad_token_id or 0, sync_every=self.engine.decode_sync_every)
 
     # Resumable decoding (the deliberation tool loop): prefill once, generate until a stop, feed the
     # tool result into the same cache, generate again. `decode` is prefill + one generate.
@@ -387,7 +351,7 @@ class Agent:
         pos_BL = positions(mask_BL)
         out = self.model(inputs_embeds=e_BLD, attention_mask=mask_BL, position_ids=pos_BL, use_cache=True,
                          logits_to_keep=1)
-        return DecodeState(cache=_out_cache(out), mask_BL=mask_BL, pos_BL=pos_BL[:, -1:],
+        return DecodeState(cache=out_cache(out), mask_BL=mask_BL, pos_BL=pos_BL[:, -1:],
                            logits_BV=out.logits[:, -1], fed=e_BLD.shape[1])
 
     @torch.no_grad()
@@ -404,7 +368,7 @@ class Agent:
         pos_BT = state.pos_BL + torch.arange(1, T + 1, device=state.pos_BL.device)
         out = self.model(input_ids=ids_BT, attention_mask=mask_BL, position_ids=pos_BT, use_cache=True,
                          logits_to_keep=1, **{cache_kw(): state.cache})
-        state.cache, state.mask_BL, state.pos_BL = _out_cache(out), mask_BL, pos_BT[:, -1:]
+        state.cache, state.mask_BL, state.pos_BL = out_cache(out), mask_BL, pos_BT[:, -1:]
         state.logits_BV, state.fed = out.logits[:, -1], state.fed + T
 
     @torch.no_grad()
@@ -442,53 +406,3 @@ class Agent:
         """Text of generated tokens, EOS and special tokens removed."""
         eos_list = set(_eos_ids(self.model, self.tokenizer).tolist())
         return self.tokenizer.decode([t for t in token_ids if t not in eos_list], skip_special_tokens=True)
-
-
-@dataclass
-class DecodeState:
-    """A paused KV-cached decode: the cache plus what is needed to append tokens and continue."""
-
-    cache: object
-    """The model's KV cache over every fed position."""
-    mask_BL: torch.Tensor
-    """Attention mask over every fed position (left padding 0)."""
-    pos_BL: torch.Tensor
-    """Position id of the last fed column, [B, 1]."""
-    logits_BV: torch.Tensor
-    """Next-token logits after the last fed column."""
-    fed: int
-    """Columns fed through the model so far (prompt, generated and appended tokens)."""
-    pending_B: torch.Tensor | None = None
-    """Tokens picked by `generate` but not yet fed (fed first by the next `feed`/`generate`)."""
-
-
-def _eos_ids(model, tokenizer) -> torch.Tensor:
-    ids = {tokenizer.eos_token_id}
-    gen_eos = getattr(model.generation_config, "eos_token_id", None)
-    ids |= set(gen_eos if isinstance(gen_eos, list) else [gen_eos])
-    return torch.tensor(sorted(i for i in ids if i is not None), device=model.device)
-
-
-# transformers' value for a generation config without top_k (GenerationConfig defaults): what
-# the release samples with when its top_k is left unset (-1, spec section 5).
-HF_DEFAULT_TOP_K = 50
-
-
-def model_top_k(model) -> int:
-    """The top-k a model's generation config asks for (transformers' default 50 when it names none)."""
-    k = getattr(getattr(model, "generation_config", None), "top_k", None)
-    return int(k) if k is not None else HF_DEFAULT_TOP_K
-
-
-def _pick(logits_BV: torch.Tensor, cfg: DecodeConfig, gen) -> torch.Tensor:
-    if not cfg.do_sample:
-        return logits_BV.argmax(-1)
-    probs_BV = torch.softmax(logits_BV / max(cfg.temperature, 1e-5), dim=-1)
-    sorted_p, idx = probs_BV.sort(dim=-1, descending=True)
-    if cfg.top_k > 0:  # top-k first, then top-p over the renormalised rest (transformers' warper order)
-        sorted_p[:, cfg.top_k:] = 0
-        sorted_p = sorted_p / sorted_p.sum(-1, keepdim=True)
-    keep = sorted_p.cumsum(-1) - sorted_p < cfg.top_p  # always keeps the top token
-    sorted_p = sorted_p * keep
-    choice = torch.multinomial(sorted_p / sorted_p.sum(-1, keepdim=True), 1, generator=gen)
-    return idx.gather(-1, choice).squeeze(-1)

@@ -16,6 +16,8 @@ Legend: B batch, L prompt columns, S cache columns, H key/value heads, P prefix 
 
 from __future__ import annotations
 
+import functools
+import inspect
 from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import Callable
@@ -24,6 +26,19 @@ import torch
 
 BLOCK = 16
 """Prefix matches are found at multiples of this many tokens (or the whole stored prefix)."""
+
+
+@functools.cache
+def cache_kw() -> str:
+    # transformers 5.x renamed past_key_values -> cache (the old name warns); 4.x only knows the old one.
+    from transformers import LlamaModel
+
+    return "cache" if "cache" in inspect.signature(LlamaModel.forward).parameters else "past_key_values"
+
+
+def out_cache(out):
+    """The cache a model call returned (the attribute name differs between transformers 4.x and 5.x)."""
+    return getattr(out, "cache", None) if cache_kw() == "cache" else out.past_key_values
 
 
 def positions(mask_BL: torch.Tensor) -> torch.Tensor:
