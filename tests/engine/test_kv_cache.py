@@ -168,3 +168,26 @@ def test_prefix_store_matches_longest_prefix_and_stays_in_budget():
     store.add(list(range(1000)), [(torch.zeros(2, 1000, 4), torch.zeros(2, 1000, 4))])  # over budget: ignored
     assert len(store) == 2
 
+
+
+def test_rounds_through_the_runner_reuse_the_prefix_and_keep_predictions(tiny_cache):
+    """The production path (runner -> AgentService -> Agent): later rounds prefill fewer prompt tokens
+    with the prefix store, and every prediction is the same as without it."""
+    from recmas_ray.config.perf import BenchConfig
+    from recmas_ray.perf import prefix_reuse
+    from recmas_ray.runner import LocalPool
+    from recmas_ray.service import AgentService
+    from recmas_ray.system.plan import plan_system
+
+    plan = plan_system("sequential_light", preset="tiny", seed=0, device="cpu", dtype="float32")
+    pool = LocalPool({r: AgentService(*plan.service_args(r)) for r in plan.style.roles})
+    cfg = BenchConfig(preset="tiny", rounds=[3], latent_steps=3, max_new_tokens=6, repeats=1)
+    out = prefix_reuse(pool, plan, ["What is 12 + 30?", "What is 7 * 6?"], cfg)
+    assert out["same_predictions"]
+    with_reuse, without = out["reuse"]["per_round"], out["no_reuse"]["per_round"]
+    assert all(r["tokens_reused"] == 0 for r in without)
+    for r in (1, 2):  # rounds 2 and 3 find what rounds 1 and 2 stored
+        assert with_reuse[r]["tokens_reused"] > 0
+        assert with_reuse[r]["tokens_prefilled"] + with_reuse[r]["tokens_reused"] == without[r]["tokens_prefilled"]
+    # round 3 also finds the whole text before round 2's slots (round 2 found round 1's shared blocks)
+    assert with_reuse[2]["tokens_reused"] >= with_reuse[1]["tokens_reused"]
