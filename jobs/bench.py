@@ -27,17 +27,21 @@ from recmas_ray.config.perf import BenchConfig, quick
 
 
 def bench(cfg: BenchConfig) -> int:
-    """Run the figures, write bench.json / bench.png / config.json, print one line per figure."""
+    """Run the figures, write config.json, then bench.json / bench.png after each figure; one line per figure."""
     from recmas_ray.perf import plot_bench, run_bench
     from recmas_ray.train.synthetic import make_arithmetic_dataset
 
     questions = [r["question"] for r in make_arithmetic_dataset(cfg.num_questions, seed=cfg.seed + 1000)]
-    result = run_bench(cfg, questions)
     save_config(cfg, cfg.output_path)
     path = os.path.join(cfg.output_path, "bench.json")
-    with open(path, "w") as f:
-        json.dump(result, f, indent=2, default=str)
-    plot_bench(result, os.path.join(cfg.output_path, "bench.png"))
+
+    def write(result: dict) -> None:  # after every figure: a long run keeps what it finished
+        with open(path + ".tmp", "w") as f:
+            json.dump(result, f, indent=2, default=str)
+        os.replace(path + ".tmp", path)
+        plot_bench(result, os.path.join(cfg.output_path, "bench.png"))
+
+    result = run_bench(cfg, questions, on_figure=write)
     for line in summary_lines(result):
         print(line)
     print(f"wrote {path}")

@@ -282,33 +282,40 @@ def backend_ratio(plan, questions, cfg: BenchConfig, pool) -> dict:
             "ray_over_local": one / local, "ray_3_in_flight_over_local": three / local}
 
 
-def run_bench(cfg: BenchConfig, questions: list[str]) -> dict:
-    """The figures named in `cfg.figures` on one set of agents and questions."""
+def run_bench(cfg: BenchConfig, questions: list[str], on_figure=None) -> dict:
+    """The figures named in `cfg.figures` on one set of agents and questions; `on_figure(result)` after each
+    (the job writes bench.json then, so a long run keeps what it finished)."""
     plan = plan_system(cfg.style, preset=cfg.preset, seed=cfg.seed, device=cfg.device, dtype=cfg.dtype,
                        role_model_overrides=cfg.role_model)
     pool = LocalPool({r: AgentService(*plan.service_args(r)) for r in plan.style.roles})
     out = {"machine": machine(), "config": {k: v for k, v in vars(cfg).items()}, "role_models": plan.role_models}
     decoder = pool.services[plan.style.decoder].agent
-    if "a" in cfg.figures:
-        out["a_end_to_end"] = end_to_end(pool, plan, questions, cfg)
-    if "b" in cfg.figures:
-        out["b_rollout_cache"] = rollout_cache(decoder, questions, cfg)
-    if "d" in cfg.figures:
-        seen, out["d_step_cost"] = set(), []
-        for role, svc in pool.services.items():
-            if plan.role_models[role] not in seen:
-                seen.add(plan.role_models[role])
-                out["d_step_cost"].append({"role": role, **step_cost(svc.agent, questions, cfg)})
-    if "e" in cfg.figures:
-        out["e_prefix_reuse"] = prefix_reuse(pool, plan, questions, cfg)
-    if "f" in cfg.figures:
-        out["f_decode"] = decode_paths(decoder, questions, cfg)
-    if "g" in cfg.figures:
-        out["g_compile"] = compile_step(decoder, questions, cfg)
-    if "c" in cfg.figures and cfg.ray:
-        out["c_backend"] = backend_ratio(plan, questions, cfg, pool)
-    out["machine"]["load_average_after"] = list(os.getloadavg())
+    figures = {
+        "a": ("a_end_to_end", lambda: end_to_end(pool, plan, questions, cfg)),
+        "b": ("b_rollout_cache", lambda: rollout_cache(decoder, questions, cfg)),
+        "d": ("d_step_cost", lambda: [{"role": role, **step_cost(pool.services[role].agent, questions, cfg)}
+                                      for role in _one_role_per_model(plan)]),
+        "e": ("e_prefix_reuse", lambda: prefix_reuse(pool, plan, questions, cfg)),
+        "f": ("f_decode", lambda: decode_paths(decoder, questions, cfg)),
+        "g": ("g_compile", lambda: compile_step(decoder, questions, cfg)),
+        "c": ("c_backend", lambda: backend_ratio(plan, questions, cfg, pool)),
+    }
+    for name, (key, measure) in figures.items():
+        if name in cfg.figures and (name != "c" or cfg.ray):
+            out[key] = measure()
+            out["machine"]["load_average_after"] = list(os.getloadavg())
+            if on_figure is not None:
+                on_figure(out)
     return out
+
+
+def _one_role_per_model(plan) -> list[str]:
+    seen, roles = set(), []
+    for role in plan.style.roles:
+        if plan.role_models[role] not in seen:
+            seen.add(plan.role_models[role])
+            roles.append(role)
+    return roles
 
 
 def plot_bench(result: dict, path) -> None:
