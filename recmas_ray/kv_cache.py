@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import functools
 import inspect
+import threading
 from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import Callable
@@ -81,6 +82,7 @@ class PrefixStore:
         self.num_bytes = 0
         self._entries: OrderedDict[tuple[int, ...], _Entry] = OrderedDict()
         self._index: dict[tuple[int, ...], tuple[int, ...]] = {}  # ids[:n] -> key of an entry holding them
+        self._lock = threading.Lock()  # an agent served from threads (Ray Serve replicas) shares one store
 
     def __len__(self) -> int:
         return len(self._entries)
@@ -88,27 +90,29 @@ class PrefixStore:
     def lookup(self, ids: list[int]) -> tuple[_Entry | None, int]:
         """The entry sharing the longest stored prefix with `ids` and that length (whole, or blocks)."""
         lengths = [len(ids)] + [n for n in range(len(ids) // BLOCK * BLOCK, 0, -BLOCK) if n != len(ids)]
-        for n in lengths:
-            key = self._index.get(tuple(ids[:n]))
-            if key is not None:
-                self._entries.move_to_end(key)
-                return self._entries[key], n
+        with self._lock:
+            for n in lengths:
+                key = self._index.get(tuple(ids[:n]))
+                if key is not None:
+                    self._entries.move_to_end(key)
+                    return self._entries[key], n
         return None, 0
 
     def add(self, ids: list[int], kv: list[tuple[torch.Tensor, torch.Tensor]]) -> None:
         """Store the KV of `ids` (per layer [H, P, K]); evicts the least recently used beyond the budget."""
         key = tuple(ids)
         num_bytes = sum(k.numel() * k.element_size() + v.numel() * v.element_size() for k, v in kv)
-        if not key or num_bytes > self.max_bytes or key in self._entries:
-            return
-        entry = _Entry(key, kv, num_bytes)
-        for n in [*range(BLOCK, len(key), BLOCK), len(key)]:
-            entry.index_keys.append(key[:n])
-            self._index[key[:n]] = key  # the newest entry answers for a shared prefix
-        self._entries[key] = entry
-        self.num_bytes += num_bytes
-        while self.num_bytes > self.max_bytes:
-            self._evict(next(iter(self._entries)))
+        with self._lock:
+            if not key or num_bytes > self.max_bytes or key in self._entries:
+                return
+            entry = _Entry(key, kv, num_bytes)
+            for n in [*range(BLOCK, len(key), BLOCK), len(key)]:
+                entry.index_keys.append(key[:n])
+                self._index[key[:n]] = key  # the newest entry answers for a shared prefix
+            self._entries[key] = entry
+            self.num_bytes += num_bytes
+            while self.num_bytes > self.max_bytes:
+                self._evict(next(iter(self._entries)))
 
     def _evict(self, key: tuple[int, ...]) -> None:
         entry = self._entries.pop(key)

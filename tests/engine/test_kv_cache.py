@@ -191,3 +191,13 @@ def test_rounds_through_the_runner_reuse_the_prefix_and_keep_predictions(tiny_ca
         assert with_reuse[r]["tokens_prefilled"] + with_reuse[r]["tokens_reused"] == without[r]["tokens_prefilled"]
     # round 3 also finds the whole text before round 2's slots (round 2 found round 1's shared blocks)
     assert with_reuse[2]["tokens_reused"] >= with_reuse[1]["tokens_reused"]
+
+
+@pytest.mark.integration
+def test_compiled_step_gives_the_eager_latents(agents):
+    """torch.compile of the one-position step (minutes of compilation on CPU, hence integration)."""
+    agent = agents["qwen3"]
+    e, mask = agent.embed_batch(USERS, {SLOT: torch.randn(2, 3, agent.hidden_size)})
+    eager = _with(agent, prefix_cache_mib=0).latent_rollout(e, mask, 6)
+    compiled = _with(agent, prefix_cache_mib=0, compile_step=True).latent_rollout(e, mask, 6)
+    assert (compiled - eager).abs().max() <= ATOL
