@@ -26,7 +26,8 @@ from recmas_ray.config.recursion import DecodeConfig
 from recmas_ray.decoding import HF_DEFAULT_TOP_K, Decoded, DecodeState, decode_loop, model_top_k  # noqa: F401 (re-exported)
 from recmas_ray.decoding import eos_ids as _eos_ids
 from recmas_ray.decoding import pick as _pick  # tests replace agent._pick
-from recmas_ray.kv_cache import PrefixStore, cache_kw, left_pad, out_cache, positions, prefill  # noqa: F401 (re-exported)
+from recmas_ray.kv_cache import PrefixStore, cache_kw, left_pad, out_cache, positions  # noqa: F401 (re-exported)
+from recmas_ray.kv_cache import prefill as prefill_static
 from recmas_ray.links import InnerLink, OuterLink
 
 _SLOT_RE = re.compile(r"<<[A-Z_]+_SLOT>>")
@@ -260,7 +261,7 @@ class Agent:
 
     def _prefill_static(self, run, e_BLD, mask_BL, extra: int, prefix_ids):
         store = self.prefix_store if self.engine.prefix_cache_mib > 0 else None
-        out, pre = prefill(self.model, run, e_BLD, mask_BL, extra, prefix_ids=prefix_ids, store=store)
+        out, pre = prefill_static(self.model, run, e_BLD, mask_BL, extra, prefix_ids=prefix_ids, store=store)
         self.last_prefill = {"tokens_prefilled": pre.tokens_prefilled, "tokens_reused": pre.tokens_reused}
         return out, pre
 
