@@ -8,6 +8,8 @@ What it does, per batch of prompts:
   message  outer_{edge}(inner(H)) for each outgoing edge, detached on CPU
   decode   greedy or sampled text decoding from embeddings, with the KV cache; resumable
            (prefill / generate / feed) so the tool loop can append results and continue
+Rollout and `decode` run on a preallocated cache and mask (`kv_cache.py`) and reuse the stored KV of
+prompt text before the first slot across calls; `engine` (config/engine.py) chooses.
 
 Legend: B batch, L sequence, M latent steps, D this agent's hidden size, E target hidden size.
 """
@@ -15,40 +17,20 @@ Legend: B batch, L sequence, M latent steps, D this agent's hidden size, E targe
 from __future__ import annotations
 
 import dataclasses
-import functools
-import inspect
 import re
-from dataclasses import dataclass, field
 
 import torch
 
+from recmas_ray.config.engine import EngineConfig
 from recmas_ray.config.recursion import DecodeConfig
+from recmas_ray.decoding import HF_DEFAULT_TOP_K, Decoded, DecodeState, decode_loop, model_top_k  # noqa: F401 (re-exported)
+from recmas_ray.decoding import eos_ids as _eos_ids
+from recmas_ray.decoding import pick as _pick  # tests replace agent._pick
+from recmas_ray.kv_cache import PrefixStore, cache_kw, left_pad, out_cache, positions  # noqa: F401 (re-exported)
+from recmas_ray.kv_cache import prefill as prefill_static
 from recmas_ray.links import InnerLink, OuterLink
 
 _SLOT_RE = re.compile(r"<<[A-Z_]+_SLOT>>")
-
-
-@dataclass
-class Decoded:
-    """One sample's decoded text and the number of tokens generated for it (EOS included)."""
-
-    text: str
-    num_tokens: int
-    tool_calls: list[dict] = field(default_factory=list)
-    """Deliberation tool loop: one dict per executed call (kind, input, result, ok, seconds)."""
-
-
-@functools.cache
-def cache_kw() -> str:
-    # transformers 5.x renamed past_key_values -> cache (the old name warns); 4.x only knows the old one.
-    from transformers import LlamaModel
-
-    return "cache" if "cache" in inspect.signature(LlamaModel.forward).parameters else "past_key_values"
-
-
-
-def _out_cache(out):
-    return getattr(out, "cache", None) if cache_kw() == "cache" else out.past_key_values
 
 
 def find_slots(text: str) -> list[str]:
@@ -60,7 +42,7 @@ class Agent:
     """A frozen causal LM with its inner link; outer links of outgoing edges are attached by name."""
 
     def __init__(self, model, tokenizer, inner_link: InnerLink, *, role: str, model_name: str,
-                 system_prompt: str = "You are a helpful assistant."):
+                 system_prompt: str = "You are a helpful assistant.", engine: EngineConfig | None = None):
         hidden = model.config.get_text_config().hidden_size
         if inner_link.hidden_size != hidden:
             raise ValueError(f"role {role}: inner link has hidden size {inner_link.hidden_size}, "
@@ -77,6 +59,12 @@ class Agent:
         self.inner_link.to(self.device, self.dtype)
         self.latent_norm: float | None = None
         """Non-reference (config.training.LATENT_NORMS): spliced latent rows are rescaled to this norm; None as the release."""
+        self.engine = engine or EngineConfig()
+        self.prefix_store = PrefixStore(int(self.engine.prefix_cache_mib * 2**20))
+        # prompt tokens run (tokens_prefilled) and copied from the prefix store (tokens_reused) by the
+        # latest static-cache rollout or decode (the benchmark reports them per round)
+        self.last_prefill: dict[str, int] = {}
+        self._compiled: dict[str, object] = {}
 
     # ----------------------------------------------------------------------------- links
     def attach_outer_link(self, edge: str, link: OuterLink) -> None:
@@ -158,9 +146,19 @@ class Agent:
 
     def embed_batch(self, users: list[str], latents: dict[str, torch.Tensor] | None = None):
         """Left-padded batch: (E_BLD, mask_BL). `latents` maps slot -> [B, M, D]."""
+        return self.embed_batch_with_prefix(users, latents)[:2]
+
+    def embed_batch_with_prefix(self, users: list[str], latents: dict[str, torch.Tensor] | None = None):
+        """(E_BLD, mask_BL, prefix_ids): `prefix_ids[b]` are row b's tokens before its first latent block
+        (the whole prompt without slots), the part whose KV `latent_rollout`/`decode` can reuse."""
         latents = latents or {}
-        rows = [self.embed_prompt(u, {k: v[b] for k, v in latents.items()})[0] for b, u in enumerate(users)]
-        return left_pad(rows)
+        rows, prefix_ids = [], []
+        for b, u in enumerate(users):
+            e_LD, ids_L = self.embed_prompt(u, {k: v[b] for k, v in latents.items()})
+            ids = ids_L.tolist()
+            rows.append(e_LD)
+            prefix_ids.append(ids[:ids.index(-100)] if -100 in ids else ids)
+        return (*left_pad(rows), prefix_ids)
 
     def assistant_turn_end(self) -> str:
         """What the chat template writes after an assistant message's text (Qwen: `<|im_end|>` and a newline),
@@ -247,21 +245,25 @@ class Agent:
         kw = {cache_kw(): cache} if cache is not None else {}
         out = self.model.get_decoder()(inputs_embeds=e_BLD, attention_mask=mask_BL, position_ids=pos_BL,
                                        use_cache=True, **kw)
-        return out.last_hidden_state, _out_cache(out)
+        return out.last_hidden_state, out_cache(out)
 
     @torch.no_grad()
     def latent_rollout(self, e_BLD: torch.Tensor, mask_BL: torch.Tensor, num_steps: int, *,
-                       use_cache: bool = True) -> torch.Tensor:
+                       use_cache: bool = True, prefix_ids: list[list[int]] | None = None) -> torch.Tensor:
         """m latent steps; returns the raw last-layer states H_BMD (before any link).
 
         With the cache, the prompt is prefilled once and each inner(h) is one new position; without it,
         the whole prefix is re-run every step (the reference's O(m) full forwards; kept for checks).
+        `prefix_ids` (from `embed_batch_with_prefix`) lets the prompt text before the first slot reuse
+        the KV stored by earlier calls (static cache only).
         """
         if num_steps < 0:
             raise ValueError(f"latent_steps must be >= 0, got {num_steps}")
         B = e_BLD.shape[0]
         if num_steps == 0:
             return e_BLD.new_zeros(B, 0, self.hidden_size)
+        if use_cache and self.engine.static_cache:
+            return self._rollout_static(e_BLD, mask_BL, num_steps, prefix_ids)
         pos_BL = positions(mask_BL)
         hs = []
         if use_cache:
@@ -284,6 +286,42 @@ class Agent:
                 mask_BL = torch.cat([mask_BL, mask_BL.new_ones(B, 1)], dim=1)
         return torch.stack(hs, dim=1)
 
+    def _prefill_static(self, run, e_BLD, mask_BL, extra: int, prefix_ids):
+        store = self.prefix_store if self.engine.prefix_cache_mib > 0 else None
+        out, pre = prefill_static(self.model, run, e_BLD, mask_BL, extra, prefix_ids=prefix_ids, store=store)
+        self.last_prefill = {"tokens_prefilled": pre.tokens_prefilled, "tokens_reused": pre.tokens_reused}
+        return out, pre
+
+    def _hidden_run(self, e_BTD, mask_BS, pos_BT, cache):
+        return self.model.get_decoder()(inputs_embeds=e_BTD, attention_mask=mask_BS, position_ids=pos_BT,
+                                        use_cache=True, **{cache_kw(): cache}).last_hidden_state
+
+    def _logits_run(self, e_BTD, mask_BS, pos_BT, cache, ids_BT=None):
+        inputs = {"input_ids": ids_BT} if ids_BT is not None else {"inputs_embeds": e_BTD}
+        return self.model(**inputs, attention_mask=mask_BS, position_ids=pos_BT, use_cache=True,
+                          logits_to_keep=1, **{cache_kw(): cache}).logits[:, -1]
+
+    def _step_fn(self, name: str):
+        """The one-position step (`hidden` or `logits`), compiled when `engine.compile_step`."""
+        fn = self._hidden_run if name == "hidden" else self._logits_run
+        if not self.engine.compile_step:
+            return fn
+        if name not in self._compiled:
+            self._compiled[name] = torch.compile(fn, dynamic=False)
+        return self._compiled[name]
+
+    def _rollout_static(self, e_BLD, mask_BL, num_steps: int, prefix_ids) -> torch.Tensor:
+        """The cached rollout on a preallocated cache: H_BMD written in place, one position per step."""
+        B = e_BLD.shape[0]
+        h_BLD, pre = self._prefill_static(self._hidden_run, e_BLD, mask_BL, num_steps - 1, prefix_ids)
+        h_BMD = h_BLD.new_empty(B, num_steps, h_BLD.shape[-1])
+        h_BMD[:, 0] = h_BLD[:, -1]
+        step, pos_B1 = self._step_fn("hidden"), pre.pos_B1
+        for t in range(1, num_steps):
+            pos_B1 = pos_B1 + 1
+            h_BMD[:, t] = step(self.inner_link(h_BMD[:, t - 1])[:, None], pre.mask_BS, pos_B1, pre.cache)[:, -1]
+        return h_BMD
+
     def messages(self, h_BMD: torch.Tensor, edges: tuple[str, ...] | list[str], *,
                  device: str | None = "cpu") -> dict[str, torch.Tensor]:
         """outer_{edge}(inner(H)) per edge, detached, on `device` (None: where computed, for NCCL)."""
@@ -298,18 +336,38 @@ class Agent:
     # ----------------------------------------------------------------------------- text
     @torch.no_grad()
     def decode(self, e_BLD: torch.Tensor, mask_BL: torch.Tensor, cfg: DecodeConfig, *,
-               on_token=None) -> list[Decoded]:
+               prefix_ids: list[list[int]] | None = None, on_token=None) -> list[Decoded]:
         """Decode text from embeddings with the KV cache; stops per sample at EOS or the budget.
 
+        `prefix_ids` (from `embed_batch_with_prefix`) reuses stored prompt-prefix KV (static cache only).
         `on_token(ids)`, when given, is called after every decoding step with the token id picked per
         row (None for rows already done): what token-by-token streaming reads.
         """
         if cfg.max_new_tokens < 1:
             raise ValueError(f"max_new_tokens must be >= 1, got {cfg.max_new_tokens}")
-        state = self.prefill(e_BLD, mask_BL)
-        tokens = self.generate(state, cfg, max_new_tokens=cfg.max_new_tokens, gen=self.make_generator(cfg),
-                               on_token=on_token)
+        if self.engine.static_cache:
+            tokens = self._decode_static(e_BLD, mask_BL, cfg, prefix_ids, on_token=on_token)
+        else:
+            state = self.prefill(e_BLD, mask_BL)
+            tokens = self.generate(state, cfg, max_new_tokens=cfg.max_new_tokens, gen=self.make_generator(cfg),
+                                   on_token=on_token)
         return [Decoded(self.detokenize(toks), len(toks)) for toks in tokens]
+
+    def _decode_static(self, e_BLD, mask_BL, cfg: DecodeConfig, prefix_ids, *, on_token=None) -> list[list[int]]:
+        """Decode on a preallocated cache (`decode_loop`: same picks as `generate`, fewer host syncs)."""
+        if cfg.do_sample and cfg.top_k < 0:
+            cfg = dataclasses.replace(cfg, top_k=model_top_k(self.model))
+        logits_BV, pre = self._prefill_static(self._logits_run, e_BLD, mask_BL, cfg.max_new_tokens - 1, prefix_ids)
+        run, pos = self._step_fn("logits"), [pre.pos_B1]
+
+        def step(ids_B1):
+            pos[0] = pos[0] + 1
+            return run(None, pre.mask_BS, pos[0], pre.cache, ids_B1)
+
+        return decode_loop(logits_BV, step, cfg, gen=self.make_generator(cfg), pick=_pick,
+                           eos=_eos_ids(self.model, self.tokenizer).to(self.device),
+                           pad_id=self.tokenizer.pad_token_id or 0, sync_every=self.engine.decode_sync_every,
+                           on_token=on_token)
 
     # Resumable decoding (the deliberation tool loop): prefill once, generate until a stop, feed the
     # tool result into the same cache, generate again. `decode` is prefill + one generate.
@@ -325,7 +383,7 @@ class Agent:
         pos_BL = positions(mask_BL)
         out = self.model(inputs_embeds=e_BLD, attention_mask=mask_BL, position_ids=pos_BL, use_cache=True,
                          logits_to_keep=1)
-        return DecodeState(cache=_out_cache(out), mask_BL=mask_BL, pos_BL=pos_BL[:, -1:],
+        return DecodeState(cache=out_cache(out), mask_BL=mask_BL, pos_BL=pos_BL[:, -1:],
                            logits_BV=out.logits[:, -1], fed=e_BLD.shape[1])
 
     @torch.no_grad()
@@ -342,7 +400,7 @@ class Agent:
         pos_BT = state.pos_BL + torch.arange(1, T + 1, device=state.pos_BL.device)
         out = self.model(input_ids=ids_BT, attention_mask=mask_BL, position_ids=pos_BT, use_cache=True,
                          logits_to_keep=1, **{cache_kw(): state.cache})
-        state.cache, state.mask_BL, state.pos_BL = _out_cache(out), mask_BL, pos_BT[:, -1:]
+        state.cache, state.mask_BL, state.pos_BL = out_cache(out), mask_BL, pos_BT[:, -1:]
         state.logits_BV, state.fed = out.logits[:, -1], state.fed + T
 
     @torch.no_grad()
@@ -382,69 +440,3 @@ class Agent:
         """Text of generated tokens, EOS and special tokens removed."""
         eos_list = set(_eos_ids(self.model, self.tokenizer).tolist())
         return self.tokenizer.decode([t for t in token_ids if t not in eos_list], skip_special_tokens=True)
-
-
-@dataclass
-class DecodeState:
-    """A paused KV-cached decode: the cache plus what is needed to append tokens and continue."""
-
-    cache: object
-    """The model's KV cache over every fed position."""
-    mask_BL: torch.Tensor
-    """Attention mask over every fed position (left padding 0)."""
-    pos_BL: torch.Tensor
-    """Position id of the last fed column, [B, 1]."""
-    logits_BV: torch.Tensor
-    """Next-token logits after the last fed column."""
-    fed: int
-    """Columns fed through the model so far (prompt, generated and appended tokens)."""
-    pending_B: torch.Tensor | None = None
-    """Tokens picked by `generate` but not yet fed (fed first by the next `feed`/`generate`)."""
-
-
-def _eos_ids(model, tokenizer) -> torch.Tensor:
-    ids = {tokenizer.eos_token_id}
-    gen_eos = getattr(model.generation_config, "eos_token_id", None)
-    ids |= set(gen_eos if isinstance(gen_eos, list) else [gen_eos])
-    return torch.tensor(sorted(i for i in ids if i is not None), device=model.device)
-
-
-# transformers' value for a generation config without top_k (GenerationConfig defaults): what
-# the release samples with when its top_k is left unset (-1, spec section 5).
-HF_DEFAULT_TOP_K = 50
-
-
-def model_top_k(model) -> int:
-    """The top-k a model's generation config asks for (transformers' default 50 when it names none)."""
-    k = getattr(getattr(model, "generation_config", None), "top_k", None)
-    return int(k) if k is not None else HF_DEFAULT_TOP_K
-
-
-def _pick(logits_BV: torch.Tensor, cfg: DecodeConfig, gen) -> torch.Tensor:
-    if not cfg.do_sample:
-        return logits_BV.argmax(-1)
-    probs_BV = torch.softmax(logits_BV / max(cfg.temperature, 1e-5), dim=-1)
-    sorted_p, idx = probs_BV.sort(dim=-1, descending=True)
-    if cfg.top_k > 0:  # top-k first, then top-p over the renormalised rest (transformers' warper order)
-        sorted_p[:, cfg.top_k:] = 0
-        sorted_p = sorted_p / sorted_p.sum(-1, keepdim=True)
-    keep = sorted_p.cumsum(-1) - sorted_p < cfg.top_p  # always keeps the top token
-    sorted_p = sorted_p * keep
-    choice = torch.multinomial(sorted_p / sorted_p.sum(-1, keepdim=True), 1, generator=gen)
-    return idx.gather(-1, choice).squeeze(-1)
-
-
-def positions(mask_BL: torch.Tensor) -> torch.Tensor:
-    """Position ids that ignore left padding: cumsum(mask) - 1, pads clamped to 0."""
-    return (mask_BL.long().cumsum(-1) - 1).clamp(min=0)
-
-
-def left_pad(rows: list[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
-    """Stack [L_i, D] rows into (E_BLD, mask_BL), zero vectors and mask 0 on the left."""
-    L = max(r.shape[0] for r in rows)
-    e_BLD = rows[0].new_zeros(len(rows), L, rows[0].shape[-1])
-    mask_BL = torch.zeros(len(rows), L, dtype=torch.long, device=rows[0].device)
-    for b, r in enumerate(rows):
-        e_BLD[b, L - r.shape[0]:] = r
-        mask_BL[b, L - r.shape[0]:] = 1
-    return e_BLD, mask_BL

@@ -108,13 +108,16 @@ class AgentService:
     def _embed(self, users, slot_names, latents):
         if len(slot_names) != len(latents):
             raise ValueError(f"role {self.spec.role}: {len(slot_names)} slot names but {len(latents)} latent blocks")
-        return self.agent.embed_batch(list(users), dict(zip(slot_names, latents)))
+        if isinstance(self.agent, Agent):  # prompt-prefix KV reuse needs each row's tokens before its first slot
+            e_BLD, mask_BL, prefix_ids = self.agent.embed_batch_with_prefix(list(users), dict(zip(slot_names, latents)))
+            return e_BLD, mask_BL, {"prefix_ids": prefix_ids}
+        return (*self.agent.embed_batch(list(users), dict(zip(slot_names, latents))), {})
 
     def rollout(self, users, slot_names, num_steps: int, edges, *latents):
         """Latent rollout, then one message per outgoing edge; returns (*messages, stats)."""
         t0 = time.perf_counter()
-        e_BLD, mask_BL = self._embed(users, slot_names, latents)
-        h_BMD = self.agent.latent_rollout(e_BLD, mask_BL, num_steps)
+        e_BLD, mask_BL, reuse = self._embed(users, slot_names, latents)
+        h_BMD = self.agent.latent_rollout(e_BLD, mask_BL, num_steps, **reuse)
         msgs = self.agent.messages(h_BMD, tuple(edges), device=None if self.spec.keep_messages_on_device else "cpu")
         stats = {"role": self.spec.role, "latent_steps": num_steps, "text_tokens": [0] * len(users),
                  "seconds": time.perf_counter() - t0, "prompt_tokens": self._prompt_tokens(mask_BL, latents)}
@@ -141,8 +144,8 @@ class AgentService:
                 raise ValueError(f"role {self.spec.role}: {len(slot_names)} slot names but {len(latents)} latent blocks")
             out = decode_with_tools(self.agent, list(users), dict(zip(slot_names, latents)), cfg, self.toolbox)
         else:
-            e_BLD, mask_BL = self._embed(users, slot_names, latents)
-            out = self.agent.decode(e_BLD, mask_BL, cfg, **({} if on_token is None else {"on_token": on_token}))
+            e_BLD, mask_BL, reuse = self._embed(users, slot_names, latents)
+            out = self.agent.decode(e_BLD, mask_BL, cfg, **reuse, **({} if on_token is None else {"on_token": on_token}))
         stats = {"role": self.spec.role, "latent_steps": 0, "text_tokens": [d.num_tokens for d in out],
                  "seconds": time.perf_counter() - t0, "prompt_tokens": self._prompt_tokens(mask_BL, latents)}
         return out, stats

@@ -9,6 +9,8 @@ from recmas_ray.config.checks import NonEmpty, OneOf, Range, WritableDir
 from recmas_ray.config.evaluation import DEVICES, DTYPES, MODEL_PRESETS, check_role_models, style_names
 from recmas_ray.config.recursion import MAX_LATENT_STEPS, MAX_NEW_TOKENS, MAX_ROUNDS
 
+FIGURES = tuple("abcdefg")
+
 
 @dataclass(kw_only=True)
 class BenchConfig:
@@ -33,6 +35,9 @@ class BenchConfig:
     """Decoding budget of every text step."""
     repeats: Annotated[int, Range(1, 1000)] = 3
     """Repetitions per figure; the median is reported."""
+    figures: Annotated[list[str], OneOf(FIGURES), NonEmpty()] = field(default_factory=lambda: list("abcdef"))
+    """Figures to measure (see recmas_ray/perf.py): a end to end, b rollout caches, c Ray backend, d latent
+    step vs token, e prefix KV reuse over rounds, f decode loop, g torch.compile (minutes on CPU; not default)."""
     ray: bool = True
     """Measure (c) (starts a local Ray cluster)."""
     device: Annotated[str, OneOf(DEVICES)] = "auto"
