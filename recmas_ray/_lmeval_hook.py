@@ -5,7 +5,9 @@ lm-eval 0.4.13 finds models only in its own registry and reads no plug-in entry 
 front of `sys.meta_path` which does nothing until `lm_eval.models` is imported; then, right after that
 module has filled lm-eval's registry, it adds `recmas_ray` as a lazy placeholder ("module:Class", the
 form lm-eval uses for its own models). recmas_ray.lmeval, torch and the models load only when lm-eval
-asks for the `recmas_ray` model. This module imports nothing beyond `sys` and `os` at startup.
+asks for the `recmas_ray` model. This module imports nothing beyond `sys` and `os` at startup, and the
+.pth line loads it from its file without importing the `recmas_ray` package, so whichever checkout is
+first on `sys.path` once the program runs (a test run's working tree, say) is the recmas_ray it imports.
 
 Set RECMAS_RAY_LMEVAL_HOOK=0 to leave lm-eval untouched.
 """

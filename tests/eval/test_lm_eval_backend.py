@@ -53,9 +53,10 @@ def _startup_probe(code: str, **env) -> str:
 
 
 def test_startup_hook_registers_the_model_lazily_and_leaves_other_programs_alone():
-    # Python starting: neither lm-eval nor torch nor our lm-eval module gets imported by the hook.
-    loaded = _startup_probe("import sys; print(sorted(m for m in ('lm_eval', 'torch', 'recmas_ray.lmeval') "
-                            "if m in sys.modules))")
+    # Python starting: neither lm-eval nor torch nor recmas_ray itself gets imported by the hook (so a
+    # checkout put on sys.path after startup, e.g. the tests' own, is the recmas_ray that imports later).
+    loaded = _startup_probe("import sys; print(sorted(m for m in ('lm_eval', 'torch', 'recmas_ray', "
+                            "'recmas_ray.lmeval') if m in sys.modules))")
     assert loaded == "[]", f"the .pth hook imported {loaded} at startup (or is not installed: pip install -e .)"
     # lm-eval's registry: our model is a lazy placeholder beside lm-eval's own, loaded only when asked for.
     probe = ("import sys; import lm_eval.models; from lm_eval.api.registry import get_model, model_registry; "
