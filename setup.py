@@ -1,6 +1,6 @@
 """Build step that pyproject.toml cannot express: install `recmas_ray_lmeval.pth` at the top of site-packages.
 
-The .pth file runs `recmas_ray._lmeval_hook.install()` at interpreter start, which is how the bare
+The .pth file runs `recmas_ray/_lmeval_hook.py`'s `install()` at interpreter start, which is how the bare
 `lm_eval --model recmas_ray` command finds the model (lm-eval 0.4.13 has no plug-in entry points). A
 regular wheel takes the file from build_lib; an editable install (PEP 660) takes files written to the
 unpacked wheel's root, which is `install.install_lib` while setuptools builds an editable wheel.

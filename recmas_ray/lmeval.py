@@ -8,15 +8,12 @@ registers this class under `recmas_ray` lazily, so lm-eval's own `lm_eval` comma
 `lm_eval.simple_evaluate(model="recmas_ray")` find it. `python -m recmas_ray.lmeval` (or `recmas-lm-eval`)
 is the same command line with this module imported explicitly (for environments with the hook off).
 
-model_args (comma-separated KEY=VALUE, lm-eval's format):
-  style           collaboration style (required)
-  role_models     ROLE:MODEL items joined by `|`, split at the first `:` (planner:tiny:qwen3|solver:org/model)
-  links           a folder of per-role link folders or a Hub id ORG/NAME[@REV][:SUB]
-  ckpt_override   ROLE:DIR items joined by `|` (DIR may be a Hub id)
-  preset, backend (ray|local), dtype, seed, task (task type of the prompts: math, choice, code, qa),
-  method, num_recursive_rounds, latent_steps, max_new_tokens (when a request names no max_gen_toks)
-  lm-eval's own --device (cuda, cuda:N, cpu; cpu with a warning when torch sees no GPU) and --batch_size
-  (questions per agent call; "auto" means 8) apply as well.
+model_args (comma-separated KEY=VALUE, lm-eval's format; `python -m recmas_ray.lmeval --help` lists them with
+their defaults; they are checked before lm-eval loads its tasks or any model loads): style (required),
+pretrained (trained links: a system folder or Hub id; lm-eval names its output folder after it), links,
+role_models, ckpt_override, preset, backend (ray|local), dtype, seed, task, method, num_recursive_rounds,
+latent_steps, max_new_tokens. lm-eval's own --device (cuda, cuda:N, cpu; cpu with a warning when torch sees
+no GPU) and --batch_size (questions per agent call; "auto" means 8) apply as well.
 
 Requests:
   generate_until         each context is a question to the whole system; the final agent's text is cut at
@@ -28,22 +25,73 @@ Requests:
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import sys
 import time
+from dataclasses import dataclass
+from typing import Annotated
 
-import torch
 from lm_eval.api.model import LM
 from lm_eval.api.registry import register_model
 
-from recmas_ray.agent import Decoded, left_pad
-from recmas_ray.api import System
-from recmas_ray.config.recursion import DecodeConfig, RecursionConfig
-from recmas_ray.runner import LocalPool, run_batch
-from recmas_ray.styles import build_schedule
+from recmas_ray.config.checks import ConfigError, OneOf, Range, check_tree, field_hints, split_annotated
+from recmas_ray.config.evaluation import BACKENDS, DTYPES, MODEL_PRESETS, check_role_models, style_names
+from recmas_ray.config.recursion import MAX_LATENT_STEPS, MAX_NEW_TOKENS, MAX_ROUNDS, METHODS
+from recmas_ray.styles.base import TASK_TYPES
 
 MODEL_NAME = "recmas_ray"
+LM_EVAL_SETTINGS = ("batch_size", "max_batch_size", "device", "trust_remote_code")
+"""Settings lm-eval itself passes to every model (from its own flags), next to the user's model_args."""
 log = logging.getLogger(__name__)
+
+
+@dataclass(kw_only=True)
+class ModelArgs:
+    """The `--model_args` of `lm_eval --model recmas_ray` (torch-free, so they are checked in milliseconds)."""
+
+    style: Annotated[str, OneOf(style_names)]
+    """Collaboration style."""
+    pretrained: str | None = None
+    """Trained links: a system folder (planner/, critic/, ..., outer/) or a Hub id ORG/NAME[@REV]; lm-eval names
+    its output folder after this value. `fresh` (like leaving it out) keeps seeded fresh links."""
+    links: str | None = None
+    """The same as pretrained (the Python API's name); give one of the two."""
+    role_models: str | None = None
+    """ROLE:MODEL items joined by `|`, split at the first `:` (planner:tiny:qwen3|solver:org/model)."""
+    ckpt_override: str | None = None
+    """ROLE:DIR items joined by `|` (DIR may be a Hub id), over the folders found in pretrained."""
+    preset: Annotated[str, OneOf(MODEL_PRESETS)] = "tiny"
+    """Models of the roles that role_models does not name."""
+    backend: Annotated[str, OneOf(BACKENDS)] = "ray"
+    """ray (agents as Ray actors) or local (in this process)."""
+    dtype: Annotated[str, OneOf(DTYPES)] = "auto"
+    """Model dtype (auto: bf16 on CUDA, fp32 on CPU)."""
+    seed: Annotated[int, Range(0, 2**63 - 1)] = 42
+    """Seed of fresh links and of sampling."""
+    task: Annotated[str, OneOf(TASK_TYPES)] = "math"
+    """Task type of the prompts: math, choice, code or qa."""
+    method: Annotated[str, OneOf(METHODS)] = "recursive_mas"
+    """recursive_mas, recursive_textmas, textmas or single_agent."""
+    num_recursive_rounds: Annotated[int, Range(1, MAX_ROUNDS)] = 3
+    """R, rounds of the agent loop."""
+    latent_steps: Annotated[int, Range(0, MAX_LATENT_STEPS)] = 32
+    """m, latent steps per agent and round."""
+    max_new_tokens: Annotated[int, Range(1, MAX_NEW_TOKENS)] = 256
+    """Decoding budget when a request names no max_gen_toks."""
+
+    def validate(self) -> None:
+        """Per-role tables name roles of the style; pretrained and links are one setting."""
+        if self.pretrained is not None and self.links is not None:
+            raise ValueError("model_args pretrained and links are the same setting; give one of them")
+        check_role_models("model_args role_models", parse_pairs(self.role_models, what="role_models"), self.style)
+        check_role_models("model_args ckpt_override", parse_pairs(self.ckpt_override, what="ckpt_override"),
+                          self.style, extra=("outer",))
+
+    def links_source(self) -> str | None:
+        """The links to load (None: fresh)."""
+        value = self.pretrained if self.pretrained is not None else self.links
+        return None if value in (None, "", "fresh") else str(value)
 
 
 def parse_pairs(text: str | None, *, what: str) -> dict[str, str]:
@@ -57,6 +105,53 @@ def parse_pairs(text: str | None, *, what: str) -> dict[str, str]:
     return out
 
 
+def check_model_args(values: dict) -> ModelArgs:
+    """lm-eval's parsed model_args (values typed by lm-eval, or strings) as a checked `ModelArgs`.
+
+    Raises ValueError naming the argument and what was expected (lm-eval's own settings pass through).
+    """
+    from recmas_ray.config.cli import parse_text
+
+    hints = field_hints(ModelArgs)
+    names = [f.name for f in dataclasses.fields(ModelArgs)]
+    unknown = sorted(set(values) - set(names) - set(LM_EVAL_SETTINGS))
+    if unknown:
+        raise ConfigError(f"recmas_ray model_args: unknown {unknown}; expected some of {names} "
+                          f"(`python -m recmas_ray.lmeval --help` lists them)")
+    if "style" not in values:
+        raise ConfigError("recmas_ray model_args: style is required (e.g. style=sequential_light)")
+    typed = {}
+    for name in names:
+        if name not in values:
+            continue
+        base, _ = split_annotated(hints[name])
+        value = values[name]
+        if isinstance(value, str):
+            try:
+                value = parse_text(base, value)
+            except Exception as e:  # noqa: BLE001 - argparse's type error: one line naming the argument
+                raise ConfigError(f"model_args {name}={values[name]!r}: {e}") from None
+        elif base is int and isinstance(value, float) and value.is_integer():
+            value = int(value)  # lm-eval reads "-3" as -3.0
+        elif base is not int and not isinstance(value, bool) and isinstance(value, (int, float)):
+            value = str(value)  # lm-eval typed a text setting that looks like a number (a Hub revision, say)
+        typed[name] = value
+    args = ModelArgs(**typed)
+    check_tree(args, lambda path: f"model_args {path}")
+    return args
+
+
+def model_args_help() -> str:
+    """One line per model argument: name, docstring and default (for `--help`)."""
+    from recmas_ray.config.cli import _field_docs
+
+    docs, lines = _field_docs(ModelArgs), ["recmas_ray model_args (--model_args KEY=VALUE,KEY=VALUE):"]
+    for f in dataclasses.fields(ModelArgs):
+        default = "required" if f.default is dataclasses.MISSING else f"default: {f.default}"
+        lines.append(f"  {f.name:<22} {' '.join(docs.get(f.name, '').split())} ({default})")
+    return "\n".join(lines)
+
+
 @register_model(MODEL_NAME)
 class RecMASLM(LM):
     """A RecursiveMAS system behind lm-eval's `LM` interface (see the module docstring for model_args).
@@ -67,18 +162,18 @@ class RecMASLM(LM):
         ...                         model_args="style=sequential_light,backend=local")  # doctest: +SKIP
     """
 
-    def __init__(self, style: str, *, role_models: str | None = None, links: str | None = None,
-                 ckpt_override: str | None = None, preset: str = "tiny", backend: str = "ray", device: str = "auto",
-                 dtype: str = "auto", seed: int = 42, task: str = "math", method: str = "recursive_mas",
-                 num_recursive_rounds: int = 3, latent_steps: int = 32, max_new_tokens: int = 256,
-                 batch_size: int | str | None = None, system: System | None = None, **lm_eval_extra):
+    def __init__(self, *, batch_size: int | str | None = None, device: str | None = "auto", system=None,
+                 max_batch_size=None, trust_remote_code=None, **model_args):
+        import torch
+
+        from recmas_ray.api import System
+
         super().__init__()
-        unknown = sorted(k for k in lm_eval_extra if k not in ("max_batch_size", "trust_remote_code"))
-        if unknown:
-            raise ValueError(f"recmas_ray model_args: unknown {unknown}; see `python -m recmas_ray.lmeval --help`")
-        self.task, self.method = str(task), str(method)
-        self.rounds, self.latent_steps, self.max_new_tokens = int(num_recursive_rounds), int(latent_steps), \
-            int(max_new_tokens)
+        args = check_model_args(model_args)
+        self.args = args
+        self.task, self.method = args.task, args.method
+        self.rounds, self.latent_steps, self.max_new_tokens = args.num_recursive_rounds, args.latent_steps, \
+            args.max_new_tokens
         self.batch_size = int(batch_size) if str(batch_size or "").isdigit() else 8
         device = str(device or "auto")
         if device.startswith("cuda") and not torch.cuda.is_available():  # lm-eval's default --device is cuda:0
@@ -86,9 +181,9 @@ class RecMASLM(LM):
             device = "cpu"
         device = "cuda" if device.startswith("cuda") else device
         self.system = system or System.build(
-            str(style), role_models=parse_pairs(role_models, what="role_models"), links=links or None,
-            ckpt_override=parse_pairs(ckpt_override, what="ckpt_override"), preset=str(preset), backend=str(backend),
-            device=str(device), dtype=str(dtype), seed=int(seed), task=self.task)
+            args.style, role_models=parse_pairs(args.role_models, what="role_models"), links=args.links_source(),
+            ckpt_override=parse_pairs(args.ckpt_override, what="ckpt_override"), preset=args.preset,
+            backend=args.backend, device=device, dtype=args.dtype, seed=args.seed, task=self.task)
 
     def get_model_info(self) -> dict:
         """Recorded by lm-eval in its results' `config`: the system's roles, base models and link sources."""
@@ -126,6 +221,9 @@ class RecMASLM(LM):
     # ------------------------------------------------------------------ likelihoods
     def loglikelihood(self, requests, disable_tqdm: bool = False) -> list[tuple[float, bool]]:
         """log p(continuation) under the final agent, given its prompt after the system's rounds on the context."""
+        from recmas_ray.config.recursion import DecodeConfig, RecursionConfig
+        from recmas_ray.runner import LocalPool, run_batch
+
         pool = self.system.agents
         if not isinstance(pool, LocalPool):
             raise NotImplementedError("recmas_ray: loglikelihood scores inside the final agent, which needs "
@@ -157,7 +255,9 @@ class _ScoringPool:
     sees exactly the prompt, latents or texts it would decode from.
     """
 
-    def __init__(self, pool: LocalPool, style, rc: RecursionConfig, continuations: list[str]):
+    def __init__(self, pool, style, rc, continuations: list[str]):
+        from recmas_ray.styles import build_schedule
+
         self.pool, self.decoder, self.continuations = pool, style.decoder, continuations
         if rc.method == "single_agent":
             self.remaining = 1
@@ -181,6 +281,8 @@ class _ScoringPool:
         self.remaining -= 1
         if self.remaining > 0:
             return self.pool.decode(role, users, slot_names, cfg, latents)
+        from recmas_ray.agent import Decoded
+
         t0 = time.perf_counter()
         self.scores = score_continuations(self.pool.services[role].agent, users, slot_names, latents,
                                           self.continuations)
@@ -189,9 +291,17 @@ class _ScoringPool:
         return [Decoded("", 0) for _ in users], stats
 
 
-@torch.no_grad()
 def score_continuations(agent, users, slot_names, latents, continuations) -> list[tuple[float, bool]]:
     """(sum log p, greedy?) of each continuation after its prompt (latent blocks spliced into their slots)."""
+    import torch
+
+    from recmas_ray.agent import left_pad
+
+    with torch.no_grad():
+        return _score_continuations(agent, users, slot_names, latents, continuations, torch, left_pad)
+
+
+def _score_continuations(agent, users, slot_names, latents, continuations, torch, left_pad):
     rows, lengths = [], []
     for b, (user, cont) in enumerate(zip(users, continuations)):
         e_LD, _ = agent.embed_prompt(user, {s: lat[b] for s, lat in zip(slot_names, latents)})
@@ -211,12 +321,52 @@ def score_continuations(agent, users, slot_names, latents, continuations) -> lis
     return out
 
 
+def check_cli_model_args(argv: list[str]) -> None:
+    """When `argv` is an lm-eval command line for `--model recmas_ray`, check its --model_args now (before
+    lm-eval indexes its tasks, which takes tens of seconds); a bad one exits 2 with one line on stderr."""
+    model, raw = None, []
+    for i, arg in enumerate(argv):
+        if arg == "--model" and i + 1 < len(argv):
+            model = argv[i + 1]
+        elif arg.startswith("--model="):
+            model = arg.split("=", 1)[1]
+        elif arg in ("--model_args", "-a"):
+            raw += [a for a in _values_after(argv, i)]
+        elif arg.startswith("--model_args="):
+            raw.append(arg.split("=", 1)[1])
+    if model != MODEL_NAME:
+        return
+    from lm_eval.utils import simple_parse_args_string
+
+    values: dict = {}
+    for chunk in raw:
+        values |= simple_parse_args_string(chunk)
+    try:
+        check_model_args(values)
+    except ValueError as e:
+        print(f"error: {' '.join(str(e).split())}", file=sys.stderr)
+        raise SystemExit(2) from None
+
+
+def _values_after(argv: list[str], i: int) -> list[str]:
+    out = []
+    for arg in argv[i + 1:]:
+        if arg.startswith("-"):
+            break
+        out.append(arg)
+    return out
+
+
 def main(argv=None) -> None:
-    """lm-eval's own command line, with `--model recmas_ray` registered."""
+    """lm-eval's own command line, with `--model recmas_ray` registered and its model_args checked first."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if "-h" in argv or "--help" in argv:
+        print(model_args_help() + "\n")
+    else:
+        check_cli_model_args(argv)
     from lm_eval.__main__ import cli_evaluate
 
-    if argv is not None:
-        sys.argv = [sys.argv[0], *argv]
+    sys.argv = [sys.argv[0], *argv]
     cli_evaluate()
 
 

@@ -53,9 +53,10 @@ def _startup_probe(code: str, **env) -> str:
 
 
 def test_startup_hook_registers_the_model_lazily_and_leaves_other_programs_alone():
-    # Python starting: neither lm-eval nor torch nor our lm-eval module gets imported by the hook.
-    loaded = _startup_probe("import sys; print(sorted(m for m in ('lm_eval', 'torch', 'recmas_ray.lmeval') "
-                            "if m in sys.modules))")
+    # Python starting: neither lm-eval nor torch nor recmas_ray itself gets imported by the hook (so a
+    # checkout put on sys.path after startup, e.g. the tests' own, is the recmas_ray that imports later).
+    loaded = _startup_probe("import sys; print(sorted(m for m in ('lm_eval', 'torch', 'recmas_ray', "
+                            "'recmas_ray.lmeval') if m in sys.modules))")
     assert loaded == "[]", f"the .pth hook imported {loaded} at startup (or is not installed: pip install -e .)"
     # lm-eval's registry: our model is a lazy placeholder beside lm-eval's own, loaded only when asked for.
     probe = ("import sys; import lm_eval.models; from lm_eval.api.registry import get_model, model_registry; "
@@ -102,6 +103,59 @@ def test_lm_eval_cli_runs_local_tasks_and_writes_its_files(tmp_path, tiny_cache)
     # lm-eval logs (logprob, is_greedy) pairs as strings
     assert all(math.isfinite(float(r[0][0])) and float(r[0][0]) < 0 for line in mc for r in line["resps"])
     assert "recmas_toy_gen" in proc.stdout  # lm-eval's own table
+
+
+BAD_MODEL_ARGS = [  # (model_args as lm-eval parses them, fragment of the one-line error)
+    ({"style": "sequential_light", "bogus": 1}, "unknown ['bogus']"),
+    ({}, "style is required"),
+    ({"style": "pipeline"}, "model_args style 'pipeline': expected one of"),
+    ({"style": "sequential_light", "latent_steps": -3.0}, "model_args latent_steps -3: expected an integer in [0, 4096]"),
+    ({"style": "sequential_light", "latent_steps": "many"}, "latent_steps='many': expected an integer"),
+    ({"style": "sequential_light", "num_recursive_rounds": 0}, "num_recursive_rounds 0"),
+    ({"style": "sequential_light", "backend": "cloud"}, "model_args backend 'cloud': expected one of ray, local"),
+    ({"style": "sequential_light", "role_models": "writer:tiny:qwen3"}, "role_models names ['writer']"),
+    ({"style": "sequential_light", "role_models": "planner=tiny:qwen3"}, "is not ROLE:VALUE"),
+    ({"style": "sequential_light", "ckpt_override": "critic:"}, "is not ROLE:VALUE"),
+    ({"style": "sequential_light", "pretrained": "a", "links": "b"}, "pretrained and links are the same setting"),
+    ({"style": "sequential_light", "seed": True}, "model_args seed True"),
+]
+
+
+@pytest.mark.parametrize("values,fragment", BAD_MODEL_ARGS)
+def test_model_args_are_checked_with_one_line_naming_the_argument(values, fragment):
+    from recmas_ray.lmeval import check_model_args
+
+    with pytest.raises(ValueError) as e:
+        check_model_args(values)
+    assert fragment in str(e.value) and "\n" not in str(e.value)
+
+
+def test_model_args_take_lm_eval_typed_values_and_list_in_help():
+    from recmas_ray.lmeval import check_model_args, model_args_help
+
+    args = check_model_args({"style": "hie", "pretrained": 123, "latent_steps": 4.0, "batch_size": 8,
+                             "device": "cpu"})
+    assert (args.pretrained, args.latent_steps, args.links_source()) == ("123", 4, "123")
+    assert check_model_args({"style": "sequential_light", "pretrained": "fresh"}).links_source() is None
+    help_text = model_args_help()
+    for name in ("style", "pretrained", "role_models", "ckpt_override", "backend", "latent_steps", "max_new_tokens"):
+        assert f"  {name} " in help_text, name
+
+
+def test_lm_eval_cli_refuses_bad_model_args_before_loading_tasks(tmp_path):
+    # lm-eval's own script: the startup hook checks model_args as soon as lm-eval's CLI module loads, so no
+    # task is indexed and no model built; one line and exit status 2 (no traceback)
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]),
+           "HF_DATASETS_OFFLINE": "1"}
+    for extra, fragment in ((["--model_args", "style=sequential_light,bogus=1"], "unknown ['bogus']"),
+                            (["--model_args", "style=sequential_light", "latent_steps=-3"], "latent_steps -3")):
+        proc = subprocess.run([_lm_eval_command(), "--model", "recmas_ray", *extra, "--tasks", "no_such_task"],
+                              env=env, cwd=tmp_path, capture_output=True, text=True, timeout=300)
+        lines = proc.stderr.strip().splitlines()
+        assert proc.returncode == 2 and len(lines) == 1 and fragment in lines[0], proc.stderr[-2000:]
+    help_out = subprocess.run([sys.executable, "-m", "recmas_ray.lmeval", "--help"], env=env, cwd=tmp_path,
+                              capture_output=True, text=True, timeout=300)
+    assert help_out.returncode == 0 and "  pretrained " in help_out.stdout and "--model_args" in help_out.stdout
 
 
 @pytest.fixture(scope="module")

@@ -1,0 +1,100 @@
+r"""Publish trained links on the Hugging Face Hub with a model card; `links=ORG/NAME` reads them back.
+
+    python -m jobs.push_links out/demo/links --repo my-org/recmas-sequential-light
+    python -m jobs.push_links out/demo/links --repo my-org/recmas-sequential-light --private --revision v1
+    python -m jobs.push_links out/demo/links --repo my-org/x --dry_run --staging_dir /tmp/card   # look first
+
+FOLDER is a system folder (one sub-folder per role with its inner links, and `outer/`), as `System.build(links=)`
+reads it. Only the link files, manifests, configs and held-out curves are published (never optimizer state, Ray
+run folders or base-model weights), with a README.md model card built from the manifests
+(`recmas_ray/system/card.py`). The token comes from `HF_TOKEN` or `huggingface-cli login`; it is never printed.
+Afterwards: `System.build(STYLE, links="ORG/NAME")`, or `--ckpt_override ROLE=ORG/NAME:ROLE` in any job.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+from recmas_ray.config.cli import run_job
+
+
+@dataclass(kw_only=True)
+class PushLinksConfig:
+    """Which system folder goes to which Hub repo."""
+
+    folder: str
+    """The system folder to publish (sub-folders per role and outer/); also the first positional argument."""
+    repo: str
+    """Hub repo id ORG/NAME (created as a model repo if it does not exist)."""
+    revision: str | None = None
+    """Branch to push to (created from main if missing); None: main."""
+    private: bool = False
+    """Create the repo as private (an existing repo keeps its visibility)."""
+    commit_message: str = "Upload RecursiveMAS links"
+    """Commit message of the upload."""
+    dry_run: bool = False
+    """Stage the files and the card locally (see --staging_dir) and upload nothing."""
+    staging_dir: str | None = None
+    """Where the staged copy goes (must not exist); None: a temporary folder, removed after the upload."""
+
+    def validate(self) -> None:
+        """Repo id, branch and staging path, and the folder's layout and manifests (before anything is written)."""
+        from recmas_ray.system.card import read_system_folder
+        from recmas_ray.system.hub import parse_hub_id
+
+        ref = parse_hub_id(self.repo)
+        if ref is None or ref.revision or ref.subfolder:
+            raise ValueError(f"--repo {self.repo!r}: expected a Hub repo id ORG/NAME (the branch goes in --revision)")
+        if self.revision is not None and not self.revision.strip():
+            raise ValueError("--revision '': expected a branch name, or leave it out for main")
+        if self.staging_dir is not None and (not self.staging_dir.strip() or Path(self.staging_dir).exists()):
+            raise ValueError(f"--staging_dir {self.staging_dir!r}: expected a path that does not exist yet")
+        read_system_folder(self.folder)
+
+
+def push_links(cfg: PushLinksConfig, *, api=None) -> dict:
+    """Stage `cfg.folder` with its card and upload it with `api` (a `huggingface_hub.HfApi`, made here if None).
+
+    Returns what was done: the repo, the staged files, the commit URL (None for a dry run).
+    """
+    from recmas_ray.system.card import stage_system_folder
+
+    cfg.validate()  # every check before anything is written or uploaded (run_job ran it too)
+    with tempfile.TemporaryDirectory(prefix="recmas-push-") as tmp:
+        staging = stage_system_folder(cfg.folder, cfg.staging_dir or Path(tmp) / "repo", cfg.repo)
+        files = sorted(str(p.relative_to(staging)) for p in staging.rglob("*") if p.is_file())
+        if cfg.dry_run:
+            return {"repo": cfg.repo, "staged": str(staging) if cfg.staging_dir else None, "files": files,
+                    "commit": None}
+        if api is None:
+            from huggingface_hub import HfApi
+
+            api = HfApi()
+        try:
+            api.create_repo(cfg.repo, repo_type="model", private=cfg.private, exist_ok=True)
+            if cfg.revision:
+                api.create_branch(cfg.repo, branch=cfg.revision, repo_type="model", exist_ok=True)
+            info = api.upload_folder(folder_path=str(staging), repo_id=cfg.repo, repo_type="model",
+                                     revision=cfg.revision, commit_message=cfg.commit_message)
+        except Exception as e:  # noqa: BLE001 - auth, network, offline: one line naming the repo (no token in it)
+            reason = " ".join(str(e).split())[:300] or type(e).__name__
+            raise RuntimeError(f"upload to {cfg.repo!r} failed: {type(e).__name__}: {reason}") from None
+    return {"repo": cfg.repo, "staged": str(cfg.staging_dir) if cfg.staging_dir else None, "files": files,
+            "commit": str(getattr(info, "commit_url", info))}
+
+
+def main(argv=None) -> int:
+    """`push_links FOLDER --repo ORG/NAME ...`; returns the exit status (2: bad input, nothing uploaded)."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv and not argv[0].startswith("-"):
+        argv = ["--folder", argv[0], *argv[1:]]
+    return run_job(lambda cfg: print(json.dumps(push_links(cfg), indent=2)), PushLinksConfig, argv,
+                   prog="push_links", description=__doc__)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
