@@ -30,12 +30,14 @@ def make_data(cfg: DemoConfig, out: Path) -> tuple[Path, Path, list[dict]]:
 
 def role_questions_of(row: dict) -> dict[str, str]:
     """role -> the question text that role sees, for rows where roles see different things (empty: all
-    see `question`). THE one place the demo reads a per-role view: `role_questions` (role -> text) or
-    `context` (role -> text put before the question) of a generated row."""
-    if isinstance(row.get("role_questions"), dict):
-        return {str(k): str(v) for k, v in row["role_questions"].items()}
-    if isinstance(row.get("context"), dict):
-        return {str(k): f"{v} {row['question']}".strip() for k, v in row["context"].items()}
+    see `question`). THE one place the demo reads a per-role view: the `role_context` (role -> text told
+    only to that role) of a generated row (`train.synthetic.make_hidden_operand_dataset`), rendered as
+    `styles.prompts.question_for_role` shows it to the role."""
+    from recmas_ray.styles.prompts import question_for_role, with_role_context
+
+    if isinstance(row.get("role_context"), dict) and row["role_context"]:
+        carried = with_role_context(row["question"], row["role_context"])
+        return {str(k): question_for_role(carried, str(k)) for k in row["role_context"]}
     return {}
 
 
@@ -51,7 +53,8 @@ def hidden_facts_of(row: dict, facts: dict) -> tuple[str, ...]:
 
     shown = set(re.findall(r"\d+", row["question"]))
     extra = {n for v in role_questions_of(row).values() for n in re.findall(r"\d+", v)} - shown
-    return tuple(k for k, v in facts.items() if isinstance(v, float) and v.is_integer() and str(int(v)) in extra)
+    return tuple(k for k, v in facts.items()
+                 if isinstance(v, (int, float)) and float(v).is_integer() and str(int(v)) in extra)
 
 
 def train_links(cfg: DemoConfig, train_file: Path, out: Path, models: dict[str, str], console: Console) -> dict:
