@@ -23,7 +23,7 @@ import torch
 
 from recmas_ray.config.engine import EngineConfig
 from recmas_ray.config.recursion import DecodeConfig
-from recmas_ray.decoding import HF_DEFAULT_TOP_K, Decoded, DecodeState, decode_loop, model_top_k  # noqa: F401 (re-exported)
+from recmas_ray.decoding import HF_DEFAULT_TOP_K, Decoded, DecodeState, TargetScore, decode_loop, model_top_k  # noqa: F401
 from recmas_ray.decoding import eos_ids as _eos_ids
 from recmas_ray.decoding import pick as _pick  # tests replace agent._pick
 from recmas_ray.kv_cache import PrefixStore, cache_kw, left_pad, out_cache, positions  # noqa: F401 (re-exported)
@@ -194,18 +194,36 @@ class Agent:
     @torch.no_grad()
     def target_nll(self, users: list[str], latents: dict[str, torch.Tensor] | None, targets: list[str], *,
                    per_token: bool = False) -> list[float] | list[list[float]]:
-        """Mean token NLL of each target teacher-forced after its chat prompt with latents spliced in
-        (`per_token`: each target's token NLLs instead, in the order of `target_token_offsets`).
+        """Mean token NLL of each target as the assistant turn after its chat prompt (`per_token`: each target's
+        token NLLs instead, in the order of `target_token_offsets`); see `score_targets`."""
+        scored = self.score_targets(users, latents, targets)
+        return [s.token_nll for s in scored] if per_token else [s.mean_nll for s in scored]
 
-        The prompt is exactly what `decode` starts from (`embed_prompt`); the target is the assistant turn
-        as the chat template renders it (`embed_teacher_forced`, as in training); `latents` maps slot -> [B, M, D].
+    @torch.no_grad()
+    def score_targets(self, users: list[str], latents: dict[str, torch.Tensor] | None, targets: list[str], *,
+                      continuation: bool = False) -> list[TargetScore]:
+        """THE teacher-forced scorer: each target after the prompt `decode` starts from (`embed_prompt`, latents
+        spliced in; `latents` maps slot -> [B, M, D]).
+
+        Default: the target is the assistant turn as the chat template renders it, turn end included
+        (`embed_teacher_forced`, as in training). `continuation`: the target's raw tokens right after the
+        prompt (lm-eval's loglikelihood of a continuation).
         """
         latents = latents or {}
         rows, targets_L = [], []
         for b, (user, target) in enumerate(zip(users, targets)):
-            e_LD, ids_L, asst_L = self.embed_teacher_forced(user, {k: v[b] for k, v in latents.items()}, target)
-            rows.append(e_LD)
-            targets_L.append(torch.where(asst_L, ids_L, torch.full_like(ids_L, -100)))
+            lat = {k: v[b] for k, v in latents.items()}
+            if continuation:
+                e_LD, _ = self.embed_prompt(user, lat)
+                ids = self.tokenizer(target, add_special_tokens=False).input_ids
+                if not ids:
+                    raise ValueError(f"continuation {target!r} has no tokens")
+                rows.append(torch.cat([e_LD, self._embed_ids(ids)], dim=0))
+                targets_L.append(torch.tensor([-100] * e_LD.shape[0] + list(ids), dtype=torch.long))
+            else:
+                e_LD, ids_L, asst_L = self.embed_teacher_forced(user, lat, target)
+                rows.append(e_LD)
+                targets_L.append(torch.where(asst_L, ids_L, torch.full_like(ids_L, -100)))
         e_BLD, mask_BL = left_pad(rows)
         ids_BL = torch.full(mask_BL.shape, -100, dtype=torch.long, device=self.device)
         for b, t_L in enumerate(targets_L):
@@ -219,9 +237,8 @@ class Agent:
         tgt_BL = ids_BL[:, first + 1:]
         keep_BL = tgt_BL != -100
         tok_nll_BL = -logp_BLV.gather(-1, tgt_BL.clamp(min=0)[..., None])[..., 0] * keep_BL
-        if per_token:
-            return [row[keep].tolist() for row, keep in zip(tok_nll_BL, keep_BL)]
-        return (tok_nll_BL.sum(-1) / keep_BL.sum(-1).clamp(min=1)).tolist()
+        hit_BL = (logp_BLV.argmax(-1) == tgt_BL) | ~keep_BL
+        return [TargetScore(row[keep].tolist(), bool(hit.all())) for row, keep, hit in zip(tok_nll_BL, keep_BL, hit_BL)]
 
     def target_token_offsets(self, target: str) -> list[tuple[int, int]]:
         """Character span in `target` of each token `target_nll` scores (the turn's end: spans past the text)."""
