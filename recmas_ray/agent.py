@@ -23,12 +23,13 @@ import torch
 
 from recmas_ray.config.engine import EngineConfig
 from recmas_ray.config.recursion import DecodeConfig
-from recmas_ray.decoding import HF_DEFAULT_TOP_K, Decoded, DecodeState, decode_loop, model_top_k  # noqa: F401 (re-exported)
+from recmas_ray.decoding import HF_DEFAULT_TOP_K, Decoded, DecodeState, TargetScore, decode_loop, model_top_k  # noqa: F401 (re-exported)
 from recmas_ray.decoding import eos_ids as _eos_ids
 from recmas_ray.decoding import pick as _pick  # tests replace agent._pick
 from recmas_ray.kv_cache import PrefixStore, cache_kw, left_pad, out_cache, positions  # noqa: F401 (re-exported)
 from recmas_ray.kv_cache import prefill as prefill_static
 from recmas_ray.links import InnerLink, OuterLink
+from recmas_ray.scoring import TeacherForcing
 
 _SLOT_RE = re.compile(r"<<[A-Z_]+_SLOT>>")
 
@@ -38,7 +39,7 @@ def find_slots(text: str) -> list[str]:
     return _SLOT_RE.findall(text)
 
 
-class Agent:
+class Agent(TeacherForcing):
     """A frozen causal LM with its inner link; outer links of outgoing edges are attached by name."""
 
     def __init__(self, model, tokenizer, inner_link: InnerLink, *, role: str, model_name: str,
@@ -159,75 +160,6 @@ class Agent:
             rows.append(e_LD)
             prefix_ids.append(ids[:ids.index(-100)] if -100 in ids else ids)
         return (*left_pad(rows), prefix_ids)
-
-    def assistant_turn_end(self) -> str:
-        """What the chat template writes after an assistant message's text (Qwen: `<|im_end|>` and a newline),
-        found by rendering [user, assistant]; the EOS token when the template shows none."""
-        from jinja2.exceptions import TemplateError
-
-        if self._turn_end is None:
-            mark = "\x00RECMAS-TURN\x00"
-            try:
-                full = self.tokenizer.apply_chat_template(
-                    [{"role": "user", "content": "q"}, {"role": "assistant", "content": mark}], tokenize=False)
-            except (TemplateError, ValueError):  # no usable template: fall back to EOS
-                full = ""
-            end = full[full.index(mark) + len(mark):] if mark in full else ""
-            self._turn_end = end or (self.tokenizer.eos_token or "")
-        return self._turn_end
-
-    def embed_teacher_forced(self, user: str, latents: dict[str, torch.Tensor] | None, target: str, *,
-                             literal_slots: bool = False) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """Prompt + the gold assistant turn as the chat template renders it (text + its end, e.g. `<|im_end|>\\n`):
-        (E_LD, ids_L with -100 at latents, assistant_mask_L over that turn). Training only.
-
-        Gradients flow into the spliced latent blocks (used by outer-loop training).
-        """
-        target_ids = self.tokenizer(target + self.assistant_turn_end(), add_special_tokens=False).input_ids
-        e_LD, ids_L = self.embed_prompt(user, latents, literal_slots=literal_slots)
-        e_LD = torch.cat([e_LD, self._embed_ids(target_ids)], dim=0)
-        ids_L = torch.cat([ids_L, torch.tensor(target_ids, dtype=torch.long)])
-        assistant_L = torch.zeros(ids_L.shape[0], dtype=torch.bool)
-        assistant_L[-len(target_ids):] = True
-        return e_LD, ids_L, assistant_L
-
-    @torch.no_grad()
-    def target_nll(self, users: list[str], latents: dict[str, torch.Tensor] | None, targets: list[str], *,
-                   per_token: bool = False) -> list[float] | list[list[float]]:
-        """Mean token NLL of each target teacher-forced after its chat prompt with latents spliced in
-        (`per_token`: each target's token NLLs instead, in the order of `target_token_offsets`).
-
-        The prompt is exactly what `decode` starts from (`embed_prompt`); the target is the assistant turn
-        as the chat template renders it (`embed_teacher_forced`, as in training); `latents` maps slot -> [B, M, D].
-        """
-        latents = latents or {}
-        rows, targets_L = [], []
-        for b, (user, target) in enumerate(zip(users, targets)):
-            e_LD, ids_L, asst_L = self.embed_teacher_forced(user, {k: v[b] for k, v in latents.items()}, target)
-            rows.append(e_LD)
-            targets_L.append(torch.where(asst_L, ids_L, torch.full_like(ids_L, -100)))
-        e_BLD, mask_BL = left_pad(rows)
-        ids_BL = torch.full(mask_BL.shape, -100, dtype=torch.long, device=self.device)
-        for b, t_L in enumerate(targets_L):
-            ids_BL[b, ids_BL.shape[1] - t_L.shape[0]:] = t_L.to(self.device)
-        # targets are right-aligned: vocabulary logits only where a target token is predicted (the prompt's
-        # positions would cost most of the lm-head work for nothing, V up to 262k here)
-        cols = (ids_BL != -100).any(0).nonzero()
-        first = max(int(cols[0, 0]) - 1, 0) if len(cols) else ids_BL.shape[1] - 2  # predicts the first target
-        h_BLD = self.forward_hidden(e_BLD, mask_BL)[:, first:-1]
-        logp_BLV = torch.log_softmax(self.logits(h_BLD).float(), dim=-1)
-        tgt_BL = ids_BL[:, first + 1:]
-        keep_BL = tgt_BL != -100
-        tok_nll_BL = -logp_BLV.gather(-1, tgt_BL.clamp(min=0)[..., None])[..., 0] * keep_BL
-        if per_token:
-            return [row[keep].tolist() for row, keep in zip(tok_nll_BL, keep_BL)]
-        return (tok_nll_BL.sum(-1) / keep_BL.sum(-1).clamp(min=1)).tolist()
-
-    def target_token_offsets(self, target: str) -> list[tuple[int, int]]:
-        """Character span in `target` of each token `target_nll` scores (the turn's end: spans past the text)."""
-        enc = self.tokenizer(target + self.assistant_turn_end(), add_special_tokens=False,
-                             return_offsets_mapping=True)
-        return [tuple(o) for o in enc["offset_mapping"]]
 
     def forward_hidden(self, e_BLD: torch.Tensor, mask_BL: torch.Tensor) -> torch.Tensor:
         """Last-layer hidden states [B, L, D] (after the final norm), no cache; grad as the caller enables."""

@@ -265,17 +265,18 @@ class System:
             return [out[i * n:(i + 1) * n] for i in range(len(questions))]
         return [[copy.deepcopy(res) for _ in range(n)] for res in out]
 
-    def run(self, questions: list[str], tasks: list[str], rc: RecursionConfig, *, on_token=None) -> list[SampleResult]:
-        """One checked batch through the agents (what `generate` and the server call); `on_token(ids)` is
-        called with the token id picked per question at every step of the final decode (streaming)."""
+    def run(self, questions: list[str], tasks: list[str], rc: RecursionConfig, **run_options) -> list[SampleResult]:
+        """One checked batch through the agents (what `generate`, the server and lm-eval call); `run_options`
+        are `run_batch`'s: `on_token(ids)` is called with the token id picked per question at every step of
+        the final decode (streaming), `targets` + `score_continuation` score continuations (likelihoods)."""
         from recmas_ray.runner import LocalPool, run_batch
 
         self._check_open()
         if isinstance(self.agents, LocalPool):
-            return run_batch(self.agents, self.plan.style, questions, tasks, rc, on_token=on_token)
+            return run_batch(self.agents, self.plan.style, questions, tasks, rc, **run_options)
         import ray
 
-        ref = self.agents.solve(questions, tasks, rc, **({} if on_token is None else {"on_token": on_token}))
+        ref = self.agents.solve(questions, tasks, rc, **run_options)
         try:
             return ray.get(ref, timeout=self.cfg.timeout_s)
         except ray.exceptions.GetTimeoutError:

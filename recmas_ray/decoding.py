@@ -42,6 +42,24 @@ class DecodeState:
     """Tokens picked by `generate` but not yet fed (fed first by the next `feed`/`generate`)."""
 
 
+@dataclass
+class TargetScore:
+    """One teacher-forced target under a prompt (`Agent.score_targets`): its token NLLs and greediness."""
+
+    token_nll: list[float]
+    """NLL of each scored token, in order."""
+    greedy: bool
+    """Whether argmax decoding picks every one of those tokens."""
+
+    @property
+    def mean_nll(self) -> float:
+        return sum(self.token_nll) / max(len(self.token_nll), 1)
+
+    @property
+    def logprob(self) -> float:
+        return -sum(self.token_nll)
+
+
 def eos_ids(model, tokenizer) -> torch.Tensor:
     ids = {tokenizer.eos_token_id}
     gen_eos = getattr(model.generation_config, "eos_token_id", None)

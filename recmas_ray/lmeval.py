@@ -19,7 +19,7 @@ Requests:
   generate_until         each context is a question to the whole system; the final agent's text is cut at
                          the first `until` string
   loglikelihood          log p(continuation | the final agent's prompt with its incoming latents or texts),
-                         after the other agents ran the usual rounds on the context (backend local)
+                         after the other agents ran the usual rounds on the context (either backend)
   loglikelihood_rolling  NotImplementedError: a latent-augmented prompt has no rolling document likelihood
 """
 
@@ -28,7 +28,6 @@ from __future__ import annotations
 import dataclasses
 import logging
 import sys
-import time
 from dataclasses import dataclass
 from typing import Annotated
 
@@ -220,23 +219,20 @@ class RecMASLM(LM):
 
     # ------------------------------------------------------------------ likelihoods
     def loglikelihood(self, requests, disable_tqdm: bool = False) -> list[tuple[float, bool]]:
-        """log p(continuation) under the final agent, given its prompt after the system's rounds on the context."""
+        """log p(continuation) under the final agent, given its prompt after the system's rounds on the context
+        (both backends: the decoder scores where its latents are, through the runner's scoring step)."""
         from recmas_ray.config.recursion import DecodeConfig, RecursionConfig
-        from recmas_ray.runner import LocalPool, run_batch
 
-        pool = self.system.agents
-        if not isinstance(pool, LocalPool):
-            raise NotImplementedError("recmas_ray: loglikelihood scores inside the final agent, which needs "
-                                      "model_args backend=local (generate_until works on both backends)")
         rc = RecursionConfig(method=self.method, num_recursive_rounds=self.rounds, latent_steps=self.latent_steps,
                              decode=DecodeConfig(max_new_tokens=1))
         out: list[tuple[float, bool]] = []
         for k in range(0, len(requests), self.batch_size):
             batch = requests[k:k + self.batch_size]
-            scorer = _ScoringPool(pool, self.system.plan.style, rc, [r.args[1] for r in batch])
-            run_batch(scorer, self.system.plan.style, [r.args[0] for r in batch], [self.task] * len(batch), rc)
-            out += scorer.scores
-            for req, score in zip(batch, scorer.scores):
+            results = self.system.run([r.args[0] for r in batch], [self.task] * len(batch), rc,
+                                      targets=[r.args[1] for r in batch], score_continuation=True)
+            for req, res in zip(batch, results):
+                score = (res.target_logprob, res.target_greedy)
+                out.append(score)
                 self.cache_hook.add_partial("loglikelihood", req.args, score)
         return out
 
@@ -246,79 +242,6 @@ class RecMASLM(LM):
                                   "multi-agent system: the final agent's prompt carries latents from the other "
                                   "agents, so a document has no rolling likelihood; use generate_until or "
                                   "loglikelihood tasks")
-
-
-class _ScoringPool:
-    """The local agents, except that the final decode of the decoder scores continuations instead.
-
-    Every earlier call (rollouts, intermediate text steps of text methods) runs unchanged, so the decoder
-    sees exactly the prompt, latents or texts it would decode from.
-    """
-
-    def __init__(self, pool, style, rc, continuations: list[str]):
-        from recmas_ray.styles import build_schedule
-
-        self.pool, self.decoder, self.continuations = pool, style.decoder, continuations
-        if rc.method == "single_agent":
-            self.remaining = 1
-        else:
-            rounds = 1 if rc.method == "textmas" else rc.num_recursive_rounds
-            steps = [s for s in build_schedule(style, rounds, decode_every_round=rc.decode_every_round)
-                     if s.role == style.decoder]
-            self.remaining = len(steps) if rc.method != "recursive_mas" else \
-                sum(1 for s in steps if s.decode or s.discard_decode)
-        self.scores: list[tuple[float, bool]] = []
-
-    def rollout(self, *args):
-        return self.pool.rollout(*args)
-
-    def get(self, handle, *, what):
-        return handle
-
-    def decode(self, role, users, slot_names, cfg, latents):
-        if role != self.decoder:
-            return self.pool.decode(role, users, slot_names, cfg, latents)
-        self.remaining -= 1
-        if self.remaining > 0:
-            return self.pool.decode(role, users, slot_names, cfg, latents)
-        from recmas_ray.agent import Decoded
-
-        t0 = time.perf_counter()
-        self.scores = score_continuations(self.pool.services[role].agent, users, slot_names, latents,
-                                          self.continuations)
-        stats = {"role": role, "latent_steps": 0, "text_tokens": [0] * len(users),
-                 "seconds": time.perf_counter() - t0}
-        return [Decoded("", 0) for _ in users], stats
-
-
-def score_continuations(agent, users, slot_names, latents, continuations) -> list[tuple[float, bool]]:
-    """(sum log p, greedy?) of each continuation after its prompt (latent blocks spliced into their slots)."""
-    import torch
-
-    from recmas_ray.agent import left_pad
-
-    with torch.no_grad():
-        return _score_continuations(agent, users, slot_names, latents, continuations, torch, left_pad)
-
-
-def _score_continuations(agent, users, slot_names, latents, continuations, torch, left_pad):
-    rows, lengths = [], []
-    for b, (user, cont) in enumerate(zip(users, continuations)):
-        e_LD, _ = agent.embed_prompt(user, {s: lat[b] for s, lat in zip(slot_names, latents)})
-        ids = agent.tokenizer(cont, add_special_tokens=False).input_ids
-        if not ids:
-            raise ValueError(f"loglikelihood: continuation {cont!r} has no tokens")
-        rows.append(torch.cat([e_LD, agent._embed_ids(ids)], dim=0))
-        lengths.append(ids)
-    e_BLD, mask_BL = left_pad(rows)
-    logp_BLV = torch.log_softmax(agent.logits(agent.forward_hidden(e_BLD, mask_BL)).float(), dim=-1)
-    out = []
-    for b, ids in enumerate(lengths):
-        n = len(ids)
-        lp_NV = logp_BLV[b, -n - 1:-1]  # left padded: every row ends at the right edge
-        target = torch.tensor(ids, device=lp_NV.device)
-        out.append((float(lp_NV.gather(1, target[:, None]).sum()), bool((lp_NV.argmax(-1) == target).all())))
-    return out
 
 
 def check_cli_model_args(argv: list[str]) -> None:

@@ -35,7 +35,8 @@ class AgentPool(Protocol):
     def get(self, handle: Any, *, what: str) -> Any: ...
 
     # Only when `run_batch` gets `targets` (answer likelihood):
-    # score(role, users, slot_names, targets, latents) -> handle of (list[float] NLL per sample, stats)
+    # score(role, users, slot_names, targets, latents, continuation=False) -> handle of (per sample: mean NLL,
+    #   or (sum log p, greedy?) with continuation=True; stats)
 
 
 @dataclass
@@ -49,6 +50,10 @@ class SampleResult:
     trace: list[dict] = field(default_factory=list)
     nll: float | None = None
     """Mean token NLL of the gold target under the decoder's final prompt (only when targets were given)."""
+    target_logprob: float | None = None
+    """Sum log p of the target as a raw continuation of that prompt (`score_continuation`, lm-eval)."""
+    target_greedy: bool | None = None
+    """Whether greedy decoding would produce that continuation (`score_continuation`)."""
     finish_reason: str | None = None
     """Why the final text ended: "stop" (EOS or a stop string) or "length" (the budget); set by `System.generate`."""
 
@@ -56,7 +61,8 @@ class SampleResult:
 def run_batch(pool: AgentPool, style: StyleSpec, questions: list[str], tasks: list[str],
               cfg: RecursionConfig, *, targets: list[str] | None = None,
               role_questions: list[dict[str, str]] | None = None,
-              capture: Callable[[dict], None] | None = None, on_token=None) -> list[SampleResult]:
+              capture: Callable[[dict], None] | None = None, on_token=None,
+              score_continuation: bool = False) -> list[SampleResult]:
     """Run one batch of questions through the style with `cfg.method`.
 
     `targets` (one gold answer text per question): the decoder also teacher-forces each target after
@@ -71,6 +77,9 @@ def run_batch(pool: AgentPool, style: StyleSpec, questions: list[str], tasks: li
     "decoder_input", "role", "users", "slot_names", "latents"} for the prompt the final decode starts
     from (latents after any ablation); materialising them is the hook's only cost.
 
+    `score_continuation` (lm-eval's loglikelihood): `targets` are scored as raw continuations right after the
+    decoder's prompt instead (`SampleResult.target_logprob` and `target_greedy`; no chat-template turn end).
+
     `on_token` (streaming): passed to the final decode step only, called with the token id picked per
     question at every decoding step (None for questions already done); see `Agent.decode`.
     """
@@ -81,17 +90,18 @@ def run_batch(pool: AgentPool, style: StyleSpec, questions: list[str], tasks: li
     if role_questions is not None and len(role_questions) != len(questions):
         raise ValueError(f"run_batch: {len(role_questions)} role_questions for {len(questions)} questions")
     asked = _Asked(questions, role_questions)
+    scoring = None if targets is None else (list(targets), score_continuation)
     t0 = time.perf_counter()
     if cfg.method == "single_agent":
         users = [render_single_agent_prompt(style, t, q) for q, t in zip(asked.of(style.decoder), tasks)]
         calls = [(1, style.decoder, "decode", pool.decode(style.decoder, users, [], cfg.decode, [], **stream))]
-        calls += _score(pool, style.decoder, users, [], [], targets)
+        calls += _score(pool, style.decoder, users, [], [], scoring)
         _capture_input(capture, pool, style.decoder, users, [], [])
     elif cfg.method == "recursive_mas":
-        calls = _run_latent(pool, style, asked, tasks, cfg, targets, capture, stream)
+        calls = _run_latent(pool, style, asked, tasks, cfg, scoring, capture, stream)
     else:
         rounds = 1 if cfg.method == "textmas" else cfg.num_recursive_rounds
-        calls = _run_text(pool, style, asked, tasks, cfg, rounds, targets, capture, stream)
+        calls = _run_text(pool, style, asked, tasks, cfg, rounds, scoring, capture, stream)
     return _collect(pool, calls, len(questions), t0)
 
 
@@ -114,11 +124,13 @@ def _capture_input(capture, pool, role, users, slot_names, latents) -> None:
                  "latents": [pool.get(h, what=f"role {role} (captured input)") for h in latents]})
 
 
-def _score(pool, role, users, slot_names, latents, targets) -> list:
-    """The scoring call of the final decode step (none without targets)."""
-    if targets is None:
+def _score(pool, role, users, slot_names, latents, scoring) -> list:
+    """The scoring call of the final decode step (none without targets); `scoring` is (targets, continuation)."""
+    if scoring is None:
         return []
-    return [(None, role, "score", pool.score(role, users, slot_names, list(targets), latents))]
+    targets, continuation = scoring
+    kw = {"continuation": True} if continuation else {}  # pools that only score turns keep working
+    return [(None, role, "score", pool.score(role, users, slot_names, targets, latents, **kw))]
 
 
 def _ablate(pool, handles: list, mode: str, what: str) -> list:
@@ -134,7 +146,7 @@ def _ablate(pool, handles: list, mode: str, what: str) -> list:
     return out
 
 
-def _run_latent(pool, style, asked, tasks, cfg, targets=None, capture=None, stream=None):
+def _run_latent(pool, style, asked, tasks, cfg, scoring=None, capture=None, stream=None):
     messages: dict[str, Any] = {}  # edge -> handle of its latest [B, M, E] message
     calls = []
     for step in build_schedule(style, cfg.num_recursive_rounds, decode_every_round=cfg.decode_every_round):
@@ -147,7 +159,7 @@ def _run_latent(pool, style, asked, tasks, cfg, targets=None, capture=None, stre
                           pool.decode(step.role, users, slot_names, cfg.decode, latents,
                                       **((stream or {}) if step.decode else {}))))
             if step.decode:
-                calls += _score(pool, step.role, users, slot_names, latents, targets)
+                calls += _score(pool, step.role, users, slot_names, latents, scoring)
                 _capture_input(capture, pool, step.role, users, slot_names, latents)
         if step.outputs:
             outs, stats = pool.rollout(step.role, users, slot_names, cfg.latent_steps, step.outputs, latents)
@@ -159,7 +171,7 @@ def _run_latent(pool, style, asked, tasks, cfg, targets=None, capture=None, stre
     return calls
 
 
-def _run_text(pool, style, asked, tasks, cfg, rounds, targets=None, capture=None, stream=None):
+def _run_text(pool, style, asked, tasks, cfg, rounds, scoring=None, capture=None, stream=None):
     texts: dict[str, list[str]] = {}  # edge -> latest text per sample
     calls = []
     for step in build_schedule(style, rounds):
@@ -168,7 +180,7 @@ def _run_text(pool, style, asked, tasks, cfg, rounds, targets=None, capture=None
         handle = pool.decode(step.role, users, [], cfg.decode, [], **((stream or {}) if step.decode else {}))
         if step.decode:
             calls.append((step.round, step.role, "decode", handle))
-            calls += _score(pool, step.role, users, [], [], targets)
+            calls += _score(pool, step.role, users, [], [], scoring)
             _capture_input(capture, pool, step.role, users, [], [])
             continue
         decoded, stats = pool.get(handle, what=f"role {step.role}, round {step.round} (text)")
@@ -191,10 +203,13 @@ def _collect(pool, calls, batch_size, t0) -> list[SampleResult]:
     for rnd, role, action, handle in calls:
         value = handle.value if isinstance(handle, _Ready) else pool.get(handle, what=f"role {role}, round {rnd} ({action})")
         if action == "score":  # answer likelihood: no trace entry, no tokens, its time not counted
-            nlls, stats = value
+            scores, stats = value
             score_seconds += stats["seconds"]
-            for res, nll in zip(results, nlls):
-                res.nll = float(nll)
+            for res, score in zip(results, scores):
+                if isinstance(score, (list, tuple)):  # a continuation: (sum log p, greedy?)
+                    res.target_logprob, res.target_greedy = float(score[0]), bool(score[1])
+                else:
+                    res.nll = float(score)
             continue
         decoded, stats = value if action != "rollout" else (None, value)
         for b, res in enumerate(results):
@@ -230,8 +245,8 @@ class LocalPool:
     def decode(self, role, users, slot_names, cfg, latents, **stream):
         return self.services[role].decode(users, slot_names, cfg, *latents, **stream)
 
-    def score(self, role, users, slot_names, targets, latents):
-        return self.services[role].score(users, slot_names, targets, *latents)
+    def score(self, role, users, slot_names, targets, latents, **kw):
+        return self.services[role].score(users, slot_names, targets, *latents, **kw)
 
     def get(self, handle, *, what):
         return handle

@@ -150,14 +150,18 @@ class AgentService:
                  "seconds": time.perf_counter() - t0, "prompt_tokens": self._prompt_tokens(mask_BL, latents)}
         return out, stats
 
-    def score(self, users, slot_names, targets, *latents):
+    def score(self, users, slot_names, targets, *latents, continuation: bool = False):
         """Answer likelihood: mean token NLL of each `targets[b]` (+ EOS) teacher-forced after the prompt
-        `decode` would start from (same chat template, same latents); returns (list[float], stats)."""
+        `decode` would start from (same chat template, same latents); returns (list[float], stats).
+        `continuation`: each target is a raw continuation of that prompt instead, scored as
+        [sum log p, greedy?] (lm-eval's loglikelihood)."""
         t0 = time.perf_counter()
         if len(slot_names) != len(latents) or len(targets) != len(users):
             raise ValueError(f"role {self.spec.role}: score got {len(users)} prompts, {len(targets)} targets, "
                              f"{len(slot_names)} slot names and {len(latents)} latent blocks")
-        nlls = self.agent.target_nll(list(users), dict(zip(slot_names, latents)), list(targets))
+        scored = self.agent.score_targets(list(users), dict(zip(slot_names, latents)), list(targets),
+                                          continuation=continuation)
+        nlls = [[s.logprob, s.greedy] for s in scored] if continuation else [s.mean_nll for s in scored]
         stats = {"role": self.spec.role, "latent_steps": 0, "text_tokens": [0] * len(users),
                  "seconds": time.perf_counter() - t0}
         return nlls, stats

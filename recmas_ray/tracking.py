@@ -19,39 +19,14 @@ import json
 import math
 import os
 import re
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Any
 
-from recmas_ray.config.checks import OneOf
+from recmas_ray.config.tracking import TrackingConfig
 
-TRACKERS = ("none", "mlflow", "wandb")
 _SECRET_WORDS = ("key", "token", "secret", "password")
 MAX_PARAM_CHARS = 500
 """MLflow refuses longer parameter values; longer ones are cut (the whole config is also an artifact)."""
-
-
-@dataclass(kw_only=True)
-class TrackingConfig:
-    """Where a job's parameters, metrics and result files are tracked."""
-
-    tracking: Annotated[str, OneOf(TRACKERS)] = "none"
-    """none, mlflow (a local store under the job's output folder unless --tracking_uri names another) or wandb."""
-    tracking_uri: str | None = None
-    """MLflow tracking URI (file:DIR, http://HOST:PORT, sqlite:///FILE) or the W&B project name; None: a local
-    MLflow store `<output>/mlruns`, or W&B project recmas_ray."""
-    experiment_name: str = "recmas_ray"
-    """MLflow experiment (W&B group) the run belongs to."""
-
-    def validate(self) -> None:
-        """A URI only means something for a tracker; an empty one is a typo."""
-        if self.tracking_uri is not None and not self.tracking_uri.strip():
-            raise ValueError("--tracking_uri '': expected a tracking URI, or leave it out for the local store")
-        if self.tracking_uri and self.tracking == "none":
-            raise ValueError(f"--tracking_uri {self.tracking_uri!r} needs --tracking mlflow or wandb")
-        if not self.experiment_name.strip():
-            raise ValueError("--experiment_name '': expected a name")
-        check_tracking_available(self)
 
 
 def flat_params(config: Any, prefix: str = "") -> dict[str, str]:
@@ -212,13 +187,3 @@ def start_run(cfg: TrackingConfig, *, output_dir: str | os.PathLike, run_name: s
     if config is not None:
         tracker.log_params(flat_params(config))
     return tracker
-
-
-def check_tracking_available(cfg: TrackingConfig) -> None:
-    """The tracker's package is installed (checked with the other inputs, before the job starts)."""
-    import importlib.util
-
-    package = {"mlflow": "mlflow", "wandb": "wandb"}.get(cfg.tracking)
-    if package and importlib.util.find_spec(package) is None:
-        extra = "pip install mlflow-skinny (or mlflow for its UI)" if package == "mlflow" else "pip install wandb"
-        raise ValueError(f"--tracking {cfg.tracking}: the {package} package is not installed ({extra})")

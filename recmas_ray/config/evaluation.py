@@ -13,6 +13,7 @@ from typing import Annotated
 
 from recmas_ray.config.checks import ExistingPath, NonEmpty, OneOf, Range, WritableDir
 from recmas_ray.config.recursion import MAX_ROUNDS, METHODS, RecursionConfig, ToolLoopConfig
+from recmas_ray.config.tracking import TrackingConfig
 from recmas_ray.distributed.placement import PlacementConfig
 
 BACKENDS = ("ray", "local")
@@ -143,6 +144,8 @@ class EvalConfig:
     before any model loads; unset: the project's own prompts."""
     output_path: Annotated[str, WritableDir()] = "out"
     """Directory for samples_*.jsonl, results_*.json and config.json."""
+    track: TrackingConfig = field(default_factory=TrackingConfig)
+    """Experiment tracking of the results (--tracking mlflow: a local store in output_path/mlruns by default)."""
     resume: bool = False
     """Skip samples already in the latest samples file of this benchmark in output_path (errored
     samples run again); refused when that file's fingerprint differs from this run's."""

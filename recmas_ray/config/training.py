@@ -16,6 +16,7 @@ from typing import Annotated
 from recmas_ray.config.checks import ExistingPath, NonEmpty, OneOf, Range, WritableDir, writable_dir_problem
 from recmas_ray.config.evaluation import DTYPES, MODEL_PRESETS, check_model_names, check_role_models, style_names
 from recmas_ray.config.recursion import MAX_ROUNDS
+from recmas_ray.config.tracking import TrackingConfig
 from recmas_ray.styles.base import TASK_TYPES
 
 SCHEDULES = ("cosine", "linear", "constant")
@@ -113,6 +114,8 @@ class TrainConfig:
     """Checkpoints kept in storage."""
     progress: bool = True
     """Progress bar on rank 0."""
+    track: TrackingConfig = field(default_factory=TrackingConfig)
+    """Experiment tracking of the losses (--tracking mlflow: a local store in save_dir/mlruns by default)."""
 
     def roles(self) -> tuple[str, ...]:
         """The roles of the style."""

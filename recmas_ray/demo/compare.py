@@ -112,13 +112,9 @@ class Agents:
             from recmas_ray.distributed.driver import build_ray_system
             from recmas_ray.distributed.placement import PlacementConfig
 
-            class _ScoringRayPool(RayPool):
-                def score(self, role, users, slot_names, targets, latents):
-                    return self.handles[role].score.remote(users, slot_names, targets, *latents)
-
             self.system = build_ray_system(base, PlacementConfig(preset="cpu"), timeout_s=timeout_s,
                                            torch_threads=torch_threads)
-            self.pool = _ScoringRayPool(self.system.handles, timeout_s=timeout_s)
+            self.pool = RayPool(self.system.handles, timeout_s=timeout_s)
         self.current = "fresh"
 
     def use_links(self, which: str) -> None:

@@ -165,9 +165,10 @@ class _AgentActorImpl:
         """The answer-format retry on this agent (see `AgentService.retry_format`)."""
         return self.service.retry_format(texts, suffixes, num_tokens, cfg=cfg)
 
-    def score(self, users, slot_names, targets, *latents):
-        """Mean NLL of target texts after the prompts (see `AgentService.score`)."""
-        return self.service.score(users, slot_names, targets, *[from_wire(x) for x in latents])
+    def score(self, users, slot_names, targets, *latents, continuation: bool = False):
+        """Mean NLL of target texts after the prompts, or continuations' log p (see `AgentService.score`)."""
+        return self.service.score(users, slot_names, targets, *[from_wire(x) for x in latents],
+                                  continuation=continuation)
 
     def set_links(self, *links):
         """Swap this agent's links without reloading its model (see `AgentService.set_links`)."""
@@ -213,6 +214,10 @@ class RayPool:
 
     def decode(self, role, users, slot_names, cfg, latents, **stream):  # stream: on_token (picklable)
         return self.handles[role].decode.remote(users, slot_names, cfg, *latents, **stream)
+
+    def score(self, role, users, slot_names, targets, latents, **kw):
+        """Answer likelihood in the agent that holds the prompt's latents (see `AgentService.score`)."""
+        return self.handles[role].score.remote(users, slot_names, targets, *latents, **kw)
 
     def release_kept(self) -> None:
         """After a failed batch: every agent that kept RDT messages for it frees them (fire and forget)."""

@@ -68,13 +68,14 @@ class Orchestrator:
         return True
 
     def solve(self, questions: list[str], tasks: list[str], cfg: RecursionConfig, batch_id: str = "",
-              on_token=None):
+              **run_options):
+        """One batch through `run_batch` (`run_options`: its keyword options, e.g. on_token, targets)."""
         check_ablation_transport(cfg.latent_ablation, self.transport)  # Python callers skip EvalConfig
         chosen = self.copies.acquire()  # one copy per role, kept for every step of this batch
         pool = RayPool(self.copies.handles(chosen), timeout_s=self.timeout_s,
                        context=f", batch {batch_id}" if batch_id else "", transport=self.transport)
         try:
-            return run_batch(pool, self.style, questions, tasks, cfg, on_token=on_token)
+            return run_batch(pool, self.style, questions, tasks, cfg, **run_options)
         except BaseException:
             pool.release_kept()  # RDT: the failed batch's messages would stay in the agents otherwise
             raise
@@ -127,9 +128,9 @@ class RaySystem:
     """Object-store copies of the agents' constructor arguments, kept so a restarted agent can
     rebuild itself (Ray frees creation arguments otherwise, ray#53727)."""
 
-    def solve(self, questions, tasks, cfg: RecursionConfig, batch_id: str = "", on_token=None):
-        """Submit one batch; returns an ObjectRef of list[SampleResult] (`on_token`: see `run_batch`)."""
-        return self.orchestrator.solve.remote(questions, tasks, cfg, batch_id, on_token)
+    def solve(self, questions, tasks, cfg: RecursionConfig, batch_id: str = "", **run_options):
+        """Submit one batch; returns an ObjectRef of list[SampleResult] (`run_options`: see `run_batch`)."""
+        return self.orchestrator.solve.remote(questions, tasks, cfg, batch_id, **run_options)
 
     def call_logs(self, clear: bool = False) -> dict[str, list[dict]]:
         """Each agent's own call log (method, first prompt, slots, start and end times)."""
@@ -195,10 +196,10 @@ class RayReplicas:
         return out
 
     def solve(self, questions: list[str], tasks: list[str], cfg: RecursionConfig, batch_id: str = "",
-              on_token=None):
+              **run_options):
         """Submit one batch to the next replica in turn; returns an ObjectRef of list[SampleResult]."""
         self._next = (getattr(self, "_next", -1) + 1) % len(self.systems)
-        return self.systems[self._next].solve(questions, tasks, cfg, batch_id, on_token)
+        return self.systems[self._next].solve(questions, tasks, cfg, batch_id, **run_options)
 
     def call_logs(self, clear: bool = False) -> list[dict[str, list[dict]]]:
         return [s.call_logs(clear) for s in self.systems]

@@ -298,6 +298,7 @@ def finish(cfg: EvalConfig, samples_file: Path, plan, wall: dict, start: float,
              "prompt_set": {"path": cfg.prompt_set, "sha256": prompt_set_hash(plan.style)},
              "warnings": run_warnings(cfg, plan)}
     path = write_results(cfg.output_path, "", results, config, start_time=start, extra=extra)
+    track_results(cfg, results, [path, samples_file])
     table = markdown_table(results)
     print(table, flush=True)
     if num_errored:
@@ -340,3 +341,18 @@ def _bar(total, desc, enabled):
     from tqdm.auto import tqdm
 
     return tqdm(total=total, desc=desc, disable=not enabled, dynamic_ncols=True)
+
+
+def track_results(cfg: EvalConfig, results: dict, files: list) -> None:
+    """The run's metrics (one run per evaluation, metrics prefixed by benchmark/method) and its files."""
+    from recmas_ray.tracking import start_run
+
+    if cfg.track.tracking == "none":
+        return
+    tracker = start_run(cfg.track, output_dir=cfg.output_path, run_name=f"eval-{bench_name(cfg)}-{cfg.style}",
+                        config=cfg)
+    for key, metrics in results.items():
+        tracker.log_metrics({f"{key}/{k}": v for k, v in metrics.items()})
+    for f in files:
+        tracker.log_artifact(f)
+    tracker.close()

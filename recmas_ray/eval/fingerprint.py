@@ -47,6 +47,7 @@ def run_fingerprint(cfg: EvalConfig, manifest: dict, extra: dict | None = None) 
           "seed": cfg.seed, "num_rollouts": cfg.num_rollouts, "dtype": cfg.dtype,
           # batch_size changes padding, hence (rarely) a greedy token: a resume must keep it
           "batch_size": cfg.batch_size,
+          "message_dtype": cfg.message_dtype,  # bf16 messages change the latents the next agent reads
           # not num_samples: it only selects questions (samples are keyed by doc id), so a resume may extend it
           "dataset": {"name": cfg.dataset, "path": cfg.dataset_path, "json_field": cfg.dataset_json_field},
           "tools": dataclasses.asdict(cfg.tools) if cfg.tool_loop() is not None else None}

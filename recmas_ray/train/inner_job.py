@@ -12,6 +12,7 @@ Links are loaded (and checked against their base models) before any model loads,
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import shutil
@@ -56,16 +57,21 @@ def _fit(cfg: InnerTrainConfig, role: str, base_model: str, link_state: dict, ex
     from recmas_ray.train.inner_worker import train_loop_per_worker
 
     save_config(cfg, cfg.save_dir)  # next to the outputs, once every input has been checked
-    result = core.fit(train_loop_per_worker, loop_config, cfg, storage, num_workers=cfg.num_workers)
-    if result.checkpoint is None:
-        raise RuntimeError(f"inner training of {role} finished without a checkpoint (run {storage.root})")
-    save_dir = Path(cfg.save_dir)
-    save_dir.mkdir(parents=True, exist_ok=True)
-    with result.checkpoint.as_directory() as d:
-        for fname in (WEIGHTS, MANIFEST):
-            tmp = save_dir / f".{fname}.tmp"
-            shutil.copyfile(Path(d) / fname, tmp)
-            os.replace(tmp, save_dir / fname)
+    with core.tracked_run(cfg, f"inner-{role}") as tracker:
+        result = core.fit(train_loop_per_worker, loop_config, cfg, storage, num_workers=cfg.num_workers,
+                          tracker=tracker)
+        if result.checkpoint is None:
+            raise RuntimeError(f"inner training of {role} finished without a checkpoint (run {storage.root})")
+        save_dir = Path(cfg.save_dir)
+        save_dir.mkdir(parents=True, exist_ok=True)
+        with result.checkpoint.as_directory() as d:
+            for fname in (WEIGHTS, MANIFEST):
+                tmp = save_dir / f".{fname}.tmp"
+                shutil.copyfile(Path(d) / fname, tmp)
+                os.replace(tmp, save_dir / fname)
+        loss_log = json.loads((save_dir / MANIFEST).read_text(encoding="utf-8")).get("loss_log") or []
+        core.write_loss_curve(save_dir, loss_log, title=f"inner link of {role}")
+        core.log_history(tracker, loss_log, save_dir=save_dir, files=(MANIFEST, "config.json", core.LOSS_CURVE))
     return save_dir
 
 
@@ -107,8 +113,11 @@ def train_all_roles(cfg: InnerTrainConfig) -> dict[str, Path]:
     validate_rows(rows, style, roles, task=cfg.task)
     save_config(cfg, cfg.save_dir)  # each role's own (mas_role=ROLE) goes to <save_dir>/<role>/
     storage_path = cfg.storage_path or str(Path(cfg.save_dir).resolve() / "_ray_runs")
-    cfgs = {r: replace(cfg, mas_role=r, save_dir=str(Path(cfg.save_dir).resolve() / r), storage_path=storage_path)
-            for r in roles}
+    track = cfg.track
+    if track.tracking == "mlflow" and not track.tracking_uri:  # one store for every role's run
+        track = replace(track, tracking_uri=(Path(cfg.save_dir).resolve() / "mlruns").as_uri())
+    cfgs = {r: replace(cfg, mas_role=r, save_dir=str(Path(cfg.save_dir).resolve() / r), storage_path=storage_path,
+                       track=track) for r in roles}
     from recmas_ray.distributed.driver import init_ray
 
     init_ray()

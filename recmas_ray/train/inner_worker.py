@@ -83,7 +83,7 @@ def train_loop_per_worker(config: dict) -> dict:
 
     from recmas_ray.models.loader import load_frozen_model, resolve_dtype
 
-    cfg = InnerTrainConfig(**config["cfg"])
+    cfg = core.config_from_dict(InnerTrainConfig, config["cfg"])
     role, base_model, examples = config["role"], config["base_model"], config["examples"]
     storage, local_mode, faults = core.RunStorage(*config["storage"]), cfg.num_workers == 0, core.Faults.of(config)
     ctx = ray.train.get_context()

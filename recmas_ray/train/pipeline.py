@@ -80,7 +80,7 @@ def train_loop_per_worker(config: dict) -> None:
     import ray
     import ray.train
 
-    cfg = OuterTrainConfig(**config["cfg"])
+    cfg = core.config_from_dict(OuterTrainConfig, config["cfg"])
     style = get_style(cfg.style)
     rank = ray.train.get_context().get_world_rank()
     role = style.roles[rank]
@@ -239,22 +239,26 @@ def train_outer(cfg: OuterTrainConfig, *, faults: dict | None = None) -> OuterRu
     loop_config = {"cfg": asdict(cfg), "system": system, "links": links, "storage": (storage.uri, storage.name),
                    "samples": [asdict(s) for s in samples], "eval_samples": [asdict(s) for s in eval_samples],
                    "resume_from": resume_from, "_faults": faults}
-    result = core.fit(train_loop_per_worker, loop_config, cfg, storage, num_workers=len(style.roles),
-                      resources=_worker_resources(cfg, len(style.roles), local), backend="nccl" if cfg.use_gpu else "gloo",
-                      env_vars={"PYTHONPATH": os.pathsep.join(filter(None, [repo, os.environ.get("PYTHONPATH")]))})
-    if storage.exists(NAN_STOP):
-        info = json.loads(storage.read_text(NAN_STOP))
-        last = storage.latest_complete()
-        raise NaNLossError(f"non-finite {info['what']} at step {info['step']} for sample ids {info['sample_ids']} "
-                           f"(round losses {info['round_losses']}); stopped without stepping, last good "
-                           f"checkpoint: {last.path if last else 'none'}")
-    if result.checkpoint is None:
-        raise RuntimeError(f"outer training finished without a checkpoint (run {storage.root})")
-    with result.checkpoint.as_directory() as d:
-        save_dir = export_checkpoint(Path(d), Path(cfg.save_dir), manifest)
-        state = core.read_state(Path(d))
-    if state.get("eval_log"):
-        write_eval_curve(save_dir, state["log"], state["eval_log"])
+    with core.tracked_run(cfg, f"outer-{cfg.style}") as tracker:
+        result = core.fit(train_loop_per_worker, loop_config, cfg, storage, num_workers=len(style.roles),
+                          resources=_worker_resources(cfg, len(style.roles), local),
+                          backend="nccl" if cfg.use_gpu else "gloo", tracker=tracker,
+                          env_vars={"PYTHONPATH": os.pathsep.join(filter(None, [repo, os.environ.get("PYTHONPATH")]))})
+        if storage.exists(NAN_STOP):
+            info = json.loads(storage.read_text(NAN_STOP))
+            last = storage.latest_complete()
+            raise NaNLossError(f"non-finite {info['what']} at step {info['step']} for sample ids "
+                               f"{info['sample_ids']} (round losses {info['round_losses']}); stopped without "
+                               f"stepping, last good checkpoint: {last.path if last else 'none'}")
+        if result.checkpoint is None:
+            raise RuntimeError(f"outer training finished without a checkpoint (run {storage.root})")
+        with result.checkpoint.as_directory() as d:
+            save_dir = export_checkpoint(Path(d), Path(cfg.save_dir), manifest)
+            state = core.read_state(Path(d))
+        if state.get("eval_log"):
+            write_eval_curve(save_dir, state["log"], state["eval_log"])
+        core.log_history(tracker, [*state["log"], *state.get("eval_log", [])], save_dir=save_dir,
+                         files=("manifest.json", "config.json", EVAL_CURVE, "eval_curve.png"))
     return OuterRunResult(save_dir, result.checkpoint.path, result.metrics or {}, state["log"], state.get("eval_log", []))
 
 

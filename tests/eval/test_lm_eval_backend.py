@@ -15,7 +15,7 @@ pytest.importorskip("lm_eval")
 
 ROOT = Path(__file__).resolve().parents[2]
 MODEL_ARGS = ("style=sequential_light,role_models=planner:tiny:qwen3|critic:tiny:llama|solver:tiny:qwen3,"
-              "backend=local,num_recursive_rounds=1,latent_steps=2,max_new_tokens=4")
+              "num_recursive_rounds=1,latent_steps=2,max_new_tokens=4")  # the default backend: Ray actors
 
 
 def _tasks(tmp_path):
@@ -188,6 +188,21 @@ def test_loglikelihood_scores_in_the_final_agent(lm):
         [_req("What is 2 + 2?", " 4"), _req("What is 2 + 2?", " 4 4 4"), _req("What is 9 + 9?", " 4")])
     assert math.isfinite(short) and long < short < 0 and isinstance(g1, bool)
     assert other != short  # the context reaches the final agent
+
+
+@pytest.mark.integration  # three agent actors on the session's Ray cluster (~1 min here)
+def test_loglikelihood_on_the_ray_backend_equals_the_local_one(lm, ray_cluster):
+    from recmas_ray.lmeval import RecMASLM
+
+    reqs = [_req("What is 2 + 2?", " 4"), _req("What is 9 + 9?", " 18"), _req("What is 9 + 9?", " 4 4")]
+    ray_lm = RecMASLM(style="sequential_light", role_models="solver:tiny:qwen3", num_recursive_rounds=2,
+                      latent_steps=2, max_new_tokens=6)  # backend: the default, ray
+    try:
+        assert ray_lm.args.backend == "ray"
+        for (lp_ray, g_ray), (lp_local, g_local) in zip(ray_lm.loglikelihood(reqs), lm.loglikelihood(reqs)):
+            assert abs(lp_ray - lp_local) < 1e-4 and g_ray == g_local
+    finally:
+        ray_lm.system.close()
 
 
 def test_unsupported_requests_are_refused_clearly(lm):
