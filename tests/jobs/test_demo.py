@@ -203,7 +203,7 @@ def test_per_token_nll_averages_to_the_rows_nll(seq_pool):
 
 
 # ----------------------------------------------------------------------------- the report's figures
-HIDDEN_FIELDS = ("question", "answer", "gold", "context", "facts")
+HIDDEN_FIELDS = ("question", "answer", "gold", "role_context", "facts")
 
 
 def _hidden_rows(n: int) -> list[dict]:
@@ -212,7 +212,7 @@ def _hidden_rows(n: int) -> list[dict]:
     rows = []
     for i in range(n):
         x, b = 10 + i, 1 + i % 7
-        rows.append({"question": f"What is x - {b}?", "context": {"planner": f"x = {x}."},
+        rows.append({"question": f"What is x - {b}?", "role_context": {"planner": f"x = {x}."},
                      "answer": f"{x} - {b} = {x - b}. \\boxed{{{x - b}}}", "gold": str(x - b),
                      "facts": {"x": x, "b": b}})
     return rows
