@@ -78,6 +78,26 @@ def _numeric(metrics: dict) -> dict[str, float]:
             if isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(float(v))}
 
 
+def ensure_mlflow_experiment(uri: str, experiment: str, *, client=None) -> str:
+    """The experiment's id in the store at `uri`, created if missing; a concurrent creator is tolerated."""
+    from mlflow.exceptions import MlflowException
+    from mlflow.tracking import MlflowClient
+
+    if uri.startswith("file:"):
+        os.environ.setdefault("MLFLOW_ALLOW_FILE_STORE", "true")
+    client = client or MlflowClient(tracking_uri=uri)
+    found = client.get_experiment_by_name(experiment)
+    if found is not None:
+        return found.experiment_id
+    try:
+        return client.create_experiment(experiment)
+    except MlflowException:  # another process created it between the two calls
+        found = client.get_experiment_by_name(experiment)
+        if found is None:
+            raise
+        return found.experiment_id
+
+
 class MlflowTracker(Tracker):
     """One MLflow run, addressed by id through `MlflowClient` (no global active run, safe in Ray actors)."""
 
@@ -88,8 +108,7 @@ class MlflowTracker(Tracker):
             os.environ.setdefault("MLFLOW_ALLOW_FILE_STORE", "true")
         self.uri = uri
         self.client = MlflowClient(tracking_uri=uri)
-        found = self.client.get_experiment_by_name(experiment)
-        experiment_id = found.experiment_id if found else self.client.create_experiment(experiment)
+        experiment_id = ensure_mlflow_experiment(uri, experiment, client=self.client)
         self.run_id = self.client.create_run(experiment_id, run_name=run_name).info.run_id
 
     def log_params(self, params):

@@ -116,6 +116,10 @@ def train_all_roles(cfg: InnerTrainConfig) -> dict[str, Path]:
     track = cfg.track
     if track.tracking == "mlflow" and not track.tracking_uri:  # one store for every role's run
         track = replace(track, tracking_uri=(Path(cfg.save_dir).resolve() / "mlruns").as_uri())
+    if track.tracking == "mlflow":  # made here once: the roles' runs start at once and would race to create it
+        from recmas_ray.tracking import ensure_mlflow_experiment
+
+        ensure_mlflow_experiment(track.tracking_uri, track.experiment_name)
     cfgs = {r: replace(cfg, mas_role=r, save_dir=str(Path(cfg.save_dir).resolve() / r), storage_path=storage_path,
                        track=track) for r in roles}
     from recmas_ray.distributed.driver import init_ray
