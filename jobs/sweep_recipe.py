@@ -47,6 +47,7 @@ from typing import Annotated
 
 from recmas_ray.config.checks import OneOf, Range, WritableDir
 from recmas_ray.config.cli import run_job
+from recmas_ray.train.synthetic import HIDDEN_QUESTIONS
 
 RELEASE = {"max_latent_tokens": 80, "num_recursive_rounds": 2, "lr": 5e-4, "warmup_steps": 1}
 RECIPES: dict[str, dict] = {
@@ -75,6 +76,9 @@ class SweepRecipeConfig:
     """Folder for data, checkpoints, per-recipe result.json and summary.md."""
     preset: Annotated[str, OneOf(("demo", "tiny"))] = "demo"
     """demo (SmolLM2-135M planner and solver, Gemma-3-270M critic) or tiny (random weights: the smoke test)."""
+    hidden_question: Annotated[str, OneOf(HIDDEN_QUESTIONS)] = "recall"
+    """What the decoder is asked about the hidden fact: recall ("What is x?", the demo's default) or arithmetic
+    ("What is x - 8?"; SmolLM2-135M given the fact solves it 0/40, so it has no ceiling to reach)."""
     task: Annotated[str, OneOf(("qa", "math"))] = "qa"
     """Answer-format instruction of the prompts (the demo's qa asks for a short boxed answer)."""
     recipes: Annotated[list[str], OneOf(tuple(RECIPES))] = field(default_factory=lambda: ["release", "all"])
@@ -166,7 +170,7 @@ def main_cfg(cfg: SweepRecipeConfig) -> int:
             raise ValueError(f"--out_dir {out} holds a sweep with other settings ({', '.join(diff)}); "
                              "use another --out_dir")
     old.write_text(json.dumps(want, indent=2))
-    rows = make_hidden_operand_dataset(cfg.num_train + cfg.num_eval, seed=cfg.seed)
+    rows = make_hidden_operand_dataset(cfg.num_train + cfg.num_eval, seed=cfg.seed, question_kind=cfg.hidden_question)
     train, heldout = split_train_eval(rows, cfg.num_eval, seed=cfg.seed)
     check_disjoint(train, heldout)
     train_file, eval_file = write_jsonl(train, out / "train.jsonl"), write_jsonl(heldout, out / "heldout.jsonl")

@@ -56,9 +56,11 @@ def _spans(target: str, value: str, start: int) -> tuple[int, int]:
 
 def token_classes(tokenizer, target: str, fact: str, result: str, turn_end: str) -> list[str]:
     """fact / result / other per token of `target + turn_end` (as the decoder is scored): the hidden value's
-    digits at the start of the answer, and the value after '='."""
+    digits at the start of the answer, and the value after '=' (the boxed value where that is the fact itself)."""
     fact_span = _spans(target, fact, 0)
     res_span = _spans(target, result, target.index("=") + 1)
+    if res_span == fact_span and "\\boxed{" in target:  # recall ("x = 17. \\boxed{17}"): the boxed copy
+        res_span = _spans(target, result, target.index("\\boxed{"))
     enc = tokenizer(target + turn_end, add_special_tokens=False, return_offsets_mapping=True)
     out = []
     for a, b in enc["offset_mapping"]:

@@ -10,16 +10,14 @@ from pathlib import Path
 from recmas_ray.demo import compare, report, verdicts
 from recmas_ray.demo.config import DemoConfig
 from recmas_ray.demo.console import Console
+from recmas_ray.train.synthetic import (check_disjoint, make_arithmetic_dataset, make_hidden_operand_dataset,
+                                        split_train_eval, write_jsonl)
 
 
 def make_data(cfg: DemoConfig, out: Path) -> tuple[Path, Path, list[dict]]:
     """Generate, split (held-out questions never in training: checked) and write train / held-out files."""
-    from recmas_ray.train.synthetic import check_disjoint, make_arithmetic_dataset, split_train_eval, write_jsonl
-
     if cfg.task_family == "hidden_operand":
-        from recmas_ray.demo.config import hidden_operand_generator
-
-        rows = hidden_operand_generator()(cfg.num_train + cfg.num_eval, seed=cfg.seed)
+        rows = make_hidden_operand_dataset(cfg.num_train + cfg.num_eval, seed=cfg.seed, question_kind=cfg.hidden_question)
     else:
         rows = make_arithmetic_dataset(cfg.num_train + cfg.num_eval, seed=cfg.seed, difficulty=cfg.difficulty)
     train, heldout = split_train_eval(rows, cfg.num_eval, seed=cfg.seed)

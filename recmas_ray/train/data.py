@@ -8,7 +8,7 @@ Datasets: a local `.json` / `.jsonl` file (`{"data": [...]}` wrapped JSON via `j
 Hugging Face dataset id (train split, via `datasets.load_dataset`), `synthetic[:N]` for the
 offline multi-step arithmetic set of `recmas_ray.train.synthetic` (N rows, default 256), or
 `synthetic_short[:N]` for the same with short answer targets, `synthetic_hidden[:N]` for its hidden-operand
-set (only the planner is told the fact). A row's optional
+set (only the planner is told the fact) and `synthetic_recall[:N]` for the hidden fact recalled ("What is x?"). A row's optional
 `role_context` ({role: text}) is attached to its question by `question_text`; the renderer shows each
 role its own part.
 """
@@ -35,7 +35,8 @@ SYNTHETIC_HIDDEN_PREFIX = "synthetic_hidden"
 DEFAULT_SYNTHETIC_ROWS = 256
 SYNTHETIC_DATASETS = {SYNTHETIC_PREFIX: {"difficulty": "multi"},
                       "synthetic_short": {"difficulty": "multi", "short_answers": True},
-                      SYNTHETIC_HIDDEN_PREFIX: {"difficulty": "hidden"}}
+                      SYNTHETIC_HIDDEN_PREFIX: {"difficulty": "hidden"},
+                      "synthetic_recall": {"difficulty": "hidden_recall"}}
 """Generated dataset name -> arguments of `recmas_ray.train.synthetic.make_arithmetic_dataset`."""
 
 

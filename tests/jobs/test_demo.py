@@ -2,6 +2,7 @@
 
 import json
 import math
+import re
 
 import pytest
 
@@ -324,19 +325,29 @@ def test_user_errors_exit_2_before_anything_runs(tmp_path, capsys):
     assert not list(tmp_path.iterdir())
 
 
-def test_hidden_operand_family_needs_its_generator_and_uses_every_view(tmp_path, capsys, monkeypatch):
+def test_hidden_operand_family_checks_its_size_and_uses_every_view(tmp_path, capsys, monkeypatch):
+    from recmas_ray.demo import pipeline
     from recmas_ray.demo.pipeline import full_question, make_data
-    from recmas_ray.train import synthetic
 
-    monkeypatch.delattr(synthetic, "make_hidden_operand_dataset", raising=False)
-    assert demo_job.main(["--task_family", "hidden_operand", "--output_path", str(tmp_path / "o")]) == 2
-    assert "make_hidden_operand_dataset" in capsys.readouterr().err and not (tmp_path / "o").exists()
-    # with a generator, the split is checked on what the best-informed agent sees: "What is x - 3?" repeats
-    monkeypatch.setattr(synthetic, "make_hidden_operand_dataset", lambda n, seed=0: _hidden_rows(n), raising=False)
+    # more questions than the recall family holds: one line, nothing written
+    assert demo_job.main(["--task_family", "hidden_operand", "--num_train", "1000", "--num_eval", "100",
+                          "--output_path", str(tmp_path / "o")]) == 2
+    err = capsys.readouterr().err
+    assert "--hidden_question recall has only" in err and not (tmp_path / "o").exists()
+    # the split is checked on what the best-informed agent sees: "What is x - 3?" repeats
+    monkeypatch.setattr(pipeline, "make_hidden_operand_dataset", lambda n, seed=0, question_kind="": _hidden_rows(n))
     cfg = DemoConfig(task_family="hidden_operand", num_train=6, num_eval=4, output_path=str(tmp_path))
     cfg.validate()
     _, _, heldout = make_data(cfg, tmp_path)
     assert len(heldout) == 4 and all(full_question(r).startswith("x = ") for r in heldout)
+    # the default question kind is recall ("What is x?"), the arithmetic one on request
+    monkeypatch.undo()
+    for kind, pattern in (("recall", r"What is [a-z]\?"), ("arithmetic", r"What is [a-z] [+-] \d\?")):
+        cfg = DemoConfig(task_family="hidden_operand", hidden_question=kind, num_train=6, num_eval=4,
+                         output_path=str(tmp_path / kind))
+        cfg.validate()
+        _, _, heldout = make_data(cfg, tmp_path / kind)
+        assert all(re.fullmatch(pattern, r["question"]) for r in heldout), kind
 
 
 def test_quick_and_full_are_recipes_flags_still_win(capsys):

@@ -37,6 +37,24 @@ def test_rows_are_distinct_deterministic_and_consistent(rows):
     assert make_arithmetic_dataset(5, seed=1, difficulty="hidden") == make_hidden_operand_dataset(5, seed=1)
 
 
+def test_recall_rows_ask_for_the_fact_itself_and_only_the_planner_holds_it():
+    rows = make_hidden_operand_dataset(1050, seed=2, question_kind="recall")
+    assert len({r["full_question"] for r in rows}) == 1050 and rows[:5] == make_hidden_operand_dataset(
+        5, seed=2, question_kind="recall")
+    for r in rows[:64]:
+        var, x = r["question"][len("What is "):-1], r["facts"]["fact"]
+        assert r["facts"] == {"fact": x} and 10 <= x <= 99 and r["gold"] == str(x)
+        assert r["answer"] == f"{var} = {x}. \\boxed{{{x}}}" and r["role_context"]["planner"] == f"{var} = {x}."
+        assert r["plan"].startswith(f"{var} = {x}.")  # the fact within the first K latents
+        for shared in (r["question"], r["refined_plan"]):  # what critic and solver read or are taught
+            assert not re.findall(r"\d", shared.replace("\\boxed{}", "")), shared
+    assert load_rows("synthetic_recall:7") == make_arithmetic_dataset(7, seed=0, difficulty="hidden_recall")
+    with pytest.raises(ValueError, match="at most 1050 distinct hidden_recall rows"):
+        make_hidden_operand_dataset(1051, question_kind="recall")
+    with pytest.raises(ValueError, match="question_kind 'sum'"):
+        make_hidden_operand_dataset(3, question_kind="sum")
+
+
 @pytest.mark.parametrize("task", ["qa", "math"])
 def test_only_the_planner_prompt_holds_the_fact_at_inference_and_in_training(rows, task):
     for row in rows[:8]:
