@@ -33,7 +33,7 @@ from recmas_ray.config.checks import OneOf, Range, WritableDir
 from recmas_ray.config.cli import run_job, save_config
 from recmas_ray.config.evaluation import DEVICES, DTYPES, MODEL_PRESETS, check_role_models, style_names
 from recmas_ray.config.recursion import MAX_LATENT_STEPS, MAX_NEW_TOKENS, MAX_ROUNDS
-from recmas_ray.distributed.placement import PRESETS
+from recmas_ray.config.placement import PRESETS
 
 
 def expand_role_models(table: dict[str, str], roles) -> dict[str, str]:
@@ -124,7 +124,7 @@ def run(args) -> dict:
 
     from recmas_ray.config.recursion import DecodeConfig
     from recmas_ray.distributed.driver import build_ray_system
-    from recmas_ray.distributed.placement import PlacementConfig
+    from recmas_ray.config.placement import PlacementConfig
     from recmas_ray.config.recursion import RecursionConfig
     from recmas_ray.runner import LocalPool, run_batch
     from recmas_ray.service import AgentService

@@ -190,7 +190,7 @@ def eval_run(replicas, n_replicas: int, n_batches: int, rounds: int, args, tag: 
 
 def build(plan, copies: dict | None, n: int, args):
     from recmas_ray.distributed.driver import build_replicas
-    from recmas_ray.distributed.placement import PlacementConfig
+    from recmas_ray.config.placement import PlacementConfig
 
     return build_replicas(plan, PlacementConfig(preset="one_gpu_per_agent", cpus_per_agent=0.05, num_replicas=n,
                                                 agent_max_restarts=0, role_replicas=copies or {}),
@@ -277,7 +277,7 @@ def call_costs(args) -> dict:
         plan = simulated_plan("sequential_light", "sim:hidden=2048,step_ms=0,token_ms=0,tokens=1",
                               message_dtype=dtype)
         from recmas_ray.distributed.driver import build_replicas
-        from recmas_ray.distributed.placement import PlacementConfig
+        from recmas_ray.config.placement import PlacementConfig
 
         cost = build_replicas(plan, PlacementConfig(preset="cpu", cpus_per_agent=0.05, agent_max_restarts=0),
                               timeout_s=args.timeout_s)
@@ -298,7 +298,7 @@ def real_models(args) -> dict:
     """Tiny models on 2 CPU replicas: the same predictions from 1 replica as from 2."""
     from recmas_ray.config.recursion import DecodeConfig, RecursionConfig
     from recmas_ray.distributed.driver import build_replicas
-    from recmas_ray.distributed.placement import PlacementConfig
+    from recmas_ray.config.placement import PlacementConfig
     from recmas_ray.models.sim import PAPER_STYLES
     from recmas_ray.system.plan import plan_system
 

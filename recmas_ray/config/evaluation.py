@@ -12,17 +12,11 @@ from dataclasses import dataclass, field
 from typing import Annotated
 
 from recmas_ray.config.checks import ExistingPath, NonEmpty, OneOf, Range, WritableDir
+from recmas_ray.config.choices import BACKENDS, DEVICES, DTYPES, GRADERS, MESSAGE_DTYPES, MODEL_PRESETS, TRANSPORTS
+from recmas_ray.config.placement import PlacementConfig
 from recmas_ray.config.recursion import MAX_ROUNDS, METHODS, RecursionConfig, ToolLoopConfig
 from recmas_ray.config.tracking import TrackingConfig
-from recmas_ray.distributed.placement import PlacementConfig
 
-BACKENDS = ("ray", "local")
-GRADERS = ("strict", "reference")
-TRANSPORTS = ("object_store", "rdt:gloo", "rdt:nccl")
-DEVICES = ("auto", "cpu", "cuda")
-DTYPES = ("auto", "float32", "bfloat16", "float16", "fp32", "bf16", "fp16")
-MESSAGE_DTYPES = ("auto", "bf16", "fp32", "bfloat16", "float32")
-MODEL_PRESETS = ("tiny", "demo", "paper")
 PROTOCOLS = ("greedy", "reference")  # what each one sets: recmas_ray.eval.protocol
 
 
@@ -227,6 +221,6 @@ class EvalConfig:
         self.placement.check_transport(self.transport, style.roles, device=self.device)
         if self.backend == "local" and self.transport != "object_store":
             raise ValueError(f"--transport {self.transport} needs --backend ray")
-        from recmas_ray.distributed.placement import check_ablation_transport
+        from recmas_ray.config.placement import check_ablation_transport
 
         check_ablation_transport(self.recursion.latent_ablation, self.transport)

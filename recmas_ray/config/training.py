@@ -14,10 +14,10 @@ from dataclasses import dataclass, field
 from typing import Annotated
 
 from recmas_ray.config.checks import ExistingPath, NonEmpty, OneOf, Range, WritableDir, writable_dir_problem
+from recmas_ray.config.choices import TASK_TYPES
 from recmas_ray.config.evaluation import DTYPES, MODEL_PRESETS, check_model_names, check_role_models, style_names
 from recmas_ray.config.recursion import MAX_ROUNDS
 from recmas_ray.config.tracking import TrackingConfig
-from recmas_ray.styles.base import TASK_TYPES
 
 SCHEDULES = ("cosine", "linear", "constant")
 STORAGE_SCHEMES = ("s3", "gs", "file")

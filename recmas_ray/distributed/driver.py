@@ -31,9 +31,10 @@ from dataclasses import dataclass, field
 import ray
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
-from recmas_ray.distributed.actors import AGENT_EXIT_AFTER_ENV, TRANSPORTS, AgentActor, RayPool, RDTAgentActor
-from recmas_ray.distributed.placement import (ORCHESTRATOR_CPUS, PlacementConfig, PlacementPlan, check_ablation_transport,
-                                              check_resources,
+from recmas_ray.config.placement import PlacementConfig, check_ablation_transport
+from recmas_ray.config.choices import TRANSPORTS
+from recmas_ray.distributed.actors import AGENT_EXIT_AFTER_ENV, AgentActor, RayPool, RDTAgentActor
+from recmas_ray.distributed.placement import (ORCHESTRATOR_CPUS, PlacementPlan, check_resources,
                                               create_placement, detect_autoscaling, gpu_count, plan_placement,
                                               replicas_that_fit)
 from recmas_ray.config.recursion import RecursionConfig

@@ -80,7 +80,7 @@ def start_agents(plan, *, backend: str = "ray", placement=None, timeout_s: float
                  recursion=None):
     """The agents of `plan`: a `LocalPool` in this process (backend "local", no Ray) or running `RayReplicas`
     (`placement.num_replicas` copies of the system, or `num_replicas` when given; 0: as many as fit)."""
-    from recmas_ray.distributed.placement import PlacementConfig
+    from recmas_ray.config.placement import PlacementConfig
 
     placement = placement or PlacementConfig()
     if num_replicas is not None:

@@ -23,6 +23,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Sequence
 
+from recmas_ray.config.choices import GRADERS, TASK_TYPES
 from recmas_ray.eval.code_graders import (CODE_PRELUDE, CodeResult, compare_stdio_output, extract_code,  # noqa: F401
                                          grade_code, grade_functional, grade_program, grade_stdio)
 
@@ -34,8 +35,7 @@ __all__ = [
     "GRADER_MODES", "TASK_TYPES", "CODE_PRELUDE",
 ]
 
-GRADER_MODES = ("strict", "reference")
-TASK_TYPES = ("math", "choice", "code", "qa")
+GRADER_MODES = GRADERS
 
 @dataclass
 class GradeResult:

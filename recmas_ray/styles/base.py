@@ -16,7 +16,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-TASK_TYPES = ("math", "choice", "code", "qa")
+from recmas_ray.config.choices import TASK_TYPES
+
 VARIANTS = ("base", "feedback")
 SYSTEM_PROMPT = "You are a helpful assistant."
 

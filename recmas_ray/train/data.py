@@ -19,7 +19,7 @@ import json
 from pathlib import Path
 
 from recmas_ray.styles import StyleSpec, render_prompt, split_edge
-from recmas_ray.styles.base import TASK_TYPES
+from recmas_ray.config.choices import TASK_TYPES
 
 # Role names of the original training tool (`--mas_role`) -> recmas_ray role names.
 ROLE_ALIASES = {
