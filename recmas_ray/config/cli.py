@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from recmas_ray.config.checks import ConfigError, OneOf, Range, check_tree, field_hints, split_annotated
+from recmas_ray.config.inputs import read_data_file
 
 SPECIAL_FLAGS = ("config", "recipe", "print_config", "debug", "help")
 EXPLICIT_FIELD = "explicit_settings"
@@ -307,24 +308,6 @@ def from_dict(cls, data: dict, *, base=None, where: str = "config"):
         return cls(**values)
     except TypeError as e:
         raise ConfigError(f"{where}: {e}") from None
-
-
-def read_data_file(path: str | Path, flag: str):
-    """A JSON or YAML file given by `flag`; an unreadable, oversized or malformed file (or YAML with
-    anchors/aliases) is one ConfigError naming it."""
-    from recmas_ray.config.inputs import load_yaml, read_text_file
-
-    text = read_text_file(flag, path)
-    yaml_file = Path(path).suffix in (".yaml", ".yml")
-    try:
-        if yaml_file:
-            return load_yaml(text, f"{flag} {str(path)!r}")
-        return json.loads(text)
-    except ConfigError:
-        raise
-    except Exception as e:  # noqa: BLE001 - any parse error of the user's file is one clear line
-        raise ConfigError(f"{flag} {str(path)!r} is not valid {'YAML' if yaml_file else 'JSON'}: "
-                          f"{str(e).splitlines()[0]}") from None
 
 
 def load_config_file(path: str) -> dict:

@@ -212,7 +212,7 @@ class EvalConfig:
             raise ValueError(f"--ckpt_override {' '.join(f'{r}={p}' for r, p in missing.items())}: no such directory")
         self.placement.check_roles(style.roles)
         if self.prompt_set:
-            from recmas_ray.config.cli import read_data_file
+            from recmas_ray.config.inputs import read_data_file
 
             read_data_file(self.prompt_set, "--prompt_set")  # kind, size, encoding, no YAML aliases
             from recmas_ray.styles.prompts import load_prompt_set

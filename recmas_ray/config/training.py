@@ -204,8 +204,7 @@ class InnerTrainConfig(TrainConfig):
     def validate(self) -> None:
         """Role, per-role model and start folder rules, after the shared ones."""
         super().validate()
-        from recmas_ray.styles import get_style
-        from recmas_ray.train.data import canonical_role
+        from recmas_ray.styles import canonical_role, get_style
 
         if self.mas_role != "all":
             role = canonical_role(get_style(self.style), self.mas_role)

@@ -33,6 +33,7 @@ import json
 import re
 from pathlib import Path
 
+from recmas_ray.config.inputs import read_data_file
 from recmas_ray.styles.base import TASK_TYPES, VARIANTS, RolePrompts, StyleSpec
 
 _SLOT_RE = re.compile(r"<<[A-Z_]+_SLOT>>")
@@ -69,8 +70,6 @@ def dump_prompt_set(style: StyleSpec, path: str | Path) -> Path:
 
 def read_prompt_set(path: str | Path) -> dict:
     """The raw data of a prompt-set file; unreadable or malformed files are one-line ValueErrors."""
-    from recmas_ray.config.cli import read_data_file
-
     p = Path(path)
     data = read_data_file(p, "--prompt_set")
     if not isinstance(data, dict) or not isinstance(data.get("roles"), dict):

@@ -18,18 +18,10 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from recmas_ray.styles import StyleSpec, render_prompt, split_edge
 from recmas_ray.config.choices import TASK_TYPES
+from recmas_ray.styles import ROLE_ALIASES, StyleSpec, canonical_role, render_prompt, split_edge  # noqa: F401 (jobs import them here)
 
 # Role names of the original training tool (`--mas_role`) -> recmas_ray role names.
-ROLE_ALIASES = {
-    "refiner": "critic",
-    "hie_math_expert": "math", "hie_code_expert": "code", "hie_science_expert": "science",
-    "hie_summarizer": "summarizer",
-    "distill_expert": "expert", "distill_learner": "learner",
-    "deliberation_reflector": "reflector", "deliberation_toolcaller": "toolcaller",
-}
-
 SYNTHETIC_PREFIX = "synthetic"
 SYNTHETIC_HIDDEN_PREFIX = "synthetic_hidden"
 DEFAULT_SYNTHETIC_ROWS = 256
@@ -37,16 +29,6 @@ SYNTHETIC_DATASETS = {SYNTHETIC_PREFIX: {"difficulty": "multi"},
                       "synthetic_short": {"difficulty": "multi", "short_answers": True},
                       SYNTHETIC_HIDDEN_PREFIX: {"difficulty": "hidden"}}
 """Generated dataset name -> arguments of `recmas_ray.train.synthetic.make_arithmetic_dataset`."""
-
-
-def canonical_role(style: StyleSpec, name: str) -> str:
-    """A role of `style` from its own name or an alias of the original tool; ValueError otherwise."""
-    role = ROLE_ALIASES.get(name, name)
-    if role not in style.roles:
-        aliases = sorted(a for a, r in ROLE_ALIASES.items() if r in style.roles)
-        raise ValueError(f"unknown role {name!r} for style {style.name}; expected one of {list(style.roles)} "
-                         f"or an alias {aliases}")
-    return role
 
 
 def load_rows(dataset_name: str, json_field: str | None = None, *, split: str = "train") -> list[dict]:

@@ -22,10 +22,10 @@ from pathlib import Path
 from recmas_ray.config.checks import check_tree
 from recmas_ray.config.cli import save_config
 from recmas_ray.config.training import InnerTrainConfig
-from recmas_ray.styles import get_style
+from recmas_ray.styles import canonical_role, get_style
 from recmas_ray.system.checkpoints import MANIFEST, WEIGHTS
 from recmas_ray.train import core
-from recmas_ray.train.data import canonical_role, load_rows, role_examples, validate_rows
+from recmas_ray.train.data import load_rows, role_examples, validate_rows
 
 
 def plan_roles(cfg: InnerTrainConfig, roles: list[str]):
