@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from typing import Annotated
 
 from recmas_ray.config.checks import ExistingPath, NonEmpty, OneOf, Range, WritableDir, writable_dir_problem
-from recmas_ray.config.choices import TASK_TYPES
+from recmas_ray.config.choices import LATENT_NORMS, TASK_TYPES
 from recmas_ray.config.evaluation import DTYPES, MODEL_PRESETS, check_model_names, check_role_models, style_names
 from recmas_ray.config.recursion import MAX_ROUNDS
 from recmas_ray.config.tracking import TrackingConfig
@@ -24,7 +24,6 @@ STORAGE_SCHEMES = ("s3", "gs", "file")
 ADAPTER_DTYPES = ("base", "float32")
 SYNTHETIC = "synthetic"
 MAX_STEPS = 10**9
-LATENT_NORMS = ("none", "embedding")
 """How spliced latents are scaled (`Agent.set_latent_norm`): none (the release) or embedding (each latent row
 rescaled to the receiving model's mean token-embedding norm, as LatentMAS does; non-reference)."""
 OUTER_INITS = ("default", "bridge")
