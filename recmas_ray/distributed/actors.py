@@ -23,7 +23,6 @@ from typing import Any
 
 import ray
 
-from recmas_ray.config.choices import TRANSPORTS
 from recmas_ray.service import AgentService, AgentSpec
 
 # Fault injection for tests: "ROLE:N" makes that role's actor exit hard before its (N+1)-th call,
