@@ -150,7 +150,7 @@ def run(args) -> dict:
         os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (root, os.environ.get("PYTHONPATH")) if p)
         # Ray renices workers to 15 by default; at 0 the actors compete for a shared host's cores
         # on the same terms as the in-process backend (this driver).
-        from recmas_ray.distributed.driver import init_local_ray  # token auth, 127.0.0.1 only
+        from recmas_ray.distributed.cluster import init_local_ray  # token auth, 127.0.0.1 only
 
         init_local_ray(num_cpus=max(4, len(plan.style.roles) + 2), include_dashboard=False,
                        log_to_driver=False, object_store_memory=512 * 2**20, _system_config={"worker_niceness": 0})

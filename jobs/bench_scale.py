@@ -103,7 +103,7 @@ def start_cluster(args):
     cluster at --address, which must answer within 10 s)."""
     import ray
 
-    from recmas_ray.distributed.driver import loopback_only
+    from recmas_ray.distributed.cluster import loopback_only
 
     os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -363,7 +363,7 @@ def plot(report: dict, path: str) -> None:
 
 def bench(args: ScaleBenchConfig) -> int:
     """Run the series and write the report (the config is saved next to it)."""
-    from recmas_ray.distributed.driver import check_reachable
+    from recmas_ray.distributed.cluster import check_reachable
 
     if args.address:
         check_reachable(args.address)  # a dead address: one line and exit 2 before anything is written

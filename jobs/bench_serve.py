@@ -239,7 +239,7 @@ def run(args: ServeBenchConfig) -> int:
 
     from jobs import serve as serve_job
     from jobs.bench_backend import machine
-    from recmas_ray.distributed.driver import init_ray
+    from recmas_ray.distributed.cluster import init_ray
 
     out_dir = args.output_path
     save_config(args, out_dir)

@@ -151,7 +151,7 @@ def main_cfg(cfg: SweepRecipeConfig) -> int:
     """Run the sweep; writes per-recipe result.json and summary.md, prints the table."""
     import ray
 
-    from recmas_ray.distributed.driver import init_ray
+    from recmas_ray.distributed.cluster import init_ray
     from recmas_ray.train.synthetic import check_disjoint, make_hidden_operand_dataset, split_train_eval, write_jsonl
     from jobs.sweep_recipe_measure import Measurer, summary_table
 

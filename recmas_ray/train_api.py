@@ -113,7 +113,7 @@ def train_inner(style: str, *, rows: str | Path | Sequence[dict], save_dir: str 
     """
     from recmas_ray.config.inputs import OutputLock
     from recmas_ray.config.training import InnerTrainConfig
-    from recmas_ray.distributed.driver import init_ray
+    from recmas_ray.distributed.cluster import init_ray
     from recmas_ray.train.inner_job import train_all_roles
     from recmas_ray.train.inner_job import train_inner as train_one_role
 

@@ -93,7 +93,8 @@ def start_agents(plan, *, backend: str = "ray", placement=None, timeout_s: float
             log.warning("num_replicas=%d is ignored by the local backend (one in-process system)",
                         placement.num_replicas)
         return LocalPool({r: AgentService(*plan.service_args(r)) for r in plan.style.roles})
-    from recmas_ray.distributed.driver import build_replicas, init_ray
+    from recmas_ray.distributed.cluster import init_ray
+    from recmas_ray.distributed.driver import build_replicas
 
     init_ray()
     return build_replicas(plan, placement, timeout_s=timeout_s, torch_threads=torch_threads, transport=transport,

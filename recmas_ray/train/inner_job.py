@@ -90,7 +90,7 @@ def train_inner(cfg: InnerTrainConfig, *, faults: dict | None = None) -> Path:
     examples = role_examples(load_rows(cfg.dataset_name, cfg.dataset_json_field, split=cfg.dataset_split), style,
                              role, cfg.task)
     if cfg.num_workers > 0:
-        from recmas_ray.distributed.driver import init_ray
+        from recmas_ray.distributed.cluster import init_ray
 
         init_ray()
     return _fit(cfg, role, plan.role_models[role], _role_state(plan, role), examples, faults=faults)
@@ -122,7 +122,7 @@ def train_all_roles(cfg: InnerTrainConfig) -> dict[str, Path]:
         ensure_mlflow_experiment(track.tracking_uri, track.experiment_name)
     cfgs = {r: replace(cfg, mas_role=r, save_dir=str(Path(cfg.save_dir).resolve() / r), storage_path=storage_path,
                        track=track) for r in roles}
-    from recmas_ray.distributed.driver import init_ray
+    from recmas_ray.distributed.cluster import init_ray
 
     init_ray()
     opts = {"num_cpus": 0} if cfg.num_workers else {

@@ -71,7 +71,7 @@ def start_cluster(num_nodes: int, gpus_per_node: int) -> tuple[Cluster, dict]:
 
     Nodes have 3 logical CPUs: two replicas' agents, orchestrators and evaluation clients fit.
     """
-    from recmas_ray.distributed.driver import loopback_only
+    from recmas_ray.distributed.cluster import loopback_only
 
     with loopback_only():  # every node and the driver on 127.0.0.1 (tests never use other addresses)
         cluster = Cluster(initialize_head=True, head_node_args={
