@@ -33,7 +33,8 @@ from dataclasses import dataclass, field
 from typing import Annotated
 
 from recmas_ray.config.checks import OneOf, Range, WritableDir
-from recmas_ray.config.cli import run_job, save_config
+from recmas_ray.config.cli import run_job
+from recmas_ray.config.tree import save_config
 from recmas_ray.config.evaluation import BACKENDS, MODEL_PRESETS, check_role_models, style_names
 
 MODEL = "recmas-bench"

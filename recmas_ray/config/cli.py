@@ -24,11 +24,10 @@ import json
 import sys
 import typing
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any, Callable
 
 from recmas_ray.config.checks import ConfigError, OneOf, Range, check_tree, field_hints, split_annotated
-from recmas_ray.config.inputs import read_data_file
+from recmas_ray.config.tree import _get_path, _has_path, _nested_type, _set_path, from_dict, load_config_file, to_dict
 
 SPECIAL_FLAGS = ("config", "recipe", "print_config", "debug", "help")
 EXPLICIT_FIELD = "explicit_settings"
@@ -65,12 +64,6 @@ def _field_docs(cls) -> dict[str, str]:
                     and isinstance(node.value, ast.Constant) and isinstance(node.value.value, str):
                 docs[prev.target.id] = " ".join(node.value.value.split())
     return docs
-
-
-def _nested_type(tp):
-    """The dataclass type of a nested-config field, else None."""
-    base, _ = split_annotated(tp)
-    return base if isinstance(base, type) and dataclasses.is_dataclass(base) else None
 
 
 def leaves(cls, prefix: str = "") -> list[Leaf]:
@@ -265,83 +258,6 @@ def _try_default(cls):
         return None
 
 
-# ----------------------------------------------------------------------------- trees <-> dicts
-def _get_path(cfg, path: str):
-    for part in path.split("."):
-        cfg = getattr(cfg, part)
-    return cfg
-
-
-def to_dict(cfg) -> dict:
-    """A config tree as plain JSON-able data."""
-    return json.loads(json.dumps(dataclasses.asdict(cfg), default=str))
-
-
-def from_dict(cls, data: dict, *, base=None, where: str = "config"):
-    """Build `cls` from nested data over `base` (or the class defaults); unknown keys are errors."""
-    if not isinstance(data, dict):
-        raise ConfigError(f"{where}: expected a mapping of settings, got {type(data).__name__}")
-    hints = field_hints(cls)
-    names = {f.name for f in dataclasses.fields(cls) if f.init}
-    unknown = sorted(set(data) - names)
-    if unknown:
-        raise ConfigError(f"{where}: unknown setting(s) {unknown}; expected some of {sorted(names)}")
-    values = {}
-    for name in names:
-        current = getattr(base, name) if base is not None else dataclasses.MISSING
-        nested = _nested_type(hints[name])
-        if nested is not None:
-            sub = data.get(name, {})
-            values[name] = from_dict(nested, sub, base=current if current is not dataclasses.MISSING else None,
-                                     where=f"{where}.{name}")
-        elif name in data:
-            values[name] = data[name]
-        elif current is not dataclasses.MISSING:
-            values[name] = current
-    required = {f.name for f in dataclasses.fields(cls) if f.init and f.default is dataclasses.MISSING
-                and f.default_factory is dataclasses.MISSING}
-    missing = sorted(required - set(values))
-    if missing:
-        raise ConfigError(f"{where}: missing required setting(s) {missing}; give them as flags "
-                          f"({', '.join('--' + m for m in missing)}) or in --config")
-    try:
-        return cls(**values)
-    except TypeError as e:
-        raise ConfigError(f"{where}: {e}") from None
-
-
-def load_config_file(path: str) -> dict:
-    """A JSON or YAML file of settings (or a results_*.json, whose resolved config is used)."""
-    data = read_data_file(path, "--config")
-    if isinstance(data, dict) and isinstance(data.get("config"), dict) and "results" in data:
-        data = data["config"]  # a results_*.json: reuse its resolved config
-    if data is None:
-        return {}
-    if not isinstance(data, dict):
-        raise ConfigError(f"--config {path!r} holds a {type(data).__name__}; expected a mapping of settings "
-                          "(setting: value, nested by section)")
-    return data
-
-
-def _has_path(values: dict, path: str) -> bool:
-    for part in path.split("."):
-        if not isinstance(values, dict) or part not in values:
-            return False
-        values = values[part]
-    return True
-
-
-def _set_path(values: dict, path: str, value) -> None:
-    parts = path.split(".")
-    for i, part in enumerate(parts[:-1]):
-        inner = values.setdefault(part, {})
-        if not isinstance(inner, dict):  # a --config file with `recursion: 3` or `recursion: [..]`
-            raise ConfigError(f"--config: section {'.'.join(parts[:i + 1])!r} is a {type(inner).__name__}; "
-                              "expected a mapping of its settings")
-        values = inner
-    values[parts[-1]] = value
-
-
 def parse_config(cls, argv=None, *, prog=None, description=None, aliases=None, recipes=None, hidden=()):
     """(config, parsed namespace) from argv: recipe, then --config file, then flags; checked as a whole."""
     argv = list(sys.argv[1:] if argv is None else argv)
@@ -371,16 +287,6 @@ def parse_config(cls, argv=None, *, prog=None, description=None, aliases=None, r
         cfg = dataclasses.replace(cfg, **{EXPLICIT_FIELD: sorted(given)})
     check_tree(cfg, lambda path: flag_of.get(path, "--" + path))
     return cfg, ns
-
-
-def save_config(cfg, directory: str | Path, name: str = "config.json") -> Path:
-    """Write the resolved config next to a job's outputs (atomically)."""
-    d = Path(directory)
-    d.mkdir(parents=True, exist_ok=True)
-    tmp = d / f".{name}.tmp"
-    tmp.write_text(json.dumps(to_dict(cfg), indent=2, sort_keys=True) + "\n", encoding="utf-8")
-    tmp.replace(d / name)
-    return d / name
 
 
 def run_job(main: Callable[[Any], int | None], cls, argv=None, *, prog=None, description=None, aliases=None,

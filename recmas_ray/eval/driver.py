@@ -29,7 +29,7 @@ import time
 from pathlib import Path
 
 from recmas_ray.config.checks import check_tree
-from recmas_ray.config.cli import save_config
+from recmas_ray.config.tree import save_config
 from recmas_ray.config.inputs import OutputLock
 from recmas_ray.config.evaluation import EvalConfig
 from recmas_ray.config.recursion import RecursionConfig

@@ -400,6 +400,6 @@ def write_loss_curve(save_dir: Path, loss_log: list, *, title: str) -> Path | No
 
 def config_from_dict(cls, data: dict):
     """A training config back from `dataclasses.asdict` (what a worker receives), nested sections included."""
-    from recmas_ray.config.cli import from_dict
+    from recmas_ray.config.tree import from_dict
 
     return from_dict(cls, data, where="training config")

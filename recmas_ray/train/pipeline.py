@@ -202,7 +202,7 @@ def train_outer(cfg: OuterTrainConfig, *, faults: dict | None = None) -> OuterRu
     import ray
 
     from recmas_ray.config.checks import check_tree
-    from recmas_ray.config.cli import save_config
+    from recmas_ray.config.tree import save_config
     from recmas_ray.system.plan import plan_system
     from recmas_ray.train.data import load_rows
     from recmas_ray.train.outer import prepare_samples
