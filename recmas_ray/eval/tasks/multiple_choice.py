@@ -1,15 +1,16 @@
 """Multiple-choice tasks: GPQA-Diamond, MedQA.
 
 Prompt fields: the stem with lettered options and `CHOICE_SUFFIX`; `gold` is the option letter, `options`
-the option texts (GPQA's are shuffled with the run's seed). Graded by `graders.extract_choice`
-(``grade("choice", ...)``).
+the option texts (GPQA's are shuffled with the run's seed). Graded here: `extract_choice`
+(through ``graders.grade("choice", ...)``).
 """
 
 from __future__ import annotations
 
 import re
+from typing import Sequence
 
-from recmas_ray.eval.graders import shuffle_options
+from recmas_ray.eval.tasks.math import extract_boxed
 from recmas_ray.eval.tasks.records import _field, _item, _text
 
 
@@ -68,6 +69,60 @@ def _medqa(rows, name, **_):
         out.append(_item(doc if doc is not None else i, question, gold, "choice", name, stem,
                          options=opts))
     return out
+
+
+# ----------------------------------------------------------------------------- grading (graders.grade dispatches here)
+
+LETTERS = "ABCDEFGHIJ"
+
+
+def shuffle_options(stem: str, options: Sequence[str], gold_index: int, seed: int
+                    ) -> tuple[list[str], str]:
+    """Deterministically permute `options`; returns (new options, letter of the gold option).
+
+    Same permutation as the release: md5 of f"{seed}::{stem}" (first 16 hex digits) seeds
+    `random.Random`, which shuffles the index list; position i shows option perm[i].
+    """
+    import hashlib
+    import random
+
+    if not 0 <= gold_index < len(options):
+        raise ValueError(f"gold_index={gold_index} out of range for {len(options)} options")
+    key = stem.strip() or "||".join(options)
+    perm = list(range(len(options)))
+    random.Random(int(hashlib.md5(f"{seed}::{key}".encode()).hexdigest()[:16], 16)).shuffle(perm)
+    return [options[i] for i in perm], LETTERS[perm.index(gold_index)]
+
+
+def _choice_core(text: str, letters: str) -> str | None:
+    text = re.sub(r"\\(?:text|textbf|mathrm|mathbf)\{([^{}]*)\}", r"\1", text).strip()
+    if not text:
+        return None
+    cls = f"[{letters}{letters.lower()}]"
+    m = re.search(r"(?:final\s*(?:choice|answer)|correct\s*(?:choice|option|answer)|choice|option"
+                  r"|answer)\s*[:\-]?\s*[\(\[]?\s*(" + cls + r")\b", text, re.IGNORECASE)
+    if m:
+        return m[1].upper()
+    m = re.match(r"^\s*[\(\[]?\s*(" + cls + r")(?:\s*[\)\]]|\s*[:\.\-]|$)", text)
+    return m[1].upper() if m else None
+
+
+def extract_choice(text: str | None, letters: str = "ABCD") -> str | None:
+    """Option letter from a response: boxed, then a "Final Choice/Answer:" line, then the text.
+
+    The whole-text step accepts "answer: B"-style phrases or a response that starts with a lone
+    letter ("B", "(B)", "B. ..."). Returns None when nothing parses.
+    """
+    text = text or ""
+    candidates = [extract_boxed(text)]
+    lines = re.findall(r"Final\s*(?:Choice|Answer)\s*:\s*(.+)$", text, re.IGNORECASE | re.MULTILINE)
+    candidates += [lines[-1] if lines else None, text]
+    for cand in candidates:
+        letter = _choice_core(cand, letters) if cand else None
+        if letter is not None:
+            return letter
+    return None
+
 
 
 LOADERS = {"gpqa_diamond": _gpqa, "medqa": _medqa}
