@@ -2,9 +2,13 @@
 
     recipe (a Python function)  ->  --config FILE (JSON/YAML)  ->  flags  ->  check_tree  ->  main(cfg)
 
-* Every leaf field of the tree is a flag. Top-level fields and nested fields whose name is unique in the
-  tree get a plain flag (`--latent_steps`); every nested field also has its dotted form
-  (`--recursion.latent_steps`). Help text is the field's docstring, with default, choices and range.
+* Every leaf field of the tree is a flag. Top-level fields get a plain flag; every nested field has its dotted
+  form (`--recursion.latent_steps`), always. A nested field has a plain (short) flag too only where its class
+  declares it in `SHORT_FLAGS` (`RecursionConfig.SHORT_FLAGS` holds "latent_steps": `--latent_steps`), so
+  adding a field never adds or removes a flag elsewhere. The job's own names win: a top-level field or a
+  job alias of that name keeps it. Two nested classes declaring the same short flag in one tree, an alias
+  naming an existing flag, or `SHORT_FLAGS` naming no field is an error when the parser is built (a test
+  builds every job's parser). Help text is the field's docstring, with default, choices and range.
 * bool fields: `--name` / `--no_name`. list fields: space- or comma-separated values. dict fields:
   `KEY=VALUE` items (`--ckpt_override planner=DIR critic=DIR`). Optional fields accept `none`.
 * `recipes` are named Python functions returning a config: `--recipe NAME` (or `--NAME`) starts from one.
@@ -43,6 +47,8 @@ class Leaf:
     checks: tuple
     doc: str
     flags: list[str]
+    short: bool = False
+    """Its class declares a plain flag for it (`SHORT_FLAGS`)."""
 
 
 def _field_docs(cls) -> dict[str, str]:
@@ -66,9 +72,19 @@ def _field_docs(cls) -> dict[str, str]:
     return docs
 
 
+def declared_short_flags(cls) -> tuple[str, ...]:
+    """The fields of `cls` that get a plain flag wherever it is nested (its `SHORT_FLAGS`)."""
+    names = tuple(getattr(cls, "SHORT_FLAGS", ()))
+    unknown = sorted(set(names) - {f.name for f in dataclasses.fields(cls)})
+    if unknown:
+        raise AssertionError(f"{cls.__name__}.SHORT_FLAGS names no field: {unknown}")
+    return names
+
+
 def leaves(cls, prefix: str = "") -> list[Leaf]:
     """Every leaf field of the tree rooted at `cls`, depth first, flags not yet assigned."""
     hints, docs, out = field_hints(cls), _field_docs(cls), []
+    short = declared_short_flags(cls) if prefix else ()
     for f in dataclasses.fields(cls):
         if not f.init:
             continue
@@ -77,28 +93,33 @@ def leaves(cls, prefix: str = "") -> list[Leaf]:
             out += leaves(nested, prefix + f.name + ".")
         else:
             base, checks = split_annotated(hints[f.name])
-            out.append(Leaf(prefix + f.name, base, checks, docs.get(f.name, ""), []))
+            out.append(Leaf(prefix + f.name, base, checks, docs.get(f.name, ""), [], f.name in short))
     return out
 
 
 def assign_flags(cls, aliases: dict[str, str] | None = None, hidden=()) -> list[Leaf]:
     """Leaves with their flag names; `aliases` maps extra flag names to a field's dotted path or plain flag;
     `hidden` dotted paths get no flag (the job sets them itself)."""
+    aliases = aliases or {}
     out = [leaf for leaf in leaves(cls) if leaf.path not in set(hidden)]
-    names: dict[str, int] = {}
-    for leaf in out:
-        names[leaf.path.rsplit(".", 1)[-1]] = names.get(leaf.path.rsplit(".", 1)[-1], 0) + 1
     top = {leaf.path for leaf in out if "." not in leaf.path}
+    declared: dict[str, str] = {}  # short flag -> the dotted path whose class declares it
     for leaf in out:
         short = leaf.path.rsplit(".", 1)[-1]
         if "." not in leaf.path:
             leaf.flags.append(short)
-        else:
-            if names[short] == 1 and short not in top and short not in (aliases or {}):
-                leaf.flags.append(short)
-            leaf.flags.append(leaf.path)
+            continue
+        if leaf.short and short not in top and short not in aliases:
+            if short in declared:
+                raise AssertionError(f"--{short} is declared (SHORT_FLAGS) for both --{declared[short]} and "
+                                     f"--{leaf.path} in {cls.__name__}; drop one of the declarations")
+            declared[short] = leaf.path
+            leaf.flags.append(short)
+        leaf.flags.append(leaf.path)
     by_flag = {flag: leaf for leaf in out for flag in leaf.flags}
-    for alias, target in (aliases or {}).items():
+    for alias, target in aliases.items():
+        if alias in by_flag:
+            raise AssertionError(f"alias --{alias} of {cls.__name__} is already the flag of --{by_flag[alias].path}")
         leaf = by_flag.get(target) or next((lf for lf in out if lf.path == target), None)
         if leaf is None:
             raise AssertionError(f"alias --{alias} names no field {target!r} of {cls.__name__}")

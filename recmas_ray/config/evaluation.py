@@ -60,6 +60,9 @@ def check_model_names(flag: str, table: dict[str, str]) -> None:
 class StreamConfig:
     """How the Ray backend streams batches through client actors (Ray Data)."""
 
+    SHORT_FLAGS = ("client_cpus", "client_max_restarts", "num_clients")
+    """Fields with a plain flag (`--name`) wherever this section is nested (config/cli.py)."""
+
     num_clients: Annotated[int, Range(0, 1024)] = 0
     """Client actors per system replica, i.e. batches in flight per replica, so agents overlap; 0 (auto):
     two per agent actor of a replica, enough to keep every stage busy, capped by the object store's

@@ -18,6 +18,10 @@ PRESETS = ("one_gpu_per_agent", "colocated", "spread", "cpu")
 class PlacementConfig:
     """Where agent actors go, what each one asks for, and how many copies of the system run."""
 
+    SHORT_FLAGS = ("agent_max_restarts", "auto_role_replicas", "autoscaling", "cpus_per_agent", "num_replicas",
+                   "placement_timeout_s", "ready_timeout_s", "role_cpus", "role_gpus", "role_replicas")
+    """Fields with a plain flag (`--name`) wherever this section is nested (config/cli.py)."""
+
     preset: Annotated[str, OneOf(PRESETS)] = "cpu"
     """one_gpu_per_agent, colocated, spread or cpu (applies to every replica)."""
     role_gpus: Annotated[dict[str, float], Range(0, 64)] = field(default_factory=dict)

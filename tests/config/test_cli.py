@@ -17,6 +17,8 @@ from recmas_ray.config.tree import save_config
 class Inner:
     """A nested section."""
 
+    SHORT_FLAGS = ("steps", "seed", "enabled")
+
     steps: Annotated[int, Range(0, 10)] = 3
     """Steps per round."""
     seed: int = 1
