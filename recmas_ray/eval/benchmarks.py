@@ -119,7 +119,7 @@ def _local(rows, name, *, task_type="math", **_):
     for i, r in enumerate(rows):
         q = _text(r, ("question", "problem"), i, name)
         if r.get("role_context"):  # facts told only to some roles (hidden-operand rows), see styles.prompts
-            from recmas_ray.styles.prompts import with_role_context
+            from recmas_ray.styles.role_context import with_role_context
 
             q = with_role_context(q.strip(), r["role_context"])
         # an explicit `gold` wins over `answer`, which may hold a worked solution (the generated sets)

@@ -34,8 +34,9 @@ from recmas_ray.config.inputs import OutputLock
 from recmas_ray.config.evaluation import EvalConfig
 from recmas_ray.config.recursion import RecursionConfig
 from recmas_ray.eval.benchmarks import load_benchmark
-from recmas_ray.eval.fingerprint import (check_fingerprint, fingerprint_diff, fingerprint_path, link_hashes,  # noqa: F401
-                                         read_fingerprint, resolved_runtime, run_fingerprint, verify_resume)
+from recmas_ray.eval.fingerprint import (bench_name, check_fingerprint, fingerprint_diff,  # noqa: F401
+                                         fingerprint_path, link_hashes, read_fingerprint, resolved_runtime,
+                                         run_fingerprint, verify_resume)
 from recmas_ray.eval.protocol import Resolution, metric_k, resolve
 from recmas_ray.eval.results import (VERDICT_FIELDS, SampleWriter, markdown_table, plot_vs_rounds, read_samples,
                                      sample_key, summarize, timestamp, with_verdicts, write_results)
@@ -53,10 +54,6 @@ def recursion_for(cfg: EvalConfig, method: str, rollout: int) -> RecursionConfig
     rc = dataclasses.replace(cfg.recursion, method=method,
                              decode=dataclasses.replace(cfg.recursion.decode, seed=cfg.seed))
     return for_rollout(rc, rollout)
-
-
-def bench_name(cfg: EvalConfig) -> str:
-    return Path(cfg.dataset).stem if os.path.exists(cfg.dataset) else cfg.dataset
 
 
 def open_samples_file(cfg: EvalConfig) -> Path:

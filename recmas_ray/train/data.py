@@ -89,8 +89,8 @@ def _present(row: dict, field: str) -> bool:
 
 def question_text(row: dict) -> str:
     """The row's question, surrounding white space stripped (as every text field the trainers read), with its
-    `role_context` attached (`styles.prompts.with_role_context`: each role's prompt shows its own part)."""
-    from recmas_ray.styles.prompts import with_role_context
+    `role_context` attached (`styles.role_context.with_role_context`: each role's prompt shows its own part)."""
+    from recmas_ray.styles.role_context import with_role_context
 
     return with_role_context(str(row["question"]).strip(), row.get("role_context"))
 
