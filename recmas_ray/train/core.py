@@ -26,7 +26,7 @@ from pathlib import Path
 import torch
 
 from recmas_ray.config.training import TrainConfig, storage_scheme
-from recmas_ray.system.checkpoints import stable_seed
+from recmas_ray.system.link_init import stable_seed
 
 TRAIN_STATE = "train_state.json"
 COMPLETE = "COMPLETE"

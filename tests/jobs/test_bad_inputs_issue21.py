@@ -40,7 +40,8 @@ def world(tmp_path, tiny_cache):
     from recmas_ray.config.cli import parse_config
     from recmas_ray.config.tree import save_config
     from recmas_ray.config.training import InnerTrainConfig
-    from recmas_ray.system.checkpoints import MANIFEST, WEIGHTS, seeded_inner_link, seeded_outer_link
+    from recmas_ray.system.checkpoints import MANIFEST, WEIGHTS
+    from recmas_ray.system.link_init import seeded_inner_link, seeded_outer_link
     from recmas_ray.train.synthetic import make_arithmetic_dataset
     from recmas_ray.train.synthetic import write_jsonl as write_rows
 
