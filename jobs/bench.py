@@ -22,7 +22,8 @@ import json
 import os
 import sys
 
-from recmas_ray.config.cli import run_job, save_config
+from recmas_ray.config.cli import run_job
+from recmas_ray.config.tree import save_config
 from recmas_ray.config.perf import BenchConfig, quick
 
 

@@ -30,10 +30,11 @@ from dataclasses import dataclass, field
 from typing import Annotated
 
 from recmas_ray.config.checks import OneOf, Range, WritableDir
-from recmas_ray.config.cli import run_job, save_config
+from recmas_ray.config.cli import run_job
+from recmas_ray.config.tree import save_config
 from recmas_ray.config.evaluation import DEVICES, DTYPES, MODEL_PRESETS, check_role_models, style_names
 from recmas_ray.config.recursion import MAX_LATENT_STEPS, MAX_NEW_TOKENS, MAX_ROUNDS
-from recmas_ray.distributed.placement import PRESETS
+from recmas_ray.config.placement import PRESETS
 
 
 def expand_role_models(table: dict[str, str], roles) -> dict[str, str]:
@@ -124,7 +125,7 @@ def run(args) -> dict:
 
     from recmas_ray.config.recursion import DecodeConfig
     from recmas_ray.distributed.driver import build_ray_system
-    from recmas_ray.distributed.placement import PlacementConfig
+    from recmas_ray.config.placement import PlacementConfig
     from recmas_ray.config.recursion import RecursionConfig
     from recmas_ray.runner import LocalPool, run_batch
     from recmas_ray.service import AgentService
@@ -150,7 +151,7 @@ def run(args) -> dict:
         os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (root, os.environ.get("PYTHONPATH")) if p)
         # Ray renices workers to 15 by default; at 0 the actors compete for a shared host's cores
         # on the same terms as the in-process backend (this driver).
-        from recmas_ray.distributed.driver import init_local_ray  # token auth, 127.0.0.1 only
+        from recmas_ray.distributed.cluster import init_local_ray  # token auth, 127.0.0.1 only
 
         init_local_ray(num_cpus=max(4, len(plan.style.roles) + 2), include_dashboard=False,
                        log_to_driver=False, object_store_memory=512 * 2**20, _system_config={"worker_niceness": 0})

@@ -24,7 +24,8 @@ from dataclasses import dataclass, field
 from typing import Annotated
 
 from recmas_ray.config.checks import NonEmpty, OneOf, Range, WritableDir
-from recmas_ray.config.cli import run_job, save_config
+from recmas_ray.config.cli import run_job
+from recmas_ray.config.tree import save_config
 from recmas_ray.config.evaluation import MODEL_PRESETS, check_role_models, style_names
 from recmas_ray.config.recursion import MAX_LATENT_STEPS, MAX_ROUNDS
 from recmas_ray.config.training import OuterTrainConfig

@@ -27,19 +27,19 @@ Writes <output_path>/bench_scale.json and bench_scale.png; the machine's load av
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-from typing import Annotated
-
-from recmas_ray.config.checks import NonEmpty, OneOf, Range, WritableDir
-from recmas_ray.config.cli import run_job, save_config
-from recmas_ray.config.recursion import MAX_LATENT_STEPS, MAX_ROUNDS
-
 import json
 import os
 import platform
-import statistics
 import sys
 import time
+from dataclasses import dataclass, field
+from typing import Annotated
+
+from jobs.bench_scale_costs import call_costs, real_models
+from recmas_ray.config.checks import NonEmpty, OneOf, Range, WritableDir
+from recmas_ray.config.cli import run_job
+from recmas_ray.config.recursion import MAX_LATENT_STEPS, MAX_ROUNDS
+from recmas_ray.config.tree import save_config
 
 SYSTEMS = ("light", "mixture")
 PAPER_ROLES = {"light": ("planner", "critic", "solver"), "mixture": ("math", "code", "science", "summarizer")}
@@ -103,7 +103,7 @@ def start_cluster(args):
     cluster at --address, which must answer within 10 s)."""
     import ray
 
-    from recmas_ray.distributed.driver import loopback_only
+    from recmas_ray.distributed.cluster import loopback_only
 
     os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -190,7 +190,7 @@ def eval_run(replicas, n_replicas: int, n_batches: int, rounds: int, args, tag: 
 
 def build(plan, copies: dict | None, n: int, args):
     from recmas_ray.distributed.driver import build_replicas
-    from recmas_ray.distributed.placement import PlacementConfig
+    from recmas_ray.config.placement import PlacementConfig
 
     return build_replicas(plan, PlacementConfig(preset="one_gpu_per_agent", cpus_per_agent=0.05, num_replicas=n,
                                                 agent_max_restarts=0, role_replicas=copies or {}),
@@ -241,85 +241,6 @@ def weak(plan, args) -> list[dict]:
     return rows
 
 
-def ray_call_cost(handles: dict, args, num_bytes: int, dtype: str) -> dict:
-    """ms per agent call: a chain of zero-cost rollouts, each taking the previous one's message of
-    `num_bytes` (`dtype`) from the other actor (0 bytes: an empty message, Ray's bare call cost)."""
-    import ray
-
-    from recmas_ray.distributed.actors import from_wire
-
-    a, b = handles["planner"], handles["critic"]
-    width = 2048
-    steps = num_bytes // (args.batch_size * width * (2 if dtype == "bf16" else 4))
-    users, edge = ["cost probe"] * args.batch_size, ("planner->critic",)
-    ref, _ = a.rollout.options(num_returns=2).remote(users, [], steps, edge)
-    ray.get(ref, timeout=args.timeout_s)  # warm: both actors have deserialised a message once
-    samples = []
-    for _ in range(3):
-        t0 = time.perf_counter()
-        for k in range(args.call_chain):
-            actor = b if k % 2 == 0 else a
-            ref, _ = actor.rollout.options(num_returns=2).remote(users, ["<<SLOT>>"] if steps else [], steps, edge,
-                                                                  *([ref] if steps else []))
-        ray.get(ref, timeout=args.timeout_s)
-        samples.append((time.perf_counter() - t0) / args.call_chain * 1000)
-    msg = from_wire(ray.get(ref, timeout=args.timeout_s))
-    return {"ms_per_call": statistics.median(samples), "samples_ms": samples, "message_shape": list(msg.shape),
-            "message_bytes": msg.numel() * msg.element_size(), "dtype": dtype}
-
-
-def call_costs(args) -> dict:
-    """`ray_call_cost` at 0 B, 32 KiB and 1 MiB for fp32 and bf16 messages, with ratios to the empty call."""
-    from recmas_ray.system.plan import simulated_plan
-
-    out = {}
-    for dtype in ("fp32", "bf16"):
-        plan = simulated_plan("sequential_light", "sim:hidden=2048,step_ms=0,token_ms=0,tokens=1",
-                              message_dtype=dtype)
-        from recmas_ray.distributed.driver import build_replicas
-        from recmas_ray.distributed.placement import PlacementConfig
-
-        cost = build_replicas(plan, PlacementConfig(preset="cpu", cpus_per_agent=0.05, agent_max_restarts=0),
-                              timeout_s=args.timeout_s)
-        try:
-            handles = cost.systems[0].handles
-            empty = ray_call_cost(handles, args, 0, dtype)
-            out[dtype] = {"empty": empty}
-            for label, size in (("32KiB", 32 * 2**10), ("1MiB", 2**20)):
-                row = ray_call_cost(handles, args, size, dtype)
-                row["ratio_to_empty_call"] = row["ms_per_call"] / max(empty["ms_per_call"], 1e-9)
-                out[dtype][label] = row
-        finally:
-            cost.shutdown()
-    return out
-
-
-def real_models(args) -> dict:
-    """Tiny models on 2 CPU replicas: the same predictions from 1 replica as from 2."""
-    from recmas_ray.config.recursion import DecodeConfig, RecursionConfig
-    from recmas_ray.distributed.driver import build_replicas
-    from recmas_ray.distributed.placement import PlacementConfig
-    from recmas_ray.models.sim import PAPER_STYLES
-    from recmas_ray.system.plan import plan_system
-
-    plan = plan_system(PAPER_STYLES[args.system], preset="tiny", seed=0)
-    cfg = RecursionConfig(method="recursive_mas", num_recursive_rounds=2, latent_steps=4,
-                          decode=DecodeConfig(max_new_tokens=6))
-    qs = [([f"real question {k}.{i}: what is {k} + {i}?" for i in range(2)], ["math"] * 2) for k in range(4)]
-    t0 = time.perf_counter()
-    reps = build_replicas(plan, PlacementConfig(preset="cpu", cpus_per_agent=0.05, num_replicas=2,
-                                                agent_max_restarts=0), timeout_s=args.timeout_s, torch_threads=1)
-    try:
-        one = reps.solve_all(qs, cfg, in_flight_per_replica=2, replicas=1)
-        two = reps.solve_all(qs, cfg, in_flight_per_replica=2, replicas=2)
-    finally:
-        reps.shutdown()
-    p1 = [[r.prediction for r in res] for _, res in one]
-    p2 = [[r.prediction for r in res] for _, res in two]
-    return {"same_predictions": p1 == p2, "replica_of_batch_2_replicas": [i for i, _ in two],
-            "num_batches": len(qs), "seconds": time.perf_counter() - t0}
-
-
 def plot(report: dict, path: str) -> None:
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
@@ -363,7 +284,7 @@ def plot(report: dict, path: str) -> None:
 
 def bench(args: ScaleBenchConfig) -> int:
     """Run the series and write the report (the config is saved next to it)."""
-    from recmas_ray.distributed.driver import check_reachable
+    from recmas_ray.distributed.cluster import check_reachable
 
     if args.address:
         check_reachable(args.address)  # a dead address: one line and exit 2 before anything is written

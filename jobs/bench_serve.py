@@ -33,7 +33,8 @@ from dataclasses import dataclass, field
 from typing import Annotated
 
 from recmas_ray.config.checks import OneOf, Range, WritableDir
-from recmas_ray.config.cli import run_job, save_config
+from recmas_ray.config.cli import run_job
+from recmas_ray.config.tree import save_config
 from recmas_ray.config.evaluation import BACKENDS, MODEL_PRESETS, check_role_models, style_names
 
 MODEL = "recmas-bench"
@@ -239,7 +240,7 @@ def run(args: ServeBenchConfig) -> int:
 
     from jobs import serve as serve_job
     from jobs.bench_backend import machine
-    from recmas_ray.distributed.driver import init_ray
+    from recmas_ray.distributed.cluster import init_ray
 
     out_dir = args.output_path
     save_config(args, out_dir)

@@ -68,7 +68,7 @@ def _init_ray(cfg: DemoConfig, out: Path) -> None:
 
     import ray
 
-    from recmas_ray.distributed.driver import init_ray
+    from recmas_ray.distributed.cluster import init_ray
 
     if ray.is_initialized():
         return

@@ -84,7 +84,7 @@ class ProbeLatentsConfig:
 def run(cfg: ProbeLatentsConfig) -> int:
     import json
 
-    from recmas_ray.config.cli import from_dict
+    from recmas_ray.config.tree import from_dict
     from recmas_ray.demo import compare
     from recmas_ray.demo.config import DemoConfig
     from recmas_ray.demo.flow import FlowRecorder

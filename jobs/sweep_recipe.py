@@ -47,7 +47,7 @@ from typing import Annotated
 
 from recmas_ray.config.checks import OneOf, Range, WritableDir
 from recmas_ray.config.cli import run_job
-from recmas_ray.train.synthetic import HIDDEN_QUESTIONS
+from recmas_ray.train.synthetic_hidden import HIDDEN_QUESTIONS
 
 RELEASE = {"max_latent_tokens": 80, "num_recursive_rounds": 2, "lr": 5e-4, "warmup_steps": 1}
 RECIPES: dict[str, dict] = {
@@ -155,7 +155,7 @@ def main_cfg(cfg: SweepRecipeConfig) -> int:
     """Run the sweep; writes per-recipe result.json and summary.md, prints the table."""
     import ray
 
-    from recmas_ray.distributed.driver import init_ray
+    from recmas_ray.distributed.cluster import init_ray
     from recmas_ray.train.synthetic import check_disjoint, make_hidden_operand_dataset, split_train_eval, write_jsonl
     from jobs.sweep_recipe_measure import Measurer, summary_table
 

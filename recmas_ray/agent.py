@@ -21,6 +21,7 @@ import re
 
 import torch
 
+from recmas_ray.config.choices import LATENT_NORMS
 from recmas_ray.config.engine import EngineConfig
 from recmas_ray.config.recursion import DecodeConfig
 from recmas_ray.decoding import HF_DEFAULT_TOP_K, Decoded, DecodeState, TargetScore, decode_loop, model_top_k  # noqa: F401 (re-exported)
@@ -28,7 +29,8 @@ from recmas_ray.decoding import eos_ids as _eos_ids
 from recmas_ray.decoding import pick as _pick  # tests replace agent._pick
 from recmas_ray.kv_cache import PrefixStore, cache_kw, left_pad, out_cache, positions  # noqa: F401 (re-exported)
 from recmas_ray.kv_cache import prefill as prefill_static
-from recmas_ray.links import InnerLink, OuterLink
+from recmas_ray.links import InnerLink, OuterLink, mean_embedding_norm, rescale_rows
+from recmas_ray.models.loader import output_device
 from recmas_ray.scoring import TeacherForcing
 
 _SLOT_RE = re.compile(r"<<[A-Z_]+_SLOT>>")
@@ -53,13 +55,11 @@ class Agent(TeacherForcing):
         self.hidden_size = hidden
         self.outer_links: dict[str, OuterLink] = {}
         self._turn_end: str | None = None
-        from recmas_ray.models.loader import output_device
-
         self.device = output_device(model)  # links sit with the last layer (models split over GPUs)
         self.dtype = next(model.parameters()).dtype
         self.inner_link.to(self.device, self.dtype)
         self.latent_norm: float | None = None
-        """Non-reference (config.training.LATENT_NORMS): spliced latent rows are rescaled to this norm; None as the release."""
+        """Non-reference (config.choices.LATENT_NORMS): spliced latent rows are rescaled to this norm; None as the release."""
         self.engine = engine or EngineConfig()
         self.prefix_store = PrefixStore(int(self.engine.prefix_cache_mib * 2**20))
         # prompt tokens run (tokens_prefilled) and copied from the prefix store (tokens_reused) by the
@@ -78,8 +78,6 @@ class Agent(TeacherForcing):
     def set_latent_norm(self, mode: str) -> None:
         """'embedding' (non-reference, LatentMAS): rescale spliced latents to this model's mean token-embedding
         norm from now on; 'none' (the release): splice them as they come."""
-        from recmas_ray.config.training import LATENT_NORMS
-        from recmas_ray.links import mean_embedding_norm
 
         if mode not in LATENT_NORMS:
             raise ValueError(f"latent_norm {mode!r}; expected one of {LATENT_NORMS}")
@@ -138,8 +136,6 @@ class Agent(TeacherForcing):
                     raise ValueError(f"role {self.role}: latent for slot {markers[i]} has shape {tuple(block_MD.shape)}, "
                                      f"expected [M, {self.hidden_size}]")
                 if self.latent_norm is not None:  # non-reference option, see set_latent_norm
-                    from recmas_ray.links import rescale_rows
-
                     block_MD = rescale_rows(block_MD, self.latent_norm)
                 embeds.append(block_MD)
                 ids.extend([-100] * block_MD.shape[0])

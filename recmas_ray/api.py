@@ -22,7 +22,7 @@ from typing import Sequence
 from recmas_ray.config.checks import check_tree
 from recmas_ray.config.evaluation import EvalConfig
 from recmas_ray.config.recursion import DecodeConfig, RecursionConfig
-from recmas_ray.distributed.placement import PlacementConfig
+from recmas_ray.config.placement import PlacementConfig
 from recmas_ray.runner import SampleResult
 
 log = logging.getLogger(__name__)
@@ -236,7 +236,7 @@ class System:
         tasks = [task] * len(questions) if isinstance(task, str) else _str_list(task, "task")
         if len(tasks) != len(questions):
             raise ValueError(f"{len(questions)} questions but {len(tasks)} task types")
-        from recmas_ray.styles.base import TASK_TYPES
+        from recmas_ray.config.choices import TASK_TYPES
 
         bad = sorted({t for t in tasks if t not in TASK_TYPES})
         if bad:

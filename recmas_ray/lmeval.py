@@ -37,7 +37,7 @@ from lm_eval.api.registry import register_model
 from recmas_ray.config.checks import ConfigError, OneOf, Range, check_tree, field_hints, split_annotated
 from recmas_ray.config.evaluation import BACKENDS, DTYPES, MODEL_PRESETS, check_role_models, style_names
 from recmas_ray.config.recursion import MAX_LATENT_STEPS, MAX_NEW_TOKENS, MAX_ROUNDS, METHODS
-from recmas_ray.styles.base import TASK_TYPES
+from recmas_ray.config.choices import TASK_TYPES
 
 MODEL_NAME = "recmas_ray"
 LM_EVAL_SETTINGS = ("batch_size", "max_batch_size", "device", "trust_remote_code")

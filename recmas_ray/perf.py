@@ -263,8 +263,9 @@ def backend_ratio(plan, questions, cfg: BenchConfig, pool) -> dict:
     """(c): seconds per batch on Ray actors vs in-process, one batch and three batches in flight."""
     import ray
 
-    from recmas_ray.distributed.driver import build_ray_system, init_ray
-    from recmas_ray.distributed.placement import PlacementConfig
+    from recmas_ray.distributed.cluster import init_ray
+    from recmas_ray.distributed.driver import build_ray_system
+    from recmas_ray.config.placement import PlacementConfig
 
     init_ray()
     rc = RecursionConfig(method="recursive_mas", num_recursive_rounds=max(cfg.rounds), latent_steps=cfg.latent_steps,

@@ -53,7 +53,7 @@ class AgentSpec:
     """Messages stay on the producer's device (NCCL transport) instead of moving to CPU."""
     latent_norm: str = "none"
     """Non-reference: "embedding" rescales latents spliced into this agent's prompts to its token-embedding norm
-    (set from the outer checkpoint's training config, config.training.LATENT_NORMS); "none" as the release."""
+    (set from the outer checkpoint's training config, config.choices.LATENT_NORMS); "none" as the release."""
 
 
 def pick_device(requested: str) -> torch.device:

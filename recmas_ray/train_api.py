@@ -26,8 +26,8 @@ def check_training_inputs(cfg, rows: list[dict] | None = None) -> None:
     it before taking the save_dir lock."""
     from recmas_ray.config.checks import check_tree
     from recmas_ray.config.training import InnerTrainConfig
-    from recmas_ray.styles import get_style
-    from recmas_ray.train.data import canonical_role, load_rows, validate_rows
+    from recmas_ray.styles import canonical_role, get_style
+    from recmas_ray.train.data import load_rows, validate_rows
 
     check_tree(cfg)
     style = get_style(cfg.style)
@@ -113,7 +113,7 @@ def train_inner(style: str, *, rows: str | Path | Sequence[dict], save_dir: str 
     """
     from recmas_ray.config.inputs import OutputLock
     from recmas_ray.config.training import InnerTrainConfig
-    from recmas_ray.distributed.driver import init_ray
+    from recmas_ray.distributed.cluster import init_ray
     from recmas_ray.train.inner_job import train_all_roles
     from recmas_ray.train.inner_job import train_inner as train_one_role
 
@@ -126,8 +126,7 @@ def train_inner(style: str, *, rows: str | Path | Sequence[dict], save_dir: str 
                                      "role_model": dict(role_models or {}), "save_dir": str(save_dir)},
                        options, rows, save_dir / "train.jsonl")
     if roles is not None:
-        from recmas_ray.styles import get_style
-        from recmas_ray.train.data import canonical_role
+        from recmas_ray.styles import canonical_role, get_style
 
         if isinstance(roles, str) or not all(isinstance(r, str) for r in roles):
             raise TypeError(f"roles: expected a list of role names, got {roles!r:.60}")

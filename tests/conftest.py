@@ -46,7 +46,7 @@ def ray_cluster(tiny_cache):
     """
     import ray
 
-    from recmas_ray.distributed.driver import init_local_ray
+    from recmas_ray.distributed.cluster import init_local_ray
 
     started = not ray.is_initialized()
     if started:  # auth is off for tests (above), so the cluster listens on 127.0.0.1 only

@@ -2,9 +2,13 @@
 
     recipe (a Python function)  ->  --config FILE (JSON/YAML)  ->  flags  ->  check_tree  ->  main(cfg)
 
-* Every leaf field of the tree is a flag. Top-level fields and nested fields whose name is unique in the
-  tree get a plain flag (`--latent_steps`); every nested field also has its dotted form
-  (`--recursion.latent_steps`). Help text is the field's docstring, with default, choices and range.
+* Every leaf field of the tree is a flag. Top-level fields get a plain flag; every nested field has its dotted
+  form (`--recursion.latent_steps`), always. A nested field has a plain (short) flag too only where its class
+  declares it in `SHORT_FLAGS` (`RecursionConfig.SHORT_FLAGS` holds "latent_steps": `--latent_steps`), so
+  adding a field never adds or removes a flag elsewhere. The job's own names win: a top-level field or a
+  job alias of that name keeps it. Two nested classes declaring the same short flag in one tree, an alias
+  naming an existing flag, or `SHORT_FLAGS` naming no field is an error when the parser is built (a test
+  builds every job's parser). Help text is the field's docstring, with default, choices and range.
 * bool fields: `--name` / `--no_name`. list fields: space- or comma-separated values. dict fields:
   `KEY=VALUE` items (`--ckpt_override planner=DIR critic=DIR`). Optional fields accept `none`.
 * `recipes` are named Python functions returning a config: `--recipe NAME` (or `--NAME`) starts from one.
@@ -24,10 +28,10 @@ import json
 import sys
 import typing
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any, Callable
 
 from recmas_ray.config.checks import ConfigError, OneOf, Range, check_tree, field_hints, split_annotated
+from recmas_ray.config.tree import _get_path, _has_path, _nested_type, _set_path, from_dict, load_config_file, to_dict
 
 SPECIAL_FLAGS = ("config", "recipe", "print_config", "debug", "help")
 EXPLICIT_FIELD = "explicit_settings"
@@ -43,6 +47,8 @@ class Leaf:
     checks: tuple
     doc: str
     flags: list[str]
+    short: bool = False
+    """Its class declares a plain flag for it (`SHORT_FLAGS`)."""
 
 
 def _field_docs(cls) -> dict[str, str]:
@@ -66,15 +72,19 @@ def _field_docs(cls) -> dict[str, str]:
     return docs
 
 
-def _nested_type(tp):
-    """The dataclass type of a nested-config field, else None."""
-    base, _ = split_annotated(tp)
-    return base if isinstance(base, type) and dataclasses.is_dataclass(base) else None
+def declared_short_flags(cls) -> tuple[str, ...]:
+    """The fields of `cls` that get a plain flag wherever it is nested (its `SHORT_FLAGS`)."""
+    names = tuple(getattr(cls, "SHORT_FLAGS", ()))
+    unknown = sorted(set(names) - {f.name for f in dataclasses.fields(cls)})
+    if unknown:
+        raise AssertionError(f"{cls.__name__}.SHORT_FLAGS names no field: {unknown}")
+    return names
 
 
 def leaves(cls, prefix: str = "") -> list[Leaf]:
     """Every leaf field of the tree rooted at `cls`, depth first, flags not yet assigned."""
     hints, docs, out = field_hints(cls), _field_docs(cls), []
+    short = declared_short_flags(cls) if prefix else ()
     for f in dataclasses.fields(cls):
         if not f.init:
             continue
@@ -83,28 +93,33 @@ def leaves(cls, prefix: str = "") -> list[Leaf]:
             out += leaves(nested, prefix + f.name + ".")
         else:
             base, checks = split_annotated(hints[f.name])
-            out.append(Leaf(prefix + f.name, base, checks, docs.get(f.name, ""), []))
+            out.append(Leaf(prefix + f.name, base, checks, docs.get(f.name, ""), [], f.name in short))
     return out
 
 
 def assign_flags(cls, aliases: dict[str, str] | None = None, hidden=()) -> list[Leaf]:
     """Leaves with their flag names; `aliases` maps extra flag names to a field's dotted path or plain flag;
     `hidden` dotted paths get no flag (the job sets them itself)."""
+    aliases = aliases or {}
     out = [leaf for leaf in leaves(cls) if leaf.path not in set(hidden)]
-    names: dict[str, int] = {}
-    for leaf in out:
-        names[leaf.path.rsplit(".", 1)[-1]] = names.get(leaf.path.rsplit(".", 1)[-1], 0) + 1
     top = {leaf.path for leaf in out if "." not in leaf.path}
+    declared: dict[str, str] = {}  # short flag -> the dotted path whose class declares it
     for leaf in out:
         short = leaf.path.rsplit(".", 1)[-1]
         if "." not in leaf.path:
             leaf.flags.append(short)
-        else:
-            if names[short] == 1 and short not in top and short not in (aliases or {}):
-                leaf.flags.append(short)
-            leaf.flags.append(leaf.path)
+            continue
+        if leaf.short and short not in top and short not in aliases:
+            if short in declared:
+                raise AssertionError(f"--{short} is declared (SHORT_FLAGS) for both --{declared[short]} and "
+                                     f"--{leaf.path} in {cls.__name__}; drop one of the declarations")
+            declared[short] = leaf.path
+            leaf.flags.append(short)
+        leaf.flags.append(leaf.path)
     by_flag = {flag: leaf for leaf in out for flag in leaf.flags}
-    for alias, target in (aliases or {}).items():
+    for alias, target in aliases.items():
+        if alias in by_flag:
+            raise AssertionError(f"alias --{alias} of {cls.__name__} is already the flag of --{by_flag[alias].path}")
         leaf = by_flag.get(target) or next((lf for lf in out if lf.path == target), None)
         if leaf is None:
             raise AssertionError(f"alias --{alias} names no field {target!r} of {cls.__name__}")
@@ -264,101 +279,6 @@ def _try_default(cls):
         return None
 
 
-# ----------------------------------------------------------------------------- trees <-> dicts
-def _get_path(cfg, path: str):
-    for part in path.split("."):
-        cfg = getattr(cfg, part)
-    return cfg
-
-
-def to_dict(cfg) -> dict:
-    """A config tree as plain JSON-able data."""
-    return json.loads(json.dumps(dataclasses.asdict(cfg), default=str))
-
-
-def from_dict(cls, data: dict, *, base=None, where: str = "config"):
-    """Build `cls` from nested data over `base` (or the class defaults); unknown keys are errors."""
-    if not isinstance(data, dict):
-        raise ConfigError(f"{where}: expected a mapping of settings, got {type(data).__name__}")
-    hints = field_hints(cls)
-    names = {f.name for f in dataclasses.fields(cls) if f.init}
-    unknown = sorted(set(data) - names)
-    if unknown:
-        raise ConfigError(f"{where}: unknown setting(s) {unknown}; expected some of {sorted(names)}")
-    values = {}
-    for name in names:
-        current = getattr(base, name) if base is not None else dataclasses.MISSING
-        nested = _nested_type(hints[name])
-        if nested is not None:
-            sub = data.get(name, {})
-            values[name] = from_dict(nested, sub, base=current if current is not dataclasses.MISSING else None,
-                                     where=f"{where}.{name}")
-        elif name in data:
-            values[name] = data[name]
-        elif current is not dataclasses.MISSING:
-            values[name] = current
-    required = {f.name for f in dataclasses.fields(cls) if f.init and f.default is dataclasses.MISSING
-                and f.default_factory is dataclasses.MISSING}
-    missing = sorted(required - set(values))
-    if missing:
-        raise ConfigError(f"{where}: missing required setting(s) {missing}; give them as flags "
-                          f"({', '.join('--' + m for m in missing)}) or in --config")
-    try:
-        return cls(**values)
-    except TypeError as e:
-        raise ConfigError(f"{where}: {e}") from None
-
-
-def read_data_file(path: str | Path, flag: str):
-    """A JSON or YAML file given by `flag`; an unreadable, oversized or malformed file (or YAML with
-    anchors/aliases) is one ConfigError naming it."""
-    from recmas_ray.config.inputs import load_yaml, read_text_file
-
-    text = read_text_file(flag, path)
-    yaml_file = Path(path).suffix in (".yaml", ".yml")
-    try:
-        if yaml_file:
-            return load_yaml(text, f"{flag} {str(path)!r}")
-        return json.loads(text)
-    except ConfigError:
-        raise
-    except Exception as e:  # noqa: BLE001 - any parse error of the user's file is one clear line
-        raise ConfigError(f"{flag} {str(path)!r} is not valid {'YAML' if yaml_file else 'JSON'}: "
-                          f"{str(e).splitlines()[0]}") from None
-
-
-def load_config_file(path: str) -> dict:
-    """A JSON or YAML file of settings (or a results_*.json, whose resolved config is used)."""
-    data = read_data_file(path, "--config")
-    if isinstance(data, dict) and isinstance(data.get("config"), dict) and "results" in data:
-        data = data["config"]  # a results_*.json: reuse its resolved config
-    if data is None:
-        return {}
-    if not isinstance(data, dict):
-        raise ConfigError(f"--config {path!r} holds a {type(data).__name__}; expected a mapping of settings "
-                          "(setting: value, nested by section)")
-    return data
-
-
-def _has_path(values: dict, path: str) -> bool:
-    for part in path.split("."):
-        if not isinstance(values, dict) or part not in values:
-            return False
-        values = values[part]
-    return True
-
-
-def _set_path(values: dict, path: str, value) -> None:
-    parts = path.split(".")
-    for i, part in enumerate(parts[:-1]):
-        inner = values.setdefault(part, {})
-        if not isinstance(inner, dict):  # a --config file with `recursion: 3` or `recursion: [..]`
-            raise ConfigError(f"--config: section {'.'.join(parts[:i + 1])!r} is a {type(inner).__name__}; "
-                              "expected a mapping of its settings")
-        values = inner
-    values[parts[-1]] = value
-
-
 def parse_config(cls, argv=None, *, prog=None, description=None, aliases=None, recipes=None, hidden=()):
     """(config, parsed namespace) from argv: recipe, then --config file, then flags; checked as a whole."""
     argv = list(sys.argv[1:] if argv is None else argv)
@@ -388,16 +308,6 @@ def parse_config(cls, argv=None, *, prog=None, description=None, aliases=None, r
         cfg = dataclasses.replace(cfg, **{EXPLICIT_FIELD: sorted(given)})
     check_tree(cfg, lambda path: flag_of.get(path, "--" + path))
     return cfg, ns
-
-
-def save_config(cfg, directory: str | Path, name: str = "config.json") -> Path:
-    """Write the resolved config next to a job's outputs (atomically)."""
-    d = Path(directory)
-    d.mkdir(parents=True, exist_ok=True)
-    tmp = d / f".{name}.tmp"
-    tmp.write_text(json.dumps(to_dict(cfg), indent=2, sort_keys=True) + "\n", encoding="utf-8")
-    tmp.replace(d / name)
-    return d / name
 
 
 def run_job(main: Callable[[Any], int | None], cls, argv=None, *, prog=None, description=None, aliases=None,

@@ -12,17 +12,11 @@ from dataclasses import dataclass, field
 from typing import Annotated
 
 from recmas_ray.config.checks import ExistingPath, NonEmpty, OneOf, Range, WritableDir
+from recmas_ray.config.choices import BACKENDS, DEVICES, DTYPES, GRADERS, MESSAGE_DTYPES, MODEL_PRESETS, TRANSPORTS
+from recmas_ray.config.placement import PlacementConfig
 from recmas_ray.config.recursion import MAX_ROUNDS, METHODS, RecursionConfig, ToolLoopConfig
 from recmas_ray.config.tracking import TrackingConfig
-from recmas_ray.distributed.placement import PlacementConfig
 
-BACKENDS = ("ray", "local")
-GRADERS = ("strict", "reference")
-TRANSPORTS = ("object_store", "rdt:gloo", "rdt:nccl")
-DEVICES = ("auto", "cpu", "cuda")
-DTYPES = ("auto", "float32", "bfloat16", "float16", "fp32", "bf16", "fp16")
-MESSAGE_DTYPES = ("auto", "bf16", "fp32", "bfloat16", "float32")
-MODEL_PRESETS = ("tiny", "demo", "paper")
 PROTOCOLS = ("greedy", "reference")  # what each one sets: recmas_ray.eval.protocol
 
 
@@ -65,6 +59,9 @@ def check_model_names(flag: str, table: dict[str, str]) -> None:
 @dataclass(kw_only=True)
 class StreamConfig:
     """How the Ray backend streams batches through client actors (Ray Data)."""
+
+    SHORT_FLAGS = ("client_cpus", "client_max_restarts", "num_clients")
+    """Fields with a plain flag (`--name`) wherever this section is nested (config/cli.py)."""
 
     num_clients: Annotated[int, Range(0, 1024)] = 0
     """Client actors per system replica, i.e. batches in flight per replica, so agents overlap; 0 (auto):
@@ -218,7 +215,7 @@ class EvalConfig:
             raise ValueError(f"--ckpt_override {' '.join(f'{r}={p}' for r, p in missing.items())}: no such directory")
         self.placement.check_roles(style.roles)
         if self.prompt_set:
-            from recmas_ray.config.cli import read_data_file
+            from recmas_ray.config.inputs import read_data_file
 
             read_data_file(self.prompt_set, "--prompt_set")  # kind, size, encoding, no YAML aliases
             from recmas_ray.styles.prompts import load_prompt_set
@@ -227,6 +224,6 @@ class EvalConfig:
         self.placement.check_transport(self.transport, style.roles, device=self.device)
         if self.backend == "local" and self.transport != "object_store":
             raise ValueError(f"--transport {self.transport} needs --backend ray")
-        from recmas_ray.distributed.placement import check_ablation_transport
+        from recmas_ray.config.placement import check_ablation_transport
 
         check_ablation_transport(self.recursion.latent_ablation, self.transport)

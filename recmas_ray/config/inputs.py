@@ -18,6 +18,7 @@ creates a file, except `OutputLock`, which is taken only after the whole input w
 from __future__ import annotations
 
 import errno
+import json
 import os
 import stat
 from pathlib import Path
@@ -135,6 +136,22 @@ def load_yaml(text: str, where: str):
         return loader.get_single_data()
     finally:
         loader.dispose()
+
+
+def read_data_file(path: str | Path, flag: str):
+    """A JSON or YAML file given by `flag`; an unreadable, oversized or malformed file (or YAML with
+    anchors/aliases) is one ConfigError naming it."""
+    text = read_text_file(flag, path)
+    yaml_file = Path(path).suffix in (".yaml", ".yml")
+    try:
+        if yaml_file:
+            return load_yaml(text, f"{flag} {str(path)!r}")
+        return json.loads(text)
+    except ConfigError:
+        raise
+    except Exception as e:  # noqa: BLE001 - any parse error of the user's file is one clear line
+        raise ConfigError(f"{flag} {str(path)!r} is not valid {'YAML' if yaml_file else 'JSON'}: "
+                          f"{str(e).splitlines()[0]}") from None
 
 
 def check_text_table(name: str, table) -> dict[str, str]:

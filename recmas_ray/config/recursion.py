@@ -23,6 +23,9 @@ MAX_NEW_TOKENS = 65536
 class DecodeConfig:
     """Text decoding settings (the release samples with T=0.6, top_p=0.95; tests use greedy)."""
 
+    SHORT_FLAGS = ("do_sample", "max_new_tokens", "temperature", "top_k", "top_p")
+    """Fields with a plain flag (`--name`) wherever this section is nested (config/cli.py)."""
+
     max_new_tokens: Annotated[int, Range(1, MAX_NEW_TOKENS)] = 256
     """Budget of generated tokens per sample."""
     do_sample: bool = False
@@ -41,6 +44,9 @@ class DecodeConfig:
 @dataclass(kw_only=True)
 class RecursionConfig:
     """How one batch is run."""
+
+    SHORT_FLAGS = ("decode_every_round", "latent_ablation", "latent_steps", "method", "num_recursive_rounds")
+    """Fields with a plain flag (`--name`) wherever this section is nested (config/cli.py)."""
 
     method: Annotated[str, OneOf(METHODS)] = "recursive_mas"
     """recursive_mas (latents between agents), recursive_textmas (the same loop with text),
@@ -62,6 +68,10 @@ class RecursionConfig:
 @dataclass(kw_only=True)
 class ToolLoopConfig:
     """Tool settings of the deliberation toolcaller."""
+
+    SHORT_FLAGS = ("echo_last_expr", "max_tool_rounds", "python_timeout_s", "result_max_chars", "stop_window_tokens",
+                   "tavily_keys_file")
+    """Fields with a plain flag (`--name`) wherever this section is nested (config/cli.py)."""
 
     max_tool_rounds: Annotated[int, Range(0, 100)] = 5
     """Most tool calls per sample; a further call gets the "[tool limit reached]" note."""

@@ -35,7 +35,7 @@ def settings_diff(old: dict, new: dict, prefix: str = "", ignore=frozenset()) ->
 def check_training_resume(cfg, folder: str | Path, flag: str = "--resume") -> None:
     """Refuse `--resume` into `folder` when the config.json saved there by the earlier run differs from `cfg`
     in any field that changes the trained weights; silently fine when there is no earlier run."""
-    from recmas_ray.config.cli import to_dict
+    from recmas_ray.config.tree import to_dict
 
     saved = Path(folder) / "config.json"
     if not saved.is_file():

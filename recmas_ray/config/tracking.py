@@ -15,6 +15,9 @@ TRACKERS = ("none", "mlflow", "wandb")
 class TrackingConfig:
     """Where a job's parameters, metrics and result files are tracked."""
 
+    SHORT_FLAGS = ("experiment_name", "tracking", "tracking_uri")
+    """Fields with a plain flag (`--name`) wherever this section is nested (config/cli.py)."""
+
     tracking: Annotated[str, OneOf(TRACKERS)] = "none"
     """none, mlflow (a local store under the job's output folder unless --tracking_uri names another) or wandb."""
     tracking_uri: str | None = None

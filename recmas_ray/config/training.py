@@ -14,17 +14,16 @@ from dataclasses import dataclass, field
 from typing import Annotated
 
 from recmas_ray.config.checks import ExistingPath, NonEmpty, OneOf, Range, WritableDir, writable_dir_problem
+from recmas_ray.config.choices import LATENT_NORMS, TASK_TYPES
 from recmas_ray.config.evaluation import DTYPES, MODEL_PRESETS, check_model_names, check_role_models, style_names
 from recmas_ray.config.recursion import MAX_ROUNDS
 from recmas_ray.config.tracking import TrackingConfig
-from recmas_ray.styles.base import TASK_TYPES
 
 SCHEDULES = ("cosine", "linear", "constant")
 STORAGE_SCHEMES = ("s3", "gs", "file")
 ADAPTER_DTYPES = ("base", "float32")
 SYNTHETIC = "synthetic"
 MAX_STEPS = 10**9
-LATENT_NORMS = ("none", "embedding")
 """How spliced latents are scaled (`Agent.set_latent_norm`): none (the release) or embedding (each latent row
 rescaled to the receiving model's mean token-embedding norm, as LatentMAS does; non-reference)."""
 OUTER_INITS = ("default", "bridge")
@@ -204,8 +203,7 @@ class InnerTrainConfig(TrainConfig):
     def validate(self) -> None:
         """Role, per-role model and start folder rules, after the shared ones."""
         super().validate()
-        from recmas_ray.styles import get_style
-        from recmas_ray.train.data import canonical_role
+        from recmas_ray.styles import canonical_role, get_style
 
         if self.mas_role != "all":
             role = canonical_role(get_style(self.style), self.mas_role)

@@ -110,7 +110,7 @@ class Agents:
         else:
             from recmas_ray.distributed.actors import RayPool
             from recmas_ray.distributed.driver import build_ray_system
-            from recmas_ray.distributed.placement import PlacementConfig
+            from recmas_ray.config.placement import PlacementConfig
 
             self.system = build_ray_system(base, PlacementConfig(preset="cpu"), timeout_s=timeout_s,
                                            torch_threads=torch_threads)

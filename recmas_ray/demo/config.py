@@ -13,7 +13,8 @@ from typing import Annotated
 
 from recmas_ray.config.checks import NonEmpty, OneOf, Range, WritableDir
 from recmas_ray.config.recursion import MAX_ROUNDS
-from recmas_ray.train.synthetic import DIFFICULTIES, DIFFICULTY_SIZES, HIDDEN_QUESTIONS
+from recmas_ray.train.synthetic import DIFFICULTIES, DIFFICULTY_SIZES
+from recmas_ray.train.synthetic_hidden import HIDDEN_QUESTIONS
 
 TASK_FAMILIES = ("arithmetic", "hidden_operand")
 DEMO_INNER = ("style", "mas_role", "role_model", "preset", "dataset_name", "save_dir", "max_steps", "batch_size",

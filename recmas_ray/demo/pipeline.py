@@ -30,8 +30,8 @@ def role_questions_of(row: dict) -> dict[str, str]:
     """role -> the question text that role sees, for rows where roles see different things (empty: all
     see `question`). THE one place the demo reads a per-role view: the `role_context` (role -> text told
     only to that role) of a generated row (`train.synthetic.make_hidden_operand_dataset`), rendered as
-    `styles.prompts.question_for_role` shows it to the role."""
-    from recmas_ray.styles.prompts import question_for_role, with_role_context
+    `styles.role_context.question_for_role` shows it to the role."""
+    from recmas_ray.styles.role_context import question_for_role, with_role_context
 
     if isinstance(row.get("role_context"), dict) and row["role_context"]:
         carried = with_role_context(row["question"], row["role_context"])

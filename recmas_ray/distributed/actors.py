@@ -25,8 +25,6 @@ import ray
 
 from recmas_ray.service import AgentService, AgentSpec
 
-
-TRANSPORTS = ("object_store", "rdt:gloo", "rdt:nccl")
 # Fault injection for tests: "ROLE:N" makes that role's actor exit hard before its (N+1)-th call,
 # once (a restarted actor does not exit again).
 AGENT_EXIT_AFTER_ENV = "RECMAS_AGENT_EXIT_AFTER"

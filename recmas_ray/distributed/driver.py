@@ -21,7 +21,6 @@
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import logging
 import os
@@ -31,12 +30,14 @@ from dataclasses import dataclass, field
 import ray
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
-from recmas_ray.distributed.actors import AGENT_EXIT_AFTER_ENV, TRANSPORTS, AgentActor, RayPool, RDTAgentActor
-from recmas_ray.distributed.placement import (ORCHESTRATOR_CPUS, PlacementConfig, PlacementPlan, check_ablation_transport,
-                                              check_resources,
+from recmas_ray.config.choices import TRANSPORTS
+from recmas_ray.config.placement import PlacementConfig, check_ablation_transport
+from recmas_ray.config.recursion import RecursionConfig
+from recmas_ray.distributed.actors import AGENT_EXIT_AFTER_ENV, AgentActor, RayPool, RDTAgentActor
+from recmas_ray.distributed.cluster import init_ray  # noqa: F401 (jobs/serve.py imports it from here)
+from recmas_ray.distributed.placement import (ORCHESTRATOR_CPUS, PlacementPlan, check_resources,
                                               create_placement, detect_autoscaling, gpu_count, plan_placement,
                                               replicas_that_fit)
-from recmas_ray.config.recursion import RecursionConfig
 from recmas_ray.runner import run_batch
 from recmas_ray.styles import StyleSpec
 from recmas_ray.system.plan import SystemPlan
@@ -390,98 +391,3 @@ def _require_cupy() -> None:
     if importlib.util.find_spec("cupy") is None:
         raise ValueError("--transport rdt:nccl needs cupy (pip install 'ray[cgraph]' or cupy-cuda12x) on every "
                          "node; use --transport object_store")
-
-
-@contextlib.contextmanager
-def loopback_only():
-    """Inside: Ray nodes started in this process (`ray.cluster_utils.Cluster`, given
-    `node_ip_address="127.0.0.1"`) and the driver joining them keep 127.0.0.1 instead of the machine's
-    routable address (see `init_local_ray`: Ray resolves loopback away while multi-node is on)."""
-    from ray._private import ray_constants
-
-    saved = ray_constants.ENABLE_RAY_CLUSTER
-    ray_constants.ENABLE_RAY_CLUSTER = False
-    try:
-        yield
-    finally:
-        ray_constants.ENABLE_RAY_CLUSTER = saved
-
-
-def check_reachable(address: str, *, timeout_s: float = 10.0) -> None:
-    """Fail within `timeout_s` with one line when a HOST:PORT cluster address does not answer
-    (`ray.init` keeps retrying a dead address for minutes); other forms (auto, ray://) pass through.
-    ValueError: the address is the user's input, refused before anything runs."""
-    import socket
-
-    host, sep, port = address.rpartition(":")
-    if not sep or not port.isdigit() or "://" in address or not host:
-        return
-    try:
-        socket.create_connection((host.strip("[]"), int(port)), timeout=timeout_s).close()
-    except OSError as e:
-        raise ValueError(f"--address {address}: no Ray cluster answers there within {timeout_s:g}s "
-                         f"({e.strerror or e}); start one (ray start --head) or pass a live address") from None
-
-
-def init_ray(address: str | None = None, **kwargs) -> None:
-    """Join the cluster at `address` (or $RAY_ADDRESS, Ray's own convention: `ray job submit` sets it),
-    else start a private local cluster.
-
-    Nothing else picks the cluster: Ray's address file (/tmp/ray/ray_current_cluster, under a
-    world-writable folder, so any local user can plant one) is never read, unless the caller asks for
-    it with address="auto" (Ray's explicit "the cluster `ray start` runs on this machine").
-    """
-    import os
-
-    if ray.is_initialized():
-        return
-    os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
-    address = address or os.environ.get("RAY_ADDRESS") or "local"
-    if address != "local":
-        ray.init(address=address, **kwargs)
-        return
-    # A fresh local cluster: workers inherit this environment, so a checkout that is not
-    # pip-installed still imports in every actor.
-    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-    os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (root, os.environ.get("PYTHONPATH")) if p)
-    # Logical CPUs above the core count: agents, the orchestrator and Ray Data clients mostly
-    # wait on each other, and Ray Data needs free CPUs for its read tasks.
-    kwargs.setdefault("num_cpus", max(8, os.cpu_count() or 1))
-    os.environ.pop("RAY_ADDRESS", None)
-    init_local_ray(include_dashboard=False, **kwargs)
-
-
-def init_local_ray(**kwargs) -> None:
-    """Start a fresh single-machine Ray cluster that keeps Ray's default token auth and listens on 127.0.0.1 only.
-
-    Ray turns ``_node_ip_address="127.0.0.1"`` into the machine's routable address (so GCS, raylet and
-    workers would listen on every interface) unless it believes multi-node clusters are off; a local
-    cluster has no other node, so that belief is held just for the start-up. Auth is whatever
-    RAY_AUTH_MODE says, by default token (Ray >= 2.59 for local clusters); only tests turn it off.
-
-    The token Ray generates (~/.ray/auth_token) is written with the umask's mode (often 0644): it is
-    made owner-only before and after the start (and ~/.ray is created 0700), so other local users
-    cannot read it and call into the cluster.
-    """
-    from pathlib import Path
-
-    from ray._private import ray_constants
-
-    token = Path.home() / ".ray" / "auth_token"
-
-    def owner_only() -> None:
-        try:
-            token.parent.mkdir(mode=0o700, exist_ok=True)
-            if token.is_file() and token.stat().st_uid == os.getuid() and token.stat().st_mode & 0o077:
-                token.chmod(0o600)
-        except OSError:  # a read-only home: nothing Ray could have written there either
-            pass
-
-    owner_only()
-    saved = ray_constants.ENABLE_RAY_CLUSTER
-    ray_constants.ENABLE_RAY_CLUSTER = False
-    try:
-        ray.init(address="local", _node_ip_address="127.0.0.1", **kwargs)
-    finally:
-        ray_constants.ENABLE_RAY_CLUSTER = saved
-        owner_only()

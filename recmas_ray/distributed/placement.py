@@ -21,101 +21,13 @@ import logging
 import math
 import time
 from dataclasses import dataclass, field
-from typing import Annotated
 
-from recmas_ray.config.checks import OneOf, Range
+from recmas_ray.config.placement import PRESETS, PlacementConfig
 
 log = logging.getLogger(__name__)
 
-PRESETS = ("one_gpu_per_agent", "colocated", "spread", "cpu")
 ORCHESTRATOR_CPUS = 1.0
 """Logical CPUs of each replica's orchestrator actor (see driver.Orchestrator)."""
-
-
-@dataclass(kw_only=True)
-class PlacementConfig:
-    """Where agent actors go, what each one asks for, and how many copies of the system run."""
-
-    preset: Annotated[str, OneOf(PRESETS)] = "cpu"
-    """one_gpu_per_agent, colocated, spread or cpu (applies to every replica)."""
-    role_gpus: Annotated[dict[str, float], Range(0, 64)] = field(default_factory=dict)
-    """Per-role GPU override, e.g. {"science": 1, "math": 0.5}; above 1 a whole number K, and the
-    role's model is split over its K GPUs (device map)."""
-    role_cpus: Annotated[dict[str, float], Range(0, 1024)] = field(default_factory=dict)
-    """Per-role logical CPU override."""
-    cpus_per_agent: Annotated[float, Range(0, 1024)] = 0.25
-    """Logical CPUs per agent actor (fractions leave room for Ray Data read tasks)."""
-    role_replicas: Annotated[dict[str, int], Range(1, 64)] = field(default_factory=dict)
-    """Actor copies of a role inside each replica (a per-role pool), e.g. {"solver": 3}: each batch's
-    steps for that role go to its least-loaded copy, and stay there (distributed/pools.py)."""
-    auto_role_replicas: bool = False
-    """Size every role's pool (not named in role_replicas) from its cost per batch, parameters x
-    tokens (sim: agents: their configured times), the cheapest role one copy."""
-    num_replicas: Annotated[int, Range(0, 1024)] = 1
-    """Independent copies of the system (own placement group and orchestrator each); batches go to
-    whichever replica is free. 0 = auto: as many as the cluster's resources hold now."""
-    ready_timeout_s: Annotated[float, Range(0, 86400, lo_open=True)] = 180.0
-    """Seconds to wait for each actor to load its model and answer ready() (and for a placement
-    group on a cluster that cannot grow)."""
-    autoscaling: bool | None = None
-    """The cluster can grow (an autoscaler is configured): requests wait for resources instead of
-    failing at once. Unset: detected from the Ray cluster."""
-    placement_timeout_s: Annotated[float, Range(0, 7 * 86400, lo_open=True)] = 1800.0
-    """With autoscaling: seconds to wait for each replica's placement group, progress every 30 s."""
-    agent_max_restarts: Annotated[int, Range(-1, 10_000)] = 2
-    """Restarts of a crashed agent actor (it reloads its model; idempotent calls are retried); -1
-    no limit, 0 fail fast. Ray Direct Transport agents never restart (their latents live in them)."""
-
-    def validate(self) -> None:
-        """Settings that do not depend on the style."""
-        if self.preset == "cpu" and any(v > 0 for v in self.role_gpus.values()):
-            raise ValueError("--placement cpu cannot give GPUs to roles (--role_gpus); use one_gpu_per_agent "
-                             "or colocated")
-        odd = {r: g for r, g in self.role_gpus.items() if g > 1 and g != int(g)}
-        if odd:
-            raise ValueError(f"--role_gpus {' '.join(f'{r}={g:g}' for r, g in odd.items())}: above one GPU a role "
-                             "needs a whole number of GPUs (its model is split over them)")
-
-    def check_roles(self, roles) -> None:
-        """Per-role overrides must name roles of the style."""
-        self.validate()
-        for name, table in (("role_gpus", self.role_gpus), ("role_cpus", self.role_cpus),
-                            ("role_replicas", self.role_replicas)):
-            bad = [r for r in table if r not in roles]
-            if bad:
-                raise ValueError(f"--{name} names {bad}, not roles of this style {list(roles)}")
-
-    def check_transport(self, transport: str, roles, *, device: str = "auto") -> None:
-        """Refuse transports this placement cannot carry (before any model loads).
-
-        NCCL moves CUDA tensors between distinct GPUs: every agent needs at least one whole GPU of
-        its own (NCCL cannot have two ranks on one device).
-        """
-        if transport != "rdt:nccl":
-            return
-        if device == "cpu":
-            raise ValueError("--transport rdt:nccl moves CUDA tensors between GPUs; it cannot work with --device cpu")
-        if self.preset == "cpu":
-            raise ValueError("--transport rdt:nccl moves CUDA tensors between GPUs; it cannot work with "
-                             "--placement cpu")
-        if self.preset == "colocated" and len(roles) > 1:
-            raise ValueError(f"--transport rdt:nccl needs one GPU per agent, but --placement colocated puts "
-                             f"{len(roles)} agents on one GPU (two NCCL ranks cannot share a device); use "
-                             "--placement one_gpu_per_agent or spread, or --transport object_store")
-        shared = {r: g for r, g in self.role_gpus.items() if r in roles and g < 1}
-        if shared:
-            raise ValueError(f"--transport rdt:nccl needs a whole GPU per agent, but --role_gpus gives "
-                             f"{' '.join(f'{r}={g:g}' for r, g in shared.items())} (NCCL cannot put two ranks "
-                             "on one GPU); use --transport object_store")
-
-
-def check_ablation_transport(latent_ablation: str, transport: str) -> None:
-    """Refuse `--latent_ablation` with Ray Direct Transport (before any model loads): the ablation
-    rewrites received latents in the orchestrator, which can read object-store messages but not RDT
-    ones (they live in the producing agent and move only agent to agent)."""
-    if latent_ablation != "none" and transport != "object_store":
-        raise ValueError(f"--latent_ablation {latent_ablation} needs --transport object_store (the orchestrator "
-                         f"rewrites the latents, and --transport {transport} keeps them inside the agents)")
 
 
 @dataclass

@@ -29,13 +29,14 @@ import time
 from pathlib import Path
 
 from recmas_ray.config.checks import check_tree
-from recmas_ray.config.cli import save_config
+from recmas_ray.config.tree import save_config
 from recmas_ray.config.inputs import OutputLock
 from recmas_ray.config.evaluation import EvalConfig
 from recmas_ray.config.recursion import RecursionConfig
 from recmas_ray.eval.benchmarks import load_benchmark
-from recmas_ray.eval.fingerprint import (check_fingerprint, fingerprint_diff, fingerprint_path, link_hashes,  # noqa: F401
-                                         read_fingerprint, resolved_runtime, run_fingerprint, verify_resume)
+from recmas_ray.eval.fingerprint import (bench_name, check_fingerprint, fingerprint_diff,  # noqa: F401
+                                         fingerprint_path, link_hashes, read_fingerprint, resolved_runtime,
+                                         run_fingerprint, verify_resume)
 from recmas_ray.eval.protocol import Resolution, metric_k, resolve
 from recmas_ray.eval.results import (VERDICT_FIELDS, SampleWriter, markdown_table, plot_vs_rounds, read_samples,
                                      sample_key, summarize, timestamp, with_verdicts, write_results)
@@ -53,10 +54,6 @@ def recursion_for(cfg: EvalConfig, method: str, rollout: int) -> RecursionConfig
     rc = dataclasses.replace(cfg.recursion, method=method,
                              decode=dataclasses.replace(cfg.recursion.decode, seed=cfg.seed))
     return for_rollout(rc, rollout)
-
-
-def bench_name(cfg: EvalConfig) -> str:
-    return Path(cfg.dataset).stem if os.path.exists(cfg.dataset) else cfg.dataset
 
 
 def open_samples_file(cfg: EvalConfig) -> Path:
@@ -80,7 +77,7 @@ def start_agents(plan, *, backend: str = "ray", placement=None, timeout_s: float
                  recursion=None):
     """The agents of `plan`: a `LocalPool` in this process (backend "local", no Ray) or running `RayReplicas`
     (`placement.num_replicas` copies of the system, or `num_replicas` when given; 0: as many as fit)."""
-    from recmas_ray.distributed.placement import PlacementConfig
+    from recmas_ray.config.placement import PlacementConfig
 
     placement = placement or PlacementConfig()
     if num_replicas is not None:
@@ -93,7 +90,8 @@ def start_agents(plan, *, backend: str = "ray", placement=None, timeout_s: float
             log.warning("num_replicas=%d is ignored by the local backend (one in-process system)",
                         placement.num_replicas)
         return LocalPool({r: AgentService(*plan.service_args(r)) for r in plan.style.roles})
-    from recmas_ray.distributed.driver import build_replicas, init_ray
+    from recmas_ray.distributed.cluster import init_ray
+    from recmas_ray.distributed.driver import build_replicas
 
     init_ray()
     return build_replicas(plan, placement, timeout_s=timeout_s, torch_threads=torch_threads, transport=transport,

@@ -8,6 +8,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import logging
+import os
 from pathlib import Path
 
 from recmas_ray.config.evaluation import EvalConfig
@@ -78,11 +79,14 @@ def read_fingerprint(side: Path) -> dict:
     return data
 
 
+def bench_name(cfg: EvalConfig) -> str:
+    """The benchmark's name in results and samples file names (a local file: its stem)."""
+    return Path(cfg.dataset).stem if os.path.exists(cfg.dataset) else cfg.dataset
+
+
 def verify_resume(cfg: EvalConfig, fp: dict) -> None:
     """With --resume, refuse (before anything is written) the latest samples file of another run."""
     import glob
-
-    from recmas_ray.eval.driver import bench_name
 
     existing = sorted(glob.glob(str(Path(cfg.output_path) / f"samples_{bench_name(cfg)}_*.jsonl")))
     if cfg.resume and existing:

@@ -15,7 +15,7 @@ import time
 
 import torch
 
-from recmas_ray.agent import Decoded
+from recmas_ray.decoding import Decoded
 
 DEFAULTS = {"hidden": 2048, "step_ms": 5.0, "token_ms": 5.0, "tokens": 32, "prefill_ms": 0.0}
 

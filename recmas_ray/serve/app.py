@@ -268,7 +268,7 @@ def build_app(cfg: ServeConfig):
 def app_builder(args: dict):
     """Serve config files' entry (`import_path: recmas_ray.serve.app:app_builder`): `args` are ServeConfig fields."""
     from recmas_ray.config.checks import check_tree
-    from recmas_ray.config.cli import from_dict
+    from recmas_ray.config.tree import from_dict
 
     cfg = from_dict(ServeConfig, dict(args or {}), where="serve application args")
     check_tree(cfg, lambda path: path)

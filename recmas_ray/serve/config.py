@@ -13,8 +13,8 @@ from typing import Annotated
 from recmas_ray.config.checks import NonEmpty, OneOf, Range
 from recmas_ray.config.evaluation import BACKENDS, DEVICES, DTYPES, MODEL_PRESETS, style_names
 from recmas_ray.config.recursion import RecursionConfig
-from recmas_ray.distributed.placement import PlacementConfig
-from recmas_ray.styles.base import TASK_TYPES
+from recmas_ray.config.placement import PlacementConfig
+from recmas_ray.config.choices import TASK_TYPES
 
 
 @dataclass(kw_only=True)

@@ -26,5 +26,25 @@ def get_style(name: str) -> StyleSpec:
     return style
 
 
-__all__ = ["STYLES", "StyleSpec", "Step", "build_schedule", "get_style", "question_with_interface", "render_prompt",
-           "render_single_agent_prompt", "split_edge"]
+# Role names of the original training tool (`--mas_role`) -> the role in our style declarations.
+ROLE_ALIASES = {
+    "refiner": "critic",
+    "hie_math_expert": "math", "hie_code_expert": "code", "hie_science_expert": "science",
+    "hie_summarizer": "summarizer",
+    "distill_expert": "expert", "distill_learner": "learner",
+    "deliberation_reflector": "reflector", "deliberation_toolcaller": "toolcaller",
+}
+
+
+def canonical_role(style: StyleSpec, name: str) -> str:
+    """A role of `style` from its own name or an alias of the original tool; ValueError otherwise."""
+    role = ROLE_ALIASES.get(name, name)
+    if role not in style.roles:
+        aliases = sorted(a for a, r in ROLE_ALIASES.items() if r in style.roles)
+        raise ValueError(f"unknown role {name!r} for style {style.name}; expected one of {list(style.roles)} "
+                         f"or an alias {aliases}")
+    return role
+
+
+__all__ = ["ROLE_ALIASES", "STYLES", "StyleSpec", "Step", "build_schedule", "canonical_role", "get_style",
+           "question_with_interface", "render_prompt", "render_single_agent_prompt", "split_edge"]

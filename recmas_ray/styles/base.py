@@ -16,7 +16,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-TASK_TYPES = ("math", "choice", "code", "qa")
+from recmas_ray.config.choices import TASK_TYPES
+from recmas_ray.styles.role_context import question_for_role  # per-role context (hidden-operand rows)
+
 VARIANTS = ("base", "feedback")
 SYSTEM_PROMPT = "You are a helpful assistant."
 
@@ -170,8 +172,6 @@ def render_prompt(style: StyleSpec, step_role: str, variant: str, task: str, que
     """The user prompt of a role; slot markers stay in place unless `slot_text` gives text for them."""
     if task not in TASK_TYPES:
         raise ValueError(f"unknown task type {task!r}; expected one of {TASK_TYPES}")
-    from recmas_ray.styles.prompts import question_for_role  # per-role context (hidden-operand rows)
-
     text = style.prompts[step_role].template(variant, task)
     question = question_for_role(question, step_role)
     text = text.replace("{final}", style.final_instructions[task]).replace("{question}", question)
@@ -182,8 +182,6 @@ def render_prompt(style: StyleSpec, step_role: str, variant: str, task: str, que
 
 def render_single_agent_prompt(style: StyleSpec, task: str, question: str) -> str:
     """Prompt of the decoder working alone (the single-agent baseline); it sees the decoder's own context."""
-    from recmas_ray.styles.prompts import question_for_role
-
     question = question_for_role(question, style.decoder)
     return style.single_agent_prompt.replace("{final}", style.final_instructions[task]).replace("{question}", question)
 

@@ -33,12 +33,10 @@ import json
 import re
 from pathlib import Path
 
+from recmas_ray.config.inputs import read_data_file
 from recmas_ray.styles.base import TASK_TYPES, VARIANTS, RolePrompts, StyleSpec
 
 _SLOT_RE = re.compile(r"<<[A-Z_]+_SLOT>>")
-ROLE_CONTEXT_MARK = "[[role_context "
-"""Start of the marker line that carries a question's per-role context (JSON) ahead of the shared text."""
-_ROLE_CONTEXT_END = "]]\n"
 FORMAT_VERSION = 1
 OPTIONAL_KEYS = ("system_prompt", "single_agent", "final", "interface")
 
@@ -69,8 +67,6 @@ def dump_prompt_set(style: StyleSpec, path: str | Path) -> Path:
 
 def read_prompt_set(path: str | Path) -> dict:
     """The raw data of a prompt-set file; unreadable or malformed files are one-line ValueErrors."""
-    from recmas_ray.config.cli import read_data_file
-
     p = Path(path)
     data = read_data_file(p, "--prompt_set")
     if not isinstance(data, dict) or not isinstance(data.get("roles"), dict):
@@ -167,39 +163,5 @@ def prompt_set_hash_for(style_name: str, prompt_set: str | Path | None = None) -
     return prompt_set_hash(load_prompt_set(prompt_set, style) if prompt_set else style)
 
 
-def with_role_context(question: str, role_context: dict[str, str] | None) -> str:
-    """`question` with a per-role context attached (role -> text told only to that role); unchanged if none."""
-    if not role_context:
-        return question
-    if question.startswith(ROLE_CONTEXT_MARK):
-        raise ValueError("the question already carries a role context")
-    bad = {k: v for k, v in role_context.items() if not isinstance(k, str) or not isinstance(v, str) or not v.strip()}
-    if bad:
-        raise ValueError(f"role_context must map role names to non-empty text, got {bad!r}")
-    blob = json.dumps(role_context, sort_keys=True, ensure_ascii=True, separators=(",", ":"))
-    return f"{ROLE_CONTEXT_MARK}{blob}{_ROLE_CONTEXT_END}{question}"
-
-
-def split_role_context(question: str) -> tuple[dict[str, str], str]:
-    """(role context, shared question text) of a question built by `with_role_context` ({} if it has none)."""
-    if not question.startswith(ROLE_CONTEXT_MARK):
-        return {}, question
-    blob, sep, rest = question[len(ROLE_CONTEXT_MARK):].partition(_ROLE_CONTEXT_END)
-    try:
-        context = json.loads(blob) if sep else None
-    except ValueError:
-        context = None
-    if not isinstance(context, dict):
-        raise ValueError(f"malformed role context marker at the start of the question: {question[:80]!r}")
-    return context, rest
-
-
-def question_for_role(question: str, role: str) -> str:
-    """The question as `role` sees it: its own context first ("x = 17. What is x - 8?"), others' removed."""
-    context, shared = split_role_context(question)
-    own = context.get(role)
-    return f"{own} {shared}" if own else shared
-
-
-__all__ = ["with_role_context", "split_role_context", "question_for_role", "prompt_set_of", "dump_prompt_set", "read_prompt_set", "check_prompt_set", "apply_prompt_set",
+__all__ = ["prompt_set_of", "dump_prompt_set", "read_prompt_set", "check_prompt_set", "apply_prompt_set",
            "load_prompt_set", "prompt_set_hash", "prompt_set_hash_for"]

@@ -11,7 +11,8 @@ import logging
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from recmas_ray.system.checkpoints import LinkSet, declared_base_model, init_links, load_links
+from recmas_ray.system.checkpoints import LinkSet, declared_base_model, load_links
+from recmas_ray.system.link_init import init_links
 from recmas_ray.models.loader import resolve_model_path
 from recmas_ray.system.presets import role_models
 from recmas_ray.service import AgentSpec, link_states

@@ -6,24 +6,9 @@ Neither tool ever raises on bad input, hostile code, missing keys or a missing n
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
-
-
-@dataclass
-class ToolOutput:
-    """Result of one tool call, as spliced back into the decoded text."""
-
-    text: str
-    """What goes inside ``<result>...</result>`` (already truncated and free of secrets)."""
-    ok: bool
-    """False when the tool failed, was refused, timed out or is unavailable (the text says why)."""
-    seconds: float
-    """Wall-clock seconds the call took."""
-
-
-# Imported after ToolOutput: both modules import it from this package.
-from recmas_ray.tools.python_tool import PYTHON_TOOL_PRELUDE, run_python_tool  # noqa: E402
-from recmas_ray.tools.search import (  # noqa: E402
+from recmas_ray.tools.output import ToolOutput
+from recmas_ray.tools.python_tool import PYTHON_TOOL_PRELUDE, run_python_tool
+from recmas_ray.tools.search import (
     SearchBackend,
     SearchConfig,
     SearchKeyError,

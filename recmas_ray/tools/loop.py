@@ -29,7 +29,7 @@ import torch
 from recmas_ray.agent import Agent, Decoded
 from recmas_ray.config.recursion import DecodeConfig, ToolLoopConfig
 from recmas_ray.sandbox import SandboxConfig
-from recmas_ray.tools import ToolOutput
+from recmas_ray.tools.output import ToolOutput
 from recmas_ray.tools.python_tool import run_python_tool
 from recmas_ray.tools.search import SearchBackend, SearchConfig, WebSearchTool, _Secrets, load_keys, redact
 

@@ -16,7 +16,7 @@ import re
 import textwrap
 
 from recmas_ray.sandbox import SandboxConfig, SandboxResult, run_python
-from recmas_ray.tools import ToolOutput
+from recmas_ray.tools.output import ToolOutput
 
 # sympy is imported on first use of ``sp`` (it costs ~0.5 s per call and most snippets never touch it); where it is
 # not installed ``sp`` is None, as in the reference's guarded import.

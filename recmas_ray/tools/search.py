@@ -31,7 +31,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
 
-from recmas_ray.tools import ToolOutput
+from recmas_ray.tools.output import ToolOutput
 
 logger = logging.getLogger(__name__)
 

@@ -26,7 +26,7 @@ from pathlib import Path
 import torch
 
 from recmas_ray.config.training import TrainConfig, storage_scheme
-from recmas_ray.system.checkpoints import stable_seed
+from recmas_ray.system.link_init import stable_seed
 
 TRAIN_STATE = "train_state.json"
 COMPLETE = "COMPLETE"
@@ -400,6 +400,6 @@ def write_loss_curve(save_dir: Path, loss_log: list, *, title: str) -> Path | No
 
 def config_from_dict(cls, data: dict):
     """A training config back from `dataclasses.asdict` (what a worker receives), nested sections included."""
-    from recmas_ray.config.cli import from_dict
+    from recmas_ray.config.tree import from_dict
 
     return from_dict(cls, data, where="training config")

@@ -18,18 +18,10 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from recmas_ray.styles import StyleSpec, render_prompt, split_edge
-from recmas_ray.styles.base import TASK_TYPES
+from recmas_ray.config.choices import TASK_TYPES
+from recmas_ray.styles import ROLE_ALIASES, StyleSpec, canonical_role, render_prompt, split_edge  # noqa: F401 (jobs import them here)
 
 # Role names of the original training tool (`--mas_role`) -> recmas_ray role names.
-ROLE_ALIASES = {
-    "refiner": "critic",
-    "hie_math_expert": "math", "hie_code_expert": "code", "hie_science_expert": "science",
-    "hie_summarizer": "summarizer",
-    "distill_expert": "expert", "distill_learner": "learner",
-    "deliberation_reflector": "reflector", "deliberation_toolcaller": "toolcaller",
-}
-
 SYNTHETIC_PREFIX = "synthetic"
 SYNTHETIC_HIDDEN_PREFIX = "synthetic_hidden"
 DEFAULT_SYNTHETIC_ROWS = 256
@@ -38,16 +30,6 @@ SYNTHETIC_DATASETS = {SYNTHETIC_PREFIX: {"difficulty": "multi"},
                       SYNTHETIC_HIDDEN_PREFIX: {"difficulty": "hidden"},
                       "synthetic_recall": {"difficulty": "hidden_recall"}}
 """Generated dataset name -> arguments of `recmas_ray.train.synthetic.make_arithmetic_dataset`."""
-
-
-def canonical_role(style: StyleSpec, name: str) -> str:
-    """A role of `style` from its own name or an alias of the original tool; ValueError otherwise."""
-    role = ROLE_ALIASES.get(name, name)
-    if role not in style.roles:
-        aliases = sorted(a for a, r in ROLE_ALIASES.items() if r in style.roles)
-        raise ValueError(f"unknown role {name!r} for style {style.name}; expected one of {list(style.roles)} "
-                         f"or an alias {aliases}")
-    return role
 
 
 def load_rows(dataset_name: str, json_field: str | None = None, *, split: str = "train") -> list[dict]:
@@ -108,8 +90,8 @@ def _present(row: dict, field: str) -> bool:
 
 def question_text(row: dict) -> str:
     """The row's question, surrounding white space stripped (as every text field the trainers read), with its
-    `role_context` attached (`styles.prompts.with_role_context`: each role's prompt shows its own part)."""
-    from recmas_ray.styles.prompts import with_role_context
+    `role_context` attached (`styles.role_context.with_role_context`: each role's prompt shows its own part)."""
+    from recmas_ray.styles.role_context import with_role_context
 
     return with_role_context(str(row["question"]).strip(), row.get("role_context"))
 

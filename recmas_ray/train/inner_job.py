@@ -20,12 +20,12 @@ from dataclasses import asdict, replace
 from pathlib import Path
 
 from recmas_ray.config.checks import check_tree
-from recmas_ray.config.cli import save_config
+from recmas_ray.config.tree import save_config
 from recmas_ray.config.training import InnerTrainConfig
-from recmas_ray.styles import get_style
+from recmas_ray.styles import canonical_role, get_style
 from recmas_ray.system.checkpoints import MANIFEST, WEIGHTS
 from recmas_ray.train import core
-from recmas_ray.train.data import canonical_role, load_rows, role_examples, validate_rows
+from recmas_ray.train.data import load_rows, role_examples, validate_rows
 
 
 def plan_roles(cfg: InnerTrainConfig, roles: list[str]):
@@ -90,7 +90,7 @@ def train_inner(cfg: InnerTrainConfig, *, faults: dict | None = None) -> Path:
     examples = role_examples(load_rows(cfg.dataset_name, cfg.dataset_json_field, split=cfg.dataset_split), style,
                              role, cfg.task)
     if cfg.num_workers > 0:
-        from recmas_ray.distributed.driver import init_ray
+        from recmas_ray.distributed.cluster import init_ray
 
         init_ray()
     return _fit(cfg, role, plan.role_models[role], _role_state(plan, role), examples, faults=faults)
@@ -122,7 +122,7 @@ def train_all_roles(cfg: InnerTrainConfig) -> dict[str, Path]:
         ensure_mlflow_experiment(track.tracking_uri, track.experiment_name)
     cfgs = {r: replace(cfg, mas_role=r, save_dir=str(Path(cfg.save_dir).resolve() / r), storage_path=storage_path,
                        track=track) for r in roles}
-    from recmas_ray.distributed.driver import init_ray
+    from recmas_ray.distributed.cluster import init_ray
 
     init_ray()
     opts = {"num_cpus": 0} if cfg.num_workers else {

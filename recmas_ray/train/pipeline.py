@@ -202,7 +202,7 @@ def train_outer(cfg: OuterTrainConfig, *, faults: dict | None = None) -> OuterRu
     import ray
 
     from recmas_ray.config.checks import check_tree
-    from recmas_ray.config.cli import save_config
+    from recmas_ray.config.tree import save_config
     from recmas_ray.system.plan import plan_system
     from recmas_ray.train.data import load_rows
     from recmas_ray.train.outer import prepare_samples
@@ -230,7 +230,7 @@ def train_outer(cfg: OuterTrainConfig, *, faults: dict | None = None) -> OuterRu
     save_config(cfg, cfg.save_dir)  # next to the outputs, once every input has been checked
     local = not ray.is_initialized()
     if local:  # joins a running cluster (RAY_ADDRESS / ray start) or starts a local one on loopback
-        from recmas_ray.distributed.driver import init_ray
+        from recmas_ray.distributed.cluster import init_ray
 
         init_ray()
     links = {r: ray.put(plan.service_args(r)[1:]) for r in style.roles}

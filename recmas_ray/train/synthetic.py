@@ -10,13 +10,7 @@ all short so CPU training is fast:
     deliberation_reflector, deliberation_toolcaller                                 deliberation
     template                                                         metadata: which word-problem template
 
-The hidden-operand family (`difficulty="hidden"`, dataset name `synthetic_hidden:N`) is the latent-handoff
-test: only the upstream roles are told the fact (`role_context`, e.g. {"planner": "x = 17."}); the decoder
-sees "What is x - 8?" and its latent slot, so its answer can only come through the latents. The gold plan
-states the fact in its first tokens, the critic's gold text never holds the value (the value must cross the
-planner -> critic link, not come back from the critic's teacher-forced text), the answer is short
-("17 - 8 = 9. \\boxed{9}"), `full_question` ("x = 17. What is x - 8?") is the single agent's ceiling, and
-`facts` ({"fact": 17, "operand": 8, "operation": "-"}) is what a probe of the messages should find.
+The hidden-operand family (`difficulty="hidden"`, dataset name `synthetic_hidden:N`) is in `synthetic_hidden.py`.
 
 CLI: `python -m recmas_ray.train.synthetic --num_rows 200 --out data.jsonl [--json_field data] [--seed 0]`.
 """
@@ -30,6 +24,8 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
+
+from recmas_ray.train.synthetic_hidden import HIDDEN_MAX_ROWS, make_hidden_operand_dataset
 
 FIELDS = ("question", "plan", "refined_plan", "answer", "gold", "hie_math_expert", "hie_code_expert",
           "hie_science_expert", "hie_summarizer", "distill_expert", "distill_learner", "deliberation_reflector",
@@ -209,7 +205,8 @@ it), one_step (one-operation word problems), multi (2-4 steps, the original fami
 and multi, rotating), hidden and hidden_recall (the hidden-operand rows of `make_hidden_operand_dataset`,
 arithmetic and recall questions, no templates)."""
 
-DIFFICULTY_SIZES = {"arith": 310, "hidden": 2000, "hidden_recall": 1050}
+DIFFICULTY_SIZES = {"arith": 310, "hidden": HIDDEN_MAX_ROWS["arithmetic"],
+                    "hidden_recall": HIDDEN_MAX_ROWS["recall"]}
 """How many rows a family can safely produce (arith has 315 distinct questions)."""
 
 
@@ -257,72 +254,6 @@ def _row(problem: Problem, short_answer: bool = False) -> dict:
         "template": problem.template,
     }
     return row
-
-
-HIDDEN_VARIABLES = ("x", "y", "n", "k")
-HIDDEN_VALUES = (2, 40)
-"""Range of the hidden operand (inclusive): a decoder that cannot read it is near chance (1 in 39)."""
-HIDDEN_RECALL_VARIABLES = ("x", "y", "n", "k", "a", "b", "m", "p", "q", "r", "s", "t")
-HIDDEN_RECALL_VALUES = (10, 99)
-"""Recall rows: two-digit values (one tokenization for all, chance 1 in 90), 12 variables (1080 questions)."""
-HIDDEN_QUESTIONS = ("arithmetic", "recall")
-"""What the decoder is asked about the hidden fact: arithmetic ("What is x - 8?") or recall ("What is x?").
-Recall is the clean channel test for a small decoder: SmolLM2-135M told the fact answers recall 40/40
-and the arithmetic 0/40 (6/40 even with the value substituted), so only recall has a ceiling to reach."""
-HIDDEN_CONTEXT_ROLES = ("planner", "math", "code", "science", "expert", "reflector")
-"""Roles told the fact: the first stage of every style (the decoders solver, summarizer, learner and
-toolcaller never are)."""
-
-
-def _hidden_row(rng: random.Random, question_kind: str = "arithmetic") -> dict:
-    if question_kind == "recall":
-        var, x = rng.choice(HIDDEN_RECALL_VARIABLES), rng.randint(*HIDDEN_RECALL_VALUES)
-        b, op, value, template = 0, "=", x, "hidden_recall"
-        question, plan = f"What is {var}?", f"{var} = {x}. Report the value of {var}."
-        refined, expression, code = f"Write the value of {var} in \\boxed{{}}.", f"{var} = {x}", f"{var} = {x}\nprint({var})"
-    else:
-        var, x = rng.choice(HIDDEN_VARIABLES), rng.randint(*HIDDEN_VALUES)
-        plus = rng.random() < 0.5
-        b = rng.randint(1, 9) if plus else rng.randint(1, min(9, x - 1))
-        op, value = ("+", x + b) if plus else ("-", x - b)
-        template = "hidden_plus" if plus else "hidden_minus"
-        question, plan = f"What is {var} {op} {b}?", f"{var} = {x}. Compute {x} {op} {b}."
-        verb = f"Add {b} to {var}" if plus else f"Subtract {b} from {var}"
-        refined, expression = f"{verb} and write the result in \\boxed{{}}.", f"{x} {op} {b} = {value}"
-        code = f"{var} = {x}\nprint({var} {op} {b})"
-    fact = f"{var} = {x}."
-    answer = f"{expression}. \\boxed{{{value}}}"
-    facts = {"fact": x} if question_kind == "recall" else {"fact": x, "operand": b, "operation": op}
-    return {
-        "question": question, "role_context": {r: fact for r in HIDDEN_CONTEXT_ROLES},
-        "full_question": f"{fact} {question}", "facts": facts,
-        "plan": plan, "refined_plan": refined, "answer": answer, "gold": str(value),
-        "hie_math_expert": f"Math expert: {plan}", "hie_code_expert": f"```python\n{code}\n```",
-        "hie_science_expert": f"Science expert: {var} = {x} is a whole number, so the result is one too.",
-        "hie_summarizer": answer, "distill_expert": f"Plan for the learner: {plan}", "distill_learner": answer,
-        "deliberation_reflector": f"Reflection: {plan} {refined}",
-        "deliberation_toolcaller": f"<python>\n{code}\n</python> <result> {value} </result>\n{answer}",
-        "template": template,
-    }
-
-
-def make_hidden_operand_dataset(num_rows: int, *, seed: int = 0, question_kind: str = "arithmetic") -> list[dict]:
-    """`num_rows` distinct hidden-operand rows (see the module docstring); same seed, same rows.
-    `question_kind`: one of `HIDDEN_QUESTIONS`."""
-    if question_kind not in HIDDEN_QUESTIONS:
-        raise ValueError(f"question_kind {question_kind!r}; expected one of {', '.join(HIDDEN_QUESTIONS)}")
-    if num_rows < 0:
-        raise ValueError(f"num_rows must be >= 0, got {num_rows}")
-    family = "hidden_recall" if question_kind == "recall" else "hidden"
-    if num_rows > DIFFICULTY_SIZES[family]:
-        raise ValueError(f"at most {DIFFICULTY_SIZES[family]} distinct {family} rows, got {num_rows}")
-    rng, rows, seen = random.Random(seed), [], set()
-    while len(rows) < num_rows:
-        row = _hidden_row(rng, question_kind)
-        if row["full_question"] not in seen:
-            seen.add(row["full_question"])
-            rows.append(row)
-    return rows
 
 
 def make_arithmetic_dataset(num_rows: int, *, seed: int = 0, difficulty: str = "multi",

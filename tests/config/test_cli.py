@@ -9,12 +9,15 @@ from typing import Annotated
 import pytest
 
 from recmas_ray.config.checks import ConfigError, NonEmpty, OneOf, Range, WritableDir, check_tree
-from recmas_ray.config.cli import assign_flags, parse_config, run_job, save_config
+from recmas_ray.config.cli import assign_flags, parse_config, run_job
+from recmas_ray.config.tree import save_config
 
 
 @dataclass(kw_only=True)
 class Inner:
     """A nested section."""
+
+    SHORT_FLAGS = ("steps", "seed", "enabled")
 
     steps: Annotated[int, Range(0, 10)] = 3
     """Steps per round."""

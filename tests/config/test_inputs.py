@@ -100,7 +100,7 @@ def test_ray_style_cause_is_unwrapped():
 
 
 def test_training_resume_refuses_other_settings_by_field(tmp_path):
-    from recmas_ray.config.cli import save_config
+    from recmas_ray.config.tree import save_config
     from recmas_ray.config.resume import check_training_resume
     from recmas_ray.config.training import InnerTrainConfig
 

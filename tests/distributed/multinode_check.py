@@ -37,7 +37,7 @@ sys.path.insert(0, ROOT)
 from recmas_ray.agent import DecodeConfig  # noqa: E402
 from recmas_ray.distributed.actors import RayPool, from_wire  # noqa: E402
 from recmas_ray.distributed.driver import build_ray_system, build_replicas  # noqa: E402
-from recmas_ray.distributed.placement import PlacementConfig  # noqa: E402
+from recmas_ray.config.placement import PlacementConfig  # noqa: E402
 from recmas_ray.config.recursion import RecursionConfig
 from recmas_ray.runner import LocalPool, run_batch  # noqa: E402
 from recmas_ray.service import AgentService  # noqa: E402
@@ -71,7 +71,7 @@ def start_cluster(num_nodes: int, gpus_per_node: int) -> tuple[Cluster, dict]:
 
     Nodes have 3 logical CPUs: two replicas' agents, orchestrators and evaluation clients fit.
     """
-    from recmas_ray.distributed.driver import loopback_only
+    from recmas_ray.distributed.cluster import loopback_only
 
     with loopback_only():  # every node and the driver on 127.0.0.1 (tests never use other addresses)
         cluster = Cluster(initialize_head=True, head_node_args={

@@ -87,7 +87,7 @@ def test_crashed_agent_restarts_reloads_and_its_calls_are_retried(ray_cluster, m
     from recmas_ray.config.recursion import DecodeConfig, RecursionConfig
     from recmas_ray.distributed.actors import AGENT_EXIT_AFTER_ENV
     from recmas_ray.distributed.driver import build_ray_system
-    from recmas_ray.distributed.placement import PlacementConfig
+    from recmas_ray.config.placement import PlacementConfig
     from recmas_ray.runner import LocalPool, run_batch
     from recmas_ray.service import AgentService
     from recmas_ray.system.plan import plan_system

@@ -2,7 +2,8 @@
 
 import pytest
 
-from recmas_ray.distributed.placement import PlacementConfig, check_resources, plan_placement
+from recmas_ray.config.placement import PlacementConfig
+from recmas_ray.distributed.placement import check_resources, plan_placement
 
 ROLES = ["math", "code", "science", "summarizer"]
 

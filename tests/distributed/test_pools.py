@@ -8,7 +8,8 @@ import ray
 
 from recmas_ray.config.recursion import DecodeConfig, RecursionConfig
 from recmas_ray.distributed.driver import build_ray_system, build_replicas, role_copies
-from recmas_ray.distributed.placement import PlacementConfig, plan_placement
+from recmas_ray.config.placement import PlacementConfig
+from recmas_ray.distributed.placement import plan_placement
 from recmas_ray.distributed.pools import CopyRouter, copies_from_costs, resolve_copies, role_costs
 from recmas_ray.runner import LocalPool, run_batch
 from recmas_ray.service import AgentService

@@ -6,7 +6,7 @@ import torch
 
 from recmas_ray.config.recursion import DecodeConfig
 from recmas_ray.distributed.driver import build_ray_system
-from recmas_ray.distributed.placement import PlacementConfig
+from recmas_ray.config.placement import PlacementConfig
 from recmas_ray.config.recursion import RecursionConfig
 from recmas_ray.runner import LocalPool, run_batch
 from recmas_ray.service import AgentService

@@ -12,7 +12,7 @@ import ray
 
 from recmas_ray.config.recursion import DecodeConfig, RecursionConfig
 from recmas_ray.distributed.driver import build_ray_system, build_replicas
-from recmas_ray.distributed.placement import PlacementConfig
+from recmas_ray.config.placement import PlacementConfig
 from recmas_ray.system.plan import simulated_plan
 
 # 6 latent steps of 60 ms: each rollout takes ~0.36 s, long next to Ray's per-call cost.

@@ -153,7 +153,7 @@ def test_help_and_print_config_load_nothing_heavy(question_file, capsys):
 def test_config_file_then_flags(tmp_path, question_file, capsys):
     """A saved config.json reruns the same run; flags given after it win."""
     first = run_job.parse(GOOD + ["--dataset", str(question_file), "--latent_steps", "5", "--top_p", "0.5"])
-    from recmas_ray.config.cli import save_config
+    from recmas_ray.config.tree import save_config
 
     path = save_config(first, tmp_path)
     again = run_job.parse(["--config", str(path)])

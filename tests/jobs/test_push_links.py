@@ -16,7 +16,8 @@ import torch
 
 from jobs import push_links as job
 from recmas_ray.styles import get_style
-from recmas_ray.system.checkpoints import init_links, load_links, save_links
+from recmas_ray.system.checkpoints import load_links, save_links
+from recmas_ray.system.link_init import init_links
 
 ROLE_DIMS = {"planner": 64, "critic": 96, "solver": 128}  # the tiny preset's sequential_light system
 ROLE_MODELS = {"planner": "tiny:qwen3", "critic": "tiny:llama", "solver": "tiny:gemma3"}

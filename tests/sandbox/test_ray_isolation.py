@@ -53,7 +53,7 @@ def test_local_clusters_keep_token_auth_and_bind_to_loopback(monkeypatch) -> Non
     import ray
     from ray._private import ray_constants
 
-    from recmas_ray.distributed import driver
+    from recmas_ray.distributed import cluster
 
     seen = {}
 
@@ -67,7 +67,7 @@ def test_local_clusters_keep_token_auth_and_bind_to_loopback(monkeypatch) -> Non
     monkeypatch.setattr(ray, "init", fake_init)
     monkeypatch.setattr("ray._private.utils.read_ray_address", lambda *a, **k: None)
     before = ray_constants.ENABLE_RAY_CLUSTER
-    driver.init_ray(num_cpus=1)
+    cluster.init_ray(num_cpus=1)
     assert seen["address"] == "local" and seen["_node_ip_address"] == "127.0.0.1"
     # Without this, Ray resolves 127.0.0.1 to the routable address and listens on every interface.
     assert seen["enable_cluster"] is False and ray_constants.ENABLE_RAY_CLUSTER == before

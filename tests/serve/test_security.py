@@ -83,34 +83,34 @@ def fake_ray_init(monkeypatch):
 
 
 def test_init_ray_never_joins_a_planted_cluster(fake_ray_init, monkeypatch):
-    from recmas_ray.distributed import driver
+    from recmas_ray.distributed import cluster
 
     # Whatever Ray's address file says (anyone can write /tmp/ray), it is not consulted.
     monkeypatch.setattr("ray._private.utils.read_ray_address", lambda *a, **k: "10.9.9.9:6379")
-    driver.init_ray(num_cpus=1)
+    cluster.init_ray(num_cpus=1)
     assert fake_ray_init[-1]["address"] == "local" and fake_ray_init[-1]["_node_ip_address"] == "127.0.0.1"
     assert fake_ray_init[-1]["cluster"] is False
     monkeypatch.setenv("RAY_ADDRESS", "127.0.0.1:6390")  # Ray's convention (ray job submit sets it)
-    driver.init_ray()
+    cluster.init_ray()
     assert fake_ray_init[-1]["address"] == "127.0.0.1:6390"
-    driver.init_ray("127.0.0.1:6391")
+    cluster.init_ray("127.0.0.1:6391")
     assert fake_ray_init[-1]["address"] == "127.0.0.1:6391"
 
 
 def test_init_local_ray_makes_the_token_owner_only(fake_ray_init, monkeypatch, tmp_path):
-    from recmas_ray.distributed import driver
+    from recmas_ray.distributed import cluster
 
     monkeypatch.setenv("HOME", str(tmp_path))
     token = tmp_path / ".ray" / "auth_token"
     token.parent.mkdir()
     token.write_text("t" * 32)
     token.chmod(0o644)
-    driver.init_local_ray(num_cpus=1)
+    cluster.init_local_ray(num_cpus=1)
     assert token.stat().st_mode & 0o777 == 0o600
     fresh = tmp_path / "other"
     monkeypatch.setenv("HOME", str(fresh))
     fresh.mkdir()
-    driver.init_local_ray(num_cpus=1)
+    cluster.init_local_ray(num_cpus=1)
     assert (fresh / ".ray").stat().st_mode & 0o777 == 0o700
 
 

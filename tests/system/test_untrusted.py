@@ -9,8 +9,8 @@ import os
 import pytest
 import torch
 
-from recmas_ray.system.checkpoints import (MANIFEST, WEIGHTS, LinkSet, contained, load_links, read_json, save_links,
-                                           seeded_inner_link)
+from recmas_ray.system.checkpoints import MANIFEST, WEIGHTS, LinkSet, contained, load_links, read_json, save_links
+from recmas_ray.system.link_init import seeded_inner_link
 from recmas_ray.system.untrusted import opened_inside
 
 
@@ -65,7 +65,7 @@ MALFORMED = [
 
 @pytest.mark.parametrize("name,content", MALFORMED, ids=[f"{n}:{json.dumps(c)}" for n, c in MALFORMED])
 def test_wrong_json_types_in_release_configs_are_one_line(tmp_path, name, content):
-    from recmas_ray.system.checkpoints import seeded_outer_link
+    from recmas_ray.system.link_init import seeded_outer_link
 
     torch.save(seeded_inner_link(8, seed=0, role="planner").state_dict(), tmp_path / "adapter.pt") \
         if name != "outerlink_config.json" else \

@@ -17,7 +17,8 @@ from recmas_ray.agent import Agent
 from recmas_ray.config.training import InnerTrainConfig
 from recmas_ray.models.loader import load_frozen_model
 from recmas_ray.styles import get_style
-from recmas_ray.system.checkpoints import load_links, seeded_inner_link
+from recmas_ray.system.checkpoints import load_links
+from recmas_ray.system.link_init import seeded_inner_link
 from recmas_ray.train.core import run_storage, step_indices
 from recmas_ray.train.data import role_examples
 from recmas_ray.train.inner import inner_loss, make_optimizer, train_step

@@ -61,7 +61,7 @@ def test_value_token_weights_mark_digit_tokens(agents):
 
 def test_value_token_weight_changes_the_objective_not_the_logged_loss(agents):
     from recmas_ray.train.outer import encode_stage, prepare_samples
-    from recmas_ray.train.synthetic import make_hidden_operand_dataset
+    from recmas_ray.train.synthetic_hidden import make_hidden_operand_dataset
 
     style = get_style("sequential_light")
     model, tok = load_frozen_model("tiny:qwen3", dtype=torch.float32)

@@ -1,0 +1,104 @@
+"""Config trees <-> plain data: `to_dict` / `from_dict` (unknown keys are errors), the `--config` file
+reader, and `save_config` (the resolved config written next to a job's outputs).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from pathlib import Path
+
+from recmas_ray.config.checks import ConfigError, field_hints, split_annotated
+from recmas_ray.config.inputs import read_data_file
+
+
+def _nested_type(tp):
+    """The dataclass type of a nested-config field, else None."""
+    base, _ = split_annotated(tp)
+    return base if isinstance(base, type) and dataclasses.is_dataclass(base) else None
+
+
+def _get_path(cfg, path: str):
+    for part in path.split("."):
+        cfg = getattr(cfg, part)
+    return cfg
+
+
+def to_dict(cfg) -> dict:
+    """A config tree as plain JSON-able data."""
+    return json.loads(json.dumps(dataclasses.asdict(cfg), default=str))
+
+
+def from_dict(cls, data: dict, *, base=None, where: str = "config"):
+    """Build `cls` from nested data over `base` (or the class defaults); unknown keys are errors."""
+    if not isinstance(data, dict):
+        raise ConfigError(f"{where}: expected a mapping of settings, got {type(data).__name__}")
+    hints = field_hints(cls)
+    names = {f.name for f in dataclasses.fields(cls) if f.init}
+    unknown = sorted(set(data) - names)
+    if unknown:
+        raise ConfigError(f"{where}: unknown setting(s) {unknown}; expected some of {sorted(names)}")
+    values = {}
+    for name in names:
+        current = getattr(base, name) if base is not None else dataclasses.MISSING
+        nested = _nested_type(hints[name])
+        if nested is not None:
+            sub = data.get(name, {})
+            values[name] = from_dict(nested, sub, base=current if current is not dataclasses.MISSING else None,
+                                     where=f"{where}.{name}")
+        elif name in data:
+            values[name] = data[name]
+        elif current is not dataclasses.MISSING:
+            values[name] = current
+    required = {f.name for f in dataclasses.fields(cls) if f.init and f.default is dataclasses.MISSING
+                and f.default_factory is dataclasses.MISSING}
+    missing = sorted(required - set(values))
+    if missing:
+        raise ConfigError(f"{where}: missing required setting(s) {missing}; give them as flags "
+                          f"({', '.join('--' + m for m in missing)}) or in --config")
+    try:
+        return cls(**values)
+    except TypeError as e:
+        raise ConfigError(f"{where}: {e}") from None
+
+
+def load_config_file(path: str) -> dict:
+    """A JSON or YAML file of settings (or a results_*.json, whose resolved config is used)."""
+    data = read_data_file(path, "--config")
+    if isinstance(data, dict) and isinstance(data.get("config"), dict) and "results" in data:
+        data = data["config"]  # a results_*.json: reuse its resolved config
+    if data is None:
+        return {}
+    if not isinstance(data, dict):
+        raise ConfigError(f"--config {path!r} holds a {type(data).__name__}; expected a mapping of settings "
+                          "(setting: value, nested by section)")
+    return data
+
+
+def _has_path(values: dict, path: str) -> bool:
+    for part in path.split("."):
+        if not isinstance(values, dict) or part not in values:
+            return False
+        values = values[part]
+    return True
+
+
+def _set_path(values: dict, path: str, value) -> None:
+    parts = path.split(".")
+    for i, part in enumerate(parts[:-1]):
+        inner = values.setdefault(part, {})
+        if not isinstance(inner, dict):  # a --config file with `recursion: 3` or `recursion: [..]`
+            raise ConfigError(f"--config: section {'.'.join(parts[:i + 1])!r} is a {type(inner).__name__}; "
+                              "expected a mapping of its settings")
+        values = inner
+    values[parts[-1]] = value
+
+
+def save_config(cfg, directory: str | Path, name: str = "config.json") -> Path:
+    """Write the resolved config next to a job's outputs (atomically)."""
+    d = Path(directory)
+    d.mkdir(parents=True, exist_ok=True)
+    tmp = d / f".{name}.tmp"
+    tmp.write_text(json.dumps(to_dict(cfg), indent=2, sort_keys=True) + "\n", encoding="utf-8")
+    tmp.replace(d / name)
+    return d / name

@@ -1,0 +1,139 @@
+"""Code tasks: MBPP+, LiveCodeBench v6, HumanEval.
+
+Prompt fields: the task text (with a few of MBPP+'s assertions, LiveCodeBench's starter code, HumanEval's
+signature in a code block) and `interface` = {"type": "functional" | "stdin", "fn_name": ...}; the test
+fields (`tests`/`test_mode`/`inputs`/`outputs`/`fn_name`/`entry_point`/`timeout_s`) are what
+`graders.grade_code` runs in the sandbox. LiveCodeBench's private tests are decoded only on request,
+through an unpickler that refuses every global.
+"""
+
+from __future__ import annotations
+
+import base64
+import io
+import json
+import pickle
+import re
+import zlib
+from typing import Any
+
+from recmas_ray.eval.tasks.records import _field, _item, _text
+
+
+def _mbppplus(rows, name, *, mbppplus_num_prompt_tests=3, mbppplus_timeout_s=10.0, **_):
+    out = []
+    for i, r in enumerate(rows):
+        prompt = _text(r, ("prompt",), i, name).strip()
+        tests = _text(r, ("test",), i, name)
+        test_list = [str(t) for t in (r.get("test_list") or [])]
+        shown = test_list[:max(0, int(mbppplus_num_prompt_tests))]
+        question = prompt if not shown else (
+            f"{prompt}\n\nYour solution should satisfy assertions like:\n" + "\n".join(shown))
+        entry = r.get("entry_point") or _infer_entry_point(tests, test_list)
+        out.append(_item(_field(r, ("task_id",), i, name), question, str(r.get("code") or ""),
+                         "code", name, prompt, tests=tests, test_mode="script",
+                         entry_point=entry, fn_name=entry, num_tests=max(1, len(test_list)),
+                         timeout_s=float(mbppplus_timeout_s), interface=_interface("functional", entry, name, i)))
+    return out
+
+
+def _interface(kind: str, fn_name: str | None, name: str, i: int) -> dict:
+    """A row's code interface; a functional task without a function name is bad data."""
+    if kind == "functional" and not fn_name:
+        raise ValueError(f"{name}: row {i} is a function task but names no function (entry_point / func_name)")
+    return {"type": kind, "fn_name": fn_name if kind == "functional" else None}
+
+
+def _infer_entry_point(tests: str, test_list: list[str]) -> str | None:
+    # evalplus scripts call `assertion(fn(*inp), exp, atol)`; MBPP asserts call `fn(...)`.
+    names = re.findall(r"assertion\(\s*([A-Za-z_]\w*)\s*\(", tests)
+    names = names or re.findall(r"assert\s+(?:not\s+)?(?:set\(|math\.isclose\()?\s*([A-Za-z_]\w*)\s*\(",
+                                "\n".join(test_list) or tests)
+    return names[0] if names else None
+
+
+def _json_field(value: Any) -> Any:
+    return json.loads(value) if isinstance(value, str) else value
+
+
+def _lcb(rows, name, *, lcb_timeout_s=6.0, lcb_use_private_tests=False, **_):
+    out = []
+    for i, r in enumerate(rows):
+        content = _text(r, ("question_content",), i, name).strip()
+        starter = str(r.get("starter_code") or "")
+        question = content + (f"\n\nStarter code:\n{starter}" if starter.strip() else "")
+        try:
+            meta = _json_field(r.get("metadata") or "{}")
+            tests = list(_json_field(_field(r, ("public_test_cases",), i, name)))
+            if lcb_use_private_tests and r.get("private_test_cases"):
+                tests = tests + _decode_private(r["private_test_cases"])
+        except (json.JSONDecodeError, TypeError) as exc:
+            raise ValueError(f"{name}: row {i} has malformed metadata/test cases ({exc})") from None
+        if not tests or any("input" not in t or "output" not in t for t in tests):
+            raise ValueError(f"{name}: row {i} has no test cases with 'input' and 'output'")
+        fn = meta.get("func_name")
+        out.append(_item(_field(r, ("question_id",), i, name), question, "", "code", name, content,
+                         test_mode="functional" if fn else "stdio", fn_name=fn,
+                         inputs=[str(t["input"]) for t in tests],
+                         outputs=[str(t["output"]) for t in tests], timeout_s=float(lcb_timeout_s),
+                         interface=_interface("functional" if fn else "stdin", fn, name, i),
+                         platform=str(r.get("platform") or ""),
+                         difficulty=str(r.get("difficulty") or ""),
+                         contest_date=str(r.get("contest_date") or "")))
+    return out
+
+
+_MAX_PRIVATE_BYTES = 1 << 30  # decompressed size cap: a zip bomb in a download stops here
+
+
+class _PrimitivesOnly(pickle.Unpickler):
+    """Unpickler for downloaded data: strings, numbers, lists, dicts and tuples only.
+
+    Every global (class, function: the way a pickle runs code) and every persistent id is refused,
+    so a malicious payload raises instead of executing.
+    """
+
+    def find_class(self, module: str, name: str):
+        raise pickle.UnpicklingError(f"refusing {module}.{name}: only primitive values are allowed")
+
+    def persistent_load(self, pid):
+        raise pickle.UnpicklingError("refusing a persistent id: only primitive values are allowed")
+
+
+def _decode_private(blob: str) -> list[dict]:
+    """Published LiveCodeBench private tests: JSON, or base64(zlib(pickle(json str))).
+
+    Only decoded when private tests are requested explicitly. The pickle layer goes through
+    `_PrimitivesOnly`, never ``pickle.loads``: the file comes from the network.
+    """
+    try:
+        return json.loads(blob)
+    except json.JSONDecodeError:
+        pass
+    inflater = zlib.decompressobj()
+    raw = inflater.decompress(base64.b64decode(blob.encode()), _MAX_PRIVATE_BYTES)
+    if inflater.unconsumed_tail:
+        raise ValueError(f"LiveCodeBench private tests larger than {_MAX_PRIVATE_BYTES} bytes once decompressed")
+    obj = _PrimitivesOnly(io.BytesIO(raw)).load()
+    return json.loads(obj) if isinstance(obj, (str, bytes)) else obj
+
+
+def _humaneval(rows, name, **_):
+    out = []
+    for i, r in enumerate(rows):
+        prompt = _text(r, ("prompt",), i, name)
+        entry = _text(r, ("entry_point",), i, name)
+        test = _text(r, ("test",), i, name)
+        imports = "\n".join(ln for ln in prompt.splitlines() if re.match(r"(from|import)\s", ln))
+        question = ("Complete the following Python function. Put the full function in a "
+                    f"```python code block.\n\n```python\n{prompt}```")
+        out.append(_item(_field(r, ("task_id",), i, name), question,
+                         str(r.get("canonical_solution") or ""), "code", name, prompt,
+                         tests=f"{test}\n\ncheck({entry})\n", test_mode="script",
+                         entry_point=entry, fn_name=entry, completion_prefix=prompt,
+                         program_prefix=imports, num_tests=1, timeout_s=10.0, prelude="",
+                         interface=_interface("functional", entry, name, i)))
+    return out
+
+
+LOADERS = {"mbppplus": _mbppplus, "livecodebench_v6": _lcb, "humaneval": _humaneval}

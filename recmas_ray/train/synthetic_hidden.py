@@ -1,0 +1,82 @@
+"""The hidden-operand family (`difficulty="hidden"`, dataset name `synthetic_hidden:N`) is the latent-handoff
+test: only the upstream roles are told the fact (`role_context`, e.g. {"planner": "x = 17."}); the decoder
+sees "What is x - 8?" and its latent slot, so its answer can only come through the latents. The gold plan
+states the fact in its first tokens, the critic's gold text never holds the value (the value must cross the
+planner -> critic link, not come back from the critic's teacher-forced text), the answer is short
+("17 - 8 = 9. \\boxed{9}"), `full_question` ("x = 17. What is x - 8?") is the single agent's ceiling, and
+`facts` ({"fact": 17, "operand": 8, "operation": "-"}) is what a probe of the messages should find.
+
+The recall variant (`question_kind="recall"`, `difficulty="hidden_recall"`, dataset `synthetic_recall:N`)
+asks the decoder for the fact itself ("What is x?", answer "x = 17. \\boxed{17}", facts {"fact": 17}).
+"""
+
+from __future__ import annotations
+
+import random
+
+HIDDEN_MAX_ROWS = {"arithmetic": 2000, "recall": 1050}
+"""Distinct rows each question kind can safely produce (recall: 12 variables x 90 values = 1080)."""
+HIDDEN_VARIABLES = ("x", "y", "n", "k")
+HIDDEN_VALUES = (2, 40)
+"""Range of the hidden operand (inclusive): a decoder that cannot read it is near chance (1 in 39)."""
+HIDDEN_RECALL_VARIABLES = ("x", "y", "n", "k", "a", "b", "m", "p", "q", "r", "s", "t")
+HIDDEN_RECALL_VALUES = (10, 99)
+"""Recall rows: two-digit values (one tokenization for all, chance 1 in 90), 12 variables (1080 questions)."""
+HIDDEN_QUESTIONS = ("arithmetic", "recall")
+"""What the decoder is asked about the hidden fact: arithmetic ("What is x - 8?") or recall ("What is x?").
+Recall is the clean channel test for a small decoder: SmolLM2-135M told the fact answers recall 40/40
+and the arithmetic 0/40 (6/40 even with the value substituted), so only recall has a ceiling to reach."""
+HIDDEN_CONTEXT_ROLES = ("planner", "math", "code", "science", "expert", "reflector")
+"""Roles told the fact: the first stage of every style (the decoders solver, summarizer, learner and
+toolcaller never are)."""
+
+
+def _hidden_row(rng: random.Random, question_kind: str = "arithmetic") -> dict:
+    if question_kind == "recall":
+        var, x = rng.choice(HIDDEN_RECALL_VARIABLES), rng.randint(*HIDDEN_RECALL_VALUES)
+        b, op, value, template = 0, "=", x, "hidden_recall"
+        question, plan = f"What is {var}?", f"{var} = {x}. Report the value of {var}."
+        refined, expression, code = f"Write the value of {var} in \\boxed{{}}.", f"{var} = {x}", f"{var} = {x}\nprint({var})"
+    else:
+        var, x = rng.choice(HIDDEN_VARIABLES), rng.randint(*HIDDEN_VALUES)
+        plus = rng.random() < 0.5
+        b = rng.randint(1, 9) if plus else rng.randint(1, min(9, x - 1))
+        op, value = ("+", x + b) if plus else ("-", x - b)
+        template = "hidden_plus" if plus else "hidden_minus"
+        question, plan = f"What is {var} {op} {b}?", f"{var} = {x}. Compute {x} {op} {b}."
+        verb = f"Add {b} to {var}" if plus else f"Subtract {b} from {var}"
+        refined, expression = f"{verb} and write the result in \\boxed{{}}.", f"{x} {op} {b} = {value}"
+        code = f"{var} = {x}\nprint({var} {op} {b})"
+    fact = f"{var} = {x}."
+    answer = f"{expression}. \\boxed{{{value}}}"
+    facts = {"fact": x} if question_kind == "recall" else {"fact": x, "operand": b, "operation": op}
+    return {
+        "question": question, "role_context": {r: fact for r in HIDDEN_CONTEXT_ROLES},
+        "full_question": f"{fact} {question}", "facts": facts,
+        "plan": plan, "refined_plan": refined, "answer": answer, "gold": str(value),
+        "hie_math_expert": f"Math expert: {plan}", "hie_code_expert": f"```python\n{code}\n```",
+        "hie_science_expert": f"Science expert: {var} = {x} is a whole number, so the result is one too.",
+        "hie_summarizer": answer, "distill_expert": f"Plan for the learner: {plan}", "distill_learner": answer,
+        "deliberation_reflector": f"Reflection: {plan} {refined}",
+        "deliberation_toolcaller": f"<python>\n{code}\n</python> <result> {value} </result>\n{answer}",
+        "template": template,
+    }
+
+
+def make_hidden_operand_dataset(num_rows: int, *, seed: int = 0, question_kind: str = "arithmetic") -> list[dict]:
+    """`num_rows` distinct hidden-operand rows (see the module docstring); same seed, same rows.
+    `question_kind`: one of `HIDDEN_QUESTIONS`."""
+    if question_kind not in HIDDEN_QUESTIONS:
+        raise ValueError(f"question_kind {question_kind!r}; expected one of {', '.join(HIDDEN_QUESTIONS)}")
+    if num_rows < 0:
+        raise ValueError(f"num_rows must be >= 0, got {num_rows}")
+    if num_rows > HIDDEN_MAX_ROWS[question_kind]:
+        family = "hidden_recall" if question_kind == "recall" else "hidden"
+        raise ValueError(f"at most {HIDDEN_MAX_ROWS[question_kind]} distinct {family} rows, got {num_rows}")
+    rng, rows, seen = random.Random(seed), [], set()
+    while len(rows) < num_rows:
+        row = _hidden_row(rng, question_kind)
+        if row["full_question"] not in seen:
+            seen.add(row["full_question"])
+            rows.append(row)
+    return rows

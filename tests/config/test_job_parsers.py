@@ -1,0 +1,130 @@
+"""Every job's parser builds, and the CLI's short-flag rule holds (issue #22).
+
+A nested field has a plain flag only where its class declares it (`SHORT_FLAGS`); two declarations of the
+same short flag in one tree, an alias that names an existing flag, or a declaration naming no field are
+errors when the parser is built. Building every job's parser here is what catches such a clash.
+"""
+from __future__ import annotations
+
+import importlib
+from dataclasses import dataclass, field
+
+import pytest
+
+import recmas_ray.config.cli as cli
+
+JOBS = ["run", "train_inner", "train_outer", "serve", "demo", "bench", "bench_backend", "bench_outer",
+        "bench_scale", "bench_serve", "push_links", "probe_latents", "sweep_recipe"]
+
+# Short flags of nested fields that README commands, cluster job specs and users rely on.
+EXPECTED_SHORT = {
+    "run": ["latent_steps", "num_recursive_rounds", "max_new_tokens", "temperature", "top_p", "cpus_per_agent",
+            "num_replicas", "num_clients", "python_timeout_s", "tracking", "latent_length", "placement"],
+    "serve": ["latent_steps", "method", "max_new_tokens", "role_gpus", "placement"],
+    "train_inner": ["tracking", "tracking_uri", "experiment_name"],
+    "train_outer": ["tracking", "tracking_uri", "experiment_name"],
+}
+
+
+@pytest.fixture
+def built(monkeypatch):
+    """Records the flags of every parser built while the fixture is active."""
+    seen: list[dict[str, list[str]]] = []
+    real = cli.assign_flags
+
+    def recording(cls, aliases=None, hidden=()):
+        out = real(cls, aliases, hidden)
+        seen.append({leaf.path: list(leaf.flags) for leaf in out})
+        return out
+
+    monkeypatch.setattr(cli, "assign_flags", recording)
+    return seen
+
+
+@pytest.mark.parametrize("job", JOBS)
+def test_every_job_parser_builds(job, built, capsys):
+    mod = importlib.import_module(f"jobs.{job}")
+    if job == "sweep_recipe":  # its entry point is the module's __main__ block
+        rc = cli.run_job(mod.main_cfg, mod.SweepRecipeConfig, ["--help"], prog="sweep_recipe")
+    else:
+        rc = mod.main(["--help"])
+    assert rc == 0 and "usage:" in capsys.readouterr().out
+    assert built, f"jobs.{job} built no parser"
+    flags = {f for leaf_flags in built[-1].values() for f in leaf_flags}
+    missing = [f for f in EXPECTED_SHORT.get(job, []) if f not in flags]
+    assert not missing, f"jobs.{job} lost flags {missing}"
+    names = [f for leaf_flags in built[-1].values() for f in leaf_flags]
+    assert len(names) == len(set(names)), f"jobs.{job}: a flag names two fields"
+
+
+@dataclass(kw_only=True)
+class A:
+    SHORT_FLAGS = ("steps",)
+
+    steps: int = 1
+    """Declared: --steps."""
+    width: int = 2
+    """Undeclared: only --a.width."""
+
+
+@dataclass(kw_only=True)
+class B:
+    SHORT_FLAGS = ("steps",)
+
+    steps: int = 3
+    """Also declares --steps."""
+
+
+@dataclass(kw_only=True)
+class One:
+    a: A = field(default_factory=A)
+    """Section a."""
+
+
+@dataclass(kw_only=True)
+class Both:
+    a: A = field(default_factory=A)
+    """Section a."""
+    b: B = field(default_factory=B)
+    """Section b."""
+
+
+def test_short_flags_only_where_declared():
+    flags = {leaf.path: leaf.flags for leaf in cli.assign_flags(One)}
+    assert flags == {"a.steps": ["steps", "a.steps"], "a.width": ["a.width"]}
+
+
+def test_two_declarations_of_one_short_flag_are_an_error():
+    with pytest.raises(AssertionError, match="--steps is declared .* for both --a.steps and --b.steps"):
+        cli.assign_flags(Both)
+    # The job decides: hiding one section's field (or aliasing the name) resolves the clash.
+    assert {leaf.path: leaf.flags for leaf in cli.assign_flags(Both, hidden=("b.steps",))}["a.steps"] == \
+        ["steps", "a.steps"]
+
+
+def test_an_alias_naming_an_existing_flag_is_an_error():
+    with pytest.raises(AssertionError, match="alias --a.width of One is already the flag of --a.width"):
+        cli.assign_flags(One, {"a.width": "a.steps"})
+
+
+@dataclass(kw_only=True)
+class Bad:
+    SHORT_FLAGS = ("nope",)
+
+    x: int = 0
+    """A field."""
+
+
+@dataclass(kw_only=True)
+class WithBad:
+    bad: Bad = field(default_factory=Bad)
+    """Section."""
+
+
+def test_short_flags_must_name_fields():
+    with pytest.raises(AssertionError, match=r"Bad.SHORT_FLAGS names no field: \['nope'\]"):
+        cli.assign_flags(WithBad)
+
+
+if __name__ == "__main__":
+    pytest.main([__file__, "-v", "-x"])

@@ -1,0 +1,178 @@
+"""The package's floors, read from its own module-level imports (issue #22).
+
+Every module of ``recmas_ray`` sits on one floor; a module may import (at module level) only from its own floor
+or the floors below. The graph is built with ``ast`` from each file's top-level ``import`` / ``from`` statements
+(those a ``try`` at top level runs included; ``if TYPE_CHECKING:`` blocks and imports inside functions left out),
+so it is what importing a module actually pulls in. Floors, bottom to top:
+
+  ground       the config mechanism and leaf types (``config/``): flags, checks, file readers, shared choices
+  engine       plain torch, no Ray: links, KV cache, decoding, agent, models, styles, runner, service, tools, sandbox
+  system       what a system is: plan, presets, checkpoints, cards, hub (uses the engine, never Ray)
+  distributed  the thin Ray layer: actors, placement, pools, the Ray driver (runs a system's plan)
+  top          what people run: training, evaluation, serving, lm-eval, perf, tracking, the demo, the public API
+
+``jobs/`` lies outside the package and may import anything. Cycles are checked over the whole graph.
+"""
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+PACKAGE = Path(__file__).resolve().parents[1] / "recmas_ray"
+
+# (floor, module prefixes); a module belongs to the floor of its longest matching prefix.
+FLOORS = [
+    ("ground", ["recmas_ray.config"]),
+    ("engine", ["recmas_ray.links", "recmas_ray.kv_cache", "recmas_ray.decoding", "recmas_ray.scoring",
+                "recmas_ray.agent", "recmas_ray.models", "recmas_ray.styles", "recmas_ray.runner",
+                "recmas_ray.service", "recmas_ray.tools", "recmas_ray.sandbox"]),
+    ("system", ["recmas_ray.system"]),
+    ("distributed", ["recmas_ray.distributed"]),
+    ("top", ["recmas_ray", "recmas_ray.train", "recmas_ray.eval", "recmas_ray.serve", "recmas_ray.demo",
+             "recmas_ray.api", "recmas_ray.train_api", "recmas_ray.lmeval", "recmas_ray._lmeval_hook",
+             "recmas_ray.perf", "recmas_ray.tracking"]),
+]
+LEVEL = {name: i for i, (name, _) in enumerate(FLOORS)}
+
+
+def modules() -> dict[str, Path]:
+    """Dotted module name -> file, for every module of the package."""
+    out = {}
+    for path in sorted(PACKAGE.rglob("*.py")):
+        parts = list(path.relative_to(PACKAGE.parent).with_suffix("").parts)
+        if parts[-1] == "__init__":
+            parts = parts[:-1]
+        out[".".join(parts)] = path
+    return out
+
+
+def floor_of(module: str) -> str:
+    """The floor of ``module`` (longest matching prefix in FLOORS)."""
+    best, best_len = None, -1
+    for name, prefixes in FLOORS:
+        for prefix in prefixes:
+            if (module == prefix or module.startswith(prefix + ".")) and len(prefix) > best_len:
+                best, best_len = name, len(prefix)
+    assert best is not None, f"{module} is on no floor: add it to FLOORS"
+    return best
+
+
+def _top_level_imports(tree: ast.Module):
+    """Import nodes executed when the module is imported (top level and top-level try blocks)."""
+    stack = list(tree.body)
+    while stack:
+        node = stack.pop(0)
+        if isinstance(node, (ast.Import, ast.ImportFrom)):
+            yield node
+        elif isinstance(node, ast.Try):
+            stack.extend(node.body + node.orelse + node.finalbody + [s for h in node.handlers for s in h.body])
+
+
+def import_graph() -> dict[str, set[str]]:
+    """Module -> the package modules it imports at module level."""
+    mods = modules()
+
+    def resolve(name: str) -> str | None:
+        while name and name not in mods:
+            name = name.rpartition(".")[0]
+        return name or None
+
+    graph: dict[str, set[str]] = {m: set() for m in mods}
+    for mod, path in mods.items():
+        is_pkg = path.name == "__init__.py"
+        for node in _top_level_imports(ast.parse(path.read_text(), str(path))):
+            if isinstance(node, ast.Import):
+                targets = [a.name for a in node.names]
+            else:
+                if node.level:
+                    base = mod.split(".") if is_pkg else mod.split(".")[:-1]
+                    base = base[:len(base) - (node.level - 1)]
+                    source = ".".join(base + ([node.module] if node.module else []))
+                else:
+                    source = node.module or ""
+                # ``from pkg import submodule`` depends on the submodule; any other name on ``pkg`` itself.
+                targets = [f"{source}.{a.name}" if f"{source}.{a.name}" in mods else source for a in node.names]
+            for target in targets:
+                if target == "recmas_ray" or target.startswith("recmas_ray."):
+                    dep = resolve(target)
+                    if dep and dep != mod:
+                        graph[mod].add(dep)
+    return graph
+
+
+def upward_imports(graph) -> list[tuple[str, str]]:
+    """(importer, imported) pairs where the imported module sits on a higher floor."""
+    return sorted((a, b) for a, deps in graph.items() for b in deps if LEVEL[floor_of(b)] > LEVEL[floor_of(a)])
+
+
+def cycles(graph) -> list[list[str]]:
+    """Strongly connected components with more than one module (Tarjan)."""
+    index, low, on_stack, stack, out = {}, {}, set(), [], []
+
+    def visit(v):
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on_stack.add(v)
+        for w in sorted(graph[v]):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on_stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            comp = []
+            while True:
+                w = stack.pop()
+                on_stack.discard(w)
+                comp.append(w)
+                if w == v:
+                    break
+            if len(comp) > 1:
+                out.append(sorted(comp))
+
+    for v in sorted(graph):
+        if v not in index:
+            visit(v)
+    return out
+
+
+def test_every_module_has_a_floor():
+    for mod in modules():
+        floor_of(mod)
+
+
+def test_no_upward_imports():
+    up = upward_imports(import_graph())
+    assert not up, "imports running up a floor:\n" + "\n".join(
+        f"  {a} ({floor_of(a)}) -> {b} ({floor_of(b)})" for a, b in up)
+
+
+def test_no_import_cycles():
+    found = cycles(import_graph())
+    assert not found, "import cycles:\n" + "\n".join("  " + " <-> ".join(c) for c in found)
+
+
+def _third_party(path: Path) -> set[str]:
+    """Top-level package names a module imports at module level."""
+    out = set()
+    for node in _top_level_imports(ast.parse(path.read_text())):
+        names = [a.name for a in node.names] if isinstance(node, ast.Import) else [node.module or ""]
+        out |= {n.split(".")[0] for n in names if n and not (isinstance(node, ast.ImportFrom) and node.level)}
+    return out
+
+
+def test_engine_imports_no_ray_and_config_no_torch():
+    """Model and engine code knows nothing about Ray (style guide, principle 1); the config floor imports
+    neither torch nor Ray, so every job's --help is instant."""
+    for mod, path in modules().items():
+        level, imported = LEVEL[floor_of(mod)], _third_party(path)
+        if level <= LEVEL["system"]:
+            assert "ray" not in imported, f"{mod} imports Ray"
+        if level == LEVEL["ground"]:
+            assert not imported & {"torch", "transformers"}, f"{mod} imports {sorted(imported & {'torch', 'transformers'})}"
+
+
+if __name__ == "__main__":
+    pytest.main([__file__, "-v", "-x"])
