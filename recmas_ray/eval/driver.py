@@ -37,8 +37,8 @@ from recmas_ray.eval.benchmarks import load_benchmark
 from recmas_ray.eval.fingerprint import (check_fingerprint, fingerprint_diff, fingerprint_path, link_hashes,  # noqa: F401
                                          read_fingerprint, resolved_runtime, run_fingerprint, verify_resume)
 from recmas_ray.eval.protocol import Resolution, metric_k, resolve
-from recmas_ray.eval.results import (VERDICT_FIELDS, SampleWriter, markdown_table, plot_vs_rounds, read_samples,
-                                     sample_key, summarize, timestamp, with_verdicts, write_results)
+from recmas_ray.eval.results import (VERDICT_FIELDS, SampleWriter, markdown_table, plot_vs_rounds, read_results,
+                                     read_samples, sample_key, summarize, timestamp, with_verdicts, write_results)
 from recmas_ray.eval.stream import FAIL_DOCS_ENV, for_rollout, parse_fail_docs, solve_and_grade, with_batch_retries
 from recmas_ray.styles import question_with_interface
 from recmas_ray.styles.prompts import prompt_set_hash
@@ -326,7 +326,7 @@ def plot_results(output_path: str, bench: str, style: str) -> Path:
             continue  # a file being written by another run
         if (data.get("config") or {}).get("style") != style:
             continue
-        for v in data.get("results", {}).values():
+        for v in read_results(data).values():
             if v.get("benchmark") == bench and "rounds" in v:
                 key = (v["method"], int(v["rounds"]))
                 if key not in points or points[key][0] < data.get("date", 0):
