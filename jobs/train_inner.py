@@ -39,25 +39,35 @@ def main_cfg(cfg: InnerTrainConfig) -> int:
     from recmas_ray.config.inputs import OutputLock
     from recmas_ray.train_api import check_training_inputs
 
-    check_training_inputs(cfg)  # checkpoints, models' configs and rows read before anything is written
-    with OutputLock(cfg.save_dir, "--save_dir"):  # a second run into this folder stops, naming this PID
-        return _train(cfg)
+    from pathlib import Path
+
+    from recmas_ray.console import job_console
+
+    # Ray, Ray Train and the workers' output goes to <save_dir>/logs/train_inner.log (--verbose: the console)
+    with job_console(Path(cfg.save_dir) / "logs", verbose=cfg.verbose, name="train_inner",
+                     progress=cfg.progress) as console:
+        check_training_inputs(cfg)  # checkpoints, models' configs and rows read before anything is written
+        with OutputLock(cfg.save_dir, "--save_dir"):  # a second run into this folder stops, naming this PID
+            return _train(cfg, console)
 
 
-def _train(cfg) -> int:
+def _train(cfg, console) -> int:
+    from recmas_ray.styles import get_style
     from recmas_ray.train import inner_job
 
+    roles = get_style(cfg.style).roles if cfg.mas_role == "all" else [cfg.mas_role]
+    console.start(f"inner training: {', '.join(roles)}, {cfg.max_steps} steps")
     if cfg.mas_role == "all":
         dirs = inner_job.train_all_roles(cfg)
     else:
-        from recmas_ray.styles import get_style
         from recmas_ray.train.data import canonical_role
 
         dirs = {canonical_role(get_style(cfg.style), cfg.mas_role): inner_job.train_inner(cfg)}
+    console.done()
     for role, path in dirs.items():
-        print(f"{role}: {path}")
-    print(f"use with: python -m jobs.run --style {cfg.style} --ckpt_override "
-          + " ".join(f"{r}={p}" for r, p in dirs.items()))
+        console.line(f"{role}: {path}")
+    console.line(f"use with: python -m jobs.run --style {cfg.style} --ckpt_override "
+                 + " ".join(f"{r}={p}" for r, p in dirs.items()))
     return 0
 
 

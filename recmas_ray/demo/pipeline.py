@@ -9,7 +9,7 @@ from pathlib import Path
 
 from recmas_ray.demo import compare, report, verdicts
 from recmas_ray.demo.config import DemoConfig
-from recmas_ray.demo.console import Console
+from recmas_ray.console import Console
 
 
 def make_data(cfg: DemoConfig, out: Path) -> tuple[Path, Path, list[dict]]:
