@@ -7,8 +7,9 @@
 
 In quiet mode (the default) `distributed.driver.init_ray` asks this module for its settings (Ray's own
 logging at WARNING; its workers' output is still forwarded to the driver, where it lands in the log file
-instead of the terminal), and the job shuts down a Ray it started before the streams are restored, so Ray's goodbye messages (PlacementGroupCleaner, raylet) land there too and none
-of its processes outlive the job. `--verbose` leaves everything on the console, as before.
+instead of the terminal), and the job shuts down a Ray it started before the streams are restored, so
+Ray's goodbye messages (PlacementGroupCleaner, raylet) land there too and none of its processes outlive
+the job. `--verbose` leaves everything on the console, as before (Ray still shut down at the end).
 
 Code deep inside a job writes through `current()`: the active job's console, or a plain one on
 sys.stdout / sys.stderr for Python callers, so library use prints exactly what it printed before.

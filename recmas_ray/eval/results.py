@@ -28,8 +28,8 @@ from typing import Any, Callable, Iterable, Mapping, Sequence
 from recmas_ray.eval.graders import pass_at_k
 
 __all__ = ["SampleWriter", "sample_key", "load_done_ids", "read_samples", "summarize", "with_verdicts",
-           "VERDICT_FIELDS",
-           "write_results", "read_results", "split_metadata", "markdown_table", "plot_vs_rounds", "timestamp", "lm_eval_sample"]
+           "VERDICT_FIELDS", "write_results", "read_results", "split_metadata", "markdown_table", "plot_vs_rounds",
+           "timestamp", "lm_eval_sample"]
 
 BASELINE = "recursive_textmas"
 HIGHER_IS_BETTER = {"accuracy": True, "tokens_per_sample": False, "latent_steps_per_sample": False,
