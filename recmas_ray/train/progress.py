@@ -40,9 +40,9 @@ class StepBoard:
             return
         for desc, step, total in self.queue.get_nowait_batch(n):
             bar = self._bars.get(desc)
-            if bar is None:
-                bar = self._bars[desc] = self.console.bar(total, desc, unit="step", initial=step)
-            elif step > bar.n:
+            if bar is None:  # from the step before the first one posted (a resumed run starts past 0)
+                bar = self._bars[desc] = self.console.bar(total, desc, unit="step", initial=step - 1)
+            if step > bar.n:
                 bar.update(step - bar.n)
 
     def _run(self) -> None:
