@@ -9,6 +9,7 @@ Any model per role, trained links (a folder or a Hub id), GPU agents:
       --role_model critic=meta-llama/Llama-3.2-1B-Instruct --placement one_gpu_per_agent --device cuda \
       --host 0.0.0.0 --num_replicas 2          # RECMAS_API_KEY=... in the environment: clients need the key
 Or with Serve's own tooling: `serve run cluster/serve.yaml`. Every setting can come from --config FILE.
+Ray and Ray Serve output goes to --log_dir/serve.log (default out/serve/logs; --verbose shows it).
 """
 
 from __future__ import annotations

@@ -2,7 +2,9 @@ r"""Outer-loop training of RecursiveMAS: backpropagation through R rounds of fro
 Ray Train (one worker per role; latents and their gradients travel between workers by torch.distributed p2p).
 
 Only the outer links train; base models and inner links (from `--ckpt_override ROLE=INNER_DIR`, the inner-loop
-results) stay frozen. The result loads with `jobs/run.py --ckpt_override outer=SAVE_DIR`.
+results) stay frozen. The result loads with `jobs/run.py --ckpt_override outer=SAVE_DIR`. The console shows a
+per-step bar and, on stdout, one JSON summary; Ray, Ray Train and worker output goes to
+SAVE_DIR/logs/train_outer.log (--verbose shows it).
 
 Examples
   CPU, offline, tiny models (a few seconds per step):
