@@ -204,7 +204,10 @@ def job_console(log_dir: str | Path, *, verbose: bool, name: str, progress: bool
             os.dup2(log.file.fileno(), 2)
             log.redirect_fd2 = True
         sys.stdout = sys.stderr = log.file  # stray prints (Ray Train's driver, libraries) go to the log
-        root.handlers = [handler]
+        # handlers that print to the console go; others (a file, a test's capture) keep their records
+        shown = {id(stdout), id(stderr), id(sys.__stdout__), id(sys.__stderr__)}
+        root.handlers = [h for h in saved_handlers if not (type(h) is logging.StreamHandler
+                                                           and id(h.stream) in shown)] + [handler]
         root.setLevel(logging.INFO)
         route_loggers(handler)
         with warnings.catch_warnings():
