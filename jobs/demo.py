@@ -48,53 +48,17 @@ def expand(argv: list[str]) -> list[str]:
 
 
 def run(cfg: DemoConfig) -> int:
-    from recmas_ray.demo.console import Console, quiet_outputs
+    from recmas_ray.console import job_console, start_ray
 
     out = Path(cfg.output_path).resolve()
-    with quiet_outputs(out / "logs", verbose=cfg.verbose) as stream:
-        console = Console(stream=stream, progress=cfg.progress)
-        try:
-            _init_ray(cfg, out)
-            from recmas_ray.demo.pipeline import run_demo
+    with job_console(out / "logs", verbose=cfg.verbose, name="demo", progress=cfg.progress) as console:
+        # A private local cluster unless RAY_ADDRESS names one (`ray job submit` sets it): on a shared machine
+        # the newest cluster's address file may belong to someone else's run, which can end at any time.
+        start_ray()
+        from recmas_ray.demo.pipeline import run_demo
 
-            run_demo(cfg, console)
-        finally:
-            console.finish_open()
+        run_demo(cfg, console)
     return 0
-
-
-def _init_ray(cfg: DemoConfig, out: Path) -> None:
-    import logging
-
-    import ray
-
-    from recmas_ray.distributed.cluster import init_ray
-
-    if ray.is_initialized():
-        return
-    import os
-
-    kwargs = {} if cfg.verbose else {"log_to_driver": False, "logging_level": logging.WARNING}
-    # A private local cluster unless RAY_ADDRESS names one (`ray job submit` sets it): on a shared machine
-    # the newest cluster's address file may belong to someone else's run, which can end at any time.
-    kwargs["address"] = os.environ.get("RAY_ADDRESS") or "local"
-    for attempt in range(3):  # Ray waits only 30 s for its raylet: a busy machine can overrun that
-        try:
-            init_ray(**kwargs)
-            break
-        except Exception as e:  # noqa: BLE001 - Ray raises a bare Exception for this
-            if "timed out during startup" not in str(e) or attempt == 2:
-                raise RuntimeError(f"Ray did not start: {e}") from e
-            logging.getLogger(__name__).warning("Ray start-up timed out (busy machine); retrying")
-            ray.shutdown()
-    if not cfg.verbose:
-        from recmas_ray.demo.console import quiet_new_loggers
-
-        quiet_new_loggers(out / "logs")
-        try:
-            logging.getLogger(__name__).warning("Ray session logs: %s", ray._private.worker._global_node.get_session_dir_path())
-        except Exception:  # noqa: BLE001 - only informational
-            pass
 
 
 def main(argv=None) -> int:

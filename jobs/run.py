@@ -12,7 +12,8 @@ On a cluster (GPU agents, one per GPU):
       python -m jobs.run --style sequential_scaled --preset paper --dataset math500 \
       --placement one_gpu_per_agent --device cuda --output_path /mnt/shared/results
 Every setting below can also come from --config FILE (JSON/YAML, nested by section); the resolved
-config is saved as config.json next to the results.
+config is saved as config.json next to the results. The console shows a per-sample progress bar and the
+results table; Ray, HF and grader output goes to OUTPUT_PATH/logs/run.log (--verbose shows it).
 """
 
 from __future__ import annotations
@@ -37,14 +38,23 @@ def parse(argv) -> EvalConfig:
 
 
 def evaluate(cfg: EvalConfig) -> int:
-    """Run the evaluation of a checked config; print where the outputs went."""
+    """Run the evaluation of a checked config; print where the outputs went.
+
+    The console shows a per-sample bar (ETA, accuracy so far), the results table and the output paths;
+    Ray, HF and grader output goes to OUTPUT_PATH/logs/run.log (--verbose shows it).
+    """
+    from pathlib import Path
+
+    from recmas_ray.console import job_console
     from recmas_ray.eval.driver import evaluate_all
 
-    outs = evaluate_all(cfg)
-    for out in outs:
-        print(f"samples: {out['samples_path']}\nresults: {out['results_path']}")
-    if "plot_path" in outs[-1]:
-        print(f"plot: {outs[-1]['plot_path']}")
+    with job_console(Path(cfg.output_path) / "logs", verbose=cfg.verbose, name="run",
+                     progress=cfg.progress) as console:
+        outs = evaluate_all(cfg)
+        for out in outs:
+            console.line(f"samples: {out['samples_path']}\nresults: {out['results_path']}")
+        if "plot_path" in outs[-1]:
+            console.line(f"plot: {outs[-1]['plot_path']}")
     return 1 if any(out.get("num_errored") for out in outs) else 0
 
 

@@ -9,6 +9,7 @@ Any model per role, trained links (a folder or a Hub id), GPU agents:
       --role_model critic=meta-llama/Llama-3.2-1B-Instruct --placement one_gpu_per_agent --device cuda \
       --host 0.0.0.0 --num_replicas 2          # RECMAS_API_KEY=... in the environment: clients need the key
 Or with Serve's own tooling: `serve run cluster/serve.yaml`. Every setting can come from --config FILE.
+Ray and Ray Serve output goes to --log_dir/serve.log (default out/serve/logs; --verbose shows it).
 """
 
 from __future__ import annotations
@@ -35,7 +36,7 @@ def start(cfg: ServeConfig) -> str:
 
     from ray import serve
 
-    from recmas_ray.distributed.driver import init_ray
+    from recmas_ray.distributed.cluster import init_ray
     from recmas_ray.serve.app import build_app
     from recmas_ray.serve.security import API_KEY_ENV
 
@@ -50,18 +51,25 @@ def start(cfg: ServeConfig) -> str:
 
 
 def serve_forever(cfg: ServeConfig) -> int:
-    """Start, print the URL, and keep serving until interrupted (then delete the application)."""
+    """Start, print the URL, and keep serving until interrupted (then delete the application).
+
+    Ray, Ray Serve and HF output goes to --log_dir/serve.log (--verbose shows it)."""
     from ray import serve
 
-    url = start(cfg)
-    auth = "API key required" if cfg.api_key else "no API key (--api_key or $RECMAS_API_KEY to require one)"
-    print(f"serving {cfg.served_name!r} at {url}/v1 (POST /chat/completions, /completions, GET /models; "
-          f"{auth}); GET {url}/health, /metrics; Ctrl-C stops", flush=True)
-    try:
-        while True:
-            time.sleep(3600)
-    except KeyboardInterrupt:
-        serve.delete(cfg.app_name)
+    from recmas_ray.console import job_console
+
+    with job_console(cfg.log_dir, verbose=cfg.verbose, name="serve") as console:
+        console.start("starting Ray Serve and the agents")
+        url = start(cfg)
+        console.done()
+        auth = "API key required" if cfg.api_key else "no API key (--api_key or $RECMAS_API_KEY to require one)"
+        console.line(f"serving {cfg.served_name!r} at {url}/v1 (POST /chat/completions, /completions, GET /models; "
+                     f"{auth}); GET {url}/health, /metrics; Ctrl-C stops")
+        try:
+            while True:
+                time.sleep(3600)
+        except KeyboardInterrupt:
+            serve.delete(cfg.app_name)
     return 0
 
 

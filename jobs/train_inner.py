@@ -12,6 +12,8 @@ Examples (CPU, offline, tiny random models and the generated arithmetic set):
       --dataset_name synthetic:256 --save_dir checkpoints/inner --max_steps 200 --lr 1e-3
   python -m jobs.run --style sequential --preset tiny --dataset questions.jsonl \
       --ckpt_override planner=checkpoints/inner/planner critic=checkpoints/inner/critic solver=checkpoints/inner/solver
+The console shows a per-step bar per role; Ray, Ray Train and worker output goes to SAVE_DIR/logs/train_inner.log
+(--verbose shows it).
 Resume a stopped run (same flags plus --resume; ends with the weights of an uninterrupted run):
   python -m jobs.train_inner ... --resume
 On a cluster (one GPU per role, shared storage for checkpoints):
@@ -39,25 +41,35 @@ def main_cfg(cfg: InnerTrainConfig) -> int:
     from recmas_ray.config.inputs import OutputLock
     from recmas_ray.train_api import check_training_inputs
 
-    check_training_inputs(cfg)  # checkpoints, models' configs and rows read before anything is written
-    with OutputLock(cfg.save_dir, "--save_dir"):  # a second run into this folder stops, naming this PID
-        return _train(cfg)
+    from pathlib import Path
+
+    from recmas_ray.console import job_console
+
+    # Ray, Ray Train and the workers' output goes to <save_dir>/logs/train_inner.log (--verbose: the console)
+    with job_console(Path(cfg.save_dir) / "logs", verbose=cfg.verbose, name="train_inner",
+                     progress=cfg.progress) as console:
+        check_training_inputs(cfg)  # checkpoints, models' configs and rows read before anything is written
+        with OutputLock(cfg.save_dir, "--save_dir"):  # a second run into this folder stops, naming this PID
+            return _train(cfg, console)
 
 
-def _train(cfg) -> int:
+def _train(cfg, console) -> int:
+    from recmas_ray.styles import get_style
     from recmas_ray.train import inner_job
 
+    roles = get_style(cfg.style).roles if cfg.mas_role == "all" else [cfg.mas_role]
+    console.start(f"inner training: {', '.join(roles)}, {cfg.max_steps} steps")
     if cfg.mas_role == "all":
         dirs = inner_job.train_all_roles(cfg)
     else:
-        from recmas_ray.styles import get_style
         from recmas_ray.train.data import canonical_role
 
         dirs = {canonical_role(get_style(cfg.style), cfg.mas_role): inner_job.train_inner(cfg)}
+    console.done()
     for role, path in dirs.items():
-        print(f"{role}: {path}")
-    print(f"use with: python -m jobs.run --style {cfg.style} --ckpt_override "
-          + " ".join(f"{r}={p}" for r, p in dirs.items()))
+        console.line(f"{role}: {path}")
+    console.line(f"use with: python -m jobs.run --style {cfg.style} --ckpt_override "
+                 + " ".join(f"{r}={p}" for r, p in dirs.items()))
     return 0
 
 

@@ -2,7 +2,9 @@ r"""Outer-loop training of RecursiveMAS: backpropagation through R rounds of fro
 Ray Train (one worker per role; latents and their gradients travel between workers by torch.distributed p2p).
 
 Only the outer links train; base models and inner links (from `--ckpt_override ROLE=INNER_DIR`, the inner-loop
-results) stay frozen. The result loads with `jobs/run.py --ckpt_override outer=SAVE_DIR`.
+results) stay frozen. The result loads with `jobs/run.py --ckpt_override outer=SAVE_DIR`. The console shows a
+per-step bar and, on stdout, one JSON summary; Ray, Ray Train and worker output goes to
+SAVE_DIR/logs/train_outer.log (--verbose shows it).
 
 Examples
   CPU, offline, tiny models (a few seconds per step):
@@ -38,19 +40,27 @@ def main_cfg(cfg: OuterTrainConfig) -> int:
     from recmas_ray.config.inputs import OutputLock
     from recmas_ray.train_api import check_training_inputs
 
-    check_training_inputs(cfg)  # checkpoints, models' configs and rows read before anything is written
-    with OutputLock(cfg.save_dir, "--save_dir"):  # a second run into this folder stops, naming this PID
-        return _train(cfg)
+    from pathlib import Path
+
+    from recmas_ray.console import job_console
+
+    # Ray, Ray Train and the workers' output goes to <save_dir>/logs/train_outer.log (--verbose: the console)
+    with job_console(Path(cfg.save_dir) / "logs", verbose=cfg.verbose, name="train_outer",
+                     progress=cfg.progress) as console:
+        check_training_inputs(cfg)  # checkpoints, models' configs and rows read before anything is written
+        with OutputLock(cfg.save_dir, "--save_dir"):  # a second run into this folder stops, naming this PID
+            return _train(cfg, console)
 
 
-def _train(cfg) -> int:
+def _train(cfg, console) -> int:
     from recmas_ray.train.pipeline import train_outer
 
-    result = train_outer(cfg)
+    console.settle_logs()
+    result = train_outer(cfg)  # the console shows its per-step bar; stdout stays one JSON document
     last = result.log[-1] if result.log else {}
-    print(json.dumps({"save_dir": str(result.save_dir), "checkpoint": str(result.checkpoint_dir),
-                      "step": last.get("step"), "loss": last.get("loss"),
-                      "eval_loss": result.eval_log[-1]["eval_loss"] if result.eval_log else None}, indent=2))
+    console.line(json.dumps({"save_dir": str(result.save_dir), "checkpoint": str(result.checkpoint_dir),
+                             "step": last.get("step"), "loss": last.get("loss"),
+                             "eval_loss": result.eval_log[-1]["eval_loss"] if result.eval_log else None}, indent=2))
     return 0
 
 

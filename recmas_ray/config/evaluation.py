@@ -161,6 +161,8 @@ class EvalConfig:
     """Deliberation style only: the toolcaller's Python and search tools."""
     progress: bool = True
     """Progress bars on the console."""
+    verbose: bool = False
+    """Show Ray, Ray Data, HF and grader output on the console (else it goes to output_path/logs/run.log)."""
 
     def tool_loop(self) -> ToolLoopConfig | None:
         """The toolcaller's tool settings when the style has one (deliberation), else None."""

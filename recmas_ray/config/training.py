@@ -112,7 +112,10 @@ class TrainConfig:
     num_to_keep: Annotated[int, Range(1, 10_000)] = 2
     """Checkpoints kept in storage."""
     progress: bool = True
-    """Progress bar on rank 0."""
+    """Per-step progress bar on the console."""
+    verbose: bool = False
+    """Show Ray, Ray Train, HF and the workers' own output on the console (else it goes to
+    save_dir/logs/<job>.log)."""
     track: TrackingConfig = field(default_factory=TrackingConfig)
     """Experiment tracking of the losses (--tracking mlflow: a local store in save_dir/mlruns by default)."""
 

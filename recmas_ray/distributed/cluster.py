@@ -50,12 +50,16 @@ def init_ray(address: str | None = None, **kwargs) -> None:
     world-writable folder, so any local user can plant one) is never read, unless the caller asks for
     it with address="auto" (Ray's explicit "the cluster `ray start` runs on this machine").
     """
+    from recmas_ray import console
+
     if ray.is_initialized():
         return
+    kwargs = {**console.ray_starting(), **kwargs}  # a quiet job's Ray logs to its log file (console.py)
     os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
     address = address or os.environ.get("RAY_ADDRESS") or "local"
     if address != "local":
         ray.init(address=address, **kwargs)
+        console.ray_started()
         return
     # A fresh local cluster: workers inherit this environment, so a checkout that is not
     # pip-installed still imports in every actor.
@@ -66,6 +70,7 @@ def init_ray(address: str | None = None, **kwargs) -> None:
     kwargs.setdefault("num_cpus", max(8, os.cpu_count() or 1))
     os.environ.pop("RAY_ADDRESS", None)
     init_local_ray(include_dashboard=False, **kwargs)
+    console.ray_started()
 
 
 def init_local_ray(**kwargs) -> None:

@@ -24,12 +24,12 @@ import glob
 import json
 import logging
 import os
-import sys
 import time
 from pathlib import Path
 
 from recmas_ray.config.checks import check_tree
 from recmas_ray.config.tree import save_config
+from recmas_ray.console import current
 from recmas_ray.config.inputs import OutputLock
 from recmas_ray.config.evaluation import EvalConfig
 from recmas_ray.config.recursion import RecursionConfig
@@ -38,8 +38,8 @@ from recmas_ray.eval.fingerprint import (bench_name, check_fingerprint, fingerpr
                                          fingerprint_path, link_hashes, read_fingerprint, resolved_runtime,
                                          run_fingerprint, verify_resume)
 from recmas_ray.eval.protocol import Resolution, metric_k, resolve
-from recmas_ray.eval.results import (VERDICT_FIELDS, SampleWriter, markdown_table, plot_vs_rounds, read_samples,
-                                     sample_key, summarize, timestamp, with_verdicts, write_results)
+from recmas_ray.eval.results import (VERDICT_FIELDS, SampleWriter, markdown_table, plot_vs_rounds, read_results,
+                                     read_samples, sample_key, summarize, timestamp, with_verdicts, write_results)
 from recmas_ray.eval.stream import FAIL_DOCS_ENV, for_rollout, parse_fail_docs, solve_and_grade, with_batch_retries
 from recmas_ray.styles import question_with_interface
 from recmas_ray.styles.prompts import prompt_set_hash
@@ -186,7 +186,7 @@ def evaluate(cfg: EvalConfig, *, progress: bool = True, system=None) -> dict:
                        tools=cfg.tool_loop(), prompt_set=cfg.prompt_set, role_model_overrides=cfg.models,
                        allow_base_model_mismatch=cfg.allow_base_model_mismatch)
     for warning in run_warnings(cfg, plan):
-        print(f"warning: {warning}", file=sys.stderr, flush=True)
+        current().warn(warning)
     items = [{**i, "question": question_with_interface(plan.style, i["question"], i.get("interface"))}
              for i in items]
     fingerprint = run_fingerprint(cfg, {**plan.manifest(), "link_sha256": link_hashes(plan)},
@@ -217,7 +217,7 @@ def _evaluate_locked(cfg: EvalConfig, plan, items: list[dict], fingerprint: dict
                     batches += [(todo[k:k + cfg.batch_size], r) for k in range(0, len(todo), cfg.batch_size)]
                 t0 = time.perf_counter()
                 n_todo = sum(len(b) for b, _ in batches)
-                bar = _bar(n_todo, f"{cfg.style}/{method}", progress)
+                bar = _bar(n_todo, f"{cfg.style}/{method}", progress)  # samples, ETA, accuracy so far
                 n_ok = n_done = 0
                 fresh[method] = n_todo == len(items) * cfg.num_rollouts  # else wall time covers only part
                 for rec in backend.stream(batches, method):
@@ -298,10 +298,10 @@ def finish(cfg: EvalConfig, samples_file: Path, plan, wall: dict, start: float,
     path = write_results(cfg.output_path, "", results, config, start_time=start, extra=extra)
     track_results(cfg, results, [path, samples_file])
     table = markdown_table(results)
-    print(table, flush=True)
+    current().line(table)
     if num_errored:
-        print(f"{num_errored} sample(s) failed after {cfg.max_batch_retries} retries (field 'error' in "
-              f"{samples_file}); rerun with --resume to retry them", flush=True)
+        current().line(f"{num_errored} sample(s) failed after {cfg.max_batch_retries} retries (field 'error' in "
+                       f"{samples_file}); rerun with --resume to retry them")
     out = {"results": results, "samples_path": str(samples_file), "results_path": str(path), "table": table,
            "num_errored": num_errored}
     if cfg.plot:
@@ -324,7 +324,7 @@ def plot_results(output_path: str, bench: str, style: str) -> Path:
             continue  # a file being written by another run
         if (data.get("config") or {}).get("style") != style:
             continue
-        for v in data.get("results", {}).values():
+        for v in read_results(data).values():
             if v.get("benchmark") == bench and "rounds" in v:
                 key = (v["method"], int(v["rounds"]))
                 if key not in points or points[key][0] < data.get("date", 0):
@@ -336,9 +336,7 @@ def plot_results(output_path: str, bench: str, style: str) -> Path:
 
 
 def _bar(total, desc, enabled):
-    from tqdm.auto import tqdm
-
-    return tqdm(total=total, desc=desc, disable=not enabled, dynamic_ncols=True)
+    return current().bar(total, desc, unit="sample", enabled=enabled)
 
 
 def track_results(cfg: EvalConfig, results: dict, files: list) -> None:

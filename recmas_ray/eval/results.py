@@ -4,8 +4,10 @@
   flushed and fsynced, so a crash loses at most the line being written; `load_done_ids` and
   `read_samples` make `--resume` skip finished samples and never double count.
 - `summarize`: accuracy with standard error, pass@k, tokens, latent steps, seconds, throughput.
-- `write_results`: `results_<ISO time>.json` with `results`, `config`, `versions`, `git_hash`,
-  `date`, `n-samples`, `total_evaluation_time_seconds`.
+- `write_results`: `results_<ISO time>.json` with `results` (numbers only), `metadata` (each task's
+  strings: benchmark, method, grader, headline, ...), `config`, `versions`, `git_hash`, `date`,
+  `n-samples`, `total_evaluation_time_seconds`; `read_results` joins the two again (also reads older
+  files, whose strings sat in the metric rows).
 - `markdown_table` (stdout) and `plot_vs_rounds` (PNG).
 """
 
@@ -26,8 +28,8 @@ from typing import Any, Callable, Iterable, Mapping, Sequence
 from recmas_ray.eval.graders import pass_at_k
 
 __all__ = ["SampleWriter", "sample_key", "load_done_ids", "read_samples", "summarize", "with_verdicts",
-           "VERDICT_FIELDS",
-           "write_results", "markdown_table", "plot_vs_rounds", "timestamp", "lm_eval_sample"]
+           "VERDICT_FIELDS", "write_results", "read_results", "split_metadata", "markdown_table", "plot_vs_rounds",
+           "timestamp", "lm_eval_sample"]
 
 BASELINE = "recursive_textmas"
 HIGHER_IS_BETTER = {"accuracy": True, "tokens_per_sample": False, "latent_steps_per_sample": False,
@@ -316,7 +318,9 @@ def write_results(output_dir: str | os.PathLike, run_name: str, results: Mapping
     """Write `<output_dir>/<run_name>/results_<ts>.json` atomically and return its path.
 
     `results` maps a task key (e.g. "math500/recursive_mas") to its metrics, ideally with
-    "benchmark" and "method" entries so `markdown_table` can compare methods. `config` may be
+    "benchmark" and "method" entries so `markdown_table` can compare methods; string entries are
+    written to `metadata[task]`, so `results[task]` holds only numbers (what metric loggers and
+    lm-eval's tools expect). `config` may be
     a dataclass (dumped with `asdict`) or any JSON-able mapping. `extra` adds top-level entries
     (the evaluation driver's `protocol`, `prompt_set` and `warnings`). The file follows lm-eval's schema
     (`n-shot`, `configs`, `versions` with one entry per task next to the package versions,
@@ -325,8 +329,10 @@ def write_results(output_dir: str | os.PathLike, run_name: str, results: Mapping
     if dataclasses.is_dataclass(config) and not isinstance(config, type):
         config = dataclasses.asdict(config)
     now = time.time()
+    split = {k: split_metadata(v) for k, v in results.items()}
     payload = {
-        "results": {k: dict(v) for k, v in results.items()},
+        "results": {k: metrics for k, (metrics, _) in split.items()},
+        "metadata": {k: meta for k, (_, meta) in split.items()},
         "config": config,
         "versions": {**_versions(), **{k: 1.0 for k in results}},
         "n-shot": {k: 0 for k in results},
@@ -353,6 +359,24 @@ def write_results(output_dir: str | os.PathLike, run_name: str, results: Mapping
                    encoding="utf-8")
     os.replace(tmp, path)
     return path
+
+
+def split_metadata(row: Mapping[str, Any]) -> tuple[dict, dict]:
+    """(metrics, metadata) of one task's row: its string entries are metadata, everything else
+    (numbers, booleans, None, lists of per-run numbers) stays a metric."""
+    metrics = {k: v for k, v in row.items() if not isinstance(v, str)}
+    return metrics, {k: v for k, v in row.items() if isinstance(v, str)}
+
+
+def read_results(source: str | os.PathLike | Mapping[str, Any]) -> dict[str, dict]:
+    """Task key -> its row with metadata joined back in, from a results file or its parsed payload.
+
+    Files written before the `metadata` section kept the strings in the rows themselves; they read the
+    same way (`--resume` and the plots read older folders too).
+    """
+    data = source if isinstance(source, Mapping) else json.loads(Path(source).read_text(encoding="utf-8"))
+    meta = data.get("metadata") or {}
+    return {k: {**(meta.get(k) or {}), **v} for k, v in (data.get("results") or {}).items()}
 
 
 # ----------------------------------------------------------------------------- table and plot

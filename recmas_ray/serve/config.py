@@ -78,6 +78,10 @@ class ServeConfig:
     """HTTP port of the Serve proxy."""
     app_name: Annotated[str, NonEmpty()] = "recmas"
     """Name of the Serve application."""
+    log_dir: str = "out/serve/logs"
+    """Where Ray, Ray Serve and HF output goes (serve.log) unless verbose."""
+    verbose: bool = False
+    """Show Ray, Ray Serve and HF output on the console (else it goes to log_dir/serve.log)."""
     route_prefix: str = "/"
     """URL prefix of the application (the OpenAI routes live under <prefix>/v1)."""
     num_replicas: Annotated[int, Range(1, 1024)] = 1

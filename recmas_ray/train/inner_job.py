@@ -22,10 +22,12 @@ from pathlib import Path
 from recmas_ray.config.checks import check_tree
 from recmas_ray.config.tree import save_config
 from recmas_ray.config.training import InnerTrainConfig
+from recmas_ray.console import current
 from recmas_ray.styles import canonical_role, get_style
 from recmas_ray.system.checkpoints import MANIFEST, WEIGHTS
 from recmas_ray.train import core
 from recmas_ray.train.data import load_rows, role_examples, validate_rows
+from recmas_ray.train.progress import StepBoard
 
 
 def plan_roles(cfg: InnerTrainConfig, roles: list[str]):
@@ -43,8 +45,9 @@ def plan_roles(cfg: InnerTrainConfig, roles: list[str]):
 
 
 def _fit(cfg: InnerTrainConfig, role: str, base_model: str, link_state: dict, examples: list[tuple[str, str]], *,
-         faults: dict | None = None) -> Path:
-    """One role's TorchTrainer run; returns cfg.save_dir holding the final link."""
+         faults: dict | None = None, progress=None) -> Path:
+    """One role's TorchTrainer run; returns cfg.save_dir holding the final link (`progress`: a StepBoard's
+    queue, where rank 0 posts its steps)."""
     world = max(cfg.num_workers, 1)
     cfg = core.resolve_steps(cfg, len(examples), cfg.batch_size * cfg.grad_accum_steps * world)
     storage = core.run_storage(cfg, f"inner-{get_style(cfg.style).name}-{role}")
@@ -53,7 +56,7 @@ def _fit(cfg: InnerTrainConfig, role: str, base_model: str, link_state: dict, ex
         logging.getLogger("ray.train.v2._internal.execution.train_fn_utils").setLevel(logging.WARNING)
     loop_config = {"cfg": asdict(cfg), "role": role, "base_model": base_model, "link": link_state,
                    "examples": examples, "storage": (storage.uri, storage.name), "resume_from": resume_from,
-                   "_faults": faults}
+                   "progress": progress, "_faults": faults}
     from recmas_ray.train.inner_worker import train_loop_per_worker
 
     save_config(cfg, cfg.save_dir)  # next to the outputs, once every input has been checked
@@ -89,11 +92,14 @@ def train_inner(cfg: InnerTrainConfig, *, faults: dict | None = None) -> Path:
     plan = plan_roles(cfg, [role])
     examples = role_examples(load_rows(cfg.dataset_name, cfg.dataset_json_field, split=cfg.dataset_split), style,
                              role, cfg.task)
-    if cfg.num_workers > 0:
-        from recmas_ray.distributed.cluster import init_ray
+    if cfg.num_workers == 0:  # Ray Train's local mode: the loop runs here and draws its own bar
+        return _fit(cfg, role, plan.role_models[role], _role_state(plan, role), examples, faults=faults)
+    from recmas_ray.distributed.cluster import init_ray
 
-        init_ray()
-    return _fit(cfg, role, plan.role_models[role], _role_state(plan, role), examples, faults=faults)
+    init_ray()
+    with StepBoard(current(), enabled=cfg.progress) as board:
+        return _fit(cfg, role, plan.role_models[role], _role_state(plan, role), examples, faults=faults,
+                    progress=board.queue)
 
 
 def train_all_roles(cfg: InnerTrainConfig) -> dict[str, Path]:
@@ -128,13 +134,16 @@ def train_all_roles(cfg: InnerTrainConfig) -> dict[str, Path]:
     opts = {"num_cpus": 0} if cfg.num_workers else {
         "num_cpus": cfg.cpus_per_worker, "num_gpus": cfg.gpus_per_worker if cfg.use_gpu else 0}
     fit = ray.remote(_fit).options(max_retries=0, **opts)
-    refs = {r: fit.remote(c, r, plan.role_models[r], _role_state(plan, r), role_examples(rows, style, r, cfg.task))
-            for r, c in cfgs.items()}
-    try:
-        return dict(zip(refs, ray.get(list(refs.values()), timeout=cfg.fit_timeout_s)))
-    except BaseException as e:  # one role failed or timed out: stop the others too
-        for ref in refs.values():
-            ray.cancel(ref, force=True)
-        if isinstance(e, ray.exceptions.GetTimeoutError):
-            raise TimeoutError(f"inner training of {roles} did not finish within {cfg.fit_timeout_s} s") from None
-        raise
+    with StepBoard(current(), enabled=cfg.progress) as board:  # one bar per role
+        refs = {r: fit.remote(c, r, plan.role_models[r], _role_state(plan, r),
+                              role_examples(rows, style, r, cfg.task), progress=board.queue)
+                for r, c in cfgs.items()}
+        try:
+            return dict(zip(refs, ray.get(list(refs.values()), timeout=cfg.fit_timeout_s)))
+        except BaseException as e:  # one role failed or timed out: stop the others too
+            for ref in refs.values():
+                ray.cancel(ref, force=True)
+            if isinstance(e, ray.exceptions.GetTimeoutError):
+                raise TimeoutError(f"inner training of {roles} did not finish within {cfg.fit_timeout_s} s") \
+                    from None
+            raise

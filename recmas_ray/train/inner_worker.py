@@ -24,6 +24,7 @@ from recmas_ray.styles import get_style
 from recmas_ray.system.checkpoints import LinkSet, load_links, save_links
 from recmas_ray.train import core
 from recmas_ray.train.inner import make_optimizer, train_step
+from recmas_ray.train.progress import post_step
 
 
 def write_checkpoint(path: Path, *, link: InnerLink, opt, sched, step: int, cfg: InnerTrainConfig, role: str,
@@ -56,10 +57,12 @@ def load_checkpoint(path: Path, *, link: InnerLink, opt, sched, role: str, base_
     return int(state["step"]), [list(x) for x in state["loss_log"]]
 
 
-def _progress_bar(cfg: InnerTrainConfig, role: str, start: int):
+def _progress_bar(cfg: InnerTrainConfig, role: str, start: int, board):
+    """The rank-0 bar: none when the driver's StepBoard draws the steps (`board`, its queue) or progress is
+    off; Ray's driver-rendered tqdm in a Ray worker; else the console's own bar (local mode, in the driver)."""
     import ray
 
-    if not cfg.progress:
+    if not cfg.progress or board is not None:
         return None
     if ray.is_initialized() and ray.get_runtime_context().worker.mode == ray.WORKER_MODE:
         from ray.experimental.tqdm_ray import tqdm as ray_tqdm  # renders on the driver
@@ -67,9 +70,9 @@ def _progress_bar(cfg: InnerTrainConfig, role: str, start: int):
         bar = ray_tqdm(total=cfg.max_steps, desc=f"inner {role}")
         bar.update(start)
         return bar
-    from tqdm.auto import tqdm
+    from recmas_ray.console import current
 
-    return tqdm(total=cfg.max_steps, initial=start, desc=f"inner {role}", dynamic_ncols=True)
+    return current().bar(cfg.max_steps, f"inner {role}", unit="step", initial=start)
 
 
 def train_loop_per_worker(config: dict) -> dict:
@@ -77,7 +80,8 @@ def train_loop_per_worker(config: dict) -> dict:
 
     config: {"cfg": asdict(InnerTrainConfig) of one role, "role", "base_model", "link": the initial inner link's
     state dict, "examples": [(user prompt, target)], "storage": (storage_path, run name),
-    "resume_from": a Ray Train Checkpoint or None, "_faults": test hooks}. Returns {"loss_log": ...}.
+    "resume_from": a Ray Train Checkpoint or None, "progress": the driver's StepBoard queue or None,
+    "_faults": test hooks}. Returns {"loss_log": ...}.
     """
     import ray.train
 
@@ -107,7 +111,8 @@ def train_loop_per_worker(config: dict) -> dict:
                                               base_model=base_model)
         restored = d is not None
     end = min(cfg.max_steps, cfg.stop_at_step) if cfg.stop_at_step else cfg.max_steps
-    bar = _progress_bar(cfg, role, start) if rank == 0 else None
+    board = config.get("progress")  # the driver's StepBoard queue, or None
+    bar = _progress_bar(cfg, role, start, board) if rank == 0 else None
     window, t0, saved = [], time.perf_counter(), None
     rows_per_rank = cfg.batch_size * cfg.grad_accum_steps
 
@@ -135,6 +140,8 @@ def train_loop_per_worker(config: dict) -> dict:
         faults.maybe_fail(done, restored)
         if bar is not None:
             bar.update(1)
+        if rank == 0:
+            post_step(board, f"inner {role}", done, cfg.max_steps)
         log_now = done % cfg.log_every == 0 or done == end
         save_now = (cfg.save_every and done % cfg.save_every == 0) or done == end
         if log_now:
@@ -145,7 +152,10 @@ def train_loop_per_worker(config: dict) -> dict:
             if rank == 0:
                 msg = (f"[inner {role}] step {done}/{cfg.max_steps} loss {mean:.4f} lr {lr:.2e} "
                        f"samples/s {metrics['samples_per_s']:.1f}")
-                bar.write(msg) if hasattr(bar, "write") else print(msg, flush=True)  # above a plain tqdm bar
+                if hasattr(bar, "write"):
+                    bar.write(msg)  # above a plain tqdm bar
+                else:
+                    print(msg, flush=True)
             window, t0 = [], time.perf_counter()
         if log_now or save_now:
             report(done, metrics, bool(save_now))

@@ -33,10 +33,12 @@ import torch.distributed as dist
 
 from recmas_ray.agent import Agent
 from recmas_ray.config.training import OuterTrainConfig
+from recmas_ray.console import current
 from recmas_ray.links import inner_link_from_state_dict, outer_link_from_state_dict
 from recmas_ray.styles import StyleSpec, get_style
 from recmas_ray.train import core
 from recmas_ray.train.outer import Sample, export_checkpoint, round_loss_weight
+from recmas_ray.train.progress import post_step, StepBoard
 from recmas_ray.train.stage import PipelineStage
 
 NAN_STOP = "nan_stop.json"
@@ -76,7 +78,8 @@ def evaluate_rows(stage: PipelineStage, rows: list[Sample], cfg: OuterTrainConfi
 
 def train_loop_per_worker(config: dict) -> None:
     """Ray Train entry. config = {"cfg", "system", "links": {role: ObjectRef}, "samples", "eval_samples",
-    "storage": (storage_path, run name), "resume_from", "_faults"}."""
+    "storage": (storage_path, run name), "resume_from", "progress" (the driver's StepBoard queue or None),
+    "_faults"}."""
     import ray
     import ray.train
 
@@ -146,6 +149,8 @@ def train_loop_per_worker(config: dict) -> None:
         dt = time.perf_counter() - t_step
         log.append({"step": done, "loss": stats.round_losses[-1], "round_losses": stats.round_losses,
                     "grad_norm": stats.grad_norm, "lr": stats.lr, "step_s": dt, "num_truncated": stats.num_truncated})
+        if rank == 0:
+            post_step(config.get("progress"), f"outer {style.name}", done, cfg.max_steps)
         if rank == 0 and (done % cfg.log_every == 0 or done == end):
             rounds = " ".join(f"{x:.4f}" for x in stats.round_losses)
             cut = f" truncated {stats.num_truncated}/{len(batch)}" if stats.num_truncated else ""
@@ -239,7 +244,9 @@ def train_outer(cfg: OuterTrainConfig, *, faults: dict | None = None) -> OuterRu
     loop_config = {"cfg": asdict(cfg), "system": system, "links": links, "storage": (storage.uri, storage.name),
                    "samples": [asdict(s) for s in samples], "eval_samples": [asdict(s) for s in eval_samples],
                    "resume_from": resume_from, "_faults": faults}
-    with core.tracked_run(cfg, f"outer-{cfg.style}") as tracker:
+    with core.tracked_run(cfg, f"outer-{cfg.style}") as tracker, \
+            StepBoard(current(), enabled=cfg.progress) as board:
+        loop_config["progress"] = board.queue
         result = core.fit(train_loop_per_worker, loop_config, cfg, storage, num_workers=len(style.roles),
                           resources=_worker_resources(cfg, len(style.roles), local),
                           backend="nccl" if cfg.use_gpu else "gloo", tracker=tracker,

@@ -92,7 +92,10 @@ def test_results_record_the_protocol_and_apply_pass_at_k(tmp_path, tiny_cache, q
     assert rec["settings"]["num_rollouts"] == {**rec["settings"]["num_rollouts"], "source": "explicit", "value": 2}
     assert data["config"]["recursion"]["decode"]["do_sample"] is True and data["config"]["grader"] == "reference"
     entry = data["results"][f"{question_file.stem}/recursive_mas"]
-    assert entry["headline"] == "pass@2,reference" and entry["headline_value"] == entry["pass@2,reference"]
+    assert all(not isinstance(v, str) for v in entry.values())  # strings live in the metadata section
+    meta = data["metadata"][f"{question_file.stem}/recursive_mas"]
+    assert meta["headline"] == "pass@2,reference" and entry["headline_value"] == entry["pass@2,reference"]
+    assert meta["method"] == "recursive_mas" and meta["grader"] == "reference"
     assert len(entry["accuracy_runs,strict"]) == 2 and "accuracy_runs_std,reference" in entry
     assert data["prompt_set"]["sha256"] == data["config"]["system"]["prompt_set_hash"]
 

@@ -89,12 +89,27 @@ def test_write_results_lm_eval_layout(tmp_path):
     assert path.parent == tmp_path / "demo"
     assert re.fullmatch(r"results_\d{4}-\d\d-\d\dT\d\d-\d\d-\d\d\.\d{6}\.json", path.name)
     data = json.loads(path.read_text())
-    assert data["results"] == res and data["config"] == {"style": "sequential_light", "num_recursive_rounds": 2}
+    # metric rows hold numbers only; the strings sit in `metadata`, and read_results joins them again
+    assert data["results"] == {"math500/recursive_mas": {"accuracy,strict": 0.5, "accuracy_stderr,strict": 0.1,
+                                                         "n_docs": 8}}
+    assert data["metadata"] == {"math500/recursive_mas": {"benchmark": "math500", "method": "recursive_mas"}}
+    assert R.read_results(path) == res and R.read_results(data) == res
+    assert data["config"] == {"style": "sequential_light", "num_recursive_rounds": 2}
     assert {"torch", "transformers", "ray"} <= set(data["versions"])
     assert data["git_hash"] is None or re.fullmatch(r"[0-9a-f]{4,40}", data["git_hash"])
     assert data["n-samples"] == {"math500/recursive_mas": {"original": 8, "effective": 8}}
     assert data["total_evaluation_time_seconds"] == 12.5 and isinstance(data["date"], float)
     assert not list(tmp_path.rglob("*.tmp"))
+
+
+def test_read_results_reads_files_without_a_metadata_section(tmp_path):
+    """Files written before the split kept strings inside the rows: they read the same."""
+    row = {"benchmark": "gsm8k", "method": "recursive_mas", "rounds": 2, "accuracy,strict": 0.25}
+    old = tmp_path / "results_old.json"
+    old.write_text(json.dumps({"results": {"gsm8k/recursive_mas": row}, "config": {}}))
+    assert R.read_results(old) == {"gsm8k/recursive_mas": row}
+    assert R.split_metadata(row) == ({"rounds": 2, "accuracy,strict": 0.25},
+                                     {"benchmark": "gsm8k", "method": "recursive_mas"})
 
 
 def test_markdown_table_adds_speedup_and_token_reduction():

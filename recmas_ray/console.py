@@ -1,0 +1,312 @@
+"""The console of every job (run, train_inner, train_outer, serve, demo): what the user reads, and where the rest goes.
+
+    job_console(<output>/logs, verbose=False, name="run")
+        console stream (the stdout/stderr the job started with): phase lines, progress bars, tables, JSON
+        <output>/logs/<name>.log: Python logging, warnings, stray prints, fd 2 (C code, child processes),
+                                  Ray's driver and forwarded worker output, Ray Train, HF, math-verify
+
+In quiet mode (the default) `distributed.driver.init_ray` asks this module for its settings (Ray's own
+logging at WARNING; its workers' output is still forwarded to the driver, where it lands in the log file
+instead of the terminal), and the job shuts down a Ray it started before the streams are restored, so
+Ray's goodbye messages (PlacementGroupCleaner, raylet) land there too and none of its processes outlive
+the job. `--verbose` leaves everything on the console, as before (Ray still shut down at the end).
+
+Code deep inside a job writes through `current()`: the active job's console, or a plain one on
+sys.stdout / sys.stderr for Python callers, so library use prints exactly what it printed before.
+Nothing here imports Ray at module level.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import shutil
+import sys
+import tempfile
+import time
+import warnings
+from pathlib import Path
+from typing import Callable, Iterator, TextIO
+
+QUIET_ENV = {"RAY_DEDUP_LOGS": "0", "HF_HUB_DISABLE_PROGRESS_BARS": "1", "TRANSFORMERS_VERBOSITY": "error",
+             "TQDM_DISABLE": "1", "TOKENIZERS_PARALLELISM": "false"}
+"""Environment set in quiet mode; Ray's processes inherit it. TQDM_DISABLE only changes tqdm's default, so
+libraries' bars vanish while the console's own bars (disable given explicitly) still draw."""
+
+_current: "Console | None" = None
+_log_handler: logging.Handler | None = None  # the quiet job_console's log file handler
+_moved: list = []  # (logger, its handlers, its propagate) re-pointed at the log file, restored at the end
+
+
+class Console:
+    """Phase lines, progress bars and results on the streams the job started with."""
+
+    def __init__(self, *, stream: TextIO | None = None, err: TextIO | None = None, progress: bool = True,
+                 on_work: Callable[[], None] | None = None):
+        self.stream = stream or sys.stdout
+        self.err = err or sys.stderr
+        self._on_work = on_work
+        self.bars = progress
+        """Progress bars (evaluation, training steps) drawn at all."""
+        self.progress = progress and getattr(self.stream, "isatty", lambda: False)()
+        """Phase lines updated in place (a terminal only; elsewhere only each phase's final line)."""
+        self._open: str | None = None
+        self._t0 = 0.0
+
+    def _write(self, text: str) -> None:
+        self.stream.write(text)
+        self.stream.flush()
+
+    def settle_logs(self) -> None:
+        """The job's real work begins (its inputs are checked): make the log folder (see `job_console`)."""
+        if self._on_work is not None:
+            self._on_work()
+
+    def start(self, what: str) -> None:
+        """Begin a phase line (shown at once on a terminal, then updated in place)."""
+        self.settle_logs()
+        self.finish_open()
+        self._open, self._t0 = what, time.perf_counter()
+        if self.progress:
+            self._write(f"{what} ...")
+
+    def update(self, status: str) -> None:
+        """Replace the running phase's status (terminal only)."""
+        if self._open is not None and self.progress:
+            self._write(f"\r\033[K{self._open} ... {status}")
+
+    def done(self, result: str = "") -> float:
+        """End the phase: one final line with its result and duration; returns the seconds it took."""
+        dt = time.perf_counter() - self._t0
+        line = f"{self._open}: {result} ({dt:.0f} s)" if result else f"{self._open} ({dt:.0f} s)"
+        self._write(("\r\033[K" if self.progress else "") + line + "\n")
+        self._open = None
+        return dt
+
+    def finish_open(self) -> None:
+        """Close a phase that never reached `done` (an error or interrupt stopped it)."""
+        if self._open is not None:
+            self.done("interrupted")
+
+    def line(self, text: str = "") -> None:
+        """One line of results (a table, JSON, where the outputs went) on the console's stdout."""
+        self.finish_open()
+        self._write(text + "\n")
+
+    def warn(self, text: str) -> None:
+        """`warning: text` on the console's stderr (user-facing, unlike library warnings)."""
+        self.err.write(f"warning: {text}\n")
+        self.err.flush()
+
+    def bar(self, total: int | None, desc: str, *, unit: str = "it", initial: int = 0, enabled: bool = True):
+        """A tqdm bar (count, rate, ETA) on the console's stderr; a disabled one without progress bars."""
+        from tqdm.auto import tqdm
+
+        self.settle_logs()
+        return tqdm(total=total, initial=initial, desc=desc, unit=unit, file=self.err,
+                    disable=not (enabled and self.bars), dynamic_ncols=True)
+
+
+def current() -> Console:
+    """The running job's console, else a plain one on the present sys.stdout / sys.stderr."""
+    return _current if _current is not None else Console()
+
+
+def _private_copy(stream: TextIO, fd: int) -> tuple[TextIO, bool]:
+    """`stream` itself, or a stream on a duplicate of `fd` when `stream` writes to `fd` (which is about to be
+    pointed at the log file); the bool says whether the copy must be closed."""
+    try:
+        if stream.fileno() == fd:
+            return os.fdopen(os.dup(fd), "w", buffering=1, encoding=getattr(stream, "encoding", None) or "utf-8",
+                             errors="replace"), True
+    except (AttributeError, OSError, ValueError):  # pytest's capture objects, closed streams
+        pass
+    return stream, False
+
+
+class _LogFile:
+    """The quiet job's log: a temporary file until the job's real work starts (`settle`), then
+    log_dir/<name>.log, so a run refused for bad input leaves its output folder as it was."""
+
+    def __init__(self, log_dir: Path, name: str):
+        fd, self.tmp = tempfile.mkstemp(prefix=f"recmas-{name}-", suffix=".log")
+        self.file = os.fdopen(fd, "a", buffering=1, encoding="utf-8", errors="replace")
+        self.final = log_dir / f"{name}.log"
+        self.settled = False
+        self.redirect_fd2 = False
+
+    def settle(self) -> None:
+        """Move what was logged so far into the final file and write there from now on (the same file
+        object and fd 2 stay in use: their descriptors are re-pointed)."""
+        if self.settled:
+            return
+        self.final.parent.mkdir(parents=True, exist_ok=True)
+        self.file.flush()
+        with open(self.tmp, "rb") as src, open(self.final, "ab") as dst:
+            shutil.copyfileobj(src, dst)
+        fd = os.open(self.final, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+        os.dup2(fd, self.file.fileno())
+        os.close(fd)
+        if self.redirect_fd2:
+            os.dup2(self.file.fileno(), 2)
+        self.settled = True
+        os.unlink(self.tmp)
+
+    def close(self, *, keep: bool) -> None:
+        if keep:
+            self.settle()
+        self.file.close()
+        if not self.settled:
+            os.unlink(self.tmp)
+
+
+@contextlib.contextmanager
+def job_console(log_dir: str | Path, *, verbose: bool, name: str, progress: bool = True) -> Iterator[Console]:
+    """The job's console; unless `verbose`, everything else goes to `log_dir/<name>.log` (see the module doc).
+
+    The log folder is made when the job starts real work (`Console.settle_logs`: Ray starts, a phase or a
+    progress bar begins); a job that stops on bad input before that (ValueError, TypeError) writes no log.
+    On exit everything is restored (an error printed after the job returns reaches the real stderr), and a
+    Ray this job started is shut down first.
+    """
+    global _current, _log_handler
+    ray_before = _ray_running()
+    saved_current = _current
+    if verbose:
+        _current = Console(progress=progress)
+        try:
+            yield _current
+        finally:
+            _current = saved_current
+            if not ray_before and _ray_running():
+                _shutdown_ray()
+        return
+    saved_env = {k: os.environ.get(k) for k in QUIET_ENV}
+    os.environ.update(QUIET_ENV)
+    log = _LogFile(Path(log_dir), name)
+    stdout, stderr = sys.stdout, sys.stderr
+    err, close_err = _private_copy(stderr, 2)
+    try:
+        fd2 = os.dup(2)
+    except OSError:
+        fd2 = None
+    root = logging.getLogger()
+    saved_handlers, saved_level = list(root.handlers), root.level
+    handler = logging.StreamHandler(log.file)
+    handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+    saved_moved, saved_handler = list(_moved), _log_handler
+    _current, _log_handler = Console(stream=stdout, err=err, progress=progress, on_work=log.settle), handler
+    keep = True
+    try:
+        if fd2 is not None:
+            stderr.flush()
+            os.dup2(log.file.fileno(), 2)
+            log.redirect_fd2 = True
+        sys.stdout = sys.stderr = log.file  # stray prints (Ray Train's driver, libraries) go to the log
+        # handlers that print to the console go; others (a file, a test's capture) keep their records
+        shown = {id(stdout), id(stderr), id(sys.__stdout__), id(sys.__stderr__)}
+        root.handlers = [h for h in saved_handlers if not (type(h) is logging.StreamHandler
+                                                           and id(h.stream) in shown)] + [handler]
+        root.setLevel(logging.INFO)
+        route_loggers(handler)
+        with warnings.catch_warnings():
+            warnings.simplefilter("default")
+            logging.captureWarnings(True)
+            try:
+                yield _current
+            except (ValueError, TypeError):
+                keep = log.settled  # bad input found before any work: the output folder stays untouched
+                raise
+            finally:
+                _current.finish_open()
+                if not ray_before and _ray_running():
+                    _shutdown_ray()
+                logging.captureWarnings(False)
+    finally:
+        _current, _log_handler = saved_current, saved_handler
+        sys.stdout, sys.stderr = stdout, stderr
+        if fd2 is not None:
+            os.dup2(fd2, 2)
+            os.close(fd2)
+        log.redirect_fd2 = False
+        root.handlers, root.level = saved_handlers, saved_level
+        for lg, handlers, propagate in reversed(_moved[len(saved_moved):]):
+            lg.handlers, lg.propagate = handlers, propagate
+        _moved[:] = saved_moved
+        log.close(keep=keep)
+        if close_err:
+            err.close()
+        for k, v in saved_env.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+
+
+def ray_starting() -> dict:
+    """Called by `init_ray` before it starts or joins Ray: the job's real work begins (its log folder is made);
+    returns the `ray.init` settings of the console: Ray's own logging at WARNING in a quiet job (its workers'
+    output still reaches this driver, whose streams go to the log), nothing otherwise."""
+    if _current is not None:
+        _current.settle_logs()
+    return {"logging_level": logging.WARNING} if _log_handler is not None else {}
+
+
+def ray_started() -> None:
+    """Called by `init_ray` once Ray runs: in a quiet job the loggers Ray made go to the log as well, and the
+    log names Ray's session folder (the daemons' own logs)."""
+    if _log_handler is None:
+        return
+    route_loggers(_log_handler)
+    try:
+        import ray
+
+        logging.getLogger(__name__).warning("Ray session logs: %s",
+                                            ray._private.worker._global_node.get_session_dir_path())
+    except Exception:  # noqa: BLE001 - only informational (a joined cluster has no local node object)
+        pass
+
+
+def route_loggers(handler: logging.Handler) -> None:
+    """Point every existing logger with its own handlers (ray.*, transformers, math_verify, ...) at `handler`,
+    recording what each had (job_console restores it). Called again after Ray starts: Ray Train and Ray Data
+    make their loggers late."""
+    for name in list(logging.Logger.manager.loggerDict):
+        lg = logging.getLogger(name)
+        if isinstance(lg, logging.Logger) and (lg.handlers or not lg.propagate) and lg.handlers != [handler]:
+            _moved.append((lg, list(lg.handlers), lg.propagate))
+            lg.handlers, lg.propagate = [handler], False
+
+
+def _ray_running() -> bool:
+    ray = sys.modules.get("ray")
+    return bool(ray is not None and getattr(ray, "is_initialized", lambda: False)())
+
+
+def _shutdown_ray() -> None:
+    import ray
+
+    try:
+        ray.shutdown()
+    except Exception:  # noqa: BLE001 - the job's own result is already out; the log has the reason
+        logging.getLogger(__name__).exception("ray.shutdown failed")
+
+
+def start_ray(address: str | None = None, **kwargs) -> None:
+    """`distributed.driver.init_ray`, retrying a local start-up that timed out (a busy machine)."""
+    import ray
+
+    from recmas_ray.distributed.cluster import init_ray
+
+    if ray.is_initialized():
+        return
+    for attempt in range(3):  # Ray waits only 30 s for its raylet: a busy machine can overrun that
+        try:
+            init_ray(address, **kwargs)
+            return
+        except Exception as e:  # noqa: BLE001 - Ray raises a bare Exception for this
+            if "timed out during startup" not in str(e) or attempt == 2:
+                raise RuntimeError(f"Ray did not start: {e}") from e
+            logging.getLogger(__name__).warning("Ray start-up timed out (busy machine); retrying")
+            ray.shutdown()
