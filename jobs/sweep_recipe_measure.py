@@ -136,6 +136,7 @@ class Measurer:
     def _run(self, method: str, rounds: int, *, ablation: str = "none", questions=None) -> dict:
         from recmas_ray.config.recursion import DecodeConfig, RecursionConfig
         from recmas_ray.eval.graders import grade_math_strict
+        from recmas_ray.eval.stream import format_retry
         from recmas_ray.runner import run_batch
 
         cfg, questions = self.cfg, questions or self.questions
@@ -144,11 +145,18 @@ class Measurer:
                                                                            seed=cfg.seed))
         correct, fact_nll, result_nll, feats, preds = [], [], [], {}, []
         decoder = self.pool.services[self.style.decoder].agent
+
+        def retry(texts, suffixes, n, decode):
+            return self.pool.services[self.style.decoder].retry_format(texts, suffixes, n, cfg=decode)
+
         for k in range(0, len(self.rows), cfg.eval_batch_size):
             rows = self.rows[k:k + cfg.eval_batch_size]
             self.pool.messages, self.pool.token_nll = {}, []
             res = run_batch(self.pool, self.style, questions[k:k + cfg.eval_batch_size], [cfg.task] * len(rows), rc,
                             targets=[r["answer"] for r in rows])
+            # the demo's and jobs.run's answer-format retry (on by default there): output without \boxed{}
+            # is continued after "Final Answer: \boxed{" by the decoder's base model, then graded strictly
+            format_retry([{"task_type": cfg.task}] * len(rows), res, rc.decode, retry)
             for r, s, tok in zip(rows, res, self.pool.token_nll):
                 correct.append(bool(grade_math_strict(s.prediction, r["gold"])))
                 preds.append(s.prediction)

@@ -162,7 +162,13 @@ def test_pipeline_grads_equal_single_process_reference(pipeline_results, style_n
                     torch.testing.assert_close(g, ref[name], rtol=1e-4, atol=1e-6, msg=f"{s} R={r} rc={rc} {edge}.{name}")
                     max_diff = max(max_diff, float((g - ref[name]).abs().max()))
                 for name, v in res["masters"][edge].items():
-                    torch.testing.assert_close(v, ref_masters[edge][name], rtol=1e-5, atol=1e-5)
+                    want, g = ref_masters[edge][name], ref.get(name)
+                    # AdamW's first step is lr * g / (|g| + eps): where |g| is near eps (1e-8) the gradient's
+                    # allowed error (atol 1e-6 above) swings the step by up to lr, so those elements are only
+                    # held to one step's size; where the gradient is well above eps the step is determined
+                    determined = g.abs() > 1e-5 if g is not None else torch.ones_like(v, dtype=torch.bool)
+                    torch.testing.assert_close(v[determined], want[determined], rtol=1e-5, atol=1e-5)
+                    assert float((v - want).abs().max()) <= 2 * LR + 1e-6, f"{edge}.{name}: more than one step apart"
         decoder = got[style.decoder]
         mean_final = sum(x[-1] for x in ref_losses) / len(rows)
         assert decoder["round_losses"][-1] == pytest.approx(mean_final, rel=1e-5)
