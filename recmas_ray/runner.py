@@ -34,9 +34,17 @@ class AgentPool(Protocol):
 
     def get(self, handle: Any, *, what: str) -> Any: ...
 
-    # Only when `run_batch` gets `targets` (answer likelihood):
-    # score(role, users, slot_names, targets, latents, continuation=False) -> handle of (per sample: mean NLL,
-    #   or (sum log p, greedy?) with continuation=True; stats)
+    def score(self, role: str, users: list[str], slot_names: list[str], targets: list[str], latents: list[Any],
+              *, continuation: bool = False) -> Any:
+        """Only when `run_batch` gets `targets` (answer likelihood): handle of (per sample: mean NLL, or
+        (sum log p, greedy?) with continuation=True; stats)."""
+
+    def retry_format(self, role: str, texts: list[str], suffixes: list[str], max_new_tokens: int, *,
+                     cfg: DecodeConfig) -> Any:
+        """Handle of the answer-format retry's continuations (see `AgentService.retry_format`)."""
+
+    def set_links(self, role: str, inner_state: dict, outer_states: dict[str, dict]) -> Any:
+        """Handle of swapping a role's links in place, the model staying loaded (`AgentService.set_links`)."""
 
 
 @dataclass
@@ -247,6 +255,12 @@ class LocalPool:
 
     def score(self, role, users, slot_names, targets, latents, **kw):
         return self.services[role].score(users, slot_names, targets, *latents, **kw)
+
+    def retry_format(self, role, texts, suffixes, max_new_tokens, *, cfg):
+        return self.services[role].retry_format(texts, suffixes, max_new_tokens, cfg=cfg)
+
+    def set_links(self, role, inner_state, outer_states):
+        return self.services[role].set_links(inner_state, outer_states)
 
     def get(self, handle, *, what):
         return handle

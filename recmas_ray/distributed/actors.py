@@ -217,6 +217,14 @@ class RayPool:
         """Answer likelihood in the agent that holds the prompt's latents (see `AgentService.score`)."""
         return self.handles[role].score.remote(users, slot_names, targets, *latents, **kw)
 
+    def retry_format(self, role, texts, suffixes, max_new_tokens, *, cfg):
+        """The answer-format retry on the role's actor (see `AgentService.retry_format`)."""
+        return self.handles[role].retry_format.remote(texts, suffixes, max_new_tokens, cfg=cfg)
+
+    def set_links(self, role, inner_state, outer_states):
+        """Swap the role's links in its actor, the model staying loaded (see `AgentService.set_links`)."""
+        return self.handles[role].set_links.remote(inner_state, outer_states)
+
     def release_kept(self) -> None:
         """After a failed batch: every agent that kept RDT messages for it frees them (fire and forget)."""
         for role in self._holders:

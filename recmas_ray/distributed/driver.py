@@ -133,6 +133,10 @@ class RaySystem:
         """Submit one batch; returns an ObjectRef of list[SampleResult] (`run_options`: see `run_batch`)."""
         return self.orchestrator.solve.remote(questions, tasks, cfg, batch_id, **run_options)
 
+    def pool(self) -> RayPool:
+        """A `runner.AgentPool` over this replica's agents (first copy of each role), for runs driven here."""
+        return RayPool(self.handles, timeout_s=self.timeout_s)
+
     def call_logs(self, clear: bool = False) -> dict[str, list[dict]]:
         """Each agent's own call log (method, first prompt, slots, start and end times)."""
         actors = self.actors()
@@ -201,6 +205,10 @@ class RayReplicas:
         """Submit one batch to the next replica in turn; returns an ObjectRef of list[SampleResult]."""
         self._next = (getattr(self, "_next", -1) + 1) % len(self.systems)
         return self.systems[self._next].solve(questions, tasks, cfg, batch_id, **run_options)
+
+    def pool(self, replica: int = 0) -> RayPool:
+        """A `runner.AgentPool` over one replica's agents, for runs driven in this process."""
+        return self.systems[replica].pool()
 
     def call_logs(self, clear: bool = False) -> list[dict[str, list[dict]]]:
         return [s.call_logs(clear) for s in self.systems]
