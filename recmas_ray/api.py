@@ -149,9 +149,9 @@ class System:
         Raises:
             ValueError: On any bad argument, before a model loads.
         """
-        from recmas_ray.eval.driver import start_agents
         from recmas_ray.styles import get_style
         from recmas_ray.system.hub import links_overrides, resolve_overrides
+        from recmas_ray.system.launch import start_agents
         from recmas_ray.system.plan import plan_system
 
         from recmas_ray.config.inputs import check_text_table

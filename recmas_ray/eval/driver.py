@@ -44,6 +44,7 @@ from recmas_ray.eval.stream import FAIL_DOCS_ENV, for_rollout, parse_fail_docs, 
 from recmas_ray.styles import question_with_interface
 from recmas_ray.styles.prompts import prompt_set_hash
 from recmas_ray.system.hub import resolve_overrides
+from recmas_ray.system.launch import start_agents
 from recmas_ray.system.plan import plan_system
 
 log = logging.getLogger(__name__)
@@ -70,32 +71,6 @@ def done_keys(samples_file: Path) -> set[str]:
     """Keys of finished samples; errored ones (an `error` field) are not finished and run again."""
     return {sample_key(r) for r in read_samples(samples_file) if not r.get("error")} if samples_file.exists() \
         else set()
-
-
-def start_agents(plan, *, backend: str = "ray", placement=None, timeout_s: float = 900.0, torch_threads: int = 0,
-                 transport: str = "object_store", num_replicas: int | None = None, client_cpus: float = 0.0,
-                 recursion=None):
-    """The agents of `plan`: a `LocalPool` in this process (backend "local", no Ray) or running `RayReplicas`
-    (`placement.num_replicas` copies of the system, or `num_replicas` when given; 0: as many as fit)."""
-    from recmas_ray.config.placement import PlacementConfig
-
-    placement = placement or PlacementConfig()
-    if num_replicas is not None:
-        placement = dataclasses.replace(placement, num_replicas=num_replicas)
-    if backend == "local":
-        from recmas_ray.runner import LocalPool
-        from recmas_ray.service import AgentService
-
-        if placement.num_replicas != 1:
-            log.warning("num_replicas=%d is ignored by the local backend (one in-process system)",
-                        placement.num_replicas)
-        return LocalPool({r: AgentService(*plan.service_args(r)) for r in plan.style.roles})
-    from recmas_ray.distributed.cluster import init_ray
-    from recmas_ray.distributed.driver import build_replicas
-
-    init_ray()
-    return build_replicas(plan, placement, timeout_s=timeout_s, torch_threads=torch_threads, transport=transport,
-                          client_cpus=client_cpus, recursion=recursion)
 
 
 def run_warnings(cfg: EvalConfig, plan) -> list[str]:
@@ -152,7 +127,7 @@ class Backend:
             return run_batch(self.pool, self.plan.style, qs, ts, rc)
 
         def retry(texts, suffixes, n, decode):
-            return self.pool.services[decoder].retry_format(texts, suffixes, n, cfg=decode)
+            return self.pool.get(self.pool.retry_format(decoder, texts, suffixes, n, cfg=decode), what="format retry")
 
         rc, fail_docs = recursion_for(cfg, method, 0), parse_fail_docs(os.environ.get(FAIL_DOCS_ENV))
         for batch, rollout in batches:
