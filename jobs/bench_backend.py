@@ -124,11 +124,10 @@ def run(args) -> dict:
     import torch
 
     from recmas_ray.config.recursion import DecodeConfig
-    from recmas_ray.distributed.driver import build_ray_system
     from recmas_ray.config.placement import PlacementConfig
     from recmas_ray.config.recursion import RecursionConfig
-    from recmas_ray.runner import LocalPool, run_batch
-    from recmas_ray.service import AgentService
+    from recmas_ray.runner import run_batch
+    from recmas_ray.system.launch import local_pool, start_agents
     from recmas_ray.styles import get_style
     from recmas_ray.train.synthetic import make_arithmetic_dataset
     from recmas_ray.system.plan import plan_system
@@ -142,7 +141,7 @@ def run(args) -> dict:
     tasks = ["math"] * len(questions)
     rc = RecursionConfig(method="recursive_mas", num_recursive_rounds=args.num_recursive_rounds, latent_steps=args.latent_steps,
                          decode=DecodeConfig(max_new_tokens=args.max_new_tokens))
-    pool = LocalPool({r: AgentService(*plan.service_args(r)) for r in plan.style.roles})
+    pool = local_pool(plan)
 
     if args.address:
         ray.init(address=args.address, log_to_driver=False)
@@ -155,8 +154,8 @@ def run(args) -> dict:
 
         init_local_ray(num_cpus=max(4, len(plan.style.roles) + 2), include_dashboard=False,
                        log_to_driver=False, object_store_memory=512 * 2**20, _system_config={"worker_niceness": 0})
-    system = build_ray_system(plan, PlacementConfig(preset=args.placement, cpus_per_agent=args.cpus_per_agent),
-                              timeout_s=3600, torch_threads=threads)
+    system = start_agents(plan, backend="ray", timeout_s=3600, torch_threads=threads,
+                          placement=PlacementConfig(preset=args.placement, cpus_per_agent=args.cpus_per_agent))
     k, b = args.inflight, args.batch_size
     times = {"local": [], "ray_1": [], "ray_k": []}
     agent_times = {"local": [], "ray_1": [], "ray_k": []}  # seconds spent inside agent calls
@@ -181,7 +180,7 @@ def run(args) -> dict:
                 agent_times[name].append(sum(t["seconds"] for r in results for t in r.trace) / len(results))
             print(f"rep {rep}: s/sample local {times['local'][-1]:.4f}  ray {times['ray_1'][-1]:.4f}  "
                   f"ray x{k} {times['ray_k'][-1]:.4f}", flush=True)
-        infos = system.infos
+        infos = system.systems[0].infos
     finally:
         system.shutdown()
     med = {name: statistics.median(v) for name, v in times.items()}

@@ -114,7 +114,7 @@ class Measurer:
     """Agents of the sweep's system, loaded once; each measurement swaps link sets into them."""
 
     def __init__(self, cfg, inner: dict[str, str], heldout: list[dict]):
-        from recmas_ray.service import AgentService
+        from recmas_ray.system.launch import local_pool
         from recmas_ray.system.plan import plan_system
         from recmas_ray.train.data import question_text
 
@@ -126,11 +126,13 @@ class Measurer:
         base = self.plan_of(self.inner)
         self.style = base.style
         torch.set_num_threads(2)
-        self.pool = CapturePool({r: AgentService(*base.service_args(r)) for r in base.style.roles})
+        self.pool = local_pool(base, pool_cls=CapturePool)
 
     def _use(self, plan, latent_norm: str) -> None:
-        for role, svc in self.pool.services.items():
-            svc.set_links(*plan.service_args(role)[1:])
+        from recmas_ray.system.launch import set_plan_links
+
+        set_plan_links(self.pool, plan)
+        for svc in self.pool.services.values():
             svc.agent.set_latent_norm(latent_norm)
 
     def _run(self, method: str, rounds: int, *, ablation: str = "none", questions=None) -> dict:

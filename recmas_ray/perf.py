@@ -31,8 +31,8 @@ from recmas_ray.config.perf import BenchConfig
 from recmas_ray.config.recursion import DecodeConfig
 from recmas_ray.config.recursion import RecursionConfig
 from recmas_ray.kv_cache import PrefixStore
-from recmas_ray.runner import LocalPool, run_batch
-from recmas_ray.service import AgentService
+from recmas_ray.runner import run_batch
+from recmas_ray.system.launch import local_pool, start_agents
 from recmas_ray.system.plan import plan_system
 
 
@@ -261,17 +261,15 @@ def step_cost(agent, questions, cfg: BenchConfig) -> dict:
 
 def backend_ratio(plan, questions, cfg: BenchConfig, pool) -> dict:
     """(c): seconds per batch on Ray actors vs in-process, one batch and three batches in flight."""
-    import ray
+    import ray  # only for this figure (heavy optional dependency)
 
-    from recmas_ray.distributed.cluster import init_ray
-    from recmas_ray.distributed.driver import build_ray_system
     from recmas_ray.config.placement import PlacementConfig
 
-    init_ray()
     rc = RecursionConfig(method="recursive_mas", num_recursive_rounds=max(cfg.rounds), latent_steps=cfg.latent_steps,
                          decode=DecodeConfig(max_new_tokens=cfg.max_new_tokens))
     tasks = ["math"] * len(questions)
-    system = build_ray_system(plan, PlacementConfig(preset="cpu" if cfg.device != "cuda" else "colocated"))
+    system = start_agents(plan, backend="ray", timeout_s=600.0,
+                          placement=PlacementConfig(preset="cpu" if cfg.device != "cuda" else "colocated"))
     try:
         local = _median_time(lambda: run_batch(pool, plan.style, questions, tasks, rc), cfg.repeats)
         one = _median_time(lambda: ray.get(system.solve(questions, tasks, rc), timeout=3600), cfg.repeats)
@@ -288,7 +286,7 @@ def run_bench(cfg: BenchConfig, questions: list[str], on_figure=None) -> dict:
     (the job writes bench.json then, so a long run keeps what it finished)."""
     plan = plan_system(cfg.style, preset=cfg.preset, seed=cfg.seed, device=cfg.device, dtype=cfg.dtype,
                        role_model_overrides=cfg.role_model)
-    pool = LocalPool({r: AgentService(*plan.service_args(r)) for r in plan.style.roles})
+    pool = local_pool(plan)
     out = {"machine": machine(), "config": {k: v for k, v in vars(cfg).items()}, "role_models": plan.role_models}
     decoder = pool.services[plan.style.decoder].agent
     figures = {

@@ -92,51 +92,36 @@ def plan_runs(rounds: list[int], ablation_rounds: list[int], link_rounds: list[i
 
 
 class Agents:
-    """The running agents (in-process or Ray actors) with link sets to swap in."""
+    """The running agents (in-process or Ray actors, `system.launch.start_agents`) with link sets to swap in."""
 
     def __init__(self, plans: dict, backend: str, *, torch_threads: int = 1, timeout_s: float = 1800.0):
+        from recmas_ray.config.placement import PlacementConfig
+        from recmas_ray.system.launch import start_agents
+
         self.plans, self.backend, self.current = plans, backend, None
         base = plans["fresh"]
         self.style, self.decoder = base.style, base.style.decoder
         if backend == "local":
             import torch
 
-            from recmas_ray.runner import LocalPool
-            from recmas_ray.service import AgentService
-
             torch.set_num_threads(torch_threads or os.cpu_count() or 1)  # 0: every core (Ray may set OMP to 1)
-            self.pool = LocalPool({r: AgentService(*base.service_args(r)) for r in base.style.roles})
-            self.system = None
-        else:
-            from recmas_ray.distributed.actors import RayPool
-            from recmas_ray.distributed.driver import build_ray_system
-            from recmas_ray.config.placement import PlacementConfig
-
-            self.system = build_ray_system(base, PlacementConfig(preset="cpu"), timeout_s=timeout_s,
-                                           torch_threads=torch_threads)
-            self.pool = RayPool(self.system.handles, timeout_s=timeout_s)
+        agents = start_agents(base, backend=backend, placement=PlacementConfig(preset="cpu"), timeout_s=timeout_s,
+                              torch_threads=torch_threads)
+        self.system = None if backend == "local" else agents
+        self.pool = agents if backend == "local" else agents.pool()
         self.current = "fresh"
 
     def use_links(self, which: str) -> None:
         """Swap link set `which` (fresh, inner, trained) into every agent."""
+        from recmas_ray.system.launch import set_plan_links
+
         if which == self.current:
             return
-        plan = self.plans[which]
-        if self.system is None:
-            for role, svc in self.pool.services.items():
-                svc.set_links(*plan.service_args(role)[1:])
-        else:
-            import ray
-
-            ray.get([h.set_links.remote(*plan.service_args(role)[1:])
-                     for role, h in self.system.handles.items()])
+        set_plan_links(self.pool, self.plans[which])
         self.current = which
 
     def retry(self, texts, suffixes, n, decode):
-        if self.system is None:
-            return self.pool.services[self.decoder].retry_format(texts, suffixes, n, cfg=decode)
-        return self.pool.get(self.system.handles[self.decoder].retry_format.remote(texts, suffixes, n,
-                                                                           cfg=decode), what="format retry")
+        return self.pool.get(self.pool.retry_format(self.decoder, texts, suffixes, n, cfg=decode), what="format retry")
 
     def close(self) -> None:
         if self.system is not None:

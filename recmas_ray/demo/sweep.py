@@ -33,8 +33,8 @@ def main(argv=None) -> int:
     torch.set_num_threads(1)
 
     from recmas_ray.config.recursion import DecodeConfig, RecursionConfig
-    from recmas_ray.runner import LocalPool, run_batch
-    from recmas_ray.service import AgentService
+    from recmas_ray.runner import run_batch
+    from recmas_ray.system.launch import local_pool
     from recmas_ray.system.plan import plan_system
     from recmas_ray.train.data import role_examples
     from recmas_ray.config.training import InnerTrainConfig
@@ -47,7 +47,7 @@ def main(argv=None) -> int:
     check_disjoint(train, heldout)
     plan = plan_system("sequential_light", preset=args.preset, seed=0, task="qa")
     style = plan.style
-    pool = LocalPool({r: AgentService(*plan.service_args(r)) for r in style.roles})
+    pool = local_pool(plan)
     roles = args.roles.split(",")
     results = []
     for lr in [float(x) for x in args.lrs.split(",")]:
