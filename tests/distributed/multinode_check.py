@@ -39,8 +39,8 @@ from recmas_ray.distributed.actors import RayPool, from_wire  # noqa: E402
 from recmas_ray.distributed.driver import build_ray_system, build_replicas  # noqa: E402
 from recmas_ray.config.placement import PlacementConfig  # noqa: E402
 from recmas_ray.config.recursion import RecursionConfig
-from recmas_ray.runner import LocalPool, run_batch  # noqa: E402
-from recmas_ray.service import AgentService  # noqa: E402
+from recmas_ray.runner import run_batch  # noqa: E402
+from recmas_ray.system.launch import local_pool  # noqa: E402
 from recmas_ray.system.plan import plan_system  # noqa: E402
 
 QUESTIONS = ["What is 2 + 3?", "Tom has 4 apples and buys 3 more. How many?", "What is 6 * 7?", "What is 9 - 4?"]
@@ -118,8 +118,7 @@ def check_spread_equivalence(system, plan, names, timeout_s: float) -> dict:
     refs = [ref for _, _, ref in rec_ray.messages]
     locations = ray.experimental.get_object_locations(refs, timeout_ms=int(timeout_s * 1000))
     ray_msgs = [from_wire(m) for m in ray.get(refs, timeout=timeout_s)]
-    services = {r: AgentService(*plan.service_args(r)) for r in plan.style.roles}
-    rec_local = RecordingPool(LocalPool(services))
+    rec_local = RecordingPool(local_pool(plan))
     local = run_batch(rec_local, plan.style, QUESTIONS, tasks, CFG)
     messages = []
     for (role, edge, ref), msg, (_, _, ref_msg) in zip(rec_ray.messages, ray_msgs, rec_local.messages):

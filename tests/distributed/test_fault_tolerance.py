@@ -88,14 +88,14 @@ def test_crashed_agent_restarts_reloads_and_its_calls_are_retried(ray_cluster, m
     from recmas_ray.distributed.actors import AGENT_EXIT_AFTER_ENV
     from recmas_ray.distributed.driver import build_ray_system
     from recmas_ray.config.placement import PlacementConfig
-    from recmas_ray.runner import LocalPool, run_batch
-    from recmas_ray.service import AgentService
+    from recmas_ray.runner import run_batch
+    from recmas_ray.system.launch import local_pool
     from recmas_ray.system.plan import plan_system
 
     questions, cfg = ["What is 2 + 3?", "What is 6 * 7?"], RecursionConfig(
         method="recursive_mas", num_recursive_rounds=2, latent_steps=4, decode=DecodeConfig(max_new_tokens=6))
     plan = plan_system("sequential_light", preset="tiny", seed=5)
-    local = run_batch(LocalPool({r: AgentService(*plan.service_args(r)) for r in plan.style.roles}), plan.style,
+    local = run_batch(local_pool(plan), plan.style,
                       questions, ["math"] * 2, cfg)
     monkeypatch.setenv(AGENT_EXIT_AFTER_ENV, "critic:1")  # the critic dies at its 2nd call (round 2), once
     system = build_ray_system(plan, PlacementConfig(preset="cpu", cpus_per_agent=0.25, agent_max_restarts=2),

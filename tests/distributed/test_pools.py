@@ -11,8 +11,8 @@ from recmas_ray.distributed.driver import build_ray_system, build_replicas, role
 from recmas_ray.config.placement import PlacementConfig
 from recmas_ray.distributed.placement import plan_placement
 from recmas_ray.distributed.pools import CopyRouter, copies_from_costs, resolve_copies, role_costs
-from recmas_ray.runner import LocalPool, run_batch
-from recmas_ray.service import AgentService
+from recmas_ray.runner import run_batch
+from recmas_ray.system.launch import local_pool
 from recmas_ray.styles import get_style
 from recmas_ray.system.plan import plan_system, simulated_plan
 
@@ -79,7 +79,7 @@ QUESTIONS = [f"Question {k}: what is {k} + {k + 1}?" for k in range(4)]
 @pytest.mark.integration  # tiny real models on the session cluster: ~2 min on the loaded 2-core machine
 def test_per_role_pools_match_one_copy_per_role_and_keep_each_batch_on_one_copy(ray_cluster, tiny_cache):
     plan = plan_system("sequential_light", preset="tiny", seed=5)
-    local = LocalPool({r: AgentService(*plan.service_args(r)) for r in plan.style.roles})
+    local = local_pool(plan)
     want = [run_batch(local, plan.style, [q], ["math"], CFG)[0].prediction for q in QUESTIONS]
     pcfg = PlacementConfig(preset="cpu", cpus_per_agent=0.05, agent_max_restarts=0,
                            role_replicas={"critic": 2, "solver": 2})

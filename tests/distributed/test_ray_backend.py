@@ -8,8 +8,9 @@ from recmas_ray.config.recursion import DecodeConfig
 from recmas_ray.distributed.driver import build_ray_system
 from recmas_ray.config.placement import PlacementConfig
 from recmas_ray.config.recursion import RecursionConfig
-from recmas_ray.runner import LocalPool, run_batch
+from recmas_ray.runner import run_batch
 from recmas_ray.service import AgentService
+from recmas_ray.system.launch import local_pool
 from recmas_ray.system.plan import plan_system
 
 QUESTIONS = ["What is 2 + 3?", "Tom has 4 apples and buys 3 more. How many?", "What is 6 * 7?"]
@@ -22,7 +23,7 @@ CFG = RecursionConfig(method="recursive_mas", num_recursive_rounds=2, latent_ste
                                                          for s in ("mixture", "distillation", "deliberation")]])
 def test_ray_backend_matches_local(ray_cluster, style):
     plan = plan_system(style, preset="tiny", seed=1)
-    local = run_batch(LocalPool({r: AgentService(*plan.service_args(r)) for r in plan.style.roles}),
+    local = run_batch(local_pool(plan),
                       plan.style, QUESTIONS, ["math"] * 3, CFG)
     system = build_ray_system(plan, PlacementConfig(preset="cpu", cpus_per_agent=0.25), timeout_s=120)
     try:
@@ -31,7 +32,7 @@ def test_ray_backend_matches_local(ray_cluster, style):
         # two batches in flight at once: agents overlap, results must not change
         refs = [system.solve(QUESTIONS, ["math"] * 3, CFG, batch_id=str(k)) for k in range(2)]
         text_cfg = RecursionConfig(method="recursive_textmas", num_recursive_rounds=2, decode=DecodeConfig(max_new_tokens=4))
-        local_text = run_batch(LocalPool({r: AgentService(*plan.service_args(r)) for r in plan.style.roles}),
+        local_text = run_batch(local_pool(plan),
                                plan.style, QUESTIONS, ["math"] * 3, text_cfg)
         refs.append(system.solve(QUESTIONS, ["math"] * 3, text_cfg, batch_id="text"))
         *latent_runs, text_run = ray.get(refs, timeout=180)
@@ -88,7 +89,7 @@ def test_killed_agent_fails_the_run_naming_the_role(seq_system):
 @pytest.mark.integration
 def test_ray_direct_transport_gloo_matches_object_store(ray_cluster):
     plan = plan_system("mixture", preset="tiny", seed=4)
-    local = run_batch(LocalPool({r: AgentService(*plan.service_args(r)) for r in plan.style.roles}),
+    local = run_batch(local_pool(plan),
                       plan.style, QUESTIONS, ["math"] * 3, CFG)
     system = build_ray_system(plan, PlacementConfig(preset="cpu", cpus_per_agent=0.25), timeout_s=120,
                               transport="rdt:gloo")

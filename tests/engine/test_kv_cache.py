@@ -175,12 +175,11 @@ def test_rounds_through_the_runner_reuse_the_prefix_and_keep_predictions(tiny_ca
     with the prefix store, and every prediction is the same as without it."""
     from recmas_ray.config.perf import BenchConfig
     from recmas_ray.perf import prefix_reuse
-    from recmas_ray.runner import LocalPool
-    from recmas_ray.service import AgentService
+    from recmas_ray.system.launch import local_pool
     from recmas_ray.system.plan import plan_system
 
     plan = plan_system("sequential_light", preset="tiny", seed=0, device="cpu", dtype="float32")
-    pool = LocalPool({r: AgentService(*plan.service_args(r)) for r in plan.style.roles})
+    pool = local_pool(plan)
     cfg = BenchConfig(preset="tiny", rounds=[3], latent_steps=3, max_new_tokens=6, repeats=1)
     out = prefix_reuse(pool, plan, ["What is 12 + 30?", "What is 7 * 6?"], cfg)
     assert out["same_predictions"]

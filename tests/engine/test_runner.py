@@ -5,10 +5,11 @@ import torch
 
 from recmas_ray.config.recursion import DecodeConfig
 from recmas_ray.config.recursion import RecursionConfig
-from recmas_ray.runner import LocalPool, run_batch
+from recmas_ray.runner import run_batch
 from recmas_ray.service import AgentService
 from recmas_ray.styles import STYLES
 from recmas_ray.styles.base import RolePrompts, StyleSpec
+from recmas_ray.system.launch import local_pool
 from recmas_ray.system.plan import plan_system
 
 QUESTIONS = ["What is 2 + 3?", "Tom has 4 apples and buys 3 more. How many?"]
@@ -20,7 +21,7 @@ def pools(tiny_cache):
     out = {}
     for name in STYLE_NAMES:
         plan = plan_system(name, preset="tiny", seed=0)
-        out[name] = (plan, LocalPool({r: AgentService(*plan.service_args(r)) for r in plan.style.roles}))
+        out[name] = (plan, local_pool(plan))
     return out
 
 
@@ -89,7 +90,7 @@ def test_a_new_style_is_one_declaration(tiny_cache):
     STYLES["echo"] = echo
     try:
         plan = plan_system("echo", preset="tiny", role_model_overrides={"a": "tiny:mistral", "b": "tiny:qwen3"})
-        pool = LocalPool({r: AgentService(*plan.service_args(r)) for r in echo.roles})
+        pool = local_pool(plan)
         res = run_batch(pool, echo, QUESTIONS, ["math"] * 2, cfg(rounds=3))
         assert [t["role"] for t in res[0].trace] == ["a", "b", "a", "b", "a", "b"]
     finally:

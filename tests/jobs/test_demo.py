@@ -75,12 +75,11 @@ def test_arith_family_the_demo_default():
 # ----------------------------------------------------------------------------- engine additions
 @pytest.fixture(scope="module")
 def seq_pool(tiny_cache):
-    from recmas_ray.runner import LocalPool
-    from recmas_ray.service import AgentService
+    from recmas_ray.system.launch import local_pool
     from recmas_ray.system.plan import plan_system
 
     plan = plan_system("sequential_light", preset="tiny", seed=0)
-    return plan, LocalPool({r: AgentService(*plan.service_args(r)) for r in plan.style.roles})
+    return plan, local_pool(plan)
 
 
 def _rc(method, ablation="none"):

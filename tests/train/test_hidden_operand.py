@@ -74,7 +74,7 @@ def test_runner_renders_each_role_its_own_question(rows, tiny_cache):
     """run_batch on tiny agents: the planner's prompts hold the fact, the critic's and solver's never do."""
     from recmas_ray.config.recursion import DecodeConfig, RecursionConfig
     from recmas_ray.runner import LocalPool, run_batch
-    from recmas_ray.service import AgentService
+    from recmas_ray.system.launch import local_pool
     from recmas_ray.system.plan import plan_system
 
     seen = []
@@ -89,7 +89,7 @@ def test_runner_renders_each_role_its_own_question(rows, tiny_cache):
             return super().decode(role, users, *a)
 
     plan = plan_system("sequential_light", preset="tiny", seed=0, task="qa")
-    pool = Recording({r: AgentService(*plan.service_args(r)) for r in plan.style.roles})
+    pool = local_pool(plan, pool_cls=Recording)
     batch = rows[:2]
     for method in ("recursive_mas", "textmas"):
         run_batch(pool, plan.style, [question_text(r) for r in batch], ["qa"] * 2,
