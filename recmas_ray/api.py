@@ -2,7 +2,7 @@
 
     System.build(style, role_models=..., links=..., backend="local" | "ray")
         -> plan_system (models, dims, links; every check before a model loads)
-        -> start_agents: in-process `LocalPool` (no Ray) or a `RaySystem` (one actor per agent)
+        -> system.launch.start_agents: in-process `LocalPool` (no Ray) or `RayReplicas` (one actor per agent)
     system.generate(questions, ...)   -> list[SampleResult]   (prediction + per-agent, per-round trace)
     system.evaluate(dataset, ...)     -> the evaluation driver's outputs, on the same running agents
     train_inner(...), train_outer(...) -> link folders that `System.build(links=...)` loads
