@@ -189,12 +189,12 @@ def eval_run(replicas, n_replicas: int, n_batches: int, rounds: int, args, tag: 
 
 
 def build(plan, copies: dict | None, n: int, args):
-    from recmas_ray.distributed.driver import build_replicas
+    from recmas_ray.system.launch import start_agents
     from recmas_ray.config.placement import PlacementConfig
 
-    return build_replicas(plan, PlacementConfig(preset="one_gpu_per_agent", cpus_per_agent=0.05, num_replicas=n,
-                                                agent_max_restarts=0, role_replicas=copies or {}),
-                          timeout_s=args.timeout_s, torch_threads=1)
+    placement = PlacementConfig(preset="one_gpu_per_agent", cpus_per_agent=0.05, num_replicas=n,
+                                agent_max_restarts=0, role_replicas=copies or {})
+    return start_agents(plan, backend="ray", placement=placement, timeout_s=args.timeout_s, torch_threads=1)
 
 
 def balance(plan, rounds: int, args) -> dict:

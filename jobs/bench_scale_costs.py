@@ -42,11 +42,11 @@ def call_costs(args) -> dict:
     for dtype in ("fp32", "bf16"):
         plan = simulated_plan("sequential_light", "sim:hidden=2048,step_ms=0,token_ms=0,tokens=1",
                               message_dtype=dtype)
-        from recmas_ray.distributed.driver import build_replicas
+        from recmas_ray.system.launch import start_agents
         from recmas_ray.config.placement import PlacementConfig
 
-        cost = build_replicas(plan, PlacementConfig(preset="cpu", cpus_per_agent=0.05, agent_max_restarts=0),
-                              timeout_s=args.timeout_s)
+        cost = start_agents(plan, backend="ray", timeout_s=args.timeout_s,
+                            placement=PlacementConfig(preset="cpu", cpus_per_agent=0.05, agent_max_restarts=0))
         try:
             handles = cost.systems[0].handles
             empty = ray_call_cost(handles, args, 0, dtype)
@@ -63,7 +63,7 @@ def call_costs(args) -> dict:
 def real_models(args) -> dict:
     """Tiny models on 2 CPU replicas: the same predictions from 1 replica as from 2."""
     from recmas_ray.config.recursion import DecodeConfig, RecursionConfig
-    from recmas_ray.distributed.driver import build_replicas
+    from recmas_ray.system.launch import start_agents
     from recmas_ray.config.placement import PlacementConfig
     from recmas_ray.models.sim import PAPER_STYLES
     from recmas_ray.system.plan import plan_system
@@ -73,8 +73,8 @@ def real_models(args) -> dict:
                           decode=DecodeConfig(max_new_tokens=6))
     qs = [([f"real question {k}.{i}: what is {k} + {i}?" for i in range(2)], ["math"] * 2) for k in range(4)]
     t0 = time.perf_counter()
-    reps = build_replicas(plan, PlacementConfig(preset="cpu", cpus_per_agent=0.05, num_replicas=2,
-                                                agent_max_restarts=0), timeout_s=args.timeout_s, torch_threads=1)
+    reps = start_agents(plan, backend="ray", timeout_s=args.timeout_s, torch_threads=1,
+                        placement=PlacementConfig(preset="cpu", cpus_per_agent=0.05, num_replicas=2, agent_max_restarts=0))
     try:
         one = reps.solve_all(qs, cfg, in_flight_per_replica=2, replicas=1)
         two = reps.solve_all(qs, cfg, in_flight_per_replica=2, replicas=2)
