@@ -149,7 +149,7 @@ class Measurer:
         decoder = self.pool.services[self.style.decoder].agent
 
         def retry(texts, suffixes, n, decode):
-            return self.pool.services[self.style.decoder].retry_format(texts, suffixes, n, cfg=decode)
+            return self.pool.retry_format(self.style.decoder, texts, suffixes, n, cfg=decode)
 
         for k in range(0, len(self.rows), cfg.eval_batch_size):
             rows = self.rows[k:k + cfg.eval_batch_size]
