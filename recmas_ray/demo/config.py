@@ -49,8 +49,8 @@ class DemoConfig:
     arrive only through the channel; rows from `train.synthetic.make_hidden_operand_dataset`)."""
     hidden_question: Annotated[str, OneOf(HIDDEN_QUESTIONS)] = "recall"
     """hidden_operand only: what the decoder is asked about the fact, recall ("What is x?") or arithmetic
-    ("What is x - 8?"). Recall is the default: SmolLM2-135M given the fact answers recall 40/40 but the
-    arithmetic 0/40, so only recall leaves the channel a ceiling to reach."""
+    ("What is x - 8?"). Recall is the default: SmolLM2-135M given the fact ends its reply with the right
+    value on recall 40/40 but on the arithmetic 0/40, so only recall leaves the channel a ceiling to reach."""
     task: Annotated[str, OneOf(("qa", "math"))] = "qa"
     """Answer format asked for: qa ("put the final short answer within \\boxed{}") or math ("reason step
     by step and put the final answer within \\boxed{}"; the 135M decoder rambles and scores lower)."""

@@ -24,8 +24,9 @@ HIDDEN_RECALL_VALUES = (10, 99)
 """Recall rows: two-digit values (one tokenization for all, chance 1 in 90), 12 variables (1080 questions)."""
 HIDDEN_QUESTIONS = ("arithmetic", "recall")
 """What the decoder is asked about the hidden fact: arithmetic ("What is x - 8?") or recall ("What is x?").
-Recall is the clean channel test for a small decoder: SmolLM2-135M told the fact answers recall 40/40
-and the arithmetic 0/40 (6/40 even with the value substituted), so only recall has a ceiling to reach."""
+Recall is the clean channel test for a small decoder: SmolLM2-135M told the fact ends its reply with the
+right value on recall in 40/40 and on the arithmetic in 0/40 (6/40 even with the value substituted), so
+only recall has a ceiling to reach (strictly graded, boxed, it reaches 17/128: fact-token NLL is sharper)."""
 HIDDEN_CONTEXT_ROLES = ("planner", "math", "code", "science", "expert", "reflector")
 """Roles told the fact: the first stage of every style (the decoders solver, summarizer, learner and
 toolcaller never are)."""
