@@ -27,7 +27,7 @@ import torch
 
 from recmas_ray.agent import _eos_ids
 from recmas_ray.config.engine import EngineConfig
-from recmas_ray.config.perf import BenchConfig
+from recmas_ray.perf_config import BenchConfig
 from recmas_ray.config.recursion import DecodeConfig
 from recmas_ray.config.recursion import RecursionConfig
 from recmas_ray.kv_cache import PrefixStore
