@@ -34,7 +34,7 @@ FLOORS = [
     ("distributed", ["recmas_ray.distributed"]),
     ("top", ["recmas_ray", "recmas_ray.train", "recmas_ray.eval", "recmas_ray.serve", "recmas_ray.demo",
              "recmas_ray.api", "recmas_ray.train_api", "recmas_ray.lmeval", "recmas_ray._lmeval_hook",
-             "recmas_ray.perf", "recmas_ray.tracking"]),
+             "recmas_ray.perf", "recmas_ray.perf_config", "recmas_ray.tracking"]),
 ]
 LEVEL = {name: i for i, (name, _) in enumerate(FLOORS)}
 
