@@ -24,7 +24,7 @@ import sys
 
 from recmas_ray.config.cli import run_job
 from recmas_ray.config.tree import save_config
-from recmas_ray.config.perf import BenchConfig, quick
+from recmas_ray.perf_config import BenchConfig, quick
 
 
 def bench(cfg: BenchConfig) -> int:

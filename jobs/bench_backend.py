@@ -32,9 +32,10 @@ from typing import Annotated
 from recmas_ray.config.checks import OneOf, Range, WritableDir
 from recmas_ray.config.cli import run_job
 from recmas_ray.config.tree import save_config
-from recmas_ray.config.evaluation import DEVICES, DTYPES, MODEL_PRESETS, check_role_models, style_names
+from recmas_ray.config.choices import DEVICES, DTYPES, MODEL_PRESETS
 from recmas_ray.config.recursion import MAX_LATENT_STEPS, MAX_NEW_TOKENS, MAX_ROUNDS
 from recmas_ray.config.placement import PRESETS
+from recmas_ray.styles import check_role_models, style_names
 
 
 def expand_role_models(table: dict[str, str], roles) -> dict[str, str]:
@@ -108,7 +109,7 @@ class BackendBenchConfig:
     """Where bench_backend.json and config.json go."""
 
     def validate(self) -> None:
-        from recmas_ray.config.evaluation import check_model_names
+        from recmas_ray.config.inputs import check_model_names
         from recmas_ray.config.inputs import check_cuda, check_ray_address
 
         check_role_models("--role_model", self.role_model, self.style, extra=("all",))

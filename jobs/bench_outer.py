@@ -26,9 +26,10 @@ from typing import Annotated
 from recmas_ray.config.checks import NonEmpty, OneOf, Range, WritableDir
 from recmas_ray.config.cli import run_job
 from recmas_ray.config.tree import save_config
-from recmas_ray.config.evaluation import MODEL_PRESETS, check_role_models, style_names
+from recmas_ray.config.choices import MODEL_PRESETS
 from recmas_ray.config.recursion import MAX_LATENT_STEPS, MAX_ROUNDS
-from recmas_ray.config.training import OuterTrainConfig
+from recmas_ray.styles import check_role_models, style_names
+from recmas_ray.train.config import OuterTrainConfig
 
 
 def bench_pipeline(base: dict, rounds: list[int], save_root: str) -> list[dict]:

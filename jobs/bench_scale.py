@@ -163,7 +163,7 @@ def eval_run(replicas, n_replicas: int, n_batches: int, rounds: int, args, tag: 
     """
     import ray
 
-    from recmas_ray.config.evaluation import StreamConfig
+    from recmas_ray.eval.config import StreamConfig
     from recmas_ray.distributed.driver import RayReplicas, Router
     from recmas_ray.eval.stream import stream_samples
 

@@ -35,7 +35,8 @@ from typing import Annotated
 from recmas_ray.config.checks import OneOf, Range, WritableDir
 from recmas_ray.config.cli import run_job
 from recmas_ray.config.tree import save_config
-from recmas_ray.config.evaluation import BACKENDS, MODEL_PRESETS, check_role_models, style_names
+from recmas_ray.config.choices import BACKENDS, MODEL_PRESETS
+from recmas_ray.styles import check_role_models, style_names
 
 MODEL = "recmas-bench"
 MAX_CLIENTS = 256

@@ -21,7 +21,7 @@ from __future__ import annotations
 import sys
 
 from recmas_ray.config.cli import run_job
-from recmas_ray.config.evaluation import EvalConfig
+from recmas_ray.eval.config import EvalConfig
 
 # Other spellings accepted for the same settings: the release's names and this project's earlier ones.
 ALIASES = {"method": "methods", "role_model": "models", "placement": "placement.preset",

@@ -120,7 +120,7 @@ class SweepRecipeConfig:
 
 def _inner(cfg: SweepRecipeConfig, train_file: Path, out: Path) -> dict[str, str]:
     """Inner links of every role, trained once (reused when <out>/inner/<role> exists)."""
-    from recmas_ray.config.training import InnerTrainConfig
+    from recmas_ray.train.config import InnerTrainConfig
     from recmas_ray.styles import get_style
     from recmas_ray.train.inner_job import train_all_roles
 
@@ -137,7 +137,7 @@ def _inner(cfg: SweepRecipeConfig, train_file: Path, out: Path) -> dict[str, str
 
 def _outer(cfg: SweepRecipeConfig, recipe: str, inner: dict, train_file: Path, eval_file: Path, out: Path):
     """Train one recipe's outer links; returns (save_dir, per-step log, held-out curve, seconds)."""
-    from recmas_ray.config.training import OuterTrainConfig
+    from recmas_ray.train.config import OuterTrainConfig
     from recmas_ray.train.pipeline import train_outer
 
     t0 = time.perf_counter()

@@ -26,7 +26,7 @@ On a cluster (one GPU per role, shared storage for checkpoints):
 import sys
 
 from recmas_ray.config.cli import run_job
-from recmas_ray.config.training import InnerTrainConfig
+from recmas_ray.train.config import InnerTrainConfig
 
 ALIASES = {
     "mas_design": "style", "mas_task": "task",

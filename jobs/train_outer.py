@@ -29,7 +29,7 @@ import json
 import sys
 
 from recmas_ray.config.cli import run_job
-from recmas_ray.config.training import OuterTrainConfig
+from recmas_ray.train.config import OuterTrainConfig
 
 ALIASES = {"mas_design": "style", "mas_task": "task"}
 """The release's flag names -> ours."""

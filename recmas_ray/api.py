@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Sequence
 
 from recmas_ray.config.checks import check_tree
-from recmas_ray.config.evaluation import EvalConfig
+from recmas_ray.eval.config import EvalConfig
 from recmas_ray.config.recursion import DecodeConfig, RecursionConfig
 from recmas_ray.config.placement import PlacementConfig
 from recmas_ray.runner import SampleResult

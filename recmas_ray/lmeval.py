@@ -35,9 +35,9 @@ from lm_eval.api.model import LM
 from lm_eval.api.registry import register_model
 
 from recmas_ray.config.checks import ConfigError, OneOf, Range, check_tree, field_hints, split_annotated
-from recmas_ray.config.evaluation import BACKENDS, DTYPES, MODEL_PRESETS, check_role_models, style_names
+from recmas_ray.config.choices import BACKENDS, DTYPES, MODEL_PRESETS, TASK_TYPES
 from recmas_ray.config.recursion import MAX_LATENT_STEPS, MAX_NEW_TOKENS, MAX_ROUNDS, METHODS
-from recmas_ray.config.choices import TASK_TYPES
+from recmas_ray.styles import check_role_models, style_names
 
 MODEL_NAME = "recmas_ray"
 LM_EVAL_SETTINGS = ("batch_size", "max_batch_size", "device", "trust_remote_code")

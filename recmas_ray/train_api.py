@@ -25,7 +25,7 @@ def check_training_inputs(cfg, rows: list[dict] | None = None) -> None:
     fields each role needs (`rows`: in-memory rows instead of cfg's dataset). The jobs and these wrappers call
     it before taking the save_dir lock."""
     from recmas_ray.config.checks import check_tree
-    from recmas_ray.config.training import InnerTrainConfig
+    from recmas_ray.train.config import InnerTrainConfig
     from recmas_ray.styles import canonical_role, get_style
     from recmas_ray.train.data import load_rows, validate_rows
 
@@ -112,7 +112,7 @@ def train_inner(style: str, *, rows: str | Path | Sequence[dict], save_dir: str 
         PosixPath('ckpt')
     """
     from recmas_ray.config.inputs import OutputLock
-    from recmas_ray.config.training import InnerTrainConfig
+    from recmas_ray.train.config import InnerTrainConfig
     from recmas_ray.distributed.cluster import init_ray
     from recmas_ray.train.inner_job import train_all_roles
     from recmas_ray.train.inner_job import train_inner as train_one_role
@@ -170,7 +170,7 @@ def train_outer(style: str, *, rows: str | Path | Sequence[dict], links: str | P
     from recmas_ray.config.inputs import OutputLock
     from recmas_ray.styles import get_style
     from recmas_ray.system.hub import links_overrides
-    from recmas_ray.config.training import OuterTrainConfig
+    from recmas_ray.train.config import OuterTrainConfig
     from recmas_ray.train.pipeline import train_outer as run_outer
 
     inner = {r: p for r, p in links_overrides(str(links), get_style(style).roles).items() if r != "outer"} \

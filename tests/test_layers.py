@@ -11,7 +11,9 @@ so it is what importing a module actually pulls in. Floors, bottom to top:
   distributed  the thin Ray layer: actors, placement, pools, the Ray driver (runs a system's plan)
   top          what people run: training, evaluation, serving, lm-eval, perf, tracking, the demo, the public API
 
-``jobs/`` lies outside the package and may import anything. Cycles are checked over the whole graph.
+``jobs/`` lies outside the package and may import anything. Cycles are checked over the whole graph. A second
+graph, of the imports inside functions, holds ``config/`` to the ground floor at run time as well: a job config
+whose checks need styles, the system or the benchmarks lives with its job (``eval/config.py``, ``train/config.py``).
 """
 from __future__ import annotations
 
@@ -32,7 +34,7 @@ FLOORS = [
     ("distributed", ["recmas_ray.distributed"]),
     ("top", ["recmas_ray", "recmas_ray.train", "recmas_ray.eval", "recmas_ray.serve", "recmas_ray.demo",
              "recmas_ray.api", "recmas_ray.train_api", "recmas_ray.lmeval", "recmas_ray._lmeval_hook",
-             "recmas_ray.perf", "recmas_ray.tracking"]),
+             "recmas_ray.perf", "recmas_ray.perf_config", "recmas_ray.tracking"]),
 ]
 LEVEL = {name: i for i, (name, _) in enumerate(FLOORS)}
 
@@ -70,35 +72,48 @@ def _top_level_imports(tree: ast.Module):
             stack.extend(node.body + node.orelse + node.finalbody + [s for h in node.handlers for s in h.body])
 
 
-def import_graph() -> dict[str, set[str]]:
-    """Module -> the package modules it imports at module level."""
-    mods = modules()
+def _function_imports(tree: ast.Module):
+    """Import nodes the module does not run on import (inside functions and classes' methods)."""
+    top = {id(n) for n in _top_level_imports(tree)}
+    return [n for n in ast.walk(tree) if isinstance(n, (ast.Import, ast.ImportFrom)) and id(n) not in top]
+
+
+def _package_targets(mod: str, path: Path, node, mods: dict[str, Path]) -> set[str]:
+    """The package modules one import statement of ``mod`` pulls in."""
 
     def resolve(name: str) -> str | None:
         while name and name not in mods:
             name = name.rpartition(".")[0]
         return name or None
 
+    if isinstance(node, ast.Import):
+        targets = [a.name for a in node.names]
+    else:
+        if node.level:
+            base = mod.split(".") if path.name == "__init__.py" else mod.split(".")[:-1]
+            base = base[:len(base) - (node.level - 1)]
+            source = ".".join(base + ([node.module] if node.module else []))
+        else:
+            source = node.module or ""
+        # ``from pkg import submodule`` depends on the submodule; any other name on ``pkg`` itself.
+        targets = [f"{source}.{a.name}" if f"{source}.{a.name}" in mods else source for a in node.names]
+    out = set()
+    for target in targets:
+        if target == "recmas_ray" or target.startswith("recmas_ray."):
+            dep = resolve(target)
+            if dep and dep != mod:
+                out.add(dep)
+    return out
+
+
+def import_graph(select=_top_level_imports) -> dict[str, set[str]]:
+    """Module -> the package modules it imports at module level (or, with ``select=_function_imports``,
+    inside its functions)."""
+    mods = modules()
     graph: dict[str, set[str]] = {m: set() for m in mods}
     for mod, path in mods.items():
-        is_pkg = path.name == "__init__.py"
-        for node in _top_level_imports(ast.parse(path.read_text(), str(path))):
-            if isinstance(node, ast.Import):
-                targets = [a.name for a in node.names]
-            else:
-                if node.level:
-                    base = mod.split(".") if is_pkg else mod.split(".")[:-1]
-                    base = base[:len(base) - (node.level - 1)]
-                    source = ".".join(base + ([node.module] if node.module else []))
-                else:
-                    source = node.module or ""
-                # ``from pkg import submodule`` depends on the submodule; any other name on ``pkg`` itself.
-                targets = [f"{source}.{a.name}" if f"{source}.{a.name}" in mods else source for a in node.names]
-            for target in targets:
-                if target == "recmas_ray" or target.startswith("recmas_ray."):
-                    dep = resolve(target)
-                    if dep and dep != mod:
-                        graph[mod].add(dep)
+        for node in select(ast.parse(path.read_text(), str(path))):
+            graph[mod] |= _package_targets(mod, path, node, mods)
     return graph
 
 
@@ -147,6 +162,15 @@ def test_no_upward_imports():
     up = upward_imports(import_graph())
     assert not up, "imports running up a floor:\n" + "\n".join(
         f"  {a} ({floor_of(a)}) -> {b} ({floor_of(b)})" for a, b in up)
+
+
+def test_config_imports_nothing_above_it_inside_functions():
+    """The ground floor stays the ground floor at run time too: no function in ``config/`` imports a module
+    of a higher floor (the job configs whose checks need styles, the system or benchmarks live with their jobs)."""
+    up = [(a, b) for a, b in upward_imports(import_graph(_function_imports))
+          if a == "recmas_ray.config" or a.startswith("recmas_ray.config.")]
+    assert not up, "imports inside functions of config/ running up a floor:\n" + "\n".join(
+        f"  {a} -> {b} ({floor_of(b)})" for a, b in up)
 
 
 def test_no_import_cycles():

@@ -254,6 +254,14 @@ def model_name_problem(name) -> str | None:
     return None
 
 
+def check_model_names(flag: str, table: dict[str, str]) -> None:
+    """Every ROLE=MODEL names a model that can load (without loading it): one line naming the role."""
+    for role, name in table.items():
+        problem = model_name_problem(name)
+        if problem:
+            raise ValueError(f"{flag} {role}={name}: {problem}")
+
+
 class OutputLock:
     """An exclusive `fcntl.flock` on `<folder>/.lock` for the life of a run; a second run into the same folder
     fails at once, naming the first one's PID. The kernel drops the lock when the process dies."""

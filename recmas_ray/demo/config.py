@@ -120,7 +120,7 @@ class DemoConfig:
     """Show Ray, Ray Train, Ray Data, HF and grader output on the console (else it goes to logs/)."""
 
     def validate(self) -> None:
-        from recmas_ray.config.evaluation import check_role_models
+        from recmas_ray.styles import check_role_models
 
         check_role_models("--role_model", self.role_model, self.style)
 
@@ -143,7 +143,7 @@ class DemoConfig:
 
     def typed_options(self) -> tuple[dict, dict]:
         """--inner_options / --outer_options as typed values of InnerTrainConfig / OuterTrainConfig fields."""
-        from recmas_ray.config.training import InnerTrainConfig, OuterTrainConfig
+        from recmas_ray.train.config import InnerTrainConfig, OuterTrainConfig
 
         return (_typed("--inner_options", InnerTrainConfig, self.inner_options, DEMO_INNER),
                 _typed("--outer_options", OuterTrainConfig, self.outer_options, DEMO_OUTER))

@@ -60,7 +60,7 @@ def train_links(cfg: DemoConfig, train_file: Path, out: Path, models: dict[str, 
 
     Returns {role: inner dir, ..., "outer": outer dir} for `--ckpt_override`-style plans.
     """
-    from recmas_ray.config.training import InnerTrainConfig, OuterTrainConfig
+    from recmas_ray.train.config import InnerTrainConfig, OuterTrainConfig
     from recmas_ray.train.inner_job import train_all_roles
     from recmas_ray.train.pipeline import train_outer
 

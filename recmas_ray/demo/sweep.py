@@ -37,7 +37,7 @@ def main(argv=None) -> int:
     from recmas_ray.system.launch import local_pool
     from recmas_ray.system.plan import plan_system
     from recmas_ray.train.data import role_examples
-    from recmas_ray.config.training import InnerTrainConfig
+    from recmas_ray.train.config import InnerTrainConfig
     from recmas_ray.system.link_init import seeded_inner_link
     from recmas_ray.train.inner import inner_loss, make_optimizer, train_step
     from recmas_ray.train.synthetic import check_disjoint, make_arithmetic_dataset, split_train_eval

@@ -31,7 +31,7 @@ from recmas_ray.config.checks import check_tree
 from recmas_ray.config.tree import save_config
 from recmas_ray.console import current
 from recmas_ray.config.inputs import OutputLock
-from recmas_ray.config.evaluation import EvalConfig
+from recmas_ray.eval.config import EvalConfig
 from recmas_ray.config.recursion import RecursionConfig
 from recmas_ray.eval.benchmarks import load_benchmark
 from recmas_ray.eval.fingerprint import (bench_name, check_fingerprint, fingerprint_diff,  # noqa: F401

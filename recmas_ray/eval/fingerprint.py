@@ -11,7 +11,7 @@ import logging
 import os
 from pathlib import Path
 
-from recmas_ray.config.evaluation import EvalConfig
+from recmas_ray.eval.config import EvalConfig
 from recmas_ray.config.resume import settings_diff
 
 log = logging.getLogger(__name__)

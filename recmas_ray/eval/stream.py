@@ -28,7 +28,7 @@ import time
 import warnings
 from typing import Callable, Iterator
 
-from recmas_ray.config.evaluation import StreamConfig
+from recmas_ray.eval.config import StreamConfig
 from recmas_ray.eval.graders import LETTERS, extract_boxed, extract_choice, extract_code, grade
 from recmas_ray.config.recursion import RecursionConfig
 from recmas_ray.runner import SampleResult

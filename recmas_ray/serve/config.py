@@ -11,10 +11,10 @@ from dataclasses import dataclass, field
 from typing import Annotated
 
 from recmas_ray.config.checks import NonEmpty, OneOf, Range
-from recmas_ray.config.evaluation import BACKENDS, DEVICES, DTYPES, MODEL_PRESETS, style_names
+from recmas_ray.config.choices import BACKENDS, DEVICES, DTYPES, MODEL_PRESETS, TASK_TYPES
 from recmas_ray.config.recursion import RecursionConfig
 from recmas_ray.config.placement import PlacementConfig
-from recmas_ray.config.choices import TASK_TYPES
+from recmas_ray.styles import style_names
 
 
 @dataclass(kw_only=True)

@@ -46,5 +46,28 @@ def canonical_role(style: StyleSpec, name: str) -> str:
     return role
 
 
-__all__ = ["ROLE_ALIASES", "STYLES", "StyleSpec", "Step", "build_schedule", "canonical_role", "get_style",
-           "question_with_interface", "render_prompt", "render_single_agent_prompt", "split_edge"]
+def style_names() -> tuple[str, ...]:
+    """Every style name and alias (the choices of a config's `style` field)."""
+    return tuple(sorted(STYLES)) + tuple(sorted(ALIASES))
+
+
+def check_role_models(flag: str, table: dict[str, str], style_name: str, *, extra: tuple[str, ...] = ()) -> None:
+    """ROLE=VALUE tables (--role_model, --ckpt_override): every key a role of the style (or in `extra`),
+    no empty value; raises ValueError naming the flag, the bad key and what was expected."""
+    roles = list(get_style(style_name).roles)
+    bad = sorted(set(table) - set(roles) - set(extra))
+    if bad:
+        expected = f"roles of {style_name} {roles}" + (f" or {' / '.join(extra)}" if extra else "")
+        raise ValueError(f"{flag} names {bad}; expected {expected}")
+    wrong = next(((k, v) for k, v in table.items() if not isinstance(k, str) or not isinstance(v, str)), None)
+    if wrong is not None:  # a config file or Python caller; never str() a value that may be huge
+        raise TypeError(f"{flag} {wrong[0]!s:.40}=...: expected ROLE=TEXT with text values, got "
+                        f"{type(wrong[1]).__name__}")
+    empty = sorted(k for k, v in table.items() if not v.strip())
+    if empty:
+        raise ValueError(f"{flag} {empty[0]}=: empty value")
+
+
+__all__ = ["ROLE_ALIASES", "STYLES", "StyleSpec", "Step", "build_schedule", "canonical_role", "check_role_models",
+           "get_style", "question_with_interface", "render_prompt", "render_single_agent_prompt", "split_edge",
+           "style_names"]

@@ -6,6 +6,6 @@
     outer.py         outer-loop stage numerics; stage.py one pipeline stage; pipeline.py the Ray Train job
     data.py          rows, role targets and prompts shared by both loops; reference.py the single-process check
 
-Configs live in `recmas_ray.config.training`. Import the submodules directly; this package imports nothing
+Configs live in `recmas_ray.train.config`. Import the submodules directly; this package imports nothing
 heavy on its own.
 """

@@ -25,7 +25,7 @@ from pathlib import Path
 
 import torch
 
-from recmas_ray.config.training import TrainConfig, storage_scheme
+from recmas_ray.train.config import TrainConfig, storage_scheme
 from recmas_ray.system.link_init import stable_seed
 
 TRAIN_STATE = "train_state.json"

@@ -19,7 +19,7 @@ import torch
 import torch.nn.functional as F
 
 from recmas_ray.agent import Agent, left_pad
-from recmas_ray.config.training import InnerTrainConfig
+from recmas_ray.train.config import InnerTrainConfig
 from recmas_ray.links import InnerLink
 from recmas_ray.train.core import make_scheduler
 

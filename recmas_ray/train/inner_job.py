@@ -21,7 +21,7 @@ from pathlib import Path
 
 from recmas_ray.config.checks import check_tree
 from recmas_ray.config.tree import save_config
-from recmas_ray.config.training import InnerTrainConfig
+from recmas_ray.train.config import InnerTrainConfig
 from recmas_ray.console import current
 from recmas_ray.styles import canonical_role, get_style
 from recmas_ray.system.checkpoints import MANIFEST, WEIGHTS

@@ -32,7 +32,7 @@ import torch
 import torch.distributed as dist
 
 from recmas_ray.agent import Agent
-from recmas_ray.config.training import OuterTrainConfig
+from recmas_ray.train.config import OuterTrainConfig
 from recmas_ray.console import current
 from recmas_ray.links import inner_link_from_state_dict, outer_link_from_state_dict
 from recmas_ray.styles import StyleSpec, get_style

@@ -21,7 +21,7 @@ import torch.distributed as dist
 from safetensors.torch import save_file
 
 from recmas_ray.agent import Agent
-from recmas_ray.config.training import OuterTrainConfig
+from recmas_ray.train.config import OuterTrainConfig
 from recmas_ray.links import OuterLink
 from recmas_ray.styles import StyleSpec, build_schedule, split_edge
 from recmas_ray.train import core

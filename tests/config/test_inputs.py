@@ -102,7 +102,7 @@ def test_ray_style_cause_is_unwrapped():
 def test_training_resume_refuses_other_settings_by_field(tmp_path):
     from recmas_ray.config.tree import save_config
     from recmas_ray.config.resume import check_training_resume
-    from recmas_ray.config.training import InnerTrainConfig
+    from recmas_ray.train.config import InnerTrainConfig
 
     cfg = InnerTrainConfig(dataset_name="synthetic:4", save_dir=str(tmp_path), seed=1, num_workers=0)
     check_training_resume(cfg, tmp_path)  # no earlier run: fine

@@ -160,7 +160,7 @@ def check_auto_replicas(names: dict, timeout_s: float) -> dict:
 
 def check_replicas(names: dict, timeout_s: float, workdir: str) -> dict:
     """Two replicas on the fake-GPU nodes, an evaluation streamed over both, and the local backend."""
-    from recmas_ray.config.evaluation import EvalConfig, StreamConfig
+    from recmas_ray.eval.config import EvalConfig, StreamConfig
     from recmas_ray.eval.driver import evaluate
     from recmas_ray.eval.results import read_samples
 

@@ -10,7 +10,7 @@ import torch
 
 from jobs import run as run_job
 from recmas_ray.agent import HF_DEFAULT_TOP_K, _pick, model_top_k
-from recmas_ray.config.evaluation import EvalConfig
+from recmas_ray.eval.config import EvalConfig
 from recmas_ray.config.recursion import DecodeConfig
 from recmas_ray.eval import protocol as P
 from recmas_ray.eval.benchmarks import BENCHMARKS

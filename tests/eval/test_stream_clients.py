@@ -1,6 +1,6 @@
 """`--num_clients` auto (0): enough batches in flight to keep every stage busy, capped by memory and CPUs."""
 
-from recmas_ray.config.evaluation import StreamConfig
+from recmas_ray.eval.config import StreamConfig
 from recmas_ray.config.recursion import RecursionConfig
 from recmas_ray.eval.stream import CLIENTS_PER_ACTOR, clients_per_replica, message_bytes, planned_clients
 from recmas_ray.system.plan import simulated_plan

@@ -5,7 +5,7 @@ import json
 
 import pytest
 
-from recmas_ray.config.evaluation import EvalConfig
+from recmas_ray.eval.config import EvalConfig
 from recmas_ray.config.recursion import RecursionConfig
 from recmas_ray.eval import benchmarks as B
 from recmas_ray.eval.driver import finish

@@ -39,7 +39,7 @@ def world(tmp_path, tiny_cache):
     """Every file the rows name (inside tmp_path/in; outputs go to tmp_path/out, which must never appear)."""
     from recmas_ray.config.cli import parse_config
     from recmas_ray.config.tree import save_config
-    from recmas_ray.config.training import InnerTrainConfig
+    from recmas_ray.train.config import InnerTrainConfig
     from recmas_ray.system.checkpoints import MANIFEST, WEIGHTS
     from recmas_ray.system.link_init import seeded_inner_link, seeded_outer_link
     from recmas_ray.train.synthetic import make_arithmetic_dataset

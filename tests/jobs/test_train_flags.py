@@ -8,7 +8,7 @@ import pytest
 
 from jobs import train_inner, train_outer
 from recmas_ray.config.cli import parse_config
-from recmas_ray.config.training import InnerTrainConfig, OuterTrainConfig
+from recmas_ray.train.config import InnerTrainConfig, OuterTrainConfig
 
 VALUES = {"style": "mixture", "task": "code", "lr": "3e-4", "w_cos": "0.5", "w_mse": "0.25", "save_every": "7"}
 

@@ -6,7 +6,7 @@ import json
 import pytest
 import torch
 
-from recmas_ray.config.training import InnerTrainConfig
+from recmas_ray.train.config import InnerTrainConfig
 from recmas_ray.train import core
 
 

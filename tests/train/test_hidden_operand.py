@@ -6,7 +6,7 @@ import re
 
 import pytest
 
-from recmas_ray.config.training import OuterTrainConfig
+from recmas_ray.train.config import OuterTrainConfig
 from recmas_ray.styles import build_schedule, get_style, render_prompt, render_single_agent_prompt
 from recmas_ray.styles.role_context import question_for_role, split_role_context, with_role_context
 from recmas_ray.train.data import load_rows, question_text, teacher_prompt

@@ -14,7 +14,7 @@ import torch.nn.functional as F
 
 from jobs import train_inner as cli
 from recmas_ray.agent import Agent
-from recmas_ray.config.training import InnerTrainConfig
+from recmas_ray.train.config import InnerTrainConfig
 from recmas_ray.models.loader import load_frozen_model
 from recmas_ray.styles import get_style
 from recmas_ray.system.checkpoints import load_links

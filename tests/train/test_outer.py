@@ -45,7 +45,7 @@ def make_rows():
 
 
 def _cfg(style, rounds, recompute, w):
-    from recmas_ray.config.training import OuterTrainConfig
+    from recmas_ray.train.config import OuterTrainConfig
 
     return OuterTrainConfig(style=style, num_recursive_rounds=rounds, recompute=recompute, non_last_loss_weight=w,
                             batch_size=3, num_microbatches=2, max_latent_tokens=K, lr=LR, warmup_steps=0,
@@ -218,7 +218,7 @@ def test_cli_flags_map_onto_the_config(tmp_path):
     from jobs import train_outer as cli
     from recmas_ray.config.cli import parse_config
     from recmas_ray.config.checks import ConfigError
-    from recmas_ray.config.training import OuterTrainConfig
+    from recmas_ray.train.config import OuterTrainConfig
 
     def parse(*argv):
         return parse_config(OuterTrainConfig, list(argv), aliases=cli.ALIASES)[0]

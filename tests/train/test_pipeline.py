@@ -18,7 +18,7 @@ import torch
 
 from pathlib import Path
 
-from recmas_ray.config.training import OuterTrainConfig
+from recmas_ray.train.config import OuterTrainConfig
 from recmas_ray.links import InnerLink
 from recmas_ray.system.checkpoints import LinkSet, load_links, save_links
 from recmas_ray.train.core import run_storage

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from recmas_ray.agent import Agent
-from recmas_ray.config.training import LATENT_NORMS, OuterTrainConfig
+from recmas_ray.train.config import LATENT_NORMS, OuterTrainConfig
 from recmas_ray.links import InnerLink
 from recmas_ray.models.loader import load_frozen_model
 from recmas_ray.styles import build_schedule, get_style

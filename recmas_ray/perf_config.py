@@ -1,4 +1,6 @@
-"""The performance benchmark behind `jobs/bench.py` (figures (a)-(d), see `recmas_ray/perf.py`)."""
+"""The performance benchmark behind `jobs/bench.py` (figures (a)-(d), see `recmas_ray/perf.py`).
+
+Apart from perf.py so that `jobs.bench --help` imports no torch."""
 
 from __future__ import annotations
 
@@ -6,8 +8,9 @@ from dataclasses import dataclass, field
 from typing import Annotated
 
 from recmas_ray.config.checks import NonEmpty, OneOf, Range, WritableDir
-from recmas_ray.config.evaluation import DEVICES, DTYPES, MODEL_PRESETS, check_role_models, style_names
+from recmas_ray.config.choices import DEVICES, DTYPES, MODEL_PRESETS
 from recmas_ray.config.recursion import MAX_LATENT_STEPS, MAX_NEW_TOKENS, MAX_ROUNDS
+from recmas_ray.styles import check_role_models, style_names
 
 FIGURES = tuple("abcdefg")
 

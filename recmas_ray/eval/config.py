@@ -13,47 +13,16 @@ from typing import Annotated
 
 from recmas_ray.config.checks import ExistingPath, NonEmpty, OneOf, Range, WritableDir
 from recmas_ray.config.choices import BACKENDS, DEVICES, DTYPES, GRADERS, MESSAGE_DTYPES, MODEL_PRESETS, TRANSPORTS
-from recmas_ray.config.placement import PlacementConfig
+from recmas_ray.config.inputs import check_cuda, check_data_path, check_file, check_model_names, read_data_file
+from recmas_ray.config.placement import PlacementConfig, check_ablation_transport
 from recmas_ray.config.recursion import MAX_ROUNDS, METHODS, RecursionConfig, ToolLoopConfig
 from recmas_ray.config.tracking import TrackingConfig
+from recmas_ray.eval.benchmarks import BENCHMARKS, canonical_name
+from recmas_ray.styles import check_role_models, get_style, style_names
+from recmas_ray.styles.prompts import load_prompt_set
+from recmas_ray.system.hub import looks_like_hub_id
 
 PROTOCOLS = ("greedy", "reference")  # what each one sets: recmas_ray.eval.protocol
-
-
-def style_names() -> tuple[str, ...]:
-    """Every style name and alias (light import: style declarations are plain data)."""
-    from recmas_ray.styles import ALIASES, STYLES
-
-    return tuple(sorted(STYLES)) + tuple(sorted(ALIASES))
-
-
-def check_role_models(flag: str, table: dict[str, str], style_name: str, *, extra: tuple[str, ...] = ()) -> None:
-    """ROLE=VALUE tables (--role_model, --ckpt_override): every key a role of the style (or in `extra`),
-    no empty value; raises ValueError naming the flag, the bad key and what was expected."""
-    from recmas_ray.styles import get_style
-
-    roles = list(get_style(style_name).roles)
-    bad = sorted(set(table) - set(roles) - set(extra))
-    if bad:
-        expected = f"roles of {style_name} {roles}" + (f" or {' / '.join(extra)}" if extra else "")
-        raise ValueError(f"{flag} names {bad}; expected {expected}")
-    wrong = next(((k, v) for k, v in table.items() if not isinstance(k, str) or not isinstance(v, str)), None)
-    if wrong is not None:  # a config file or Python caller; never str() a value that may be huge
-        raise TypeError(f"{flag} {wrong[0]!s:.40}=...: expected ROLE=TEXT with text values, got "
-                        f"{type(wrong[1]).__name__}")
-    empty = sorted(k for k, v in table.items() if not v.strip())
-    if empty:
-        raise ValueError(f"{flag} {empty[0]}=: empty value")
-
-
-def check_model_names(flag: str, table: dict[str, str]) -> None:
-    """Every ROLE=MODEL names a model that can load (without loading it): one line naming the role."""
-    from recmas_ray.config.inputs import model_name_problem
-
-    for role, name in table.items():
-        problem = model_name_problem(name)
-        if problem:
-            raise ValueError(f"{flag} {role}={name}: {problem}")
 
 
 @dataclass(kw_only=True)
@@ -166,8 +135,6 @@ class EvalConfig:
 
     def tool_loop(self) -> ToolLoopConfig | None:
         """The toolcaller's tool settings when the style has one (deliberation), else None."""
-        from recmas_ray.styles import get_style
-
         return self.tools if get_style(self.style).name == "deliberation" else None
 
     def check_tools(self, style) -> None:
@@ -183,10 +150,6 @@ class EvalConfig:
 
     def validate(self) -> None:
         """Rules across fields and files (run before any model loads)."""
-        from recmas_ray.styles import get_style
-
-        from recmas_ray.config.inputs import check_cuda, check_data_path, check_file
-
         style = get_style(self.style)
         local = os.path.splitext(self.dataset)[1].lower() in (".json", ".jsonl", ".csv", ".parquet")
         if local:
@@ -195,8 +158,6 @@ class EvalConfig:
             if local:
                 raise ValueError(f"--dataset_path is for a named benchmark, but --dataset {self.dataset!r} is a "
                                  "file already; drop --dataset_path")
-            from recmas_ray.eval.benchmarks import BENCHMARKS, canonical_name
-
             if canonical_name(self.dataset) not in BENCHMARKS:
                 raise ValueError(f"--dataset {self.dataset!r} is no known benchmark, so --dataset_path has "
                                  f"nothing to be a copy of; expected one of {sorted(BENCHMARKS)}")
@@ -210,22 +171,14 @@ class EvalConfig:
         check_role_models("--ckpt_override", self.ckpt_override, self.style, extra=("outer",))
         check_role_models("--models", self.models, self.style)
         check_model_names("--models", self.models)
-        from recmas_ray.system.hub import looks_like_hub_id
-
         missing = {r: p for r, p in self.ckpt_override.items() if not os.path.isdir(p) and not looks_like_hub_id(p)}
         if missing:
             raise ValueError(f"--ckpt_override {' '.join(f'{r}={p}' for r, p in missing.items())}: no such directory")
         self.placement.check_roles(style.roles)
         if self.prompt_set:
-            from recmas_ray.config.inputs import read_data_file
-
             read_data_file(self.prompt_set, "--prompt_set")  # kind, size, encoding, no YAML aliases
-            from recmas_ray.styles.prompts import load_prompt_set
-
             load_prompt_set(self.prompt_set, style)  # a bad file fails here, before any model loads
         self.placement.check_transport(self.transport, style.roles, device=self.device)
         if self.backend == "local" and self.transport != "object_store":
             raise ValueError(f"--transport {self.transport} needs --backend ray")
-        from recmas_ray.config.placement import check_ablation_transport
-
         check_ablation_transport(self.recursion.latent_ablation, self.transport)

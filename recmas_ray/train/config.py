@@ -14,10 +14,12 @@ from dataclasses import dataclass, field
 from typing import Annotated
 
 from recmas_ray.config.checks import ExistingPath, NonEmpty, OneOf, Range, WritableDir, writable_dir_problem
-from recmas_ray.config.choices import LATENT_NORMS, TASK_TYPES
-from recmas_ray.config.evaluation import DTYPES, MODEL_PRESETS, check_model_names, check_role_models, style_names
+from recmas_ray.config.choices import DTYPES, LATENT_NORMS, MODEL_PRESETS, TASK_TYPES
+from recmas_ray.config.inputs import check_cuda, check_file, check_model_names
 from recmas_ray.config.recursion import MAX_ROUNDS
+from recmas_ray.config.resume import check_training_resume
 from recmas_ray.config.tracking import TrackingConfig
+from recmas_ray.styles import canonical_role, check_role_models, get_style, style_names
 
 SCHEDULES = ("cosine", "linear", "constant")
 STORAGE_SCHEMES = ("s3", "gs", "file")
@@ -121,8 +123,6 @@ class TrainConfig:
 
     def roles(self) -> tuple[str, ...]:
         """The roles of the style."""
-        from recmas_ray.styles import get_style
-
         return tuple(get_style(self.style).roles)
 
     def checkpoint_keys(self) -> tuple[str, ...]:
@@ -131,8 +131,6 @@ class TrainConfig:
 
     def validate(self) -> None:
         """Rules across fields and files (run before any model loads)."""
-        from recmas_ray.config.inputs import check_cuda
-
         _check_dataset("--dataset_name", self.dataset_name)
         check_role_models("--role_model", self.role_model, self.style)
         check_role_models("--ckpt_override", self.ckpt_override, self.style, extra=self.checkpoint_keys())
@@ -159,14 +157,10 @@ class TrainConfig:
 
     def check_resume(self) -> None:
         """--resume refuses a save_dir whose earlier run had other settings (field by field)."""
-        from recmas_ray.config.resume import check_training_resume
-
         check_training_resume(self, self.save_dir)
 
 
 def _check_dataset(flag: str, name: str) -> None:
-    from recmas_ray.config.inputs import check_file
-
     if os.path.splitext(name)[1].lower() in (".json", ".jsonl"):
         check_file(flag, name, non_empty=True)
     prefix, sep, count = name.partition(":")
@@ -206,8 +200,6 @@ class InnerTrainConfig(TrainConfig):
     def validate(self) -> None:
         """Role, per-role model and start folder rules, after the shared ones."""
         super().validate()
-        from recmas_ray.styles import canonical_role, get_style
-
         if self.mas_role != "all":
             role = canonical_role(get_style(self.style), self.mas_role)
             if self.model_name_or_path is not None:
@@ -222,8 +214,6 @@ class InnerTrainConfig(TrainConfig):
 
     def check_resume(self) -> None:
         """--mas_role all keeps one run per role in save_dir/<role>: each is compared."""
-        from recmas_ray.config.resume import check_training_resume
-
         if self.mas_role != "all":
             return super().check_resume()
         for role in self.roles():
