@@ -83,31 +83,14 @@ class CapturePool(LocalPool):
             self.messages.setdefault(edge, []).append(m.detach().float().cpu())  # later rounds come last
         return msgs, stats
 
-    @torch.no_grad()
     def score(self, role, users, slot_names, targets, latents):
+        """The service's scorer (`Agent.score_targets`, the one teacher-forced scorer), keeping the per-token NLL."""
         import time
 
-        from recmas_ray.agent import left_pad
-
         t0 = time.perf_counter()
-        agent = self.services[role].agent
-        rows, masks = [], []
-        for b, (user, target) in enumerate(zip(users, targets)):
-            e_LD, ids_L, asst_L = agent.embed_teacher_forced(user, {m: x[b] for m, x in zip(slot_names, latents)},
-                                                            target)
-            rows.append(e_LD)
-            masks.append((ids_L, asst_L))
-        e_BLD, mask_BL = left_pad(rows)
-        h_BLD = agent.forward_hidden(e_BLD, mask_BL)
-        L = h_BLD.shape[1]
-        out = []
-        for b, (ids_L, asst_L) in enumerate(masks):
-            pos = L - asst_L.shape[0] + torch.nonzero(asst_L).squeeze(1)
-            logp = torch.log_softmax(agent.logits(h_BLD[b, pos - 1]).float(), dim=-1)
-            gold = ids_L[asst_L].to(logp.device)
-            out.append((-logp.gather(-1, gold[:, None])[:, 0]).tolist())
-        self.token_nll.extend(out)
-        return [float(np.mean(t)) for t in out], {"role": role, "seconds": time.perf_counter() - t0}
+        scored = self.services[role].agent.score_targets(list(users), dict(zip(slot_names, latents)), list(targets))
+        self.token_nll.extend(s.token_nll for s in scored)
+        return [s.mean_nll for s in scored], {"role": role, "seconds": time.perf_counter() - t0}
 
 
 class Measurer:

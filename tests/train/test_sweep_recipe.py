@@ -37,6 +37,47 @@ def test_token_classes_find_fact_and_result(tiny_cache):
     assert text["fact"] == "17" and text["result"].strip() == "9"
 
 
+def test_token_classes_of_a_recall_answer_score_the_boxed_copy_as_result(tiny_cache):
+    import torch
+
+    from jobs.sweep_recipe_measure import token_classes
+    from recmas_ray.models.loader import load_frozen_model
+
+    _, tok = load_frozen_model("tiny:qwen3", dtype=torch.float32)
+    target = "x = 63. \\boxed{63}"
+    cls = token_classes(tok, target, "63", "63", "<|im_end|>\n")
+    enc = tok(target + "<|im_end|>\n", add_special_tokens=False, return_offsets_mapping=True)
+    spans = {c: [target[a:b] for (a, b), k in zip(enc["offset_mapping"], cls) if k == c] for c in set(cls)}
+    assert "".join(spans["fact"]).strip() == "63" and "".join(spans["result"]).strip() == "63"
+    first_result = next(i for i, k in enumerate(cls) if k == "result")
+    assert enc["offset_mapping"][first_result][0] > target.index("boxed")
+
+
+def test_capture_pool_scores_with_the_services_scorer_and_keeps_token_nll(tiny_cache):
+    import torch
+
+    from jobs.sweep_recipe_measure import CapturePool
+    from recmas_ray.agent import find_slots
+    from recmas_ray.styles import build_schedule, render_prompt
+    from recmas_ray.system.launch import local_pool
+    from recmas_ray.system.plan import plan_system
+
+    plan = plan_system("sequential_light", preset="tiny", seed=0)
+    pool = local_pool(plan, pool_cls=CapturePool)
+    solver = plan.style.decoder
+    d = pool.services[solver].agent.hidden_size
+    step = build_schedule(plan.style, 1)[-1]
+    users = [render_prompt(plan.style, solver, step.variant, "qa", q) for q in ("What is x?", "What is y?")]
+    slots = find_slots(pool.services[solver].agent.render_chat(users[0]))
+    targets = ["x = 12. \\boxed{12}", "y = 40. \\boxed{40}"]
+    lats = [torch.randn(2, 3, d, generator=torch.Generator().manual_seed(i)) for i in range(len(slots))]
+    means, _ = pool.score(solver, users, slots, targets, lats)
+    want, _ = pool.services[solver].score(users, slots, targets, *lats)
+    assert means == pytest.approx(want, rel=1e-6)
+    assert [len(t) for t in pool.token_nll] == [len(pool.services[solver].agent.target_token_offsets(t)) for t in targets]
+    assert [float(np.mean(t)) for t in pool.token_nll] == pytest.approx(means, rel=1e-6)
+
+
 @pytest.mark.integration
 def test_sweep_runs_end_to_end_on_tiny_models(tmp_path, ray_cluster):
     from jobs.sweep_recipe import main_cfg, SweepRecipeConfig
