@@ -38,19 +38,9 @@ ALIASES = {
 
 def main_cfg(cfg: InnerTrainConfig) -> int:
     """Run a parsed, checked config (heavy imports happen here, after parsing), holding --save_dir's lock."""
-    from recmas_ray.config.inputs import OutputLock
-    from recmas_ray.train_api import check_training_inputs
+    from recmas_ray.train_api import run_training_job
 
-    from pathlib import Path
-
-    from recmas_ray.console import job_console
-
-    # Ray, Ray Train and the workers' output goes to <save_dir>/logs/train_inner.log (--verbose: the console)
-    with job_console(Path(cfg.save_dir) / "logs", verbose=cfg.verbose, name="train_inner",
-                     progress=cfg.progress) as console:
-        check_training_inputs(cfg)  # checkpoints, models' configs and rows read before anything is written
-        with OutputLock(cfg.save_dir, "--save_dir"):  # a second run into this folder stops, naming this PID
-            return _train(cfg, console)
+    return run_training_job(cfg, "train_inner", _train)
 
 
 def _train(cfg, console) -> int:

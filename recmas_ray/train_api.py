@@ -50,6 +50,19 @@ def check_training_inputs(cfg, rows: list[dict] | None = None) -> None:
         prepare_samples(load_rows(cfg.eval_dataset, cfg.dataset_json_field), style, cfg.task)
 
 
+def run_training_job(cfg, name: str, train) -> int:
+    """The training jobs' shell (`jobs.train_inner`, `jobs.train_outer`): the quiet console (Ray, Ray Train and
+    the workers' output in <save_dir>/logs/<name>.log; --verbose: on the console), every input read before
+    anything is written, then `train(cfg, console)` while holding --save_dir's lock."""
+    from recmas_ray.config.inputs import OutputLock
+    from recmas_ray.console import job_console
+
+    with job_console(Path(cfg.save_dir) / "logs", verbose=cfg.verbose, name=name, progress=cfg.progress) as console:
+        check_training_inputs(cfg)  # checkpoints, models' configs and rows read before anything is written
+        with OutputLock(cfg.save_dir, "--save_dir"):  # a second run into this folder stops, naming this PID
+            return train(cfg, console)
+
+
 def _config(cls, values: dict[str, Any], options: dict[str, Any], rows, rows_file: Path):
     """(checked training config, in-memory rows or None): every argument validated as the CLI does. In-memory
     rows will be `rows_file` (the config already names it, as the earlier run's config.json does for --resume),
