@@ -109,14 +109,16 @@ def test_compare_stdio_output_uses_decimal_tolerance_per_line():
 
 
 def test_grade_code_pass_fail_timeout_memory():
+    # wall-clock bounds of 30 s where a verdict other than a timeout is expected: a loaded CI machine can take
+    # seconds to start Python in the sandbox; only the endless loop is meant to time out
     tests = "assert add(2, 3) == 5\n"
-    assert G.grade_code("def add(a, b):\n    return a + b", tests, timeout_s=5).passed
-    wrong = G.grade_code("def add(a, b):\n    return a - b", tests, timeout_s=5)
+    assert G.grade_code("def add(a, b):\n    return a + b", tests, timeout_s=30).passed
+    wrong = G.grade_code("def add(a, b):\n    return a - b", tests, timeout_s=30)
     assert not wrong.passed and wrong.error_type == "WA" and wrong.grading == "parent"  # judged in the parent
     loop = G.grade_code("def add(a, b):\n    while True:\n        pass", tests, timeout_s=1)
     assert not loop.passed and loop.error_type == "TLE"
     bomb = G.grade_code("x = bytearray(8 * 1024**3)\ndef add(a, b):\n    return a + b", tests,
-                        timeout_s=5, memory_mb=512)
+                        timeout_s=30, memory_mb=512)
     assert not bomb.passed and bomb.error_type in ("MLE", "RE")
     assert G.grade_code(None, tests).error_type == "EMPTY_CODE"
 
@@ -124,8 +126,8 @@ def test_grade_code_pass_fail_timeout_memory():
 def test_grade_code_reports_contained_network_and_outside_writes_as_failures(tmp_path):
     outside = tmp_path / "escaped.txt"
     net = G.grade_code("import socket\nsocket.create_connection(('127.0.0.1', 9), timeout=1)",
-                       "pass", timeout_s=5)
-    write = G.grade_code(f"open({str(outside)!r}, 'w').write('x')", "pass", timeout_s=5)
+                       "pass", timeout_s=30)
+    write = G.grade_code(f"open({str(outside)!r}, 'w').write('x')", "pass", timeout_s=30)
     assert not net.passed and net.error_type == "SANDBOX" and "blocked" in net.detail
     # The host's tmp_path does not exist in the sandbox's mount namespace: refused or not found, never written.
     assert not write.passed and write.error_type in ("SANDBOX", "RE")
@@ -189,7 +191,7 @@ SCRIPT_CHEATS = {
 
 @pytest.mark.parametrize("name", sorted(SCRIPT_CHEATS))
 def test_script_grader_cheats_fail(name):
-    res = G.grade_code(SCRIPT_CHEATS[name], _ADD_TESTS, timeout_s=5)
+    res = G.grade_code(SCRIPT_CHEATS[name], _ADD_TESTS, timeout_s=30)
     assert not res.passed, (name, res)
 
 
@@ -217,13 +219,13 @@ FUNCTIONAL_CHEATS = {
 @pytest.mark.parametrize("name", sorted(FUNCTIONAL_CHEATS))
 def test_functional_grader_cheats_fail(name):
     res = G.grade_functional(FUNCTIONAL_CHEATS[name], "scale", ["[1, 2]\n3", "[]\n5"], ["[3, 6]", "[]"],
-                             timeout_s=3)
+                             timeout_s=30)
     assert not res.passed, (name, res)
 
 
 def test_stdin_grader_cheats_fail():
     for program in ["exit(0)", "import os\nos._exit(0)", "import sys\nprint('3', file=sys.stderr)"]:
-        assert not G.grade_stdio(program, ["1 2\n"], ["3"], timeout_s=5).passed
+        assert not G.grade_stdio(program, ["1 2\n"], ["3"], timeout_s=30).passed
 
 
 def test_grade_program_dispatches_row_interfaces():
