@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import Callable
 
 from recmas_ray.config.recursion import DecodeConfig, RecursionConfig
-from recmas_ray.eval.results import SampleWriter
+from recmas_ray.eval.samples import SampleWriter
 from recmas_ray.eval.stats import wilson_interval
 from recmas_ray.eval.stream import solve_and_grade
 

@@ -38,8 +38,9 @@ from recmas_ray.eval.fingerprint import (bench_name, check_fingerprint, fingerpr
                                          fingerprint_path, link_hashes, read_fingerprint, resolved_runtime,
                                          run_fingerprint, verify_resume)
 from recmas_ray.eval.protocol import Resolution, metric_k, resolve
-from recmas_ray.eval.results import (VERDICT_FIELDS, SampleWriter, markdown_table, plot_vs_rounds, read_results,
-                                     read_samples, sample_key, summarize, timestamp, with_verdicts, write_results)
+from recmas_ray.eval.plots import plot_vs_rounds
+from recmas_ray.eval.results import markdown_table, read_results, summarize, write_results
+from recmas_ray.eval.samples import VERDICT_FIELDS, SampleWriter, read_samples, sample_key, timestamp, with_verdicts
 from recmas_ray.eval.stream import FAIL_DOCS_ENV, for_rollout, parse_fail_docs, solve_and_grade, with_batch_retries
 from recmas_ray.styles import question_with_interface
 from recmas_ray.styles.prompts import prompt_set_hash

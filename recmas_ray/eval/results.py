@@ -1,189 +1,35 @@
-"""Evaluation outputs in lm-evaluation-harness's layout (style.md section 9).
+"""Evaluation results in lm-evaluation-harness's layout (style.md section 9); per-sample records are in
+`eval/samples.py`, the PNG in `eval/plots.py`.
 
-- `SampleWriter`: append-only `samples_<benchmark>_<time>.jsonl`, one line per finished sample,
-  flushed and fsynced, so a crash loses at most the line being written; `load_done_ids` and
-  `read_samples` make `--resume` skip finished samples and never double count.
 - `summarize`: accuracy with standard error, pass@k, tokens, latent steps, seconds, throughput.
 - `write_results`: `results_<ISO time>.json` with `results` (numbers only), `metadata` (each task's
   strings: benchmark, method, grader, headline, ...), `config`, `versions`, `git_hash`, `date`,
   `n-samples`, `total_evaluation_time_seconds`; `read_results` joins the two again (also reads older
   files, whose strings sat in the metric rows).
-- `markdown_table` (stdout) and `plot_vs_rounds` (PNG).
+- `markdown_table`: the table jobs print on stdout.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import datetime as _dt
 import json
 import math
 import os
 import subprocess
-import threading
 import time
 from collections import defaultdict
 from pathlib import Path
-from typing import Any, Callable, Iterable, Mapping, Sequence
+from typing import Any, Iterable, Mapping, Sequence
 
 from recmas_ray.eval.graders import pass_at_k
+from recmas_ray.eval.samples import json_default, timestamp
 
-__all__ = ["SampleWriter", "sample_key", "load_done_ids", "read_samples", "summarize", "with_verdicts",
-           "VERDICT_FIELDS", "write_results", "read_results", "split_metadata", "markdown_table", "plot_vs_rounds",
-           "timestamp", "lm_eval_sample"]
+__all__ = ["summarize", "write_results", "read_results", "split_metadata", "markdown_table"]
 
 BASELINE = "recursive_textmas"
 HIGHER_IS_BETTER = {"accuracy": True, "tokens_per_sample": False, "latent_steps_per_sample": False,
                     "seconds_per_sample": False, "parse_failure_rate": False, "retry_rate": False,
                     "throughput_samples_per_s": True}
-# Both graders' verdicts per sample (issue 16 item 5): results report `accuracy,strict` (math-verify)
-# and `accuracy,reference` (the release's lenient rules) whatever `--grader` picked for the headline.
-VERDICT_FIELDS = {"strict": "correct_strict", "reference": "correct_reference"}
-
-
-def with_verdicts(record: dict) -> dict:
-    """`record` with `correct_strict` / `correct_reference` from its grade_detail (set in place).
-
-    A mode missing from grade_detail (code samples written before both were recorded) takes
-    `correct`: test verdicts do not depend on the mode.
-    """
-    detail = record.get("grade_detail") or {}
-    for mode, fld in VERDICT_FIELDS.items():
-        record[fld] = bool(detail[mode]) if mode in detail else bool(record["correct"])
-    return record
-
-
-def timestamp() -> str:
-    """lm-eval style file timestamp: ISO time with ':' replaced, safe in file names."""
-    return _dt.datetime.now().isoformat(timespec="microseconds").replace(":", "-")
-
-
-def sample_key(record: Mapping[str, Any]) -> str:
-    """Identity of a finished sample: method, doc id and rollout, where present."""
-    if "doc_id" not in record:
-        raise ValueError(f"sample record has no 'doc_id' (keys: {sorted(record)[:12]})")
-    return "::".join(str(record[k]) for k in ("method", "doc_id", "rollout")
-                     if record.get(k) is not None)
-
-
-class SampleWriter:
-    """Append one JSON line per finished sample; flush + fsync after each line.
-
-    A crash can leave a partial last line; opening the file again cuts it off, so the next
-    append starts on a clean line and resume treats that sample as not done.
-    """
-
-    def __init__(self, path: str | os.PathLike):
-        self.path = Path(path)
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        self._lock = threading.Lock()
-        _drop_partial_line(self.path)
-        self._f = open(self.path, "ab", buffering=0)
-
-    def write(self, record: Mapping[str, Any]) -> None:
-        """Append `record` as one line (JSON, non-ASCII kept, lm-eval's sample fields added) and make it durable.
-
-        A write that fails part-way (a full disk) is cut back to the end of the previous line before the
-        error propagates, so the file never holds a partial line and `--resume` continues from it.
-        """
-        data = (json.dumps(lm_eval_sample(record), ensure_ascii=False, default=_json_default) + "\n").encode()
-        with self._lock:
-            fd = self._f.fileno()
-            start = os.fstat(fd).st_size
-            try:
-                write_whole(fd, data)
-            except OSError as e:
-                try:
-                    os.ftruncate(fd, start)
-                except OSError:
-                    pass  # the next open cuts a torn tail too (_drop_partial_line)
-                raise OSError(e.errno, e.strerror, str(self.path)) from None
-
-    def close(self) -> None:
-        """Close the file (idempotent)."""
-        with self._lock:
-            if not self._f.closed:
-                self._f.close()
-
-    def __enter__(self) -> "SampleWriter":
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.close()
-
-
-def write_whole(fd: int, data: bytes) -> None:
-    """Write all of `data` to `fd` and fsync (one seam, so tests can fill the disk part-way through a line)."""
-    view = memoryview(data)
-    while view:
-        view = view[os.write(fd, view):]
-    os.fsync(fd)
-
-
-def _sha256(text: str) -> str:
-    import hashlib
-
-    return hashlib.sha256(text.encode("utf-8")).hexdigest()
-
-
-def lm_eval_sample(record: Mapping[str, Any]) -> dict:
-    """`record` plus lm-eval's sample fields (doc, target, arguments, resps, filtered_resps, filter, metrics,
-    <metric>, doc_hash, prompt_hash, target_hash), derived from our question / gold / prediction / correct;
-    fields already present are kept."""
-    rec = dict(record)
-    if "prediction" not in rec:
-        return rec
-    question, target = str(rec.get("question", "")), str(rec.get("gold", ""))
-    doc = {"question": question, "gold": rec.get("gold")}
-    lm = {"doc": doc, "target": target, "arguments": {"gen_args_0": {"arg_0": question, "arg_1": {}}},
-          "resps": [[rec["prediction"]]], "filtered_resps": [rec["prediction"]], "filter": "strict",
-          "metrics": ["accuracy"], "accuracy": float(bool(rec.get("correct"))),
-          "doc_hash": _sha256(json.dumps(doc, indent=2, default=_json_default, ensure_ascii=False)),
-          "prompt_hash": _sha256(question), "target_hash": _sha256(target)}
-    return {**lm, **rec}
-
-
-def _drop_partial_line(path: Path) -> None:
-    if not path.exists() or path.stat().st_size == 0:
-        return
-    with open(path, "rb+") as f:
-        data = f.read()
-        if not data.endswith(b"\n"):
-            f.truncate(data.rfind(b"\n") + 1)
-
-
-def read_samples(path: str | os.PathLike, *, key: Callable[[Mapping], str] = sample_key
-                 ) -> list[dict]:
-    """Parsed sample records, skipping a torn last line and keeping the last copy per key."""
-    p = Path(path)
-    if not p.exists():
-        return []
-    by_key: dict[str, dict] = {}
-    for line in p.read_text(encoding="utf-8").splitlines():
-        try:
-            rec = json.loads(line)
-        except json.JSONDecodeError:
-            continue  # a line torn by a crash; the sample is simply redone
-        if isinstance(rec, dict) and "doc_id" in rec:
-            by_key[key(rec)] = rec
-    return list(by_key.values())
-
-
-def load_done_ids(path: str | os.PathLike, *, key: Callable[[Mapping], str] = sample_key
-                  ) -> set[str]:
-    """Keys (see `sample_key`) of the samples already in `path`; empty if it does not exist."""
-    return {key(r) for r in read_samples(path, key=key)}
-
-
-def _json_default(obj: Any) -> Any:
-    if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
-        return dataclasses.asdict(obj)
-    if isinstance(obj, (set, frozenset, tuple)):
-        return list(obj)
-    if hasattr(obj, "item"):  # numpy / torch scalars
-        return obj.item()
-    return str(obj)
-
-
 # ----------------------------------------------------------------------------- summaries
 
 def _mean(xs: Sequence[float]) -> float | None:
@@ -355,7 +201,7 @@ def write_results(output_dir: str | os.PathLike, run_name: str, results: Mapping
     path = Path(output_dir) / run_name / f"results_{ts or timestamp()}.json"
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_suffix(".json.tmp")
-    tmp.write_text(json.dumps(payload, indent=2, default=_json_default, ensure_ascii=False),
+    tmp.write_text(json.dumps(payload, indent=2, default=json_default, ensure_ascii=False),
                    encoding="utf-8")
     os.replace(tmp, path)
     return path
@@ -423,39 +269,3 @@ def markdown_table(results: Mapping[str, Mapping[str, Any]], baseline: str = BAS
                 _fmt(entry.get("latent_steps_per_sample,none"), 1),
                 _fmt(entry.get("seconds_per_sample,none"), 3)] + tail) + "|")
     return "\n".join(lines)
-
-
-def plot_vs_rounds(rows: Sequence[Mapping[str, Any]], path: str | os.PathLike) -> Path:
-    """PNG with accuracy, tokens and seconds per sample against recursion rounds, one line per
-    method. Each row needs `method`, `rounds` and any of `accuracy`, `tokens_per_sample`,
-    `seconds_per_sample`."""
-    from matplotlib.backends.backend_agg import FigureCanvasAgg
-    from matplotlib.figure import Figure
-    from matplotlib.ticker import MaxNLocator
-
-    if not rows:
-        raise ValueError("plot_vs_rounds() got no rows")
-    panels = [("accuracy", "accuracy"), ("tokens_per_sample", "tokens / sample"),
-              ("seconds_per_sample", "seconds / sample")]
-    # Figure + Agg canvas directly: no global pyplot backend state, safe inside Ray workers.
-    fig = Figure(figsize=(12, 3.6))
-    FigureCanvasAgg(fig)
-    by_method: dict[str, list[Mapping]] = defaultdict(list)
-    for r in rows:
-        by_method[str(r["method"])].append(r)
-    for i, (key, label) in enumerate(panels):
-        ax = fig.add_subplot(1, 3, i + 1)
-        for method, rs in sorted(by_method.items()):
-            pts = sorted((int(r["rounds"]), float(r[key])) for r in rs if r.get(key) is not None)
-            if pts:
-                ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", label=method)
-        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
-        ax.set_xlabel("recursion rounds")
-        ax.set_ylabel(label)
-        ax.grid(alpha=0.3)
-    fig.axes[0].legend(fontsize=8)
-    fig.tight_layout()
-    out = Path(path)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(out, format="png", dpi=100)
-    return out

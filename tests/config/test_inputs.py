@@ -121,10 +121,10 @@ def test_training_resume_refuses_other_settings_by_field(tmp_path):
 
 
 def test_full_disk_leaves_whole_lines_and_the_writer_goes_on(tmp_path, monkeypatch):
-    from recmas_ray.eval import results
+    from recmas_ray.eval import samples
 
     path = tmp_path / "samples.jsonl"
-    real = results.write_whole
+    real = samples.write_whole
     calls = {"n": 0}
 
     def fill_disk(fd, data):
@@ -134,8 +134,8 @@ def test_full_disk_leaves_whole_lines_and_the_writer_goes_on(tmp_path, monkeypat
             raise OSError(errno.ENOSPC, "No space left on device")
         real(fd, data)
 
-    monkeypatch.setattr(results, "write_whole", fill_disk)
-    with results.SampleWriter(path) as w:
+    monkeypatch.setattr(samples, "write_whole", fill_disk)
+    with samples.SampleWriter(path) as w:
         w.write({"doc_id": "0", "method": "m", "rollout": 0, "question": "q", "prediction": "p", "correct": True})
         with pytest.raises(OSError) as info:
             w.write({"doc_id": "1", "method": "m", "rollout": 0, "question": "q", "prediction": "p",
@@ -143,5 +143,5 @@ def test_full_disk_leaves_whole_lines_and_the_writer_goes_on(tmp_path, monkeypat
         assert info.value.errno == errno.ENOSPC and info.value.filename == str(path)
         assert [json.loads(line)["doc_id"] for line in path.read_text().splitlines()] == ["0"]
         w.write({"doc_id": "1", "method": "m", "rollout": 0, "question": "q", "prediction": "p", "correct": False})
-    assert [r["doc_id"] for r in results.read_samples(path)] == ["0", "1"]
+    assert [r["doc_id"] for r in samples.read_samples(path)] == ["0", "1"]
     assert path.read_text().endswith("\n")

@@ -7,38 +7,40 @@ import re
 
 import pytest
 
+from recmas_ray.eval import plots as P
 from recmas_ray.eval import results as R
+from recmas_ray.eval import samples as S
 
 
 def test_sample_writer_appends_durably_and_resume_skips_done(tmp_path):
     path = tmp_path / "run" / "samples_math500_t.jsonl"
-    with R.SampleWriter(path) as w:
+    with S.SampleWriter(path) as w:
         w.write({"doc_id": "a", "method": "recursive_mas", "correct": True, "question": "\u00e9t\u00e9"})
         w.write({"doc_id": "b", "method": "recursive_mas", "correct": False})
-    assert R.load_done_ids(path) == {"recursive_mas::a", "recursive_mas::b"}
+    assert S.load_done_ids(path) == {"recursive_mas::a", "recursive_mas::b"}
     # A crash mid-write leaves a torn line; it is not counted and the next writer cuts it off.
     with open(path, "a", encoding="utf-8") as f:
         f.write('{"doc_id": "c", "method": "recursive_mas", "corr')
-    assert R.load_done_ids(path) == {"recursive_mas::a", "recursive_mas::b"}
-    with R.SampleWriter(path) as w:
+    assert S.load_done_ids(path) == {"recursive_mas::a", "recursive_mas::b"}
+    with S.SampleWriter(path) as w:
         w.write({"doc_id": "c", "method": "recursive_mas", "correct": True})
     lines = path.read_text(encoding="utf-8").splitlines()
     assert len(lines) == 3 and all(json.loads(ln) for ln in lines)
     assert "\u00e9t\u00e9" in lines[0]
-    assert R.load_done_ids(tmp_path / "missing.jsonl") == set()
+    assert S.load_done_ids(tmp_path / "missing.jsonl") == set()
 
 
 def test_read_samples_keeps_one_record_per_key(tmp_path):
     path = tmp_path / "s.jsonl"
-    with R.SampleWriter(path) as w:
+    with S.SampleWriter(path) as w:
         for rec in ({"doc_id": 1, "rollout": 0, "correct": False}, {"doc_id": 1, "rollout": 1, "correct": True},
                     {"doc_id": 1, "rollout": 0, "correct": True}):
             w.write(rec)
-    recs = R.read_samples(path)
+    recs = S.read_samples(path)
     assert len(recs) == 2 and all(r["correct"] for r in recs)
-    assert R.sample_key({"doc_id": 3}) == "3"
+    assert S.sample_key({"doc_id": 3}) == "3"
     with pytest.raises(ValueError, match="doc_id"):
-        R.sample_key({"method": "x"})
+        S.sample_key({"method": "x"})
 
 
 def test_summarize_accuracy_stderr_and_costs():
@@ -130,10 +132,10 @@ def test_markdown_table_adds_speedup_and_token_reduction():
 def test_plot_vs_rounds_writes_a_png(tmp_path):
     rows = [{"method": m, "rounds": r, "accuracy": 0.5 + 0.1 * r, "tokens_per_sample": 100 * r,
              "seconds_per_sample": 1.0 * r} for m in ("recursive_mas", "recursive_textmas") for r in (1, 2, 3)]
-    out = R.plot_vs_rounds(rows, tmp_path / "plots" / "rounds.png")
+    out = P.plot_vs_rounds(rows, tmp_path / "plots" / "rounds.png")
     assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and out.stat().st_size > 5000
     with pytest.raises(ValueError, match="no rows"):
-        R.plot_vs_rounds([], tmp_path / "x.png")
+        P.plot_vs_rounds([], tmp_path / "x.png")
 
 
 def test_sampled_runs_report_mean_and_spread():

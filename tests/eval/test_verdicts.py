@@ -10,7 +10,7 @@ from recmas_ray.config.recursion import RecursionConfig
 from recmas_ray.eval import benchmarks as B
 from recmas_ray.eval.driver import finish
 from recmas_ray.eval.graders import grade
-from recmas_ray.eval.results import SampleWriter, with_verdicts
+from recmas_ray.eval.samples import SampleWriter, with_verdicts
 from recmas_ray.eval.stream import sample_record
 from recmas_ray.runner import SampleResult
 from recmas_ray.system.plan import plan_system

@@ -86,9 +86,9 @@ def test_full_disk_is_one_line_and_resume_completes(tmp_path, tiny_cache, questi
     import errno
     import os
 
-    from recmas_ray.eval import results
+    from recmas_ray.eval import samples as sample_io
 
-    real, calls = results.write_whole, {"n": 0}
+    real, calls = sample_io.write_whole, {"n": 0}
 
     def fill_disk(fd, data):
         calls["n"] += 1
@@ -97,7 +97,7 @@ def test_full_disk_is_one_line_and_resume_completes(tmp_path, tiny_cache, questi
             raise OSError(errno.ENOSPC, "No space left on device")
         real(fd, data)
 
-    monkeypatch.setattr(results, "write_whole", fill_disk)
+    monkeypatch.setattr(sample_io, "write_whole", fill_disk)
     out = tmp_path / "out"
     assert run_job.main(base_args(question_file, out, "--batch_size", "1")) == 1
     err = capsys.readouterr().err.strip().splitlines()
@@ -105,7 +105,7 @@ def test_full_disk_is_one_line_and_resume_completes(tmp_path, tiny_cache, questi
     files = glob.glob(f"{out}/samples_*.jsonl")
     assert [len(open(f).read().splitlines()) for f in files] == [2]
     assert all(json.loads(line) for line in open(files[0]))
-    monkeypatch.setattr(results, "write_whole", real)
+    monkeypatch.setattr(sample_io, "write_whole", real)
     assert run_job.main(base_args(question_file, out, "--batch_size", "1", "--resume")) == 0
     samples, _ = read(out)
     assert sorted(s["doc_id"] for s in samples) == ["0", "1", "2", "3"]
