@@ -206,5 +206,10 @@ def main_cfg(cfg: SweepRecipeConfig) -> int:
     return 0
 
 
+def main(argv=None) -> int:
+    """Command line: parse, check, run; bad input is one line and exit 2."""
+    return run_job(main_cfg, SweepRecipeConfig, argv, prog="sweep_recipe", description=__doc__)
+
+
 if __name__ == "__main__":
-    sys.exit(run_job(main_cfg, SweepRecipeConfig, prog="sweep_recipe", description=__doc__))
+    sys.exit(main())
