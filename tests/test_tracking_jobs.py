@@ -32,6 +32,7 @@ def test_run_job_tracks_its_metrics_and_files(tmp_path, tiny_cache, question_fil
 
 
 @pytest.mark.integration  # Ray Train: three inner runs and one outer run on tiny models (~2 min here)
+@pytest.mark.timeout(1200)  # a hang guard only: four Ray Train start-ups overran 300 s on a loaded 2-core machine
 def test_training_jobs_track_losses_per_step(tmp_path, tiny_cache, ray_cluster):
     from jobs import train_inner, train_outer
 
