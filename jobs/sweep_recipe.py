@@ -26,6 +26,13 @@ flags) and the table to <out_dir>/summary.md. Recipes (`RECIPES`; --recipes pick
   release_r1      release at R = 1 and lr 1e-3 (half the cost per step: what a 2-core budget affords)
   norm_value_r1   release_r1 + norm + value (no bridge: its fit loads both base models in the driver)
   all_r1          release_r1 + norm + bridge + value
+  bridge_r1       release_r1 + bridge (the bridge alone)
+  rollout_r1      release_r1 with the first stage's latents from its m-step rollout, as inference sends them,
+                  instead of hidden states over its gold text (non-reference; also rollout_bridge_r1, rollout_all_r1)
+
+--style distillation runs the one-hop system (the Gemma-3-270M expert is told the fact, the SmolLM2-135M learner
+decodes): the value has to cross one link, where sequential_light's critic must carry it on through its own
+frozen inner link, trained on gold text that never holds the value.
 
 Example (real small models, about an hour on 2 busy cores; logs under out_exp/, never committed):
     PYTHONPATH=$PWD python -m jobs.sweep_recipe --out_dir out_exp/sweep --recipes release,all \
@@ -64,8 +71,16 @@ RECIPES: dict[str, dict] = {
                       "value_token_weight": 5.0},
     "all_r1": {**RELEASE, "num_recursive_rounds": 1, "lr": 1e-3, "latent_norm": "embedding", "outer_init": "bridge",
                "value_token_weight": 5.0},
+    "bridge_r1": {**RELEASE, "num_recursive_rounds": 1, "lr": 1e-3, "outer_init": "bridge"},
+    "rollout_r1": {**RELEASE, "num_recursive_rounds": 1, "lr": 1e-3, "rollout_latent_steps": "m"},
+    "rollout_bridge_r1": {**RELEASE, "num_recursive_rounds": 1, "lr": 1e-3, "rollout_latent_steps": "m",
+                          "outer_init": "bridge"},
+    "rollout_all_r1": {**RELEASE, "num_recursive_rounds": 1, "lr": 1e-3, "rollout_latent_steps": "m",
+                       "outer_init": "bridge", "latent_norm": "embedding", "value_token_weight": 5.0},
 }
-"""Recipe name -> OuterTrainConfig fields (on top of the sweep's steps, batch size and seed)."""
+"""Recipe name -> OuterTrainConfig fields (on top of the sweep's steps, batch size and seed); "m" stands for
+the sweep's --latent_steps."""
+SWEEP_STYLES = ("sequential_light", "distillation")
 
 
 @dataclass(kw_only=True)
@@ -74,6 +89,9 @@ class SweepRecipeConfig:
 
     out_dir: Annotated[str, WritableDir()] = "out_exp/sweep_recipe"
     """Folder for data, checkpoints, per-recipe result.json and summary.md."""
+    style: Annotated[str, OneOf(SWEEP_STYLES)] = "sequential_light"
+    """System: sequential_light (planner -> critic -> solver, two hops) or distillation (expert -> learner, one
+    hop); the roles told the fact are the first stage's (synthetic_hidden.HIDDEN_CONTEXT_ROLES)."""
     preset: Annotated[str, OneOf(("demo", "tiny"))] = "demo"
     """demo (SmolLM2-135M planner and solver, Gemma-3-270M critic) or tiny (random weights: the smoke test)."""
     hidden_question: Annotated[str, OneOf(HIDDEN_QUESTIONS)] = "recall"
@@ -113,7 +131,9 @@ class SweepRecipeConfig:
 
     def validate(self) -> None:
         """--inner_from must hold every role's inner link (checked before Ray or any model starts)."""
-        roles = ("planner", "critic", "solver")
+        from recmas_ray.styles import get_style
+
+        roles = get_style(self.style).roles
         if self.inner_from and not all((Path(self.inner_from) / r / "manifest.json").exists() for r in roles):
             raise ValueError(f"--inner_from {self.inner_from!r}: expected <dir>/<role>/manifest.json for {list(roles)}")
 
@@ -124,15 +144,20 @@ def _inner(cfg: SweepRecipeConfig, train_file: Path, out: Path) -> dict[str, str
     from recmas_ray.styles import get_style
     from recmas_ray.train.inner_job import train_all_roles
 
-    roles = get_style("sequential_light").roles
+    roles = get_style(cfg.style).roles
     dirs = {r: Path(cfg.inner_from or out / "inner") / r for r in roles}
     if not all((d / "manifest.json").exists() for d in dirs.values()):
         train_all_roles(InnerTrainConfig(
-            style="sequential_light", mas_role="all", preset=cfg.preset, dataset_name=str(train_file),
+            style=cfg.style, mas_role="all", preset=cfg.preset, dataset_name=str(train_file),
             save_dir=str(out / "inner"), max_steps=cfg.inner_steps, batch_size=4, lr=cfg.inner_lr, warmup_steps=2,
             save_every=cfg.inner_steps, seed=cfg.seed, num_workers=0, progress=False, max_length=512, task=cfg.task,
             log_every=max(1, cfg.inner_steps // 4)))
     return {r: str(d) for r, d in dirs.items()}
+
+
+def recipe_settings(recipe: str, cfg: SweepRecipeConfig) -> dict:
+    """The recipe's OuterTrainConfig fields with "m" resolved to --latent_steps."""
+    return {k: cfg.latent_steps if v == "m" else v for k, v in RECIPES[recipe].items()}
 
 
 def _outer(cfg: SweepRecipeConfig, recipe: str, inner: dict, train_file: Path, eval_file: Path, out: Path):
@@ -142,11 +167,12 @@ def _outer(cfg: SweepRecipeConfig, recipe: str, inner: dict, train_file: Path, e
 
     t0 = time.perf_counter()
     tc = OuterTrainConfig(
-        style="sequential_light", preset=cfg.preset, ckpt_override=dict(inner), dataset_name=str(train_file),
+        style=cfg.style, preset=cfg.preset, ckpt_override=dict(inner), dataset_name=str(train_file),
         task=cfg.task, save_dir=str(out / recipe / "outer"), max_steps=cfg.outer_steps,
         batch_size=cfg.outer_batch_size, save_every=cfg.outer_steps, seed=cfg.seed, cpus_per_worker=0.5,
         max_failures=0, log_every=max(1, cfg.outer_steps // 8), progress=False,
-        eval_every=cfg.eval_every, eval_dataset=str(eval_file) if cfg.eval_every else None, **RECIPES[recipe])
+        eval_every=cfg.eval_every, eval_dataset=str(eval_file) if cfg.eval_every else None,
+        **recipe_settings(recipe, cfg))
     res = train_outer(tc)
     return str(res.save_dir), res.log, res.eval_log, time.perf_counter() - t0
 
@@ -194,9 +220,9 @@ def main_cfg(cfg: SweepRecipeConfig) -> int:
             print(f"[sweep] {recipe}: outer training {secs:.0f} s, loss {log[0]['loss']:.3f} -> "
                   f"{log[-1]['loss']:.3f}", flush=True)
             measurer = Measurer(cfg, inner, heldout)  # the agents load only while no training runs (memory)
-            got = measurer.recipe(save_dir, RECIPES[recipe])
+            got = measurer.recipe(save_dir, recipe_settings(recipe, cfg))
             measurer.close()
-            got.update(recipe=recipe, settings=RECIPES[recipe], train_seconds=secs,
+            got.update(recipe=recipe, settings=recipe_settings(recipe, cfg), train_seconds=secs,
                        loss_first=log[0]["loss"], loss_last=log[-1]["loss"], eval_curve=curve)
             path.write_text(json.dumps(got, indent=2))
         results[recipe] = json.loads(path.read_text())

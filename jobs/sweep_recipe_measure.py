@@ -103,7 +103,7 @@ class Measurer:
 
         self.cfg, self.rows = cfg, heldout
         self.questions = [question_text(r) for r in heldout]
-        self.plan_of = lambda overrides: plan_system("sequential_light", preset=cfg.preset, ckpt_overrides=overrides,
+        self.plan_of = lambda overrides: plan_system(cfg.style, preset=cfg.preset, ckpt_overrides=overrides,
                                                      seed=cfg.seed, task=cfg.task)
         self.inner = dict(inner)
         base = self.plan_of(self.inner)
@@ -173,11 +173,20 @@ class Measurer:
                "zeroed": self._run("recursive_mas", rounds, ablation="zero")}
         self._use(self.plan_of(self.inner), norm)
         got["fresh"] = self._run("recursive_mas", rounds)
+        compared = ["shuffled", "zeroed", "fresh"]
+        if settings.get("outer_init") == "bridge":  # the bridge before training: does training add anything?
+            from recmas_ray.train.bridge import bridge_outer_links
+
+            plan = self.plan_of(self.inner)
+            bridge_outer_links(plan, ridge=settings.get("bridge_ridge", 1e-2))
+            self._use(plan, norm)
+            got["bridge_init"] = self._run("recursive_mas", rounds)
+            compared.append("bridge_init")
         t = got["trained"]
         got["tests"] = {f"vs_{k}": {"mcnemar": mcnemar_exact(t["correct"], got[k]["correct"]),
                                     "fact_nll": paired(t["fact_nll"], got[k]["fact_nll"]),
                                     "result_nll": paired(t["result_nll"], got[k]["result_nll"])}
-                        for k in ("shuffled", "zeroed", "fresh")}
+                        for k in compared}
         return got
 
     def close(self) -> None:
@@ -195,7 +204,7 @@ def _pm(d: dict) -> str:
 def summary_table(results: dict, cfg) -> str:
     """Markdown table: per recipe accuracies, McNemar p, paired fact/result NLL gaps, probe R^2 per edge."""
     n = cfg.num_eval
-    lines = [f"hidden-operand task, {n} held-out questions, {cfg.num_train} training rows, outer {cfg.outer_steps} "
+    lines = [f"hidden-operand task ({cfg.style}, {cfg.hidden_question}), {n} held-out questions, {cfg.num_train} training rows, outer {cfg.outer_steps} "
              f"steps x {cfg.outer_batch_size} rows, inner {cfg.inner_steps} steps, m = {cfg.latent_steps}", ""]
     base = results.get("_baselines")
     if base:
@@ -208,6 +217,8 @@ def summary_table(results: dict, cfg) -> str:
         if name.startswith("_"):
             continue
         acc = " / ".join(f"{r[k]['accuracy']:.1%}" for k in ("trained", "shuffled", "zeroed", "fresh"))
+        if "bridge_init" in r:
+            acc += f" (bridge untrained {r['bridge_init']['accuracy']:.1%})"
         t = r["tests"]
         probes = lambda v: ", ".join(f"{e} {p['r2']:.2f} ({p['exact']:.0%})" for e, p in r[v]["probe"].items())  # noqa: E731
         lines.append(f"| {name} | {r['loss_first']:.3f} -> {r['loss_last']:.3f} | {acc} | "

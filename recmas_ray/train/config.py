@@ -262,6 +262,11 @@ class OuterTrainConfig(TrainConfig):
     --ckpt_override outer=DIR or --resume (the links come from there)."""
     bridge_ridge: Annotated[float, Range(0, 1e6)] = 1e-2
     """--outer_init bridge: ridge strength (times the number of paired tokens) of the least-squares fit."""
+    rollout_latent_steps: Annotated[int, Range(0, 4096)] = 0
+    """0 (the reference): every stage passes the first K hidden states over its gold turn. m > 0 (non-reference):
+    a stage with no incoming latents (round 1's first stage: planner, expert, the mixture experts) passes its
+    m-step latent rollout from the prompt instead, the very latents inference sends (no gold text read), so the
+    links train on what they will receive; stages with incoming latents stay teacher-forced."""
     value_token_weight: Annotated[float, Range(0, 1e6, lo_open=True)] = 1.0
     """Weight of the decoder's answer tokens that hold a digit (the answer's value) in the loss, against 1 for
     the fixed wording; each sample's CE is the weighted mean. 1 is the reference (uniform); > 1 is non-

@@ -111,8 +111,13 @@ def truncate_left(e_LD: torch.Tensor, ids_L: torch.Tensor, asst_L: torch.Tensor,
 
 def encode_stage(agent: Agent, style: StyleSpec, step: Step, samples: list[Sample], latents: dict[str, Latent], *,
                  task: str, num_rounds: int, max_latent_tokens: int, non_last_loss_weight: float,
-                 batch_size: int, max_length: int = 1 << 20, value_token_weight: float = 1.0) -> Encoded:
-    """Teacher-forced pass of one schedule step over a microbatch; see the module docstring."""
+                 batch_size: int, max_length: int = 1 << 20, value_token_weight: float = 1.0,
+                 rollout_latent_steps: int = 0) -> Encoded:
+    """Teacher-forced pass of one schedule step over a microbatch; see the module docstring.
+    `rollout_latent_steps` > 0 (non-reference): a non-decoder stage without incoming latents sends its latent
+    rollout from the prompt instead (`rollout_stage`)."""
+    if rollout_latent_steps and not latents and step.role != style.decoder:
+        return rollout_stage(agent, style, step, samples, task=task, num_steps=rollout_latent_steps)
     per_sample = {m: torch.split(lat.flat, lat.lengths) for m, lat in latents.items()}
     # Without incoming latents nothing upstream is trainable: run the frozen model without a graph.
     track = torch.is_grad_enabled() and any(lat.flat.requires_grad for lat in latents.values())
@@ -151,6 +156,18 @@ def encode_stage(agent: Agent, style: StyleSpec, step: Step, samples: list[Sampl
             if weight > 0:
                 objective = ce_B.sum() * (weight / batch_size)
     return Encoded(z_ND, lengths, objective, sample_losses, truncated)
+
+
+@torch.no_grad()
+def rollout_stage(agent: Agent, style: StyleSpec, step: Step, samples: list[Sample], *, task: str,
+                  num_steps: int) -> Encoded:
+    """z = inner(H) of the m-step latent rollout from each sample's prompt: what `AgentService.rollout` sends
+    at inference (no gold turn read, nothing trainable upstream, so no graph)."""
+    users = [render_prompt(style, step.role, step.variant, task, s.question) for s in samples]
+    e_BLD, mask_BL = agent.embed_batch(users)
+    h_BMD = agent.latent_rollout(e_BLD, mask_BL, num_steps)
+    z_ND = agent.inner_link(h_BMD).reshape(-1, h_BMD.shape[-1])
+    return Encoded(z_ND, [num_steps] * len(samples), None, [], [False] * len(samples))
 
 
 def value_token_weights(tokenizer, token_ids: list[int], weight: float) -> torch.Tensor:

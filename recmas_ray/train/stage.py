@@ -99,7 +99,8 @@ class PipelineStage:
         return encode_stage(self.agent, self.style, step, samples, inputs, task=c.task,
                             num_rounds=c.num_recursive_rounds, max_latent_tokens=c.max_latent_tokens,
                             non_last_loss_weight=c.non_last_loss_weight, batch_size=batch_size,
-                            max_length=c.max_length, value_token_weight=c.value_token_weight)
+                            max_length=c.max_length, value_token_weight=c.value_token_weight,
+                            rollout_latent_steps=c.rollout_latent_steps)
 
     def _forward(self, mb: int, i: int, samples: list[Sample], batch_size: int, inject_nan: bool,
                  record: bool = True) -> tuple[list[float], list[bool]]:

@@ -118,3 +118,39 @@ def test_inference_follows_the_latent_norm_the_outer_links_were_trained_with(tmp
     assert {s.latent_norm for s in fresh.specs.values()} == {"none"}
     svc = AgentService(*plan.service_args("solver"))
     assert (svc.agent.latent_norm is not None) == (mode == "embedding")
+
+
+def test_rollout_latents_are_the_inference_paths_and_only_replace_stages_without_inputs(tiny_cache):
+    """--rollout_latent_steps m: round 1's first stage sends the messages inference sends (the service's rollout
+    of the same prompts), gold text unread; the decoder stays teacher-forced and its gradient reaches the link."""
+    from recmas_ray.service import AgentService
+    from recmas_ray.styles import render_prompt
+    from recmas_ray.system.plan import plan_system
+    from recmas_ray.train.outer import Latent, emit_messages, encode_stage, prepare_samples
+    from recmas_ray.train.synthetic_hidden import make_hidden_operand_dataset
+
+    plan = plan_system("distillation", preset="tiny", seed=0, task="qa")
+    style, m = plan.style, 5
+    expert = AgentService(*plan.service_args("expert"))
+    learner = AgentService(*plan.service_args("learner"))
+    samples = prepare_samples(make_hidden_operand_dataset(3, seed=0, question_kind="recall"), style, "qa")
+    first, last = build_schedule(style, 1)
+    kw = dict(task="qa", num_rounds=1, max_latent_tokens=80, non_last_loss_weight=0.0, batch_size=3)
+    enc = encode_stage(expert.agent, style, first, samples, {}, rollout_latent_steps=m, **kw)
+    assert enc.lengths == [m] * 3 and enc.objective is None
+    sent = emit_messages(expert.agent, enc.z, first.outputs)["expert->learner"]
+    users = [render_prompt(style, "expert", first.variant, "qa", s.question) for s in samples]
+    (want, _stats) = expert.rollout(users, [], m, ["expert->learner"])
+    assert torch.allclose(sent.detach().reshape(3, m, -1), want.float(), atol=1e-5)
+    gold = encode_stage(expert.agent, style, first, samples, {}, **kw)  # the reference reads the gold turn
+    assert gold.lengths != enc.lengths
+    # changing the gold text changes nothing in rollout mode (it is never read)
+    other = [type(s)(s.sample_id, s.question, {**s.targets, "expert": "something else entirely"}) for s in samples]
+    again = encode_stage(expert.agent, style, first, other, {}, rollout_latent_steps=m, **kw)
+    assert torch.equal(again.z, enc.z)
+    # the decoder, which has incoming latents, stays teacher-forced and trains the link through them
+    lat = Latent(sent.detach().clone().requires_grad_(), enc.lengths)
+    out = encode_stage(learner.agent, style, last, samples, {last.inputs[0][0]: lat}, rollout_latent_steps=m, **kw)
+    assert out.objective is not None
+    out.objective.backward()
+    assert lat.flat.grad is not None and lat.flat.grad.abs().sum() > 0
