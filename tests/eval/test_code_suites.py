@@ -10,7 +10,7 @@ import pytest
 
 from recmas_ray.eval import code_graders as G
 from recmas_ray.eval.code_suites import Probe, Unsplittable, split_suite
-from recmas_ray.sandbox.boot import decode_value, encode_value
+from recmas_ray.sandbox.values import decode_value, encode_value
 
 _HUMANEVALPLUS = '''
 import numpy as np
