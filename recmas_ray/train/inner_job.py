@@ -25,7 +25,7 @@ from recmas_ray.train.config import InnerTrainConfig
 from recmas_ray.console import current
 from recmas_ray.styles import canonical_role, get_style
 from recmas_ray.system.checkpoints import MANIFEST, WEIGHTS
-from recmas_ray.train import core
+from recmas_ray.train import core, history
 from recmas_ray.train.data import load_rows, role_examples, validate_rows
 from recmas_ray.train.progress import StepBoard
 
@@ -60,7 +60,7 @@ def _fit(cfg: InnerTrainConfig, role: str, base_model: str, link_state: dict, ex
     from recmas_ray.train.inner_worker import train_loop_per_worker
 
     save_config(cfg, cfg.save_dir)  # next to the outputs, once every input has been checked
-    with core.tracked_run(cfg, f"inner-{role}") as tracker:
+    with history.tracked_run(cfg, f"inner-{role}") as tracker:
         result = core.fit(train_loop_per_worker, loop_config, cfg, storage, num_workers=cfg.num_workers,
                           tracker=tracker)
         if result.checkpoint is None:
@@ -73,8 +73,8 @@ def _fit(cfg: InnerTrainConfig, role: str, base_model: str, link_state: dict, ex
                 shutil.copyfile(Path(d) / fname, tmp)
                 os.replace(tmp, save_dir / fname)
         loss_log = json.loads((save_dir / MANIFEST).read_text(encoding="utf-8")).get("loss_log") or []
-        core.write_loss_curve(save_dir, loss_log, title=f"inner link of {role}")
-        core.log_history(tracker, loss_log, save_dir=save_dir, files=(MANIFEST, "config.json", core.LOSS_CURVE))
+        history.write_loss_curve(save_dir, loss_log, title=f"inner link of {role}")
+        history.log_history(tracker, loss_log, save_dir=save_dir, files=(MANIFEST, "config.json", history.LOSS_CURVE))
     return save_dir
 
 

@@ -36,7 +36,7 @@ from recmas_ray.train.config import OuterTrainConfig
 from recmas_ray.console import current
 from recmas_ray.links import inner_link_from_state_dict, outer_link_from_state_dict
 from recmas_ray.styles import StyleSpec, get_style
-from recmas_ray.train import core
+from recmas_ray.train import core, history
 from recmas_ray.train.outer import Sample, export_checkpoint, round_loss_weight
 from recmas_ray.train.progress import post_step, StepBoard
 from recmas_ray.train.stage import PipelineStage
@@ -244,7 +244,7 @@ def train_outer(cfg: OuterTrainConfig, *, faults: dict | None = None) -> OuterRu
     loop_config = {"cfg": asdict(cfg), "system": system, "links": links, "storage": (storage.uri, storage.name),
                    "samples": [asdict(s) for s in samples], "eval_samples": [asdict(s) for s in eval_samples],
                    "resume_from": resume_from, "_faults": faults}
-    with core.tracked_run(cfg, f"outer-{cfg.style}") as tracker, \
+    with history.tracked_run(cfg, f"outer-{cfg.style}") as tracker, \
             StepBoard(current(), enabled=cfg.progress) as board:
         loop_config["progress"] = board.queue
         result = core.fit(train_loop_per_worker, loop_config, cfg, storage, num_workers=len(style.roles),
@@ -264,7 +264,7 @@ def train_outer(cfg: OuterTrainConfig, *, faults: dict | None = None) -> OuterRu
             state = core.read_state(Path(d))
         if state.get("eval_log"):
             write_eval_curve(save_dir, state["log"], state["eval_log"])
-        core.log_history(tracker, [*state["log"], *state.get("eval_log", [])], save_dir=save_dir,
+        history.log_history(tracker, [*state["log"], *state.get("eval_log", [])], save_dir=save_dir,
                          files=("manifest.json", "config.json", EVAL_CURVE, "eval_curve.png"))
     return OuterRunResult(save_dir, result.checkpoint.path, result.metrics or {}, state["log"], state.get("eval_log", []))
 
