@@ -177,12 +177,13 @@ def eval_run(replicas, n_replicas: int, n_batches: int, rounds: int, args, tag: 
     logs = view.call_logs()
     ray.kill(view.router)
     calls = [c for log in logs for cs in log.values() for c in cs]
+    errors = sum(1 for r in records if r.get("error"))
+    if errors or len(records) != n_batches * args.batch_size or not calls:
+        raise RuntimeError(f"{tag}: {errors} errored samples, {len(records)} of {n_batches * args.batch_size} "
+                           f"returned, {len(calls)} agent calls logged")
     a, b = min(c["t0"] for c in calls), max(c["t1"] for c in calls)
     busy = [busy_by_role(log, a, b) for log in logs]
     role_busy = {r: sum(x[r] for x in busy) / len(busy) for r in busy[0]}
-    errors = sum(1 for r in records if r.get("error"))
-    if errors or len(records) != n_batches * args.batch_size:
-        raise RuntimeError(f"{tag}: {errors} errored samples, {len(records)} of {n_batches * args.batch_size}")
     return {"replicas": n_replicas, "rounds": rounds, "batches": n_batches, "active_s": b - a, "wall_s": wall,
             "clients_per_replica": clients or "auto", "throughput_batches_per_s": n_batches / (b - a),
             "busy_by_role": role_busy, "min_role_busy": min(role_busy.values()), "graded": len(records)}
