@@ -235,6 +235,10 @@ CLIENTS_PER_ACTOR = 2
 while a batch waits on its upstream step."""
 STORE_SHARE = 0.25
 """Share of the object store the in-flight batches' messages may fill (the rest: Ray Data, results)."""
+CLIENT_BYTES = 400 * 2**20
+"""Memory of one client actor (a Python process with torch and the project imported: 250-390 MB measured
+under bench_scale); auto depth keeps all clients within `CLIENT_MEMORY_SHARE` of the cluster's free memory."""
+CLIENT_MEMORY_SHARE = 0.25
 
 
 def planned_clients(cfg: StreamConfig, num_actors: int) -> int:
@@ -243,10 +247,12 @@ def planned_clients(cfg: StreamConfig, num_actors: int) -> int:
 
 
 def clients_per_replica(cfg: StreamConfig, num_actors: int, *, message_bytes_per_batch: int = 0,
-                        store_bytes: float = 0.0, free_cpus: float = 0.0, num_replicas: int = 1) -> int:
+                        store_bytes: float = 0.0, free_cpus: float = 0.0, num_replicas: int = 1,
+                        free_memory_bytes: float = 0.0) -> int:
     """Batches in flight per replica: `num_clients`, or with 0 (auto) `CLIENTS_PER_ACTOR` per agent actor,
-    capped so that the batches' messages fit `STORE_SHARE` of the object store and the clients' CPUs fit
-    `free_cpus` (0: no cap), at least 1."""
+    capped so that the batches' messages fit `STORE_SHARE` of the object store, the clients' CPUs fit
+    `free_cpus` and the client processes fit `CLIENT_MEMORY_SHARE` of `free_memory_bytes` (0: no cap), at
+    least 1. (Without the memory cap, 8 replicas x 6 clients took 18 GiB of a 24 GiB machine.)"""
     if cfg.num_clients:
         return cfg.num_clients
     n = planned_clients(cfg, num_actors)
@@ -254,7 +260,20 @@ def clients_per_replica(cfg: StreamConfig, num_actors: int, *, message_bytes_per
         n = min(n, int(STORE_SHARE * store_bytes / (message_bytes_per_batch * num_replicas)))
     if free_cpus > 0 and cfg.client_cpus > 0:
         n = min(n, int(free_cpus / (cfg.client_cpus * num_replicas)))
+    if free_memory_bytes > 0:
+        n = min(n, int(CLIENT_MEMORY_SHARE * free_memory_bytes / (CLIENT_BYTES * num_replicas)))
     return max(1, n)
+
+
+def free_memory_bytes() -> float:
+    """Memory the client actors can use: Ray's free logical memory, bounded by what this host has available
+    (a simulated multi-node cluster on one host declares its memory once per node)."""
+    import psutil
+    import ray
+
+    ray_free = ray.available_resources().get("memory", 0.0)
+    host = float(psutil.virtual_memory().available)
+    return min(ray_free, host) if ray_free > 0 else host
 
 
 def message_bytes(plan, recursion: RecursionConfig, batch_size: int) -> int:
@@ -288,7 +307,8 @@ def stream_samples(system, batches: list[tuple[list[dict], int]], method: str, r
                                   message_bytes_per_batch=message_bytes(replicas.plan, recursion,
                                                                         max(len(b) for b, _ in batches)),
                                   store_bytes=ray.cluster_resources().get("object_store_memory", 0.0),
-                                  free_cpus=ray.available_resources().get("CPU", 0.0))
+                                  free_cpus=ray.available_resources().get("CPU", 0.0),
+                                  free_memory_bytes=free_memory_bytes())
     pool_size = min(clients * replicas.num_replicas, len(rows))
     ds = ray.data.from_items(rows, override_num_blocks=len(rows))
     # 2.60 has no named parameter for restarts: only a non-default limit goes through the generic

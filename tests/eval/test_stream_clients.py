@@ -24,3 +24,10 @@ def test_auto_depth_is_capped_by_object_store_memory_and_cpus():
     assert roomy == 6 and tight == 1  # 25% of a store of four batches' messages: one batch in flight
     assert clients_per_replica(auto, 3, free_cpus=1.0, num_replicas=2) == 2  # 1 CPU / (0.25 x 2 replicas)
     assert clients_per_replica(auto, 3, free_cpus=0.1) == 1  # never below one
+    # the client processes' memory: 8 replicas on 24 GiB get 1 each (not 6: 48 x 400 MiB), one replica keeps 6
+    from recmas_ray.eval.stream import CLIENT_BYTES
+
+    assert clients_per_replica(auto, 3, free_memory_bytes=24 * 2**30, num_replicas=8) == 1
+    assert clients_per_replica(auto, 3, free_memory_bytes=24 * 2**30, num_replicas=1) == 3 * CLIENTS_PER_ACTOR
+    assert clients_per_replica(auto, 3, free_memory_bytes=16 * CLIENT_BYTES, num_replicas=2) == 2
+    assert clients_per_replica(StreamConfig(num_clients=5), 3, free_memory_bytes=1.0) == 5  # explicit wins
