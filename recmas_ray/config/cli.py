@@ -52,23 +52,13 @@ class Leaf:
 
 
 def _field_docs(cls) -> dict[str, str]:
-    """Attribute docstrings (the string literal under each field), collected over the class's MRO."""
-    import ast
-    import inspect
-    import textwrap
+    """Attribute docstrings (the string literal under each field), collected over the class's MRO; from the
+    source, or from the shipped table where the source is not installed (`config/field_docs.py`)."""
+    from recmas_ray.config.field_docs import class_docs
 
     docs: dict[str, str] = {}
     for klass in reversed(cls.__mro__):
-        if not dataclasses.is_dataclass(klass):
-            continue
-        try:
-            body = ast.parse(textwrap.dedent(inspect.getsource(klass))).body[0].body
-        except (OSError, TypeError, IndexError, SyntaxError):
-            continue
-        for prev, node in zip(body, body[1:]):
-            if isinstance(prev, ast.AnnAssign) and isinstance(prev.target, ast.Name) and isinstance(node, ast.Expr) \
-                    and isinstance(node.value, ast.Constant) and isinstance(node.value.value, str):
-                docs[prev.target.id] = " ".join(node.value.value.split())
+        docs.update(class_docs(klass))
     return docs
 
 
