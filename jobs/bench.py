@@ -32,7 +32,7 @@ def bench(cfg: BenchConfig) -> int:
     from recmas_ray.perf import plot_bench, run_bench
     from recmas_ray.train.synthetic import make_arithmetic_dataset
 
-    questions = [r["question"] for r in make_arithmetic_dataset(cfg.num_questions, seed=cfg.seed + 1000)]
+    questions = [r["question"] for r in make_arithmetic_dataset(cfg.num_questions, seed=cfg.system.seed + 1000)]
     save_config(cfg, cfg.output_path)
     path = os.path.join(cfg.output_path, "bench.json")
 

@@ -20,6 +20,7 @@ Writes <output_path>/bench_backend.json with the figures, every raw time and the
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import platform
@@ -32,10 +33,10 @@ from typing import Annotated
 from recmas_ray.config.checks import OneOf, Range, WritableDir
 from recmas_ray.config.cli import run_job
 from recmas_ray.config.tree import save_config
-from recmas_ray.config.choices import DEVICES, DTYPES, MODEL_PRESETS
 from recmas_ray.config.recursion import MAX_LATENT_STEPS, MAX_NEW_TOKENS, MAX_ROUNDS
 from recmas_ray.config.placement import PRESETS
-from recmas_ray.styles import check_role_models, style_names
+from recmas_ray.styles import check_role_models
+from recmas_ray.system.config import SystemConfig
 
 
 def expand_role_models(table: dict[str, str], roles) -> dict[str, str]:
@@ -72,12 +73,14 @@ def _nice(info: dict):
 class BackendBenchConfig:
     """What the backend benchmark runs."""
 
-    style: Annotated[str, OneOf(style_names)] = "sequential_light"
-    """Style whose agents are measured."""
-    preset: Annotated[str, OneOf(MODEL_PRESETS)] = "tiny"
-    """Base models of the roles: tiny, demo or paper."""
-    role_model: dict[str, str] = field(default_factory=dict)
-    """ROLE=MODEL per role, or all=MODEL (e.g. all=tiny:mistral), over the preset."""
+    HIDDEN_FLAGS = SystemConfig.hidden_except("style", "preset", "role_models", "device", "dtype", "seed")
+    """System fields the benchmark does not read (config/cli.py: no flag): it measures fresh links."""
+    FLAG_ALIASES = {"role_model": "system.role_models", "role_models": "system.role_models"}
+    """The benchmark's spellings of the per-role base models (config/cli.py)."""
+
+    system: SystemConfig = field(default_factory=lambda: SystemConfig(style="sequential_light", seed=0))
+    """The system measured: style, base models (role_models also takes all=MODEL, e.g. all=tiny:mistral, for
+    every role), device, dtype and seed (of the links and questions)."""
     batch_size: Annotated[int, Range(1, 4096)] = 8
     """Questions per batch."""
     latent_steps: Annotated[int, Range(0, MAX_LATENT_STEPS)] = 32
@@ -97,14 +100,8 @@ class BackendBenchConfig:
     torch_threads: Annotated[int, Range(0, 1024)] = 1
     """Torch threads per agent, the same in both backends (0: all cores); 1 keeps CPU timings steady, since
     OpenMP spin-waits collapse when cores are oversubscribed."""
-    device: Annotated[str, OneOf(DEVICES)] = "auto"
-    """auto, cpu or cuda."""
-    dtype: Annotated[str, OneOf(DTYPES)] = "auto"
-    """auto: bf16 on CUDA, fp32 on CPU."""
     address: str | None = None
     """Join this Ray cluster; default: start a private local one."""
-    seed: Annotated[int, Range(0, 2**32 - 1)] = 0
-    """Seed of the links and questions."""
     output_path: Annotated[str, WritableDir()] = "out/bench_backend"
     """Where bench_backend.json and config.json go."""
 
@@ -112,9 +109,10 @@ class BackendBenchConfig:
         from recmas_ray.config.inputs import check_model_names
         from recmas_ray.config.inputs import check_cuda, check_ray_address
 
-        check_role_models("--role_model", self.role_model, self.style, extra=("all",))
-        check_model_names("--role_model", self.role_model)
-        if self.device == "cuda":
+        self.system.refuse_unused(self.HIDDEN_FLAGS)
+        check_role_models("--role_model", self.system.role_models, self.system.style, extra=("all",))
+        check_model_names("--role_model", self.system.role_models)
+        if self.system.device == "cuda":
             check_cuda("--device cuda")
         if self.address:
             check_ray_address("--address", self.address)
@@ -135,10 +133,9 @@ def run(args) -> dict:
 
     threads = args.torch_threads or os.cpu_count() or 1
     torch.set_num_threads(threads)
-    overrides = expand_role_models(args.role_model, get_style(args.style).roles)
-    plan = plan_system(args.style, preset=args.preset, seed=args.seed, device=args.device, dtype=args.dtype,
-                       role_model_overrides=overrides)
-    questions = [r["question"] for r in make_arithmetic_dataset(args.batch_size, seed=args.seed + 1000)]
+    system = args.system
+    plan = plan_system(system, role_models=expand_role_models(system.role_models, get_style(system.style).roles))
+    questions = [r["question"] for r in make_arithmetic_dataset(args.batch_size, seed=system.seed + 1000)]
     tasks = ["math"] * len(questions)
     rc = RecursionConfig(method="recursive_mas", num_recursive_rounds=args.num_recursive_rounds, latent_steps=args.latent_steps,
                          decode=DecodeConfig(max_new_tokens=args.max_new_tokens))
@@ -197,7 +194,7 @@ def run(args) -> dict:
                     "overhead_s_per_sample": overhead},
         "predictions_match": local_preds == ray_preds,
         "times_s_per_sample": times, "agent_s_per_sample": agent_times,
-        "config": {**vars(args), "torch_threads": threads},
+        "config": {**dataclasses.asdict(args), "torch_threads": threads},
         "role_models": plan.role_models, "hidden_sizes": plan.hidden_sizes,
         "agents": {r: {**{key: i.get(key) for key in ("device", "gpu_ids", "node", "pid")}, "nice": _nice(i)}
                    for r, i in infos.items()},
@@ -228,7 +225,7 @@ def bench(args: BackendBenchConfig) -> int:
 
 def main(argv=None) -> int:
     return run_job(bench, BackendBenchConfig, argv, prog="python -m jobs.bench_backend", description=__doc__,
-                   aliases={"role_models": "role_model", "rounds": "num_recursive_rounds"})
+                   aliases={"rounds": "num_recursive_rounds"})
 
 
 if __name__ == "__main__":

@@ -23,12 +23,12 @@ import time
 from dataclasses import dataclass, field
 from typing import Annotated
 
-from recmas_ray.config.checks import NonEmpty, OneOf, Range, WritableDir
+from recmas_ray.config.checks import NonEmpty, Range, WritableDir
 from recmas_ray.config.cli import run_job
 from recmas_ray.config.tree import save_config
-from recmas_ray.config.choices import MODEL_PRESETS
 from recmas_ray.config.recursion import MAX_LATENT_STEPS, MAX_ROUNDS
-from recmas_ray.styles import check_role_models, style_names
+from recmas_ray.styles import check_role_models
+from recmas_ray.system.config import SystemConfig, with_system
 from recmas_ray.train.config import OuterTrainConfig
 
 
@@ -40,8 +40,9 @@ def bench_pipeline(base: dict, rounds: list[int], save_root: str) -> list[dict]:
     rows = []
     for r in rounds:
         for recompute in (False, True):
-            cfg = OuterTrainConfig(**base, num_recursive_rounds=r, recompute=recompute, profile_memory=True,
-                                   save_every=0, save_dir=os.path.join(save_root, f"R{r}-rc{int(recompute)}"))
+            cfg = with_system(OuterTrainConfig, **base, num_recursive_rounds=r, recompute=recompute,
+                              profile_memory=True, save_every=0,
+                              save_dir=os.path.join(save_root, f"R{r}-rc{int(recompute)}"))
             res = train_outer(cfg)
             times = [e["step_s"] for e in res.log][1:] or [e["step_s"] for e in res.log]
             workers = {role: {k: v for k, v in w.items() if k.endswith("bytes")}
@@ -54,7 +55,8 @@ def bench_pipeline(base: dict, rounds: list[int], save_root: str) -> list[dict]:
 
 
 def bench_reference(base: dict, rounds: list[int]) -> list[dict]:
-    """The single-process reference on the same batches; all agents in this process."""
+    """The single-process reference on the same batches (`base`: the runs' shared settings, as for the
+    pipelined runs); all agents in this process."""
     import torch
 
     from recmas_ray.system.plan import plan_system
@@ -63,27 +65,27 @@ def bench_reference(base: dict, rounds: list[int]) -> list[dict]:
     from recmas_ray.train.outer import SavedTensorMeter
     from recmas_ray.train.reference import build_reference, reference_backward, reference_step
 
-    data = load_rows(base["dataset_name"], base.get("dataset_json_field"))  # bad data fails before any model
-    plan = plan_system(base["style"], preset=base["preset"], ckpt_overrides=base.get("ckpt_override"),
-                       seed=base["seed"], role_model_overrides=base["role_model"])
-    device = "cuda" if base["use_gpu"] else "cpu"
+    cfg = with_system(OuterTrainConfig, **base)
+    data = load_rows(cfg.dataset_name, cfg.dataset_json_field)  # bad data fails before any model
+    plan = plan_system(cfg.system, task=cfg.task)
+    device = "cuda" if cfg.use_gpu else "cpu"
     agents, _ = build_reference(plan, device=device)
     rows = []
     for r in rounds:
         outer = _fresh_outer(plan, device)
-        opt = torch.optim.AdamW([p for m in outer.values() for p in m.parameters()], lr=base["lr"], betas=(0.9, 0.95))
+        opt = torch.optim.AdamW([p for m in outer.values() for p in m.parameters()], lr=cfg.lr, betas=(0.9, 0.95))
         params = {p.untyped_storage().data_ptr() for a in agents.values()
                   for mod in (a.model, a.inner_link) for p in mod.parameters()}
         params |= {p.untyped_storage().data_ptr() for m in outer.values() for p in m.parameters()}
         meter, times = SavedTensorMeter(exclude=params), []
-        for step in range(base["max_steps"]):
-            batch = [data[j] for j in step_indices(len(data), step, base["batch_size"], base["seed"])]
+        for step in range(cfg.max_steps):
+            batch = [data[j] for j in step_indices(len(data), step, cfg.batch_size, cfg.system.seed)]
             t0 = time.perf_counter()
             with meter.track():
-                reference_backward(agents, outer, plan.style, batch, task=base["task"], num_rounds=r,
-                                   max_latent_tokens=base["max_latent_tokens"],
-                                   non_last_loss_weight=base["non_last_loss_weight"])
-            reference_step(outer, opt, base["max_grad_norm"])
+                reference_backward(agents, outer, plan.style, batch, task=cfg.task, num_rounds=r,
+                                   max_latent_tokens=cfg.max_latent_tokens,
+                                   non_last_loss_weight=cfg.non_last_loss_weight)
+            reference_step(outer, opt, cfg.max_grad_norm)
             times.append(time.perf_counter() - t0)
         rows.append({"rounds": r, "step_s": min(times[1:] or times), "step_s_median": statistics.median(times[1:] or times),
                      "peak_saved_bytes": meter.peak})
@@ -101,12 +103,13 @@ def _fresh_outer(plan, device):
 class OuterBenchConfig:
     """What the outer-loop benchmark runs."""
 
-    style: Annotated[str, OneOf(style_names)] = "sequential"
-    """Style trained."""
-    preset: Annotated[str, OneOf(MODEL_PRESETS)] = "tiny"
-    """Base models of the roles."""
-    role_model: dict[str, str] = field(default_factory=dict)
-    """ROLE=MODEL base models (HF id, local dir, tiny:<family>, pkg:<name>) replacing the preset's."""
+    HIDDEN_FLAGS = SystemConfig.hidden_except("style", "preset", "role_models")
+    """System fields the benchmark does not read (config/cli.py: no flag): every run seeds 0."""
+    FLAG_ALIASES = {"role_model": "system.role_models"}
+    """The benchmark's spelling of the per-role base models (config/cli.py)."""
+
+    system: SystemConfig = field(default_factory=lambda: SystemConfig(style="sequential"))
+    """The system trained: style and base models (preset, role_models)."""
     dataset_name: str = "synthetic:8"
     """Training rows (as train_outer's --dataset_name)."""
     rounds: Annotated[list[int], Range(1, MAX_ROUNDS), NonEmpty()] = field(default_factory=lambda: [1, 2, 3])
@@ -131,7 +134,7 @@ class OuterBenchConfig:
 
     def train_base(self) -> dict:
         """The OuterTrainConfig settings every measured run shares."""
-        return dict(style=self.style, preset=self.preset, role_model=dict(self.role_model),
+        return dict(style=self.system.style, preset=self.system.preset, role_models=dict(self.system.role_models),
                     dataset_name=self.dataset_name, max_steps=self.max_steps, batch_size=self.batch_size,
                     num_microbatches=self.num_microbatches, lr=1e-4, warmup_steps=0,
                     max_latent_tokens=self.max_latent_tokens, use_gpu=self.use_gpu, seed=0, max_failures=0)
@@ -140,10 +143,11 @@ class OuterBenchConfig:
         """The training runs' own checks (dataset, models, GPU), before the reference loads any model."""
         from recmas_ray.config.checks import check_tree
 
-        check_role_models("--role_model", self.role_model, self.style)
+        self.system.refuse_unused(self.HIDDEN_FLAGS)
+        check_role_models("--role_model", self.system.role_models, self.system.style)
         if self.num_microbatches > self.batch_size:
             raise ValueError(f"--num_microbatches {self.num_microbatches} exceeds --batch_size {self.batch_size}")
-        check_tree(OuterTrainConfig(**self.train_base(), save_dir=self.output_path))
+        check_tree(with_system(OuterTrainConfig, **self.train_base(), save_dir=self.output_path))
 
 
 def bench(args: OuterBenchConfig) -> int:
@@ -155,7 +159,7 @@ def bench(args: OuterBenchConfig) -> int:
 
     torch.set_num_threads(args.threads)
     base_info = {**base, "reference_threads": args.threads}
-    reference = [] if not args.reference else bench_reference(asdict_defaults(base), rounds)
+    reference = [] if not args.reference else bench_reference(base, rounds)
     with tempfile.TemporaryDirectory() as tmp:
         pipeline = bench_pipeline(base, rounds, tmp)
     ratio = {str(r["rounds"]): {f"recompute={p_['recompute']}": p_["step_s"] / r["step_s"]
@@ -166,13 +170,6 @@ def bench(args: OuterBenchConfig) -> int:
         json.dump(result, f, indent=2)
     print(json.dumps(result, indent=2))
     return 0
-
-
-def asdict_defaults(base: dict) -> dict:
-    """The base flags completed with the config defaults the reference needs."""
-    from dataclasses import asdict
-
-    return {**asdict(OuterTrainConfig(**base)), **base}
 
 
 def main(argv=None) -> int:

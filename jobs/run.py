@@ -24,7 +24,7 @@ from recmas_ray.config.cli import run_job
 from recmas_ray.eval.config import EvalConfig
 
 # Other spellings accepted for the same settings: the release's names and this project's earlier ones.
-ALIASES = {"method": "methods", "role_model": "models", "placement": "placement.preset",
+ALIASES = {"method": "methods", "placement": "placement.preset",
            "latent_length": "latent_steps", "max_inflight_batches": "stream.num_clients", "python_timeout": "tools.python_timeout_s"}
 # Set by the evaluation driver itself (per method, and from --seed), or by the CLI (explicit_settings).
 HIDDEN = ("recursion.method", "recursion.decode.seed", "explicit_settings")

@@ -20,7 +20,7 @@ import time
 from recmas_ray.config.cli import run_job
 from recmas_ray.serve.config import ServeConfig
 
-ALIASES = {"placement": "placement.preset", "role_model": "models"}
+ALIASES = {"placement": "placement.preset"}
 
 
 def parse(argv) -> ServeConfig:

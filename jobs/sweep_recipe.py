@@ -140,6 +140,7 @@ class SweepRecipeConfig:
 
 def _inner(cfg: SweepRecipeConfig, train_file: Path, out: Path) -> dict[str, str]:
     """Inner links of every role, trained once (reused when <out>/inner/<role> exists)."""
+    from recmas_ray.system.config import with_system
     from recmas_ray.train.config import InnerTrainConfig
     from recmas_ray.styles import get_style
     from recmas_ray.train.inner_job import train_all_roles
@@ -147,8 +148,8 @@ def _inner(cfg: SweepRecipeConfig, train_file: Path, out: Path) -> dict[str, str
     roles = get_style(cfg.style).roles
     dirs = {r: Path(cfg.inner_from or out / "inner") / r for r in roles}
     if not all((d / "manifest.json").exists() for d in dirs.values()):
-        train_all_roles(InnerTrainConfig(
-            style=cfg.style, mas_role="all", preset=cfg.preset, dataset_name=str(train_file),
+        train_all_roles(with_system(
+            InnerTrainConfig, style=cfg.style, mas_role="all", preset=cfg.preset, dataset_name=str(train_file),
             save_dir=str(out / "inner"), max_steps=cfg.inner_steps, batch_size=4, lr=cfg.inner_lr, warmup_steps=2,
             save_every=cfg.inner_steps, seed=cfg.seed, num_workers=0, progress=False, max_length=512, task=cfg.task,
             log_every=max(1, cfg.inner_steps // 4)))
@@ -162,12 +163,13 @@ def recipe_settings(recipe: str, cfg: SweepRecipeConfig) -> dict:
 
 def _outer(cfg: SweepRecipeConfig, recipe: str, inner: dict, train_file: Path, eval_file: Path, out: Path):
     """Train one recipe's outer links; returns (save_dir, per-step log, held-out curve, seconds)."""
+    from recmas_ray.system.config import with_system
     from recmas_ray.train.config import OuterTrainConfig
     from recmas_ray.train.pipeline import train_outer
 
     t0 = time.perf_counter()
-    tc = OuterTrainConfig(
-        style=cfg.style, preset=cfg.preset, ckpt_override=dict(inner), dataset_name=str(train_file),
+    tc = with_system(
+        OuterTrainConfig, style=cfg.style, preset=cfg.preset, ckpt_override=dict(inner), dataset_name=str(train_file),
         task=cfg.task, save_dir=str(out / recipe / "outer"), max_steps=cfg.outer_steps,
         batch_size=cfg.outer_batch_size, save_every=cfg.outer_steps, seed=cfg.seed, cpus_per_worker=0.5,
         max_failures=0, log_every=max(1, cfg.outer_steps // 8), progress=False,

@@ -103,7 +103,7 @@ class Measurer:
 
         self.cfg, self.rows = cfg, heldout
         self.questions = [question_text(r) for r in heldout]
-        self.plan_of = lambda overrides: plan_system(cfg.style, preset=cfg.preset, ckpt_overrides=overrides,
+        self.plan_of = lambda overrides: plan_system(cfg.style, preset=cfg.preset, ckpt_override=overrides,
                                                      seed=cfg.seed, task=cfg.task)
         self.inner = dict(inner)
         base = self.plan_of(self.inner)

@@ -47,18 +47,18 @@ def _train(cfg, console) -> int:
     from recmas_ray.styles import get_style
     from recmas_ray.train import inner_job
 
-    roles = get_style(cfg.style).roles if cfg.mas_role == "all" else [cfg.mas_role]
+    roles = get_style(cfg.system.style).roles if cfg.mas_role == "all" else [cfg.mas_role]
     console.start(f"inner training: {', '.join(roles)}, {cfg.max_steps} steps")
     if cfg.mas_role == "all":
         dirs = inner_job.train_all_roles(cfg)
     else:
         from recmas_ray.train.data import canonical_role
 
-        dirs = {canonical_role(get_style(cfg.style), cfg.mas_role): inner_job.train_inner(cfg)}
+        dirs = {canonical_role(get_style(cfg.system.style), cfg.mas_role): inner_job.train_inner(cfg)}
     console.done()
     for role, path in dirs.items():
         console.line(f"{role}: {path}")
-    console.line(f"use with: python -m jobs.run --style {cfg.style} --ckpt_override "
+    console.line(f"use with: python -m jobs.run --style {cfg.system.style} --ckpt_override "
                  + " ".join(f"{r}={p}" for r, p in dirs.items()))
     return 0
 

@@ -24,6 +24,7 @@ from recmas_ray.eval.config import EvalConfig
 from recmas_ray.config.recursion import DecodeConfig, RecursionConfig
 from recmas_ray.config.placement import PlacementConfig
 from recmas_ray.runner import SampleResult
+from recmas_ray.system.config import SystemConfig
 
 log = logging.getLogger(__name__)
 
@@ -165,15 +166,12 @@ class System:
         overrides = links_overrides(links, get_style(style).roles) if links else {}
         overrides |= resolve_overrides(dict(ckpt_override or {}))
         placement = placement if isinstance(placement, PlacementConfig) else PlacementConfig(preset=placement)
-        cfg = EvalConfig(style=style, dataset=_NO_DATASET, preset=preset, ckpt_override=overrides,
-                         models=dict(role_models or {}), allow_base_model_mismatch=allow_base_model_mismatch,
-                         backend=backend, device=device, dtype=dtype, seed=seed,
-                         placement=placement, transport=transport, timeout_s=timeout_s, torch_threads=torch_threads,
-                         progress=False)
-        check_tree(cfg, lambda path: path)
-        plan = plan_system(style, preset=preset, ckpt_overrides=overrides, seed=seed, dtype=dtype, device=device,
-                           task=task, role_model_overrides=cfg.models, tools=cfg.tool_loop(),
-                           allow_base_model_mismatch=allow_base_model_mismatch)
+        system = SystemConfig(style=style, preset=preset, ckpt_override=overrides, role_models=dict(role_models or {}),
+                              allow_base_model_mismatch=allow_base_model_mismatch, device=device, dtype=dtype, seed=seed)
+        cfg = EvalConfig(system=system, dataset=_NO_DATASET, backend=backend, placement=placement, transport=transport,
+                         timeout_s=timeout_s, torch_threads=torch_threads, progress=False)
+        check_tree(cfg, lambda path: path.removeprefix("system."))  # the keyword arguments' names
+        plan = plan_system(cfg.system, task=task, tools=cfg.tool_loop())
         agents = start_agents(plan, backend=backend, placement=placement, timeout_s=timeout_s,
                               torch_threads=torch_threads, transport=transport, num_replicas=num_replicas)
         return cls(cfg, plan, agents, num_replicas=num_replicas)
@@ -249,7 +247,7 @@ class System:
         rc = RecursionConfig(method=method, num_recursive_rounds=num_recursive_rounds, latent_steps=latent_steps,
                              decode=DecodeConfig(max_new_tokens=max_new_tokens, do_sample=do_sample,
                                                  temperature=temperature, top_p=top_p, top_k=top_k,
-                                                 seed=self.cfg.seed if seed is None else seed))
+                                                 seed=self.cfg.system.seed if seed is None else seed))
         check_tree(rc, lambda path: path)
         # Sampled n > 1: n rows per question; greedy: one row, copied (every copy would be the same).
         rows = [q for q in questions for _ in range(n if do_sample else 1)]

@@ -269,7 +269,7 @@ def backend_ratio(plan, questions, cfg: BenchConfig, pool) -> dict:
                          decode=DecodeConfig(max_new_tokens=cfg.max_new_tokens))
     tasks = ["math"] * len(questions)
     system = start_agents(plan, backend="ray", timeout_s=600.0,
-                          placement=PlacementConfig(preset="cpu" if cfg.device != "cuda" else "colocated"))
+                          placement=PlacementConfig(preset="cpu" if cfg.system.device != "cuda" else "colocated"))
     try:
         local = _median_time(lambda: run_batch(pool, plan.style, questions, tasks, rc), cfg.repeats)
         one = _median_time(lambda: ray.get(system.solve(questions, tasks, rc), timeout=3600), cfg.repeats)
@@ -284,10 +284,9 @@ def backend_ratio(plan, questions, cfg: BenchConfig, pool) -> dict:
 def run_bench(cfg: BenchConfig, questions: list[str], on_figure=None) -> dict:
     """The figures named in `cfg.figures` on one set of agents and questions; `on_figure(result)` after each
     (the job writes bench.json then, so a long run keeps what it finished)."""
-    plan = plan_system(cfg.style, preset=cfg.preset, seed=cfg.seed, device=cfg.device, dtype=cfg.dtype,
-                       role_model_overrides=cfg.role_model)
+    plan = plan_system(cfg.system)
     pool = local_pool(plan)
-    out = {"machine": machine(), "config": {k: v for k, v in vars(cfg).items()}, "role_models": plan.role_models}
+    out = {"machine": machine(), "config": dataclasses.asdict(cfg), "role_models": plan.role_models}
     decoder = pool.services[plan.style.decoder].agent
     figures = {
         "a": ("a_end_to_end", lambda: end_to_end(pool, plan, questions, cfg)),

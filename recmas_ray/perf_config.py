@@ -8,9 +8,9 @@ from dataclasses import dataclass, field
 from typing import Annotated
 
 from recmas_ray.config.checks import NonEmpty, OneOf, Range, WritableDir
-from recmas_ray.config.choices import DEVICES, DTYPES, MODEL_PRESETS
 from recmas_ray.config.recursion import MAX_LATENT_STEPS, MAX_NEW_TOKENS, MAX_ROUNDS
-from recmas_ray.styles import check_role_models, style_names
+from recmas_ray.styles import check_role_models
+from recmas_ray.system.config import SystemConfig
 
 FIGURES = tuple("abcdefg")
 
@@ -19,12 +19,15 @@ FIGURES = tuple("abcdefg")
 class BenchConfig:
     """What the benchmark runs."""
 
-    style: Annotated[str, OneOf(style_names)] = "sequential_light"
-    """Style whose agents are measured."""
-    preset: Annotated[str, OneOf(MODEL_PRESETS)] = "demo"
-    """Base models: demo (real small models), tiny (random weights) or paper."""
-    role_model: dict[str, str] = field(default_factory=dict)
-    """ROLE=MODEL base models (HF id, local dir, tiny:<family>, pkg:<name>) replacing the preset's."""
+    HIDDEN_FLAGS = SystemConfig.hidden_except("style", "preset", "role_models", "device", "dtype", "seed")
+    """System fields the benchmark does not read (config/cli.py: no flag): it measures fresh links."""
+    FLAG_ALIASES = {"role_model": "system.role_models"}
+    """The benchmark's spelling of the per-role base models (config/cli.py)."""
+
+    system: SystemConfig = field(default_factory=lambda: SystemConfig(style="sequential_light", preset="demo",
+                                                                      seed=0))
+    """The system measured: style, base models (preset demo: real small models), device, dtype and seed (of the
+    links and questions)."""
     num_questions: Annotated[int, Range(1, 4096)] = 4
     """Questions per batch (one batch)."""
     rounds: Annotated[list[int], Range(1, MAX_ROUNDS), NonEmpty()] = field(default_factory=lambda: [1, 2, 3])
@@ -43,17 +46,12 @@ class BenchConfig:
     step vs token, e prefix KV reuse over rounds, f decode loop, g torch.compile (minutes on CPU; not default)."""
     ray: bool = True
     """Measure (c) (starts a local Ray cluster)."""
-    device: Annotated[str, OneOf(DEVICES)] = "auto"
-    """auto, cpu or cuda."""
-    dtype: Annotated[str, OneOf(DTYPES)] = "auto"
-    """auto: bf16 on CUDA, fp32 on CPU."""
-    seed: Annotated[int, Range(0, 2**32 - 1)] = 0
-    """Seed of the links and questions."""
     output_path: Annotated[str, WritableDir()] = "out/bench"
     """Where bench.json, bench.png and config.json go."""
 
     def validate(self) -> None:
-        check_role_models("--role_model", self.role_model, self.style)
+        self.system.refuse_unused(self.HIDDEN_FLAGS)
+        check_role_models("--role_model", self.system.role_models, self.system.style)
 
 
 def quick() -> BenchConfig:

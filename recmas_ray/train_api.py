@@ -30,7 +30,7 @@ def check_training_inputs(cfg, rows: list[dict] | None = None) -> None:
     from recmas_ray.train.data import load_rows, validate_rows
 
     check_tree(cfg)
-    style = get_style(cfg.style)
+    style = get_style(cfg.system.style)
     if rows is None:
         rows = load_rows(cfg.dataset_name, cfg.dataset_json_field, split=cfg.dataset_split)
     if isinstance(cfg, InnerTrainConfig):
@@ -43,8 +43,7 @@ def check_training_inputs(cfg, rows: list[dict] | None = None) -> None:
     from recmas_ray.system.plan import plan_system
     from recmas_ray.train.outer import prepare_samples
 
-    plan_system(cfg.style, preset=cfg.preset, ckpt_overrides=cfg.ckpt_override, seed=cfg.seed, task=cfg.task,
-                role_model_overrides=cfg.role_model)
+    plan_system(cfg.system, task=cfg.task)
     prepare_samples(rows, style, cfg.task)
     if cfg.eval_dataset:
         prepare_samples(load_rows(cfg.eval_dataset, cfg.dataset_json_field), style, cfg.task)
@@ -69,7 +68,10 @@ def _config(cls, values: dict[str, Any], options: dict[str, Any], rows, rows_fil
     written only once everything is accepted (`_with_rows`)."""
     from recmas_ray.config.checks import check_tree
 
-    names = {f.name for f in dataclasses.fields(cls)}
+    from recmas_ray.system.config import system_fields, with_system
+
+    # the system's fields (style, seed, ckpt_override, ...) are settings too: with_system nests them
+    names = {f.name for f in dataclasses.fields(cls)} - {"system"} | system_fields(cls)
     unknown = sorted(set(options) - names)
     if unknown:
         raise ValueError(f"unknown training setting(s) {unknown} for {cls.__name__}; expected some of {sorted(names)}")
@@ -80,7 +82,7 @@ def _config(cls, values: dict[str, Any], options: dict[str, Any], rows, rows_fil
             raise TypeError("rows: expected a path, a dataset name, or a non-empty list of dicts, got "
                             f"{type(rows).__name__}")
     dataset = "synthetic:1" if in_memory else str(rows)  # stands in for the rows until they are accepted
-    cfg = cls(**{k: v for k, v in values.items() if k in names}, **{"dataset_name": dataset, **options})
+    cfg = with_system(cls, **{k: v for k, v in values.items() if k in names}, **{"dataset_name": dataset, **options})
     check_tree(dataclasses.replace(cfg, resume=False), lambda path: path)  # resume: checked on the real rows path
     if not in_memory:
         return cfg, None
@@ -136,7 +138,7 @@ def train_inner(style: str, *, rows: str | Path | Sequence[dict], save_dir: str 
     if role_models is not None and not isinstance(role_models, dict):
         raise TypeError(f"role_models: expected a dict ROLE -> model name, got {type(role_models).__name__}")
     cfg, mem = _config(InnerTrainConfig, {"style": style, "task": task, "preset": preset,
-                                     "role_model": dict(role_models or {}), "save_dir": str(save_dir)},
+                                     "role_models": dict(role_models or {}), "save_dir": str(save_dir)},
                        options, rows, save_dir / "train.jsonl")
     if roles is not None:
         from recmas_ray.styles import canonical_role, get_style

@@ -24,7 +24,7 @@ def test_run_job_tracks_its_metrics_and_files(tmp_path, tiny_cache, question_fil
                          "--max_new_tokens", "4", "--method", "recursive_mas,single_agent", "--output_path", str(out),
                          "--no_progress", "--tracking", "mlflow"]) == 0
     client, (run,) = _runs(out / "mlruns")
-    assert run.info.status == "FINISHED" and run.data.params["style"] == "sequential_light"
+    assert run.info.status == "FINISHED" and run.data.params["system.style"] == "sequential_light"
     assert 0 <= run.data.metrics["questions/recursive_mas/accuracy/strict"] <= 1
     assert "questions/single_agent/tokens_per_sample/none" in run.data.metrics
     names = {a.path for a in client.list_artifacts(run.info.run_id)}

@@ -13,6 +13,11 @@
   `KEY=VALUE` items (`--ckpt_override planner=DIR critic=DIR`). Optional fields accept `none`.
 * `recipes` are named Python functions returning a config: `--recipe NAME` (or `--NAME`) starts from one.
 * `aliases` add other spellings of a flag (the release's names), shown in help next to the canonical one.
+  A config class may declare its own: `FLAG_ALIASES` (spellings every caller of the class accepts; the first
+  one of a nested field without a short flag is the name its errors use, e.g. `--models` for
+  `system.role_models`) and `HIDDEN_FLAGS` (dotted paths of nested fields it never reads: no flag).
+* A `--config` file may write a nested field under any of its flags at the top level (`style: mixture`
+  for `system.style`, as files were written before the section existed), or nested by section.
 * `run_job` prints a user error as one line `error: ...` on stderr and returns 2, before any model loads
   (`--debug` shows the traceback); the job's own code raises `ValueError` for user errors found later
   and `RuntimeError` for runs that failed (exit 1).
@@ -89,9 +94,13 @@ def leaves(cls, prefix: str = "") -> list[Leaf]:
 
 def assign_flags(cls, aliases: dict[str, str] | None = None, hidden=()) -> list[Leaf]:
     """Leaves with their flag names; `aliases` maps extra flag names to a field's dotted path or plain flag;
-    `hidden` dotted paths get no flag (the job sets them itself)."""
-    aliases = aliases or {}
-    out = [leaf for leaf in leaves(cls) if leaf.path not in set(hidden)]
+    `hidden` dotted paths get no flag (the job sets them itself). The class's `FLAG_ALIASES` and
+    `HIDDEN_FLAGS` add to them."""
+    # The class's own: the spellings of its fields that every caller accepts, the fields it never reads.
+    own = dict(getattr(cls, "FLAG_ALIASES", {}))
+    aliases = {**own, **(aliases or {})}
+    hidden = set(hidden) | set(getattr(cls, "HIDDEN_FLAGS", ()))
+    out = [leaf for leaf in leaves(cls) if leaf.path not in hidden]
     top = {leaf.path for leaf in out if "." not in leaf.path}
     declared: dict[str, str] = {}  # short flag -> the dotted path whose class declares it
     for leaf in out:
@@ -113,7 +122,24 @@ def assign_flags(cls, aliases: dict[str, str] | None = None, hidden=()) -> list[
         leaf = by_flag.get(target) or next((lf for lf in out if lf.path == target), None)
         if leaf is None:
             raise AssertionError(f"alias --{alias} names no field {target!r} of {cls.__name__}")
-        leaf.flags.append(alias)
+        if alias in own and leaf.flags[0] == leaf.path and "." in leaf.path:
+            leaf.flags.insert(0, alias)  # the class's name for a nested field without a short flag: errors use it
+        else:
+            leaf.flags.append(alias)
+    return out
+
+
+def nest_flat_keys(data: dict, tree_leaves: list[Leaf]) -> dict:
+    """A settings mapping whose top-level keys may be any flag of a nested field (`style: x` for
+    `system.style`, a job alias such as `models`), as written before those fields were nested: each such
+    key moved to its dotted place. Other keys are left for `from_dict` to accept or refuse."""
+    by_flag = {flag: leaf.path for leaf in tree_leaves for flag in leaf.flags if "." in leaf.path}
+    sections = {leaf.path.split(".")[0] for leaf in tree_leaves}  # `placement: {...}` is the section itself
+    out = dict(data)
+    for key in [k for k in data if k in by_flag and k != by_flag[k] and k not in sections]:
+        if _has_path(out, by_flag[key]):
+            raise ConfigError(f"--config: {key!r} and {by_flag[key]!r} both set --{by_flag[key]}; keep one")
+        _set_path(out, by_flag[key], out.pop(key))
     return out
 
 
@@ -256,6 +282,11 @@ def _field_default(cls, path: str):
     head, _, rest = path.partition(".")
     f = next(f for f in dataclasses.fields(cls) if f.name == head)
     if rest:
+        if f.default_factory is not dataclasses.MISSING:  # the job's own defaults of the section
+            try:
+                return _get_path(f.default_factory(), rest)
+            except TypeError:  # a section with required fields
+                pass
         return _field_default(_nested_type(field_hints(cls)[head]), rest)
     if f.default is not dataclasses.MISSING:
         return f.default
@@ -277,7 +308,7 @@ def parse_config(cls, argv=None, *, prog=None, description=None, aliases=None, r
     ns = p.parse_args(argv)
     cfg = recipes[ns.recipe]() if recipes and getattr(ns, "recipe", None) else None
 
-    data: dict = load_config_file(ns.config) if ns.config else {}
+    data: dict = nest_flat_keys(load_config_file(ns.config), tree_leaves) if ns.config else {}
     flat = {k: v for k, v in vars(ns).items() if k not in SPECIAL_FLAGS}
     flag_of = {leaf.path: "--" + leaf.flags[0] for leaf in tree_leaves}
     for leaf in tree_leaves:

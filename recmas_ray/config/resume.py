@@ -47,7 +47,8 @@ def check_training_resume(cfg, folder: str | Path, flag: str = "--resume") -> No
                          "resumed: restore it, or start afresh without --resume") from None
     if not isinstance(old, dict):
         raise ValueError(f"{flag}: {saved} holds a {type(old).__name__}, not the earlier run's settings")
-    new = to_dict(cfg)
+    hidden = getattr(cfg, "HIDDEN_FLAGS", ())
+    old, new = _system_lifted(old, hidden), _system_lifted(to_dict(cfg), hidden)
     ignore = set(TRAIN_RESUME_FREE)
     if (old.get("num_train_epochs") or 0) > 0 and old.get("num_train_epochs") == new.get("num_train_epochs"):
         ignore.add("max_steps")  # resolved from the epochs when the run started
@@ -55,3 +56,17 @@ def check_training_resume(cfg, folder: str | Path, flag: str = "--resume") -> No
     if diff:
         raise ValueError(f"{flag}: {folder} holds a run with other settings; differing fields: {'; '.join(diff)}. "
                          "Resume with the same settings, or use another --save_dir")
+
+
+def _system_lifted(settings: dict, hidden=()) -> dict:
+    """`settings` with the fields of its `system` section at the top, named as their flags are (`seed`, not
+    `system.seed`), less the ones the job does not use (`hidden`); a config.json saved before the section
+    existed (flat, `role_model`) reads the same way, so such a run still resumes."""
+    out = dict(settings)
+    section = out.pop("system", None)
+    out.update(section if isinstance(section, dict) else {})
+    if "role_model" in out and "role_models" not in out:
+        out["role_models"] = out.pop("role_model")
+    for path in hidden:
+        out.pop(path.removeprefix("system."), None)
+    return out

@@ -17,10 +17,10 @@ from recmas_ray.train.synthetic import DIFFICULTIES, DIFFICULTY_SIZES
 from recmas_ray.train.synthetic_hidden import HIDDEN_QUESTIONS
 
 TASK_FAMILIES = ("arithmetic", "hidden_operand")
-DEMO_INNER = ("style", "mas_role", "role_model", "preset", "dataset_name", "save_dir", "max_steps", "batch_size",
+DEMO_INNER = ("style", "mas_role", "role_models", "preset", "dataset_name", "save_dir", "max_steps", "batch_size",
               "lr", "seed", "task")
 """InnerTrainConfig fields the demo sets from its own flags (not accepted in --inner_options)."""
-DEMO_OUTER = ("style", "ckpt_override", "role_model", "preset", "dataset_name", "task", "save_dir",
+DEMO_OUTER = ("style", "ckpt_override", "role_models", "preset", "dataset_name", "task", "save_dir",
               "num_recursive_rounds", "max_latent_tokens", "max_steps", "batch_size", "lr", "seed")
 """OuterTrainConfig fields the demo sets from its own flags (not accepted in --outer_options)."""
 
@@ -189,8 +189,11 @@ def as_dict(cfg: DemoConfig) -> dict:
 def _typed(flag: str, cls, options: dict[str, str], reserved: tuple[str, ...]) -> dict:
     from recmas_ray.config.checks import field_hints, split_annotated
     from recmas_ray.config.cli import parse_text
+    from recmas_ray.system.config import SystemConfig, system_fields
 
-    hints = field_hints(cls)
+    # the training config's own fields and those of its system section it reads (with_system nests them)
+    hints = {k: v for k, v in field_hints(cls).items() if k != "system"} | \
+        {k: v for k, v in field_hints(SystemConfig).items() if k in system_fields(cls)}
     out = {}
     for name, text in options.items():
         if name in reserved:
@@ -206,6 +209,6 @@ def _typed(flag: str, cls, options: dict[str, str], reserved: tuple[str, ...]) -
 
 
 def _own_flag(name: str) -> str:
-    return {"max_steps": "inner_steps / outer_steps", "lr": "inner_lr / outer_lr", "batch_size":
+    return {"role_models": "role_model", "max_steps": "inner_steps / outer_steps", "lr": "inner_lr / outer_lr", "batch_size":
             "inner_batch_size / outer_batch_size", "num_recursive_rounds": "outer_rounds",
             "max_latent_tokens": "max_latent_tokens"}.get(name, name)

@@ -60,6 +60,7 @@ def train_links(cfg: DemoConfig, train_file: Path, out: Path, models: dict[str, 
 
     Returns {role: inner dir, ..., "outer": outer dir} for `--ckpt_override`-style plans.
     """
+    from recmas_ray.system.config import with_system
     from recmas_ray.train.config import InnerTrainConfig, OuterTrainConfig
     from recmas_ray.train.inner_job import train_all_roles
     from recmas_ray.train.pipeline import train_outer
@@ -68,13 +69,13 @@ def train_links(cfg: DemoConfig, train_file: Path, out: Path, models: dict[str, 
     inner_options, outer_options = cfg.typed_options()
     console.start(f"inner training: {', '.join(roles)} at once, {cfg.inner_steps} steps each")
     inner_dirs = train_all_roles(
-        InnerTrainConfig(style=cfg.style, mas_role="all", role_model=dict(models), preset=cfg.preset,
-                         dataset_name=str(train_file), save_dir=str(out / "inner"),
-                         max_steps=cfg.inner_steps, batch_size=cfg.inner_batch_size, lr=cfg.inner_lr,
-                         seed=cfg.seed, task=cfg.task,
-                         **{"warmup_steps": min(2, cfg.inner_steps - 1), "save_every": cfg.inner_steps,
-                            "num_workers": 0, "progress": False, "max_length": 512,
-                            "log_every": max(1, cfg.inner_steps // 4), **inner_options}))
+        with_system(InnerTrainConfig, style=cfg.style, mas_role="all", role_models=dict(models), preset=cfg.preset,
+                    dataset_name=str(train_file), save_dir=str(out / "inner"),
+                    max_steps=cfg.inner_steps, batch_size=cfg.inner_batch_size, lr=cfg.inner_lr,
+                    seed=cfg.seed, task=cfg.task,
+                    **{"warmup_steps": min(2, cfg.inner_steps - 1), "save_every": cfg.inner_steps,
+                       "num_workers": 0, "progress": False, "max_length": 512,
+                       "log_every": max(1, cfg.inner_steps // 4), **inner_options}))
     losses = {}
     for role, d in inner_dirs.items():
         try:
@@ -86,8 +87,8 @@ def train_links(cfg: DemoConfig, train_file: Path, out: Path, models: dict[str, 
     overrides = {role: str(path) for role, path in inner_dirs.items()}
 
     console.start(f"outer training: R={cfg.outer_r()}, {cfg.outer_steps} steps of {cfg.outer_batch_size} rows")
-    outer = train_outer(OuterTrainConfig(
-        style=cfg.style, ckpt_override=overrides, role_model=dict(models), preset=cfg.preset,
+    outer = train_outer(with_system(
+        OuterTrainConfig, style=cfg.style, ckpt_override=overrides, role_models=dict(models), preset=cfg.preset,
         dataset_name=str(train_file), task=cfg.task,
         save_dir=str(out / "outer"), num_recursive_rounds=cfg.outer_r(), max_latent_tokens=cfg.max_latent_tokens,
         max_steps=cfg.outer_steps, batch_size=cfg.outer_batch_size, lr=cfg.outer_lr,
@@ -104,8 +105,8 @@ def link_plans(cfg: DemoConfig, models: dict[str, str], trained: dict[str, str])
     from recmas_ray.system.plan import plan_system
 
     inner_only = {r: d for r, d in trained.items() if r != "outer"}
-    return {name: plan_system(cfg.style, preset=cfg.preset, ckpt_overrides=links, seed=cfg.seed, task=cfg.task,
-                              role_model_overrides=models)
+    return {name: plan_system(cfg.style, preset=cfg.preset, ckpt_override=links, seed=cfg.seed, task=cfg.task,
+                              role_models=models)
             for name, links in (("fresh", None), ("inner", inner_only), ("trained", trained))}
 
 

@@ -11,15 +11,16 @@ import os
 from dataclasses import dataclass, field
 from typing import Annotated
 
-from recmas_ray.config.checks import ExistingPath, NonEmpty, OneOf, Range, WritableDir
-from recmas_ray.config.choices import BACKENDS, DEVICES, DTYPES, GRADERS, MESSAGE_DTYPES, MODEL_PRESETS, TRANSPORTS
+from recmas_ray.config.checks import NonEmpty, OneOf, Range, WritableDir
+from recmas_ray.config.choices import BACKENDS, GRADERS, TRANSPORTS
 from recmas_ray.config.inputs import check_cuda, check_data_path, check_file, check_model_names, read_data_file
 from recmas_ray.config.placement import PlacementConfig, check_ablation_transport
 from recmas_ray.config.recursion import MAX_ROUNDS, METHODS, RecursionConfig, ToolLoopConfig
 from recmas_ray.config.tracking import TrackingConfig
 from recmas_ray.eval.benchmarks import BENCHMARKS, canonical_name
-from recmas_ray.styles import check_role_models, get_style, style_names
+from recmas_ray.styles import check_role_models, get_style
 from recmas_ray.styles.prompts import load_prompt_set
+from recmas_ray.system.config import SystemConfig
 from recmas_ray.system.hub import looks_like_hub_id
 
 PROTOCOLS = ("greedy", "reference")  # what each one sets: recmas_ray.eval.protocol
@@ -46,26 +47,22 @@ class StreamConfig:
 class EvalConfig:
     """One evaluation run (saved, resolved, next to its results)."""
 
-    style: Annotated[str, OneOf(style_names)]
-    """Collaboration style."""
+    HIDDEN_FLAGS = SystemConfig.hidden_except("style", "preset", "role_models", "ckpt_override",
+                                              "allow_base_model_mismatch", "prompt_set", "device", "dtype",
+                                              "message_dtype", "seed")
+    """System fields an evaluation does not read (config/cli.py: no flag)."""
+    FLAG_ALIASES = {"models": "system.role_models", "role_model": "system.role_models"}
+    """jobs.run's spellings of the per-role base models (config/cli.py); errors name --models."""
+
+    system: SystemConfig
+    """Which system runs: style, base models, links, prompt set, device, dtypes, seed (of fresh links and of
+    sampling: rollout r decodes with seed + r)."""
     dataset: Annotated[str, NonEmpty()]
     """Benchmark name (math500, gsm8k, ...) or a local .jsonl/.json question file."""
     dataset_path: str | None = None
     """Local copy of a named benchmark (else its RECMAS_<NAME>_PATH variable, else the Hub)."""
     dataset_json_field: str | None = None
     """Field holding the rows of a JSON file wrapped as {"data": [...]}."""
-    preset: Annotated[str, OneOf(MODEL_PRESETS)] = "tiny"
-    """Base models of the roles without a checkpoint: tiny (random weights), demo or paper."""
-    ckpt_override: dict[str, str] = field(default_factory=dict)
-    """ROLE=DIR inner links (ours or the release's adapter.pt), outer=DIR outer links; a DIR may be a Hub
-    repo id ORG/NAME[@REVISION][:SUBFOLDER]."""
-    models: dict[str, str] = field(default_factory=dict)
-    """ROLE=MODEL base models (HF id, local dir, tiny:<family>, pkg:<name>) replacing the preset's (also
-    --role_model); a role whose --ckpt_override names another base model is an error (see
-    allow_base_model_mismatch)."""
-    allow_base_model_mismatch: bool = False
-    """Run the model given in --models even where the role's checkpoint names another one (its link
-    sizes are still checked)."""
     methods: Annotated[list[str], OneOf(METHODS), NonEmpty()] = field(default_factory=lambda: ["recursive_mas"])
     """Methods run on the same questions."""
     recursion: RecursionConfig = field(default_factory=RecursionConfig)
@@ -87,15 +84,6 @@ class EvalConfig:
     """ray (agents as Ray actors) or local (in-process, no Ray)."""
     placement: PlacementConfig = field(default_factory=PlacementConfig)
     """Ray placement preset and per-role resources."""
-    device: Annotated[str, OneOf(DEVICES)] = "auto"
-    """Where agents run: auto (CUDA when present), cpu or cuda."""
-    dtype: Annotated[str, OneOf(DTYPES)] = "auto"
-    """Model dtype: auto (bf16 on CUDA, fp32 on CPU), float32, bfloat16 or float16."""
-    message_dtype: Annotated[str, OneOf(MESSAGE_DTYPES)] = "auto"
-    """Dtype of the latent messages between agents: auto (bf16 on CUDA, fp32 on CPU), bf16 (half the
-    bytes) or fp32; receivers compute in their own model dtype."""
-    seed: Annotated[int, Range(0, 2**32 - 1)] = 42
-    """Seed of fresh links and of sampling."""
     grader: Annotated[str, OneOf(GRADERS)] = "strict"
     """Headline grader: strict (math-verify) or reference (the release's lenient rules); both are recorded."""
     protocol: Annotated[str, OneOf(PROTOCOLS)] = "greedy"
@@ -105,9 +93,6 @@ class EvalConfig:
     explicit_settings: list[str] = field(default_factory=list)
     """Dotted settings the user gave (flags, --config file), which the protocol never changes; jobs.run
     fills it (Python callers list what they set themselves)."""
-    prompt_set: Annotated[str | None, ExistingPath()] = None
-    """YAML or JSON prompt set (role -> variant -> task -> template), checked against the style's slots
-    before any model loads; unset: the project's own prompts."""
     output_path: Annotated[str, WritableDir()] = "out"
     """Directory for samples_*.jsonl, results_*.json and config.json."""
     track: TrackingConfig = field(default_factory=TrackingConfig)
@@ -135,7 +120,7 @@ class EvalConfig:
 
     def tool_loop(self) -> ToolLoopConfig | None:
         """The toolcaller's tool settings when the style has one (deliberation), else None."""
-        return self.tools if get_style(self.style).name == "deliberation" else None
+        return self.tools if get_style(self.system.style).name == "deliberation" else None
 
     def check_tools(self, style) -> None:
         """Tool settings given for a style without a toolcaller are refused (they would be ignored)."""
@@ -146,11 +131,13 @@ class EvalConfig:
                    if getattr(self.tools, f.name) != getattr(default, f.name)]
         if changed:
             raise ValueError(f"{', '.join('--' + c for c in changed)}: tool settings apply to style deliberation "
-                             f"only; style {self.style} has no tools, so drop them")
+                             f"only; style {self.system.style} has no tools, so drop them")
 
     def validate(self) -> None:
         """Rules across fields and files (run before any model loads)."""
-        style = get_style(self.style)
+        system = self.system
+        system.refuse_unused(self.HIDDEN_FLAGS)
+        style = get_style(system.style)
         local = os.path.splitext(self.dataset)[1].lower() in (".json", ".jsonl", ".csv", ".parquet")
         if local:
             check_file("--dataset", self.dataset, non_empty=True)
@@ -166,19 +153,19 @@ class EvalConfig:
         if self.backend == "local" and self.placement.num_replicas != 1:
             raise ValueError(f"--num_replicas {self.placement.num_replicas} needs --backend ray (the local "
                              "backend runs one in-process system)")
-        if self.device == "cuda":
+        if system.device == "cuda":
             check_cuda("--device cuda", on_cluster=self.backend == "ray")
-        check_role_models("--ckpt_override", self.ckpt_override, self.style, extra=("outer",))
-        check_role_models("--models", self.models, self.style)
-        check_model_names("--models", self.models)
-        missing = {r: p for r, p in self.ckpt_override.items() if not os.path.isdir(p) and not looks_like_hub_id(p)}
+        check_role_models("--ckpt_override", system.ckpt_override, system.style, extra=("outer",))
+        check_role_models("--models", system.role_models, system.style)
+        check_model_names("--models", system.role_models)
+        missing = {r: p for r, p in system.ckpt_override.items() if not os.path.isdir(p) and not looks_like_hub_id(p)}
         if missing:
             raise ValueError(f"--ckpt_override {' '.join(f'{r}={p}' for r, p in missing.items())}: no such directory")
         self.placement.check_roles(style.roles)
-        if self.prompt_set:
-            read_data_file(self.prompt_set, "--prompt_set")  # kind, size, encoding, no YAML aliases
-            load_prompt_set(self.prompt_set, style)  # a bad file fails here, before any model loads
-        self.placement.check_transport(self.transport, style.roles, device=self.device)
+        if system.prompt_set:
+            read_data_file(system.prompt_set, "--prompt_set")  # kind, size, encoding, no YAML aliases
+            load_prompt_set(system.prompt_set, style)  # a bad file fails here, before any model loads
+        self.placement.check_transport(self.transport, style.roles, device=system.device)
         if self.backend == "local" and self.transport != "object_store":
             raise ValueError(f"--transport {self.transport} needs --backend ray")
         check_ablation_transport(self.recursion.latent_ablation, self.transport)

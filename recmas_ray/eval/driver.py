@@ -54,7 +54,7 @@ log = logging.getLogger(__name__)
 def recursion_for(cfg: EvalConfig, method: str, rollout: int) -> RecursionConfig:
     """The run's recursion settings for one method and rollout (decode seed = seed + rollout)."""
     rc = dataclasses.replace(cfg.recursion, method=method,
-                             decode=dataclasses.replace(cfg.recursion.decode, seed=cfg.seed))
+                             decode=dataclasses.replace(cfg.recursion.decode, seed=cfg.system.seed))
     return for_rollout(rc, rollout)
 
 
@@ -154,13 +154,11 @@ def evaluate(cfg: EvalConfig, *, progress: bool = True, system=None) -> dict:
     check_tree(cfg)
     cfg, resolution = resolve(cfg)
     check_tree(cfg)
-    items = load_benchmark(cfg.dataset, path=cfg.dataset_path, num_samples=cfg.num_samples, seed=cfg.seed,
+    items = load_benchmark(cfg.dataset, path=cfg.dataset_path, num_samples=cfg.num_samples, seed=cfg.system.seed,
                            json_field=cfg.dataset_json_field)
     task = items[0]["task_type"] if items[0]["task_type"] in ("math", "code") else "math"
-    plan = plan_system(cfg.style, preset=cfg.preset, ckpt_overrides=resolve_overrides(cfg.ckpt_override),
-                       seed=cfg.seed, dtype=cfg.dtype, device=cfg.device, task=task, message_dtype=cfg.message_dtype,
-                       tools=cfg.tool_loop(), prompt_set=cfg.prompt_set, role_model_overrides=cfg.models,
-                       allow_base_model_mismatch=cfg.allow_base_model_mismatch)
+    plan = plan_system(cfg.system, task=task, tools=cfg.tool_loop(),
+                       ckpt_override=resolve_overrides(cfg.system.ckpt_override))
     for warning in run_warnings(cfg, plan):
         current().warn(warning)
     items = [{**i, "question": question_with_interface(plan.style, i["question"], i.get("interface"))}
@@ -193,7 +191,7 @@ def _evaluate_locked(cfg: EvalConfig, plan, items: list[dict], fingerprint: dict
                     batches += [(todo[k:k + cfg.batch_size], r) for k in range(0, len(todo), cfg.batch_size)]
                 t0 = time.perf_counter()
                 n_todo = sum(len(b) for b, _ in batches)
-                bar = _bar(n_todo, f"{cfg.style}/{method}", progress)  # samples, ETA, accuracy so far
+                bar = _bar(n_todo, f"{cfg.system.style}/{method}", progress)  # samples, ETA, accuracy so far
                 n_ok = n_done = 0
                 fresh[method] = n_todo == len(items) * cfg.num_rollouts  # else wall time covers only part
                 for rec in backend.stream(batches, method):
@@ -226,7 +224,7 @@ def evaluate_all(cfg: EvalConfig, *, progress: bool | None = None) -> list[dict]
                                          explicit_settings=explicit),
                      progress=progress) for r in cfg.sweep_rounds]
     if cfg.plot:
-        outs[-1]["plot_path"] = str(plot_results(cfg.output_path, bench_name(cfg), cfg.style))
+        outs[-1]["plot_path"] = str(plot_results(cfg.output_path, bench_name(cfg), cfg.system.style))
     return outs
 
 
@@ -266,10 +264,12 @@ def finish(cfg: EvalConfig, samples_file: Path, plan, wall: dict, start: float,
         results[f"{bench_name(cfg)}/{method}"] = {"benchmark": bench_name(cfg), "method": method,
                                                    "rounds": cfg.recursion.num_recursive_rounds, **metrics,
                                                    "n_errored": errored}
-    config = {**dataclasses.asdict(cfg), "system": plan.manifest(), "samples_file": str(samples_file),
+    # the section as configured, with what the plan resolved it to (roles' base models, links' sources)
+    config = {**dataclasses.asdict(cfg), "system": {**dataclasses.asdict(cfg.system), **plan.manifest()},
+              "samples_file": str(samples_file),
               "fingerprint_file": str(fingerprint_path(samples_file))}
     extra = {"protocol": resolution.record(),
-             "prompt_set": {"path": cfg.prompt_set, "sha256": prompt_set_hash(plan.style)},
+             "prompt_set": {"path": cfg.system.prompt_set, "sha256": prompt_set_hash(plan.style)},
              "warnings": run_warnings(cfg, plan)}
     path = write_results(cfg.output_path, "", results, config, start_time=start, extra=extra)
     track_results(cfg, results, [path, samples_file])
@@ -281,7 +281,7 @@ def finish(cfg: EvalConfig, samples_file: Path, plan, wall: dict, start: float,
     out = {"results": results, "samples_path": str(samples_file), "results_path": str(path), "table": table,
            "num_errored": num_errored}
     if cfg.plot:
-        out["plot_path"] = str(plot_results(cfg.output_path, bench_name(cfg), cfg.style))
+        out["plot_path"] = str(plot_results(cfg.output_path, bench_name(cfg), cfg.system.style))
     return out
 
 
@@ -298,7 +298,7 @@ def plot_results(output_path: str, bench: str, style: str) -> Path:
             data = json.loads(Path(f).read_text(encoding="utf-8"))
         except (OSError, json.JSONDecodeError):
             continue  # a file being written by another run
-        if (data.get("config") or {}).get("style") != style:
+        if ((data.get("config") or {}).get("system") or {}).get("style") != style:  # the plan's manifest
             continue
         for v in read_results(data).values():
             if v.get("benchmark") == bench and "rounds" in v:
@@ -321,7 +321,7 @@ def track_results(cfg: EvalConfig, results: dict, files: list) -> None:
 
     if cfg.track.tracking == "none":
         return
-    tracker = start_run(cfg.track, output_dir=cfg.output_path, run_name=f"eval-{bench_name(cfg)}-{cfg.style}",
+    tracker = start_run(cfg.track, output_dir=cfg.output_path, run_name=f"eval-{bench_name(cfg)}-{cfg.system.style}",
                         config=cfg)
     for key, metrics in results.items():
         tracker.log_metrics({f"{key}/{k}": v for k, v in metrics.items()})

@@ -42,13 +42,13 @@ def run_fingerprint(cfg: EvalConfig, manifest: dict, extra: dict | None = None) 
     rec = dataclasses.asdict(cfg.recursion)
     rec.pop("method", None)  # set per method by the driver; `methods` below covers it
     rec.get("decode", {}).pop("seed", None)  # set from `seed`
-    fp = {"style": cfg.style, "models": {r: v["base_model"] for r, v in manifest["roles"].items()},
+    fp = {"style": cfg.system.style, "models": {r: v["base_model"] for r, v in manifest["roles"].items()},
           "links": manifest.get("sources", {}), "link_sha256": manifest.get("link_sha256", {}),
           "methods": list(cfg.methods), "recursion": rec, "grader": cfg.grader, "format_retry": cfg.format_retry,
-          "seed": cfg.seed, "num_rollouts": cfg.num_rollouts, "dtype": cfg.dtype,
+          "seed": cfg.system.seed, "num_rollouts": cfg.num_rollouts, "dtype": cfg.system.dtype,
           # batch_size changes padding, hence (rarely) a greedy token: a resume must keep it
           "batch_size": cfg.batch_size,
-          "message_dtype": cfg.message_dtype,  # bf16 messages change the latents the next agent reads
+          "message_dtype": cfg.system.message_dtype,  # bf16 messages change the latents the next agent reads
           # not num_samples: it only selects questions (samples are keyed by doc id), so a resume may extend it
           "dataset": {"name": cfg.dataset, "path": cfg.dataset_path, "json_field": cfg.dataset_json_field},
           "tools": dataclasses.asdict(cfg.tools) if cfg.tool_loop() is not None else None}
@@ -124,6 +124,6 @@ def resolved_runtime(cfg: EvalConfig, plan) -> dict:
     from recmas_ray.models.loader import model_revision, resolve_dtype
     from recmas_ray.service import pick_device
 
-    device = pick_device(cfg.device)  # as the agents resolve it (on a Ray cluster: as seen from the driver)
-    return {"device": cfg.device, "resolved_device": device.type, "resolved_dtype": str(resolve_dtype(cfg.dtype, device)).replace("torch.", ""),
+    device = pick_device(cfg.system.device)  # as the agents resolve it (on a Ray cluster: as seen from the driver)
+    return {"device": cfg.system.device, "resolved_device": device.type, "resolved_dtype": str(resolve_dtype(cfg.system.dtype, device)).replace("torch.", ""),
             "model_revisions": {r: model_revision(m) for r, m in sorted(plan.role_models.items())}}

@@ -199,8 +199,8 @@ def resolve(cfg) -> tuple[Any, Resolution]:
     bench = benchmark_key(cfg.dataset)
     table = reference_settings if cfg.protocol == "reference" else greedy_settings
     explicit = set(cfg.explicit_settings)
-    res = Resolution(protocol=cfg.protocol, benchmark=bench, style=cfg.style, metric=headline_metric(bench))
-    for path, (value, cite) in table(cfg.style, bench).items():
+    res = Resolution(protocol=cfg.protocol, benchmark=bench, style=cfg.system.style, metric=headline_metric(bench))
+    for path, (value, cite) in table(cfg.system.style, bench).items():
         if path in explicit:
             res.settings[path] = {"value": _get(cfg, path), "source": "explicit", "protocol_value": value,
                                   "explicit_value": _get(cfg, path), "cite": cite}

@@ -66,17 +66,15 @@ class RecMASServer:
 
     def __init__(self, cfg: "ServeConfig"):
         from recmas_ray.api import System
+        from recmas_ray.system.config import system_fields
         from recmas_ray.serve.batching import Batcher
         from recmas_ray.serve.metrics import ServerMetrics
         from recmas_ray.serve.security import bind_replica_grpc_to_node_address
 
         bind_replica_grpc_to_node_address()  # before Serve starts the replica's gRPC server (after __init__)
         self.cfg = cfg
-        self.system = System.build(cfg.style, role_models=cfg.models, links=cfg.links,
-                                   allow_base_model_mismatch=cfg.allow_base_model_mismatch,
-                                   ckpt_override=cfg.ckpt_override, preset=cfg.preset, backend=cfg.backend,
-                                   task=cfg.task, device=cfg.device, dtype=cfg.dtype, seed=cfg.seed,
-                                   placement=cfg.placement, timeout_s=cfg.timeout_s, torch_threads=cfg.torch_threads)
+        system = {k: v for k, v in dataclasses.asdict(cfg.system).items() if k in system_fields(ServeConfig)}
+        self.system = System.build(**system, backend=cfg.backend, task=cfg.task, placement=cfg.placement, timeout_s=cfg.timeout_s, torch_threads=cfg.torch_threads)
         self.tokenizer = _tokenizer(self.system.role_models[self.system.plan.style.decoder])
         # In-process agents are not safe to drive from several threads at once; Ray agents are.
         self.lock = threading.Lock() if cfg.backend == "local" else None
@@ -104,7 +102,7 @@ class RecMASServer:
             return JSONResponse(unauthorized_body(), status_code=401)
         return {"object": "list", "data": [{"id": self.cfg.served_name, "object": "model",
                                             "created": int(time.time()), "owned_by": "recmas_ray",
-                                            "style": self.cfg.style, "role_models": self.system.role_models}]}
+                                            "style": self.cfg.system.style, "role_models": self.system.role_models}]}
 
     @api.post("/v1/chat/completions")
     async def chat_completions(self, request: Request):
@@ -268,8 +266,11 @@ def build_app(cfg: ServeConfig):
 def app_builder(args: dict):
     """Serve config files' entry (`import_path: recmas_ray.serve.app:app_builder`): `args` are ServeConfig fields."""
     from recmas_ray.config.checks import check_tree
+    from recmas_ray.config.cli import assign_flags, nest_flat_keys
     from recmas_ray.config.tree import from_dict
 
-    cfg = from_dict(ServeConfig, dict(args or {}), where="serve application args")
+    # flat keys as the flags spell them (`style`, `models`), or nested by section (`system: {style: ...}`)
+    args = nest_flat_keys(dict(args or {}), assign_flags(ServeConfig))
+    cfg = from_dict(ServeConfig, args, where="serve application args")
     check_tree(cfg, lambda path: path)
     return build_app(cfg)

@@ -11,39 +11,31 @@ from dataclasses import dataclass, field
 from typing import Annotated
 
 from recmas_ray.config.checks import NonEmpty, OneOf, Range
-from recmas_ray.config.choices import BACKENDS, DEVICES, DTYPES, MODEL_PRESETS, TASK_TYPES
+from recmas_ray.config.choices import BACKENDS, TASK_TYPES
 from recmas_ray.config.recursion import RecursionConfig
 from recmas_ray.config.placement import PlacementConfig
-from recmas_ray.styles import style_names
+from recmas_ray.system.config import SystemConfig
 
 
 @dataclass(kw_only=True)
 class ServeConfig:
     """One served system: `POST /v1/chat/completions` and `GET /v1/models` on Ray Serve."""
 
-    style: Annotated[str, OneOf(style_names)]
-    """Collaboration style of the served system."""
+    HIDDEN_FLAGS = SystemConfig.hidden_except("style", "preset", "role_models", "ckpt_override", "links",
+                                              "allow_base_model_mismatch", "device", "dtype", "seed")
+    """System fields a served system does not read (config/cli.py: no flag)."""
+    FLAG_ALIASES = {"models": "system.role_models", "role_model": "system.role_models"}
+    """jobs.serve's spellings of the per-role base models (config/cli.py; also keys of a Serve config file's
+    args); errors name --models."""
+
+    system: SystemConfig
+    """The served system: style, base models, links (a folder or Hub id, ckpt_override over it per role),
+    device, dtype and seed (of fresh links and the default sampling seed)."""
+
     model_name: str | None = None
     """Name clients pass as `model` (default: the style name)."""
-    preset: Annotated[str, OneOf(MODEL_PRESETS)] = "tiny"
-    """Base models of the roles not named in models: tiny (random weights), demo or paper."""
-    models: dict[str, str] = field(default_factory=dict)
-    """ROLE=MODEL base model of a role (tiny:<family>, pkg:<name>, a HF id or a local path); also
-    --role_model."""
-    allow_base_model_mismatch: bool = False
-    """Run the model given in --models even where the role's checkpoint names another one."""
-    links: str | None = None
-    """Folder of per-role link folders (planner/, ..., outer/) or a Hub id ORG/NAME[@REVISION][:SUBFOLDER]."""
-    ckpt_override: dict[str, str] = field(default_factory=dict)
-    """ROLE=DIR link folders (or Hub ids) over the ones found in links."""
     backend: Annotated[str, OneOf(BACKENDS)] = "ray"
     """ray: every agent is its own actor, driven from the replica; local: the agents load inside the replica."""
-    device: Annotated[str, OneOf(DEVICES)] = "auto"
-    """Where agents run: auto, cpu or cuda."""
-    dtype: Annotated[str, OneOf(DTYPES)] = "auto"
-    """Model dtype."""
-    seed: Annotated[int, Range(0, 2**32 - 1)] = 42
-    """Seed of fresh links and the default sampling seed."""
     placement: PlacementConfig = field(default_factory=PlacementConfig)
     """Ray placement of each replica's agent actors."""
     timeout_s: Annotated[float, Range(0, 86400, lo_open=True)] = 600.0
@@ -94,7 +86,7 @@ class ServeConfig:
     @property
     def served_name(self) -> str:
         """The `model` name of the system."""
-        return self.model_name or self.style
+        return self.model_name or self.system.style
 
     def validate(self) -> None:
         """Roles named in models / ckpt_override must be roles of the style; the API key becomes its digest."""
@@ -106,12 +98,14 @@ class ServeConfig:
         if self.api_key is not None:
             self.api_key = key_digest(self.api_key)
 
-        roles = get_style(self.style).roles
-        for flag, table, extra in (("models", self.models, ()), ("ckpt_override", self.ckpt_override,
-                                                                         ("outer",))):
+        system = self.system
+        system.refuse_unused(self.HIDDEN_FLAGS)
+        roles = get_style(system.style).roles
+        for flag, table, extra in (("models", system.role_models, ()), ("ckpt_override", system.ckpt_override,
+                                                                           ("outer",))):
             bad = sorted(set(table) - set(roles) - set(extra))
             if bad:
-                raise ValueError(f"--{flag} names {bad}; expected roles of {self.style} {list(roles)}")
+                raise ValueError(f"--{flag} names {bad}; expected roles of {system.style} {list(roles)}")
         if not self.route_prefix.startswith("/"):
             raise ValueError(f"--route_prefix {self.route_prefix!r} must start with '/'")
         self.placement.check_roles(roles)

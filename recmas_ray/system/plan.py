@@ -7,10 +7,12 @@ unknown roles in `--ckpt_override`, link dims that do not match a role's base mo
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
+from recmas_ray.system.config import SystemConfig
 from recmas_ray.system.checkpoints import LinkSet, declared_base_model, load_links
 from recmas_ray.system.link_init import init_links
 from recmas_ray.models.loader import resolve_model_path
@@ -84,38 +86,42 @@ def parse_overrides(items: list[str] | None) -> dict[str, str]:
     return out
 
 
-def plan_system(style_name: str, *, preset: str = "tiny", ckpt_overrides: dict[str, str] | None = None,
-                seed: int = 42, dtype: str = "auto", device: str = "auto", message_dtype: str = "auto",
-                task: str = "math", role_model_overrides: dict[str, str] | None = None,
-                tools: ToolLoopConfig | None = None, prompt_set: str | None = None,
-                allow_base_model_mismatch: bool = False) -> SystemPlan:
-    """Resolve models and links for `style_name`; raise ValueError on any mismatch before compute.
+def plan_system(system: SystemConfig | str, *, task: str = "math", tools: ToolLoopConfig | None = None,
+                **fields) -> SystemPlan:
+    """Resolve models and links of `system`; raise ValueError on any mismatch before compute.
 
-    `tools` turns on the deliberation toolcaller's tool loop (deliberation only). `prompt_set` is a
-    prompt-set file replacing the style's own prompts (checked against its slots first).
-    `role_model_overrides` are base models the user names per role: they win over the preset, and a
-    checkpoint that names another model for the role is an error unless `allow_base_model_mismatch`.
+    `system` is a job's `SystemConfig` section, or a style name with the other `SystemConfig` fields as
+    keywords (`plan_system("mixture", preset="tiny", seed=0)`); keywords given with a section replace its
+    fields (`ckpt_override=` resolved Hub ids). `role_models` are base models the user names per role: they
+    win over the preset, and a checkpoint that names another model for the role is an error unless
+    `allow_base_model_mismatch`. `prompt_set` replaces the style's own prompts (checked against its slots
+    first). `task` picks the release adapters that load; `tools` turns on the deliberation toolcaller's tool
+    loop (deliberation only). `system.links` is not read here: the caller folds it into ckpt_override.
     """
+    system = SystemConfig(style=system, **fields) if isinstance(system, str) else \
+        dataclasses.replace(system, **fields)
+    style_name, preset, seed, prompt_set = system.style, system.preset, system.seed, system.prompt_set
+    dtype, device, message_dtype = system.dtype, system.device, system.message_dtype
     style = get_style(style_name)
     if prompt_set:
         style = load_prompt_set(prompt_set, style)
     if tools is not None and style.name != "deliberation":
         raise ValueError(f"tool settings (--tavily_keys_file, --max_tool_rounds, --python_timeout) apply to style "
                          f"deliberation only, got style {style_name!r}")
-    overrides = dict(ckpt_overrides or {})
+    overrides = dict(system.ckpt_override or {})
     bad = [k for k in overrides if k != "outer" and k not in style.roles]
     if bad:
         raise ValueError(f"--ckpt_override for {bad}: not roles of style {style_name}; "
                          f"expected one of {list(style.roles)} or 'outer'")
     # Base models first (manifests only, no weights): a checkpoint names its role's base model and
     # presets fill the other roles; a model the user also names must agree unless they opt in.
-    explicit = dict(role_model_overrides or {})
+    explicit = dict(system.role_models or {})
     manifest_models = {}
     for role, path in overrides.items():
         base = declared_base_model(path, role) if role != "outer" else None
         if not base:
             continue
-        if role in explicit and not same_model(explicit[role], base) and not allow_base_model_mismatch:
+        if role in explicit and not same_model(explicit[role], base) and not system.allow_base_model_mismatch:
             raise ValueError(f"role {role}: the configured base model {explicit[role]!r} differs from "
                              f"{base!r}, named by the checkpoint {path}; pass --allow_base_model_mismatch to run "
                              "the configured one")

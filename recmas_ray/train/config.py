@@ -14,12 +14,13 @@ from dataclasses import dataclass, field
 from typing import Annotated
 
 from recmas_ray.config.checks import ExistingPath, NonEmpty, OneOf, Range, WritableDir, writable_dir_problem
-from recmas_ray.config.choices import DTYPES, LATENT_NORMS, MODEL_PRESETS, TASK_TYPES
+from recmas_ray.config.choices import LATENT_NORMS, TASK_TYPES
 from recmas_ray.config.inputs import check_cuda, check_file, check_model_names
 from recmas_ray.config.recursion import MAX_ROUNDS
 from recmas_ray.config.resume import check_training_resume
 from recmas_ray.config.tracking import TrackingConfig
-from recmas_ray.styles import canonical_role, check_role_models, get_style, style_names
+from recmas_ray.styles import canonical_role, check_role_models, get_style
+from recmas_ray.system.config import SystemConfig
 
 SCHEDULES = ("cosine", "linear", "constant")
 STORAGE_SCHEMES = ("s3", "gs", "file")
@@ -51,17 +52,18 @@ def storage_scheme(path: str) -> str:
 class TrainConfig:
     """What inner and outer training share: data, outputs, optimiser and schedule, checkpoints, resources."""
 
-    style: Annotated[str, OneOf(style_names)] = "sequential"
-    """Collaboration style (sequential[_light|_scaled], mixture, distillation, deliberation; aliases hie, distill)."""
+    HIDDEN_FLAGS = SystemConfig.hidden_except("style", "preset", "role_models", "ckpt_override", "dtype", "seed")
+    """System fields training does not read (config/cli.py: no flag); GPUs come from --use_gpu."""
+    FLAG_ALIASES = {"role_model": "system.role_models"}
+    """The training jobs' spelling of the per-role base models (config/cli.py)."""
+
+    system: SystemConfig = field(default_factory=lambda: SystemConfig(style="sequential"))
+    """The system whose links train: style, base models (preset, role_models, recorded in the saved
+    manifests), ckpt_override (ROLE=DIR inner links; outer training also outer=DIR), dtype, and seed (of the
+    link init and of the data order)."""
+
     task: Annotated[str, OneOf(TASK_TYPES)] = "math"
     """Task type of the prompts (math, code, choice, qa)."""
-    preset: Annotated[str, OneOf(MODEL_PRESETS)] = "tiny"
-    """Base models of the roles that --role_model or a checkpoint manifest does not name: tiny, demo or paper."""
-    role_model: dict[str, str] = field(default_factory=dict)
-    """ROLE=NAME base model per role (HF id, local path, tiny:<family> or pkg:<name>); overrides the preset and
-    checkpoint manifests for those roles, and is recorded in the saved manifests."""
-    ckpt_override: dict[str, str] = field(default_factory=dict)
-    """ROLE=DIR inner link per role (ours or the release's adapter.pt; its manifest names the base model)."""
     dataset_name: Annotated[str, NonEmpty()] = "synthetic:256"
     """Local .json/.jsonl, a HF dataset id, synthetic[:N] (the offline arithmetic set), synthetic_short[:N] (the
     same with short answer targets "3 + 4 = 7. \\boxed{7}", non-reference) or synthetic_hidden[:N] (the
@@ -91,10 +93,6 @@ class TrainConfig:
     is shifted by one step, (step + 1) / (warmup_steps + 1), so no step is wasted in a short run."""
     max_grad_norm: Annotated[float, Range(0, 1e9)] = 1.0
     """Gradient-norm clip over all trained links (0 disables)."""
-    seed: Annotated[int, Range(0, 2**32 - 1)] = 42
-    """Seed of the link init and of the data order."""
-    dtype: Annotated[str, OneOf(DTYPES)] = "auto"
-    """Base model dtype: auto (bf16 on CUDA, fp32 on CPU), float32, bfloat16 or float16."""
     resume: bool = False
     """Continue from the newest complete checkpoint of this run in the storage path (same flags and save_dir)."""
     use_gpu: bool = False
@@ -123,7 +121,7 @@ class TrainConfig:
 
     def roles(self) -> tuple[str, ...]:
         """The roles of the style."""
-        return tuple(get_style(self.style).roles)
+        return tuple(get_style(self.system.style).roles)
 
     def checkpoint_keys(self) -> tuple[str, ...]:
         """Keys --ckpt_override accepts."""
@@ -131,16 +129,18 @@ class TrainConfig:
 
     def validate(self) -> None:
         """Rules across fields and files (run before any model loads)."""
+        system = self.system
+        system.refuse_unused(self.HIDDEN_FLAGS)
         _check_dataset("--dataset_name", self.dataset_name)
-        check_role_models("--role_model", self.role_model, self.style)
-        check_role_models("--ckpt_override", self.ckpt_override, self.style, extra=self.checkpoint_keys())
-        check_model_names("--role_model", self.role_model)
+        check_role_models("--role_model", system.role_models, system.style)
+        check_role_models("--ckpt_override", system.ckpt_override, system.style, extra=self.checkpoint_keys())
+        check_model_names("--role_model", system.role_models)
         if self.use_gpu:  # inner num_workers=0 trains in this process; otherwise Ray workers, maybe elsewhere
             check_cuda("--use_gpu", on_cluster=getattr(self, "num_workers", 1) != 0)
-        bad = sorted(set(self.ckpt_override) - set(self.checkpoint_keys()))
+        bad = sorted(set(system.ckpt_override) - set(self.checkpoint_keys()))
         if bad:
             raise ValueError(f"--ckpt_override names {bad}; expected some of {list(self.checkpoint_keys())}")
-        missing = {k: p for k, p in self.ckpt_override.items() if not os.path.isdir(p)}
+        missing = {k: p for k, p in system.ckpt_override.items() if not os.path.isdir(p)}
         if missing:
             raise ValueError(f"--ckpt_override {' '.join(f'{k}={p}' for k, p in missing.items())}: no such directory")
         if self.storage_path:
@@ -201,10 +201,10 @@ class InnerTrainConfig(TrainConfig):
         """Role, per-role model and start folder rules, after the shared ones."""
         super().validate()
         if self.mas_role != "all":
-            role = canonical_role(get_style(self.style), self.mas_role)
+            role = canonical_role(get_style(self.system.style), self.mas_role)
             if self.model_name_or_path is not None:
                 check_model_names("--model_name_or_path", {role: self.model_name_or_path})
-            if self.model_name_or_path and role in self.role_model:
+            if self.model_name_or_path and role in self.system.role_models:
                 raise ValueError(f"--model_name_or_path and --role_model {role}=... both name the base model of {role}")
         elif self.model_name_or_path or self.load_dir:
             raise ValueError("--mas_role all trains every role: give per-role --role_model / --ckpt_override "

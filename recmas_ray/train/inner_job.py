@@ -34,14 +34,13 @@ def plan_roles(cfg: InnerTrainConfig, roles: list[str]):
     """The system plan behind a run: base model and initial inner link of every role (no model loaded)."""
     from recmas_ray.system.plan import plan_system
 
-    overrides, models = dict(cfg.ckpt_override), dict(cfg.role_model)
+    overrides, models = dict(cfg.system.ckpt_override), dict(cfg.system.role_models)
     if cfg.mas_role != "all":
         if cfg.load_dir:
             overrides[roles[0]] = cfg.load_dir
         if cfg.model_name_or_path:
             models[roles[0]] = cfg.model_name_or_path
-    return plan_system(cfg.style, preset=cfg.preset, ckpt_overrides=overrides, seed=cfg.seed, task=cfg.task,
-                       role_model_overrides=models)
+    return plan_system(cfg.system, task=cfg.task, ckpt_override=overrides, role_models=models)
 
 
 def _fit(cfg: InnerTrainConfig, role: str, base_model: str, link_state: dict, examples: list[tuple[str, str]], *,
@@ -50,7 +49,7 @@ def _fit(cfg: InnerTrainConfig, role: str, base_model: str, link_state: dict, ex
     queue, where rank 0 posts its steps)."""
     world = max(cfg.num_workers, 1)
     cfg = core.resolve_steps(cfg, len(examples), cfg.batch_size * cfg.grad_accum_steps * world)
-    storage = core.run_storage(cfg, f"inner-{get_style(cfg.style).name}-{role}")
+    storage = core.run_storage(cfg, f"inner-{get_style(cfg.system.style).name}-{role}")
     resume_from = core.start_or_resume(cfg, storage, f"inner {role}", cfg.load_dir)
     if cfg.num_workers == 0:  # local mode logs every report at INFO; our own log line says the same
         logging.getLogger("ray.train.v2._internal.execution.train_fn_utils").setLevel(logging.WARNING)
@@ -87,7 +86,7 @@ def train_inner(cfg: InnerTrainConfig, *, faults: dict | None = None) -> Path:
 
     `faults` is the test-only fault-injection dict (see `core.Faults`)."""
     check_tree(cfg)
-    style = get_style(cfg.style)
+    style = get_style(cfg.system.style)
     role = canonical_role(style, cfg.mas_role)
     plan = plan_roles(cfg, [role])
     examples = role_examples(load_rows(cfg.dataset_name, cfg.dataset_json_field, split=cfg.dataset_split), style,
@@ -112,7 +111,7 @@ def train_all_roles(cfg: InnerTrainConfig) -> dict[str, Path]:
     import ray
 
     check_tree(cfg)
-    style = get_style(cfg.style)
+    style = get_style(cfg.system.style)
     roles = list(style.roles)
     plan = plan_roles(cfg, roles)
     rows = load_rows(cfg.dataset_name, cfg.dataset_json_field, split=cfg.dataset_split)

@@ -32,9 +32,9 @@ def write_checkpoint(path: Path, *, link: InnerLink, opt, sched, step: int, cfg:
     """Inner link + manifest (our format) + optimizer/scheduler + train state, sealed last."""
     from dataclasses import asdict
 
-    manifest = {"kind": "inner", "style": cfg.style, "role": role, "base_model": base_model,
+    manifest = {"kind": "inner", "style": cfg.system.style, "role": role, "base_model": base_model,
                 "roles": {role: {"base_model": base_model, "hidden_size": link.hidden_size}},
-                "step": step, "max_steps": cfg.max_steps, "task": cfg.task, "seed": cfg.seed,
+                "step": step, "max_steps": cfg.max_steps, "task": cfg.task, "seed": cfg.system.seed,
                 "world_size": world_size, "loss": loss_log[-1][1] if loss_log else None, "loss_log": loss_log,
                 "train_config": asdict(cfg)}
     save_links(path, LinkSet(inner={role: link}), manifest)
@@ -96,9 +96,9 @@ def train_loop_per_worker(config: dict) -> dict:
         device = torch.device("cuda", ctx.get_local_rank()) if local_mode else ray.train.torch.get_device()
     else:
         device = torch.device("cpu")
-    model, tokenizer = load_frozen_model(base_model, dtype=resolve_dtype(cfg.dtype, device), device=device)
+    model, tokenizer = load_frozen_model(base_model, dtype=resolve_dtype(cfg.system.dtype, device), device=device)
     link = inner_link_from_state_dict(config["link"], what=f"inner link of {role}")
-    style = get_style(cfg.style)
+    style = get_style(cfg.system.style)
     agent = Agent(model, tokenizer, link, role=role, model_name=base_model, system_prompt=style.system_prompt)
     if cfg.adapter_dtype == "float32":
         agent.inner_link.float()
@@ -129,7 +129,7 @@ def train_loop_per_worker(config: dict) -> dict:
 
     metrics = {"step": start, "role": role, "world_size": world}
     for step in range(start, end):
-        idx = core.step_indices(len(examples), step, rows_per_rank * world, cfg.seed)
+        idx = core.step_indices(len(examples), step, rows_per_rank * world, cfg.system.seed)
         # accumulation chunk a of rank r: rows (a * world + r) * batch_size ... (one layout for any world size)
         mine = [i for a in range(cfg.grad_accum_steps)
                 for i in idx[(a * world + rank) * cfg.batch_size:(a * world + rank + 1) * cfg.batch_size]]

@@ -51,7 +51,7 @@ def _build_stage(cfg: OuterTrainConfig, style: StyleSpec, role: str, system: dic
     from recmas_ray.models.loader import load_frozen_model, resolve_dtype
 
     name = system["role_models"][role]
-    model, tokenizer = load_frozen_model(name, dtype=resolve_dtype(cfg.dtype, device), device=device)
+    model, tokenizer = load_frozen_model(name, dtype=resolve_dtype(cfg.system.dtype, device), device=device)
     inner_sd, outer_sds = link_state
     agent = Agent(model, tokenizer, inner_link_from_state_dict(inner_sd, what=f"inner link of {role}"), role=role,
                   model_name=name, system_prompt=style.system_prompt)
@@ -84,7 +84,7 @@ def train_loop_per_worker(config: dict) -> None:
     import ray.train
 
     cfg = core.config_from_dict(OuterTrainConfig, config["cfg"])
-    style = get_style(cfg.style)
+    style = get_style(cfg.system.style)
     rank = ray.train.get_context().get_world_rank()
     role = style.roles[rank]
     device = ray.train.torch.get_device() if cfg.use_gpu else torch.device("cpu")
@@ -131,7 +131,7 @@ def train_loop_per_worker(config: dict) -> None:
     metrics, t0 = {"step": start}, time.perf_counter()
     for step in range(start, end):
         done = step + 1
-        batch = [samples[j] for j in core.step_indices(len(samples), step, cfg.batch_size, cfg.seed)]
+        batch = [samples[j] for j in core.step_indices(len(samples), step, cfg.batch_size, cfg.system.seed)]
         t_step = time.perf_counter()
         stats = stage.accumulate(batch, inject_nan=done == faults.nan_step,
                                  mid_step_hook=lambda: faults.maybe_kill(rank, done, storage))
@@ -213,9 +213,8 @@ def train_outer(cfg: OuterTrainConfig, *, faults: dict | None = None) -> OuterRu
     from recmas_ray.train.outer import prepare_samples
 
     check_tree(cfg)
-    style = get_style(cfg.style)
-    plan = plan_system(cfg.style, preset=cfg.preset, ckpt_overrides=cfg.ckpt_override, seed=cfg.seed, task=cfg.task,
-                       role_model_overrides=cfg.role_model)  # raises on link/base-model mismatches, before compute
+    style = get_style(cfg.system.style)
+    plan = plan_system(cfg.system, task=cfg.task)  # raises on link/base-model mismatches, before compute
     samples = prepare_samples(load_rows(cfg.dataset_name, cfg.dataset_json_field, split=cfg.dataset_split), style,
                               cfg.task)
     eval_samples = prepare_samples(load_rows(cfg.eval_dataset, cfg.dataset_json_field), style, cfg.task) \
@@ -226,10 +225,10 @@ def train_outer(cfg: OuterTrainConfig, *, faults: dict | None = None) -> OuterRu
     resume_from = core.start_or_resume(cfg, storage, "outer")
     if resume_from is not None:
         _check_resume(resume_from, manifest)
-    if cfg.outer_init == "bridge" and "outer" not in cfg.ckpt_override and resume_from is None:
+    if cfg.outer_init == "bridge" and "outer" not in cfg.system.ckpt_override and resume_from is None:
         from recmas_ray.train.bridge import bridge_outer_links
 
-        bridge_outer_links(plan, ridge=cfg.bridge_ridge, dtype=cfg.dtype)
+        bridge_outer_links(plan, ridge=cfg.bridge_ridge, dtype=cfg.system.dtype)
     if storage.exists(NAN_STOP):
         storage.fs.delete_file(storage.path(NAN_STOP))
     save_config(cfg, cfg.save_dir)  # next to the outputs, once every input has been checked
@@ -244,7 +243,7 @@ def train_outer(cfg: OuterTrainConfig, *, faults: dict | None = None) -> OuterRu
     loop_config = {"cfg": asdict(cfg), "system": system, "links": links, "storage": (storage.uri, storage.name),
                    "samples": [asdict(s) for s in samples], "eval_samples": [asdict(s) for s in eval_samples],
                    "resume_from": resume_from, "_faults": faults}
-    with history.tracked_run(cfg, f"outer-{cfg.style}") as tracker, \
+    with history.tracked_run(cfg, f"outer-{cfg.system.style}") as tracker, \
             StepBoard(current(), enabled=cfg.progress) as board:
         loop_config["progress"] = board.queue
         result = core.fit(train_loop_per_worker, loop_config, cfg, storage, num_workers=len(style.roles),

@@ -50,7 +50,7 @@ def test_evaluate_on_the_running_agents(local_system, question_file, tmp_path, m
                                    output_path=str(tmp_path), num_samples=2, **GEN)
     assert set(report["results"]) == {"questions/recursive_mas", "questions/recursive_textmas"}
     data = json.load(open(report["results_path"]))
-    assert data["config"]["models"] == MODELS and data["warnings"] == []
+    assert data["config"]["system"]["role_models"] == MODELS and data["warnings"] == []
     assert data["config"]["system"]["roles"]["solver"]["base_model"] == "tiny:qwen3"
 
 
@@ -91,7 +91,7 @@ def test_role_model_flag_of_jobs_run(tmp_path, tiny_cache, question_file, capsys
     roles = res["config"]["system"]["roles"]
     assert roles["solver"]["base_model"] == "tiny:mistral" and roles["critic"]["base_model"] == "tiny:qwen3"
     assert roles["planner"]["base_model"] == "tiny:qwen3"  # the preset's
-    assert json.load(open(out / "config.json"))["models"] == {"solver": "tiny:mistral", "critic": "tiny:qwen3"}
+    assert json.load(open(out / "config.json"))["system"]["role_models"] == {"solver": "tiny:mistral", "critic": "tiny:qwen3"}
     assert run_job.main(_run_args(question_file, out, "--role_model", "judge=tiny:qwen3")) == 2
     assert "--models names ['judge']" in capsys.readouterr().err
 

@@ -102,9 +102,10 @@ def test_ray_style_cause_is_unwrapped():
 def test_training_resume_refuses_other_settings_by_field(tmp_path):
     from recmas_ray.config.tree import save_config
     from recmas_ray.config.resume import check_training_resume
+    from recmas_ray.system.config import with_system
     from recmas_ray.train.config import InnerTrainConfig
 
-    cfg = InnerTrainConfig(dataset_name="synthetic:4", save_dir=str(tmp_path), seed=1, num_workers=0)
+    cfg = with_system(InnerTrainConfig, dataset_name="synthetic:4", save_dir=str(tmp_path), seed=1, num_workers=0)
     check_training_resume(cfg, tmp_path)  # no earlier run: fine
     save_config(cfg, tmp_path)
     check_training_resume(cfg, tmp_path)
@@ -112,7 +113,8 @@ def test_training_resume_refuses_other_settings_by_field(tmp_path):
 
     check_training_resume(dataclasses.replace(cfg, log_every=1, resume=True, stop_at_step=3), tmp_path)
     with pytest.raises(ValueError, match=r"seed: 1 -> 2; .*w_mse: 0.0 -> 0.5"):
-        check_training_resume(dataclasses.replace(cfg, seed=2, w_mse=0.5), tmp_path)
+        check_training_resume(dataclasses.replace(cfg, system=dataclasses.replace(cfg.system, seed=2), w_mse=0.5),
+                              tmp_path)
     with pytest.raises(ValueError, match="dataset_name"):
         check_training_resume(dataclasses.replace(cfg, dataset_name="synthetic:8"), tmp_path)
     (tmp_path / "config.json").write_text("{torn")

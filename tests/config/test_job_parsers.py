@@ -125,3 +125,30 @@ def test_short_flags_must_name_fields():
 
 if __name__ == "__main__":
     pytest.main([__file__, "-v", "-x"])
+
+
+def test_every_job_keeps_its_flags(built, capsys):
+    """Nesting a section (issue #22: `system`) keeps every flag a job accepted (job_flags.json, recorded
+    before the change) and adds dotted names only."""
+    import json
+    from pathlib import Path
+
+    recorded = json.loads((Path(__file__).with_name("job_flags.json")).read_text())
+    for job, flags in recorded.items():
+        real = cli.build_parser
+        parsers = []
+
+        def recording(*a, **k):
+            p, lv = real(*a, **k)
+            parsers.append(p)
+            return p, lv
+
+        cli.build_parser = recording
+        try:
+            assert importlib.import_module(f"jobs.{job}").main(["--help"]) == 0
+        finally:
+            cli.build_parser = real
+        capsys.readouterr()
+        now = {s for a in parsers[-1]._actions for s in a.option_strings}
+        assert not set(flags) - now, f"jobs.{job} lost flags {sorted(set(flags) - now)}"
+        assert all("." in f for f in now - set(flags)), f"jobs.{job} gained flags {sorted(now - set(flags))}"

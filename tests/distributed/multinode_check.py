@@ -42,6 +42,7 @@ from recmas_ray.config.recursion import RecursionConfig
 from recmas_ray.runner import run_batch  # noqa: E402
 from recmas_ray.system.launch import local_pool  # noqa: E402
 from recmas_ray.system.plan import plan_system  # noqa: E402
+from recmas_ray.system.config import SystemConfig  # noqa: E402
 
 QUESTIONS = ["What is 2 + 3?", "Tom has 4 apples and buys 3 more. How many?", "What is 6 * 7?", "What is 9 - 4?"]
 CFG = RecursionConfig(method="recursive_mas", num_recursive_rounds=2, latent_steps=6,
@@ -171,10 +172,10 @@ def check_replicas(names: dict, timeout_s: float, workdir: str) -> dict:
     pcfg = PlacementConfig(preset="one_gpu_per_agent", num_replicas=2, ready_timeout_s=timeout_s)
 
     def cfg(backend: str) -> EvalConfig:
-        return EvalConfig(style="sequential_light", dataset=qfile, backend=backend, batch_size=1,
+        return EvalConfig(system=SystemConfig(style="sequential_light", seed=3), dataset=qfile, backend=backend, batch_size=1,
                           placement=pcfg if backend == "ray" else PlacementConfig(),  # local: one in-process system
                           recursion=CFG, stream=StreamConfig(num_clients=2), output_path=os.path.join(workdir, backend),
-                          progress=False, timeout_s=timeout_s, seed=3)
+                          progress=False, timeout_s=timeout_s)
 
     plan = plan_system("sequential_light", preset="tiny", seed=3, task="math")
     replicas = build_replicas(plan, pcfg, timeout_s=timeout_s, torch_threads=1)

@@ -89,7 +89,7 @@ def test_a_new_style_is_one_declaration(tiny_cache):
         target_fields={"a": ("plan",), "b": ("answer",)})
     STYLES["echo"] = echo
     try:
-        plan = plan_system("echo", preset="tiny", role_model_overrides={"a": "tiny:mistral", "b": "tiny:qwen3"})
+        plan = plan_system("echo", preset="tiny", role_models={"a": "tiny:mistral", "b": "tiny:qwen3"})
         pool = local_pool(plan)
         res = run_batch(pool, echo, QUESTIONS, ["math"] * 2, cfg(rounds=3))
         assert [t["role"] for t in res[0].trace] == ["a", "b", "a", "b", "a", "b"]

@@ -15,6 +15,7 @@ from recmas_ray.config.recursion import DecodeConfig
 from recmas_ray.eval import protocol as P
 from recmas_ray.eval.benchmarks import BENCHMARKS
 from recmas_ray.styles import STYLES
+from recmas_ray.system.config import SystemConfig
 
 # The release's recommendations, written out independently of protocol.py (spec section 6): the
 # cells named there, and what every other pair falls back to.
@@ -46,7 +47,7 @@ def expected(style, bench):
 @pytest.mark.parametrize("style", sorted(STYLES))
 @pytest.mark.parametrize("bench", sorted(BENCHMARKS))
 def test_reference_protocol_resolves_to_the_table(style, bench):
-    cfg, res = P.resolve(EvalConfig(style=style, dataset=bench, protocol="reference"))
+    cfg, res = P.resolve(EvalConfig(system=SystemConfig(style=style), dataset=bench, protocol="reference"))
     m, r, temp, tokens, rollouts = expected(style, bench)
     d = cfg.recursion.decode
     assert (cfg.recursion.latent_steps, cfg.recursion.num_recursive_rounds) == (m, r)
@@ -73,7 +74,7 @@ def test_explicit_settings_win_and_both_values_are_recorded(tmp_path):
                                         "reference", "--config", str(conf)]))
     assert (cfg.recursion.num_recursive_rounds, cfg.batch_size, cfg.recursion.latent_steps) == (1, 3, 32)
     # greedy (the default) changes nothing.
-    base = EvalConfig(style="mixture", dataset="math500")
+    base = EvalConfig(system=SystemConfig(style="mixture"), dataset="math500")
     assert P.resolve(base)[0] == base and P.resolve(base)[1].settings == {}
 
 

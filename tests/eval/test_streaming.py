@@ -113,8 +113,7 @@ def shared_system(ray_cluster, qfile):
     from recmas_ray.system.plan import plan_system
 
     cfg = config(qfile, "unused", "ray")
-    plan = plan_system(cfg.style, preset=cfg.preset, seed=cfg.seed, dtype=cfg.dtype, device=cfg.device,
-                       task="math", tools=cfg.tool_loop())
+    plan = plan_system(cfg.system, task="math", tools=cfg.tool_loop())
     system = build_ray_system(plan, cfg.placement, timeout_s=120)
     yield system
     system.shutdown()

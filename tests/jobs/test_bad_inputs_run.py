@@ -147,7 +147,7 @@ def test_help_and_print_config_load_nothing_heavy(question_file, capsys):
     assert "--latent_steps" in out.stdout and "--latent_length" in out.stdout
     assert run_job.main(GOOD + ["--dataset", str(question_file), "--print_config", "--latent_length", "7"]) == 0
     cfg = json.loads(capsys.readouterr().out)
-    assert cfg["recursion"]["latent_steps"] == 7 and cfg["style"] == "sequential_light"
+    assert cfg["recursion"]["latent_steps"] == 7 and cfg["system"]["style"] == "sequential_light"
 
 
 def test_config_file_then_flags(tmp_path, question_file, capsys):
@@ -158,7 +158,7 @@ def test_config_file_then_flags(tmp_path, question_file, capsys):
     path = save_config(first, tmp_path)
     again = run_job.parse(["--config", str(path)])
     assert dataclasses.replace(again, explicit_settings=first.explicit_settings) == first
-    assert {"style", "recursion.latent_steps"} <= set(first.explicit_settings) and "seed" not in \
+    assert {"system.style", "recursion.latent_steps"} <= set(first.explicit_settings) and "system.seed" not in \
         first.explicit_settings
     tweaked = run_job.parse(["--config", str(path), "--latent_steps", "9"])
     assert tweaked.recursion.latent_steps == 9 and tweaked.recursion.decode.top_p == 0.5

@@ -8,6 +8,7 @@ import pytest
 
 from jobs import train_inner, train_outer
 from recmas_ray.config.cli import parse_config
+from recmas_ray.system.config import SystemConfig
 from recmas_ray.train.config import InnerTrainConfig, OuterTrainConfig
 
 VALUES = {"style": "mixture", "task": "code", "lr": "3e-4", "w_cos": "0.5", "w_mse": "0.25", "save_every": "7"}
@@ -17,13 +18,18 @@ def _parse(cls, aliases, *argv):
     return parse_config(cls, list(argv), aliases=aliases)[0]
 
 
+def _field(cfg, name):
+    """A setting by its flag's name (the system's fields live in cfg.system)."""
+    return getattr(cfg.system if name in SystemConfig.__dataclass_fields__ else cfg, name)
+
+
 @pytest.mark.parametrize("alias,field", sorted(train_inner.ALIASES.items()))
 def test_every_inner_alias_parses_like_its_field(alias, field):
     value = VALUES[field]
     extra = ["--mas_role", "math"] if field == "style" else []
     got = _parse(InnerTrainConfig, train_inner.ALIASES, f"--{alias}", value, *extra)
     assert got == _parse(InnerTrainConfig, train_inner.ALIASES, f"--{field}", value, *extra)
-    assert str(getattr(got, field)) == str(type(getattr(got, field))(value))
+    assert str(_field(got, field)) == str(type(_field(got, field))(value))
 
 
 @pytest.mark.parametrize("alias,field", sorted(train_outer.ALIASES.items()))
@@ -38,10 +44,10 @@ def test_release_fields_of_their_own(tmp_path):
                  "--grad_accum_steps", "4", "--load_dir", str(tmp_path), "--role_model", "critic=tiny:llama",
                  "--ckpt_override", f"solver={tmp_path}")
     assert (cfg.num_train_epochs, cfg.lr_scheduler_type, cfg.grad_accum_steps) == (2.5, "linear", 4)
-    assert cfg.load_dir == str(tmp_path) and cfg.role_model == {"critic": "tiny:llama"}
-    assert cfg.ckpt_override == {"solver": str(tmp_path)}
+    assert cfg.load_dir == str(tmp_path) and cfg.system.role_models == {"critic": "tiny:llama"}
+    assert cfg.system.ckpt_override == {"solver": str(tmp_path)}
     # one mechanism: the shared fields are the same fields in both jobs
-    shared = {"max_steps", "batch_size", "lr", "save_every", "ckpt_override", "role_model", "style", "storage_path"}
+    shared = {"max_steps", "batch_size", "lr", "save_every", "system", "storage_path"}
     assert shared <= set(InnerTrainConfig.__dataclass_fields__) & set(OuterTrainConfig.__dataclass_fields__)
     # test hooks never reach the user-facing configs
     for cls in (InnerTrainConfig, OuterTrainConfig):

@@ -34,7 +34,7 @@ def test_jobs_serve_flags_and_user_errors(capsys):
 
     cfg = serve_job.parse(["--style", "mixture", "--role_model", "code=tiny:qwen3", "--latent_steps", "4",
                            "--placement", "cpu"])
-    assert cfg.served_name == "mixture" and cfg.recursion.latent_steps == 4 and cfg.models == {"code": "tiny:qwen3"}
+    assert cfg.served_name == "mixture" and cfg.recursion.latent_steps == 4 and cfg.system.role_models == {"code": "tiny:qwen3"}
     assert serve_job.main(["--style", "mixture", "--port", "70000"]) == 2
     assert "--port" in capsys.readouterr().err
 

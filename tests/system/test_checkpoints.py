@@ -35,7 +35,7 @@ def test_release_layouts_import_with_identical_outputs(tmp_path, tiny_cache):
                          "in_dim": link.in_dim, "out_dim": link.out_dim})
     (outer_dir / "outerlink_config.json").write_text(json.dumps({"format_version": 1, "adapters": adapters}))
     imported = plan_system("sequential_light", preset="tiny", seed=99,
-                           ckpt_overrides={"planner": str(inner_dir), "outer": str(outer_dir)})
+                           ckpt_override={"planner": str(inner_dir), "outer": str(outer_dir)})
     x = torch.randn(3, 64)
     assert torch.equal(imported.links.inner["planner"](x), plan.links.inner["planner"](x))
     assert torch.equal(imported.links.outer["planner->critic"](x), plan.links.outer["planner->critic"](x))
@@ -44,17 +44,17 @@ def test_release_layouts_import_with_identical_outputs(tmp_path, tiny_cache):
 
 def test_checks_before_compute(tmp_path, tiny_cache):
     with pytest.raises(ValueError, match="not roles of style sequential_light"):
-        plan_system("sequential_light", preset="tiny", ckpt_overrides={"summarizer": str(tmp_path)})
+        plan_system("sequential_light", preset="tiny", ckpt_override={"summarizer": str(tmp_path)})
     with pytest.raises(ValueError, match="unknown preset"):
         plan_system("mixture", preset="huge")
     wrong = plan_system("sequential_light", preset="tiny")  # critic link is 96-d
     save_links(tmp_path / "critic", LinkSet(inner={"critic": wrong.links.inner["critic"]}), {})
     with pytest.raises(ValueError, match="role planner: inner link .* hidden size 96, but its base model tiny:qwen3"):
-        plan_system("sequential_light", preset="tiny", ckpt_overrides={"planner": str(tmp_path / "critic")})
+        plan_system("sequential_light", preset="tiny", ckpt_override={"planner": str(tmp_path / "critic")})
     with pytest.raises(ValueError, match="not of the form ROLE=PATH"):
         parse_overrides(["planner"])
     with pytest.raises(ValueError, match="not a link checkpoint"):
-        plan_system("sequential_light", preset="tiny", ckpt_overrides={"planner": str(tmp_path)})
+        plan_system("sequential_light", preset="tiny", ckpt_override={"planner": str(tmp_path)})
 
 
 def test_manifest_base_model_wins_over_preset(tmp_path, tiny_cache):
@@ -62,7 +62,7 @@ def test_manifest_base_model_wins_over_preset(tmp_path, tiny_cache):
     llama = plan_system("sequential_light", preset="tiny")  # critic runs tiny:llama (96)
     save_links(tmp_path / "ck", LinkSet(inner={"learner": llama.links.inner["critic"]}),
                {"roles": {"learner": {"base_model": "tiny:llama"}}})
-    moved = plan_system("distillation", preset="tiny", ckpt_overrides={"learner": str(tmp_path / "ck")})
+    moved = plan_system("distillation", preset="tiny", ckpt_override={"learner": str(tmp_path / "ck")})
     assert moved.role_models["learner"] == "tiny:llama" and plan.role_models["learner"] == "tiny:qwen3"
     assert moved.links.outer["expert->learner"].out_dim == 96
 
@@ -176,12 +176,12 @@ def test_explicit_model_that_differs_from_the_checkpoint_is_refused(tmp_path, ti
     ck = {"learner": str(tmp_path / "ck")}
     with pytest.raises(ValueError, match=r"role learner: the configured base model 'tiny:qwen3' differs from "
                                          r"'tiny:llama', named by the checkpoint"):
-        plan_system("distillation", preset="tiny", ckpt_overrides=ck, role_model_overrides={"learner": "tiny:qwen3"})
-    same = plan_system("distillation", preset="tiny", ckpt_overrides=ck, role_model_overrides={"learner": "tiny:llama"})
+        plan_system("distillation", preset="tiny", ckpt_override=ck, role_models={"learner": "tiny:qwen3"})
+    same = plan_system("distillation", preset="tiny", ckpt_override=ck, role_models={"learner": "tiny:llama"})
     assert same.role_models["learner"] == "tiny:llama"
     # Opting in runs the configured model; the link sizes are still checked (96 vs tiny:qwen3's 64).
     with pytest.raises(ValueError, match="hidden size"):
-        plan_system("distillation", preset="tiny", ckpt_overrides=ck, role_model_overrides={"learner": "tiny:qwen3"},
+        plan_system("distillation", preset="tiny", ckpt_override=ck, role_models={"learner": "tiny:qwen3"},
                     allow_base_model_mismatch=True)
 
 

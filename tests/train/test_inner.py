@@ -15,6 +15,7 @@ import torch.nn.functional as F
 from jobs import train_inner as cli
 from recmas_ray.agent import Agent
 from recmas_ray.train.config import InnerTrainConfig
+from recmas_ray.system.config import with_system
 from recmas_ray.models.loader import load_frozen_model
 from recmas_ray.styles import get_style
 from recmas_ray.system.checkpoints import load_links
@@ -58,7 +59,7 @@ def _cfg(train_file, save_dir, **kw):
     base = dict(model_name_or_path="tiny:qwen3", mas_role="planner", dataset_name=train_file, save_dir=str(save_dir),
                 max_steps=12, batch_size=1, lr=2e-3, warmup_steps=2, save_every=3, log_every=3, num_workers=0,
                 progress=False, max_failures=0)
-    return InnerTrainConfig(**(base | kw))
+    return with_system(InnerTrainConfig, **(base | kw))
 
 
 def test_inner_loss_is_the_spec_loss(tiny_cache, rows):
@@ -95,7 +96,7 @@ def test_100_steps_cut_the_loss_and_change_only_the_inner_link(tiny_cache, rows)
     opt, sched = make_optimizer(agent.inner_link, cfg)
     assert {id(p) for g in opt.param_groups for p in g["params"]} == {id(p) for p in agent.inner_link.parameters()}
     examples = role_examples(rows, SEQ, "planner", "math")
-    losses = [train_step(agent, opt, sched, [examples[i] for i in step_indices(len(examples), s, 1, cfg.seed)], cfg)
+    losses = [train_step(agent, opt, sched, [examples[i] for i in step_indices(len(examples), s, 1, cfg.system.seed)], cfg)
               for s in range(cfg.max_steps)]
     first, last = sum(losses[:10]) / 10, sum(losses[-10:]) / 10
     print(f"inner loss first10 {first:.4f} last10 {last:.4f}")
@@ -180,8 +181,8 @@ def test_load_dir_and_role_model(tiny_cache, tmp_path, train_file):
     init = plan_roles(_cfg(train_file, tmp_path / "x", load_dir=str(tmp_path / "full")), ["planner"])
     assert torch.equal(init.links.inner["planner"].proj1.weight, full.inner["planner"].proj1.weight)
     other = load_links(train_inner(_cfg(train_file, tmp_path / "llama", model_name_or_path=None, max_steps=1,
-                                        role_model={"planner": "tiny:llama"})))
-    assert other.manifest["base_model"] == "tiny:llama" and other.manifest["train_config"]["role_model"] == {
+                                        role_models={"planner": "tiny:llama"})))
+    assert other.manifest["base_model"] == "tiny:llama" and other.manifest["train_config"]["system"]["role_models"] == {
         "planner": "tiny:llama"}
 
 
@@ -213,7 +214,7 @@ def test_two_workers_gloo_average_gradients(ray_cluster, tmp_path, train_file, r
     examples = role_examples(rows, SEQ, "planner", "math")
     params = list(agent.inner_link.parameters())
     for step in range(cfg.max_steps):
-        idx = step_indices(len(examples), step, 2, cfg.seed)
+        idx = step_indices(len(examples), step, 2, cfg.system.seed)
         grads = []
         for rank in range(2):
             opt.zero_grad()
@@ -240,7 +241,7 @@ def test_all_roles_train_concurrently_and_load_in_plan_system(ray_cluster, tmp_p
     assert rc == 0
     assert "--ckpt_override planner=" in capsys.readouterr().out
     dirs = {r: save / r for r in SEQ.roles}
-    plan = plan_system("sequential", preset="tiny", ckpt_overrides={r: str(d) for r, d in dirs.items()})
+    plan = plan_system("sequential", preset="tiny", ckpt_override={r: str(d) for r, d in dirs.items()})
     assert plan.role_models == role_models("sequential", "tiny")
     for role, d in dirs.items():
         saved = load_links(d)

@@ -45,11 +45,12 @@ def make_rows():
 
 
 def _cfg(style, rounds, recompute, w):
+    from recmas_ray.system.config import with_system
     from recmas_ray.train.config import OuterTrainConfig
 
-    return OuterTrainConfig(style=style, num_recursive_rounds=rounds, recompute=recompute, non_last_loss_weight=w,
-                            batch_size=3, num_microbatches=2, max_latent_tokens=K, lr=LR, warmup_steps=0,
-                            max_grad_norm=CLIP, seed=SEED, max_steps=10, profile_memory=True)
+    return with_system(OuterTrainConfig, style=style, num_recursive_rounds=rounds, recompute=recompute, non_last_loss_weight=w,
+                       batch_size=3, num_microbatches=2, max_latent_tokens=K, lr=LR, warmup_steps=0,
+                       max_grad_norm=CLIP, seed=SEED, max_steps=10, profile_memory=True)
 
 
 def _worker(rank, world, store, out_dir, rows):
@@ -89,7 +90,7 @@ def _worker(rank, world, store, out_dir, rows):
                        os.path.join(out_dir, f"{s}-R{r}-rc{int(rc)}-{role}.pt"))
         if style_name == "sequential":  # bf16 models: p2p in bf16, AdamW on fp32 masters
             cfg = _cfg(style_name, 2, False, 0.0)
-            cfg.dtype = "bfloat16"
+            cfg.system.dtype = "bfloat16"
             stage = _build_stage(cfg, style, role, system, plan.service_args(role)[1:], torch.device("cpu"), group=group)
             stats = stage.accumulate(samples)
             grads = stage.grads()
@@ -231,11 +232,11 @@ def test_cli_flags_map_onto_the_config(tmp_path):
                 "--lr", "1e-4", "--warmup_steps", "1", "--max_grad_norm", "0.5", "--non_last_loss_weight", "0.1",
                 "--seed", "3", "--resume", "--recompute", "--role_model", "math=tiny:llama", "--max_length", "512",
                 "--eval_every", "2", "--eval_dataset", "synthetic:4")
-    assert cfg.ckpt_override == {"math": str(m), "code": str(c)} and cfg.style == "mixture"
+    assert cfg.system.ckpt_override == {"math": str(m), "code": str(c)} and cfg.system.style == "mixture"
     assert (cfg.num_recursive_rounds, cfg.max_latent_tokens, cfg.max_steps, cfg.batch_size) == (2, 16, 5, 4)
     assert (cfg.num_microbatches, cfg.lr, cfg.warmup_steps, cfg.max_grad_norm) == (2, 1e-4, 1, 0.5)
     assert cfg.non_last_loss_weight == 0.1 and cfg.resume and cfg.recompute and not cfg.use_gpu
-    assert cfg.role_model == {"math": "tiny:llama"} and (cfg.max_length, cfg.eval_every) == (512, 2)
+    assert cfg.system.role_models == {"math": "tiny:llama"} and (cfg.max_length, cfg.eval_every) == (512, 2)
     assert parse("--mas_design", "mixture") == parse("--style", "mixture")
     defaults = parse("--style", "sequential", "--save_dir", str(tmp_path / "s"))
     assert (defaults.num_recursive_rounds, defaults.max_latent_tokens, defaults.non_last_loss_weight) == (3, 80, 0.0)

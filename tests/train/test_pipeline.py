@@ -2,7 +2,7 @@
 
 distillation (expert tiny:mistral d=256 -> learner tiny:qwen3 d=64) keeps it to two workers:
   - an uninterrupted 4-step run: the final-round loss falls, base models and inner links stay bit-identical,
-    only outer links change, and the result loads through `plan_system(..., ckpt_overrides={"outer": DIR})`
+    only outer links change, and the result loads through `plan_system(..., ckpt_override={"outer": DIR})`
   - the same run with rank 1 killed mid-step 2 (Ray Train restarts it from checkpoint 1) and a NaN loss at
     step 3 (stops naming the step and sample ids, checkpoint 2 stays the latest), then `resume=True`:
     the final weights equal the uninterrupted run's
@@ -23,6 +23,7 @@ from recmas_ray.links import InnerLink
 from recmas_ray.system.checkpoints import LinkSet, load_links, save_links
 from recmas_ray.train.core import run_storage
 from recmas_ray.train.pipeline import NaNLossError, train_outer
+from recmas_ray.system.config import with_system
 
 pytestmark = pytest.mark.timeout(600)
 
@@ -31,7 +32,7 @@ def _cfg(save_dir, **kw):
     base = dict(style="distillation", dataset_name="synthetic:2", save_dir=str(save_dir), num_recursive_rounds=2,
                 max_latent_tokens=8, max_steps=4, batch_size=2, num_microbatches=2, lr=2e-2, warmup_steps=0,
                 save_every=1, seed=3, max_failures=1, verify_frozen=True)
-    return OuterTrainConfig(**{**base, **kw})
+    return with_system(OuterTrainConfig, **{**base, **kw})
 
 
 def _inner_ckpt(path, role, base, hidden):
@@ -62,12 +63,12 @@ def test_loss_falls_and_only_outer_links_change(uninterrupted):
     assert not saved.inner and set(saved.outer) == {"expert->learner", "learner->expert"}
     assert saved.manifest["kind"] == "outer" and saved.manifest["step"] == 4
     assert saved.manifest["roles"]["learner"] == {"base_model": "tiny:qwen3", "hidden_size": 64}
-    init = plan_system("distillation", preset="tiny", ckpt_overrides=cfg.ckpt_override, seed=cfg.seed)
+    init = plan_system("distillation", preset="tiny", ckpt_override=cfg.system.ckpt_override, seed=cfg.system.seed)
     for edge, link in saved.outer.items():
         for name, p in link.state_dict().items():
             assert not torch.equal(p, init.links.outer[edge].state_dict()[name]), f"{edge}.{name} did not change"
     # What `jobs/run.py --ckpt_override outer=DIR` does: the dims check passes and the trained links load.
-    plan = plan_system("distillation", preset="tiny", ckpt_overrides={**cfg.ckpt_override, "outer": str(res.save_dir)})
+    plan = plan_system("distillation", preset="tiny", ckpt_override={**cfg.system.ckpt_override, "outer": str(res.save_dir)})
     assert plan.sources["outer:expert->learner"] == str(res.save_dir)
     assert json.loads((res.save_dir / "config.json").read_text())["eval_every"] == 2
 

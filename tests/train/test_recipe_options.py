@@ -113,7 +113,7 @@ def test_inference_follows_the_latent_norm_the_outer_links_were_trained_with(tmp
     train_config = {"latent_norm": mode} if mode else {}
     save_links(tmp_path, LinkSet(outer=dict(fresh.links.outer)), {**fresh.manifest(), "kind": "outer",
                                                                     "train_config": train_config})
-    plan = plan_system("sequential_light", preset="tiny", seed=0, ckpt_overrides={"outer": str(tmp_path)})
+    plan = plan_system("sequential_light", preset="tiny", seed=0, ckpt_override={"outer": str(tmp_path)})
     assert {s.latent_norm for s in plan.specs.values()} == {mode or "none"}
     assert {s.latent_norm for s in fresh.specs.values()} == {"none"}
     svc = AgentService(*plan.service_args("solver"))
