@@ -169,7 +169,8 @@ def _outer(cfg: SweepRecipeConfig, recipe: str, inner: dict, train_file: Path, e
 
     t0 = time.perf_counter()
     tc = with_system(
-        OuterTrainConfig, style=cfg.style, preset=cfg.preset, ckpt_override=dict(inner), dataset_name=str(train_file),
+        OuterTrainConfig, style=cfg.style, preset=cfg.preset, ckpt_override=dict(inner),
+        dataset_name=str(train_file),
         task=cfg.task, save_dir=str(out / recipe / "outer"), max_steps=cfg.outer_steps,
         batch_size=cfg.outer_batch_size, save_every=cfg.outer_steps, seed=cfg.seed, cpus_per_worker=0.5,
         max_failures=0, log_every=max(1, cfg.outer_steps // 8), progress=False,

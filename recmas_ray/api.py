@@ -167,7 +167,8 @@ class System:
         overrides |= resolve_overrides(dict(ckpt_override or {}))
         placement = placement if isinstance(placement, PlacementConfig) else PlacementConfig(preset=placement)
         system = SystemConfig(style=style, preset=preset, ckpt_override=overrides, role_models=dict(role_models or {}),
-                              allow_base_model_mismatch=allow_base_model_mismatch, device=device, dtype=dtype, seed=seed)
+                              allow_base_model_mismatch=allow_base_model_mismatch, device=device, dtype=dtype,
+                              seed=seed)
         cfg = EvalConfig(system=system, dataset=_NO_DATASET, backend=backend, placement=placement, transport=transport,
                          timeout_s=timeout_s, torch_threads=torch_threads, progress=False)
         check_tree(cfg, lambda path: path.removeprefix("system."))  # the keyword arguments' names

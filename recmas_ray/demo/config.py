@@ -226,6 +226,6 @@ def _typed(flag: str, cls, options: dict[str, str], reserved: tuple[str, ...]) -
 
 
 def _own_flag(name: str) -> str:
-    return {"role_models": "role_model", "max_steps": "inner_steps / outer_steps", "lr": "inner_lr / outer_lr", "batch_size":
-            "inner_batch_size / outer_batch_size", "num_recursive_rounds": "outer_rounds",
+    return {"role_models": "role_model", "max_steps": "inner_steps / outer_steps", "lr": "inner_lr / outer_lr",
+            "batch_size": "inner_batch_size / outer_batch_size", "num_recursive_rounds": "outer_rounds",
             "max_latent_tokens": "max_latent_tokens"}.get(name, name)

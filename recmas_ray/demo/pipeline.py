@@ -17,7 +17,8 @@ from recmas_ray.train.synthetic import (check_disjoint, make_arithmetic_dataset,
 def make_data(cfg: DemoConfig, out: Path) -> tuple[Path, Path, list[dict]]:
     """Generate, split (held-out questions never in training: checked) and write train / held-out files."""
     if cfg.task_family == "hidden_operand":
-        rows = make_hidden_operand_dataset(cfg.num_train + cfg.num_eval, seed=cfg.system.seed, question_kind=cfg.hidden_question)
+        rows = make_hidden_operand_dataset(cfg.num_train + cfg.num_eval, seed=cfg.system.seed,
+                                           question_kind=cfg.hidden_question)
     else:
         rows = make_arithmetic_dataset(cfg.num_train + cfg.num_eval, seed=cfg.system.seed, difficulty=cfg.difficulty)
     train, heldout = split_train_eval(rows, cfg.num_eval, seed=cfg.system.seed)

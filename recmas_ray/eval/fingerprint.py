@@ -125,5 +125,6 @@ def resolved_runtime(cfg: EvalConfig, plan) -> dict:
     from recmas_ray.service import pick_device
 
     device = pick_device(cfg.system.device)  # as the agents resolve it (on a Ray cluster: as seen from the driver)
-    return {"device": cfg.system.device, "resolved_device": device.type, "resolved_dtype": str(resolve_dtype(cfg.system.dtype, device)).replace("torch.", ""),
+    return {"device": cfg.system.device, "resolved_device": device.type,
+            "resolved_dtype": str(resolve_dtype(cfg.system.dtype, device)).replace("torch.", ""),
             "model_revisions": {r: model_revision(m) for r, m in sorted(plan.role_models.items())}}

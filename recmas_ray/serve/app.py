@@ -74,7 +74,8 @@ class RecMASServer:
         bind_replica_grpc_to_node_address()  # before Serve starts the replica's gRPC server (after __init__)
         self.cfg = cfg
         system = {k: v for k, v in dataclasses.asdict(cfg.system).items() if k in system_fields(ServeConfig)}
-        self.system = System.build(**system, backend=cfg.backend, task=cfg.task, placement=cfg.placement, timeout_s=cfg.timeout_s, torch_threads=cfg.torch_threads)
+        self.system = System.build(**system, backend=cfg.backend, task=cfg.task, placement=cfg.placement,
+                                   timeout_s=cfg.timeout_s, torch_threads=cfg.torch_threads)
         self.tokenizer = _tokenizer(self.system.role_models[self.system.plan.style.decoder])
         # In-process agents are not safe to drive from several threads at once; Ray agents are.
         self.lock = threading.Lock() if cfg.backend == "local" else None

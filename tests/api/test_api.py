@@ -91,7 +91,8 @@ def test_role_model_flag_of_jobs_run(tmp_path, tiny_cache, question_file, capsys
     roles = res["config"]["system"]["roles"]
     assert roles["solver"]["base_model"] == "tiny:mistral" and roles["critic"]["base_model"] == "tiny:qwen3"
     assert roles["planner"]["base_model"] == "tiny:qwen3"  # the preset's
-    assert json.load(open(out / "config.json"))["system"]["role_models"] == {"solver": "tiny:mistral", "critic": "tiny:qwen3"}
+    assert json.load(open(out / "config.json"))["system"]["role_models"] == {"solver": "tiny:mistral",
+                                                                             "critic": "tiny:qwen3"}
     assert run_job.main(_run_args(question_file, out, "--role_model", "judge=tiny:qwen3")) == 2
     assert "--models names ['judge']" in capsys.readouterr().err
 

@@ -172,7 +172,8 @@ def check_replicas(names: dict, timeout_s: float, workdir: str) -> dict:
     pcfg = PlacementConfig(preset="one_gpu_per_agent", num_replicas=2, ready_timeout_s=timeout_s)
 
     def cfg(backend: str) -> EvalConfig:
-        return EvalConfig(system=SystemConfig(style="sequential_light", seed=3), dataset=qfile, backend=backend, batch_size=1,
+        return EvalConfig(system=SystemConfig(style="sequential_light", seed=3), dataset=qfile, backend=backend,
+                          batch_size=1,
                           placement=pcfg if backend == "ray" else PlacementConfig(),  # local: one in-process system
                           recursion=CFG, stream=StreamConfig(num_clients=2), output_path=os.path.join(workdir, backend),
                           progress=False, timeout_s=timeout_s)

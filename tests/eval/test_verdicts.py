@@ -25,7 +25,8 @@ def test_results_report_both_verdicts_whatever_the_headline(tmp_path, tiny_cache
              {"doc_id": "b", "question": "q", "gold": "7", "task_type": "math", "benchmark": "fx"}]
     preds = [r"\boxed{4.5}", r"\boxed{7}"]
     qfile = write_jsonl(tmp_path / "fx.jsonl", [{"question": "q", "answer": "1"}])
-    cfg = EvalConfig(system=SystemConfig(style="sequential_light"), dataset=str(qfile), grader=grader, output_path=str(tmp_path / "out"))
+    cfg = EvalConfig(system=SystemConfig(style="sequential_light"), dataset=str(qfile), grader=grader,
+                     output_path=str(tmp_path / "out"))
     samples = tmp_path / "samples_fx.jsonl"
     with SampleWriter(samples) as w:
         for item, pred in zip(items, preds):
