@@ -27,7 +27,6 @@ from recmas_ray.config.checks import NonEmpty, Range, WritableDir
 from recmas_ray.config.cli import run_job
 from recmas_ray.config.tree import save_config
 from recmas_ray.config.recursion import MAX_LATENT_STEPS, MAX_ROUNDS
-from recmas_ray.styles import check_role_models
 from recmas_ray.system.config import SystemConfig, with_system
 from recmas_ray.train.config import OuterTrainConfig
 
@@ -144,7 +143,7 @@ class OuterBenchConfig:
         from recmas_ray.config.checks import check_tree
 
         self.system.refuse_unused(self.HIDDEN_FLAGS)
-        check_role_models("--role_model", self.system.role_models, self.system.style)
+        self.system.check_tables("--role_model")
         if self.num_microbatches > self.batch_size:
             raise ValueError(f"--num_microbatches {self.num_microbatches} exceeds --batch_size {self.batch_size}")
         check_tree(with_system(OuterTrainConfig, **self.train_base(), save_dir=self.output_path))

@@ -36,7 +36,6 @@ from recmas_ray.config.checks import OneOf, Range, WritableDir
 from recmas_ray.config.cli import run_job
 from recmas_ray.config.tree import save_config
 from recmas_ray.config.choices import BACKENDS
-from recmas_ray.styles import check_role_models
 from recmas_ray.system.config import SystemConfig
 
 MODEL = "recmas-bench"
@@ -86,7 +85,7 @@ class ServeBenchConfig:
 
     def validate(self) -> None:
         self.system.refuse_unused(self.HIDDEN_FLAGS)
-        check_role_models("--role_model", self.system.role_models, self.system.style)
+        self.system.check_tables("--role_model")
         bad = [c for c in self.clients if not isinstance(c, int) or isinstance(c, bool) or not 1 <= c <= MAX_CLIENTS]
         if not self.clients or bad:
             raise ValueError(f"--clients {self.clients}: expected client counts between 1 and {MAX_CLIENTS}")

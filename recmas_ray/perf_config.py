@@ -9,7 +9,6 @@ from typing import Annotated
 
 from recmas_ray.config.checks import NonEmpty, OneOf, Range, WritableDir
 from recmas_ray.config.recursion import MAX_LATENT_STEPS, MAX_NEW_TOKENS, MAX_ROUNDS
-from recmas_ray.styles import check_role_models
 from recmas_ray.system.config import SystemConfig
 
 FIGURES = tuple("abcdefg")
@@ -51,7 +50,7 @@ class BenchConfig:
 
     def validate(self) -> None:
         self.system.refuse_unused(self.HIDDEN_FLAGS)
-        check_role_models("--role_model", self.system.role_models, self.system.style)
+        self.system.check_tables("--role_model")
 
 
 def quick() -> BenchConfig:

@@ -130,8 +130,6 @@ class DemoConfig:
     """Show Ray, Ray Train, Ray Data, HF and grader output on the console (else it goes to logs/)."""
 
     def validate(self) -> None:
-        from recmas_ray.styles import check_role_models
-
         system = self.system
         system.refuse_unused(self.HIDDEN_FLAGS)
         for flag, value, allowed in (("--style", system.style, DEMO_STYLES), ("--preset", system.preset, DEMO_PRESETS)):
@@ -139,7 +137,7 @@ class DemoConfig:
                 raise ValueError(f"{flag} {value!r}: expected one of {', '.join(allowed)} (the demo's)")
         if system.seed > MAX_SEED:
             raise ValueError(f"--seed {system.seed}: expected an integer in [0, {MAX_SEED}] (the demo's)")
-        check_role_models("--role_model", system.role_models, system.style)
+        system.check_tables("--role_model")
 
         cap = DIFFICULTY_SIZES.get(self.difficulty)
         if self.task_family == "arithmetic" and cap is not None and self.num_train + self.num_eval > cap:

@@ -18,7 +18,7 @@ from recmas_ray.config.placement import PlacementConfig, check_ablation_transpor
 from recmas_ray.config.recursion import MAX_ROUNDS, METHODS, RecursionConfig, ToolLoopConfig
 from recmas_ray.config.tracking import TrackingConfig
 from recmas_ray.eval.benchmarks import BENCHMARKS, canonical_name
-from recmas_ray.styles import check_role_models, get_style
+from recmas_ray.styles import get_style
 from recmas_ray.styles.prompts import load_prompt_set
 from recmas_ray.system.config import SystemConfig
 from recmas_ray.system.hub import looks_like_hub_id
@@ -155,8 +155,7 @@ class EvalConfig:
                              "backend runs one in-process system)")
         if system.device == "cuda":
             check_cuda("--device cuda", on_cluster=self.backend == "ray")
-        check_role_models("--ckpt_override", system.ckpt_override, system.style, extra=("outer",))
-        check_role_models("--models", system.role_models, system.style)
+        system.check_tables("--models", ckpt_extra=("outer",))
         check_model_names("--models", system.role_models)
         missing = {r: p for r, p in system.ckpt_override.items() if not os.path.isdir(p) and not looks_like_hub_id(p)}
         if missing:

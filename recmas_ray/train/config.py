@@ -19,7 +19,7 @@ from recmas_ray.config.inputs import check_cuda, check_file, check_model_names
 from recmas_ray.config.recursion import MAX_ROUNDS
 from recmas_ray.config.resume import check_training_resume
 from recmas_ray.config.tracking import TrackingConfig
-from recmas_ray.styles import canonical_role, check_role_models, get_style
+from recmas_ray.styles import canonical_role, get_style
 from recmas_ray.system.config import SystemConfig
 
 SCHEDULES = ("cosine", "linear", "constant")
@@ -132,8 +132,7 @@ class TrainConfig:
         system = self.system
         system.refuse_unused(self.HIDDEN_FLAGS)
         _check_dataset("--dataset_name", self.dataset_name)
-        check_role_models("--role_model", system.role_models, system.style)
-        check_role_models("--ckpt_override", system.ckpt_override, system.style, extra=self.checkpoint_keys())
+        system.check_tables("--role_model", ckpt_extra=self.checkpoint_keys())
         check_model_names("--role_model", system.role_models)
         if self.use_gpu:  # inner num_workers=0 trains in this process; otherwise Ray workers, maybe elsewhere
             check_cuda("--use_gpu", on_cluster=getattr(self, "num_workers", 1) != 0)
