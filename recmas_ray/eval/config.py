@@ -1,7 +1,8 @@
 """The evaluation run behind `jobs/run.py`: questions, system, methods, backend and outputs.
 
 `EvalConfig` holds the shared `RecursionConfig` (method, R, m, decoding) rather than a copy of its
-fields; the driver sets `recursion.method` per method and `recursion.decode.seed` from `seed`.
+fields, and the shared `SystemConfig` as `system`; the driver sets `recursion.method` per method and
+`recursion.decode.seed` from `system.seed`.
 """
 
 from __future__ import annotations

@@ -1,8 +1,9 @@
 """The training runs behind `jobs/train_inner.py` and `jobs/train_outer.py`: one shared `TrainConfig` and the
 fields each loop adds.
 
-`TrainConfig` holds everything both loops mean the same way (data, outputs and storage, the optimiser and
-its schedule, checkpoints, Ray Train resources); `InnerTrainConfig` (warm-start one role's inner link) and
+`TrainConfig` holds everything both loops mean the same way (the system trained, as the shared
+`SystemConfig` section `system`; data, outputs and storage, the optimiser and its schedule, checkpoints, Ray
+Train resources); `InnerTrainConfig` (warm-start one role's inner link) and
 `OuterTrainConfig` (backprop through R rounds into the outer links) add their own fields. Light imports
 only (no torch), so `--help` is instant; every rule here runs before any model loads.
 """
