@@ -176,11 +176,12 @@ def test_rounds_through_the_runner_reuse_the_prefix_and_keep_predictions(tiny_ca
     from recmas_ray.perf import prefix_reuse
     from recmas_ray.perf_config import BenchConfig
     from recmas_ray.system.launch import local_pool
+    from recmas_ray.system.config import with_system
     from recmas_ray.system.plan import plan_system
 
     plan = plan_system("sequential_light", preset="tiny", seed=0, device="cpu", dtype="float32")
     pool = local_pool(plan)
-    cfg = BenchConfig(preset="tiny", rounds=[3], latent_steps=3, max_new_tokens=6, repeats=1)
+    cfg = with_system(BenchConfig, preset="tiny", rounds=[3], latent_steps=3, max_new_tokens=6, repeats=1)
     out = prefix_reuse(pool, plan, ["What is 12 + 30?", "What is 7 * 6?"], cfg)
     assert out["same_predictions"]
     with_reuse, without = out["reuse"]["per_round"], out["no_reuse"]["per_round"]
