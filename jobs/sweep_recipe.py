@@ -28,7 +28,8 @@ flags) and the table to <out_dir>/summary.md. Recipes (`RECIPES`; --recipes pick
   all_r1          release_r1 + norm + bridge + value
   bridge_r1       release_r1 + bridge (the bridge alone)
   rollout_r1      release_r1 with the first stage's latents from its m-step rollout, as inference sends them,
-                  instead of hidden states over its gold text (non-reference; also rollout_bridge_r1, rollout_all_r1)
+                  instead of hidden states over its gold text (non-reference; also rollout_bridge_r1,
+                  rollout_bridge_value_r1, rollout_all_r1)
 
 --style distillation runs the one-hop system (the Gemma-3-270M expert is told the fact, the SmolLM2-135M learner
 decodes): the value has to cross one link, where sequential_light's critic must carry it on through its own
@@ -75,6 +76,8 @@ RECIPES: dict[str, dict] = {
     "rollout_r1": {**RELEASE, "num_recursive_rounds": 1, "lr": 1e-3, "rollout_latent_steps": "m"},
     "rollout_bridge_r1": {**RELEASE, "num_recursive_rounds": 1, "lr": 1e-3, "rollout_latent_steps": "m",
                           "outer_init": "bridge"},
+    "rollout_bridge_value_r1": {**RELEASE, "num_recursive_rounds": 1, "lr": 1e-3, "rollout_latent_steps": "m",
+                                "outer_init": "bridge", "value_token_weight": 5.0},
     "rollout_all_r1": {**RELEASE, "num_recursive_rounds": 1, "lr": 1e-3, "rollout_latent_steps": "m",
                        "outer_init": "bridge", "latent_norm": "embedding", "value_token_weight": 5.0},
 }
