@@ -89,7 +89,7 @@ def test_kill_nan_stop_and_resume_match_uninterrupted(uninterrupted, tmp_path):
     `resume=True` then finishes steps 3-4 with the same weights as the uninterrupted run."""
     cfg_u, res_u = uninterrupted
     # file:// storage: the URI path Ray Train and our run folder code take for s3:// and gs:// too
-    cfg = _cfg(tmp_path / "out", ckpt_override=cfg_u.ckpt_override, eval_every=2, eval_dataset="synthetic:3",
+    cfg = _cfg(tmp_path / "out", ckpt_override=cfg_u.system.ckpt_override, eval_every=2, eval_dataset="synthetic:3",
                storage_path=f"file://{tmp_path / 'store'}")
     with pytest.raises(NaNLossError, match=r"step 3 for sample ids \['\d+', '\d+'\]"):
         train_outer(cfg, faults={"kill_rank": 1, "kill_step": 2, "nan_step": 3})
