@@ -119,12 +119,16 @@ def start_cluster(args):
         import tempfile
 
         os.environ["RAY_TMPDIR"] = tempfile.mkdtemp(prefix="rbs", dir="/tmp")
+    # Each simulated node gets its share of this host's free memory: left alone, every node would declare
+    # the whole host's, and memory-aware sizing (the clients' auto depth) would plan for several hosts.
+    node_memory = int(0.7 * os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE") / (args.nodes + 1))
     with loopback_only():
         cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 1, "include_dashboard": False,
                                                                 "object_store_memory": 256 * 2**20,
+                                                                "memory": node_memory,
                                                                 "node_ip_address": "127.0.0.1"})
         for _ in range(args.nodes):
-            cluster.add_node(num_cpus=args.cpus_per_node, num_gpus=args.gpus_per_node,
+            cluster.add_node(num_cpus=args.cpus_per_node, num_gpus=args.gpus_per_node, memory=node_memory,
                              object_store_memory=384 * 2**20, node_ip_address="127.0.0.1")
         cluster.wait_for_nodes()
         ray.init(address=cluster.address, log_to_driver=False, configure_logging=False)

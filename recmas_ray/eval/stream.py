@@ -265,17 +265,6 @@ def clients_per_replica(cfg: StreamConfig, num_actors: int, *, message_bytes_per
     return max(1, n)
 
 
-def free_memory_bytes() -> float:
-    """Memory the client actors can use: Ray's free logical memory, bounded by what this host has available
-    (a simulated multi-node cluster on one host declares its memory once per node)."""
-    import psutil
-    import ray
-
-    ray_free = ray.available_resources().get("memory", 0.0)
-    host = float(psutil.virtual_memory().available)
-    return min(ray_free, host) if ray_free > 0 else host
-
-
 def message_bytes(plan, recursion: RecursionConfig, batch_size: int) -> int:
     """Bytes of the latent messages one batch has alive at once (every edge's latest, fp32 worst case)."""
     width = max(plan.hidden_sizes.values()) if plan.hidden_sizes else 0
@@ -308,7 +297,7 @@ def stream_samples(system, batches: list[tuple[list[dict], int]], method: str, r
                                                                         max(len(b) for b, _ in batches)),
                                   store_bytes=ray.cluster_resources().get("object_store_memory", 0.0),
                                   free_cpus=ray.available_resources().get("CPU", 0.0),
-                                  free_memory_bytes=free_memory_bytes())
+                                  free_memory_bytes=ray.available_resources().get("memory", 0.0))
     pool_size = min(clients * replicas.num_replicas, len(rows))
     ds = ray.data.from_items(rows, override_num_blocks=len(rows))
     # 2.60 has no named parameter for restarts: only a non-default limit goes through the generic
