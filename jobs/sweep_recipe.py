@@ -58,28 +58,27 @@ from recmas_ray.config.cli import run_job
 from recmas_ray.train.synthetic_hidden import HIDDEN_QUESTIONS
 
 RELEASE = {"max_latent_tokens": 80, "num_recursive_rounds": 2, "lr": 5e-4, "warmup_steps": 1}
+R1 = {**RELEASE, "num_recursive_rounds": 1, "lr": 1e-3}
+"""release at R = 1 and lr 1e-3: the base of the *_r1 recipes."""
+NORM, BRIDGE, VALUE = {"latent_norm": "embedding"}, {"outer_init": "bridge"}, {"value_token_weight": 5.0}
+ROLLOUT = {"rollout_latent_steps": "m"}
 RECIPES: dict[str, dict] = {
     "demo_today": {"max_latent_tokens": 8, "num_recursive_rounds": 1, "lr": 1e-4, "warmup_steps": 1,
                    "warmup_from_zero": True},
     "release": RELEASE,
     "release_lr1e-3": {**RELEASE, "lr": 1e-3},
-    "+norm": {**RELEASE, "latent_norm": "embedding"},
-    "+bridge": {**RELEASE, "outer_init": "bridge"},
-    "+value": {**RELEASE, "value_token_weight": 5.0},
-    "all": {**RELEASE, "latent_norm": "embedding", "outer_init": "bridge", "value_token_weight": 5.0},
-    "release_r1": {**RELEASE, "num_recursive_rounds": 1, "lr": 1e-3},
-    "norm_value_r1": {**RELEASE, "num_recursive_rounds": 1, "lr": 1e-3, "latent_norm": "embedding",
-                      "value_token_weight": 5.0},
-    "all_r1": {**RELEASE, "num_recursive_rounds": 1, "lr": 1e-3, "latent_norm": "embedding", "outer_init": "bridge",
-               "value_token_weight": 5.0},
-    "bridge_r1": {**RELEASE, "num_recursive_rounds": 1, "lr": 1e-3, "outer_init": "bridge"},
-    "rollout_r1": {**RELEASE, "num_recursive_rounds": 1, "lr": 1e-3, "rollout_latent_steps": "m"},
-    "rollout_bridge_r1": {**RELEASE, "num_recursive_rounds": 1, "lr": 1e-3, "rollout_latent_steps": "m",
-                          "outer_init": "bridge"},
-    "rollout_bridge_value_r1": {**RELEASE, "num_recursive_rounds": 1, "lr": 1e-3, "rollout_latent_steps": "m",
-                                "outer_init": "bridge", "value_token_weight": 5.0},
-    "rollout_all_r1": {**RELEASE, "num_recursive_rounds": 1, "lr": 1e-3, "rollout_latent_steps": "m",
-                       "outer_init": "bridge", "latent_norm": "embedding", "value_token_weight": 5.0},
+    "+norm": {**RELEASE, **NORM},
+    "+bridge": {**RELEASE, **BRIDGE},
+    "+value": {**RELEASE, **VALUE},
+    "all": {**RELEASE, **NORM, **BRIDGE, **VALUE},
+    "release_r1": R1,
+    "norm_value_r1": {**R1, **NORM, **VALUE},
+    "all_r1": {**R1, **NORM, **BRIDGE, **VALUE},
+    "bridge_r1": {**R1, **BRIDGE},
+    "rollout_r1": {**R1, **ROLLOUT},
+    "rollout_bridge_r1": {**R1, **ROLLOUT, **BRIDGE},
+    "rollout_bridge_value_r1": {**R1, **ROLLOUT, **BRIDGE, **VALUE},
+    "rollout_all_r1": {**R1, **ROLLOUT, **BRIDGE, **NORM, **VALUE},
 }
 """Recipe name -> OuterTrainConfig fields (on top of the sweep's steps, batch size and seed); "m" stands for
 the sweep's --latent_steps."""
@@ -226,9 +225,10 @@ def main_cfg(cfg: SweepRecipeConfig) -> int:
             print(f"[sweep] {recipe}: outer training {secs:.0f} s, loss {log[0]['loss']:.3f} -> "
                   f"{log[-1]['loss']:.3f}", flush=True)
             measurer = Measurer(cfg, inner, heldout)  # the agents load only while no training runs (memory)
-            got = measurer.recipe(save_dir, recipe_settings(recipe, cfg))
+            settings = recipe_settings(recipe, cfg)
+            got = measurer.recipe(save_dir, settings)
             measurer.close()
-            got.update(recipe=recipe, settings=recipe_settings(recipe, cfg), train_seconds=secs,
+            got.update(recipe=recipe, settings=settings, train_seconds=secs,
                        loss_first=log[0]["loss"], loss_last=log[-1]["loss"], eval_curve=curve)
             path.write_text(json.dumps(got, indent=2))
         results[recipe] = json.loads(path.read_text())
