@@ -6,7 +6,8 @@ generated token and prompt prefill waits a time proportional to the role's param
 light or mixture system by default, `paper_sim_models`), and messages have the real size
 [B, m, hidden]. So two CPU cores host dozens of agents on a simulated cluster of fake GPUs.
 
-Figures (targets of issue 23 in brackets):
+Figures (targets of issue 23 in brackets), read in the steady state (`steady_window`: fill and drain left
+out; the same figures over the whole active window are reported beside them):
   balance      the same GPU count (--gpus) as whole-system replicas only vs per-role pools sized
                from each role's cost (one replica): per-role busy fraction (its copies' mean),
                throughput, throughput per GPU, for each R in --balance_rounds
@@ -30,12 +31,13 @@ from __future__ import annotations
 import json
 import os
 import platform
+import re
 import sys
 import time
 from dataclasses import dataclass, field
 from typing import Annotated
 
-from jobs.bench_scale_costs import call_costs, real_models
+from jobs.bench_scale_costs import call_costs, plot, real_models
 from recmas_ray.config.checks import NonEmpty, OneOf, Range, WritableDir
 from recmas_ray.config.cli import run_job
 from recmas_ray.config.recursion import MAX_LATENT_STEPS, MAX_ROUNDS
@@ -51,16 +53,19 @@ class ScaleBenchConfig:
 
     system: Annotated[str, OneOf(SYSTEMS)] = "light"
     """Paper system whose per-role costs are simulated: light (sequential) or mixture."""
-    gpus: Annotated[int, Range(1, 1024)] = 12
-    """GPUs (one per agent actor) of the balance comparison, the same for both layouts."""
+    gpus: Annotated[int, Range(1, 1024)] = 18
+    """GPUs (one per agent actor) of the balance comparison, the same for both layouts (18: six light
+    systems, or one pool of 3 / 2 / 13 copies, the whole-GPU split closest to the roles' costs)."""
     balance_rounds: Annotated[list[int], Range(1, MAX_ROUNDS), NonEmpty()] = field(default_factory=lambda: [1, 3])
     """R of the balance comparison."""
     replicas: Annotated[list[int], Range(1, 64), NonEmpty()] = field(default_factory=lambda: [1, 4, 8])
     """Whole-system replica counts of the weak-scaling series."""
     weak_rounds: Annotated[int, Range(1, MAX_ROUNDS)] = 3
     """R of the weak-scaling series."""
-    num_batches: Annotated[int, Range(1, 100_000)] = 24
-    """Batches per run (balance: per whole-system replica's share of the GPUs; weak: per replica)."""
+    num_batches: Annotated[int, Range(1, 100_000)] = 18
+    """Batches per run (balance: per whole-system replica's share of the GPUs; weak: per replica). The
+    steady-state window needs more than twice the batches in flight (auto: 6 per light replica), 18 gives
+    it a third of the run (`steady_window`)."""
     batch_size: Annotated[int, Range(1, 4096)] = 4
     """Questions per batch."""
     num_clients: Annotated[int, Range(0, 1024)] = 0
@@ -71,8 +76,11 @@ class ScaleBenchConfig:
     """m."""
     tokens: Annotated[int, Range(1, 100_000)] = 256
     """Tokens the decoder generates per batch (the paper's runs decode 256-1000)."""
-    ms_per_gparam: Annotated[float, Range(0, 10_000)] = 1.0
-    """Simulated ms per latent step or token per billion parameters."""
+    ms_per_gparam: Annotated[float, Range(0, 10_000)] = 20.0
+    """Simulated ms per latent step or token per billion parameters. 20: the 1.54B solver takes 31 ms per
+    token, the pace of an eager Hugging Face decode step of a 1-2B model at a small batch on one GPU (bound
+    by kernel launches, not FLOPs); far below it the Ray Data clients, orchestrators and grading of a small
+    machine, not the simulated GPUs, set the pace, and the run measures the host instead of the balance."""
     prompt_tokens: Annotated[int, Range(0, 100_000)] = 200
     """Prompt tokens prefilled on every call (20x faster per token than decoding)."""
     nodes: Annotated[int, Range(1, 64)] = 2
@@ -95,7 +103,7 @@ class ScaleBenchConfig:
 
 def quick() -> ScaleBenchConfig:
     """Fewer batches; weak scaling at 1 and 4 replicas; R = 1 only."""
-    return ScaleBenchConfig(replicas=[1, 4], balance_rounds=[1], num_batches=12, real=False)
+    return ScaleBenchConfig(replicas=[1, 4], balance_rounds=[1], num_batches=6, real=False)
 
 
 def start_cluster(args):
@@ -158,12 +166,35 @@ def busy_by_role(logs: dict, t0: float, t1: float) -> dict:
     return {role: sum(v) / len(v) for role, v in per.items()}
 
 
+def steady_window(decodes: list[tuple[float, float]], entries: list[float]) -> tuple[float, float, float]:
+    """(t_a, t_b, batches done in [t_a, t_b]) in the steady state, given each batch's decode (its last call)
+    and each batch's first call (`entries`).
+
+    A run starts with a burst: the D batches in flight enter at once (D: those that entered before the first
+    one finished) and queue at the first roles. The window opens when the D-th batch finishes, so every
+    batch still in flight entered one at a time, as finished ones made room; it closes when the last batch
+    enters, after which the upstream roles run dry and the pipeline drains (or at the last decode end if
+    no batch waited). It holds N - 2D completions: a run needs N > 2D batches (3D gives a window of D).
+    Batches done count each decode by the share of it inside the window: whole systems started together
+    finish in bunches, and counting only whole completions would make the rate depend on where a bunch
+    falls at the window's edges. Without a window (N <= 2D) the whole active run is used."""
+    ends = sorted(t1 for _, t1 in decodes)
+    depth = sum(1 for t in entries if t < ends[0])
+    t_a, t_b = ends[max(depth, 1) - 1], max(entries)
+    if t_b - t_a <= 0:
+        t_a, t_b = min(t0 for t0, _ in decodes), ends[-1]
+    done = sum(max(0.0, min(t1, t_b) - max(t0, t_a)) / max(t1 - t0, 1e-9) for t0, t1 in decodes)
+    return t_a, t_b, done
+
+
 def eval_run(replicas, n_replicas: int, n_batches: int, rounds: int, args, tag: str, clients: int = 0) -> dict:
     """`n_batches` through the production evaluation stream (Ray Data clients, router, grading) on the
-    first `n_replicas` replicas, `clients` per replica (0: the production default).
+    first `n_replicas` replicas, `clients` batches in flight per replica (0: the production default).
 
-    Throughput and busy fractions are taken over the agents' active window (first call start to
-    last call end, from their own call logs); `wall_s` adds Ray Data's start of the client actors.
+    Throughput and busy fractions are read from the agents' own call logs in the steady state
+    (`steady_window`: fill and drain left out); `*_active_window` figures span the
+    first call's start to the last call's end, fill and drain included; `wall_s` adds Ray Data's start
+    of the client actors.
     """
     import ray
 
@@ -181,16 +212,32 @@ def eval_run(replicas, n_replicas: int, n_batches: int, rounds: int, args, tag: 
     logs = view.call_logs()
     ray.kill(view.router)
     calls = [c for log in logs for cs in log.values() for c in cs]
+    done = [(c["t0"], c["t1"]) for c in calls if c["method"] == "decode"]
+    entries = {}  # batch k's first call (its prompt names "question k.0:")
+    for c in calls:
+        m = re.search(r" question (\d+)\.0:", c["first_user"])
+        if m:
+            entries[m.group(1)] = min(entries.get(m.group(1), c["t0"]), c["t0"])
     errors = sum(1 for r in records if r.get("error"))
-    if errors or len(records) != n_batches * args.batch_size or not calls:
+    if errors or len(records) != n_batches * args.batch_size or len(done) != n_batches:
         raise RuntimeError(f"{tag}: {errors} errored samples, {len(records)} of {n_batches * args.batch_size} "
-                           f"returned, {len(calls)} agent calls logged")
+                           f"returned, {len(done)} of {n_batches} decode calls logged")
     a, b = min(c["t0"] for c in calls), max(c["t1"] for c in calls)
-    busy = [busy_by_role(log, a, b) for log in logs]
-    role_busy = {r: sum(x[r] for x in busy) / len(busy) for r in busy[0]}
+    if len(entries) != n_batches:
+        raise RuntimeError(f"{tag}: the call logs name {len(entries)} of {n_batches} batches")
+    sa, sb, n_steady = steady_window(done, list(entries.values()))
+
+    def role_busy(t_a, t_b):
+        busy = [busy_by_role(log, t_a, t_b) for log in logs]
+        return {r: sum(x[r] for x in busy) / len(busy) for r in busy[0]}
+
+    steady, whole = role_busy(sa, sb), role_busy(a, b)
     return {"replicas": n_replicas, "rounds": rounds, "batches": n_batches, "active_s": b - a, "wall_s": wall,
-            "clients_per_replica": clients or "auto", "throughput_batches_per_s": n_batches / (b - a),
-            "busy_by_role": role_busy, "min_role_busy": min(role_busy.values()), "graded": len(records)}
+            "steady_s": sb - sa, "steady_batches": n_steady, "clients_per_replica": clients or "auto",
+            "throughput_batches_per_s": n_steady / (sb - sa), "busy_by_role": steady,
+            "min_role_busy": min(steady.values()),
+            "throughput_active_window": n_batches / (b - a), "busy_by_role_active_window": whole,
+            "min_role_busy_active_window": min(whole.values()), "graded": len(records)}
 
 
 def build(plan, copies: dict | None, n: int, args):
@@ -212,7 +259,9 @@ def balance(plan, rounds: int, args) -> dict:
     copies = copies_from_costs(costs, budget=n_whole * len(roles))
     out = {"rounds": rounds, "role_costs_ms": costs, "pool_copies": copies, "gpus": n_whole * len(roles),
            # the best any layout can do: every GPU busy, vs whole systems paced by their slowest role
-           "ideal_per_gpu_ratio": max(costs.values()) * len(roles) / sum(costs.values())}
+           "ideal_per_gpu_ratio": max(costs.values()) * len(roles) / sum(costs.values()),
+           # ... and with these whole copies: the pool's slowest role (copies / cost) against the whole systems'
+           "ideal_ratio_for_these_copies": min(copies[r] / costs[r] for r in roles) * max(costs.values()) / n_whole}
     n_batches = args.num_batches * n_whole
     for name, cps, n in (("whole_system", None, n_whole), ("per_role_pools", copies, 1)):
         reps = build(plan, cps, n, args)
@@ -224,8 +273,10 @@ def balance(plan, rounds: int, args) -> dict:
             reps.shutdown()
         run["throughput_per_gpu"] = run["throughput_batches_per_s"] / out["gpus"]
         out[name] = run
-        print(json.dumps({name: {k: v for k, v in run.items() if k != "busy_by_role"}}), flush=True)
+        print(json.dumps({name: {k: v for k, v in run.items() if not k.startswith("busy_by_role")}}), flush=True)
     out["per_gpu_ratio"] = out["per_role_pools"]["throughput_per_gpu"] / out["whole_system"]["throughput_per_gpu"]
+    out["per_gpu_ratio_active_window"] = (out["per_role_pools"]["throughput_active_window"]
+                                          / out["whole_system"]["throughput_active_window"])
     return out
 
 
@@ -237,54 +288,15 @@ def weak(plan, args) -> list[dict]:
     try:
         for n in counts:
             rows.append(eval_run(reps, n, args.num_batches * n, args.weak_rounds, args, f"weak{n}", args.num_clients))
-            print(json.dumps({k: v for k, v in rows[-1].items() if k != "busy_by_role"}), flush=True)
+            print(json.dumps({k: v for k, v in rows[-1].items() if not k.startswith("busy_by_role")}), flush=True)
     finally:
         reps.shutdown()
     base = rows[0]["throughput_batches_per_s"] / rows[0]["replicas"]
     for row in rows:
         row["efficiency"] = row["throughput_batches_per_s"] / (row["replicas"] * base)
+        row["efficiency_active_window"] = row["throughput_active_window"] / (
+            row["replicas"] * rows[0]["throughput_active_window"] / rows[0]["replicas"])
     return rows
-
-
-def plot(report: dict, path: str) -> None:
-    from matplotlib.backends.backend_agg import FigureCanvasAgg
-    from matplotlib.figure import Figure
-
-    fig = Figure(figsize=(13, 4))
-    FigureCanvasAgg(fig)
-    ax = fig.add_subplot(1, 3, 1)
-    bal = report["balance"]
-    roles = list(bal[0]["whole_system"]["busy_by_role"])
-    width = 0.8 / (2 * len(bal))
-    for j, b in enumerate(bal):
-        for k, name in enumerate(("whole_system", "per_role_pools")):
-            xs = [i + (2 * j + k) * width for i in range(len(roles))]
-            ax.bar(xs, [b[name]["busy_by_role"][r] for r in roles], width,
-                   label=f"R={b['rounds']} {name.replace('_', ' ')}")
-    ax.axhline(0.7, color="grey", lw=0.8, ls=":")
-    ax.set_xticks([i + 0.4 - width / 2 for i in range(len(roles))], roles)
-    ax.set_ylabel("busy fraction")
-    ax.set_ylim(0, 1.05)
-    ax.set_title(f"{report['system']} system, {bal[0]['gpus']} GPUs, {report['tokens']} tokens")
-    ax.legend(fontsize=7)
-    ax = fig.add_subplot(1, 3, 2)
-    labels = [f"R={b['rounds']}" for b in bal]
-    for k, name in enumerate(("whole_system", "per_role_pools")):
-        ax.bar([i + k * 0.4 for i in range(len(bal))], [b[name]["throughput_per_gpu"] for b in bal], 0.4,
-               label=name.replace("_", " "))
-    ax.set_xticks([i + 0.2 for i in range(len(bal))], labels)
-    ax.set_ylabel("batches / s / GPU")
-    ax.set_title("throughput per GPU (ratio " + ", ".join(f"{b['per_gpu_ratio']:.2f}" for b in bal) + ")")
-    ax.legend(fontsize=7)
-    ax = fig.add_subplot(1, 3, 3)
-    ax.plot([x["replicas"] for x in report["weak"]], [x["efficiency"] for x in report["weak"]], marker="o")
-    ax.axhline(0.9, color="grey", lw=0.8, ls=":")
-    ax.set_xlabel("whole-system replicas")
-    ax.set_ylabel("weak-scaling efficiency")
-    ax.set_ylim(0, 1.1)
-    ax.set_title(f"R={report['weak_rounds']}, {report['num_batches']} batches per replica")
-    fig.tight_layout()
-    fig.savefig(path, dpi=100)
 
 
 def bench(args: ScaleBenchConfig) -> int:
@@ -344,8 +356,13 @@ def bench(args: ScaleBenchConfig) -> int:
             "min_role_busy_whole_system": b["whole_system"]["min_role_busy"],
             "min_role_busy_per_role_pools": b["per_role_pools"]["min_role_busy"], "target_min_busy_pools": 0.7,
             "throughput_per_gpu_ratio": b["per_gpu_ratio"], "target_ratio": 1.8,
-            "ideal_ratio_for_these_costs": b["ideal_per_gpu_ratio"]} for b in report["balance"]},
+            "throughput_per_gpu_ratio_active_window": b["per_gpu_ratio_active_window"],
+            "min_role_busy_per_role_pools_active_window": b["per_role_pools"]["min_role_busy_active_window"],
+            "ideal_ratio_for_these_costs": b["ideal_per_gpu_ratio"],
+            "ideal_ratio_for_these_copies": b["ideal_ratio_for_these_copies"]} for b in report["balance"]},
         "weak_efficiency": {n: weak_eff[n] for n in (4, 8) if n in weak_eff}, "target_weak_efficiency": 0.9,
+        "weak_efficiency_active_window": {x["replicas"]: x["efficiency_active_window"] for x in report["weak"]
+                                          if x["replicas"] in (4, 8)},
         "ray_call_ms": {d: {k: v["ms_per_call"] for k, v in calls[d].items()} for d in calls},
         "ray_call_ratio_to_empty_at_1MiB": {d: calls[d]["1MiB"]["ratio_to_empty_call"] for d in calls},
         "failed_series": sorted(report["errors"]),

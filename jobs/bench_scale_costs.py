@@ -1,5 +1,6 @@
 """Side measurements of `jobs/bench_scale.py`: Ray's cost per agent call by message size (`call_costs`) and
-the real-model check that 1 and 2 replicas give the same predictions (`real_models`)."""
+the real-model check that 1 and 2 replicas give the same predictions (`real_models`); the report's figure
+(`plot`)."""
 
 from __future__ import annotations
 
@@ -84,3 +85,45 @@ def real_models(args) -> dict:
     p2 = [[r.prediction for r in res] for _, res in two]
     return {"same_predictions": p1 == p2, "replica_of_batch_2_replicas": [i for i, _ in two],
             "num_batches": len(qs), "seconds": time.perf_counter() - t0}
+
+
+def plot(report: dict, path: str) -> None:
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    fig = Figure(figsize=(13, 4))
+    FigureCanvasAgg(fig)
+    ax = fig.add_subplot(1, 3, 1)
+    bal = report["balance"]
+    roles = list(bal[0]["whole_system"]["busy_by_role"])
+    width = 0.8 / (2 * len(bal))
+    for j, b in enumerate(bal):
+        for k, name in enumerate(("whole_system", "per_role_pools")):
+            xs = [i + (2 * j + k) * width for i in range(len(roles))]
+            ax.bar(xs, [b[name]["busy_by_role"][r] for r in roles], width,
+                   label=f"R={b['rounds']} {name.replace('_', ' ')}")
+    ax.axhline(0.7, color="grey", lw=0.8, ls=":")
+    ax.set_xticks([i + 0.4 - width / 2 for i in range(len(roles))], roles)
+    ax.set_ylabel("busy fraction (steady state)")
+    ax.set_ylim(0, 1.05)
+    ax.set_title(f"{report['system']} system, {bal[0]['gpus']} GPUs, {report['tokens']} tokens")
+    ax.legend(fontsize=7)
+    ax = fig.add_subplot(1, 3, 2)
+    labels = [f"R={b['rounds']}" for b in bal]
+    for k, name in enumerate(("whole_system", "per_role_pools")):
+        ax.bar([i + k * 0.4 for i in range(len(bal))], [b[name]["throughput_per_gpu"] for b in bal], 0.4,
+               label=name.replace("_", " "))
+    ax.set_xticks([i + 0.2 for i in range(len(bal))], labels)
+    ax.set_ylabel("batches / s / GPU")
+    ax.set_title("per GPU: pools / whole " + ", ".join(
+        f"{b['per_gpu_ratio']:.2f} (ideal {b['ideal_ratio_for_these_copies']:.2f})" for b in bal), fontsize=9)
+    ax.legend(fontsize=7)
+    ax = fig.add_subplot(1, 3, 3)
+    ax.plot([x["replicas"] for x in report["weak"]], [x["efficiency"] for x in report["weak"]], marker="o")
+    ax.axhline(0.9, color="grey", lw=0.8, ls=":")
+    ax.set_xlabel("whole-system replicas")
+    ax.set_ylabel("weak-scaling efficiency")
+    ax.set_ylim(0, 1.1)
+    ax.set_title(f"R={report['weak_rounds']}, {report['num_batches']} batches per replica")
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)

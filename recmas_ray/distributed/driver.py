@@ -35,9 +35,9 @@ from recmas_ray.config.placement import PlacementConfig, check_ablation_transpor
 from recmas_ray.config.recursion import RecursionConfig
 from recmas_ray.distributed.actors import AGENT_EXIT_AFTER_ENV, AgentActor, RayPool, RDTAgentActor
 from recmas_ray.distributed.cluster import init_ray  # noqa: F401 (jobs/serve.py imports it from here)
-from recmas_ray.distributed.placement import (ORCHESTRATOR_CPUS, PlacementPlan, check_resources,
-                                              create_placement, detect_autoscaling, gpu_count, plan_placement,
-                                              replicas_that_fit)
+from recmas_ray.distributed.placement import (ORCHESTRATOR_CPUS, ORCHESTRATOR_MAX_BATCHES, PlacementPlan,
+                                              check_resources, create_placement, detect_autoscaling, gpu_count,
+                                              plan_placement, replicas_that_fit)
 from recmas_ray.runner import run_batch
 from recmas_ray.styles import StyleSpec
 from recmas_ray.system.plan import SystemPlan
@@ -47,7 +47,7 @@ log = logging.getLogger(__name__)
 AGENT_ENV = {"TOKENIZERS_PARALLELISM": "false", "HF_HUB_DISABLE_PROGRESS_BARS": "1"}
 
 
-@ray.remote(num_cpus=ORCHESTRATOR_CPUS, max_concurrency=16)
+@ray.remote(num_cpus=ORCHESTRATOR_CPUS, max_concurrency=ORCHESTRATOR_MAX_BATCHES)
 class Orchestrator:
     """Runs batches through the recursion against agent actor handles (one per replica)."""
 

@@ -31,13 +31,17 @@ PROTOCOLS = ("greedy", "reference")  # what each one sets: recmas_ray.eval.proto
 class StreamConfig:
     """How the Ray backend streams batches through client actors (Ray Data)."""
 
-    SHORT_FLAGS = ("client_cpus", "client_max_restarts", "num_clients")
+    SHORT_FLAGS = ("client_cpus", "client_max_restarts", "num_clients", "batches_per_client")
     """Fields with a plain flag (`--name`) wherever this section is nested (config/cli.py)."""
 
     num_clients: Annotated[int, Range(0, 1024)] = 0
-    """Client actors per system replica, i.e. batches in flight per replica, so agents overlap; 0 (auto):
-    two per agent actor of a replica, enough to keep every stage busy, capped by the object store's
-    memory for the batches' messages and by free CPUs (eval/stream.py `clients_per_replica`)."""
+    """Batches in flight per system replica, so agents overlap; 0 (auto): two per agent actor of a
+    replica, enough to keep every stage busy, capped by the object store's memory for the batches'
+    messages and by the client processes' CPUs and memory (eval/stream.py `batches_in_flight`)."""
+    batches_per_client: Annotated[int, Range(1, 64)] = 4
+    """Batches one client actor keeps in flight at once, each on its own thread (a client mostly waits on
+    the agents): the in-flight batches take ceil(depth / this) client processes of ~400 MB each, not
+    one each. 1: a process per batch."""
     client_cpus: Annotated[float, Range(0, 64)] = 0.25
     """Logical CPUs per client actor (fractions keep CPUs free for Ray Data's own tasks; no GPUs)."""
     client_max_restarts: Annotated[int, Range(-1, 10_000)] = -1

@@ -104,11 +104,11 @@ class Backend:
                                  f"this run's {plan.manifest()} (backend {cfg.backend})")
             self.system = system
         else:
-            from recmas_ray.eval.stream import planned_clients
+            from recmas_ray.eval.stream import planned_client_cpus
 
             agents = start_agents(plan, backend=cfg.backend, placement=cfg.placement, timeout_s=cfg.timeout_s,
                                   torch_threads=cfg.torch_threads, transport=cfg.transport,
-                                  client_cpus=planned_clients(cfg.stream, len(plan.style.roles)) * cfg.stream.client_cpus,
+                                  client_cpus=planned_client_cpus(cfg.stream, len(plan.style.roles)),
                                   recursion=cfg.recursion)
             self.pool, self.system = (agents, None) if cfg.backend == "local" else (None, agents)
 

@@ -1,8 +1,9 @@
 """Per-batch evaluation work shared by both backends, and the Ray Data stream of the Ray backend.
 
     driver: pending question batches -> ray.data.from_items (one row, one block per batch)
-      -> map_batches(EvalClient, compute=ActorPoolStrategy(size=k * replicas), num_cpus=0.25, num_gpus=0,
-                     batch_size=1)
+      -> map_batches(EvalClient, compute=ActorPoolStrategy(size=ceil(depth * replicas / b),
+                                   max_concurrent_calls_per_actor=b), num_cpus=0.25, num_gpus=0,
+                     batch_size=1)           (depth batches in flight per replica, b per client process)
            client: replica = router.acquire()   (the replica with the fewest batches in flight)
                    ray.get(orchestrators[replica].solve.remote(...)) -> answer-format retry -> grade
                    router.release(replica); a failed batch is retried (`max_batch_retries`), then
@@ -22,12 +23,14 @@ default, see `client_max_restarts`); when restarts are off or used up the run fa
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import json
 import os
 import time
 import warnings
 from typing import Callable, Iterator
 
+from recmas_ray.distributed.placement import ORCHESTRATOR_MAX_BATCHES
 from recmas_ray.eval.config import StreamConfig
 from recmas_ray.eval.graders import LETTERS, extract_boxed, extract_choice, extract_code, grade
 from recmas_ray.config.recursion import RecursionConfig
@@ -185,7 +188,7 @@ class EvalClient:
             warnings.simplefilter("ignore")
             restarted = ray.get_runtime_context().was_current_actor_reconstructed
         self.exit_after = None if restarted else exit_after
-        self.calls = 0
+        self.calls = itertools.count(1)  # several batches run at once, on threads
 
     def _get(self, ref, what: str):
         import ray
@@ -219,8 +222,7 @@ class EvalClient:
     def __call__(self, batch: dict) -> dict:
         out = []
         for batch_id, rollout, items_json in zip(batch["batch_id"], batch["rollout"], batch["items"]):
-            self.calls += 1
-            if self.exit_after is not None and self.calls > self.exit_after:
+            if self.exit_after is not None and next(self.calls) > self.exit_after:
                 os._exit(1)  # test hook: die like a killed process, mid-run
             bid, items, r = str(batch_id), json.loads(items_json), int(rollout)
             recs = with_batch_retries(items, r, self.method, self.recursion, self.max_batch_retries,
@@ -237,32 +239,47 @@ STORE_SHARE = 0.25
 """Share of the object store the in-flight batches' messages may fill (the rest: Ray Data, results)."""
 CLIENT_BYTES = 400 * 2**20
 """Memory of one client actor (a Python process with torch and the project imported: 250-390 MB measured
-under bench_scale); auto depth keeps all clients within `CLIENT_MEMORY_SHARE` of the cluster's free memory."""
+under bench_scale); auto depth keeps all client processes within `CLIENT_MEMORY_SHARE` of the cluster's
+free memory."""
 CLIENT_MEMORY_SHARE = 0.25
 
 
-def planned_clients(cfg: StreamConfig, num_actors: int) -> int:
-    """Clients per replica before the system exists (for counting its CPUs): `num_clients`, or auto."""
+def planned_depth(cfg: StreamConfig, num_actors: int) -> int:
+    """Batches in flight per replica before the system exists: `num_clients`, or auto."""
     return cfg.num_clients or CLIENTS_PER_ACTOR * max(1, num_actors)
 
 
-def clients_per_replica(cfg: StreamConfig, num_actors: int, *, message_bytes_per_batch: int = 0,
-                        store_bytes: float = 0.0, free_cpus: float = 0.0, num_replicas: int = 1,
-                        free_memory_bytes: float = 0.0) -> int:
+def planned_client_cpus(cfg: StreamConfig, num_actors: int) -> float:
+    """Logical CPUs one replica's client processes take (kept free when counting replicas that fit)."""
+    return -(-planned_depth(cfg, num_actors) // cfg.batches_per_client) * cfg.client_cpus
+
+
+def batches_in_flight(cfg: StreamConfig, num_actors: int, *, message_bytes_per_batch: int = 0,
+                      store_bytes: float = 0.0, free_cpus: float = 0.0, num_replicas: int = 1,
+                      free_memory_bytes: float = 0.0) -> int:
     """Batches in flight per replica: `num_clients`, or with 0 (auto) `CLIENTS_PER_ACTOR` per agent actor,
-    capped so that the batches' messages fit `STORE_SHARE` of the object store, the clients' CPUs fit
-    `free_cpus` and the client processes fit `CLIENT_MEMORY_SHARE` of `free_memory_bytes` (0: no cap), at
-    least 1. (Without the memory cap, 8 replicas x 6 clients took 18 GiB of a 24 GiB machine.)"""
+    capped so that the batches' messages fit `STORE_SHARE` of the object store and the client processes
+    (`batches_per_client` batches each) fit `free_cpus` and `CLIENT_MEMORY_SHARE` of `free_memory_bytes`
+    (0: no cap), at least 1. (With a process per batch and no memory cap, 8 replicas x 6 clients took
+    18 GiB of a 24 GiB machine.)"""
     if cfg.num_clients:
         return cfg.num_clients
-    n = planned_clients(cfg, num_actors)
+    n = min(planned_depth(cfg, num_actors), ORCHESTRATOR_MAX_BATCHES)  # more would queue in the orchestrator
+    per_process = cfg.batches_per_client
     if message_bytes_per_batch > 0 and store_bytes > 0:
         n = min(n, int(STORE_SHARE * store_bytes / (message_bytes_per_batch * num_replicas)))
     if free_cpus > 0 and cfg.client_cpus > 0:
-        n = min(n, int(free_cpus / (cfg.client_cpus * num_replicas)))
+        n = min(n, per_process * int(free_cpus / cfg.client_cpus) // num_replicas)
     if free_memory_bytes > 0:
-        n = min(n, int(CLIENT_MEMORY_SHARE * free_memory_bytes / (CLIENT_BYTES * num_replicas)))
+        n = min(n, per_process * int(CLIENT_MEMORY_SHARE * free_memory_bytes / CLIENT_BYTES) // num_replicas)
     return max(1, n)
+
+
+def client_pool(total_batches: int, batches_per_client: int) -> tuple[int, int]:
+    """(processes, batches each) for `total_batches` in flight: as few processes as `batches_per_client`
+    allows, the batches spread evenly over them (7 at 4 each: 2 processes of 4, not 4 + 3)."""
+    processes = -(-max(1, total_batches) // batches_per_client)
+    return processes, -(-max(1, total_batches) // processes)
 
 
 def message_bytes(plan, recursion: RecursionConfig, batch_size: int) -> int:
@@ -276,7 +293,8 @@ def stream_samples(system, batches: list[tuple[list[dict], int]], method: str, r
                    max_batch_retries: int = 2) -> Iterator[dict]:
     """Yield graded sample records as client actors finish their batches (arrival order).
 
-    `system`: a RaySystem or RayReplicas; `clients_per_replica` clients per replica keep batches in flight.
+    `system`: a RaySystem or RayReplicas; `batches_in_flight` batches per replica are kept in flight by
+    client processes holding `batches_per_client` each.
     """
     import ray
 
@@ -292,13 +310,13 @@ def stream_samples(system, batches: list[tuple[list[dict], int]], method: str, r
     exit_after = os.environ.get(EXIT_AFTER_ENV)
     system0 = replicas.systems[0]
     num_actors = len(system0.actors()) if hasattr(system0, "actors") else len(system0.handles)
-    clients = clients_per_replica(cfg, num_actors, num_replicas=replicas.num_replicas,
-                                  message_bytes_per_batch=message_bytes(replicas.plan, recursion,
-                                                                        max(len(b) for b, _ in batches)),
-                                  store_bytes=ray.cluster_resources().get("object_store_memory", 0.0),
-                                  free_cpus=ray.available_resources().get("CPU", 0.0),
-                                  free_memory_bytes=ray.available_resources().get("memory", 0.0))
-    pool_size = min(clients * replicas.num_replicas, len(rows))
+    depth = batches_in_flight(cfg, num_actors, num_replicas=replicas.num_replicas,
+                              message_bytes_per_batch=message_bytes(replicas.plan, recursion,
+                                                                    max(len(b) for b, _ in batches)),
+                              store_bytes=ray.cluster_resources().get("object_store_memory", 0.0),
+                              free_cpus=ray.available_resources().get("CPU", 0.0),
+                              free_memory_bytes=ray.available_resources().get("memory", 0.0))
+    processes, per_process = client_pool(min(depth * replicas.num_replicas, len(rows)), cfg.batches_per_client)
     ds = ray.data.from_items(rows, override_num_blocks=len(rows))
     # 2.60 has no named parameter for restarts: only a non-default limit goes through the generic
     # remote args (deprecated for 2.64, so the warning is silenced where we must use them).
@@ -306,8 +324,15 @@ def stream_samples(system, batches: list[tuple[list[dict], int]], method: str, r
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message=".*ray_remote_args.*deprecated")
         out = ds.map_batches(
-            EvalClient, batch_size=1, compute=ray.data.ActorPoolStrategy(size=pool_size),
-            num_cpus=cfg.client_cpus, num_gpus=0, **extra,
+            EvalClient, batch_size=1,
+            # each process runs its batches on threads (they wait on the agents); no batch queues
+            # behind a busy one in an actor while another has room
+            compute=ray.data.ActorPoolStrategy(size=processes, max_concurrent_calls_per_actor=per_process,
+                                               max_tasks_in_flight_per_actor=per_process,
+                                               enable_true_multi_threading=per_process > 1),
+            # the client's memory is declared, so Ray places clients where it is (and Ray Data does not
+            # warn that a ~400 MB worker asked for none)
+            num_cpus=cfg.client_cpus, num_gpus=0, memory=CLIENT_BYTES, **extra,
             fn_constructor_kwargs={"replicas": [(s.orchestrator, s.handles[s.plan.style.decoder])
                                                 for s in replicas.systems],
                                    "router": replicas.router, "method": method,

@@ -77,3 +77,25 @@ def test_two_replicas_share_the_work_and_give_the_same_answers(ray_cluster):
 
 if __name__ == "__main__":
     raise SystemExit(pytest.main([__file__, "-v", "-x"]))
+
+
+@pytest.mark.integration  # ~40 s: the solver serves 20 decodes of 1.6 s one after another
+def test_one_orchestrator_runs_every_batch_in_flight_at_once(ray_cluster):
+    """20 batches submitted to one replica all start before the first one ends: the orchestrator's threads
+    do not cap a replica's depth (at 16 threads, 4 batches waited; a pool with 36 in flight ran 16)."""
+    from recmas_ray.distributed.placement import ORCHESTRATOR_MAX_BATCHES
+
+    plan = simulated_plan("sequential_light", {"planner": "sim:step_ms=1", "critic": "sim:step_ms=1",
+                                               "solver": "sim:step_ms=1,token_ms=400,tokens=4"})
+    one = RecursionConfig(method="recursive_mas", num_recursive_rounds=1, latent_steps=2,
+                          decode=DecodeConfig(max_new_tokens=4))
+    system = build_ray_system(plan, CPU, timeout_s=120)
+    try:
+        refs = [system.solve([f"Question {k}: what is {k} + 1?"], ["math"], one, batch_id=f"b{k}") for k in range(20)]
+        ray.get(refs, timeout=180)
+        logs = system.call_logs()
+    finally:
+        system.shutdown()
+    first_done = min(c["t1"] for c in logs["solver"])  # the first batch's decode (1.6 s) ends
+    started = {c["first_user"] for c in logs["planner"] if c["t0"] < first_done}
+    assert ORCHESTRATOR_MAX_BATCHES >= 20 and len(started) == 20, len(started)
