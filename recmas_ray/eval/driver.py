@@ -106,9 +106,11 @@ class Backend:
         else:
             from recmas_ray.eval.stream import planned_client_cpus
 
+            # agent actors of one replica: every role, plus the extra copies named (auto copies come later)
+            num_actors = len(plan.style.roles) + sum(n - 1 for n in cfg.placement.role_replicas.values())
             agents = start_agents(plan, backend=cfg.backend, placement=cfg.placement, timeout_s=cfg.timeout_s,
                                   torch_threads=cfg.torch_threads, transport=cfg.transport,
-                                  client_cpus=planned_client_cpus(cfg.stream, len(plan.style.roles)),
+                                  client_cpus=planned_client_cpus(cfg.stream, num_actors),
                                   recursion=cfg.recursion)
             self.pool, self.system = (agents, None) if cfg.backend == "local" else (None, agents)
 
