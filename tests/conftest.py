@@ -72,3 +72,40 @@ def question_file(tmp_path):
     """A 4-question JSONL file in the plain `question`/`answer` format."""
     rows = [{"question": f"What is {a} + {b}?", "answer": str(a + b)} for a, b in [(2, 3), (10, 7), (4, 4), (21, 5)]]
     return write_jsonl(tmp_path / "questions.jsonl", rows)
+
+
+# Tests marked `sandbox` run model-written code under bubblewrap. A new user's machine may lack it: there they
+# skip, with one line in the summary saying why; CI installs bwrap and sets RECMAS_REQUIRE_SANDBOX=1, which
+# turns the skip into a failure so that no sandbox test can silently stop running.
+REQUIRE_SANDBOX = os.environ.get("RECMAS_REQUIRE_SANDBOX", "") == "1"
+_SANDBOX_SKIP = "sandbox unavailable: "
+
+
+def _sandbox_unavailable() -> str:
+    """Why the sandbox cannot run here, or "" when it can (the package's own probe, once per process)."""
+    from recmas_ray.sandbox import bwrap
+
+    try:
+        bwrap._probe()
+    except bwrap.SandboxUnavailable as exc:
+        return str(exc)
+    return ""
+
+
+def pytest_collection_modifyitems(config, items):
+    needing = [item for item in items if item.get_closest_marker("sandbox")]
+    reason = _sandbox_unavailable() if needing else ""
+    if not reason or REQUIRE_SANDBOX:
+        return
+    skip = pytest.mark.skip(reason=_SANDBOX_SKIP + reason)
+    for item in needing:
+        item.add_marker(skip)
+
+
+def pytest_terminal_summary(terminalreporter):
+    reasons = [str(rep.longrepr[-1]) for rep in terminalreporter.stats.get("skipped", ())
+               if isinstance(rep.longrepr, tuple) and _SANDBOX_SKIP in str(rep.longrepr[-1])]
+    if reasons:  # one line for all of them, instead of one per test with -rs
+        reason = reasons[0].split(_SANDBOX_SKIP, 1)[1]
+        terminalreporter.write_line(f"{len(reasons)} sandbox tests skipped: {reason}. Install bubblewrap to run "
+                                    "them (RECMAS_REQUIRE_SANDBOX=1 makes a missing sandbox fail the run).")

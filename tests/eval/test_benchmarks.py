@@ -95,6 +95,7 @@ def test_medqa_both_published_layouts(tmp_path):
     assert lm["question"].count("A. Ulcers") == 1
 
 
+@pytest.mark.sandbox
 def test_mbppplus_prompt_shows_three_tests_and_grades(tmp_path):
     tests = ("import numpy as np\ndef assertion(out, exp, atol):\n    assert out == exp\n"
              "inputs = [[2], [3]]\nresults = [4, 9]\nfor inp, exp in zip(inputs, results):\n"
@@ -112,6 +113,7 @@ def test_mbppplus_prompt_shows_three_tests_and_grades(tmp_path):
     assert not bad.correct and bad.detail["error_type"] == "RE", bad.detail
 
 
+@pytest.mark.sandbox
 def test_livecodebench_directory_functional_and_stdin(tmp_path):
     d = tmp_path / "lcb"
     d.mkdir()
@@ -163,6 +165,7 @@ def test_hub_failure_becomes_a_clear_error(monkeypatch):
         B.load_benchmark("bamboogle")
 
 
+@pytest.mark.sandbox
 def test_humaneval_from_package_and_local_question_files(tmp_path):
     items = B.load_benchmark("humaneval", num_samples=2)
     assert [it["doc_id"] for it in items] == ["HumanEval/0", "HumanEval/1"]

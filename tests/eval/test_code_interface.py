@@ -53,6 +53,7 @@ def test_code_prompts_render_the_interface_line(code_rows, style_name):
                 assert "reads from standard input and writes to standard output" in text, name
 
 
+@pytest.mark.sandbox
 def test_rows_grade_with_the_matching_harness(code_rows):
     fn, io = code_rows["lcb_functional"], code_rows["lcb_stdin"]
     sol_fn = "```python\nclass Solution:\n    def double(self, nums):\n        return [2 * x for x in nums]\n```"

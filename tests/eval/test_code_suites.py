@@ -91,6 +91,7 @@ def test_suites_the_parent_cannot_judge_are_unsplittable(name):
         split_suite(UNSPLITTABLE[name], "f")
 
 
+@pytest.mark.sandbox
 def test_unsplittable_suite_is_graded_in_the_sandbox_and_says_so():
     tests = "import random\nfor _ in range(3):\n    x = random.randint(0, 9)\n    assert f(x) == 2 * x\n"
     good = G.grade_code("def f(x):\n    return 2 * x\n", tests, timeout_s=10, fn_name="f")

@@ -108,6 +108,7 @@ def test_compare_stdio_output_uses_decimal_tolerance_per_line():
     assert not G.compare_stdio_output("yes", "YES")
 
 
+@pytest.mark.sandbox
 def test_grade_code_pass_fail_timeout_memory():
     # wall-clock bounds of 30 s where a verdict other than a timeout is expected: a loaded CI machine can take
     # seconds to start Python in the sandbox; only the endless loop is meant to time out
@@ -123,6 +124,7 @@ def test_grade_code_pass_fail_timeout_memory():
     assert G.grade_code(None, tests).error_type == "EMPTY_CODE"
 
 
+@pytest.mark.sandbox
 def test_grade_code_reports_contained_network_and_outside_writes_as_failures(tmp_path):
     outside = tmp_path / "escaped.txt"
     net = G.grade_code("import socket\nsocket.create_connection(('127.0.0.1', 9), timeout=1)",
@@ -134,6 +136,7 @@ def test_grade_code_reports_contained_network_and_outside_writes_as_failures(tmp
     assert not outside.exists()
 
 
+@pytest.mark.sandbox
 def test_grade_stdio_and_functional():
     prog = "a, b = map(int, input().split())\nprint(a + b)"
     assert G.grade_stdio(prog, ["1 2\n", "5 5\n"], ["3\n", "10"], timeout_s=20).passed
@@ -149,6 +152,7 @@ def test_grade_stdio_and_functional():
     assert G.grade_functional("def other(): pass", "scale", ["1"], ["1"]).error_type == "NO_FUNC"
 
 
+@pytest.mark.sandbox
 def test_grade_dispatch_code_record_and_missing_fence():
     rec = {"tests": "assert sq(3) == 9\n", "test_mode": "script", "timeout_s": 5}
     good = G.grade("code", rec, "Sure:\n```python\ndef sq(x):\n    return x * x\n```")
@@ -189,12 +193,14 @@ SCRIPT_CHEATS = {
 }
 
 
+@pytest.mark.sandbox
 @pytest.mark.parametrize("name", sorted(SCRIPT_CHEATS))
 def test_script_grader_cheats_fail(name):
     res = G.grade_code(SCRIPT_CHEATS[name], _ADD_TESTS, timeout_s=30)
     assert not res.passed, (name, res)
 
 
+@pytest.mark.sandbox
 def test_script_grader_reference_solutions_still_pass():
     for program in ["def add(a, b):\n    return a + b\n",
                     "import sys\nfrom collections import namedtuple\nP = namedtuple('P', 'x y')\n"
@@ -216,6 +222,7 @@ FUNCTIONAL_CHEATS = {
 }
 
 
+@pytest.mark.sandbox
 @pytest.mark.parametrize("name", sorted(FUNCTIONAL_CHEATS))
 def test_functional_grader_cheats_fail(name):
     res = G.grade_functional(FUNCTIONAL_CHEATS[name], "scale", ["[1, 2]\n3", "[]\n5"], ["[3, 6]", "[]"],
@@ -223,11 +230,13 @@ def test_functional_grader_cheats_fail(name):
     assert not res.passed, (name, res)
 
 
+@pytest.mark.sandbox
 def test_stdin_grader_cheats_fail():
     for program in ["exit(0)", "import os\nos._exit(0)", "import sys\nprint('3', file=sys.stderr)"]:
         assert not G.grade_stdio(program, ["1 2\n"], ["3"], timeout_s=30).passed
 
 
+@pytest.mark.sandbox
 def test_grade_program_dispatches_row_interfaces():
     assert G.grade_program("def add(a, b):\n    return a + b", test_type="assert", tests=_ADD_TESTS).passed
     check = "def check(candidate):\n    assert candidate(2, 3) == 5\n"

@@ -83,6 +83,7 @@ def test_every_loaders_gold_boxed_is_correct_under_both_graders(tmp_path):
     assert checked >= 15
 
 
+@pytest.mark.sandbox
 def test_code_golds_pass_under_both_graders(tmp_path):
     row = {"task_id": "Mbpp/2", "prompt": "Write a function to square a number.",
            "code": "def square(x):\n    return x * x", "test_list": ["assert square(3) == 9"],

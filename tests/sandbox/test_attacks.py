@@ -15,6 +15,8 @@ from sandbox_parents import SECRETS, alive, make_parent, parents, processes_in_n
 
 from recmas_ray.sandbox import bwrap, seccomp
 
+pytestmark = pytest.mark.sandbox  # every test here runs code in the bubblewrap sandbox
+
 WORK = bwrap.layout().work
 
 NS = "import os\nprint('NS', os.readlink('/proc/self/ns/pid'), flush=True)\n"

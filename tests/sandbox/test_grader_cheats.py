@@ -18,6 +18,8 @@ from sandbox_parents import ROOT, SYSTEM_PYTHON, _setpriv_prefix, make_parent, p
 
 from recmas_ray.eval.code_graders import CodeResult, grade_program
 
+pytestmark = pytest.mark.sandbox  # every test here runs code in the bubblewrap sandbox
+
 _DRIVER = str(Path(__file__).with_name("grade_as_user_driver.py"))
 
 # evalplus' helpers, as the MBPP+ `test` scripts carry them.

@@ -20,6 +20,8 @@ from pathlib import Path
 import pytest
 from sandbox_parents import IS_ROOT, NOBODY, ROOT, SYSTEM_PYTHON
 
+pytestmark = pytest.mark.sandbox  # every test here runs code in the bubblewrap sandbox
+
 # Run by the venv's interpreter: one sandbox call that reports what it sees, plus a grading call.
 _DRIVER = r'''
 import dataclasses, json, sys

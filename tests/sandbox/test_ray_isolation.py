@@ -5,6 +5,8 @@ from __future__ import annotations
 import errno
 import os
 
+import pytest
+
 from recmas_ray.sandbox import run_python
 
 PROBE = '''
@@ -35,6 +37,7 @@ def _host_listening_ports() -> set[int]:
     return ports
 
 
+@pytest.mark.sandbox
 def test_sandbox_cannot_reach_the_ray_cluster(ray_cluster) -> None:
     ray = ray_cluster
     gcs_port = int(ray.get_runtime_context().gcs_address.rsplit(":", 1)[1])

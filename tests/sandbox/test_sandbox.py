@@ -36,6 +36,7 @@ def _ns(res: SandboxResult) -> str:
 NS = "import os\nprint('NS', os.readlink('/proc/self/ns/pid'), flush=True)\n"
 
 
+@pytest.mark.sandbox
 def test_simple_code_runs_in_a_throwaway_dir(tmp_path) -> None:
     work = bwrap.layout().work
     code = ("import os, json; print(json.dumps([os.getcwd(), os.environ['HOME'], input(), os.listdir('.'), "
@@ -47,6 +48,7 @@ def test_simple_code_runs_in_a_throwaway_dir(tmp_path) -> None:
     assert tmp == (work if bwrap.layout().tmp_is_work else "/tmp")
 
 
+@pytest.mark.sandbox
 def test_host_folders_are_hidden_but_the_interpreter_is_there(tmp_path) -> None:
     # What must be hidden: the project checkout, this process's home and cwd, other /tmp content, host secrets;
     # what must be there: the interpreter's own folders (which may live under any of those places).
@@ -66,6 +68,7 @@ def test_host_folders_are_hidden_but_the_interpreter_is_there(tmp_path) -> None:
     assert prefix == sys.prefix and has_stdlib
 
 
+@pytest.mark.sandbox
 def test_sandbox_refuses_to_run_without_bwrap(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(bwrap.shutil, "which", lambda name, *a, **k: None)
     bwrap._probe_reset()
@@ -88,17 +91,20 @@ def test_user_namespace_hint_names_the_sysctl(tmp_path, monkeypatch: pytest.Monk
     assert bwrap._userns_hint() == ""
 
 
+@pytest.mark.sandbox
 def test_work_dir_has_a_size_quota() -> None:
     res = run_python("open('big', 'wb').write(b'x' * (8 * 1024 * 1024))",
                      config=SandboxConfig(work_dir_mb=2, max_file_mb=64))
     assert not res.ok and "No space left on device" in res.stderr, res
 
 
+@pytest.mark.sandbox
 def test_calls_get_distinct_uids() -> None:
     uids = {run_python("import os; print(os.getuid())").stdout for _ in range(3)}
     assert len(uids) == 3 and "0\n" not in uids
 
 
+@pytest.mark.sandbox
 def test_plain_exception_is_a_failure_not_a_sandbox_error() -> None:
     res = run_python("x = 1\nraise ValueError('boom')", config=TIGHT)
     assert not res.ok and res.exit_code == 1 and res.error is None
@@ -106,12 +112,14 @@ def test_plain_exception_is_a_failure_not_a_sandbox_error() -> None:
     assert "<sandbox>" not in res.stderr, "boot frames must not show in tracebacks"
 
 
+@pytest.mark.sandbox
 def test_infinite_loop_times_out() -> None:
     res = run_python("while True:\n    pass", config=SandboxConfig(timeout_s=1, cpu_time_s=30))
     assert res.timed_out and res.exit_code is None and not res.ok
     assert res.error == "timeout after 1s"
 
 
+@pytest.mark.sandbox
 def test_cpu_limit_kills_busy_loop() -> None:
     res = run_python("while True:\n    pass", config=SandboxConfig(timeout_s=20, cpu_time_s=1))
     assert not res.timed_out and res.error is not None and "cpu time limit" in res.error
@@ -125,12 +133,14 @@ def test_cpu_limit_kills_busy_loop() -> None:
     "import ctypes\nlibc = ctypes.CDLL(None)\nwhile True:\n    libc.fork()",
     "import multiprocessing\nwhile True:\n    multiprocessing.Process(target=print).start()",
 ])
+@pytest.mark.sandbox
 def test_fork_bomb_is_refused(bomb: str) -> None:
     res = run_python(NS + bomb, config=TIGHT)
     assert not res.ok and not res.timed_out and res.error is not None and res.error.startswith("blocked:"), res
     assert processes_in_namespace(_ns(res)) == []
 
 
+@pytest.mark.sandbox
 def test_forked_processes_die_with_the_call_on_timeout() -> None:
     # Bounded storm with fork allowed: 30 sleeping children, then the parent hangs; the kill must take all.
     code = NS + ("import time\nfor _ in range(30):\n    if os.fork() == 0:\n        time.sleep(60)\n"
@@ -142,6 +152,7 @@ def test_forked_processes_die_with_the_call_on_timeout() -> None:
     assert processes_in_namespace(_ns(res)) == []
 
 
+@pytest.mark.sandbox
 def test_huge_allocation_hits_memory_limit() -> None:
     res = run_python("data = bytearray(10 * 1024 ** 3)\nprint('allocated')", config=TIGHT)
     assert not res.ok and "allocated" not in res.stdout
@@ -153,6 +164,7 @@ def test_huge_allocation_hits_memory_limit() -> None:
     "s = socket.create_connection(('127.0.0.1', PORT), timeout=3)",
     "s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)\ns.settimeout(3)\ns.connect(('127.0.0.1', PORT))",
 ])
+@pytest.mark.sandbox
 def test_cannot_connect_to_localhost(connect: str) -> None:
     listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     listener.bind(("127.0.0.1", 0))
@@ -170,6 +182,7 @@ def test_cannot_connect_to_localhost(connect: str) -> None:
         listener.close()
 
 
+@pytest.mark.sandbox
 def test_network_namespace_has_only_loopback() -> None:
     code = ("print(sorted(line.split(':')[0].strip() for line in open('/proc/net/dev').readlines()[2:]))\n"
             "print(len(open('/proc/net/route').readlines()) - 1, len(open('/proc/net/tcp').readlines()) - 1)")
@@ -178,6 +191,7 @@ def test_network_namespace_has_only_loopback() -> None:
     assert res.stdout.split("\n")[:2] == ["['lo']", "0 0"]  # no interface, no route, no socket but lo
 
 
+@pytest.mark.sandbox
 def test_native_connect_to_a_host_port_is_refused_not_timed_out() -> None:
     # Past the audit hook (dlsym-resolved libc), the kernel still refuses: seccomp denies AF_INET sockets,
     # and the empty network namespace has nothing listening on 127.0.0.1.
@@ -198,6 +212,7 @@ def test_native_connect_to_a_host_port_is_refused_not_timed_out() -> None:
         listener.close()
 
 
+@pytest.mark.sandbox
 def test_environment_secrets_do_not_reach_the_child(monkeypatch: pytest.MonkeyPatch) -> None:
     secrets = {"TAVILY_API_KEY": "tv" "ly-fake-secret-1234", "AWS_SECRET_ACCESS_KEY": "aws-fake-secret-5678",
                "GITHUB_TOKEN": "ghp-fake-secret-9012", "OPENAI_API_KEY": "sk-fake-secret-3456"}
@@ -215,6 +230,7 @@ def test_environment_secrets_do_not_reach_the_child(monkeypatch: pytest.MonkeyPa
         assert value not in res.stdout + res.stderr
 
 
+@pytest.mark.sandbox
 def test_writes_outside_the_working_dir_fail_and_leave_the_host_untouched(tmp_path) -> None:
     keep = tmp_path / "keep.txt"
     keep.write_text("original")
@@ -235,6 +251,7 @@ def test_writes_outside_the_working_dir_fail_and_leave_the_host_untouched(tmp_pa
     assert keep.read_text() == "original"
 
 
+@pytest.mark.sandbox
 def test_denied_read_paths_and_escape_hatches(tmp_path) -> None:
     key_file = tmp_path / "keys.txt"
     key_file.write_text("tv" "ly-do-not-read\n")
@@ -247,6 +264,7 @@ def test_denied_read_paths_and_escape_hatches(tmp_path) -> None:
         assert res.error is not None and res.error.startswith("blocked:"), (code, res)
 
 
+@pytest.mark.sandbox
 def test_output_is_truncated() -> None:
     res = run_python("print('x' * 100000)\nimport sys\nsys.stderr.write('e' * 50000)",
                      config=SandboxConfig(max_output_chars=100))
@@ -255,12 +273,14 @@ def test_output_is_truncated() -> None:
     assert res.stderr.startswith("e" * 100) and "...[truncated" in res.stderr and len(res.stderr) < 200
 
 
+@pytest.mark.sandbox
 def test_endless_output_is_bounded() -> None:
     res = run_python("import sys\nwhile True:\n    sys.stdout.write('y' * 65536)",
                      config=SandboxConfig(timeout_s=1, max_output_chars=50))
     assert res.timed_out and "...[truncated" in res.stdout and len(res.stdout) < 150
 
 
+@pytest.mark.sandbox
 def test_parent_memory_stays_bounded_for_huge_output() -> None:
     # 300 MiB of output: the parent keeps only the cap (and counts the rest), so its peak RSS barely moves.
     driver = ("import json, resource\nfrom recmas_ray.sandbox import SandboxConfig, run_python\n"
@@ -277,6 +297,7 @@ def test_parent_memory_stays_bounded_for_huge_output() -> None:
     assert grown_kib < 32 * 1024, grown_kib  # KiB on Linux; the output was 300 MiB
 
 
+@pytest.mark.sandbox
 def test_bwrap_failures_name_the_real_cause(monkeypatch: pytest.MonkeyPatch) -> None:
     lay = bwrap.layout()
     path_error = bwrap.explain_failure("bwrap: Can't mkdir /tmp/x: No such file or directory\n", lay)
@@ -333,6 +354,7 @@ def test_an_interpreter_folder_holding_host_files_is_refused(monkeypatch: pytest
         bwrap.layout.cache_clear()
 
 
+@pytest.mark.sandbox
 def test_odd_code_never_raises() -> None:
     for code in ["def f(:\n", "\x00", "import os\nos._exit(3)", "raise SystemExit(7)", "\ud800"]:
         res = run_python(code, config=TIGHT)

@@ -7,6 +7,8 @@ from recmas_ray.sandbox import SandboxConfig
 from recmas_ray.tools import ToolOutput, run_python_tool
 from recmas_ray.tools.python_tool import clean_code, wrap_last_expression
 
+pytestmark = pytest.mark.sandbox  # every test here runs code in the bubblewrap sandbox
+
 FAST = SandboxConfig(timeout_s=30, cpu_time_s=30, memory_mb=768)  # limits, not expectations: CI is busy
 
 

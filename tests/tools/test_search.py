@@ -126,6 +126,7 @@ ADVERSARIAL_PRINTS = ("import base64\nk = KEY\nprint(k[::-1])\nprint(base64.b64e
                       "print(base64.b64encode(k[::-1].encode()).decode())\n")
 
 
+@pytest.mark.sandbox
 def test_adversarial_key_leak_variants_are_redacted(tmp_path, monkeypatch: pytest.MonkeyPatch,
                                                     caplog: pytest.LogCaptureFixture) -> None:
     from recmas_ray.config.recursion import ToolLoopConfig
@@ -163,6 +164,7 @@ def test_adversarial_key_leak_variants_are_redacted(tmp_path, monkeypatch: pytes
             assert leaked_forms(text, k) == [], (where, k)
 
 
+@pytest.mark.sandbox
 def test_key_never_leaks(tmp_path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture,
                          capsys: pytest.CaptureFixture) -> None:
     canary_a, canary_b = "tv" "ly-CANARY-aaaa-1111", "tv" "ly-CANARY-bbbb-2222"

@@ -72,6 +72,7 @@ def scripted_run(agent, monkeypatch, script, *, max_new_tokens=400, **tool_kw):
     return out, picker, search, (e, mask)
 
 
+@pytest.mark.sandbox
 def test_calls_run_in_order_and_results_are_spliced(agent, monkeypatch):
     script = ("First compute. <python>print(6*7)</python>Then look up. <search>Eiffel tower height</search>"
               "So \\boxed{42}")
@@ -191,6 +192,7 @@ def load_run_job():
     return run
 
 
+@pytest.mark.sandbox
 def test_keys_never_leak_from_a_full_run(tmp_path, tiny_cache, monkeypatch, capfd, caplog):
     caplog.set_level(logging.DEBUG)
     keys = tmp_path / "keys.txt"
