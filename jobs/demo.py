@@ -31,7 +31,7 @@ if __package__ in (None, ""):  # `python jobs/demo.py` from a checkout: import t
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from recmas_ray.config.cli import run_job  # noqa: E402
-from recmas_ray.demo.config import RECIPES, DemoConfig  # noqa: E402
+from jobs.experiments.demo.config import RECIPES, DemoConfig  # noqa: E402
 
 SHORTCUTS = {"--quick": ["--recipe", "quick"], "--full": ["--recipe", "full"]}
 
@@ -55,7 +55,7 @@ def run(cfg: DemoConfig) -> int:
         # A private local cluster unless RAY_ADDRESS names one (`ray job submit` sets it): on a shared machine
         # the newest cluster's address file may belong to someone else's run, which can end at any time.
         start_ray()
-        from recmas_ray.demo.pipeline import run_demo
+        from jobs.experiments.demo.pipeline import run_demo
 
         run_demo(cfg, console)
     return 0

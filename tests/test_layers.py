@@ -9,7 +9,7 @@ so it is what importing a module actually pulls in. Floors, bottom to top:
   engine       plain torch, no Ray: links, KV cache, decoding, agent, models, styles, runner, service, tools, sandbox
   system       what a system is: plan, presets, checkpoints, cards, hub (uses the engine, never Ray)
   distributed  the thin Ray layer: actors, placement, pools, the Ray driver (runs a system's plan)
-  top          what people run: training, evaluation, serving, lm-eval, perf, tracking, the demo, the public API
+  top          what people run: training, evaluation, serving, lm-eval, tracking, the public API
 
 ``jobs/`` lies outside the package and may import anything. Cycles are checked over the whole graph. A second
 graph, of the imports inside functions, holds ``config/`` to the ground floor at run time as well: a job config
@@ -32,9 +32,9 @@ FLOORS = [
                 "recmas_ray.service", "recmas_ray.tools", "recmas_ray.sandbox"]),
     ("system", ["recmas_ray.system"]),
     ("distributed", ["recmas_ray.distributed"]),
-    ("top", ["recmas_ray", "recmas_ray.train", "recmas_ray.eval", "recmas_ray.serve", "recmas_ray.demo",
+    ("top", ["recmas_ray", "recmas_ray.train", "recmas_ray.eval", "recmas_ray.serve",
              "recmas_ray.api", "recmas_ray.train_api", "recmas_ray.lmeval", "recmas_ray._lmeval_hook",
-             "recmas_ray.perf", "recmas_ray.perf_config", "recmas_ray.tracking"]),
+             "recmas_ray.tracking"]),
 ]
 LEVEL = {name: i for i, (name, _) in enumerate(FLOORS)}
 

@@ -13,7 +13,7 @@ shares nothing with the pipeline path except the Agent, the links, the schedule 
         (loss / batch_size).backward()
     clip_grad_norm_(all outer links, max_norm); AdamW step
 
-Used by the exactness tests and by `jobs/bench_outer.py` as the single-process baseline.
+Used by the exactness tests and by `jobs/bench/outer.py` as the single-process baseline.
 """
 
 from __future__ import annotations

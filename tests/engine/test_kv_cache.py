@@ -173,8 +173,8 @@ def test_prefix_store_matches_longest_prefix_and_stays_in_budget():
 def test_rounds_through_the_runner_reuse_the_prefix_and_keep_predictions(tiny_cache):
     """The production path (runner -> AgentService -> Agent): later rounds prefill fewer prompt tokens
     with the prefix store, and every prediction is the same as without it."""
-    from recmas_ray.perf import prefix_reuse
-    from recmas_ray.perf_config import BenchConfig
+    from jobs.bench.perf import prefix_reuse
+    from jobs.bench.perf_config import BenchConfig
     from recmas_ray.system.launch import local_pool
     from recmas_ray.system.config import with_system
     from recmas_ray.system.plan import plan_system

@@ -188,17 +188,17 @@ ROWS = [
     ("outer_save_dir_empty", "train_outer", ["--save_dir", ""], "--save_dir is empty"),
     ("outer_other_style_train", "train_outer", ["--ckpt_override", "outer={outer_other}"], "of another style"),
     # other jobs
-    ("bench_outer_dataset_first", "bench_outer", ["--dataset_name", "{fifo}"], "is a FIFO"),
-    ("bench_outer_use_gpu", "bench_outer", ["--use_gpu"], "--use_gpu"),
-    ("bench_backend_dead_address", "bench_backend", ["--address", "127.0.0.1:1"], "no Ray cluster answers"),
-    ("bench_backend_device", "bench_backend", ["--device", "cuda"], "--device cuda"),
-    ("bench_backend_role_model", "bench_backend", ["--role_model", "all=./no/such/model"], "--role_model all="),
+    ("bench_outer_dataset_first", "bench.outer", ["--dataset_name", "{fifo}"], "is a FIFO"),
+    ("bench_outer_use_gpu", "bench.outer", ["--use_gpu"], "--use_gpu"),
+    ("bench_backend_dead_address", "bench.backend", ["--address", "127.0.0.1:1"], "no Ray cluster answers"),
+    ("bench_backend_device", "bench.backend", ["--device", "cuda"], "--device cuda"),
+    ("bench_backend_role_model", "bench.backend", ["--role_model", "all=./no/such/model"], "--role_model all="),
     ("demo_empty_rounds", "demo", ["--rounds", ""], "--rounds is empty"),
 ]
 if os.geteuid() != 0:  # root reads any file: the permission row needs a normal user
     ROWS.append(("dataset_unreadable", "run", ["--dataset", "{unreadable}"], "not readable"))
 BASES = {"run": RUN, "train_inner": TRAIN + ["--num_workers", "0"], "train_outer": TRAIN,
-         "bench_outer": ["--output_path", "{out}"], "bench_backend": ["--output_path", "{out}"],
+         "bench.outer": ["--output_path", "{out}"], "bench.backend": ["--output_path", "{out}"],
          "demo": ["--output_path", "{out}"]}
 
 

@@ -1,4 +1,4 @@
-"""jobs/bench_scale.py: a dead --address fails at once in one line; the simulated cluster stays on 127.0.0.1."""
+"""jobs/bench/scale.py: a dead --address fails at once in one line; the simulated cluster stays on 127.0.0.1."""
 
 import json
 import os
@@ -21,7 +21,7 @@ def _free_port() -> int:
 
 
 def test_dead_address_fails_fast_in_one_line(tmp_path, capsys):
-    from jobs import bench_scale
+    from jobs.bench import scale as bench_scale
 
     out = tmp_path / "out"
     t0 = time.perf_counter()
@@ -36,7 +36,7 @@ SCRIPT = """
 import json, sys
 from types import SimpleNamespace
 import ray
-from jobs.bench_scale import start_cluster
+from jobs.bench.scale import start_cluster
 cluster = start_cluster(SimpleNamespace(address=None, nodes=1, cpus_per_node=1, gpus_per_node=1))
 try:
     print(json.dumps({"gcs": cluster.address, "driver": ray.util.get_node_ip_address(),
@@ -64,7 +64,7 @@ def test_steady_rate_is_the_true_rate_however_completions_bunch():
     """Six whole systems, 2 batches in flight each, finish in bunches of six every 8 s: the steady-state
     rate is 6 / 8 per s wherever the window's edges fall (a count of whole completions jumps by six as an edge
     crosses a bunch)."""
-    from jobs.bench_scale import steady_window
+    from jobs.bench.scale import steady_window
 
     # 6 replicas x 12 batches; batch i of a replica enters when batch i - 2 finishes (0 and 1 at once)
     decodes = [(8.0 * i + 0.5, 8.0 * i + 8.5) for i in range(12) for _ in range(6)]
@@ -80,7 +80,7 @@ def test_steady_rate_is_the_true_rate_however_completions_bunch():
 
 
 def test_without_a_steady_state_the_whole_run_counts():
-    from jobs.bench_scale import steady_window
+    from jobs.bench.scale import steady_window
 
     decodes = [(0.0, 8.0), (0.0, 8.0)]  # both batches entered at once: no window
     assert steady_window(decodes, [0.0, 0.0]) == (0.0, 8.0, 2.0)

@@ -7,7 +7,7 @@ import math
 import pytest
 
 from recmas_ray.config.recursion import DecodeConfig, RecursionConfig
-from recmas_ray.demo.config import DemoConfig
+from jobs.experiments.demo.config import DemoConfig
 from recmas_ray.train.synthetic import check_disjoint, make_arithmetic_dataset, split_train_eval
 
 QUESTIONS = ["Mia has 3 apples and gets 4 more. How many apples does Mia have now?",
@@ -19,7 +19,7 @@ TARGETS = ["3 + 4 = 7.\nThe answer is \\boxed{7}.", "9 - 2 = 7.\nThe answer is \
 
 # ----------------------------------------------------------------------------- data
 def test_heldout_split_has_no_training_question(tmp_path):
-    from recmas_ray.demo.pipeline import make_data
+    from jobs.experiments.demo.pipeline import make_data
 
     cfg = DemoConfig(num_train=200, num_eval=64, output_path=str(tmp_path))
     train_file, eval_file, heldout = make_data(cfg, tmp_path)
@@ -33,7 +33,7 @@ def test_heldout_split_has_no_training_question(tmp_path):
 def test_heldout_items_grade_against_the_final_number(tmp_path):
     # the held-out rows carry a worked solution in `answer` and the number in `gold`: the grader must get
     # the number (a regression once graded every prediction against the whole solution: 0% for everyone)
-    from recmas_ray.demo.pipeline import make_data
+    from jobs.experiments.demo.pipeline import make_data
     from recmas_ray.eval.benchmarks import load_benchmark
     from recmas_ray.eval.graders import grade
 
@@ -59,7 +59,7 @@ def test_one_step_family_is_distinct_checked_and_short():
 
 
 def test_arith_family_the_demo_default():
-    from recmas_ray.demo.config import full
+    from jobs.experiments.demo.config import full
 
     rows = make_arithmetic_dataset(full().num_train + full().num_eval, seed=0, difficulty="arith")
     assert len({r["question"] for r in rows}) == len(rows)

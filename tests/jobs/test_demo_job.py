@@ -8,8 +8,8 @@ import re
 import pytest
 
 from jobs import demo as demo_job
-from recmas_ray.demo import compare
-from recmas_ray.demo.config import DemoConfig
+from jobs.experiments.demo import compare
+from jobs.experiments.demo.config import DemoConfig
 from recmas_ray.train.synthetic import make_arithmetic_dataset
 
 HIDDEN_FIELDS = ("question", "answer", "gold", "role_context", "facts")
@@ -31,8 +31,8 @@ def _hidden_rows(n: int) -> list[dict]:
 def test_every_figure_of_the_report_is_computed(tmp_path, tiny_cache, family):
     """Tiny random models, every method and ablation at R = 1, 2: each figure of the table, the information
     flow and the paired tests is present and finite where it must be (not that it is good)."""
-    from recmas_ray.demo import report, verdicts
-    from recmas_ray.demo.pipeline import hidden_facts_of, role_questions_of
+    from jobs.experiments.demo import report, verdicts
+    from jobs.experiments.demo.pipeline import hidden_facts_of, role_questions_of
     from recmas_ray.eval.probe import question_facts
     from recmas_ray.system.plan import plan_system
 
@@ -134,8 +134,8 @@ def test_user_errors_exit_2_before_anything_runs(tmp_path, capsys):
 
 
 def test_hidden_operand_family_checks_its_size_and_uses_every_view(tmp_path, capsys, monkeypatch):
-    from recmas_ray.demo import pipeline
-    from recmas_ray.demo.pipeline import full_question, make_data
+    from jobs.experiments.demo import pipeline
+    from jobs.experiments.demo.pipeline import full_question, make_data
 
     # more questions than the recall family holds: one line, nothing written
     assert demo_job.main(["--task_family", "hidden_operand", "--num_train", "1000", "--num_eval", "100",
@@ -231,7 +231,7 @@ def test_demo_quick_on_tiny_preset(tmp_path, ray_cluster, capsys):
 
 @pytest.mark.parametrize("rounds", [[1], [1, 2]])
 def test_plot_draws_one_or_several_rounds(tmp_path, rounds):
-    from recmas_ray.demo import report
+    from jobs.experiments.demo import report
 
     rows = [dict(label=v.label, rounds=r, accuracy=0.25, ci_low=0.1, ci_high=0.4, nll=1.2 + 0.01 * i,
                  nll_stderr=0.01, tokens_per_sample=20.0, seconds_per_sample=1.0)

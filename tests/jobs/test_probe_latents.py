@@ -1,11 +1,11 @@
-"""jobs/probe_latents.py: bad input exits 2 in one line; on a demo folder (tiny models, links saved as the
+"""jobs/experiments/probe_latents.py: bad input exits 2 in one line; on a demo folder (tiny models, links saved as the
 demo's training would) every figure is computed and the shuffle/zero/empty paired differences are real."""
 
 import dataclasses
 import json
 import math
 
-from jobs import probe_latents
+from jobs.experiments import probe_latents
 
 
 def test_bad_input_exits_2_in_one_line(tmp_path, capsys):
@@ -23,8 +23,8 @@ def test_bad_input_exits_2_in_one_line(tmp_path, capsys):
 
 
 def _demo_dir(tmp_path):
-    from recmas_ray.demo.config import DemoConfig
-    from recmas_ray.demo.pipeline import make_data
+    from jobs.experiments.demo.config import DemoConfig
+    from jobs.experiments.demo.pipeline import make_data
     from recmas_ray.system.checkpoints import save_links
     from recmas_ray.system.plan import plan_system
     from recmas_ray.system.presets import role_models

@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from jobs import bench as bench_job
+from jobs.bench import speed as bench_job
 from jobs import run as run_job
 from jobs import train_inner
 from recmas_ray.config.cli import parse_config

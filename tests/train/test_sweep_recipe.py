@@ -1,4 +1,4 @@
-"""jobs/sweep_recipe.py: its statistics on data with known answers (default tier) and the whole sweep on tiny
+"""jobs/experiments/sweep_recipe.py: its statistics on data with known answers (default tier) and the whole sweep on tiny
 models (integration: inner + outer training on Ray Train, then every measurement)."""
 
 import json
@@ -8,7 +8,7 @@ import pytest
 
 
 def test_mcnemar_paired_and_probe_on_known_data():
-    from jobs.sweep_recipe_measure import mcnemar_exact, paired, probe_x
+    from jobs.experiments.sweep_recipe_measure import mcnemar_exact, paired, probe_x
 
     a, b = [True] * 12 + [False] * 4, [False] * 12 + [False] * 4
     got = mcnemar_exact(a, b)
@@ -26,7 +26,7 @@ def test_mcnemar_paired_and_probe_on_known_data():
 def test_token_classes_find_fact_and_result(tiny_cache):
     import torch
 
-    from jobs.sweep_recipe_measure import token_classes
+    from jobs.experiments.sweep_recipe_measure import token_classes
     from recmas_ray.models.loader import load_frozen_model
 
     _, tok = load_frozen_model("tiny:qwen3", dtype=torch.float32)
@@ -40,7 +40,7 @@ def test_token_classes_find_fact_and_result(tiny_cache):
 def test_token_classes_of_a_recall_answer_score_the_boxed_copy_as_result(tiny_cache):
     import torch
 
-    from jobs.sweep_recipe_measure import token_classes
+    from jobs.experiments.sweep_recipe_measure import token_classes
     from recmas_ray.models.loader import load_frozen_model
 
     _, tok = load_frozen_model("tiny:qwen3", dtype=torch.float32)
@@ -56,7 +56,7 @@ def test_token_classes_of_a_recall_answer_score_the_boxed_copy_as_result(tiny_ca
 def test_capture_pool_scores_with_the_services_scorer_and_keeps_token_nll(tiny_cache):
     import torch
 
-    from jobs.sweep_recipe_measure import CapturePool
+    from jobs.experiments.sweep_recipe_measure import CapturePool
     from recmas_ray.agent import find_slots
     from recmas_ray.styles import build_schedule, render_prompt
     from recmas_ray.system.launch import local_pool
@@ -80,7 +80,7 @@ def test_capture_pool_scores_with_the_services_scorer_and_keeps_token_nll(tiny_c
 
 @pytest.mark.integration
 def test_sweep_runs_end_to_end_on_tiny_models(tmp_path, ray_cluster):
-    from jobs.sweep_recipe import main_cfg, SweepRecipeConfig
+    from jobs.experiments.sweep_recipe import main_cfg, SweepRecipeConfig
 
     cfg = SweepRecipeConfig(preset="tiny", out_dir=str(tmp_path), recipes=["release_r1", "+value"], num_train=12,
                             num_eval=10, inner_steps=2, outer_steps=2, latent_steps=2, max_new_tokens=3,

@@ -1,6 +1,6 @@
 """Benchmark RecursiveMAS against Recursive-TextMAS and its own design choices; writes JSON + PNG.
 
-Figures (each a ratio within one run, median of interleaved repetitions; see recmas_ray/perf.py):
+Figures (each a ratio within one run, median of interleaved repetitions; see jobs/bench/perf.py):
   (a) end-to-end speedup and token reduction vs Recursive-TextMAS at R = 1, 2, 3
   (b) latent rollout: static KV cache and growing cache vs the release's full re-run, m = 16, 32, 64
   (c) Ray backend vs in-process backend
@@ -10,10 +10,10 @@ Figures (each a ratio within one run, median of interleaved repetitions; see rec
   (g) torch.compile of the one-position step (only with --figures including g)
 
 Examples:
-  python -m jobs.bench --preset demo --quick                 # CPU, a few minutes, real small models
-  python -m jobs.bench --preset demo --device cuda           # GPU, bf16
-  python -m jobs.bench --preset tiny --quick --no_ray        # seconds, random tiny models
-  python -m jobs.bench --preset demo --figures b,e,f --no_ray # the cache / reuse / decode figures only
+  python -m jobs.bench.speed --preset demo --quick                 # CPU, a few minutes, real small models
+  python -m jobs.bench.speed --preset demo --device cuda           # GPU, bf16
+  python -m jobs.bench.speed --preset tiny --quick --no_ray        # seconds, random tiny models
+  python -m jobs.bench.speed --preset demo --figures b,e,f --no_ray # the cache / reuse / decode figures only
 """
 
 from __future__ import annotations
@@ -24,12 +24,12 @@ import sys
 
 from recmas_ray.config.cli import run_job
 from recmas_ray.config.tree import save_config
-from recmas_ray.perf_config import BenchConfig, quick
+from jobs.bench.perf_config import BenchConfig, quick
 
 
 def bench(cfg: BenchConfig) -> int:
     """Run the figures, write config.json, then bench.json / bench.png after each figure; one line per figure."""
-    from recmas_ray.perf import plot_bench, run_bench
+    from jobs.bench.perf import plot_bench, run_bench
     from recmas_ray.train.synthetic import make_arithmetic_dataset
 
     questions = [r["question"] for r in make_arithmetic_dataset(cfg.num_questions, seed=cfg.system.seed + 1000)]
@@ -81,7 +81,7 @@ def summary_lines(result: dict) -> list[str]:
 
 
 def main(argv=None) -> int:
-    return run_job(bench, BenchConfig, argv, prog="python -m jobs.bench", description=__doc__,
+    return run_job(bench, BenchConfig, argv, prog="python -m jobs.bench.speed", description=__doc__,
                    recipes={"quick": quick})
 
 

@@ -19,9 +19,9 @@ out; the same figures over the whole active window are reported beside them):
                [<= 5 ms at 1 MiB on an idle machine]
   real models  tiny random-weight models, 1 vs 2 replicas: identical predictions
 
-  python -m jobs.bench_scale                        # simulated 2-node cluster, 24 fake GPUs
-  python -m jobs.bench_scale --quick                # fewer batches, replicas 1 and 4
-  python -m jobs.bench_scale --address HOST:PORT    # on a running cluster (its own GPUs) instead
+  python -m jobs.bench.scale                        # simulated 2-node cluster, 24 fake GPUs
+  python -m jobs.bench.scale --quick                # fewer batches, replicas 1 and 4
+  python -m jobs.bench.scale --address HOST:PORT    # on a running cluster (its own GPUs) instead
 
 Writes <output_path>/bench_scale.json and bench_scale.png; the machine's load average is recorded.
 """
@@ -37,7 +37,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Annotated
 
-from jobs.bench_scale_costs import call_costs, plot, real_models
+from jobs.bench.scale_costs import call_costs, plot, real_models
 from recmas_ray.config.checks import NonEmpty, OneOf, Range, WritableDir
 from recmas_ray.config.cli import run_job
 from recmas_ray.config.recursion import MAX_LATENT_STEPS, MAX_ROUNDS
@@ -381,7 +381,7 @@ def bench(args: ScaleBenchConfig) -> int:
 
 
 def main(argv=None) -> int:
-    return run_job(bench, ScaleBenchConfig, argv, prog="python -m jobs.bench_scale", description=__doc__,
+    return run_job(bench, ScaleBenchConfig, argv, prog="python -m jobs.bench.scale", description=__doc__,
                    recipes={"quick": quick})
 
 

@@ -1,4 +1,4 @@
-"""Measurements of `jobs/sweep_recipe.py` on the hidden-operand held-out set: accuracy, fact / result token NLL,
+"""Measurements of `jobs/experiments/sweep_recipe.py` on the hidden-operand held-out set: accuracy, fact / result token NLL,
 a linear probe of the hidden x per edge, paired tests.
 
 In-process agents (`runner.LocalPool`) loaded once; link sets are swapped into them (`AgentService.set_links`)

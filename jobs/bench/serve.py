@@ -14,8 +14,8 @@ p50/p99 latency, completion tokens/s, mean rows per batch (from the server's /me
 
 Issue 24 targets at 16 clients: batched throughput >= 4x batched at 1 client, and >= 3x unbatched.
 
-  python -m jobs.bench_serve                       # tiny preset, R = 2, m = 8, 32 tokens, greedy
-  python -m jobs.bench_serve --clients 1 4 16 64 --requests_per_client 4 --num_recursive_rounds 1 --latent_steps 4
+  python -m jobs.bench.serve                       # tiny preset, R = 2, m = 8, 32 tokens, greedy
+  python -m jobs.bench.serve --clients 1 4 16 64 --requests_per_client 4 --num_recursive_rounds 1 --latent_steps 4
 
 Writes <output_path>/bench_serve.json (figures, ratios, machine and load) and bench_serve.png.
 """
@@ -241,7 +241,7 @@ def run(args: ServeBenchConfig) -> int:
     from ray import serve
 
     from jobs import serve as serve_job
-    from jobs.bench_backend import machine
+    from jobs.bench.backend import machine
     from recmas_ray.distributed.cluster import init_ray
 
     out_dir = args.output_path
@@ -285,7 +285,7 @@ def run(args: ServeBenchConfig) -> int:
 
 
 def main(argv=None) -> int:
-    return run_job(run, ServeBenchConfig, argv, prog="python -m jobs.bench_serve", description=__doc__)
+    return run_job(run, ServeBenchConfig, argv, prog="python -m jobs.bench.serve", description=__doc__)
 
 
 if __name__ == "__main__":

@@ -39,7 +39,7 @@ MIN_HELDOUT = 64
 @dataclass(kw_only=True)
 class DemoConfig:
     """Sizes of the demo run. Defaults: the measured setting of under 20 minutes on 2 CPU cores (see the
-    module docstring of recmas_ray.demo for the calibration, the sweep and the timing that chose them)."""
+    module docstring of jobs.experiments.demo for the calibration, the sweep and the timing that chose them)."""
 
     HIDDEN_FLAGS = SystemConfig.hidden_except("style", "preset", "role_models", "seed")
     """System fields the demo does not read (config/cli.py: no flag): it trains its own links."""
@@ -118,7 +118,7 @@ class DemoConfig:
     backend: Annotated[str, OneOf(("ray", "local"))] = "local"
     """Evaluation agents in this process (local) or as Ray actors (ray); training always runs on Ray Train.
     local is the default because on 2 cores the same evaluation took 1.3x to 2x longer with actors
-    (single timings in the recmas_ray.demo docstring)."""
+    (single timings in the jobs.experiments.demo docstring)."""
     torch_threads: Annotated[int, Range(0, 64)] = 0
     """Torch threads of the evaluation agents; 0: torch's default in-process (every core), one per
     actor with --backend ray (its batches in flight keep the cores busy)."""

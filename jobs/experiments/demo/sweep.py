@@ -1,11 +1,11 @@
 """The sweep that chose the demo's training defaults: inner learning rate x steps, then m.
 
-In-process and small, so it fits a busy 2-core machine (the figures are in `recmas_ray.demo`'s docstring):
+In-process and small, so it fits a busy 2-core machine (the figures are in `jobs.experiments.demo`'s docstring):
 for each learning rate, the planner's and critic's inner links train on the demo's training rows
 (batch 2); their held-out cosine loss is measured after every `--eval_every` steps; then RecursiveMAS
 at R = 1 with those inner links and fresh outer links gives the held-out answer NLL for each m.
 
-  python -m recmas_ray.demo.sweep --lrs 3e-4,1e-3,3e-3 --steps 24 --ms 4,8,16 --num_eval 16
+  python -m jobs.experiments.demo.sweep --lrs 3e-4,1e-3,3e-3 --steps 24 --ms 4,8,16 --num_eval 16
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ import torch
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(prog="python -m recmas_ray.demo.sweep", description=__doc__,
+    p = argparse.ArgumentParser(prog="python -m jobs.experiments.demo.sweep", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--preset", default="demo", choices=["demo", "tiny"])
     p.add_argument("--lrs", default="3e-4,1e-3,3e-3")

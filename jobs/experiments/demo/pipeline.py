@@ -7,8 +7,8 @@ import json
 import time
 from pathlib import Path
 
-from recmas_ray.demo import compare, report, verdicts
-from recmas_ray.demo.config import DemoConfig
+from jobs.experiments.demo import compare, report, verdicts
+from jobs.experiments.demo.config import DemoConfig
 from recmas_ray.console import Console
 from recmas_ray.train.synthetic import (check_disjoint, make_arithmetic_dataset, make_hidden_operand_dataset,
                                         split_train_eval, write_jsonl)

@@ -11,9 +11,9 @@ a shared machine hits all three alike, and the median of each is reported. Figur
 Issue 3 target: ratio_1 <= 1.10 at batch 8, m = 32, R = 3 with hidden sizes >= 256, and ratio_k < 1.
 The tiny preset's only family with hidden 256 is mistral, hence the example override.
 
-  python -m jobs.bench_backend --preset tiny --role_models all=tiny:mistral
-  python -m jobs.bench_backend --preset demo --style sequential_light --repeats 5
-  python -m jobs.bench_backend --address auto ...      # measure on a running cluster instead
+  python -m jobs.bench.backend --preset tiny --role_models all=tiny:mistral
+  python -m jobs.bench.backend --preset demo --style sequential_light --repeats 5
+  python -m jobs.bench.backend --address auto ...      # measure on a running cluster instead
 
 Writes <output_path>/bench_backend.json with the figures, every raw time and the machine.
 """
@@ -224,7 +224,7 @@ def bench(args: BackendBenchConfig) -> int:
 
 
 def main(argv=None) -> int:
-    return run_job(bench, BackendBenchConfig, argv, prog="python -m jobs.bench_backend", description=__doc__,
+    return run_job(bench, BackendBenchConfig, argv, prog="python -m jobs.bench.backend", description=__doc__,
                    aliases={"rounds": "num_recursive_rounds"})
 
 

@@ -1,6 +1,6 @@
-"""The performance benchmark behind `jobs/bench.py` (figures (a)-(d), see `recmas_ray/perf.py`).
+"""The performance benchmark behind `jobs/bench/speed.py` (figures (a)-(d), see `jobs/bench/perf.py`).
 
-Apart from perf.py so that `jobs.bench --help` imports no torch."""
+Apart from perf.py so that `jobs.bench.speed --help` imports no torch."""
 
 from __future__ import annotations
 
@@ -41,7 +41,7 @@ class BenchConfig:
     repeats: Annotated[int, Range(1, 1000)] = 3
     """Repetitions per figure; the median is reported."""
     figures: Annotated[list[str], OneOf(FIGURES), NonEmpty()] = field(default_factory=lambda: list("abcdef"))
-    """Figures to measure (see recmas_ray/perf.py): a end to end, b rollout caches, c Ray backend, d latent
+    """Figures to measure (see jobs/bench/perf.py): a end to end, b rollout caches, c Ray backend, d latent
     step vs token, e prefix KV reuse over rounds, f decode loop, g torch.compile (minutes on CPU; not default)."""
     ray: bool = True
     """Measure (c) (starts a local Ray cluster)."""

