@@ -55,6 +55,7 @@ class SampleResult:
     num_text_tokens: int
     num_latent_steps: int
     seconds: float
+    """From the submission of the question's batch to its result (the questions of a batch share it)."""
     trace: list[dict] = field(default_factory=list)
     nll: float | None = None
     """Mean token NLL of the gold target under the decoder's final prompt (only when targets were given)."""
@@ -235,8 +236,8 @@ def _collect(pool, calls, batch_size, t0) -> list[SampleResult]:
             if action == "decode":
                 res.prediction = decoded[b].text
     elapsed = time.perf_counter() - t0 - score_seconds  # includes waiting for the last remote call
-    for res in results:
-        res.seconds = elapsed / batch_size
+    for res in results:  # each question's latency: its batch was submitted together and came back together
+        res.seconds = elapsed
     return results
 
 

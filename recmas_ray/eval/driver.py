@@ -39,7 +39,7 @@ from recmas_ray.eval.fingerprint import (bench_name, check_fingerprint, fingerpr
                                          run_fingerprint, verify_resume)
 from recmas_ray.eval.protocol import Resolution, metric_k, resolve
 from recmas_ray.eval.plots import plot_vs_rounds
-from recmas_ray.eval.results import markdown_table, read_results, summarize, write_results
+from recmas_ray.eval.results import machine_load, markdown_table, read_results, summarize, write_results
 from recmas_ray.eval.samples import VERDICT_FIELDS, SampleWriter, read_samples, sample_key, timestamp, with_verdicts
 from recmas_ray.eval.stream import FAIL_DOCS_ENV, for_rollout, parse_fail_docs, solve_and_grade, with_batch_retries
 from recmas_ray.styles import question_with_interface
@@ -191,9 +191,10 @@ def _evaluate_locked(cfg: EvalConfig, plan, items: list[dict], fingerprint: dict
                     todo = [i for i in items
                             if sample_key({"method": method, "doc_id": i["doc_id"], "rollout": r}) not in done]
                     batches += [(todo[k:k + cfg.batch_size], r) for k in range(0, len(todo), cfg.batch_size)]
-                t0 = time.perf_counter()
                 n_todo = sum(len(b) for b, _ in batches)
-                bar = _bar(n_todo, f"{cfg.system.style}/{method}", progress)  # samples, ETA, accuracy so far
+                # samples, ETA, accuracy so far; its rate (samples / seconds since it opened) is the throughput
+                bar = _bar(n_todo, f"{cfg.system.style}/{method}", progress)
+                t0 = time.perf_counter()
                 n_ok = n_done = 0
                 fresh[method] = n_todo == len(items) * cfg.num_rollouts  # else wall time covers only part
                 for rec in backend.stream(batches, method):
@@ -204,11 +205,10 @@ def _evaluate_locked(cfg: EvalConfig, plan, items: list[dict], fingerprint: dict
                         done.add(key)
                     writer.write(with_verdicts(rec))
                     n_done, n_ok = n_done + 1, n_ok + int(rec["correct"])
+                    bar.set_postfix(acc=f"{n_ok / n_done:.3f}", refresh=False)
                     bar.update(1)
-                    bar.set_postfix(acc=f"{n_ok / n_done:.3f}",
-                                    sps=f"{n_done / max(time.perf_counter() - t0, 1e-9):.2f}")
+                wall[method] = time.perf_counter() - t0  # the results' throughput: the same span as the bar's
                 bar.close()
-                wall[method] = time.perf_counter() - t0
     finally:
         backend.close()
     return finish(cfg, samples_file, plan, {m: t for m, t in wall.items() if fresh[m]}, start, resolution)
@@ -270,12 +270,13 @@ def finish(cfg: EvalConfig, samples_file: Path, plan, wall: dict, start: float,
     config = {**dataclasses.asdict(cfg), "system": {**dataclasses.asdict(cfg.system), **plan.manifest()},
               "samples_file": str(samples_file),
               "fingerprint_file": str(fingerprint_path(samples_file))}
-    extra = {"protocol": resolution.record(),
+    machine = machine_load()
+    extra = {"protocol": resolution.record(), "machine": machine,
              "prompt_set": {"path": cfg.system.prompt_set, "sha256": prompt_set_hash(plan.style)},
              "warnings": run_warnings(cfg, plan)}
     path = write_results(cfg.output_path, "", results, config, start_time=start, extra=extra)
     track_results(cfg, results, [path, samples_file])
-    table = markdown_table(results)
+    table = markdown_table(results, machine=machine)
     current().line(table)
     if num_errored:
         current().line(f"{num_errored} sample(s) failed after {cfg.max_batch_retries} retries (field 'error' in "
@@ -309,7 +310,7 @@ def plot_results(output_path: str, bench: str, style: str) -> Path:
                     points[key] = (data.get("date", 0), v)
     rows = [{"method": m, "rounds": r, "accuracy": v.get("accuracy,strict"),
              "tokens_per_sample": v.get("tokens_per_sample,none"),
-             "seconds_per_sample": v.get("seconds_per_sample,none")} for (m, r), (_, v) in sorted(points.items())]
+             "seconds_per_sample": v.get("latency_s,none", v.get("seconds_per_sample,none"))} for (m, r), (_, v) in sorted(points.items())]
     return plot_vs_rounds(rows, Path(output_path) / f"plot_{bench}.png")
 
 

@@ -81,7 +81,6 @@ def format_retry(items: list[dict], results: list[SampleResult], decode, retry: 
             groups.setdefault(RETRY_TOKENS.get(item["task_type"], 16), []).append(i)
     if not groups:
         return infos
-    t0 = time.perf_counter()
     for max_new, idx in groups.items():
         suffixes = [RETRY_SUFFIXES.get(items[i]["task_type"], RETRY_SUFFIXES["math"]) for i in idx]
         outs = retry([results[i].prediction for i in idx], suffixes, max_new, decode)
@@ -95,9 +94,6 @@ def format_retry(items: list[dict], results: list[SampleResult], decode, retry: 
             res.num_text_tokens += out.num_tokens
             res.trace.append({"role": "retry", "round": None, "action": "format_retry", "latent_steps": 0,
                               "text_tokens": out.num_tokens, "seconds": 0.0})
-    spent = (time.perf_counter() - t0) / len(results)  # same amortisation as the runner's batch time
-    for res in results:
-        res.seconds += spent
     return infos
 
 
@@ -121,8 +117,12 @@ def solve_and_grade(batch: list[dict], rollout: int, method: str, recursion: Rec
                     retry: RetryFn | None, replica: int = 0) -> list[dict]:
     """Run one batch (one rollout), apply the format retry when enabled, grade; returns sample records."""
     rc = for_rollout(recursion, rollout)
+    t0 = time.perf_counter()
     results = solve([i["question"] for i in batch], [i["task_type"] for i in batch], rc)
     infos = format_retry(batch, results, rc.decode, retry) if retry else [None] * len(batch)
+    latency = time.perf_counter() - t0  # each question's: from its batch's submission to its (retried) answer
+    for res in results:
+        res.seconds = latency
     return [sample_record(i, method, rollout, r, grader, rc, info, replica)
             for i, r, info in zip(batch, results, infos)]
 

@@ -144,7 +144,7 @@ def model_card(manifests: dict[str, dict], repo_id: str, *, folder: str | Path) 
         lines.append(f"- `{name}/`: " + (", ".join(f"{k}={v}" for k, v in shown.items()) or "not recorded"))
     lines += ["", "## Use", "", "```python", "from recmas_ray import System", "",
               f"system = System.build({system_style!r}, links={repo_id!r})",
-              "print(system.generate(\"What is 17 - 8?\")[0].prediction)", "```", "",
+              "print(system.generate(\"What is 17 - 8?\")[0][0].prediction)", "```", "",
               "or from the command line, each folder by its Hub id:", "", "```bash",
               f"python -m jobs.run --style {system_style} --dataset QUESTIONS.jsonl "
               "--ckpt_override " + " ".join(f"{n}={repo_id}:{n}" for n in manifests), "```", ""]

@@ -88,7 +88,7 @@ def test_hub_links_load_into_a_system(tiny_cache, tmp_path, monkeypatch):
         sources = system.manifest()["sources"]
         assert sources["inner:planner"].endswith("/planner") and sources["inner:critic"] == "init(seed=1)"
         assert all(v.endswith("/outer") for k, v in sources.items() if k.startswith("outer:"))
-        assert system.generate(["1+1?"], num_recursive_rounds=1, latent_steps=2, max_new_tokens=2)[0].trace
+        assert system.generate(["1+1?"], num_recursive_rounds=1, latent_steps=2, max_new_tokens=2)[0][0].trace
     shutil.rmtree(cache)
 
 
