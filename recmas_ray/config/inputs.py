@@ -224,7 +224,8 @@ def model_name_problem(name) -> str | None:
     """Why a base-model name cannot load, checked without loading anything, or None.
 
     tiny:/pkg: names resolve offline; a name that looks like a path must be a model directory (config.json);
-    a Hub id offline (HF_HUB_OFFLINE) must be in the local cache.
+    a Hub id must be in the local cache, or (not HF_HUB_OFFLINE) answer one request to the Hub
+    (`hub_model_problem`).
     """
     if not isinstance(name, str):
         return f"expected a model name (string), got {type(name).__name__}"
@@ -242,15 +243,44 @@ def model_name_problem(name) -> str | None:
         if not (p / "config.json").is_file():
             return "is a directory without config.json; expected a model directory"
         return None
-    if os.environ.get("HF_HUB_OFFLINE", "").strip().lower() in ("1", "true", "yes", "on"):
-        try:
-            from huggingface_hub import try_to_load_from_cache
+    try:
+        from huggingface_hub import try_to_load_from_cache
 
-            found = try_to_load_from_cache(name, "config.json")
-        except Exception:  # noqa: BLE001 - a malformed id
-            found = None
-        if not isinstance(found, str):
-            return "is not in the local Hugging Face cache and HF_HUB_OFFLINE is set"
+        found = try_to_load_from_cache(name, "config.json")
+    except Exception:  # noqa: BLE001 - a malformed id
+        found = None
+    if isinstance(found, str):
+        return None
+    if os.environ.get("HF_HUB_OFFLINE", "").strip().lower() in ("1", "true", "yes", "on"):
+        return "is not in the local Hugging Face cache and HF_HUB_OFFLINE is set"
+    return hub_model_problem(name)
+
+
+HUB_PROBE_TIMEOUT_S = 1.5
+"""How long one look-up of an uncached model id on the Hub may take (transformers would retry for ~50 s)."""
+
+
+def hub_model_problem(name: str) -> str | None:
+    """One request to the Hub (`HF_ENDPOINT`) for a model id that is not cached: None when it exists (or is
+    gated/private: the token decides later), else why it cannot load. Never retried, so an unknown id or an
+    unreachable Hub fails in about `HUB_PROBE_TIMEOUT_S`."""
+    from huggingface_hub import HfApi
+    from huggingface_hub.errors import GatedRepoError, HfHubHTTPError, RepositoryNotFoundError
+
+    try:
+        HfApi().model_info(name, timeout=HUB_PROBE_TIMEOUT_S)
+    except GatedRepoError:
+        return None
+    except RepositoryNotFoundError:
+        return "is no model on the Hugging Face Hub (not found) and not in the local cache"
+    except HfHubHTTPError as e:
+        code = getattr(getattr(e, "response", None), "status_code", None)
+        if code in (401, 403):  # private or gated: the user's token decides when the model loads
+            return None
+        return f"is not in the local Hugging Face cache and the Hub answered HTTP {code}"
+    except Exception as e:  # noqa: BLE001 - no network, DNS, timeout: the transport's own error types
+        return (f"is not in the local Hugging Face cache and the Hub cannot be reached ({type(e).__name__}); "
+                "pass a local model directory, or set HF_HUB_OFFLINE=1 to use only the cache")
     return None
 
 
