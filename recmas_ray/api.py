@@ -174,7 +174,8 @@ class System:
               preset: str = "tiny", ckpt_override: dict[str, str] | None = None, backend: str = "ray",
               num_replicas: int = 1, task: str = "math", device: str = "auto", dtype: str = "auto", seed: int = 42,
               placement: str | PlacementConfig = "cpu", transport: str = "object_store", timeout_s: float = 900.0,
-              torch_threads: int = 0, allow_base_model_mismatch: bool = False, verbose: bool = False,
+              torch_threads: int = 0, allow_base_model_mismatch: bool = False,
+              allow_style_mismatch: bool = False, verbose: bool = False,
               log_dir: str | Path | None = None) -> System:
         """Plan the system, check it, and start its agents.
 
@@ -202,6 +203,7 @@ class System:
             torch_threads: Torch threads per agent (0: the library default).
             allow_base_model_mismatch: Run `role_models` even where a role's checkpoint names another
                 base model (link sizes are still checked).
+            allow_style_mismatch: Load links whose manifest records another style (refused otherwise).
             verbose: Show what Ray, Ray Data, HF and the graders print. By default it goes to
                 `system.log_path` (`log_dir`/api-<pid>.log) during this and every later call, and Ray's workers
                 keep their output in Ray's session folder (named in that log), as the CLI jobs do.
@@ -219,13 +221,15 @@ class System:
                                 ckpt_override=ckpt_override, backend=backend, num_replicas=num_replicas, task=task,
                                 device=device, dtype=dtype, seed=seed, placement=placement, transport=transport,
                                 timeout_s=timeout_s, torch_threads=torch_threads,
-                                allow_base_model_mismatch=allow_base_model_mismatch)
+                                allow_base_model_mismatch=allow_base_model_mismatch,
+                                allow_style_mismatch=allow_style_mismatch)
         system.verbose, system.log_path = verbose, log_path
         return system
 
     @classmethod
     def _build(cls, style, *, role_models, links, preset, ckpt_override, backend, num_replicas, task, device, dtype,
-               seed, placement, transport, timeout_s, torch_threads, allow_base_model_mismatch) -> System:
+               seed, placement, transport, timeout_s, torch_threads, allow_base_model_mismatch,
+               allow_style_mismatch) -> System:
         from recmas_ray.styles import get_style
         from recmas_ray.system.hub import links_overrides, resolve_overrides
         from recmas_ray.system.launch import start_agents
@@ -242,7 +246,8 @@ class System:
         overrides |= resolve_overrides(dict(ckpt_override or {}))
         placement = placement if isinstance(placement, PlacementConfig) else PlacementConfig(preset=placement)
         system = SystemConfig(style=style, preset=preset, ckpt_override=overrides, role_models=dict(role_models or {}),
-                              allow_base_model_mismatch=allow_base_model_mismatch, device=device, dtype=dtype,
+                              allow_base_model_mismatch=allow_base_model_mismatch,
+                              allow_style_mismatch=allow_style_mismatch, device=device, dtype=dtype,
                               seed=seed)
         cfg = EvalConfig(system=system, dataset=_NO_DATASET, backend=backend, placement=placement, transport=transport,
                          timeout_s=timeout_s, torch_threads=torch_threads, progress=False)

@@ -53,7 +53,8 @@ class EvalConfig:
     """One evaluation run (saved, resolved, next to its results)."""
 
     HIDDEN_FLAGS = SystemConfig.hidden_except("style", "preset", "role_models", "ckpt_override",
-                                              "allow_base_model_mismatch", "prompt_set", "device", "dtype",
+                                              "allow_base_model_mismatch", "allow_style_mismatch", "prompt_set",
+                                              "device", "dtype",
                                               "message_dtype", "seed")
     """System fields an evaluation does not read (config/cli.py: no flag)."""
     FLAG_ALIASES = {"models": "system.role_models", "role_model": "system.role_models"}

@@ -143,7 +143,8 @@ def model_card(manifests: dict[str, dict], repo_id: str, *, folder: str | Path) 
         shown = {k: cfg[k] for k in _SHOWN_SETTINGS if k in cfg}
         lines.append(f"- `{name}/`: " + (", ".join(f"{k}={v}" for k, v in shown.items()) or "not recorded"))
     lines += ["", "## Use", "", "```python", "from recmas_ray import System", "",
-              f"system = System.build({system_style!r}, links={repo_id!r})",
+              f"system = System.build({system_style!r}, links={repo_id!r},",
+              f"                      role_models={ {r: info.get('base_model') for r, info in sorted(roles.items())} !r})",
               "print(system.generate(\"What is 17 - 8?\")[0][0].prediction)", "```", "",
               "or from the command line, each folder by its Hub id:", "", "```bash",
               f"python -m jobs.run --style {system_style} --dataset QUESTIONS.jsonl "

@@ -28,7 +28,8 @@ from recmas_ray.styles import check_role_models, style_names
 class SystemConfig:
     """Which system a job runs: style, base models, links, prompts, device, dtypes and seed."""
 
-    SHORT_FLAGS = ("style", "preset", "ckpt_override", "links", "allow_base_model_mismatch", "prompt_set",
+    SHORT_FLAGS = ("style", "preset", "ckpt_override", "links", "allow_base_model_mismatch", "allow_style_mismatch",
+                   "prompt_set",
                    "device", "dtype", "message_dtype", "seed")
     """Fields with a plain flag (`--name`) wherever this section is nested (config/cli.py); `role_models`
     gets the job's own spelling as an alias instead."""
@@ -53,6 +54,9 @@ class SystemConfig:
     allow_base_model_mismatch: bool = False
     """Run the model given in role_models even where the role's checkpoint names another one (its link
     sizes are still checked)."""
+    allow_style_mismatch: bool = False
+    """Load links whose manifest records another style (e.g. trained for sequential, run as sequential_light);
+    without it such links are refused."""
     prompt_set: Annotated[str | None, ExistingPath()] = None
     """YAML or JSON prompt set (role -> variant -> task -> template), checked against the style's slots
     before any model loads; unset: the project's own prompts."""
