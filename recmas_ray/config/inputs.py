@@ -180,7 +180,17 @@ def check_question(name: str, question, *, max_chars: int = MAX_QUESTION_CHARS) 
 
 
 def check_keys_file(flag: str, path) -> None:
-    """The search keys file: a readable regular file that only its owner may read (keys are secrets)."""
+    """The search keys file: a readable regular UTF-8 file of one key per line (blank and # lines skipped) that
+    only its owner may read (keys are secrets). What is wrong with its content is said before its mode (a
+    wrong file is the cause, not its permissions); no key ever appears in a message."""
+    text = read_text_file(flag, path, max_bytes=1 << 20)
+    keys = [line.strip() for line in text.splitlines() if line.strip() and not line.strip().startswith("#")]
+    if not keys:
+        raise ConfigError(f"{flag} {str(path)!r} holds no key; expected one API key per line")
+    bad = next((n for n, k in enumerate(keys, start=1) if any(c.isspace() for c in k) or not k.isprintable()), None)
+    if bad is not None:
+        raise ConfigError(f"{flag} {str(path)!r}: key line {bad} holds spaces or control characters; expected one "
+                          "API key per line (is this the right file?)")
     check_file(flag, path, private=True)
 
 

@@ -22,7 +22,6 @@ from recmas_ray.eval.benchmarks import BENCHMARKS, canonical_name
 from recmas_ray.styles import get_style
 from recmas_ray.styles.prompts import load_prompt_set
 from recmas_ray.system.config import SystemConfig
-from recmas_ray.system.hub import looks_like_hub_id
 
 PROTOCOLS = ("greedy", "reference")  # what each one sets: recmas_ray.eval.protocol
 
@@ -163,10 +162,9 @@ class EvalConfig:
             check_cuda("--device cuda", on_cluster=self.backend == "ray")
         system.check_tables("--models", ckpt_extra=("outer",))
         check_model_names("--models", system.role_models)
-        missing = {r: p for r, p in system.ckpt_override.items() if not os.path.isdir(p) and not looks_like_hub_id(p)}
-        if missing:
-            raise ValueError(f"--ckpt_override {' '.join(f'{r}={p}' for r, p in missing.items())}: no such directory")
+        system.check_link_folders()
         self.placement.check_roles(style.roles)
+        self.placement.check_gpus_visible(self.backend)
         if system.prompt_set:
             read_data_file(system.prompt_set, "--prompt_set")  # kind, size, encoding, no YAML aliases
             load_prompt_set(system.prompt_set, style)  # a bad file fails here, before any model loads

@@ -109,4 +109,6 @@ class ServeConfig:
                 raise ValueError(f"--{flag} names {bad}; expected roles of {system.style} {list(roles)}")
         if not self.route_prefix.startswith("/"):
             raise ValueError(f"--route_prefix {self.route_prefix!r} must start with '/'")
+        system.check_link_folders()
         self.placement.check_roles(roles)
+        self.placement.check_gpus_visible(self.backend)

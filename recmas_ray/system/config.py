@@ -70,6 +70,22 @@ class SystemConfig:
     seed: Annotated[int, Range(0, 2**32 - 1)] = 42
     """Seed of fresh links (and, per job, of sampling or the data order)."""
 
+    def check_link_folders(self) -> None:
+        """links and every ckpt_override name an existing folder or a Hub id (checked before Ray or a model
+        starts); a file where a folder belongs is named as such."""
+        import os
+
+        from recmas_ray.system.hub import looks_like_hub_id
+
+        named = [("--links ", self.links)] if self.links else []
+        named += [(f"--ckpt_override {r}=", p) for r, p in self.ckpt_override.items()]
+        for flag, path in named:
+            if os.path.isdir(path) or looks_like_hub_id(path):
+                continue
+            if os.path.exists(path):
+                raise ValueError(f"{flag}{path}: is a file; expected a folder of links (or a Hub id ORG/NAME)")
+            raise ValueError(f"{flag}{path}: no such folder (nor a Hub id ORG/NAME)")
+
     @classmethod
     def hidden_except(cls, *used: str) -> tuple[str, ...]:
         """Dotted paths (`system.<name>`) of the fields a job does not use: its `HIDDEN_FLAGS`."""

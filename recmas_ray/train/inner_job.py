@@ -43,12 +43,17 @@ def plan_roles(cfg: InnerTrainConfig, roles: list[str]):
     return plan_system(cfg.system, task=cfg.task, ckpt_override=overrides, role_models=models)
 
 
+def resolve_role_steps(cfg: InnerTrainConfig, num_examples: int) -> InnerTrainConfig:
+    """`core.resolve_steps` for one role's examples over every worker and accumulation step (ValueError when they
+    cannot fill one step; `train_api.check_training_inputs` asks first, before anything starts)."""
+    return core.resolve_steps(cfg, num_examples, cfg.batch_size * cfg.grad_accum_steps * max(cfg.num_workers, 1))
+
+
 def _fit(cfg: InnerTrainConfig, role: str, base_model: str, link_state: dict, examples: list[tuple[str, str]], *,
          faults: dict | None = None, progress=None) -> Path:
     """One role's TorchTrainer run; returns cfg.save_dir holding the final link (`progress`: a StepBoard's
     queue, where rank 0 posts its steps)."""
-    world = max(cfg.num_workers, 1)
-    cfg = core.resolve_steps(cfg, len(examples), cfg.batch_size * cfg.grad_accum_steps * world)
+    cfg = resolve_role_steps(cfg, len(examples))
     storage = core.run_storage(cfg, f"inner-{get_style(cfg.system.style).name}-{role}")
     resume_from = core.start_or_resume(cfg, storage, f"inner {role}", cfg.load_dir)
     if cfg.num_workers == 0:  # local mode logs every report at INFO; our own log line says the same

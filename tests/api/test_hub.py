@@ -65,7 +65,7 @@ def test_jobs_run_accepts_hub_ids_and_rejects_missing_dirs(hub_cache, tmp_path, 
             "--output_path", str(tmp_path / "o"), "--print_config"]
     assert run_job.main(base + ["--ckpt_override", "planner=org/links:planner"]) == 0
     assert run_job.main(base + ["--ckpt_override", f"planner={tmp_path}/nope/planner"]) == 2
-    assert "no such directory" in capsys.readouterr().err
+    assert "no such folder" in capsys.readouterr().err
 
 
 def test_hub_links_load_into_a_system(tiny_cache, tmp_path, monkeypatch):
