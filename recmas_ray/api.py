@@ -2,7 +2,7 @@
 
     System.build(style, role_models=..., links=..., backend="local" | "ray")
         -> plan_system (models, dims, links; every check before a model loads)
-        -> system.launch.start_agents: in-process `LocalPool` (no Ray) or `RayReplicas` (one actor per agent)
+        -> distributed.launch.start_agents: in-process `LocalPool` (no Ray) or `RayReplicas` (one actor per agent)
     system.generate(questions, ...)   -> list[SampleResult]   (prediction + per-agent, per-round trace)
     system.evaluate(dataset, ...)     -> the evaluation driver's outputs, on the same running agents
     train_inner(...), train_outer(...) -> link folders that `System.build(links=...)` loads
@@ -152,7 +152,7 @@ class System:
         """
         from recmas_ray.styles import get_style
         from recmas_ray.system.hub import links_overrides, resolve_overrides
-        from recmas_ray.system.launch import start_agents
+        from recmas_ray.distributed.launch import start_agents
         from recmas_ray.system.plan import plan_system
 
         from recmas_ray.config.inputs import check_text_table

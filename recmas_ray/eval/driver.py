@@ -45,7 +45,7 @@ from recmas_ray.eval.stream import FAIL_DOCS_ENV, for_rollout, parse_fail_docs, 
 from recmas_ray.styles import question_with_interface
 from recmas_ray.styles.prompts import prompt_set_hash
 from recmas_ray.system.hub import resolve_overrides
-from recmas_ray.system.launch import start_agents
+from recmas_ray.distributed.launch import start_agents
 from recmas_ray.system.plan import plan_system
 
 log = logging.getLogger(__name__)
