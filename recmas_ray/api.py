@@ -23,6 +23,7 @@ from recmas_ray.config.checks import check_tree
 from recmas_ray.eval.config import EvalConfig
 from recmas_ray.config.recursion import DecodeConfig, RecursionConfig
 from recmas_ray.config.placement import PlacementConfig
+from recmas_ray.config.transport import OBJECT_STORE
 from recmas_ray.runner import SampleResult
 from recmas_ray.system.config import SystemConfig
 
@@ -115,7 +116,7 @@ class System:
     def build(cls, style: str, *, role_models: dict[str, str] | None = None, links: str | None = None,
               preset: str = "tiny", ckpt_override: dict[str, str] | None = None, backend: str = "ray",
               num_replicas: int = 1, task: str = "math", device: str = "auto", dtype: str = "auto", seed: int = 42,
-              placement: str | PlacementConfig = "cpu", transport: str = "object_store", timeout_s: float = 900.0,
+              placement: str | PlacementConfig = "cpu", transport: str = OBJECT_STORE.name, timeout_s: float = 900.0,
               torch_threads: int = 0, allow_base_model_mismatch: bool = False) -> System:
         """Plan the system, check it, and start its agents.
 
@@ -138,7 +139,8 @@ class System:
             seed: Seed of fresh links.
             placement: A placement preset name (cpu, one_gpu_per_agent, colocated, spread) or a
                 `PlacementConfig` (Ray backend).
-            transport: How latents move between agent actors: object_store, rdt:gloo or rdt:nccl.
+            transport: How latents move between agent actors (`config.transport`: the object store, or Ray
+                Direct Transport over gloo or NCCL).
             timeout_s: Timeout of every wait on Ray.
             torch_threads: Torch threads per agent (0: the library default).
             allow_base_model_mismatch: Run `role_models` even where a role's checkpoint names another

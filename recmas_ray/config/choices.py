@@ -7,7 +7,6 @@ from __future__ import annotations
 
 BACKENDS = ("ray", "local")
 GRADERS = ("strict", "reference")
-TRANSPORTS = ("object_store", "rdt:gloo", "rdt:nccl")
 DEVICES = ("auto", "cpu", "cuda")
 DTYPES = ("auto", "float32", "bfloat16", "float16", "fp32", "bf16", "fp16")
 MESSAGE_DTYPES = ("auto", "bf16", "fp32", "bfloat16", "float32")

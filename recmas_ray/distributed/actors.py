@@ -23,6 +23,7 @@ from typing import Any
 
 import ray
 
+from recmas_ray.config.transport import OBJECT_STORE, Transport, get_transport
 from recmas_ray.service import AgentService, AgentSpec
 
 # Fault injection for tests: "ROLE:N" makes that role's actor exit hard before its (N+1)-th call,
@@ -189,8 +190,10 @@ RDTAgentActor = ray.remote(max_restarts=0, enable_tensor_transport=True)(_AgentA
 class RayPool:
     """`runner.AgentPool` over actor handles: calls return ObjectRefs, latents never touch the caller."""
 
-    def __init__(self, handles: dict, *, timeout_s: float = 600.0, context: str = "", transport: str = "object_store"):
-        self.handles, self.timeout_s, self.context, self.transport = handles, timeout_s, context, transport
+    def __init__(self, handles: dict, *, timeout_s: float = 600.0, context: str = "",
+                 transport: str | Transport = OBJECT_STORE):
+        self.handles, self.timeout_s, self.context = handles, timeout_s, context
+        self.transport = get_transport(transport)
         self._num_calls = 0
         # Keys of kept RDT messages: unique per pool (one pool per batch), whatever batch id the caller
         # gave, so concurrent batches without one (the Python API, serving) never collide.
@@ -198,13 +201,12 @@ class RayPool:
         self._holders: set[str] = set()
 
     def rollout(self, role, users, slot_names, num_steps, edges, latents):
-        if self.transport != "object_store":
+        if self.transport.direct:
             self._num_calls += 1
             key = f"{self.key_prefix}:{self._num_calls}"
             self._holders.add(role)
             stats = self.handles[role].rollout_keep.remote(key, users, slot_names, num_steps, tuple(edges), *latents)
-            backend = self.transport.split(":")[1]
-            take = self.handles[role].take_message.options(tensor_transport=backend)
+            take = self.handles[role].take_message.options(tensor_transport=self.transport.tensor_transport)
             return [take.remote(key, e, stats) for e in edges], stats
         refs = self.handles[role].rollout.options(num_returns=len(edges) + 1).remote(
             users, slot_names, num_steps, tuple(edges), *latents)

@@ -17,6 +17,7 @@ import logging
 
 from recmas_ray.config.choices import BACKENDS
 from recmas_ray.config.placement import PlacementConfig
+from recmas_ray.config.transport import OBJECT_STORE, Transport
 from recmas_ray.system.launch import local_pool
 from recmas_ray.system.plan import SystemPlan
 
@@ -24,7 +25,7 @@ log = logging.getLogger(__name__)
 
 
 def start_agents(plan: SystemPlan, *, backend: str = "ray", placement: PlacementConfig | None = None,
-                 timeout_s: float = 900.0, torch_threads: int = 0, transport: str = "object_store",
+                 timeout_s: float = 900.0, torch_threads: int = 0, transport: str | Transport = OBJECT_STORE,
                  num_replicas: int | None = None, client_cpus: float = 0.0, recursion=None):
     """The agents of `plan`: a `LocalPool` in this process (backend "local") or running `RayReplicas`
     (`placement.num_replicas` copies of the system, or `num_replicas` when given; 0: as many as fit).

@@ -13,11 +13,12 @@ from dataclasses import dataclass, field
 from typing import Annotated
 
 from recmas_ray.config.checks import NonEmpty, OneOf, Range, WritableDir
-from recmas_ray.config.choices import BACKENDS, GRADERS, TRANSPORTS
+from recmas_ray.config.choices import BACKENDS, GRADERS
 from recmas_ray.config.inputs import check_cuda, check_data_path, check_file, check_model_names, read_data_file
-from recmas_ray.config.placement import PlacementConfig, check_ablation_transport
+from recmas_ray.config.placement import PlacementConfig
 from recmas_ray.config.recursion import MAX_ROUNDS, METHODS, RecursionConfig, ToolLoopConfig
 from recmas_ray.config.tracking import TrackingConfig
+from recmas_ray.config.transport import OBJECT_STORE, TRANSPORT_NAMES, get_transport
 from recmas_ray.eval.benchmarks import BENCHMARKS, canonical_name
 from recmas_ray.styles import get_style
 from recmas_ray.styles.prompts import load_prompt_set
@@ -114,7 +115,7 @@ class EvalConfig:
     """Timeout of every wait on Ray, in seconds."""
     torch_threads: Annotated[int, Range(0, 1024)] = 0
     """Torch threads per agent (0: the library default)."""
-    transport: Annotated[str, OneOf(TRANSPORTS)] = "object_store"
+    transport: Annotated[str, OneOf(TRANSPORT_NAMES)] = OBJECT_STORE.name
     """How latents move between agent actors: object_store, rdt:gloo (CPU) or rdt:nccl (GPU)."""
     tools: ToolLoopConfig = field(default_factory=ToolLoopConfig)
     """Deliberation style only: the toolcaller's Python and search tools."""
@@ -169,7 +170,7 @@ class EvalConfig:
         if system.prompt_set:
             read_data_file(system.prompt_set, "--prompt_set")  # kind, size, encoding, no YAML aliases
             load_prompt_set(system.prompt_set, style)  # a bad file fails here, before any model loads
-        self.placement.check_transport(self.transport, style.roles, device=system.device)
-        if self.backend == "local" and self.transport != "object_store":
-            raise ValueError(f"--transport {self.transport} needs --backend ray")
-        check_ablation_transport(self.recursion.latent_ablation, self.transport)
+        transport = get_transport(self.transport)
+        transport.check_placement(self.placement, style.roles, device=system.device)
+        transport.check_backend(self.backend)
+        transport.check_ablation(self.recursion.latent_ablation)
