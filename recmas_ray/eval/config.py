@@ -20,7 +20,7 @@ from recmas_ray.config.recursion import MAX_ROUNDS, METHODS, RecursionConfig, To
 from recmas_ray.config.tracking import TrackingConfig
 from recmas_ray.config.transport import OBJECT_STORE, TRANSPORT_NAMES, get_transport
 from recmas_ray.eval.benchmarks import BENCHMARKS, canonical_name
-from recmas_ray.styles import get_style
+from recmas_ray.styles import get_style, tool_styles
 from recmas_ray.styles.prompts import load_prompt_set
 from recmas_ray.system.config import SystemConfig
 from recmas_ray.system.hub import looks_like_hub_id
@@ -125,19 +125,19 @@ class EvalConfig:
     """Show Ray, Ray Data, HF and grader output on the console (else it goes to output_path/logs/run.log)."""
 
     def tool_loop(self) -> ToolLoopConfig | None:
-        """The toolcaller's tool settings when the style has one (deliberation), else None."""
-        return self.tools if get_style(self.system.style).name == "deliberation" else None
+        """The tool settings when the style uses tools (its decoder runs the tool loop), else None."""
+        return self.tools if get_style(self.system.style).uses_tools else None
 
     def check_tools(self, style) -> None:
-        """Tool settings given for a style without a toolcaller are refused (they would be ignored)."""
-        if style.name == "deliberation":
+        """Tool settings given for a style without tools are refused (they would be ignored)."""
+        if style.uses_tools:
             return
         default = ToolLoopConfig()
         changed = [f.name for f in dataclasses.fields(ToolLoopConfig)
                    if getattr(self.tools, f.name) != getattr(default, f.name)]
         if changed:
-            raise ValueError(f"{', '.join('--' + c for c in changed)}: tool settings apply to style deliberation "
-                             f"only; style {self.system.style} has no tools, so drop them")
+            raise ValueError(f"{', '.join('--' + c for c in changed)}: tool settings apply to a style with tools "
+                             f"({', '.join(tool_styles())}) only; style {self.system.style} has no tools, so drop them")
 
     def validate(self) -> None:
         """Rules across fields and files (run before any model loads)."""

@@ -85,6 +85,11 @@ class StyleSpec:
     """task type -> the text that replaces `{final}`."""
     interface_lines: dict[str, str] = field(default_factory=lambda: dict(INTERFACE_LINES))
     """Code-task interface type (functional, stdin) -> its line; `{fn_name}` names the function."""
+    uses_tools: bool = False
+    """The decoder's final decode may run the tool loop (Python, search): tool settings apply to this style."""
+    decodes_each_round: bool = False
+    """The release's decoder also decodes (and discards) text in non-final rounds; the reference protocol
+    turns the runner's `decode_every_round` on for such a style."""
 
     @property
     def roles(self) -> tuple[str, ...]:

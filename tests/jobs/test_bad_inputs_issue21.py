@@ -162,7 +162,7 @@ ROWS = [
     ("dataset_path_fifo", "run", ["--dataset", "gsm8k", "--dataset_path", "{fifo}"], "--dataset_path"),
     # combinations, outputs, keys, devices
     ("local_with_replicas", "run", ["--num_replicas", "4"], "--num_replicas 4 needs --backend ray"),
-    ("keys_file_no_tools", "run", ["--tavily_keys_file", "{keys_ok_txt}"], "apply to style deliberation only"),
+    ("keys_file_no_tools", "run", ["--tavily_keys_file", "{keys_ok_txt}"], "apply to a style with tools (deliberation) only"),
     ("tool_rounds_no_tools", "run", ["--max_tool_rounds", "3"], "--max_tool_rounds"),
     ("output_empty", "run", ["--output_path", ""], "--output_path is empty"),
     ("keys_file_mode", "run", ["--style", "deliberation", "--tavily_keys_file", "{keys_open_txt}"], "chmod 600"),
