@@ -237,7 +237,7 @@ class System:
         tasks = [task] * len(questions) if isinstance(task, str) else _str_list(task, "task")
         if len(tasks) != len(questions):
             raise ValueError(f"{len(questions)} questions but {len(tasks)} task types")
-        from recmas_ray.config.choices import TASK_TYPES
+        from recmas_ray.eval.tasks import TASK_TYPES
 
         bad = sorted({t for t in tasks if t not in TASK_TYPES})
         if bad:

@@ -42,6 +42,7 @@ from recmas_ray.eval.plots import plot_vs_rounds
 from recmas_ray.eval.results import markdown_table, read_results, summarize, write_results
 from recmas_ray.eval.samples import VERDICT_FIELDS, SampleWriter, read_samples, sample_key, timestamp, with_verdicts
 from recmas_ray.eval.stream import FAIL_DOCS_ENV, for_rollout, parse_fail_docs, solve_and_grade, with_batch_retries
+from recmas_ray.eval.tasks import get_task
 from recmas_ray.styles import question_with_interface
 from recmas_ray.styles.prompts import prompt_set_hash
 from recmas_ray.system.hub import resolve_overrides
@@ -158,8 +159,7 @@ def evaluate(cfg: EvalConfig, *, progress: bool = True, system=None) -> dict:
     check_tree(cfg)
     items = load_benchmark(cfg.dataset, path=cfg.dataset_path, num_samples=cfg.num_samples, seed=cfg.system.seed,
                            json_field=cfg.dataset_json_field)
-    task = items[0]["task_type"] if items[0]["task_type"] in ("math", "code") else "math"
-    plan = plan_system(cfg.system, task=task, tools=cfg.tool_loop(),
+    plan = plan_system(cfg.system, task=get_task(items[0]["task_type"]).adapter, tools=cfg.tool_loop(),
                        ckpt_override=resolve_overrides(cfg.system.ckpt_override))
     for warning in run_warnings(cfg, plan):
         current().warn(warning)

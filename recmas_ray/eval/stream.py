@@ -32,7 +32,8 @@ from typing import Callable, Iterator
 
 from recmas_ray.distributed.placement import ORCHESTRATOR_MAX_BATCHES
 from recmas_ray.eval.config import StreamConfig
-from recmas_ray.eval.graders import LETTERS, extract_boxed, extract_choice, extract_code, grade
+from recmas_ray.eval.graders import grade
+from recmas_ray.eval.tasks import get_task
 from recmas_ray.config.recursion import RecursionConfig
 from recmas_ray.runner import SampleResult
 
@@ -41,12 +42,6 @@ EXIT_AFTER_ENV = "RECMAS_EVAL_CLIENT_EXIT_AFTER"
 # Fault injection for tests: "DOC_ID:N,..." fails the first N attempts of the batch holding DOC_ID
 # (N omitted: every attempt).
 FAIL_DOCS_ENV = "RECMAS_EVAL_FAIL_DOCS"
-
-# The release's suffixes (recursivemas.md section 5); QA prompts also ask for \boxed{}.
-RETRY_SUFFIXES = {"math": "\nFinal Answer: \\boxed{", "qa": "\nFinal Answer: \\boxed{",
-                  "choice": "\nFinal Choice: \\boxed{",
-                  "code": "\n\nThe previous output format was invalid.\nFinal Code:\n```python\n"}
-RETRY_TOKENS = {"math": 16, "qa": 16, "choice": 16, "code": 256}
 
 RetryFn = Callable[[list[str], list[str], int, object], list]
 """(texts, suffixes, max_new_tokens, decode cfg) -> list[Decoded] of the continuations."""
@@ -58,37 +53,33 @@ def for_rollout(rc: RecursionConfig, rollout: int) -> RecursionConfig:
 
 
 def needs_format_retry(item: dict, text: str) -> bool:
-    """True when `text` lacks the task's answer format: \\boxed{} (math, qa), a choice, a python block."""
-    task = item["task_type"]
-    if task == "code":
-        return extract_code(text) is None
-    if task == "choice":
-        return extract_choice(text, LETTERS[:len(item.get("options") or "ABCD")]) is None
-    return extract_boxed(text) is None
+    """True when `text` lacks the answer format of the item's task family (`Task.answer_found`)."""
+    return not get_task(item["task_type"]).answer_found(item, text)
 
 
 def format_retry(items: list[dict], results: list[SampleResult], decode, retry: RetryFn) -> list[dict | None]:
     """Retry once every sample whose output lacks the answer format; updates `results` in place.
 
-    The raw output plus a suffix goes to the decoding agent's base model (no chat template, no
-    latents) for up to 16 more tokens (256 for code); the prediction becomes output + suffix +
+    The raw output plus the family's suffix goes to the decoding agent's base model (no chat template, no
+    latents) for up to `Task.retry_tokens` more tokens; the prediction becomes output + suffix +
     continuation. Returns per sample the retry record, or None where no retry was needed.
     """
     infos: list[dict | None] = [None] * len(items)
     groups: dict[int, list[int]] = {}
     for i, (item, res) in enumerate(zip(items, results)):
         if needs_format_retry(item, res.prediction):
-            groups.setdefault(RETRY_TOKENS.get(item["task_type"], 16), []).append(i)
+            groups.setdefault(get_task(item["task_type"]).retry_tokens, []).append(i)
     if not groups:
         return infos
     t0 = time.perf_counter()
     for max_new, idx in groups.items():
-        suffixes = [RETRY_SUFFIXES.get(items[i]["task_type"], RETRY_SUFFIXES["math"]) for i in idx]
+        suffixes = [get_task(items[i]["task_type"]).retry_suffix for i in idx]
         outs = retry([results[i].prediction for i in idx], suffixes, max_new, decode)
         for i, suffix, out in zip(idx, suffixes, outs):
             res, text = results[i], out.text
-            if items[i]["task_type"] == "code" and "```" not in text:
-                text += "\n```"  # close the fence we opened, so the block can be extracted
+            closer = get_task(items[i]["task_type"]).retry_closer
+            if closer and closer.strip() not in text:
+                text += closer  # close what the suffix opened (code: the fence), so the answer can be extracted
             infos[i] = {"raw_prediction": res.prediction, "suffix": suffix, "continuation": out.text,
                         "tokens": out.num_tokens}
             res.prediction = res.prediction + suffix + text

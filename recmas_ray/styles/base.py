@@ -16,18 +16,14 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from recmas_ray.config.choices import TASK_TYPES
+from recmas_ray.eval.tasks import TASK_TYPES, TASKS
 from recmas_ray.styles.role_context import question_for_role  # per-role context (hidden-operand rows)
 
 VARIANTS = ("base", "feedback")
 SYSTEM_PROMPT = "You are a helpful assistant."
 
-FINAL_INSTRUCTIONS = {
-    "math": "Reason step by step and put the final answer within \\boxed{}, for example \\boxed{1}.",
-    "choice": "Reason step by step and put only the letter of the final choice within \\boxed{}, for example \\boxed{A}.",
-    "code": "Write the complete solution in exactly one ```python code block.",
-    "qa": "Answer the question. You may use available tools if needed. Put the final short answer within \\boxed{}.",
-}
+FINAL_INSTRUCTIONS = {name: task.instruction for name, task in TASKS.items()}
+"""Task family -> its final-answer instruction (`Task.instruction`), the default of every style."""
 
 # The release's code-task interface line (spec section 4.1, code variants): a function to return,
 # or a whole program on stdin/stdout. Rendered after the question by `question_with_interface`.

@@ -8,7 +8,8 @@ import os
 import pytest
 
 from recmas_ray.agent import Decoded
-from recmas_ray.eval.stream import EXIT_AFTER_ENV, RETRY_SUFFIXES, format_retry, needs_format_retry
+from recmas_ray.eval.stream import EXIT_AFTER_ENV, format_retry, needs_format_retry
+from recmas_ray.eval.tasks import get_task
 from recmas_ray.runner import SampleResult
 
 from jobs import run as run_job
@@ -56,7 +57,7 @@ def test_format_retry_refeeds_raw_output_with_suffix():
 
     infos = format_retry(items, results, None, retry)
     assert sorted(c[2] for c in calls) == [16, 256]  # one call per token budget
-    assert calls[0][0] == ["thus five"] and calls[0][1] == [RETRY_SUFFIXES["math"]]
+    assert calls[0][0] == ["thus five"] and calls[0][1] == [get_task("math").retry_suffix]
     assert results[0].prediction == "thus five\nFinal Answer: \\boxed{5}" and results[0].num_text_tokens == 9
     assert infos[1] is None and results[1].prediction == "\\boxed{3}"
     assert infos[0]["raw_prediction"] == "thus five" and infos[0]["tokens"] == 2
@@ -93,7 +94,7 @@ def test_ray_stream_two_methods_matches_local(ray_cluster, qfile, local_run, tmp
         assert r["prediction"] == local_by[k]["prediction"], k
         assert r["retry_used"] == local_by[k]["retry_used"] and r["tokens"] == local_by[k]["tokens"]
         if r["retry_used"]:  # random tiny weights: never a \boxed{} on their own
-            assert r["prediction"].startswith(r["retry"]["raw_prediction"] + RETRY_SUFFIXES["math"])
+            assert r["prediction"].startswith(r["retry"]["raw_prediction"] + get_task("math").retry_suffix)
             assert 1 <= r["retry"]["tokens"] <= 16
     assert any(r["retry_used"] for r in rows)
     results = [json.load(open(f)) for f in glob.glob(f"{out}/results_*.json")]
