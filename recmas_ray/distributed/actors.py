@@ -26,9 +26,9 @@ import ray
 from recmas_ray.config.transport import OBJECT_STORE, Transport, get_transport
 from recmas_ray.service import AgentService, AgentSpec
 
-# Fault injection for tests: "ROLE:N" makes that role's actor exit hard before its (N+1)-th call,
-# once (a restarted actor does not exit again).
-AGENT_EXIT_AFTER_ENV = "RECMAS_AGENT_EXIT_AFTER"
+AGENT_EXIT_AFTER: dict[str, int] = {}
+"""Fault injection by tests (the fixture `inject_faults`): role -> N makes that role's actors, built from now on,
+exit hard before their (N+1)-th call, once (a restarted actor does not exit again). Empty in a real run."""
 CALL_LOG_SIZE = 100_000
 
 
@@ -75,7 +75,8 @@ def from_wire(x):
 class _AgentActorImpl:
     """A GPU- (or CPU-) pinned agent holding its frozen model and links (wrapped by `ray.remote` below)."""
 
-    def __init__(self, spec: AgentSpec, inner_state: dict, outer_states: dict, torch_threads: int = 0):
+    def __init__(self, spec: AgentSpec, inner_state: dict, outer_states: dict, torch_threads: int = 0,
+                 exit_after: int | None = None):
         import torch
 
         if torch_threads > 0:
@@ -83,10 +84,7 @@ class _AgentActorImpl:
         self._log = collections.deque(maxlen=CALL_LOG_SIZE)
         self._kept: dict = {}  # (key, edge) -> message, Ray Direct Transport only
         self._dropped: set[str] = set()  # key prefixes of failed batches
-        self._exit_after = None
-        role, _, count = os.environ.get(AGENT_EXIT_AFTER_ENV, "").partition(":")
-        if role == spec.role and count and not _reconstructed():
-            self._exit_after = int(count)
+        self._exit_after = None if exit_after is None or _reconstructed() else exit_after
         if spec.device == "auto":
             # Ray narrows CUDA_VISIBLE_DEVICES per actor; with fake GPUs torch still sees none -> CPU.
             use_cuda = torch.cuda.is_available() and len(ray.get_gpu_ids()) > 0

@@ -33,8 +33,7 @@ from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 from recmas_ray.config.placement import PlacementConfig
 from recmas_ray.config.recursion import RecursionConfig
 from recmas_ray.config.transport import OBJECT_STORE, Transport, get_transport
-from recmas_ray.distributed.actors import AGENT_EXIT_AFTER_ENV, AgentActor, RayPool, RDTAgentActor
-from recmas_ray.distributed.cluster import init_ray  # noqa: F401 (jobs/serve.py imports it from here)
+from recmas_ray.distributed.actors import AGENT_EXIT_AFTER, AgentActor, RayPool, RDTAgentActor
 from recmas_ray.distributed.placement import (ORCHESTRATOR_CPUS, ORCHESTRATOR_MAX_BATCHES, PlacementPlan,
                                               check_resources, create_placement, detect_autoscaling, gpu_count,
                                               plan_placement, replicas_that_fit)
@@ -263,8 +262,6 @@ def start_system(plan: SystemPlan, placement: PlacementConfig, *, timeout_s: flo
     env = dict(AGENT_ENV)
     if torch_threads > 0:  # Ray pins OMP threads to floor(num_cpus) (>= 1) otherwise
         env["OMP_NUM_THREADS"] = str(torch_threads)
-    if os.environ.get(AGENT_EXIT_AFTER_ENV):  # test hook, read where the agent runs
-        env[AGENT_EXIT_AFTER_ENV] = os.environ[AGENT_EXIT_AFTER_ENV]
     env.update(extra_env or {})
     opts = actor_options(transport, placement.agent_max_restarts, out_of_order=out_of_order)
     system = RaySystem(plan, {}, None, pg, {}, timeout_s, replica)
@@ -281,7 +278,7 @@ def start_system(plan: SystemPlan, placement: PlacementConfig, *, timeout_s: flo
                 system.copies[role].append(actor_cls.options(
                     num_cpus=pplan.cpus[role], num_gpus=pplan.gpus[role], scheduling_strategy=strategy,
                     runtime_env={"env_vars": env}, name=None, **opts,
-                ).remote(spec, inner, outer, torch_threads))
+                ).remote(spec, inner, outer, torch_threads, AGENT_EXIT_AFTER.get(role)))
             system.handles[role] = system.copies[role][0]
     except BaseException:
         system.shutdown()

@@ -34,14 +34,14 @@ from recmas_ray.config.inputs import OutputLock
 from recmas_ray.eval.config import EvalConfig
 from recmas_ray.config.recursion import RecursionConfig
 from recmas_ray.eval.benchmarks import load_benchmark
-from recmas_ray.eval.fingerprint import (bench_name, check_fingerprint, fingerprint_diff,  # noqa: F401
-                                         fingerprint_path, link_hashes, read_fingerprint, resolved_runtime,
-                                         run_fingerprint, verify_resume)
+from recmas_ray.eval.fingerprint import (bench_name, check_fingerprint, fingerprint_path, link_hashes,
+                                         resolved_runtime, run_fingerprint, verify_resume)
 from recmas_ray.eval.protocol import Resolution, metric_k, resolve
 from recmas_ray.eval.plots import plot_vs_rounds
 from recmas_ray.eval.results import markdown_table, read_results, summarize, write_results
 from recmas_ray.eval.samples import VERDICT_FIELDS, SampleWriter, read_samples, sample_key, timestamp, with_verdicts
-from recmas_ray.eval.stream import FAIL_DOCS_ENV, for_rollout, parse_fail_docs, solve_and_grade, with_batch_retries
+from recmas_ray.eval import stream
+from recmas_ray.eval.stream import for_rollout, solve_and_grade, with_batch_retries
 from recmas_ray.eval.tasks import get_task
 from recmas_ray.styles import question_with_interface
 from recmas_ray.styles.prompts import prompt_set_hash
@@ -133,7 +133,7 @@ class Backend:
         def retry(texts, suffixes, n, decode):
             return self.pool.get(self.pool.retry_format(decoder, texts, suffixes, n, cfg=decode), what="format retry")
 
-        rc, fail_docs = recursion_for(cfg, method, 0), parse_fail_docs(os.environ.get(FAIL_DOCS_ENV))
+        rc, fail_docs = recursion_for(cfg, method, 0), stream.FAULTS.fail_docs
         for batch, rollout in batches:
             def attempt(batch=batch, rollout=rollout):
                 return solve_and_grade(batch, rollout, method, rc, cfg.grader, solve,

@@ -26,7 +26,7 @@ from recmas_ray.eval.code_graders import (CODE_PRELUDE, CodeResult, compare_stdi
 from recmas_ray.eval.tasks import TASK_TYPES, GradeResult, get_task  # noqa: F401
 from recmas_ray.eval.tasks.math import (extract_boxed, extract_math_answer,  # noqa: F401
                                         grade_math_reference, grade_math_strict, reference_math_strategy)
-from recmas_ray.eval.tasks.multiple_choice import LETTERS, extract_choice, shuffle_options  # noqa: F401
+from recmas_ray.eval.tasks.multiple_choice import extract_choice, shuffle_options  # noqa: F401
 from recmas_ray.eval.tasks.qa import exact_match, f1_score, normalize_answer, normalize_date  # noqa: F401
 
 __all__ = [

@@ -27,7 +27,6 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Any
 
-from recmas_ray.eval.config import PROTOCOLS  # noqa: F401 - one list of names, checked by EvalConfig
 from recmas_ray.styles import get_style
 
 # Styles as the tables name them; "sequential" is this project's alias of sequential_light.

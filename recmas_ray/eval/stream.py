@@ -37,11 +37,20 @@ from recmas_ray.eval.tasks import get_task
 from recmas_ray.config.recursion import RecursionConfig
 from recmas_ray.runner import SampleResult
 
-# Fault injection for tests: a client exits hard before its (N+1)-th batch, once (not after a restart).
-EXIT_AFTER_ENV = "RECMAS_EVAL_CLIENT_EXIT_AFTER"
-# Fault injection for tests: "DOC_ID:N,..." fails the first N attempts of the batch holding DOC_ID
-# (N omitted: every attempt).
-FAIL_DOCS_ENV = "RECMAS_EVAL_FAIL_DOCS"
+
+
+@dataclasses.dataclass(frozen=True)
+class Faults:
+    """Failures a test injects into a run (the fixture `inject_faults` sets `FAULTS`); none in a real run."""
+
+    fail_docs: dict[str, int] = dataclasses.field(default_factory=dict)
+    """doc_id -> how many attempts of the batch holding it fail (a huge number: every one)."""
+    client_exit_after: int | None = None
+    """A Ray Data client process exits hard before its (N+1)-th batch, once (not after a restart)."""
+
+
+FAULTS = Faults()
+"""The faults of the runs this process starts (read when a run starts; the clients get them as arguments)."""
 
 RetryFn = Callable[[list[str], list[str], int, object], list]
 """(texts, suffixes, max_new_tokens, decode cfg) -> list[Decoded] of the continuations."""
@@ -129,15 +138,6 @@ def error_records(batch: list[dict], method: str, rollout: int, rc: RecursionCon
              "correct": False, "error": error[:2000], "attempts": attempts, "replica": replica} for i in batch]
 
 
-def parse_fail_docs(text: str | None) -> dict[str, int]:
-    """The FAIL_DOCS_ENV test hook: {"doc_id": attempts that fail} (a huge number: always)."""
-    out = {}
-    for item in filter(None, (text or "").split(",")):
-        doc, _, n = item.partition(":")
-        out[doc] = int(n) if n else 10**9
-    return out
-
-
 def with_batch_retries(batch: list[dict], rollout: int, method: str, recursion: RecursionConfig, max_retries: int,
                        attempt: Callable[[], tuple[list[dict], int | None]], *, fail_docs: dict | None = None,
                        on_error: Callable[[int, BaseException], None] | None = None) -> list[dict]:
@@ -223,7 +223,7 @@ class EvalClient:
 
 
 CLIENTS_PER_ACTOR = 2
-"""Auto depth: batches in flight per agent actor. Measured on simulated agents (issue 23): busy 0.31 /
+"""Auto depth: batches in flight per agent actor. Measured on simulated agents: busy 0.31 /
 0.56 / 0.75 / 0.89 at 1 / 2 / 3 / 8 batches for 3 stages; about two per stage keeps each one fed
 while a batch waits on its upstream step."""
 STORE_SHARE = 0.25
@@ -298,7 +298,6 @@ def stream_samples(system, batches: list[tuple[list[dict], int]], method: str, r
              "items": json.dumps(b, ensure_ascii=False, default=str)} for b, r in batches]
     ctx = ray.data.DataContext.get_current()
     ctx.enable_progress_bars = False  # the driver shows its own bar (samples, accuracy, samples/s)
-    exit_after = os.environ.get(EXIT_AFTER_ENV)
     system0 = replicas.systems[0]
     num_actors = len(system0.actors()) if hasattr(system0, "actors") else len(system0.handles)
     depth = batches_in_flight(cfg, num_actors, num_replicas=replicas.num_replicas,
@@ -329,8 +328,7 @@ def stream_samples(system, batches: list[tuple[list[dict], int]], method: str, r
                                    "router": replicas.router, "method": method,
                                    "recursion": recursion, "grader": grader, "format_retry": format_retry,
                                    "timeout_s": timeout_s, "max_batch_retries": max_batch_retries,
-                                   "exit_after": int(exit_after) if exit_after else None,
-                                   "fail_docs": parse_fail_docs(os.environ.get(FAIL_DOCS_ENV))})
+                                   "exit_after": FAULTS.client_exit_after, "fail_docs": FAULTS.fail_docs})
     try:
         # No prefetch: iter_rows' one-block prefetch holds each output back until the next one
         # arrives, so a crash would also lose a finished batch that never reached the file.

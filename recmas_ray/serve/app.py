@@ -92,7 +92,7 @@ class RecMASServer:
 
     @api.get("/metrics")
     def metrics(self):
-        from recmas_ray.serve.metrics import CONTENT_TYPE_LATEST
+        from prometheus_client import CONTENT_TYPE_LATEST
 
         return Response(self.metrics.exposition(self.batcher.queued_rows, self.batcher.running),
                         media_type=CONTENT_TYPE_LATEST)

@@ -176,13 +176,6 @@ def parse_request(body: Any, *, kind: str, served_name: str, defaults: Recursion
                       seeded=body.get("seed") is not None)
 
 
-def parse_chat_request(body: Any, *, served_name: str, defaults: RecursionConfig, default_task: str,
-                       max_input_chars: int) -> GenRequest:
-    """`parse_request` of a chat-completions body."""
-    return parse_request(body, kind="chat", served_name=served_name, defaults=defaults, default_task=default_task,
-                         max_input_chars=max_input_chars)
-
-
 def _stops(stop: Any) -> list[str]:
     if stop is None:
         return []

@@ -34,7 +34,7 @@ from ray.cluster_utils import Cluster
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, ROOT)
 
-from recmas_ray.agent import DecodeConfig  # noqa: E402
+from recmas_ray.config.recursion import DecodeConfig  # noqa: E402
 from recmas_ray.distributed.actors import RayPool, from_wire  # noqa: E402
 from recmas_ray.distributed.driver import build_ray_system, build_replicas  # noqa: E402
 from recmas_ray.config.placement import PlacementConfig  # noqa: E402

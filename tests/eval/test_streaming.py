@@ -7,8 +7,8 @@ import os
 
 import pytest
 
-from recmas_ray.agent import Decoded
-from recmas_ray.eval.stream import EXIT_AFTER_ENV, format_retry, needs_format_retry
+from recmas_ray.decoding import Decoded
+from recmas_ray.eval.stream import format_retry, needs_format_retry
 from recmas_ray.eval.tasks import get_task
 from recmas_ray.runner import SampleResult
 
@@ -125,18 +125,18 @@ def config(qfile, out, backend, *extra):
 
 
 @pytest.mark.integration
-def test_killed_client_ends_run_then_resume_completes(shared_system, qfile, local_run, tmp_path, monkeypatch):
+def test_killed_client_ends_run_then_resume_completes(shared_system, qfile, local_run, tmp_path, inject_faults):
     from recmas_ray.eval.driver import evaluate
 
     out = tmp_path / "crash"
     one = ["--method", "recursive_mas", "--batch_size", "1", "--max_inflight_batches", "1"]
-    monkeypatch.setenv(EXIT_AFTER_ENV, "2")  # the client dies before its third batch
+    inject_faults(client_exit_after=2)  # the client dies before its third batch
     with pytest.raises(RuntimeError, match="rerun with --resume"):
         evaluate(config(qfile, out, "ray", *one, "--client_max_restarts", "0"), system=shared_system)
     first = samples(out)
     assert 1 <= len(first) <= 2  # finished batches reached the file before the client died
     # The rerun (>= 2 batches left) loses its client before the second batch; Ray Data restarts it.
-    monkeypatch.setenv(EXIT_AFTER_ENV, "1")
+    inject_faults(client_exit_after=1)
     evaluate(config(qfile, out, "ray", *one, "--resume"), system=shared_system)
     rows = samples(out)
     assert len(rows) == 4 and len(by_key(rows)) == 4
