@@ -312,7 +312,7 @@ class System:
             {"results": metrics per benchmark/method, "samples_path", "results_path", "table"}.
         """
         self._check_open()
-        from recmas_ray.eval.driver import evaluate
+        from recmas_ray.eval.run import evaluate
 
         cfg = dataclasses.replace(
             self.cfg, dataset=dataset, dataset_path=dataset_path, methods=list(methods), num_samples=num_samples,

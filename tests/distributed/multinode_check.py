@@ -162,7 +162,7 @@ def check_auto_replicas(names: dict, timeout_s: float) -> dict:
 def check_replicas(names: dict, timeout_s: float, workdir: str) -> dict:
     """Two replicas on the fake-GPU nodes, an evaluation streamed over both, and the local backend."""
     from recmas_ray.eval.config import EvalConfig, StreamConfig
-    from recmas_ray.eval.driver import evaluate
+    from recmas_ray.eval.run import evaluate
     from recmas_ray.eval.samples import read_samples
 
     qfile = os.path.join(workdir, "questions.jsonl")

@@ -126,7 +126,7 @@ def config(qfile, out, backend, *extra):
 
 @pytest.mark.integration
 def test_killed_client_ends_run_then_resume_completes(shared_system, qfile, local_run, tmp_path, inject_faults):
-    from recmas_ray.eval.driver import evaluate
+    from recmas_ray.eval.run import evaluate
 
     out = tmp_path / "crash"
     one = ["--method", "recursive_mas", "--batch_size", "1", "--max_inflight_batches", "1"]
@@ -145,7 +145,7 @@ def test_killed_client_ends_run_then_resume_completes(shared_system, qfile, loca
 
 
 def test_rounds_sweep_plots_one_point_per_method_and_round(qfile, tiny_cache, tmp_path, monkeypatch):
-    import recmas_ray.eval.driver as ev
+    import recmas_ray.eval.run as ev
 
     seen = []
     monkeypatch.setattr(ev, "plot_vs_rounds", lambda rows, path: seen.extend(rows) or ev.Path(path))
@@ -159,7 +159,7 @@ def test_rounds_sweep_plots_one_point_per_method_and_round(qfile, tiny_cache, tm
 
 
 def test_failed_run_exits_1_pointing_to_resume(qfile, tmp_path, monkeypatch, capsys):
-    import recmas_ray.eval.driver as ev
+    import recmas_ray.eval.run as ev
 
     def boom(*a, **k):
         raise RuntimeError("evaluation stream of recursive_mas failed (ActorDiedError); rerun with --resume")

@@ -1,4 +1,4 @@
-"""Evaluation driver behind `jobs/run.py`: questions in, graded samples and lm-eval-style results out.
+"""An evaluation run behind `jobs/run.py`: questions in, graded samples and lm-eval-style results out.
 
 Order of work, so that bad input fails before any model loads:
   0. resolve --protocol (it fills the settings the user did not give, see `eval/protocol.py`)
@@ -86,7 +86,7 @@ def run_warnings(cfg: EvalConfig, plan) -> list[str]:
             f"measure nothing; use --preset demo|paper or --models ROLE=MODEL"]
 
 
-class Backend:
+class BatchRunner:
     """Runs batches in-process or on a Ray system; `stream` yields graded sample records."""
 
     def __init__(self, cfg: EvalConfig, plan, system=None):
@@ -180,7 +180,7 @@ def _evaluate_locked(cfg: EvalConfig, plan, items: list[dict], fingerprint: dict
     check_fingerprint(samples_file, fingerprint, resume=cfg.resume)
     save_config(cfg, cfg.output_path)
     start = time.time()
-    backend = Backend(cfg, plan, system)
+    backend = BatchRunner(cfg, plan, system)
     wall, fresh = {}, {}
     try:
         with SampleWriter(samples_file) as writer:
