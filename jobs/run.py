@@ -49,7 +49,7 @@ def evaluate(cfg: EvalConfig) -> int:
     from recmas_ray.eval.benchmarks import check_available
 
     check_available(cfg.dataset, cfg.dataset_path)  # before torch is imported: an offline named benchmark says so
-    from recmas_ray.eval.driver import evaluate_all
+    from recmas_ray.eval.run import evaluate_all
 
     with job_console(Path(cfg.output_path) / "logs", verbose=cfg.verbose, name="run",
                      progress=cfg.progress) as console:

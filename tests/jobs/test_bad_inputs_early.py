@@ -1,7 +1,7 @@
 """Bad inputs whose checks used to run late (after Ray started, a model loaded or a file was written) and messages
 that named the wrong cause: each row now exits 2 with one line, before anything starts or is written.
 
-Same mechanism as test_bad_inputs_issue21.py (its `world`, `nothing_heavy` and folder snapshot), more rows.
+Same mechanism as test_bad_inputs_every_job.py (its `world`, the shared `nothing_heavy` and folder snapshot).
 """
 
 from __future__ import annotations
@@ -12,7 +12,8 @@ import os
 
 import pytest
 
-from tests.jobs.test_bad_inputs_issue21 import BASES, nothing_heavy, snapshot, world  # noqa: F401 (fixtures)
+from tests.conftest import snapshot
+from tests.jobs.test_bad_inputs_every_job import BASES, world  # noqa: F401 (a fixture)
 
 ROWS = [
     # resume of a damaged samples file: refused when resuming starts, not after the agents loaded
@@ -67,7 +68,7 @@ def more(world, tmp_path):
 
 @pytest.mark.parametrize("name,job,argv,fragment", ROWS, ids=[r[0] for r in ROWS])
 def test_bad_input_is_refused_before_anything_starts(name, job, argv, fragment, more, tmp_path, capsys,
-                                                      nothing_heavy):  # noqa: F811
+                                                      nothing_heavy):
     import ray
 
     before, ray_before = snapshot(tmp_path), ray.is_initialized()
