@@ -67,7 +67,14 @@ def test_progress_bar_counts_each_question_when_its_row_stops(system):
     assert lengths[0] < lengths[-1], f"precondition: rows should stop at different steps, got {lengths}"
     err = io.StringIO()
     saved = console._current
-    console._current = console.Console(stream=io.StringIO(), err=err, progress=True)
+    from tqdm import tqdm
+
+    class EveryUpdate(console.Console):  # draws every update (tqdm skips draws within 0.1 s of the last one)
+        def bar(self, total, desc, *, unit="it", initial=0, enabled=True):
+            return tqdm(total=total, desc=desc, unit=unit, file=self.err, disable=not enabled, mininterval=0,
+                        miniters=1)
+
+    console._current = EveryUpdate(stream=io.StringIO(), err=err, progress=True)
     try:
         shown = system.generate(questions, progress=True, **kwargs)
     finally:
