@@ -1,4 +1,4 @@
-"""The package's floors, read from its own module-level imports (issue #22).
+"""The package's floors, read from its own module-level imports (docs/architecture.md#layers).
 
 Every module of ``recmas_ray`` sits on one floor; a module may import (at module level) only from its own floor
 or the floors below. The graph is built with ``ast`` from each file's top-level ``import`` / ``from`` statements

@@ -1,4 +1,4 @@
-r"""Which outer-training recipe makes trained links carry the hidden operand? (issue 25, the experiment driver)
+r"""Which outer-training recipe makes trained links carry the hidden operand? (the experiment driver)
 
 One run: generate the hidden-operand set (`synthetic_hidden`: only the planner is told "x = 17."; critic and
 solver see "What is x - 8?"), split train / held-out (disjoint, checked), train the inner links once (shared
@@ -18,7 +18,7 @@ flags) and the table to <out_dir>/summary.md. Recipes (`RECIPES`; --recipes pick
 
   demo_today      K = 8, R = 1, lr 1e-4, HF warmup (first step at lr 0): the demo's outer recipe as it was
   release         K = 80, R = 2, lr 5e-4, warmup 1 shifted (first step > 0), steps/rows as given
-  release_lr1e-3  release at lr 1e-3 (the issue's longer run used it)
+  release_lr1e-3  release at lr 1e-3 (the lr of a longer earlier run)
   +norm           release + latents rescaled to the target's token-embedding norm (non-reference)
   +bridge         release + ridge bridge init of the outer links (non-reference)
   +value          release + answer value tokens weighted 5x in the loss (non-reference)
@@ -106,7 +106,7 @@ class SweepRecipeConfig:
     num_train: Annotated[int, Range(2, 1500)] = 512
     """Generated training rows."""
     num_eval: Annotated[int, Range(2, 500)] = 128
-    """Held-out questions (the issue's target needs >= 128)."""
+    """Held-out questions (a McNemar test at p < 0.01 needs >= 128)."""
     inner_steps: Annotated[int, Range(1, 1_000_000)] = 48
     """Inner-loop steps per role (trained once, shared by every recipe)."""
     inner_lr: Annotated[float, Range(0, 1, lo_open=True)] = 3e-3

@@ -42,7 +42,7 @@ EXIT_AFTER_ENV = "RECMAS_EVAL_CLIENT_EXIT_AFTER"
 # (N omitted: every attempt).
 FAIL_DOCS_ENV = "RECMAS_EVAL_FAIL_DOCS"
 
-# The release's suffixes (recursivemas.md section 5); QA prompts also ask for \boxed{}.
+# The release's suffixes; QA prompts also ask for \boxed{}.
 RETRY_SUFFIXES = {"math": "\nFinal Answer: \\boxed{", "qa": "\nFinal Answer: \\boxed{",
                   "choice": "\nFinal Choice: \\boxed{",
                   "code": "\n\nThe previous output format was invalid.\nFinal Code:\n```python\n"}
@@ -232,7 +232,7 @@ class EvalClient:
 
 
 CLIENTS_PER_ACTOR = 2
-"""Auto depth: batches in flight per agent actor. Measured on simulated agents (issue 23): busy 0.31 /
+"""Auto depth: batches in flight per agent actor. Measured on simulated agents (`jobs.bench.scale`): busy 0.31 /
 0.56 / 0.75 / 0.89 at 1 / 2 / 3 / 8 batches for 3 stages; about two per stage keeps each one fed
 while a batch waits on its upstream step."""
 STORE_SHARE = 0.25

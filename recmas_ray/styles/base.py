@@ -29,7 +29,7 @@ FINAL_INSTRUCTIONS = {
     "qa": "Answer the question. You may use available tools if needed. Put the final short answer within \\boxed{}.",
 }
 
-# The release's code-task interface line (spec section 4.1, code variants): a function to return,
+# The release's code-task interface line (its code variants of the prompts): a function to return,
 # or a whole program on stdin/stdout. Rendered after the question by `question_with_interface`.
 INTERFACE_LINES = {
     "functional": "Interface: implement and return the function `{fn_name}` only.",

@@ -1,4 +1,4 @@
-"""Outer-loop training (spec section 8): the training samples and one stage of the unrolled,
+"""Outer-loop training: the training samples and one stage of the unrolled,
 teacher-forced system as a function of its incoming latents.
 
 Every step of `build_schedule(style, R)` is one *stage call* on the role that owns it:
@@ -10,7 +10,7 @@ Every step of `build_schedule(style, R)` is one *stage call* on the role that ow
       -> z = inner_role(first K of H)                       K = max_latent_tokens
       -> message per output edge: outer_edge(z)              flat [sum K_b, E], sent to the edge's target
       -> decoder role only: CE on its gold answer, weighted 1 in round R and
-         non_last_loss_weight / (R - 1) in rounds 1..R-1 (spec: loss_R + 0.1 * mean(loss_1..R-1))
+         non_last_loss_weight / (R - 1) in rounds 1..R-1 (the release: loss_R + 0.1 * mean(loss_1..R-1))
 
 The pipeline workers (`pipeline.py`) call `encode_stage` + `emit_messages` for their own steps; the single-
 process reference (`reference.py`) is written separately, per sample, on purpose. A stage with no incoming

@@ -1,6 +1,6 @@
 """Single-process autograd reference of the outer loop: every agent in this process, plain `loss.backward()`.
 
-Written straight from the spec's pseudo-code (section 8), one sample at a time and without padding, so it
+Written straight from the outer loop's definition (below), one sample at a time and without padding, so it
 shares nothing with the pipeline path except the Agent, the links, the schedule and the data fields:
 
     for each sample:

@@ -1,4 +1,4 @@
-"""Issue 21's bad inputs to the Python API, as data: each call raises ValueError (TypeError for a wrong type)
+"""Bad inputs to the Python API, as data: each call raises ValueError (TypeError for a wrong type)
 naming the argument, before any model loads, any file is written or Ray starts."""
 
 from __future__ import annotations

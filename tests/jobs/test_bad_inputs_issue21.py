@@ -1,4 +1,4 @@
-"""Issue 21's held-out bad inputs, as data: every row exits 2 with one line naming the setting, no traceback,
+"""Held-out bad inputs, as data: every row exits 2 with one line naming the setting, no traceback,
 nothing written anywhere under the test's folder, no model loaded, no Ray started.
 
 Rows are (id, job, argv, fragment of the error line); `{name}` in argv is a file the `world` fixture built.

@@ -1,5 +1,5 @@
 """One launcher, one pool protocol: `system.launch.start_agents` gives a local pool or Ray replicas, and both
-pools run retry_format and set_links the same way (issue #22 item 3)."""
+pools run retry_format and set_links the same way."""
 
 import pytest
 import torch

@@ -92,7 +92,7 @@ class DemoConfig:
     outer_steps: Annotated[int, Range(1, 1_000_000)] = 16
     """Outer-loop steps."""
     outer_lr: Annotated[float, Range(0, 1, lo_open=True)] = 1e-4
-    """Outer-loop learning rate (the spec's stable value; the reference default 5e-4 spiked)."""
+    """Outer-loop learning rate (a third-party re-run's stable value; the reference default 5e-4 spiked)."""
     outer_rounds: Annotated[int, Range(0, MAX_ROUNDS)] = 0
     """R unrolled in every outer-loop step; 0: the largest evaluated R (train at the depth you test)."""
     outer_batch_size: Annotated[int, Range(1, 1024)] = 2

@@ -84,7 +84,7 @@ def _mv_timeout() -> int | None:
 
 def _as_math(text: str) -> str:
     # An escaped dollar is a currency sign, not a math delimiter: MATH500 writes 3 gold answers
-    # as "\\$18.90" and math_verify cannot parse those (issue 16 item 6), so it is dropped first.
+    # as "\\$18.90" and math_verify cannot parse those, so it is dropped first.
     text = text.strip().replace("\\$", "")
     return text if ("$" in text or "\\boxed" in text) else f"${text}$"
 
