@@ -128,7 +128,7 @@ if __name__ == "__main__":
 
 
 def test_every_job_keeps_its_flags(built, capsys):
-    """Nesting a section (`system`) keeps every flag a job accepted (job_flags.json, recorded
+    """Nesting a section (e.g. `system`) keeps every flag a job accepted (job_flags.json, recorded
     before the change) and adds dotted names only."""
     import json
     from pathlib import Path
