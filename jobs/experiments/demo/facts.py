@@ -87,7 +87,7 @@ def run_facts(cfg, out: Path, console) -> dict:
         result = json.loads((run / sc.recipes[0] / "result.json").read_text())
         baselines = json.loads((run / "baselines.json").read_text())
         got = lead_lines(style, task, sc, result, baselines)
-        console.done(f"{time.perf_counter() - t0:.0f} s; " + got[0].split(": ", 1)[1])
+        console.done(f"{time.perf_counter() - t0:.0f} s")
         lines += got
         tables.append(task_table(style, task, sc, result, baselines))
         results[f"{style}:{task}"] = {"lines": got, "seconds": time.perf_counter() - t0, "out_dir": str(run)}
