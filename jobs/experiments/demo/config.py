@@ -55,10 +55,10 @@ class FactsConfig:
     """Held-out questions whose fact values occur in training (the questions never do)."""
     num_unseen: Annotated[int, Range(0, 200)] = 64
     """Held-out questions whose fact values never occur in training."""
-    inner_steps: Annotated[int, Range(1, 100_000)] = 24
-    """Inner-loop steps per role."""
-    outer_steps: Annotated[int, Range(1, 100_000)] = 160
-    """Outer-loop steps."""
+    inner_steps: Annotated[int, Range(1, 100_000)] = 48
+    """Inner-loop steps per role (the one-hop run that carried the fact used 48; 24 with 160 outer steps did not)."""
+    outer_steps: Annotated[int, Range(1, 100_000)] = 320
+    """Outer-loop steps (320: the one-hop run that carried the fact, 79/128; 160 gave 2/64, docs/learning_runs.md)."""
     batch_size: Annotated[int, Range(1, 64)] = 4
     """Outer-loop rows per step."""
     latent_steps: Annotated[int, Range(1, 256)] = 16
