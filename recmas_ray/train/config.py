@@ -32,6 +32,8 @@ MAX_STEPS = 10**9
 """How spliced latents are scaled (`Agent.set_latent_norm`): none (the release) or embedding (each latent row
 rescaled to the receiving model's mean token-embedding norm, as LatentMAS does; non-reference)."""
 OUTER_INITS = ("default", "bridge")
+ROLLOUT_STAGES = ("first", "all")
+"""--rollout_stages: which stages send their latent rollout instead of hidden states over their gold turn."""
 
 
 SYNTHETIC_NAMES = (SYNTHETIC, "synthetic_short", "synthetic_hidden")
@@ -268,6 +270,13 @@ class OuterTrainConfig(TrainConfig):
     a stage with no incoming latents (round 1's first stage: planner, expert, the mixture experts) passes its
     m-step latent rollout from the prompt instead, the very latents inference sends (no gold text read), so the
     links train on what they will receive; stages with incoming latents stay teacher-forced."""
+    rollout_stages: Annotated[str, OneOf(ROLLOUT_STAGES)] = "first"
+    """With --rollout_latent_steps m > 0: first (only stages without incoming latents send their rollout; the
+    others stay teacher-forced on their gold turn) or all (non-reference: every stage sends what inference
+    sends, its m-step rollout from its prompt with the received latents spliced in, the graph kept so the loss
+    reaches every upstream outer link; the decoder's feedback in rounds < R is its rollout too, so no latent
+    holds hidden states over a gold turn; the decoder's loss stays teacher-forced on the gold answer).
+    --recompute re-runs each stage, rollout included, in the backward sweep where memory needs it."""
     value_token_weight: Annotated[float, Range(0, 1e6, lo_open=True)] = 1.0
     """Weight of the decoder's answer tokens that hold a digit (the answer's value) in the loss, against 1 for
     the fixed wording; each sample's CE is the weighted mean. 1 is the reference (uniform); > 1 is non-
@@ -282,6 +291,8 @@ class OuterTrainConfig(TrainConfig):
         super().validate()
         if self.num_microbatches > self.batch_size:
             raise ValueError(f"--num_microbatches {self.num_microbatches} exceeds --batch_size {self.batch_size}")
+        if self.rollout_stages != "first" and not self.rollout_latent_steps:
+            raise ValueError(f"--rollout_stages {self.rollout_stages}: needs --rollout_latent_steps m > 0")
         if self.eval_every and not self.eval_dataset:
             raise ValueError("--eval_every needs --eval_dataset (held-out rows)")
         if self.eval_dataset:
