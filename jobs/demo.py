@@ -9,8 +9,9 @@ On a local Ray cluster (or the one `ray job submit` runs in), offline:
      token reduction; per edge: message cosine, variance ratio, held-out probes; paired tests: McNemar,
      NLL differences +- SE) and the verdicts, and write a PNG
 
-  python jobs/demo.py                    # hidden-fact tasks: distillation and sequential recall, the compare task
-  python jobs/demo.py --tasks arithmetic # the standard arithmetic task alone (real small models, R = 1)
+  python jobs/demo.py                    # the standard arithmetic task (real small models, R = 1)
+  python jobs/demo.py --tasks distillation:recall,sequential_light:recall,distillation:compare,arithmetic
+                                         # hidden-fact tasks first (about an hour more on 2 cores)
   python jobs/demo.py --rounds 1,2       # also R = 2 (about 7 more minutes)
   python jobs/demo.py --full             # 96 questions, R = 1, 2, more training, about 40 min
   python jobs/demo.py --quick            # smoke run, a few minutes

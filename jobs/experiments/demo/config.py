@@ -83,9 +83,11 @@ class DemoConfig:
     role_models (e.g. --role_model critic=pkg:smollm2-135m-instruct; recorded in every checkpoint manifest and
     the results) and seed (of data, links and training; at most MAX_SEED)."""
     tasks: Annotated[list[str], OneOf(FACT_TASK_CHOICES), NonEmpty()] = field(
-        default_factory=lambda: ["distillation:recall", "sequential_light:recall", "distillation:compare"])
+        default_factory=lambda: ["arithmetic"])
     """What runs, in order (FACT_TASK_CHOICES): hidden-fact tasks STYLE:TASK, whose answer lines come first, and
-    arithmetic, the standard task (--full adds it and mixture)."""
+    arithmetic, the standard task. The default is arithmetic alone: the fact tasks' measured settings do not yet
+    carry the fact within the default's time budget (docs/learning_runs.md); name them to run them
+    (--tasks distillation:recall,sequential_light:recall,distillation:compare, about an hour on 2 cores)."""
     facts: FactsConfig = field(default_factory=FactsConfig)
     """The hidden-fact tasks' sizes and recipe (--facts.outer_steps ...)."""
     difficulty: Annotated[str, OneOf(tuple(DIFFICULTIES))] = "arith"
