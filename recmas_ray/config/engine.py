@@ -24,7 +24,7 @@ class EngineConfig:
     Needs `static_cache`."""
     compile_step: bool = False
     """torch.compile the one-position step of the rollout and decode. Off by default: measured by
-    `jobs/bench/speed.py` (figure e) it does not pay on CPU for the small models here (see README)."""
+    `jobs/bench/speed.py` (figure g) it does not pay on CPU for the small models here (docs/results.md)."""
     decode_sync_every: Annotated[int, Range(1, 4096)] = 8
     """Decoded tokens between host checks of "every row reached EOS" (1: check every token, like the
     earlier loop). Tokens picked after the last row stopped are dropped, so outputs do not change."""

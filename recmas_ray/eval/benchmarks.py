@@ -10,7 +10,7 @@ Every loader returns plain dicts (Ray Data friendly) with the base keys
 `interface` = {"type": "functional" | "stdin", "fn_name": name or None}: what the prompt asks for
 (the interface line, `styles.question_with_interface`) and how the grader calls the program.
 
-Where the data comes from, in order (recursivemas.md section 10, offline.md section 5):
+Where the data comes from, in order (docs/usage.md):
 1. `path=` given to `load_benchmark` (a .jsonl, .json, .csv or .parquet file, or a directory of
    .jsonl files for LiveCodeBench's test.jsonl ... test6.jsonl);
 2. the benchmark's environment variable, e.g. `RECMAS_MATH500_PATH` (see `BENCHMARKS`);

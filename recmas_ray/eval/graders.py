@@ -1,7 +1,7 @@
 """Answer graders for the paper's benchmarks: math, multiple choice, code and open-domain QA.
 
 Every grader is a pure function of (model output, gold); `grade(task_type, record, response, mode)`
-is the one entry point callers need. Two modes exist (recursivemas.md sections 10 and 11):
+is the one entry point callers need. Two modes exist (docs/reproducing.md#sources):
 
 - ``strict`` (default): math answers are compared with `math_verify`, an unparsable answer is
   wrong, QA uses SQuAD-style exact match over every published gold alias.

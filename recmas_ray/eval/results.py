@@ -1,4 +1,4 @@
-"""Evaluation results in lm-evaluation-harness's layout (style.md section 9); per-sample records are in
+"""Evaluation results in lm-evaluation-harness's layout (docs/usage.md); per-sample records are in
 `eval/samples.py`, the PNG in `eval/plots.py`.
 
 - `summarize`: accuracy with standard error, pass@k, tokens, latent steps, and the run's two timings:

@@ -1,4 +1,4 @@
-"""Per-sample evaluation records in lm-evaluation-harness's layout (style.md section 9): the streaming writer
+"""Per-sample evaluation records in lm-evaluation-harness's layout (docs/usage.md): the streaming writer
 and the readers `--resume` uses.
 
 - `SampleWriter`: append-only `samples_<benchmark>_<time>.jsonl`, one line per finished sample,

@@ -1,4 +1,4 @@
-"""`SystemConfig`: the one section of a job config that chooses a system (issue #22).
+"""`SystemConfig`: the one section of a job config that chooses a system.
 
 Style, base models (preset and per-role `role_models`), links (`links`, `ckpt_override`), prompt set, device,
 dtypes and seed: what `plan_system(cfg.system, task=...)` turns into a `SystemPlan`. Every job that builds a

@@ -37,7 +37,7 @@ def test_strict_math_grader(pred, gold, expected):
 
 
 def test_reference_grader_reproduces_the_release_false_positives():
-    # intpart: 4.5 -> "4" and 14/3 -> 4.666 -> "4", counted equal by the release (spec section 11).
+    # intpart: 4.5 -> "4" and 14/3 -> 4.666 -> "4", counted equal by the release (docs/reproducing.md#sources).
     assert G.reference_math_strategy("4.5", r"\frac{14}{3}") == "intpart"
     assert G.grade_math_reference(r"\boxed{4.5}", r"\frac{14}{3}") is True
     # digits: (3,5) vs 35.

@@ -173,7 +173,7 @@ def test_quick_and_full_are_recipes_flags_still_win(capsys):
 def test_demo_quick_on_tiny_preset(tmp_path, ray_cluster, capsys):
     out = tmp_path / "demo"
     assert demo_job.main(["--preset", "tiny", "--quick", "--backend", "local", "--output_path", str(out),
-                          "--no_progress", "--role_model", "critic=tiny:mistral"]) == 0
+                          "--no_progress", "--role_model", "critic=tiny:mistral", "--tasks", "arithmetic"]) == 0
     printed = capsys.readouterr().out
     data = json.loads((out / "demo_results.json").read_text())
     rows, n = data["rows"], data["heldout_size"]
@@ -227,6 +227,28 @@ def test_demo_quick_on_tiny_preset(tmp_path, ray_cluster, capsys):
     assert data["role_models"] == {"planner": "tiny:qwen3", "critic": "tiny:mistral", "solver": "tiny:gemma3"}
     assert json.loads((out / "inner" / "critic" / "manifest.json").read_text())["base_model"] == "tiny:mistral"
     assert "tiny:mistral" in (out / "outer" / "manifest.json").read_text()
+
+
+@pytest.mark.integration
+@pytest.mark.timeout(1800)
+def test_demo_leads_with_the_fact_answer_on_tiny_preset(tmp_path, ray_cluster, capsys):
+    """The hidden-fact phase: its answer line per style, task and held-out split comes first, then the tables."""
+    import re
+
+    out = tmp_path / "demo"
+    assert demo_job.main(["--preset", "tiny", "--quick", "--output_path", str(out), "--no_progress",
+                          "--tasks", "distillation:recall,distillation:compare"]) == 0
+    lines = [ln for ln in capsys.readouterr().out.splitlines() if ln.strip()]
+    answers = [ln for ln in lines if ln.startswith("distillation ") and "McNemar p" in ln]
+    assert len(answers) == 4, lines  # two tasks x (seen, unseen values)
+    assert re.match(r"distillation recall \(seen values\): trained links carry the fact: \d+/8 own vs \d+/8 shuffled "
+                    r"vs \d+/8 fresh \(McNemar p [\d.e+-]+ vs shuffled, [\d.e+-]+ vs fresh\)$", answers[0]), answers[0]
+    assert re.match(r"distillation compare \(unseen values\): trained RecursiveMAS \d+/4 vs single agent \d+/4 vs "
+                    r"TextMAS \d+/4 ", answers[3]), answers[3]
+    first_table = next(i for i, ln in enumerate(lines) if ln.startswith("|"))
+    assert first_table > lines.index(answers[-1])  # the answers come before every table
+    summary = json.loads((out / "facts" / "summary.json").read_text())
+    assert summary["lines"] == answers
 
 
 @pytest.mark.parametrize("rounds", [[1], [1, 2]])

@@ -125,7 +125,7 @@ CHANNEL_MIN_N = 128
 
 def channel_verdicts(rows: list[dict], tests: list[dict]) -> list[str]:
     """Hidden-operand task: between the floor (single agent without the fact) and the ceiling (given it), do
-    trained links beat fresh and shuffled ones with McNemar p < 0.01 on >= 128 questions (issue 25)?"""
+    trained links beat fresh and shuffled ones with McNemar p < 0.01 on >= 128 questions?"""
     by = {(r["variant"], r["rounds"]): r for r in rows}
     floor, ceiling = by.get(("single_agent", 1)), by.get(("single_agent/fact", 1))
     if ceiling is None:
