@@ -131,8 +131,8 @@ class Measurer:
         correct, fact_nll, result_nll, feats, preds = [], [], [], {}, []
         decoder = self.pool.services[self.style.decoder].agent
 
-        def retry(texts, suffixes, n, decode):
-            return self.pool.retry_format(self.style.decoder, texts, suffixes, n, cfg=decode)
+        def retry(texts, suffixes, n, decode, context=None):
+            return self.pool.retry_format(self.style.decoder, texts, suffixes, n, cfg=decode, context=context)
 
         for k in range(0, len(self.rows), cfg.eval_batch_size):
             rows = self.rows[k:k + cfg.eval_batch_size]

@@ -129,8 +129,9 @@ class Backend:
         def solve(qs, ts, rc):
             return run_batch(self.pool, self.plan.style, qs, ts, rc)
 
-        def retry(texts, suffixes, n, decode):
-            return self.pool.get(self.pool.retry_format(decoder, texts, suffixes, n, cfg=decode), what="format retry")
+        def retry(texts, suffixes, n, decode, context=None):
+            return self.pool.get(self.pool.retry_format(decoder, texts, suffixes, n, cfg=decode, context=context),
+                                 what="format retry")
 
         rc, fail_docs = recursion_for(cfg, method, 0), parse_fail_docs(os.environ.get(FAIL_DOCS_ENV))
         for batch, rollout in batches:

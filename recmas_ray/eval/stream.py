@@ -48,8 +48,9 @@ RETRY_SUFFIXES = {"math": "\nFinal Answer: \\boxed{", "qa": "\nFinal Answer: \\b
                   "code": "\n\nThe previous output format was invalid.\nFinal Code:\n```python\n"}
 RETRY_TOKENS = {"math": 16, "qa": 16, "choice": 16, "code": 256}
 
-RetryFn = Callable[[list[str], list[str], int, object], list]
-"""(texts, suffixes, max_new_tokens, decode cfg) -> list[Decoded] of the continuations."""
+RetryFn = Callable[..., list]
+"""(texts, suffixes, max_new_tokens, decode cfg, context) -> list[Decoded] of the continuations; `context` is
+(the batch's `runner.DecoderInput`, the rows retried) or None (pass it on to the pool's `retry_format`)."""
 
 
 def for_rollout(rc: RecursionConfig, rollout: int) -> RecursionConfig:
@@ -70,27 +71,32 @@ def needs_format_retry(item: dict, text: str) -> bool:
 def format_retry(items: list[dict], results: list[SampleResult], decode, retry: RetryFn) -> list[dict | None]:
     """Retry once every sample whose output lacks the answer format; updates `results` in place.
 
-    The raw output plus a suffix goes to the decoding agent's base model (no chat template, no
-    latents) for up to 16 more tokens (256 for code); the prediction becomes output + suffix +
-    continuation. Returns per sample the retry record, or None where no retry was needed.
+    The decoding agent continues its own reply plus a suffix ("Final Answer: \\boxed{") after the very prompt
+    it decoded from, latents spliced in (`SampleResult.decoder_input`; `AgentService.retry_format`), for up to
+    16 more tokens (256 for code); the prediction becomes output + suffix + continuation. A result without a
+    recorded input is continued from its reply alone. Returns per sample the retry record, or None where no
+    retry was needed.
     """
     infos: list[dict | None] = [None] * len(items)
-    groups: dict[int, list[int]] = {}
+    groups: dict[tuple, list[int]] = {}
     for i, (item, res) in enumerate(zip(items, results)):
         if needs_format_retry(item, res.prediction):
-            groups.setdefault(RETRY_TOKENS.get(item["task_type"], 16), []).append(i)
+            key = (RETRY_TOKENS.get(item["task_type"], 16), id(res.decoder_input))
+            groups.setdefault(key, []).append(i)
     if not groups:
         return infos
     t0 = time.perf_counter()
-    for max_new, idx in groups.items():
+    for (max_new, _), idx in groups.items():
         suffixes = [RETRY_SUFFIXES.get(items[i]["task_type"], RETRY_SUFFIXES["math"]) for i in idx]
-        outs = retry([results[i].prediction for i in idx], suffixes, max_new, decode)
+        received = results[idx[0]].decoder_input
+        context = None if received is None else (received, [results[i].decoder_row for i in idx])
+        outs = retry([results[i].prediction for i in idx], suffixes, max_new, decode, context)
         for i, suffix, out in zip(idx, suffixes, outs):
             res, text = results[i], out.text
             if items[i]["task_type"] == "code" and "```" not in text:
                 text += "\n```"  # close the fence we opened, so the block can be extracted
             infos[i] = {"raw_prediction": res.prediction, "suffix": suffix, "continuation": out.text,
-                        "tokens": out.num_tokens}
+                        "tokens": out.num_tokens, "in_context": context is not None}
             res.prediction = res.prediction + suffix + text
             res.num_text_tokens += out.num_tokens
             res.trace.append({"role": "retry", "round": None, "action": "format_retry", "latent_steps": 0,
@@ -207,8 +213,11 @@ class EvalClient:
             def solve(qs, ts, rc):
                 return self._get(orchestrator.solve.remote(qs, ts, rc, bid), f"batch {bid} (replica {replica})")
 
-            def retry(texts, suffixes, n, decode):
-                ref = decoder.retry_format.remote(texts, suffixes, n, cfg=decode)
+            def retry(texts, suffixes, n, decode, context=None):
+                from recmas_ray.runner import retry_context_args
+
+                latents, kw = retry_context_args(context)
+                ref = decoder.retry_format.remote(texts, suffixes, n, *latents, cfg=decode, **kw)
                 return self._get(ref, f"batch {bid} (replica {replica}, format retry)")
 
             return solve_and_grade(items, rollout, self.method, self.recursion, self.grader, solve,

@@ -120,8 +120,10 @@ class Agents:
         set_plan_links(self.pool, self.plans[which])
         self.current = which
 
-    def retry(self, texts, suffixes, n, decode):
-        return self.pool.get(self.pool.retry_format(self.decoder, texts, suffixes, n, cfg=decode), what="format retry")
+    def retry(self, texts, suffixes, n, decode, context=None):
+        """The answer-format retry on the decoder, continuing each reply after what it received."""
+        return self.pool.get(self.pool.retry_format(self.decoder, texts, suffixes, n, cfg=decode, context=context),
+                             what="format retry")
 
     def close(self) -> None:
         if self.system is not None:
