@@ -87,12 +87,13 @@ def test_every_figure_of_the_report_is_computed(tmp_path, tiny_cache, family):
         assert 0 <= t["mcnemar"]["p"] <= 1 and t["mcnemar"]["n"] == 10
         assert math.isfinite(t["nll_diff"]["mean"]) and math.isfinite(t["nll_diff"]["se"])
         assert set(t["nll_diff_by_class"]) == classes
-    lines = verdicts.paired_verdicts(tests) + verdicts.flow_verdicts(rows)
+    lines = verdicts.paired_verdicts(tests) + verdicts.flow_verdicts(rows, tests)
     channel = verdicts.channel_verdicts(rows, tests)
     assert len(channel) == (2 if hidden else 0)  # trained vs fresh (R = 1) and vs shuffled (R = 2)
     assert all("not shown at p < 0.01 with n >= 128" in ln for ln in channel)  # n = 10 can never show it
     assert len([ln for ln in lines if ln.startswith("paired:")]) == len(tests)
-    assert len([ln for ln in lines if ln.startswith("flow: ")]) == 2 + 5  # trained edges at R = 1 and 2
+    # trained edges at R = 1 and 2 (present in the message), and the shuffle gap at R = 2 (used by the decoder)
+    assert len([ln for ln in lines if ln.startswith("flow: ")]) == 2 + 5 + 1
     assert any("question-specific" in ln for ln in lines)
     for text in (report.table(rows), report.flow_table(rows), report.paired_table(tests)):
         assert text.count("\n") >= 3 and "nan" not in text
