@@ -160,8 +160,12 @@ def evaluate(cfg: EvalConfig, *, progress: bool = True, system=None) -> dict:
     items = load_benchmark(cfg.dataset, path=cfg.dataset_path, num_samples=cfg.num_samples, seed=cfg.system.seed,
                            json_field=cfg.dataset_json_field)
     task = items[0]["task_type"] if items[0]["task_type"] in ("math", "code") else "math"
-    plan = plan_system(cfg.system, task=task, tools=cfg.tool_loop(),
-                       ckpt_override=resolve_overrides(cfg.system.ckpt_override))
+    from recmas_ray.system.provenance import require_known_links
+
+    overrides = resolve_overrides(cfg.system.ckpt_override)
+    plan = plan_system(cfg.system, task=task, tools=cfg.tool_loop(), ckpt_override=overrides)
+    # links well-formed (plan_system read them), no model loaded yet: refuse those of unknown origin here
+    require_known_links(overrides, allow_unknown=cfg.allow_unknown_links)
     for warning in run_warnings(cfg, plan):
         current().warn(warning)
     items = [{**i, "question": question_with_interface(plan.style, i["question"], i.get("interface"))}
@@ -273,7 +277,7 @@ def finish(cfg: EvalConfig, samples_file: Path, plan, wall: dict, start: float,
               "fingerprint_file": str(fingerprint_path(samples_file))}
     extra = {"protocol": resolution.record(),
              "prompt_set": {"path": cfg.system.prompt_set, "sha256": prompt_set_hash(plan.style)},
-             "warnings": run_warnings(cfg, plan)}
+             "warnings": run_warnings(cfg, plan), "link_origins": _link_origins(cfg)}
     path = write_results(cfg.output_path, "", results, config, start_time=start, extra=extra)
     track_results(cfg, results, [path, samples_file])
     table = markdown_table(results)
@@ -286,6 +290,14 @@ def finish(cfg: EvalConfig, samples_file: Path, plan, wall: dict, start: float,
     if cfg.plot:
         out["plot_path"] = str(plot_results(cfg.output_path, bench_name(cfg), cfg.system.style))
     return out
+
+
+def _link_origins(cfg: EvalConfig) -> dict:
+    """--ckpt_override folder -> where its links came from (`system.provenance.link_origin`: path, sha256 of
+    the files, the command and config that made them, or why that is unknown)."""
+    from recmas_ray.system.provenance import link_origin
+
+    return {r: link_origin(p) for r, p in resolve_overrides(cfg.system.ckpt_override).items()}
 
 
 def plot_results(output_path: str, bench: str, style: str) -> Path:

@@ -100,6 +100,14 @@ def train_links(cfg: DemoConfig, train_file: Path, out: Path, models: dict[str, 
     return {**overrides, "outer": str(outer.save_dir), "_inner_losses": losses, "_outer_log": log}
 
 
+def link_origins(trained: dict[str, str]) -> dict:
+    """Where each link folder of the run came from (`system.provenance.link_origin`: path, sha256 of its files,
+    the command and config that trained it)."""
+    from recmas_ray.system.provenance import link_origin
+
+    return {name: link_origin(path) for name, path in trained.items()}
+
+
 def link_plans(cfg: DemoConfig, models: dict[str, str], trained: dict[str, str]) -> dict:
     """The three link sets as system plans: fresh, inner-trained (fresh outer links), inner+outer trained."""
     from recmas_ray.system.plan import plan_system
@@ -195,7 +203,8 @@ def run_demo(cfg: DemoConfig, console: Console | None = None) -> dict:
                    "nll": r["nll_per_doc"], "correct": r["correct_per_doc"],
                    "correct_lenient": r.get("correct_lenient_per_doc"), "prediction": r.get("prediction_per_doc"),
                    "nll_by_class": (r.get("flow") or {}).get("nll_by_class_per_doc")} for r in rows},
-               "training": {"inner_final_loss": inner_losses, "outer_log": outer_log, "checkpoints": trained},
+               "training": {"inner_final_loss": inner_losses, "outer_log": outer_log, "checkpoints": trained,
+                            "link_origins": link_origins(trained)},
                "phase_seconds": phases, "config": dataclasses.asdict(cfg), "heldout_size": len(items),
                "role_models": models}
     compare.write_json(out / "demo_results.json", results)
