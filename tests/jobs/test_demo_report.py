@@ -125,3 +125,49 @@ def test_verdicts_decide_on_holm_adjusted_p_values():
     flow = verdicts.flow_verdicts(task["rows"], tests)
     used = [ln for ln in flow if "used by the decoder (shuffle gap" in ln]
     assert len(used) == 1 and not any(math.isnan(float(x)) for x in re.findall(r"[-+]?\d+\.\d+", used[0]))
+
+
+def _measured(rng: random.Random, n: int, chance: float) -> dict:
+    correct = [rng.random() < chance for _ in range(n)]
+    return {"accuracy": sum(correct) / n, "correct": correct,
+            "correct_lenient": [c or rng.random() < 0.3 for c in correct],
+            "predictions": [f"p{i}" for i in range(n)], "fact_nll": [rng.uniform(0.1, 4) for _ in range(n)],
+            "result_nll": [None] * n, "probe": {}}
+
+
+def test_sweep_measurements_become_report_rows_per_split():
+    from jobs.experiments.demo.sweep_rows import rows_from_measure
+
+    rng = random.Random(7)
+    n = 48
+    baselines = {k: _measured(rng, n, c) for k, c in (("single_floor", 0.1), ("single_ceiling", 0.9), ("textmas", 0.2))}
+    result = {k: _measured(rng, n, c) for k, c in (("trained", 0.8), ("shuffled", 0.05), ("fresh", 0.05))}
+    result["tests"] = {"vs_shuffled": {}}  # not a measured run: ignored
+    seen, unseen = range(32), range(32, 48)
+    for part in (seen, unseen):
+        rows = rows_from_measure(result, baselines, positions=part, rounds=1)
+        assert [r["variant"] for r in rows] == ["single_agent", "single_agent/fact", "textmas", "recursive_mas/trained",
+                                                "ablation/shuffle", "recursive_mas/fresh"]
+        by = {r["variant"]: r for r in rows}
+        own = by["recursive_mas/trained"]
+        assert own["n"] == len(part) and own["correct"] == sum(result["trained"]["correct"][i] for i in part)
+        assert own["correct_lenient"] == sum(result["trained"]["correct_lenient"][i] or result["trained"]["correct"][i]
+                                             for i in part)
+        assert own["nll"] == pytest.approx(sum(result["trained"]["fact_nll"][i] for i in part) / len(part))
+        assert list(own["prediction_per_doc"].values()) == [f"p{i}" for i in part]
+        line = verdicts.headline([{"style": "distillation", "task": "recall", "rows": rows}])[0]
+        assert f"{own['correct']}/{len(part)} own vs {by['ablation/shuffle']['correct']}/{len(part)} shuffled" in line
+        assert report.table(rows).count("\n") == len(rows) + 1
+        assert report.build_figure([{"style": "distillation", "task": "recall", "rows": rows}]).axes
+
+
+def test_collaboration_line_tests_trained_against_single_and_textmas():
+    task = _task(8)
+    task["collaboration"] = True
+    (line,) = verdicts.collaboration([task, _task(9)])  # only the marked task
+    by = {r["variant"]: r for r in task["rows"]}
+    own, single, text = by["recursive_mas/trained"], by["single_agent"], by["textmas"]
+    assert f"trained RecursiveMAS {own['correct']}/64 vs single agent {single['correct']}/64 vs TextMAS " \
+           f"{text['correct']}/64" in line
+    p_single = _mcnemar_p(own["correct_per_doc"], single["correct_per_doc"])
+    assert f"McNemar p {p_single:.2g} vs single" in line

@@ -169,7 +169,8 @@ def build_figure(tasks: list[dict]):
         nll.set_yticks(ys)
         nll.set_yticklabels([""] * len(ys))
         nll.set_xlim(left=0)
-        nll.set_title("answer NLL (nats/token, +- SE; same rows)", fontsize=9)
+        kind = next((r["nll_kind"] for r in rows if r.get("nll_kind")), "answer")
+        nll.set_title(f"{kind} NLL (nats/token, +- SE; same rows)", fontsize=9)
         nll.grid(alpha=0.3, axis="x")
     fig.tight_layout()
     return fig

@@ -202,6 +202,30 @@ def headline(tasks: list[dict]) -> list[str]:
     return lines
 
 
+def collaboration(tasks: list[dict]) -> list[str]:
+    """Per task marked {"collaboration": True}: "STYLE / TASK, R=r: trained RecursiveMAS X/N vs single agent Y/N
+    vs TextMAS Z/N (McNemar p ...; Holm ...)" and whether it beats both (Holm-adjusted p < ALPHA, more right)."""
+    lines = []
+    for task in tasks:
+        if not task.get("collaboration"):
+            continue
+        by = {(r["variant"], r["rounds"]): r for r in task["rows"] if not r.get("same_run_as")}
+        single, text = by.get(("single_agent", 1)), by.get(("textmas", 1))
+        for (key, r), own in sorted(by.items(), key=lambda kv: kv[0][1]):
+            if key != REFERENCE or single is None or text is None:
+                continue
+            tests = [mcnemar_by_key(own["correct_per_doc"], o["correct_per_doc"]) for o in (single, text)]
+            for t, adj in zip(tests, holm([t["p"] for t in tests])):
+                t["p_holm"] = adj
+            wins = all(t["p_holm"] < ALPHA and t["a_only"] > t["b_only"] for t in tests)
+            lines.append(f"{task.get('style', '?')} / {task.get('task', '?')}, R={r}: trained RecursiveMAS "
+                         f"{own['correct']}/{own['n']} vs single agent {single['correct']}/{single['n']} vs TextMAS "
+                         f"{text['correct']}/{text['n']} (McNemar p {tests[0]['p']:.2g} vs single, {tests[1]['p']:.2g} "
+                         f"vs TextMAS; Holm {tests[0]['p_holm']:.2g}, {tests[1]['p_holm']:.2g}): "
+                         + ("collaboration beats both" if wins else f"not shown to beat both at alpha {ALPHA}"))
+    return lines
+
+
 def channel_verdicts(rows: list[dict], tests: list[dict]) -> list[str]:
     """Hidden-fact task: between the floor (single agent without the fact) and the ceiling (given it), strict
     and lenient, do trained links beat fresh and shuffled ones with McNemar p < 0.01 (Holm-adjusted over those
@@ -231,4 +255,5 @@ def channel_verdicts(rows: list[dict], tests: list[dict]) -> list[str]:
     return lines
 
 
-__all__ = ["paired_tests", "paired_verdicts", "flow_verdicts", "channel_verdicts", "headline", "ALPHA"]
+__all__ = ["paired_tests", "paired_verdicts", "flow_verdicts", "channel_verdicts", "headline", "collaboration",
+           "ALPHA"]
