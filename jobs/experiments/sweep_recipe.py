@@ -208,7 +208,7 @@ def main_cfg(cfg: SweepRecipeConfig) -> int:
     old = out / "sweep_config.json"
     if old.exists():
         prev = json.loads(old.read_text())
-        diff = sorted(k for k in want if k != "recipes" and prev.get(k) != want[k])
+        diff = sorted(k for k in want if k not in ("recipes", "allow_unknown_links") and prev.get(k) != want[k])
         if diff:
             raise ValueError(f"--out_dir {out} holds a sweep with other settings ({', '.join(diff)}); "
                              "use another --out_dir")
