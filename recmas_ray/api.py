@@ -135,6 +135,7 @@ def finish(result: SampleResult, max_new_tokens: int, stops: Sequence[str]) -> S
     "length" when the final decode used its whole budget (a row that reached EOS on exactly its last
     token is counted so too: the trace holds token counts, not the tokens), else "stop".
     """
+    result.decoder_input = None  # a caller's answer does not keep its batch's latents alive (or copy them per n)
     result.prediction, hit = cut_at_stop(result.prediction, stops)
     decoded = [t for t in result.trace if t.get("action") == "decode"]
     full = bool(decoded) and decoded[-1]["text_tokens"] >= max_new_tokens

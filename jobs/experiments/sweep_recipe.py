@@ -136,6 +136,9 @@ class SweepRecipeConfig:
     inner_from: str | None = None
     """Reuse the inner links of an earlier sweep (<inner_from>/<role>, e.g. out_exp/sweep/inner) instead of
     training them (they must come from the same --preset and --seed data)."""
+    allow_unknown_links: bool = False
+    """Use --inner_from (or earlier inner links in --out_dir) without a provenance.json matching their files
+    (`system.provenance`); they are recorded as of unknown origin in every result.json."""
     baselines: bool = True
     """Also measure the single agent without / with the fact and TextMAS (once per sweep)."""
     extra_rows: Annotated[list[str], OneOf(("zeroed", "bridge_init"))] = field(
@@ -151,6 +154,11 @@ class SweepRecipeConfig:
         roles = get_style(self.style).roles
         if self.inner_from and not all((Path(self.inner_from) / r / "manifest.json").exists() for r in roles):
             raise ValueError(f"--inner_from {self.inner_from!r}: expected <dir>/<role>/manifest.json for {list(roles)}")
+        if self.inner_from:
+            from recmas_ray.system.provenance import require_known_links
+
+            require_known_links({r: str(Path(self.inner_from) / r) for r in roles}, what="--inner_from",
+                                allow_unknown=self.allow_unknown_links)
 
 
 def _inner(cfg: SweepRecipeConfig, train_file: Path, out: Path) -> dict[str, str]:
@@ -160,9 +168,13 @@ def _inner(cfg: SweepRecipeConfig, train_file: Path, out: Path) -> dict[str, str
     from recmas_ray.styles import get_style
     from recmas_ray.train.inner_job import train_all_roles
 
+    from recmas_ray.system.provenance import require_known_links
+
     roles = get_style(cfg.style).roles
     dirs = {r: Path(cfg.inner_from or out / "inner") / r for r in roles}
-    if not all((d / "manifest.json").exists() for d in dirs.values()):
+    if all((d / "manifest.json").exists() for d in dirs.values()):  # reused: only links whose origin is known
+        require_known_links({r: str(d) for r, d in dirs.items()}, what="inner links", allow_unknown=cfg.allow_unknown_links)
+    else:
         train_all_roles(with_system(
             InnerTrainConfig, style=cfg.style, mas_role="all", preset=cfg.preset, dataset_name=str(train_file),
             save_dir=str(out / "inner"), max_steps=cfg.inner_steps, batch_size=4, lr=cfg.inner_lr, warmup_steps=2,
@@ -210,7 +222,7 @@ def main_cfg(cfg: SweepRecipeConfig) -> int:
     old = out / "sweep_config.json"
     if old.exists():
         prev = json.loads(old.read_text())
-        diff = sorted(k for k in want if k != "recipes" and prev.get(k) != want[k])
+        diff = sorted(k for k in want if k not in ("recipes", "allow_unknown_links") and prev.get(k) != want[k])
         if diff:
             raise ValueError(f"--out_dir {out} holds a sweep with other settings ({', '.join(diff)}); "
                              "use another --out_dir")
@@ -243,6 +255,9 @@ def main_cfg(cfg: SweepRecipeConfig) -> int:
             settings = recipe_settings(recipe, cfg)
             got = measurer.recipe(save_dir, settings, rows=tuple(cfg.extra_rows))
             measurer.close()
+            from recmas_ray.system.provenance import link_origin
+
+            got["link_origins"] = {**{r: link_origin(d) for r, d in inner.items()}, "outer": link_origin(save_dir)}
             got.update(recipe=recipe, settings=settings, train_seconds=secs,
                        loss_first=log[0]["loss"], loss_last=log[-1]["loss"], eval_curve=curve)
             path.write_text(json.dumps(got, indent=2))

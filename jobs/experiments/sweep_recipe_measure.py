@@ -120,7 +120,7 @@ class Measurer:
 
     def _run(self, method: str, rounds: int, *, ablation: str = "none", questions=None) -> dict:
         from recmas_ray.config.recursion import DecodeConfig, RecursionConfig
-        from recmas_ray.eval.graders import grade_math_strict
+        from recmas_ray.eval.graders import grade_lenient, grade_math_strict
         from recmas_ray.eval.stream import format_retry
         from recmas_ray.runner import run_batch
 
@@ -128,11 +128,11 @@ class Measurer:
         rc = RecursionConfig(method=method, num_recursive_rounds=rounds, latent_steps=cfg.latent_steps,
                              latent_ablation=ablation, decode=DecodeConfig(max_new_tokens=cfg.max_new_tokens,
                                                                            seed=cfg.seed))
-        correct, fact_nll, result_nll, feats, preds = [], [], [], {}, []
+        correct, lenient, fact_nll, result_nll, feats, preds = [], [], [], [], {}, []
         decoder = self.pool.services[self.style.decoder].agent
 
-        def retry(texts, suffixes, n, decode):
-            return self.pool.retry_format(self.style.decoder, texts, suffixes, n, cfg=decode)
+        def retry(texts, suffixes, n, decode, context=None):
+            return self.pool.retry_format(self.style.decoder, texts, suffixes, n, cfg=decode, context=context)
 
         for k in range(0, len(self.rows), cfg.eval_batch_size):
             rows = self.rows[k:k + cfg.eval_batch_size]
@@ -141,9 +141,11 @@ class Measurer:
                             targets=[r["answer"] for r in rows])
             # the demo's and jobs.run's answer-format retry (on by default there): output without \boxed{}
             # is continued after "Final Answer: \boxed{" by the decoder's base model, then graded strictly
-            format_retry([{"task_type": cfg.task}] * len(rows), res, rc.decode, retry)
-            for r, s, tok in zip(rows, res, self.pool.token_nll):
+            infos = format_retry([{"task_type": cfg.task}] * len(rows), res, rc.decode, retry)
+            for r, s, tok, info in zip(rows, res, self.pool.token_nll, infos):
                 correct.append(bool(grade_math_strict(s.prediction, r["gold"])))
+                own = info["raw_prediction"] if info else s.prediction  # the reply before the format retry
+                lenient.append(grade_lenient(own, r["gold"], strict=correct[-1]).correct)
                 preds.append(s.prediction)
                 cls = token_classes(decoder.tokenizer, r["answer"], str(r["facts"]["fact"]), r["gold"],
                                     decoder.assistant_turn_end())
@@ -153,7 +155,9 @@ class Measurer:
             for edge, per_round in self.pool.messages.items():
                 feats.setdefault(edge, []).append(per_round[-1].mean(dim=1).numpy())
         out = {"accuracy": float(np.mean(correct)), "correct": correct, "fact_nll": fact_nll,
-               "result_nll": result_nll, "predictions": preds[:8]}
+               "accuracy_lenient": float(np.mean(lenient)), "correct_lenient": lenient,
+               "result_nll": result_nll, "predictions": preds,  # every held-out question's, in row order
+               "doc_ids": [r.get("doc_id", k) for k, r in enumerate(self.rows)]}
         x = [float(r["facts"]["fact"]) for r in self.rows]
         out["probe"] = {e: probe_x(np.concatenate(f), x, self.cfg.seed) for e, f in feats.items()}
         return out
@@ -211,7 +215,8 @@ def summary_table(results: dict, cfg) -> str:
              f"steps x {cfg.outer_batch_size} rows, inner {cfg.inner_steps} steps, m = {cfg.latent_steps}", ""]
     base = results.get("_baselines")
     if base:
-        lines.append("baselines: " + ", ".join(f"{k} {v['accuracy']:.1%}" for k, v in base.items()))
+        lines.append("baselines (strict, lenient): " + ", ".join(
+            f"{k} {v['accuracy']:.1%}, {v.get('accuracy_lenient', float('nan')):.1%}" for k, v in base.items()))
         lines.append("")
     lines += ["| recipe | loss first -> last | acc trained / shuffled / zeroed / fresh | McNemar p vs shuffled / fresh "
               "| fact NLL shuffled - own | result NLL shuffled - own | probe R^2 of x (exact) per edge, trained | fresh |",

@@ -158,9 +158,11 @@ class _AgentActorImpl:
         """Messages held for Ray Direct Transport, not yet taken (0 when no batch is in flight)."""
         return len(self._kept)
 
-    def retry_format(self, texts, suffixes, num_tokens, *, cfg):
-        """The answer-format retry on this agent (see `AgentService.retry_format`)."""
-        return self.service.retry_format(texts, suffixes, num_tokens, cfg=cfg)
+    def retry_format(self, texts, suffixes, num_tokens, *latents, cfg, **context):
+        """The answer-format retry on this agent (see `AgentService.retry_format`; `context`: users,
+        slot_names, rows of the decoder's input, whose latents come positionally)."""
+        return self.service.retry_format(texts, suffixes, num_tokens, *[from_wire(x) for x in latents], cfg=cfg,
+                                         **context)
 
     def score(self, users, slot_names, targets, *latents, continuation: bool = False):
         """Mean NLL of target texts after the prompts, or continuations' log p (see `AgentService.score`)."""
@@ -217,9 +219,12 @@ class RayPool:
         """Answer likelihood in the agent that holds the prompt's latents (see `AgentService.score`)."""
         return self.handles[role].score.remote(users, slot_names, targets, *latents, **kw)
 
-    def retry_format(self, role, texts, suffixes, max_new_tokens, *, cfg):
+    def retry_format(self, role, texts, suffixes, max_new_tokens, *, cfg, context=None):
         """The answer-format retry on the role's actor (see `AgentService.retry_format`)."""
-        return self.handles[role].retry_format.remote(texts, suffixes, max_new_tokens, cfg=cfg)
+        from recmas_ray.runner import retry_context_args
+
+        latents, kw = retry_context_args(context)
+        return self.handles[role].retry_format.remote(texts, suffixes, max_new_tokens, *latents, cfg=cfg, **kw)
 
     def set_links(self, role, inner_state, outer_states):
         """Swap the role's links in its actor, the model staying loaded (see `AgentService.set_links`)."""

@@ -75,7 +75,11 @@ class Orchestrator:
         pool = RayPool(self.copies.handles(chosen), timeout_s=self.timeout_s,
                        context=f", batch {batch_id}" if batch_id else "", transport=self.transport)
         try:
-            return run_batch(pool, self.style, questions, tasks, cfg, **run_options)
+            results = run_batch(pool, self.style, questions, tasks, cfg, **run_options)
+            if self.transport != "object_store":  # RDT messages are taken once: a retry continues the bare reply
+                for res in results:
+                    res.decoder_input = None
+            return results
         except BaseException:
             pool.release_kept()  # RDT: the failed batch's messages would stay in the agents otherwise
             raise

@@ -85,7 +85,11 @@ class EvalConfig:
     stream: StreamConfig = field(default_factory=StreamConfig)
     """Ray backend: client actors that keep batches in flight."""
     format_retry: bool = True
-    """The release's answer-format retry (recorded per sample as retry_used)."""
+    """The answer-format retry (recorded per sample as retry_used): a reply without the answer format is
+    continued once after "Final Answer: \\boxed{" from the prompt the decoder read, latents included."""
+    allow_unknown_links: bool = False
+    """Use --ckpt_override link folders without a provenance.json matching their files (made outside this
+    project's training jobs, or changed since); they are recorded as of unknown origin in the results."""
     backend: Annotated[str, OneOf(BACKENDS)] = "ray"
     """ray (agents as Ray actors) or local (in-process, no Ray)."""
     placement: PlacementConfig = field(default_factory=PlacementConfig)

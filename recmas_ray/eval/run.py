@@ -130,8 +130,9 @@ class BatchRunner:
         def solve(qs, ts, rc):
             return run_batch(self.pool, self.plan.style, qs, ts, rc)
 
-        def retry(texts, suffixes, n, decode):
-            return self.pool.get(self.pool.retry_format(decoder, texts, suffixes, n, cfg=decode), what="format retry")
+        def retry(texts, suffixes, n, decode, context=None):
+            return self.pool.get(self.pool.retry_format(decoder, texts, suffixes, n, cfg=decode, context=context),
+                                 what="format retry")
 
         rc, fail_docs = recursion_for(cfg, method, 0), stream.FAULTS.fail_docs
         for batch, rollout in batches:
@@ -159,8 +160,13 @@ def evaluate(cfg: EvalConfig, *, progress: bool = True, system=None) -> dict:
     check_tree(cfg)
     items = load_benchmark(cfg.dataset, path=cfg.dataset_path, num_samples=cfg.num_samples, seed=cfg.system.seed,
                            json_field=cfg.dataset_json_field)
+    from recmas_ray.system.provenance import require_known_links
+
+    overrides = resolve_overrides(cfg.system.ckpt_override)
     plan = plan_system(cfg.system, task=get_task(items[0]["task_type"]).adapter, tools=cfg.tool_loop(),
-                       ckpt_override=resolve_overrides(cfg.system.ckpt_override))
+                       ckpt_override=overrides)
+    # links well-formed (plan_system read them), no model loaded yet: refuse those of unknown origin here
+    require_known_links(overrides, allow_unknown=cfg.allow_unknown_links)
     for warning in run_warnings(cfg, plan):
         current().warn(warning)
     items = [{**i, "question": question_with_interface(plan.style, i["question"], i.get("interface"))}
@@ -273,7 +279,7 @@ def finish(cfg: EvalConfig, samples_file: Path, plan, wall: dict, start: float,
     machine = machine_load()
     extra = {"protocol": resolution.record(), "machine": machine,
              "prompt_set": {"path": cfg.system.prompt_set, "sha256": prompt_set_hash(plan.style)},
-             "warnings": run_warnings(cfg, plan)}
+             "warnings": run_warnings(cfg, plan), "link_origins": _link_origins(cfg)}
     path = write_results(cfg.output_path, "", results, config, start_time=start, extra=extra)
     track_results(cfg, results, [path, samples_file])
     table = markdown_table(results, machine=machine)
@@ -286,6 +292,14 @@ def finish(cfg: EvalConfig, samples_file: Path, plan, wall: dict, start: float,
     if cfg.plot:
         out["plot_path"] = str(plot_results(cfg.output_path, bench_name(cfg), cfg.system.style))
     return out
+
+
+def _link_origins(cfg: EvalConfig) -> dict:
+    """--ckpt_override folder -> where its links came from (`system.provenance.link_origin`: path, sha256 of
+    the files, the command and config that made them, or why that is unknown)."""
+    from recmas_ray.system.provenance import link_origin
+
+    return {r: link_origin(p) for r, p in resolve_overrides(cfg.system.ckpt_override).items()}
 
 
 def plot_results(output_path: str, bench: str, style: str) -> Path:

@@ -21,7 +21,8 @@ from pathlib import Path
 
 from recmas_ray.system.checkpoints import MANIFEST, WEIGHTS
 
-SHIPPED_FILES = (WEIGHTS, MANIFEST, "config.json", "eval_curve.jsonl", "eval_curve.png", "loss_curve.png")
+SHIPPED_FILES = (WEIGHTS, MANIFEST, "config.json", "provenance.json", "eval_curve.jsonl", "eval_curve.png",
+                 "loss_curve.png")
 """Files of a link folder that are published (anything else, e.g. `_ray_runs/`, optimizer state, stays home)."""
 
 MAX_MANIFEST_BYTES = 4 * 2**20

@@ -97,13 +97,21 @@ def train_inner(cfg: InnerTrainConfig, *, faults: dict | None = None) -> Path:
     examples = role_examples(load_rows(cfg.dataset_name, cfg.dataset_json_field, split=cfg.dataset_split), style,
                              role, cfg.task)
     if cfg.num_workers == 0:  # Ray Train's local mode: the loop runs here and draws its own bar
-        return _fit(cfg, role, plan.role_models[role], _role_state(plan, role), examples, faults=faults)
+        return _recorded(cfg, _fit(cfg, role, plan.role_models[role], _role_state(plan, role), examples, faults=faults))
     from recmas_ray.distributed.cluster import init_ray
 
     init_ray()
     with StepBoard(current(), enabled=cfg.progress) as board:
-        return _fit(cfg, role, plan.role_models[role], _role_state(plan, role), examples, faults=faults,
-                    progress=board.queue)
+        return _recorded(cfg, _fit(cfg, role, plan.role_models[role], _role_state(plan, role), examples,
+                                   faults=faults, progress=board.queue))
+
+
+def _recorded(cfg: InnerTrainConfig, save_dir: Path) -> Path:
+    """`save_dir` once its provenance.json records this command and config (`system.provenance`)."""
+    from recmas_ray.system.provenance import write_provenance
+
+    write_provenance(save_dir, config=asdict(cfg), inputs=cfg.system.ckpt_override, kind="inner")
+    return save_dir
 
 
 def train_all_roles(cfg: InnerTrainConfig) -> dict[str, Path]:
@@ -143,7 +151,8 @@ def train_all_roles(cfg: InnerTrainConfig) -> dict[str, Path]:
                               role_examples(rows, style, r, cfg.task), progress=board.queue)
                 for r, c in cfgs.items()}
         try:
-            return dict(zip(refs, ray.get(list(refs.values()), timeout=cfg.fit_timeout_s)))
+            dirs = dict(zip(refs, ray.get(list(refs.values()), timeout=cfg.fit_timeout_s)))
+            return {r: _recorded(cfgs[r], Path(d)) for r, d in dirs.items()}  # here: the driver's command line
         except BaseException as e:  # one role failed or timed out: stop the others too
             for ref in refs.values():
                 ray.cancel(ref, force=True)
