@@ -53,9 +53,7 @@ def file_hashes(folder: str | os.PathLike) -> dict[str, str]:
 
 
 def _code_version() -> dict:
-    import recmas_ray
-
-    root = Path(recmas_ray.__file__).resolve().parents[1]
+    root = Path(__file__).resolve().parents[2]  # the folder holding the recmas_ray package
     out = {"package_dir": str(root)}
     if (root / ".git").exists():
         try:

@@ -6,7 +6,8 @@ import pytest
 import torch
 
 from recmas_ray.config.recursion import DecodeConfig, RecursionConfig
-from recmas_ray.eval.stream import RETRY_SUFFIXES, format_retry, needs_format_retry
+from recmas_ray.eval.stream import format_retry, needs_format_retry
+from recmas_ray.eval.tasks import get_task
 from recmas_ray.runner import LocalPool, run_batch
 
 QUESTIONS = ["What is 17 - 8?", "What is 4 + 5?", "What is 12 - 3?"]
@@ -68,9 +69,9 @@ def test_retry_input_is_the_decoders_input_then_reply_and_suffix(tiny_pool, meth
         assert row.shape[0] > prompt.shape[0] and torch.equal(row[:prompt.shape[0]], prompt)
         # ... then its own reply and the suffix, as tokens of the same turn
         latents = {n: x[i] for n, x in zip(inp.slot_names, inp.latents)}
-        want, _ = agent.embed_prompt(inp.users[i], latents, suffix_text=raw[i] + RETRY_SUFFIXES["qa"])
+        want, _ = agent.embed_prompt(inp.users[i], latents, suffix_text=raw[i] + get_task("qa").retry_suffix)
         assert torch.equal(row, want)
-        assert infos[i]["in_context"] and results[i].prediction.startswith(raw[i] + RETRY_SUFFIXES["qa"])
+        assert infos[i]["in_context"] and results[i].prediction.startswith(raw[i] + get_task("qa").retry_suffix)
 
 
 def test_results_keep_their_row_of_the_batch_input(tiny_pool):
@@ -104,6 +105,6 @@ def test_real_model_boxes_the_value_its_own_reply_stated(tiny_cache):
 
     format_retry([{"task_type": "qa"}] * 2, results, rc.decode, retry)
     for res, reply, value in zip(results, replies, ("65", "9")):
-        assert res.prediction.startswith(reply + RETRY_SUFFIXES["qa"] + value + "}"), res.prediction
-    bare = pool.retry_format("solver", replies, [RETRY_SUFFIXES["qa"]] * 2, 16, cfg=rc.decode)
+        assert res.prediction.startswith(reply + get_task("qa").retry_suffix + value + "}"), res.prediction
+    bare = pool.retry_format("solver", replies, [get_task("qa").retry_suffix] * 2, 16, cfg=rc.decode)
     assert not all(b.text.startswith(v + "}") for b, v in zip(bare, ("65", "9")))  # the context is what boxes them
