@@ -17,6 +17,10 @@ import torch
 
 from recmas_ray.decoding import Decoded
 
+PREFILL_SPEEDUP = 20.0
+"""How much cheaper a prompt token is than a sequential step (latent step or decoded token): the prompt
+runs as one parallel forward. The same figure prices real models in `distributed.pools.call_cost`."""
+
 DEFAULTS = {"hidden": 2048, "step_ms": 5.0, "token_ms": 5.0, "tokens": 32, "prefill_ms": 0.0}
 
 
@@ -75,7 +79,7 @@ PAPER_STYLES = {"light": "sequential_light", "mixture": "mixture"}
 
 
 def paper_sim_models(system: str, *, ms_per_gparam: float = 1.0, tokens: int = 256, prompt_tokens: int = 200,
-                     prefill_speedup: float = 20.0) -> dict[str, str]:
+                     prefill_speedup: float = PREFILL_SPEEDUP) -> dict[str, str]:
     """`sim:` names for each role of a paper system, costs proportional to parameters: a latent step or
     a decoded token takes `ms_per_gparam` x parameters (B) ms; the prompt's `prompt_tokens` are
     prefilled `prefill_speedup` times faster per token (one parallel forward), on every call."""
