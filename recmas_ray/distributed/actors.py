@@ -92,7 +92,6 @@ class _AgentActorImpl:
         self._kept: dict = {}  # (key, edge) -> message, Ray Direct Transport only
         self._dropped: set[str] = set()  # key prefixes of failed batches
         self._exit_after = None
-        self._message_owner = None  # the orchestrator, once it introduces itself (`own_messages_by`)
         role, _, count = os.environ.get(AGENT_EXIT_AFTER_ENV, "").partition(":")
         if role == spec.role and count and not _reconstructed():
             self._exit_after = int(count)
@@ -125,20 +124,16 @@ class _AgentActorImpl:
             self._log.clear()
         return out
 
-    def own_messages_by(self, owner) -> bool:
-        """Messages this agent stores from now on are owned by `owner` (the orchestrator), so they outlive
-        a restart of this agent like the return values they replace would."""
-        self._message_owner = owner
-        return True
-
     def rollout(self, users, slot_names, num_steps, edges, *latents):
         """The service's rollout; each message is put into the object store here, whatever its size, and
         leaves as the ref of a zero-copy `WireMessage` (a small return value would be inlined into the
-        caller's reply instead, so the orchestrator would carry it); latents arrive as refs or values."""
+        caller's reply instead, so the orchestrator would carry it); latents arrive as refs or values.
+        This agent owns its stored messages: if it dies before a consumer read one, that consumer's call
+        fails and the batch is retried (a restart reruns only calls that had not finished)."""
         latents = [resolve_message(x) for x in latents]
         *msgs, stats = self._logged("rollout", users, slot_names,
                                     lambda: self.service.rollout(users, slot_names, num_steps, edges, *latents))
-        return (*[ray.put(to_wire(m), _owner=self._message_owner) for m in msgs], stats)
+        return (*[ray.put(to_wire(m)) for m in msgs], stats)
 
     def decode(self, users, slot_names, cfg, *latents, **stream):
         latents = [resolve_message(x) for x in latents]

@@ -67,15 +67,12 @@ class _OrchestratorImpl:
         self.groups = {r: RoleGroup(r, list(h) if isinstance(h, (list, tuple)) else [h]) for r, h in copies.items()}
         self._running: dict[str, RayPool] = {}
         self._lock = threading.Lock()
-        actors = [h for g in self.groups.values() for h in g.copies]
         if transport != "object_store":
             # RDT checks the transport in the calling process, so the orchestrator creates the group.
             from ray.experimental.collective import create_collective_group
 
+            actors = [h for g in self.groups.values() for h in g.copies]
             create_collective_group(actors, backend="torch_gloo" if transport == "rdt:gloo" else "nccl")
-        else:  # messages the agents store are owned here: they outlive a restarted agent
-            me = ray.get_runtime_context().current_actor
-            ray.get([h.own_messages_by.remote(me) for h in actors], timeout=timeout_s)
 
     def ready(self) -> bool:
         return True
