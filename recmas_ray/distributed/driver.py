@@ -144,6 +144,8 @@ class RaySystem:
     infos: dict
     timeout_s: float
     replica: int = 0
+    max_batches: int = ORCHESTRATOR_MAX_BATCHES
+    """Batches its orchestrator runs at once."""
     copies: dict = field(default_factory=dict)
     """role -> every actor copy of the role (`handles[role]` is the first)."""
     arg_refs: list = field(default_factory=list)
@@ -364,7 +366,7 @@ def await_system(system: RaySystem, placement: PlacementConfig, *, transport: st
             log.info("agent ready (replica %d): %s", replica, system.infos[role])
         # The orchestrator sits in no bundle: it may land on any node with a free CPU.
         restarts = actor_options(transport, placement.agent_max_restarts)["max_restarts"]
-        system.orchestrator = Orchestrator.options(max_restarts=restarts).remote(
+        system.orchestrator = Orchestrator.options(max_restarts=restarts, max_concurrency=system.max_batches).remote(
             plan.style, system.copies or system.handles, system.timeout_s, transport)
         if not ray.wait([system.orchestrator.ready.remote()], timeout=placement.ready_timeout_s)[0]:
             raise RuntimeError(f"orchestrator actor of replica {replica} ({ORCHESTRATOR_CPUS:g} CPU) not scheduled "
@@ -411,12 +413,13 @@ def role_copies(plan: SystemPlan, placement: PlacementConfig, recursion: Recursi
 def build_replicas(plan: SystemPlan, placement: PlacementConfig, *, timeout_s: float = 600.0,
                    torch_threads: int = 0, transport: str = "object_store", client_cpus: float = 0.0,
                    out_of_order: bool = True, extra_env: dict | None = None,
-                   recursion: RecursionConfig | None = None) -> RayReplicas:
+                   recursion: RecursionConfig | None = None, max_batches: int = 0) -> RayReplicas:
     """`placement.num_replicas` independent systems (0: as many as fit) and their router.
 
     On a cluster that cannot grow, the whole request is checked before any actor starts, so a
     shortfall fails at once naming it; `client_cpus` per replica are kept free for its clients
-    when counting how many replicas fit (auto).
+    when counting how many replicas fit (auto); `max_batches`: batches each replica's orchestrator must run
+    at once (its threads; at least `ORCHESTRATOR_MAX_BATCHES`).
     """
     roles = list(plan.style.roles)
     copies = role_copies(plan, placement, recursion)
@@ -433,6 +436,7 @@ def build_replicas(plan: SystemPlan, placement: PlacementConfig, *, timeout_s: f
                                         transport=transport, replica=i, num_replicas=1, autoscaling=scaling,
                                         out_of_order=out_of_order, extra_env=extra_env, copies=copies))
         for system in systems:
+            system.max_batches = max(ORCHESTRATOR_MAX_BATCHES, int(max_batches))
             await_system(system, placement, transport=transport)
         router = start_router(n, timeout_s=timeout_s)
     except BaseException:

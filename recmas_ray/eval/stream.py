@@ -31,7 +31,6 @@ import time
 import warnings
 from typing import Callable, Iterator
 
-from recmas_ray.distributed.placement import ORCHESTRATOR_MAX_BATCHES
 from recmas_ray.eval.config import StreamConfig
 from recmas_ray.eval.graders import LETTERS, extract_boxed, extract_choice, extract_code, grade
 from recmas_ray.config.recursion import RecursionConfig
@@ -280,7 +279,7 @@ def batches_in_flight(cfg: StreamConfig, num_actors: int, *, message_bytes_per_b
     18 GiB of a 24 GiB machine.)"""
     if cfg.num_clients:
         return cfg.num_clients
-    n = min(planned_depth(cfg, num_actors), ORCHESTRATOR_MAX_BATCHES)  # more would queue in the orchestrator
+    n = planned_depth(cfg, num_actors)  # the replica's orchestrator was built with as many threads
     per_process = cfg.batches_per_client
     if message_bytes_per_batch > 0 and store_bytes > 0:
         n = min(n, int(STORE_SHARE * store_bytes / (message_bytes_per_batch * num_replicas)))
@@ -332,6 +331,7 @@ def stream_samples(system, batches: list[tuple[list[dict], int]], method: str, r
                               store_bytes=ray.cluster_resources().get("object_store_memory", 0.0),
                               free_cpus=ray.available_resources().get("CPU", 0.0),
                               free_memory_bytes=ray.available_resources().get("memory", 0.0))
+    depth = min(depth, min(getattr(s, "max_batches", depth) for s in replicas.systems))  # its orchestrator's threads
     processes, per_process = client_pool(min(depth * replicas.num_replicas, len(rows)), cfg.batches_per_client)
     ds = ray.data.from_items(rows, override_num_blocks=len(rows))
     # 2.60 has no named parameter for restarts: only a non-default limit goes through the generic

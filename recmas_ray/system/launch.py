@@ -32,12 +32,12 @@ def local_pool(plan: SystemPlan, *, pool_cls: type[LocalPool] = LocalPool) -> Lo
 
 def start_agents(plan: SystemPlan, *, backend: str = "ray", placement: PlacementConfig | None = None,
                  timeout_s: float = 900.0, torch_threads: int = 0, transport: str = "object_store",
-                 num_replicas: int | None = None, client_cpus: float = 0.0, recursion=None):
+                 num_replicas: int | None = None, client_cpus: float = 0.0, recursion=None, max_batches: int = 0):
     """The agents of `plan`: a `LocalPool` in this process (backend "local", no Ray) or running `RayReplicas`
     (`placement.num_replicas` copies of the system, or `num_replicas` when given; 0: as many as fit).
 
     Ray backend: joins the cluster (`init_ray`, a no-op when Ray is up) and builds the replicas with
-    `distributed.driver.build_replicas` (`client_cpus`, `recursion`: see there).
+    `distributed.driver.build_replicas` (`client_cpus`, `recursion`, `max_batches`: see there).
     """
     if backend not in BACKENDS:
         raise ValueError(f"unknown backend {backend!r}; expected one of {BACKENDS}")
@@ -54,7 +54,7 @@ def start_agents(plan: SystemPlan, *, backend: str = "ray", placement: Placement
 
     init_ray()
     return build_replicas(plan, placement, timeout_s=timeout_s, torch_threads=torch_threads, transport=transport,
-                          client_cpus=client_cpus, recursion=recursion)
+                          client_cpus=client_cpus, recursion=recursion, max_batches=max_batches)
 
 
 def set_plan_links(pool, plan: SystemPlan) -> None:
