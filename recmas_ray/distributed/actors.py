@@ -201,6 +201,7 @@ RDTAgentActor = ray.remote(max_restarts=0, enable_tensor_transport=True)(_AgentA
 
 _done_calls: queue.SimpleQueue = queue.SimpleQueue()
 _done_thread: list = []
+_done_lock = threading.Lock()
 
 
 def when_done(ref, fn) -> None:
@@ -212,10 +213,8 @@ def when_done(ref, fn) -> None:
                 t = threading.Thread(target=_run_done_calls, name="recmas-when-done", daemon=True)
                 t.start()
                 _done_thread.append(t)
-    ref.future().add_done_callback(lambda _: _done_calls.put(fn))
-
-
-_done_lock = threading.Lock()
+    if isinstance(ref, ray.ObjectRef):  # (test doubles of actor handles return plain objects)
+        ref.future().add_done_callback(lambda _: _done_calls.put(fn))
 
 
 def _run_done_calls() -> None:

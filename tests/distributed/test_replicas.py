@@ -71,6 +71,19 @@ def test_two_replicas_share_the_work_and_give_the_same_answers(ray_cluster):
         # every batch ran on exactly one replica: 2 planner calls per batch (R = 2), 12 in all
         assert sum(len(log["planner"]) for log in logs) == 12 and all(log["planner"] for log in logs)
         assert _router_settles(replicas)["in_flight"] == [0, 0]
+        # Serve and the Python API call `solve` from several threads at once: one router, no lost turns
+        import threading
+
+        refs: list = []
+        threads = [threading.Thread(target=lambda k=k: refs.append(replicas.solve([f"Thread {k}"], ["math"], CFG)))
+                   for k in range(6)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        assert len(ray.get(refs, timeout=120)) == 6
+        stats = _router_settles(replicas)
+        assert stats["in_flight"] == [0, 0] and sum(stats["served"]) == 12 and min(stats["served"]) >= 5
     finally:
         replicas.shutdown()
 
