@@ -164,7 +164,7 @@ class StepScheduler:
         """Copy the request's prompt KV into free slots so that it ends at column C."""
         B = len(req.done)
         rows = [b for b in range(B) if not req.done[b]]
-        self._make_room(L, max(_remaining(req, b) for b in rows))
+        self._make_room(L, max(_remaining(req, b) for b in rows), len(self._rows) + len(rows))
         C = self.column
         for b in rows:
             slot = len(self._rows)
@@ -178,14 +178,17 @@ class StepScheduler:
             self.mask_RS[slot, C - L:C] = req.mask_BL[b]
             self.pos_R[slot] = pre.pos_B1[b, 0]
 
-    def _make_room(self, L: int, steps: int) -> None:
+    def _make_room(self, L: int, steps: int, num_rows: int) -> None:
         """Shared tensors with C >= L and room for every active row's remaining steps: as they are when
         they fit, else rebuilt with the columns in use moved to end at max(L, their width) (compaction)
         and grown when needed."""
         remaining = max([steps] + [_remaining(r, b) for r, b in self._rows])
         current = self._keys[0].shape[2] if self._keys else 0
-        if self._keys and L <= self.column and self.column + remaining + 1 <= current:
+        slots = self._keys[0].shape[0] if self._keys else 0
+        if self._keys and L <= self.column and self.column + remaining + 1 <= current and num_rows <= slots:
             return
+        # slots grow by doubling (up to max_rows): a few rebuilds, never the whole budget up front
+        slots = max(slots, min(self.max_rows, 1 << max(0, num_rows - 1).bit_length()))
         lo = min([int(self.mask_RS[s].nonzero()[0]) for s in range(len(self._rows))] + [self.column])
         used = self.column - lo  # columns the active rows use, ending at C
         new_C = max(L, used)
@@ -193,17 +196,20 @@ class StepScheduler:
         template = self._template()
         keys, values = [], []
         for i, (k_shape, v_shape, dtype, device) in enumerate(template):
-            keys.append(torch.zeros(self.max_rows, k_shape[0], width, k_shape[1], dtype=dtype, device=device))
-            values.append(torch.zeros(self.max_rows, v_shape[0], width, v_shape[1], dtype=dtype, device=device))
-            if self._keys and used:
-                keys[i][:, :, new_C - used:new_C] = self._keys[i][:, :, lo:self.column]
-                values[i][:, :, new_C - used:new_C] = self._values[i][:, :, lo:self.column]
-        mask = torch.ones(self.max_rows, width, dtype=torch.long, device=self._device())
-        if self.mask_RS is not None:
-            mask[:, :new_C - used] = 0
-            mask[:, new_C - used:new_C] = self.mask_RS[:, lo:self.column]
-        if self.pos_R is None:
-            self.pos_R = torch.zeros(self.max_rows, dtype=torch.long, device=self._device())
+            keys.append(torch.zeros(slots, k_shape[0], width, k_shape[1], dtype=dtype, device=device))
+            values.append(torch.zeros(slots, v_shape[0], width, v_shape[1], dtype=dtype, device=device))
+            n = len(self._rows)
+            if self._keys and used and n:
+                keys[i][:n, :, new_C - used:new_C] = self._keys[i][:n, :, lo:self.column]
+                values[i][:n, :, new_C - used:new_C] = self._values[i][:n, :, lo:self.column]
+        mask = torch.ones(slots, width, dtype=torch.long, device=self._device())
+        pos = torch.zeros(slots, dtype=torch.long, device=self._device())
+        n = len(self._rows)
+        if self.mask_RS is not None and n:
+            mask[:n, :new_C - used] = 0
+            mask[:n, new_C - used:new_C] = self.mask_RS[:n, lo:self.column]
+            pos[:n] = self.pos_R[:n]
+        self.pos_R = pos
         self._keys, self._values, self.mask_RS, self.column = keys, values, mask, new_C
 
     def _template(self):

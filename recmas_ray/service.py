@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from recmas_ray.agent import Agent, Decoded, left_pad
+from recmas_ray.config.engine import EngineConfig
 from recmas_ray.config.recursion import DecodeConfig
 from recmas_ray.links import InnerLink, OuterLink
 from recmas_ray.models.loader import load_frozen_model, resolve_dtype
@@ -51,6 +52,8 @@ class AgentSpec:
     """CUDA devices the model is split over (a role given K > 1 GPUs; the Ray layer sets it)."""
     keep_messages_on_device: bool = False
     """Messages stay on the producer's device (NCCL transport) instead of moving to CPU."""
+    continuous_batching: bool = False
+    """Rollouts and decodes of every call in flight share forward passes (`config.engine.EngineConfig`)."""
     latent_norm: str = "none"
     """Non-reference: "embedding" rescales latents spliced into this agent's prompts to its token-embedding norm
     (set from the outer checkpoint's training config, config.choices.LATENT_NORMS); "none" as the release."""
@@ -84,7 +87,8 @@ class AgentService:
                                                  device=device, num_devices=spec.num_devices)
             self.agent = Agent(model, tokenizer,
                                inner_link_from_state_dict(inner_state, what=f"inner link of {spec.role}"),
-                               role=spec.role, model_name=spec.model_name, system_prompt=spec.system_prompt)
+                               role=spec.role, model_name=spec.model_name, system_prompt=spec.system_prompt,
+                               engine=EngineConfig(continuous_batching=spec.continuous_batching))
             for edge, sd in outer_states.items():
                 self.agent.attach_outer_link(edge, outer_link_from_state_dict(sd, what=f"outer link {edge}"))
             if spec.latent_norm != "none":

@@ -46,6 +46,8 @@ from recmas_ray.system.plan import SystemPlan
 
 log = logging.getLogger(__name__)
 
+AGENT_MAX_CALLS = 256
+"""Calls an agent actor with continuous batching takes at once (each waits on its scheduler's steps)."""
 AGENT_ENV = {"TOKENIZERS_PARALLELISM": "false", "HF_HUB_DISABLE_PROGRESS_BARS": "1"}
 
 
@@ -328,6 +330,7 @@ def start_system(plan: SystemPlan, placement: PlacementConfig, *, timeout_s: flo
         env[AGENT_EXIT_AFTER_ENV] = os.environ[AGENT_EXIT_AFTER_ENV]
     env.update(extra_env or {})
     opts = actor_options(transport, placement.agent_max_restarts, out_of_order=out_of_order)
+    batching = {r: plan.service_args(r)[0].continuous_batching for r in roles}
     system = RaySystem(plan, {}, None, pg, {}, timeout_s, replica)
     try:
         for role in roles:
@@ -342,6 +345,8 @@ def start_system(plan: SystemPlan, placement: PlacementConfig, *, timeout_s: flo
                 system.copies[role].append(actor_cls.options(
                     num_cpus=pplan.cpus[role], num_gpus=pplan.gpus[role], scheduling_strategy=strategy,
                     runtime_env={"env_vars": env}, name=None, **opts,
+                    # continuous batching: calls of several batches run at once, their steps merged
+                    **({"max_concurrency": AGENT_MAX_CALLS} if batching[role] else {}),
                 ).remote(spec, inner, outer, torch_threads))
             system.handles[role] = system.copies[role][0]
     except BaseException:

@@ -97,3 +97,26 @@ def test_per_step_routing_over_role_copies_matches_the_local_backend(ray_cluster
     for role in ("critic", "solver"):
         assert logs[role] and logs[f"{role}#1"], f"both copies of {role} served steps"
         assert groups[role]["queued"] == [0.0, 0.0] and sum(groups[role]["calls"]) == 2 * len(QUESTIONS)
+
+
+@pytest.mark.integration  # tiny real models on the session cluster: ~2 min on the loaded 2-core machine
+def test_agent_actors_with_continuous_batching_match_the_local_backend(ray_cluster, tiny_cache):
+    """Agent actors that take several calls at once and merge their steps: the local backend's predictions."""
+    import dataclasses
+
+    plan = plan_system("sequential_light", preset="tiny", seed=5)
+    local = local_pool(plan)
+    want = [run_batch(local, plan.style, [q], ["math"], CFG)[0].prediction for q in QUESTIONS]
+    plan.specs = {r: dataclasses.replace(s, continuous_batching=True) for r, s in plan.specs.items()}
+    reps = build_replicas(plan, PlacementConfig(preset="cpu", cpus_per_agent=0.05, agent_max_restarts=0),
+                          timeout_s=120, torch_threads=1)
+    try:
+        refs = [reps.solve([q], ["math"], CFG, batch_id=f"b{k}") for k, q in enumerate(QUESTIONS)]
+        got = [ray.get(r, timeout=240)[0].prediction for r in refs]
+        logs = reps.systems[0].call_logs()
+    finally:
+        reps.shutdown()
+    assert got == want
+    solver = sorted(logs["solver"], key=lambda c: c["t0"])
+    # calls overlapped in the solver actor: one started before an earlier one ended
+    assert any(b["t0"] < a["t1"] for a, b in zip(solver, solver[1:])), solver

@@ -99,3 +99,26 @@ def test_a_request_joining_mid_flight_and_prefix_reuse_keep_outputs(agents):
     got = _concurrently([first, lambda: later(1, 7), lambda: later(2, 2)])
     assert got[0] == want[0]
     assert (got[1] - want[1]).abs().max() <= ATOL and (got[2] - want[2]).abs().max() <= ATOL
+
+
+def test_the_local_backend_with_continuous_batching_gives_the_same_predictions(tiny_cache):
+    """Two batches run at once through in-process agents whose rollouts and decodes go through their
+    schedulers: the predictions of one batch at a time without them."""
+    import dataclasses
+
+    from recmas_ray.config.recursion import RecursionConfig
+    from recmas_ray.runner import run_batch
+    from recmas_ray.system.launch import local_pool
+    from recmas_ray.system.plan import plan_system
+
+    cfg = RecursionConfig(method="recursive_mas", num_recursive_rounds=2, latent_steps=4,
+                          decode=DecodeConfig(max_new_tokens=10))
+    plan = plan_system("sequential_light", preset="tiny", seed=5)
+    batches = [[f"Question {k}: what is {k} + {k + 1}?", f"Question {k}b: what is {k} * 3?"] for k in range(2)]
+    want = [[r.prediction for r in run_batch(local_pool(plan), plan.style, qs, ["math"] * 2, cfg)] for qs in batches]
+    plan.specs = {r: dataclasses.replace(s, continuous_batching=True) for r, s in plan.specs.items()}
+    pool = local_pool(plan)
+    got = _concurrently([lambda qs=qs: [r.prediction for r in run_batch(pool, plan.style, qs, ["math"] * 2, cfg)]
+                         for qs in batches])
+    assert got == want
+    assert all(s.agent.engine.continuous_batching for s in pool.services.values())
