@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import dataclasses
 import time
+import zlib
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -115,7 +116,9 @@ class AgentService:
         if isinstance(self.agent, Agent):  # prompt-prefix KV reuse needs each row's tokens before its first slot
             e_BLD, mask_BL, prefix_ids = self.agent.embed_batch_with_prefix(list(users), dict(zip(slot_names, latents)))
             return e_BLD, mask_BL, {"prefix_ids": prefix_ids}
-        return (*self.agent.embed_batch(list(users), dict(zip(slot_names, latents))), {})
+        # a simulated agent draws each row's decode length from its prompt
+        seeds = [zlib.crc32(u.encode()) for u in users]
+        return (*self.agent.embed_batch(list(users), dict(zip(slot_names, latents))), {"seeds": seeds})
 
     def rollout(self, users, slot_names, num_steps: int, edges, *latents):
         """Latent rollout, then one message per outgoing edge; returns (*messages, stats)."""
