@@ -81,8 +81,8 @@ def test_per_step_routing_over_role_copies_matches_the_local_backend(ray_cluster
     plan = plan_system("sequential_light", preset="tiny", seed=5)
     local = local_pool(plan)
     want = [run_batch(local, plan.style, [q], ["math"], CFG)[0].prediction for q in QUESTIONS]
-    pcfg = PlacementConfig(preset="cpu", cpus_per_agent=0.05, agent_max_restarts=0,
-                           role_replicas={"critic": 2, "solver": 2})
+    pcfg = PlacementConfig(preset="cpu", cpus_per_agent=0.05, agent_max_restarts=0, ready_timeout_s=900,
+                           role_replicas={"critic": 2, "solver": 2})  # five agents loading on a busy machine
     reps = build_replicas(plan, pcfg, timeout_s=120, torch_threads=1)
     try:
         assert reps.placement["role_copies"] == {"planner": 1, "critic": 2, "solver": 2}

@@ -157,7 +157,8 @@ def test_format_retries_are_routed_and_counted_like_every_step(ray_cluster, tiny
     from recmas_ray.system.plan import plan_system
 
     plan = plan_system("sequential_light", preset="tiny", seed=5)
-    cpu = PlacementConfig(preset="cpu", cpus_per_agent=0.05, agent_max_restarts=0, role_replicas={"solver": 2})
+    cpu = PlacementConfig(preset="cpu", cpus_per_agent=0.05, agent_max_restarts=0, role_replicas={"solver": 2},
+                          ready_timeout_s=900)
     replicas = build_replicas(plan, cpu, timeout_s=120, torch_threads=1)
     try:
         orchestrator = replicas.systems[0].orchestrator
