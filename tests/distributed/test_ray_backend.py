@@ -115,7 +115,7 @@ def test_ray_direct_transport_gloo_matches_object_store(ray_cluster):
         role = plan.style.roles[0]
         edge = next(e for e in plan.style.edges if e.split("->")[0] == role)
         ray.get(system.handles[role].rollout_keep.remote(f"{pool.key_prefix}:1", ["x"], [], 2, (edge,)), timeout=60)
-        pool._holders.add(role)
+        pool._holders.add((role, 0))  # (role, copy) that kept messages
         assert ray.get(system.handles[role].num_kept.remote(), timeout=60) == 1
         pool.release_kept()
         assert ray.get(system.handles[role].num_kept.remote(), timeout=60) == 0
