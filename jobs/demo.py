@@ -48,12 +48,14 @@ def expand(argv: list[str]) -> list[str]:
 
 
 def run(cfg: DemoConfig) -> int:
-    from recmas_ray.console import job_console, start_ray
+    from recmas_ray.console import job_console
 
     out = Path(cfg.output_path).resolve()
     with job_console(out / "logs", verbose=cfg.verbose, name="demo", progress=cfg.progress) as console:
         # A private local cluster unless RAY_ADDRESS names one (`ray job submit` sets it): on a shared machine
         # the newest cluster's address file may belong to someone else's run, which can end at any time.
+        from recmas_ray.distributed.cluster import start_ray
+
         start_ray()
         from jobs.experiments.demo.pipeline import run_demo
 

@@ -46,7 +46,7 @@ def evaluate(cfg: EvalConfig) -> int:
     from pathlib import Path
 
     from recmas_ray.console import job_console
-    from recmas_ray.eval.driver import evaluate_all
+    from recmas_ray.eval.run import evaluate_all
 
     with job_console(Path(cfg.output_path) / "logs", verbose=cfg.verbose, name="run",
                      progress=cfg.progress) as console:

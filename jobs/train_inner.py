@@ -52,7 +52,7 @@ def _train(cfg, console) -> int:
     if cfg.mas_role == "all":
         dirs = inner_job.train_all_roles(cfg)
     else:
-        from recmas_ray.train.data import canonical_role
+        from recmas_ray.styles import canonical_role
 
         dirs = {canonical_role(get_style(cfg.system.style), cfg.mas_role): inner_job.train_inner(cfg)}
     console.done()

@@ -24,10 +24,10 @@ import torch
 from recmas_ray.config.choices import LATENT_NORMS
 from recmas_ray.config.engine import EngineConfig
 from recmas_ray.config.recursion import DecodeConfig
-from recmas_ray.decoding import HF_DEFAULT_TOP_K, Decoded, DecodeState, TargetScore, decode_loop, model_top_k  # noqa: F401 (re-exported)
+from recmas_ray.decoding import Decoded, DecodeState, decode_loop, model_top_k
 from recmas_ray.decoding import eos_ids as _eos_ids
 from recmas_ray.decoding import pick as _pick  # tests replace agent._pick
-from recmas_ray.kv_cache import PrefixStore, cache_kw, left_pad, out_cache, positions  # noqa: F401 (re-exported)
+from recmas_ray.kv_cache import PrefixStore, cache_kw, left_pad, out_cache, positions
 from recmas_ray.kv_cache import prefill as prefill_static
 from recmas_ray.links import InnerLink, OuterLink, mean_embedding_norm, rescale_rows
 from recmas_ray.models.loader import output_device

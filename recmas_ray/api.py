@@ -2,7 +2,7 @@
 
     System.build(style, role_models=..., links=..., backend="local" | "ray")
         -> plan_system (models, dims, links; every check before a model loads)
-        -> system.launch.start_agents: in-process `LocalPool` (no Ray) or `RayReplicas` (one actor per agent)
+        -> distributed.launch.start_agents: in-process `LocalPool` (no Ray) or `RayReplicas` (one actor per agent)
     system.generate(questions, ...)   -> list[SampleResult]   (prediction + per-agent, per-round trace)
     system.evaluate(dataset, ...)     -> the evaluation driver's outputs, on the same running agents
     train_inner(...), train_outer(...) -> link folders that `System.build(links=...)` loads
@@ -23,6 +23,7 @@ from recmas_ray.config.checks import check_tree
 from recmas_ray.eval.config import EvalConfig
 from recmas_ray.config.recursion import DecodeConfig, RecursionConfig
 from recmas_ray.config.placement import PlacementConfig
+from recmas_ray.config.transport import OBJECT_STORE
 from recmas_ray.runner import SampleResult
 from recmas_ray.system.config import SystemConfig
 
@@ -115,7 +116,7 @@ class System:
     def build(cls, style: str, *, role_models: dict[str, str] | None = None, links: str | None = None,
               preset: str = "tiny", ckpt_override: dict[str, str] | None = None, backend: str = "ray",
               num_replicas: int = 1, task: str = "math", device: str = "auto", dtype: str = "auto", seed: int = 42,
-              placement: str | PlacementConfig = "cpu", transport: str = "object_store", timeout_s: float = 900.0,
+              placement: str | PlacementConfig = "cpu", transport: str = OBJECT_STORE.name, timeout_s: float = 900.0,
               torch_threads: int = 0, allow_base_model_mismatch: bool = False) -> System:
         """Plan the system, check it, and start its agents.
 
@@ -138,7 +139,8 @@ class System:
             seed: Seed of fresh links.
             placement: A placement preset name (cpu, one_gpu_per_agent, colocated, spread) or a
                 `PlacementConfig` (Ray backend).
-            transport: How latents move between agent actors: object_store, rdt:gloo or rdt:nccl.
+            transport: How latents move between agent actors (`config.transport`: the object store, or Ray
+                Direct Transport over gloo or NCCL).
             timeout_s: Timeout of every wait on Ray.
             torch_threads: Torch threads per agent (0: the library default).
             allow_base_model_mismatch: Run `role_models` even where a role's checkpoint names another
@@ -152,7 +154,7 @@ class System:
         """
         from recmas_ray.styles import get_style
         from recmas_ray.system.hub import links_overrides, resolve_overrides
-        from recmas_ray.system.launch import start_agents
+        from recmas_ray.distributed.launch import start_agents
         from recmas_ray.system.plan import plan_system
 
         from recmas_ray.config.inputs import check_text_table
@@ -235,7 +237,7 @@ class System:
         tasks = [task] * len(questions) if isinstance(task, str) else _str_list(task, "task")
         if len(tasks) != len(questions):
             raise ValueError(f"{len(questions)} questions but {len(tasks)} task types")
-        from recmas_ray.config.choices import TASK_TYPES
+        from recmas_ray.eval.tasks import TASK_TYPES
 
         bad = sorted({t for t in tasks if t not in TASK_TYPES})
         if bad:
@@ -310,7 +312,7 @@ class System:
             {"results": metrics per benchmark/method, "samples_path", "results_path", "table"}.
         """
         self._check_open()
-        from recmas_ray.eval.driver import evaluate
+        from recmas_ray.eval.run import evaluate
 
         cfg = dataclasses.replace(
             self.cfg, dataset=dataset, dataset_path=dataset_path, methods=list(methods), num_samples=num_samples,

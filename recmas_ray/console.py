@@ -5,7 +5,7 @@
         <output>/logs/<name>.log: Python logging, warnings, stray prints, fd 2 (C code, child processes),
                                   Ray's driver and forwarded worker output, Ray Train, HF, math-verify
 
-In quiet mode (the default) `distributed.driver.init_ray` asks this module for its settings (Ray's own
+In quiet mode (the default) `distributed.cluster.init_ray` asks this module for its settings (Ray's own
 logging at WARNING; its workers' output is still forwarded to the driver, where it lands in the log file
 instead of the terminal), and the job shuts down a Ray it started before the streams are restored, so
 Ray's goodbye messages (PlacementGroupCleaner, raylet) land there too and none of its processes outlive
@@ -291,22 +291,3 @@ def _shutdown_ray() -> None:
         ray.shutdown()
     except Exception:  # noqa: BLE001 - the job's own result is already out; the log has the reason
         logging.getLogger(__name__).exception("ray.shutdown failed")
-
-
-def start_ray(address: str | None = None, **kwargs) -> None:
-    """`distributed.driver.init_ray`, retrying a local start-up that timed out (a busy machine)."""
-    import ray
-
-    from recmas_ray.distributed.cluster import init_ray
-
-    if ray.is_initialized():
-        return
-    for attempt in range(3):  # Ray waits only 30 s for its raylet: a busy machine can overrun that
-        try:
-            init_ray(address, **kwargs)
-            return
-        except Exception as e:  # noqa: BLE001 - Ray raises a bare Exception for this
-            if "timed out during startup" not in str(e) or attempt == 2:
-                raise RuntimeError(f"Ray did not start: {e}") from e
-            logging.getLogger(__name__).warning("Ray start-up timed out (busy machine); retrying")
-            ray.shutdown()

@@ -290,7 +290,7 @@ class StepScheduler:
 
     def _pick(self, req: _Request, logits_BV: torch.Tensor) -> bool:
         """Pick each live row's next token from [B, V] logits; True when the request is complete."""
-        from recmas_ray.agent import _pick
+        from recmas_ray.decoding import pick as _pick
 
         cfg = req.cfg
         picks = _pick(logits_BV.float(), cfg, req.gen)

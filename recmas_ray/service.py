@@ -20,8 +20,10 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from recmas_ray.agent import Agent, Decoded, left_pad
+from recmas_ray.agent import Agent
 from recmas_ray.config.engine import EngineConfig
+from recmas_ray.decoding import Decoded
+from recmas_ray.kv_cache import left_pad
 from recmas_ray.config.recursion import DecodeConfig
 from recmas_ray.links import InnerLink, OuterLink
 from recmas_ray.models.loader import load_frozen_model, resolve_dtype

@@ -81,6 +81,56 @@ REQUIRE_SANDBOX = os.environ.get("RECMAS_REQUIRE_SANDBOX", "") == "1"
 _SANDBOX_SKIP = "sandbox unavailable: "
 
 
+@pytest.fixture
+def nothing_heavy(monkeypatch):
+    """Model loads, agent start-up, Ray and Ray Train fail the row (AssertionError is not a user error)."""
+    import ray
+    import ray.train.torch
+
+    import recmas_ray.distributed.cluster as cluster
+    import recmas_ray.eval.run as driver
+    import recmas_ray.models.loader as loader
+
+    def boom(*a, **k):
+        raise AssertionError("a model loaded or Ray started before the input was rejected")
+
+    for mod, name in ((loader, "load_frozen_model"), (driver, "BatchRunner"), (driver, "start_agents"), (ray, "init"),
+                      (ray.train.torch, "TorchTrainer"), (cluster, "init_ray"), (cluster, "start_ray")):
+        monkeypatch.setattr(mod, name, boom)
+
+
+def snapshot(root) -> dict:
+    """Every path under `root` with its mode, size and mtime (a test compares two to see that nothing was written)."""
+    out = {}
+    for folder, dirs, files in os.walk(root):
+        for name in dirs + files:
+            st = os.lstat(os.path.join(folder, name))
+            out[os.path.join(folder, name)] = (st.st_mode, st.st_size, st.st_mtime_ns)
+    return out
+
+
+EVERY_ATTEMPT = 10**9
+
+
+@pytest.fixture
+def inject_faults(monkeypatch):
+    """Failures the runs this test starts meet, undone after it: `inject_faults(fail_docs={"1": 2})` fails the
+    first two attempts of the batch holding doc 1 (`EVERY_ATTEMPT`: all), `client_exit_after=N` makes a Ray Data
+    client exit before its (N+1)-th batch, `agent_exit_after={"critic": 1}` the critic's actor before its 2nd call."""
+    from recmas_ray.eval import stream
+
+    def inject(*, fail_docs=None, client_exit_after=None, agent_exit_after=None):
+        monkeypatch.setattr(stream, "FAULTS", stream.Faults(fail_docs=dict(fail_docs or {}),
+                                                            client_exit_after=client_exit_after))
+        if agent_exit_after:
+            from recmas_ray.distributed import actors
+
+            for role, n in agent_exit_after.items():
+                monkeypatch.setitem(actors.AGENT_EXIT_AFTER, role, n)
+
+    return inject
+
+
 def _sandbox_unavailable() -> str:
     """Why the sandbox cannot run here, or "" when it can (the package's own probe, once per process)."""
     from recmas_ray.sandbox import bwrap

@@ -32,7 +32,8 @@ from recmas_ray.config.recursion import RecursionConfig
 from recmas_ray.kv_cache import PrefixStore
 from jobs.bench.perf_config import BenchConfig
 from recmas_ray.runner import run_batch
-from recmas_ray.system.launch import local_pool, start_agents
+from recmas_ray.distributed.launch import start_agents
+from recmas_ray.system.launch import local_pool
 from recmas_ray.system.plan import plan_system
 
 

@@ -242,7 +242,7 @@ def eval_run(replicas, n_replicas: int, n_batches: int, rounds: int, args, tag: 
 
 
 def build(plan, copies: dict | None, n: int, args):
-    from recmas_ray.system.launch import start_agents
+    from recmas_ray.distributed.launch import start_agents
     from recmas_ray.config.placement import PlacementConfig
 
     placement = PlacementConfig(preset="one_gpu_per_agent", cpus_per_agent=0.05, num_replicas=n,

@@ -43,7 +43,7 @@ def call_costs(args) -> dict:
     for dtype in ("fp32", "bf16"):
         plan = simulated_plan("sequential_light", "sim:hidden=2048,step_ms=0,token_ms=0,tokens=1",
                               message_dtype=dtype)
-        from recmas_ray.system.launch import start_agents
+        from recmas_ray.distributed.launch import start_agents
         from recmas_ray.config.placement import PlacementConfig
 
         cost = start_agents(plan, backend="ray", timeout_s=args.timeout_s,
@@ -64,7 +64,7 @@ def call_costs(args) -> dict:
 def real_models(args) -> dict:
     """Tiny models on 2 CPU replicas: the same predictions from 1 replica as from 2."""
     from recmas_ray.config.recursion import DecodeConfig, RecursionConfig
-    from recmas_ray.system.launch import start_agents
+    from recmas_ray.distributed.launch import start_agents
     from recmas_ray.config.placement import PlacementConfig
     from recmas_ray.models.sim import PAPER_STYLES
     from recmas_ray.system.plan import plan_system

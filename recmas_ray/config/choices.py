@@ -7,12 +7,9 @@ from __future__ import annotations
 
 BACKENDS = ("ray", "local")
 GRADERS = ("strict", "reference")
-TRANSPORTS = ("object_store", "rdt:gloo", "rdt:nccl")
 DEVICES = ("auto", "cpu", "cuda")
 DTYPES = ("auto", "float32", "bfloat16", "float16", "fp32", "bf16", "fp16")
 MESSAGE_DTYPES = ("auto", "bf16", "fp32", "bfloat16", "float32")
 MODEL_PRESETS = ("tiny", "demo", "paper")
 LATENT_NORMS = ("none", "embedding")
 """How spliced latent rows are scaled: none (the release) or embedding (LatentMAS, non-reference)."""
-TASK_TYPES = ("math", "choice", "code", "qa")
-"""Answer formats a question can have (prompts, graders and data rows are keyed by them)."""

@@ -16,8 +16,8 @@
   A config class may declare its own: `FLAG_ALIASES` (spellings every caller of the class accepts; the first
   one of a nested field without a short flag is the name its errors use, e.g. `--models` for
   `system.role_models`) and `HIDDEN_FLAGS` (dotted paths of nested fields it never reads: no flag).
-* A `--config` file may write a nested field under any of its flags at the top level (`style: mixture`
-  for `system.style`, as files were written before the section existed), or nested by section.
+* A `--config` file is nested by section (`system: {style: mixture}`); a key that is no setting of its section
+  (a nested field written at the top level, say) is refused with one line.
 * `run_job` prints a user error as one line `error: ...` on stderr and returns 2, before any model loads
   (`--debug` shows the traceback); the job's own code raises `ValueError` for user errors found later
   and `RuntimeError` for runs that failed (exit 1).
@@ -28,9 +28,12 @@ Nothing here imports torch or Ray, so `--help` is instant.
 from __future__ import annotations
 
 import argparse
+import ast
 import dataclasses
+import inspect
 import json
 import sys
+import textwrap
 import typing
 from dataclasses import dataclass
 from typing import Any, Callable
@@ -57,13 +60,20 @@ class Leaf:
 
 
 def _field_docs(cls) -> dict[str, str]:
-    """Attribute docstrings (the string literal under each field), collected over the class's MRO; from the
-    source, or from the shipped table where the source is not installed (`config/field_docs.py`)."""
-    from recmas_ray.config.field_docs import class_docs
-
+    """Attribute docstrings (the string literal under each field), collected over the class's MRO from the
+    source at run time (where only bytecode is installed, fields have no help text)."""
     docs: dict[str, str] = {}
     for klass in reversed(cls.__mro__):
-        docs.update(class_docs(klass))
+        if not dataclasses.is_dataclass(klass):
+            continue
+        try:
+            body = ast.parse(textwrap.dedent(inspect.getsource(klass))).body[0].body
+        except (OSError, TypeError, IndexError, SyntaxError, AttributeError):
+            continue
+        for prev, cur in zip(body, body[1:]):
+            if isinstance(prev, ast.AnnAssign) and isinstance(prev.target, ast.Name) and isinstance(cur, ast.Expr) \
+                    and isinstance(cur.value, ast.Constant) and isinstance(cur.value.value, str):
+                docs[prev.target.id] = " ".join(cur.value.value.split())
     return docs
 
 
@@ -126,20 +136,6 @@ def assign_flags(cls, aliases: dict[str, str] | None = None, hidden=()) -> list[
             leaf.flags.insert(0, alias)  # the class's name for a nested field without a short flag: errors use it
         else:
             leaf.flags.append(alias)
-    return out
-
-
-def nest_flat_keys(data: dict, tree_leaves: list[Leaf]) -> dict:
-    """A settings mapping whose top-level keys may be any flag of a nested field (`style: x` for
-    `system.style`, a job alias such as `models`), as written before those fields were nested: each such
-    key moved to its dotted place. Other keys are left for `from_dict` to accept or refuse."""
-    by_flag = {flag: leaf.path for leaf in tree_leaves for flag in leaf.flags if "." in leaf.path}
-    sections = {leaf.path.split(".")[0] for leaf in tree_leaves}  # `placement: {...}` is the section itself
-    out = dict(data)
-    for key in [k for k in data if k in by_flag and k != by_flag[k] and k not in sections]:
-        if _has_path(out, by_flag[key]):
-            raise ConfigError(f"--config: {key!r} and {by_flag[key]!r} both set --{by_flag[key]}; keep one")
-        _set_path(out, by_flag[key], out.pop(key))
     return out
 
 
@@ -308,7 +304,7 @@ def parse_config(cls, argv=None, *, prog=None, description=None, aliases=None, r
     ns = p.parse_args(argv)
     cfg = recipes[ns.recipe]() if recipes and getattr(ns, "recipe", None) else None
 
-    data: dict = nest_flat_keys(load_config_file(ns.config), tree_leaves) if ns.config else {}
+    data: dict = load_config_file(ns.config) if ns.config else {}
     flat = {k: v for k, v in vars(ns).items() if k not in SPECIAL_FLAGS}
     flag_of = {leaf.path: "--" + leaf.flags[0] for leaf in tree_leaves}
     for leaf in tree_leaves:

@@ -70,35 +70,3 @@ class PlacementConfig:
             bad = [r for r in table if r not in roles]
             if bad:
                 raise ValueError(f"--{name} names {bad}, not roles of this style {list(roles)}")
-
-    def check_transport(self, transport: str, roles, *, device: str = "auto") -> None:
-        """Refuse transports this placement cannot carry (before any model loads).
-
-        NCCL moves CUDA tensors between distinct GPUs: every agent needs at least one whole GPU of
-        its own (NCCL cannot have two ranks on one device).
-        """
-        if transport != "rdt:nccl":
-            return
-        if device == "cpu":
-            raise ValueError("--transport rdt:nccl moves CUDA tensors between GPUs; it cannot work with --device cpu")
-        if self.preset == "cpu":
-            raise ValueError("--transport rdt:nccl moves CUDA tensors between GPUs; it cannot work with "
-                             "--placement cpu")
-        if self.preset == "colocated" and len(roles) > 1:
-            raise ValueError(f"--transport rdt:nccl needs one GPU per agent, but --placement colocated puts "
-                             f"{len(roles)} agents on one GPU (two NCCL ranks cannot share a device); use "
-                             "--placement one_gpu_per_agent or spread, or --transport object_store")
-        shared = {r: g for r, g in self.role_gpus.items() if r in roles and g < 1}
-        if shared:
-            raise ValueError(f"--transport rdt:nccl needs a whole GPU per agent, but --role_gpus gives "
-                             f"{' '.join(f'{r}={g:g}' for r, g in shared.items())} (NCCL cannot put two ranks "
-                             "on one GPU); use --transport object_store")
-
-
-def check_ablation_transport(latent_ablation: str, transport: str) -> None:
-    """Refuse `--latent_ablation` with Ray Direct Transport (before any model loads): the ablation
-    rewrites received latents in the orchestrator, which can read object-store messages but not RDT
-    ones (they live in the producing agent and move only agent to agent)."""
-    if latent_ablation != "none" and transport != "object_store":
-        raise ValueError(f"--latent_ablation {latent_ablation} needs --transport object_store (the orchestrator "
-                         f"rewrites the latents, and --transport {transport} keeps them inside the agents)")

@@ -1,6 +1,6 @@
 """Refusing to resume a different configuration: one field-by-field comparison for evaluation and training.
 
-Evaluation compares a samples file's fingerprint (`eval/driver.py`); training compares the config.json a run
+Evaluation compares a samples file's fingerprint (`eval/run.py`); training compares the config.json a run
 saved next to its outputs with the config of the `--resume` run (`check_training_resume`, called from
 `TrainConfig.validate`, i.e. before any model loads or Ray starts). Both name every differing field.
 """

@@ -25,11 +25,12 @@ from typing import Any
 
 import ray
 
+from recmas_ray.config.transport import OBJECT_STORE, Transport, get_transport
 from recmas_ray.service import AgentService, AgentSpec
 
-# Fault injection for tests: "ROLE:N" makes that role's actor exit hard before its (N+1)-th call,
-# once (a restarted actor does not exit again).
-AGENT_EXIT_AFTER_ENV = "RECMAS_AGENT_EXIT_AFTER"
+AGENT_EXIT_AFTER: dict[str, int] = {}
+"""Fault injection by tests (the fixture `inject_faults`): role -> N makes that role's actors, built from now on,
+exit hard before their (N+1)-th call, once (a restarted actor does not exit again). Empty in a real run."""
 CALL_LOG_SIZE = 100_000
 
 
@@ -83,7 +84,8 @@ def from_wire(x):
 class _AgentActorImpl:
     """A GPU- (or CPU-) pinned agent holding its frozen model and links (wrapped by `ray.remote` below)."""
 
-    def __init__(self, spec: AgentSpec, inner_state: dict, outer_states: dict, torch_threads: int = 0):
+    def __init__(self, spec: AgentSpec, inner_state: dict, outer_states: dict, torch_threads: int = 0,
+                 exit_after: int | None = None):
         import torch
 
         if torch_threads > 0:
@@ -91,10 +93,7 @@ class _AgentActorImpl:
         self._log = collections.deque(maxlen=CALL_LOG_SIZE)
         self._kept: dict = {}  # (key, edge) -> message, Ray Direct Transport only
         self._dropped: set[str] = set()  # key prefixes of failed batches
-        self._exit_after = None
-        role, _, count = os.environ.get(AGENT_EXIT_AFTER_ENV, "").partition(":")
-        if role == spec.role and count and not _reconstructed():
-            self._exit_after = int(count)
+        self._exit_after = None if exit_after is None or _reconstructed() else exit_after
         if spec.device == "auto":
             # Ray narrows CUDA_VISIBLE_DEVICES per actor; with fake GPUs torch still sees none -> CPU.
             use_cuda = torch.cuda.is_available() and len(ray.get_gpu_ids()) > 0
@@ -235,13 +234,15 @@ class RayPool:
     later calls fail (a batch that timed out does not keep working while its retry runs).
     """
 
-    def __init__(self, handles: dict, *, timeout_s: float = 600.0, context: str = "", transport: str = "object_store"):
+    def __init__(self, handles: dict, *, timeout_s: float = 600.0, context: str = "",
+                 transport: str | Transport = OBJECT_STORE):
         from recmas_ray.distributed.routing import RoleGroup
 
         self.groups = {r: h if isinstance(h, RoleGroup) else RoleGroup(r, list(h) if isinstance(h, (list, tuple))
                                                                         else [h]) for r, h in handles.items()}
         self.handles = {r: g.copies[0] for r, g in self.groups.items()}
-        self.timeout_s, self.context, self.transport = timeout_s, context, transport
+        self.timeout_s, self.context = timeout_s, context
+        self.transport = get_transport(transport)
         self._num_calls = 0
         # Keys of kept RDT messages: unique per pool (one pool per batch), whatever batch id the caller
         # gave, so concurrent batches without one (the Python API, serving) never collide.
@@ -278,14 +279,13 @@ class RayPool:
     def rollout(self, role, users, slot_names, num_steps, edges, latents):
         work = len(users) * num_steps
         k, handle = self._route(role, work)
-        if self.transport != "object_store":
+        if self.transport.direct:
             self._num_calls += 1
             key = f"{self.key_prefix}:{self._num_calls}"
             self._holders.add((role, k))
             stats = self._track(role, k, work, handle.rollout_keep.remote(key, users, slot_names, num_steps,
                                                                           tuple(edges), *latents))
-            backend = self.transport.split(":")[1]
-            take = handle.take_message.options(tensor_transport=backend)
+            take = handle.take_message.options(tensor_transport=self.transport.tensor_transport)
             return [take.remote(key, e, stats) for e in edges], stats
         refs = handle.rollout.options(num_returns=len(edges) + 1).remote(
             users, slot_names, num_steps, tuple(edges), *latents)

@@ -1,14 +1,17 @@
 """Joining or starting a Ray cluster: `init_ray` (an address, $RAY_ADDRESS, or a private local cluster),
-`init_local_ray` (token auth, 127.0.0.1 only), `check_reachable` (a dead address fails in seconds) and
+`start_ray` (the same, retrying a local start-up that timed out), `init_local_ray` (token auth, 127.0.0.1 only), `check_reachable` (a dead address fails in seconds) and
 `loopback_only` (in-process multi-node test clusters).
 """
 
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 
 import ray
+
+from recmas_ray import console
 
 
 @contextlib.contextmanager
@@ -50,8 +53,6 @@ def init_ray(address: str | None = None, **kwargs) -> None:
     world-writable folder, so any local user can plant one) is never read, unless the caller asks for
     it with address="auto" (Ray's explicit "the cluster `ray start` runs on this machine").
     """
-    from recmas_ray import console
-
     if ray.is_initialized():
         return
     kwargs = {**console.ray_starting(), **kwargs}  # a quiet job's Ray logs to its log file (console.py)
@@ -71,6 +72,21 @@ def init_ray(address: str | None = None, **kwargs) -> None:
     os.environ.pop("RAY_ADDRESS", None)
     init_local_ray(include_dashboard=False, **kwargs)
     console.ray_started()
+
+
+def start_ray(address: str | None = None, **kwargs) -> None:
+    """`init_ray`, retrying a local start-up that timed out (a busy machine)."""
+    if ray.is_initialized():
+        return
+    for attempt in range(3):  # Ray waits only 30 s for its raylet: a busy machine can overrun that
+        try:
+            init_ray(address, **kwargs)
+            return
+        except Exception as e:  # noqa: BLE001 - Ray raises a bare Exception for this
+            if "timed out during startup" not in str(e) or attempt == 2:
+                raise RuntimeError(f"Ray did not start: {e}") from e
+            logging.getLogger(__name__).warning("Ray start-up timed out (busy machine); retrying")
+            ray.shutdown()
 
 
 def init_local_ray(**kwargs) -> None:

@@ -31,11 +31,10 @@ from dataclasses import dataclass, field
 import ray
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
-from recmas_ray.config.choices import TRANSPORTS
-from recmas_ray.config.placement import PlacementConfig, check_ablation_transport
+from recmas_ray.config.placement import PlacementConfig
 from recmas_ray.config.recursion import RecursionConfig
-from recmas_ray.distributed.actors import AGENT_EXIT_AFTER_ENV, AgentActor, RayPool, RDTAgentActor, when_done
-from recmas_ray.distributed.cluster import init_ray  # noqa: F401 (jobs/serve.py imports it from here)
+from recmas_ray.config.transport import OBJECT_STORE, Transport, get_transport
+from recmas_ray.distributed.actors import AGENT_EXIT_AFTER, AgentActor, RayPool, RDTAgentActor, when_done
 from recmas_ray.distributed.routing import ReplicaRouter, batch_work
 from recmas_ray.distributed.placement import (ORCHESTRATOR_CPUS, ORCHESTRATOR_MAX_BATCHES, PlacementPlan,
                                               check_resources, create_placement, detect_autoscaling, gpu_count,
@@ -60,21 +59,21 @@ class _OrchestratorImpl:
     its retry.
     """
 
-    def __init__(self, style: StyleSpec, copies: dict, timeout_s: float, transport: str = "object_store"):
+    def __init__(self, style: StyleSpec, copies: dict, timeout_s: float, transport: str | Transport = OBJECT_STORE):
         from recmas_ray.distributed.routing import RoleGroup
 
         self.style = style  # the plan's style object: it carries the run's prompt set
-        self.timeout_s, self.transport = timeout_s, transport
+        self.timeout_s, self.transport = timeout_s, get_transport(transport)
         # role -> its copies (one each without --role_replicas) and their routing
         self.groups = {r: RoleGroup(r, list(h) if isinstance(h, (list, tuple)) else [h]) for r, h in copies.items()}
         self._running: dict[str, RayPool] = {}
         self._lock = threading.Lock()
-        if transport != "object_store":
+        if self.transport.direct:
             # RDT checks the transport in the calling process, so the orchestrator creates the group.
             from ray.experimental.collective import create_collective_group
 
             actors = [h for g in self.groups.values() for h in g.copies]
-            create_collective_group(actors, backend="torch_gloo" if transport == "rdt:gloo" else "nccl")
+            create_collective_group(actors, backend=self.transport.collective_backend)
 
     def ready(self) -> bool:
         return True
@@ -82,7 +81,7 @@ class _OrchestratorImpl:
     def solve(self, questions: list[str], tasks: list[str], cfg: RecursionConfig, batch_id: str = "",
               **run_options):
         """One batch through `run_batch` (`run_options`: its keyword options, e.g. on_token, targets)."""
-        check_ablation_transport(cfg.latent_ablation, self.transport)  # Python callers skip EvalConfig
+        self.transport.check_ablation(cfg.latent_ablation)  # Python callers skip EvalConfig
         pool = RayPool(self.groups, timeout_s=self.timeout_s,
                        context=f", batch {batch_id}" if batch_id else "", transport=self.transport)
         key = batch_id or pool.key_prefix
@@ -283,21 +282,21 @@ class RayReplicas:
             pass
 
 
-def actor_options(transport: str, max_restarts: int, *, out_of_order: bool = True) -> dict:
+def actor_options(transport: Transport, max_restarts: int, *, out_of_order: bool = True) -> dict:
     """Ray options of agent actors: out-of-order execution, and restarts with retries of their
-    idempotent calls (object store transport only: RDT agents hold latents that a restart loses)."""
-    restarts = max_restarts if transport == "object_store" else 0
+    idempotent calls (not where the transport keeps latents in the agents: a restart loses them)."""
+    restarts = transport.actor_restarts(max_restarts)
     return {"allow_out_of_order_execution": out_of_order, "max_restarts": restarts, "max_task_retries": restarts}
 
 
 def build_ray_system(plan: SystemPlan, placement: PlacementConfig, *, timeout_s: float = 600.0,
-                     torch_threads: int = 0, transport: str = "object_store", replica: int = 0,
+                     torch_threads: int = 0, transport: str | Transport = OBJECT_STORE, replica: int = 0,
                      num_replicas: int = 1, autoscaling: bool | None = None, out_of_order: bool = True,
                      extra_env: dict | None = None, copies: dict[str, int] | None = None) -> RaySystem:
     """Create one replica: its placement group, one actor per role, await `ready()`, then the orchestrator.
 
     `transport` moves latents through the object store (default) or by Ray Direct Transport
-    (`rdt:gloo` on CPUs, `rdt:nccl` on GPUs; alpha in Ray 2.60), point to point between agents.
+    (gloo on CPUs, NCCL on GPUs; alpha in Ray 2.60), point to point between agents (`config.transport`).
     `num_replicas` is the size of the whole request, checked against the cluster up front.
     """
     system = start_system(plan, placement, timeout_s=timeout_s, torch_threads=torch_threads, transport=transport,
@@ -307,17 +306,15 @@ def build_ray_system(plan: SystemPlan, placement: PlacementConfig, *, timeout_s:
 
 
 def start_system(plan: SystemPlan, placement: PlacementConfig, *, timeout_s: float, torch_threads: int,
-                 transport: str, replica: int, num_replicas: int, autoscaling: bool | None, out_of_order: bool,
+                 transport: str | Transport, replica: int, num_replicas: int, autoscaling: bool | None, out_of_order: bool,
                  extra_env: dict | None, copies: dict[str, int] | None = None) -> RaySystem:
     """First half of `build_ray_system`: placement group and agent actors, not yet awaited (so the
     agents of several replicas load their models at the same time)."""
-    if transport not in TRANSPORTS:
-        raise ValueError(f"unknown transport {transport!r}; expected one of {TRANSPORTS}")
-    actor_cls = AgentActor if transport == "object_store" else RDTAgentActor
+    transport = get_transport(transport)
+    actor_cls = RDTAgentActor if transport.direct else AgentActor
     roles = list(plan.style.roles)
-    placement.check_transport(transport, roles)
-    if transport == "rdt:nccl":
-        _require_cupy()
+    transport.check_placement(placement, roles)
+    transport.check_installed()
     pplan = plan_placement(placement, roles, copies)
     scaling = detect_autoscaling() if autoscaling is None else autoscaling
     pg = create_placement(pplan, preset=placement.preset, timeout_s=placement.ready_timeout_s, autoscaling=scaling,
@@ -326,8 +323,6 @@ def start_system(plan: SystemPlan, placement: PlacementConfig, *, timeout_s: flo
     env = dict(AGENT_ENV)
     if torch_threads > 0:  # Ray pins OMP threads to floor(num_cpus) (>= 1) otherwise
         env["OMP_NUM_THREADS"] = str(torch_threads)
-    if os.environ.get(AGENT_EXIT_AFTER_ENV):  # test hook, read where the agent runs
-        env[AGENT_EXIT_AFTER_ENV] = os.environ[AGENT_EXIT_AFTER_ENV]
     env.update(extra_env or {})
     opts = actor_options(transport, placement.agent_max_restarts, out_of_order=out_of_order)
     batching = {r: plan.service_args(r)[0].continuous_batching for r in roles}
@@ -336,7 +331,7 @@ def start_system(plan: SystemPlan, placement: PlacementConfig, *, timeout_s: flo
         for role in roles:
             spec, inner, outer = plan.service_args(role)
             spec = dataclasses.replace(spec, num_devices=gpu_count(pplan.gpus[role]),
-                                       keep_messages_on_device=transport == "rdt:nccl")
+                                       keep_messages_on_device=transport.on_gpu)
             inner, outer = ray.put(inner), ray.put(outer)
             system.arg_refs += [inner, outer]
             system.copies[role] = []
@@ -347,7 +342,7 @@ def start_system(plan: SystemPlan, placement: PlacementConfig, *, timeout_s: flo
                     runtime_env={"env_vars": env}, name=None, **opts,
                     # continuous batching: calls of several batches run at once, their steps merged
                     **({"max_concurrency": AGENT_MAX_CALLS} if batching[role] else {}),
-                ).remote(spec, inner, outer, torch_threads))
+                ).remote(spec, inner, outer, torch_threads, AGENT_EXIT_AFTER.get(role)))
             system.handles[role] = system.copies[role][0]
     except BaseException:
         system.shutdown()
@@ -355,8 +350,9 @@ def start_system(plan: SystemPlan, placement: PlacementConfig, *, timeout_s: flo
     return system
 
 
-def await_system(system: RaySystem, placement: PlacementConfig, *, transport: str) -> RaySystem:
+def await_system(system: RaySystem, placement: PlacementConfig, *, transport: str | Transport) -> RaySystem:
     """Second half of `build_ray_system`: every agent's `ready()` (with the timeout), then the orchestrator."""
+    transport = get_transport(transport)
     plan, replica = system.plan, system.replica
     try:
         refs = {name: h.ready.remote() for name, h in system.actors().items()}
@@ -416,7 +412,7 @@ def role_copies(plan: SystemPlan, placement: PlacementConfig, recursion: Recursi
 
 
 def build_replicas(plan: SystemPlan, placement: PlacementConfig, *, timeout_s: float = 600.0,
-                   torch_threads: int = 0, transport: str = "object_store", client_cpus: float = 0.0,
+                   torch_threads: int = 0, transport: str | Transport = OBJECT_STORE, client_cpus: float = 0.0,
                    out_of_order: bool = True, extra_env: dict | None = None,
                    recursion: RecursionConfig | None = None, max_batches: int = 0) -> RayReplicas:
     """`placement.num_replicas` independent systems (0: as many as fit) and their router.
@@ -458,10 +454,3 @@ def as_replicas(system) -> RayReplicas:
         return system
     return RayReplicas(system.plan, [system], start_router(1, timeout_s=system.timeout_s), system.timeout_s)
 
-
-def _require_cupy() -> None:
-    import importlib.util
-
-    if importlib.util.find_spec("cupy") is None:
-        raise ValueError("--transport rdt:nccl needs cupy (pip install 'ray[cgraph]' or cupy-cuda12x) on every "
-                         "node; use --transport object_store")

@@ -1,7 +1,7 @@
 """Benchmarks by name: where each one lives, its task family, and `load_benchmark`.
 
-Each family's loaders, prompt fields and grader live in `recmas_ray.eval.tasks` (math, multiple_choice,
-qa, code); the raw readers in `eval/tasks/records.py`.
+Each family's loaders, prompt fields and grader live in its `Task` (`recmas_ray.eval.tasks`: math,
+multiple_choice, qa, code); the raw readers in `eval/tasks/records.py`.
 
 Every loader returns plain dicts (Ray Data friendly) with the base keys
 (`doc_id`, `question`, `gold`, `task_type`, `benchmark`, `raw_question`) plus task fields:
@@ -29,9 +29,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from recmas_ray.config.inputs import MAX_QUESTION_CHARS
-from recmas_ray.eval.tasks import code as code_tasks
-from recmas_ray.eval.tasks import math as math_tasks
-from recmas_ray.eval.tasks import multiple_choice, qa
+from recmas_ray.eval.tasks import TASKS, get_task
 from recmas_ray.eval.tasks.records import LOCAL_SUFFIXES, _item, _read_file, _text, read_records
 
 
@@ -115,6 +113,7 @@ def _from_hub(name: str, spec: BenchmarkSpec) -> list[dict]:
 
 
 def _local(rows, name, *, task_type="math", **_):
+    local_fields = get_task(task_type).local_fields
     out = []
     for i, r in enumerate(rows):
         q = _text(r, ("question", "problem"), i, name)
@@ -125,9 +124,7 @@ def _local(rows, name, *, task_type="math", **_):
         # an explicit `gold` wins over `answer`, which may hold a worked solution (the generated sets)
         gold = _text(r, ("gold", "answer"), i, name).strip()
         m = re.search(r"####\s*(.+?)\s*$", gold, re.DOTALL)
-        extra = {"options": r["options"]} if task_type == "choice" and "options" in r else {}
-        if task_type == "qa":
-            extra["aliases"] = [gold]
+        extra = local_fields(r, gold)
         out.append(_item(r.get("id", r.get("doc_id", i)), q, m[1].strip() if m else gold,
                          task_type, name, q, **extra))
     return out
@@ -147,8 +144,8 @@ def _check_items(source: str, items: list[dict]) -> None:
         first[doc] = i
 
 
-_LOADERS: dict[str, Callable[..., list[dict]]] = {**math_tasks.LOADERS, **multiple_choice.LOADERS,
-                                                 **code_tasks.LOADERS, **qa.LOADERS}
+_LOADERS: dict[str, Callable[..., list[dict]]] = {name: loader for task in TASKS.values()
+                                                 for name, loader in task.loaders.items()}
 
 
 LOADER_OPTIONS = frozenset({"gpqa_shuffle_options", "mbppplus_num_prompt_tests", "mbppplus_timeout_s",
@@ -191,8 +188,9 @@ def load_benchmark(name_or_path: str, *, path: str | os.PathLike | None = None,
     elif Path(str(name_or_path)).suffix.lower() in LOCAL_SUFFIXES or path is not None:
         src = Path(path or name_or_path)
         tt = options.pop("task_type", "math")
-        if tt not in ("math", "choice", "qa"):
-            raise ValueError(f"task_type={tt!r} for a local file; expected math, choice or qa")
+        readable = [t.name for t in TASKS.values() if t.local_fields is not None]
+        if tt not in readable:
+            raise ValueError(f"task_type={tt!r} for a local file; expected {', '.join(readable[:-1])} or {readable[-1]}")
         items = _local(read_records(src, json_field), src.stem, task_type=tt, **options)
     else:
         task_type_for(str(name_or_path))  # raises the unknown-benchmark error

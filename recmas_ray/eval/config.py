@@ -13,13 +13,14 @@ from dataclasses import dataclass, field
 from typing import Annotated
 
 from recmas_ray.config.checks import NonEmpty, OneOf, Range, WritableDir
-from recmas_ray.config.choices import BACKENDS, GRADERS, TRANSPORTS
+from recmas_ray.config.choices import BACKENDS, GRADERS
 from recmas_ray.config.inputs import check_cuda, check_data_path, check_file, check_model_names, read_data_file
-from recmas_ray.config.placement import PlacementConfig, check_ablation_transport
+from recmas_ray.config.placement import PlacementConfig
 from recmas_ray.config.recursion import MAX_ROUNDS, METHODS, RecursionConfig, ToolLoopConfig
 from recmas_ray.config.tracking import TrackingConfig
+from recmas_ray.config.transport import OBJECT_STORE, TRANSPORT_NAMES, get_transport
 from recmas_ray.eval.benchmarks import BENCHMARKS, canonical_name
-from recmas_ray.styles import get_style
+from recmas_ray.styles import get_style, tool_styles
 from recmas_ray.styles.prompts import load_prompt_set
 from recmas_ray.system.config import SystemConfig
 from recmas_ray.system.hub import looks_like_hub_id
@@ -114,7 +115,7 @@ class EvalConfig:
     """Timeout of every wait on Ray, in seconds."""
     torch_threads: Annotated[int, Range(0, 1024)] = 0
     """Torch threads per agent (0: the library default)."""
-    transport: Annotated[str, OneOf(TRANSPORTS)] = "object_store"
+    transport: Annotated[str, OneOf(TRANSPORT_NAMES)] = OBJECT_STORE.name
     """How latents move between agent actors: object_store, rdt:gloo (CPU) or rdt:nccl (GPU)."""
     tools: ToolLoopConfig = field(default_factory=ToolLoopConfig)
     """Deliberation style only: the toolcaller's Python and search tools."""
@@ -124,19 +125,19 @@ class EvalConfig:
     """Show Ray, Ray Data, HF and grader output on the console (else it goes to output_path/logs/run.log)."""
 
     def tool_loop(self) -> ToolLoopConfig | None:
-        """The toolcaller's tool settings when the style has one (deliberation), else None."""
-        return self.tools if get_style(self.system.style).name == "deliberation" else None
+        """The tool settings when the style uses tools (its decoder runs the tool loop), else None."""
+        return self.tools if get_style(self.system.style).uses_tools else None
 
     def check_tools(self, style) -> None:
-        """Tool settings given for a style without a toolcaller are refused (they would be ignored)."""
-        if style.name == "deliberation":
+        """Tool settings given for a style without tools are refused (they would be ignored)."""
+        if style.uses_tools:
             return
         default = ToolLoopConfig()
         changed = [f.name for f in dataclasses.fields(ToolLoopConfig)
                    if getattr(self.tools, f.name) != getattr(default, f.name)]
         if changed:
-            raise ValueError(f"{', '.join('--' + c for c in changed)}: tool settings apply to style deliberation "
-                             f"only; style {self.system.style} has no tools, so drop them")
+            raise ValueError(f"{', '.join('--' + c for c in changed)}: tool settings apply to a style with tools "
+                             f"({', '.join(tool_styles())}) only; style {self.system.style} has no tools, so drop them")
 
     def validate(self) -> None:
         """Rules across fields and files (run before any model loads)."""
@@ -169,7 +170,7 @@ class EvalConfig:
         if system.prompt_set:
             read_data_file(system.prompt_set, "--prompt_set")  # kind, size, encoding, no YAML aliases
             load_prompt_set(system.prompt_set, style)  # a bad file fails here, before any model loads
-        self.placement.check_transport(self.transport, style.roles, device=system.device)
-        if self.backend == "local" and self.transport != "object_store":
-            raise ValueError(f"--transport {self.transport} needs --backend ray")
-        check_ablation_transport(self.recursion.latent_ablation, self.transport)
+        transport = get_transport(self.transport)
+        transport.check_placement(self.placement, style.roles, device=system.device)
+        transport.check_backend(self.backend)
+        transport.check_ablation(self.recursion.latent_ablation)

@@ -9,8 +9,8 @@ is the one entry point callers need. Two modes exist (recursivemas.md sections 1
   paper (math `intpart`/`latex_text`/`nospace`/`digits` chain, unparsable choice scored as "A",
   QA `date`/`em`/`lower` chain, whole-text fallback for extraction).
 
-The graders of each family live with its loaders in `recmas_ray.eval.tasks` (math, multiple_choice, qa;
-code in `code_graders.py`); this module holds `GradeResult`, `pass_at_k` and the `grade` dispatch.
+The graders of each family live with its loaders in its `Task` (`recmas_ray.eval.tasks`: math, multiple_choice,
+qa, code; code's harnesses in `code_graders.py`); this module holds `pass_at_k` and the `grade` entry point.
 
 Code is executed only through `recmas_ray.sandbox.run_python` (time and memory limits, no network,
 throw-away working dir); see `code_graders.py`.
@@ -19,17 +19,15 @@ throw-away working dir); see `code_graders.py`.
 from __future__ import annotations
 
 import math
-import re
-from dataclasses import dataclass, field
 
-from recmas_ray.config.choices import GRADERS, TASK_TYPES
+from recmas_ray.config.choices import GRADERS
 from recmas_ray.eval.code_graders import (CODE_PRELUDE, CodeResult, compare_stdio_output, extract_code,  # noqa: F401
                                          grade_code, grade_functional, grade_program, grade_stdio)
-from recmas_ray.eval.tasks.math import (_reference_extract, extract_boxed, extract_math_answer,  # noqa: F401
+from recmas_ray.eval.tasks import TASK_TYPES, GradeResult, get_task  # noqa: F401
+from recmas_ray.eval.tasks.math import (extract_boxed, extract_math_answer,  # noqa: F401
                                         grade_math_reference, grade_math_strict, reference_math_strategy)
-from recmas_ray.eval.tasks.multiple_choice import LETTERS, extract_choice, shuffle_options  # noqa: F401
-from recmas_ray.eval.tasks.qa import (_reference_qa_match, exact_match, f1_score, normalize_answer,  # noqa: F401
-                                      normalize_date)
+from recmas_ray.eval.tasks.multiple_choice import extract_choice, shuffle_options  # noqa: F401
+from recmas_ray.eval.tasks.qa import exact_match, f1_score, normalize_answer, normalize_date  # noqa: F401
 
 __all__ = [
     "GradeResult", "CodeResult", "extract_boxed", "extract_math_answer", "grade_math_strict",
@@ -40,20 +38,6 @@ __all__ = [
 ]
 
 GRADER_MODES = GRADERS
-
-@dataclass
-class GradeResult:
-    """Outcome of grading one response."""
-
-    correct: bool
-    """Whether the response counts as correct under the requested mode."""
-    extracted: str | None
-    """The answer pulled out of the response (letter, math expression, code, text), None if none."""
-    parse_failed: bool
-    """True when no answer in the expected format was found (logged as the parse-failure rate)."""
-    detail: dict = field(default_factory=dict)
-    """Grader specifics: the other mode's verdict, the matching strategy, F1, test results, ..."""
-
 
 # ----------------------------------------------------------------------------- pass@k, dispatch
 
@@ -66,41 +50,6 @@ def pass_at_k(n: int, c: int, k: int) -> float:
     return 1.0 - math.prod(1.0 - k / i for i in range(n - c + 1, n + 1))
 
 
-# A row's interface (benchmarks.py) -> the harnesses that may grade it: stdin rows run on
-# stdin/stdout pairs, functional rows as named-function calls or a test script that calls it.
-_INTERFACE_MODES = {"stdin": ("stdio", "stdin"), "functional": ("functional", "script", "assert")}
-
-
-def _grade_code_record(record: dict, response: str) -> GradeResult:
-    code = extract_code(response)
-    mode = record.get("test_mode", "script")
-    interface = record.get("interface")
-    if interface is not None:
-        if mode not in _INTERFACE_MODES.get(interface.get("type"), ()):
-            raise ValueError(f"code row {record.get('doc_id')!r}: interface {interface.get('type')!r} cannot be "
-                             f"graded with test_mode {mode!r}")
-        if interface.get("fn_name"):
-            record = {**record, "fn_name": interface["fn_name"]}
-    if mode not in ("script", "assert", "stdio", "stdin", "functional"):
-        raise ValueError(f"test_mode={mode!r}; expected 'script', 'stdio' or 'functional'")
-    timeout = float(record.get("timeout_s", 10.0 if mode in ("script", "assert") else 6.0))
-    program = code
-    if mode in ("script", "assert"):
-        if code and record.get("program_prefix"):
-            program = record["program_prefix"] + "\n" + code
-        if code and record.get("completion_prefix") and not re.search(
-                rf"def\s+{re.escape(record.get('entry_point') or '')}\s*\(", code):
-            # HumanEval-style: a bare function body completes the given signature.
-            program = record["completion_prefix"] + code
-    res = grade_program(program, test_type=mode, tests=record.get("tests"), inputs=record.get("inputs", ()),
-                        outputs=record.get("outputs", ()), fn_name=record.get("fn_name"), timeout_s=timeout,
-                        prelude=record.get("prelude", CODE_PRELUDE), num_tests=int(record.get("num_tests", 1)))
-    return GradeResult(res.passed, code, code is None, {
-        "passed_tests": res.num_passed, "total_tests": res.num_tests,
-        "error_type": res.error_type, "error_detail": res.detail[:800], "seconds": res.seconds,
-        "grading": res.grading, "grading_note": res.grading_note})
-
-
 def grade(task_type: str, record: dict, response: str, mode: str = "strict") -> GradeResult:
     """Grade `response` for one benchmark `record` (as produced by `eval.benchmarks`).
 
@@ -109,37 +58,4 @@ def grade(task_type: str, record: dict, response: str, mode: str = "strict") -> 
     """
     if mode not in GRADER_MODES:
         raise ValueError(f"mode={mode!r}; expected one of {GRADER_MODES}")
-    if task_type == "math":
-        extracted = extract_math_answer(response)
-        gold = str(record["gold"])
-        ref_pred = _reference_extract(response)
-        verdicts = {"strict": grade_math_strict(response, gold),
-                    "reference": reference_math_strategy(ref_pred, gold) is not None}
-        detail = {**verdicts, "reference_extracted": ref_pred,
-                  "reference_strategy": reference_math_strategy(ref_pred, gold)}
-        return GradeResult(verdicts[mode], extracted, extracted is None, detail)
-    if task_type == "choice":
-        letters = LETTERS[:len(record.get("options") or "ABCD")]
-        letter = extract_choice(response, letters)
-        gold = str(record["gold"]).strip().upper()
-        verdicts = {"strict": letter == gold, "reference": (letter or "A") == gold}
-        chosen = letter if mode == "strict" else (letter or "A")
-        return GradeResult(verdicts[mode], chosen, letter is None, dict(verdicts))
-    if task_type == "code":
-        res = _grade_code_record(record, response)
-        # Tests pass or fail the same under both modes; both verdicts are recorded all the same, so
-        # every sample carries detail["strict"] and detail["reference"] (results report both).
-        res.detail.update(strict=res.correct, reference=res.correct)
-        return res
-    if task_type == "qa":
-        golds = [str(record["gold"])] + [a for a in record.get("aliases") or [] if a != record["gold"]]
-        extracted = extract_math_answer(response)
-        ref_pred = _reference_extract(response)
-        strategy = _reference_qa_match(ref_pred, str(record["gold"]))
-        verdicts = {"strict": extracted is not None and exact_match(extracted, golds),
-                    "reference": strategy is not None}
-        detail = {**verdicts, "f1": f1_score(extracted or "", golds),
-                  "reference_extracted": ref_pred, "reference_strategy": strategy}
-        return GradeResult(verdicts[mode], extracted if mode == "strict" else ref_pred,
-                           extracted is None, detail)
-    raise ValueError(f"task_type={task_type!r}; expected one of {TASK_TYPES}")
+    return get_task(task_type).grade(record, response, mode)

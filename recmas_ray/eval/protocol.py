@@ -27,7 +27,7 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Any
 
-from recmas_ray.eval.config import PROTOCOLS  # noqa: F401 - one list of names, checked by EvalConfig
+from recmas_ray.styles import get_style
 
 # Styles as the tables name them; "sequential" is this project's alias of sequential_light.
 STYLE_KEYS = {"sequential": "sequential_light", "hie": "mixture", "distill": "distillation"}
@@ -82,7 +82,8 @@ RECOMMENDED: dict[tuple[str, str], Cell] = {
     ("deliberation", "bamboogle"): Cell(latent_steps=16, rounds=3, batch_size=8, source=_JUN),
 }
 # June: deliberation "m16 everywhere" (R from the default 3) except the cells above.
-DELIBERATION_DEFAULT = Cell(latent_steps=16, rounds=3, source=_JUN + " (m16 everywhere, R default 3)")
+# Styles whose unrecorded cells have a default of their own (else the runner defaults).
+STYLE_DEFAULTS = {"deliberation": Cell(latent_steps=16, rounds=3, source=_JUN + " (m16 everywhere, R default 3)")}
 RUNNER_DEFAULT = Cell(latent_steps=RUNNER_DEFAULT_M, rounds=RUNNER_DEFAULT_R,
                       source="spec section 6: runner defaults m32/R3 [Apr] (cell not recorded)")
 
@@ -97,7 +98,7 @@ def recommended(style: str, benchmark: str) -> Cell:
     style = STYLE_KEYS.get(style, style)
     if (style, benchmark) in RECOMMENDED:
         return RECOMMENDED[(style, benchmark)]
-    return DELIBERATION_DEFAULT if style == "deliberation" else RUNNER_DEFAULT
+    return STYLE_DEFAULTS.get(style, RUNNER_DEFAULT)
 
 
 def max_new_tokens(style: str, benchmark: str) -> int:
@@ -135,7 +136,7 @@ def reference_settings(style: str, benchmark: str) -> dict[str, tuple[Any, str]]
         "recursion.decode.max_new_tokens": (max_new_tokens(style, benchmark), "spec section 5 [Apr]"),
         "recursion.latent_steps": (cell.latent_steps, cell.source),
         "recursion.num_recursive_rounds": (cell.rounds, cell.source),
-        "recursion.decode_every_round": (STYLE_KEYS.get(style, style) == "mixture",
+        "recursion.decode_every_round": (get_style(style).decodes_each_round,
                                          "spec sections 4.2 and 11: the summarizer decodes every round"),
         "num_rollouts": ((AIME_ROLLOUTS, "spec section 6: AIME pass@10, num_rollouts=10") if k and k > 1 else
                          (REFERENCE_SEEDS, "spec section 11: >= 3 seeds, mean and spread")),

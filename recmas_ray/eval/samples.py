@@ -18,7 +18,7 @@ import threading
 from pathlib import Path
 from typing import Any, Callable, Mapping
 
-# Both graders' verdicts per sample (issue 16 item 5): results report `accuracy,strict` (math-verify)
+# Both graders' verdicts per sample: results report `accuracy,strict` (math-verify)
 # and `accuracy,reference` (the release's lenient rules) whatever `--grader` picked for the headline.
 VERDICT_FIELDS = {"strict": "correct_strict", "reference": "correct_reference"}
 

@@ -32,21 +32,25 @@ import warnings
 from typing import Callable, Iterator
 
 from recmas_ray.eval.config import StreamConfig
-from recmas_ray.eval.graders import LETTERS, extract_boxed, extract_choice, extract_code, grade
+from recmas_ray.eval.graders import grade
+from recmas_ray.eval.tasks import get_task
 from recmas_ray.config.recursion import RecursionConfig
 from recmas_ray.runner import SampleResult
 
-# Fault injection for tests: a client exits hard before its (N+1)-th batch, once (not after a restart).
-EXIT_AFTER_ENV = "RECMAS_EVAL_CLIENT_EXIT_AFTER"
-# Fault injection for tests: "DOC_ID:N,..." fails the first N attempts of the batch holding DOC_ID
-# (N omitted: every attempt).
-FAIL_DOCS_ENV = "RECMAS_EVAL_FAIL_DOCS"
 
-# The release's suffixes (recursivemas.md section 5); QA prompts also ask for \boxed{}.
-RETRY_SUFFIXES = {"math": "\nFinal Answer: \\boxed{", "qa": "\nFinal Answer: \\boxed{",
-                  "choice": "\nFinal Choice: \\boxed{",
-                  "code": "\n\nThe previous output format was invalid.\nFinal Code:\n```python\n"}
-RETRY_TOKENS = {"math": 16, "qa": 16, "choice": 16, "code": 256}
+
+@dataclasses.dataclass(frozen=True)
+class Faults:
+    """Failures a test injects into a run (the fixture `inject_faults` sets `FAULTS`); none in a real run."""
+
+    fail_docs: dict[str, int] = dataclasses.field(default_factory=dict)
+    """doc_id -> how many attempts of the batch holding it fail (a huge number: every one)."""
+    client_exit_after: int | None = None
+    """A Ray Data client process exits hard before its (N+1)-th batch, once (not after a restart)."""
+
+
+FAULTS = Faults()
+"""The faults of the runs this process starts (read when a run starts; the clients get them as arguments)."""
 
 RetryFn = Callable[[list[str], list[str], int, object], list]
 """(texts, suffixes, max_new_tokens, decode cfg) -> list[Decoded] of the continuations."""
@@ -58,37 +62,33 @@ def for_rollout(rc: RecursionConfig, rollout: int) -> RecursionConfig:
 
 
 def needs_format_retry(item: dict, text: str) -> bool:
-    """True when `text` lacks the task's answer format: \\boxed{} (math, qa), a choice, a python block."""
-    task = item["task_type"]
-    if task == "code":
-        return extract_code(text) is None
-    if task == "choice":
-        return extract_choice(text, LETTERS[:len(item.get("options") or "ABCD")]) is None
-    return extract_boxed(text) is None
+    """True when `text` lacks the answer format of the item's task family (`Task.answer_found`)."""
+    return not get_task(item["task_type"]).answer_found(item, text)
 
 
 def format_retry(items: list[dict], results: list[SampleResult], decode, retry: RetryFn) -> list[dict | None]:
     """Retry once every sample whose output lacks the answer format; updates `results` in place.
 
-    The raw output plus a suffix goes to the decoding agent's base model (no chat template, no
-    latents) for up to 16 more tokens (256 for code); the prediction becomes output + suffix +
+    The raw output plus the family's suffix goes to the decoding agent's base model (no chat template, no
+    latents) for up to `Task.retry_tokens` more tokens; the prediction becomes output + suffix +
     continuation. Returns per sample the retry record, or None where no retry was needed.
     """
     infos: list[dict | None] = [None] * len(items)
     groups: dict[int, list[int]] = {}
     for i, (item, res) in enumerate(zip(items, results)):
         if needs_format_retry(item, res.prediction):
-            groups.setdefault(RETRY_TOKENS.get(item["task_type"], 16), []).append(i)
+            groups.setdefault(get_task(item["task_type"]).retry_tokens, []).append(i)
     if not groups:
         return infos
     t0 = time.perf_counter()
     for max_new, idx in groups.items():
-        suffixes = [RETRY_SUFFIXES.get(items[i]["task_type"], RETRY_SUFFIXES["math"]) for i in idx]
+        suffixes = [get_task(items[i]["task_type"]).retry_suffix for i in idx]
         outs = retry([results[i].prediction for i in idx], suffixes, max_new, decode)
         for i, suffix, out in zip(idx, suffixes, outs):
             res, text = results[i], out.text
-            if items[i]["task_type"] == "code" and "```" not in text:
-                text += "\n```"  # close the fence we opened, so the block can be extracted
+            closer = get_task(items[i]["task_type"]).retry_closer
+            if closer and closer.strip() not in text:
+                text += closer  # close what the suffix opened (code: the fence), so the answer can be extracted
             infos[i] = {"raw_prediction": res.prediction, "suffix": suffix, "continuation": out.text,
                         "tokens": out.num_tokens}
             res.prediction = res.prediction + suffix + text
@@ -136,15 +136,6 @@ def error_records(batch: list[dict], method: str, rollout: int, rc: RecursionCon
     return [{"doc_id": i["doc_id"], "method": method, "rollout": rollout, "benchmark": i.get("benchmark"),
              "rounds": rc.num_recursive_rounds, "question": i["question"], "gold": i["gold"], "prediction": None,
              "correct": False, "error": error[:2000], "attempts": attempts, "replica": replica} for i in batch]
-
-
-def parse_fail_docs(text: str | None) -> dict[str, int]:
-    """The FAIL_DOCS_ENV test hook: {"doc_id": attempts that fail} (a huge number: always)."""
-    out = {}
-    for item in filter(None, (text or "").split(",")):
-        doc, _, n = item.partition(":")
-        out[doc] = int(n) if n else 10**9
-    return out
 
 
 def with_batch_retries(batch: list[dict], rollout: int, method: str, recursion: RecursionConfig, max_retries: int,
@@ -247,7 +238,7 @@ class EvalClient:
 
 
 CLIENTS_PER_ACTOR = 2
-"""Auto depth: batches in flight per agent actor. Measured on simulated agents (issue 23): busy 0.31 /
+"""Auto depth: batches in flight per agent actor. Measured on simulated agents: busy 0.31 /
 0.56 / 0.75 / 0.89 at 1 / 2 / 3 / 8 batches for 3 stages; about two per stage keeps each one fed
 while a batch waits on its upstream step."""
 STORE_SHARE = 0.25
@@ -322,7 +313,6 @@ def stream_samples(system, batches: list[tuple[list[dict], int]], method: str, r
              "items": json.dumps(b, ensure_ascii=False, default=str)} for b, r in batches]
     ctx = ray.data.DataContext.get_current()
     ctx.enable_progress_bars = False  # the driver shows its own bar (samples, accuracy, samples/s)
-    exit_after = os.environ.get(EXIT_AFTER_ENV)
     system0 = replicas.systems[0]
     num_actors = len(system0.actors()) if hasattr(system0, "actors") else len(system0.handles)
     depth = batches_in_flight(cfg, num_actors, num_replicas=replicas.num_replicas,
@@ -354,8 +344,7 @@ def stream_samples(system, batches: list[tuple[list[dict], int]], method: str, r
                                    "router": replicas.router, "method": method,
                                    "recursion": recursion, "grader": grader, "format_retry": format_retry,
                                    "timeout_s": timeout_s, "max_batch_retries": max_batch_retries,
-                                   "exit_after": int(exit_after) if exit_after else None,
-                                   "fail_docs": parse_fail_docs(os.environ.get(FAIL_DOCS_ENV))})
+                                   "exit_after": FAULTS.client_exit_after, "fail_docs": FAULTS.fail_docs})
     try:
         # No prefetch: iter_rows' one-block prefetch holds each output back until the next one
         # arrives, so a crash would also lose a finished batch that never reached the file.

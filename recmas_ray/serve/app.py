@@ -92,7 +92,7 @@ class RecMASServer:
 
     @api.get("/metrics")
     def metrics(self):
-        from recmas_ray.serve.metrics import CONTENT_TYPE_LATEST
+        from prometheus_client import CONTENT_TYPE_LATEST
 
         return Response(self.metrics.exposition(self.batcher.queued_rows, self.batcher.running),
                         media_type=CONTENT_TYPE_LATEST)
@@ -267,11 +267,9 @@ def build_app(cfg: ServeConfig):
 def app_builder(args: dict):
     """Serve config files' entry (`import_path: recmas_ray.serve.app:app_builder`): `args` are ServeConfig fields."""
     from recmas_ray.config.checks import check_tree
-    from recmas_ray.config.cli import assign_flags, nest_flat_keys
     from recmas_ray.config.tree import from_dict
 
-    # flat keys as the flags spell them (`style`, `models`), or nested by section (`system: {style: ...}`)
-    args = nest_flat_keys(dict(args or {}), assign_flags(ServeConfig))
-    cfg = from_dict(ServeConfig, args, where="serve application args")
+    # nested by section, as a --config file (`system: {style: ...}`)
+    cfg = from_dict(ServeConfig, dict(args or {}), where="serve application args")
     check_tree(cfg, lambda path: path)
     return build_app(cfg)

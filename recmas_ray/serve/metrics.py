@@ -7,7 +7,6 @@ Each replica keeps its own registry: with several replicas a scrape of `/metrics
 from __future__ import annotations
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
-from prometheus_client import CONTENT_TYPE_LATEST  # noqa: F401 - re-exported for the route
 
 
 class ServerMetrics:

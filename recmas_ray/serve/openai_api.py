@@ -22,7 +22,7 @@ from typing import Any
 from recmas_ray.api import MAX_N, MAX_STOP_STRINGS
 from recmas_ray.config.checks import ConfigError, check_tree
 from recmas_ray.config.recursion import METHODS, RecursionConfig
-from recmas_ray.config.choices import TASK_TYPES
+from recmas_ray.eval.tasks import TASK_TYPES
 
 EXTRA_FIELDS = ("task", "method", "num_recursive_rounds", "latent_steps", "top_k")
 COMMON_FIELDS = ("model", "max_tokens", "temperature", "top_p", "seed", "n", "stop", "stream", "stream_options",
@@ -174,13 +174,6 @@ def parse_request(body: Any, *, kind: str, served_name: str, defaults: Recursion
     return GenRequest(kind, questions, task, _recursion(body, defaults, method), stream, n,
                       _stops(body.get("stop")), bool(options.get("include_usage", False)),
                       seeded=body.get("seed") is not None)
-
-
-def parse_chat_request(body: Any, *, served_name: str, defaults: RecursionConfig, default_task: str,
-                       max_input_chars: int) -> GenRequest:
-    """`parse_request` of a chat-completions body."""
-    return parse_request(body, kind="chat", served_name=served_name, defaults=defaults, default_task=default_task,
-                         max_input_chars=max_input_chars)
 
 
 def _stops(stop: Any) -> list[str]:

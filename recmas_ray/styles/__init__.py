@@ -51,6 +51,11 @@ def style_names() -> tuple[str, ...]:
     return tuple(sorted(STYLES)) + tuple(sorted(ALIASES))
 
 
+def tool_styles() -> tuple[str, ...]:
+    """Names of the styles whose decoder may run the tool loop (`StyleSpec.uses_tools`)."""
+    return tuple(sorted({s.name for s in STYLES.values() if s.uses_tools}))
+
+
 def check_role_models(flag: str, table: dict[str, str], style_name: str, *, extra: tuple[str, ...] = ()) -> None:
     """ROLE=VALUE tables (--role_model, --ckpt_override): every key a role of the style (or in `extra`),
     no empty value; raises ValueError naming the flag, the bad key and what was expected."""
@@ -70,4 +75,4 @@ def check_role_models(flag: str, table: dict[str, str], style_name: str, *, extr
 
 __all__ = ["ROLE_ALIASES", "STYLES", "StyleSpec", "Step", "build_schedule", "canonical_role", "check_role_models",
            "get_style", "question_with_interface", "render_prompt", "render_single_agent_prompt", "split_edge",
-           "style_names"]
+           "style_names", "tool_styles"]

@@ -16,18 +16,14 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from recmas_ray.config.choices import TASK_TYPES
+from recmas_ray.eval.tasks import TASK_TYPES, TASKS
 from recmas_ray.styles.role_context import question_for_role  # per-role context (hidden-operand rows)
 
 VARIANTS = ("base", "feedback")
 SYSTEM_PROMPT = "You are a helpful assistant."
 
-FINAL_INSTRUCTIONS = {
-    "math": "Reason step by step and put the final answer within \\boxed{}, for example \\boxed{1}.",
-    "choice": "Reason step by step and put only the letter of the final choice within \\boxed{}, for example \\boxed{A}.",
-    "code": "Write the complete solution in exactly one ```python code block.",
-    "qa": "Answer the question. You may use available tools if needed. Put the final short answer within \\boxed{}.",
-}
+FINAL_INSTRUCTIONS = {name: task.instruction for name, task in TASKS.items()}
+"""Task family -> its final-answer instruction (`Task.instruction`), the default of every style."""
 
 # The release's code-task interface line (spec section 4.1, code variants): a function to return,
 # or a whole program on stdin/stdout. Rendered after the question by `question_with_interface`.
@@ -85,6 +81,11 @@ class StyleSpec:
     """task type -> the text that replaces `{final}`."""
     interface_lines: dict[str, str] = field(default_factory=lambda: dict(INTERFACE_LINES))
     """Code-task interface type (functional, stdin) -> its line; `{fn_name}` names the function."""
+    uses_tools: bool = False
+    """The decoder's final decode may run the tool loop (Python, search): tool settings apply to this style."""
+    decodes_each_round: bool = False
+    """The release's decoder also decodes (and discards) text in non-final rounds; the reference protocol
+    turns the runner's `decode_every_round` on for such a style."""
 
     @property
     def roles(self) -> tuple[str, ...]:

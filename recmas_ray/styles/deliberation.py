@@ -39,4 +39,5 @@ DELIBERATION = StyleSpec(
     target_fields={"reflector": ("deliberation_reflector", "answer"), "toolcaller": ("deliberation_toolcaller", "answer")},
     system_prompt=TOOL_SYSTEM_PROMPT,
     teacher_text_in_slots=False,
+    uses_tools=True,
 )

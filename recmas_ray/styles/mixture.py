@@ -2,7 +2,8 @@
 
 The three expert blocks go into three separate slots of the summarizer prompt, in a fixed order (no
 pooling). The reference summarizer decodes text every round and throws the non-final texts away;
-here that is the runner's `decode_every_round` switch, off by default.
+here that is the runner's `decode_every_round` switch, off by default (`decodes_each_round` tells the
+reference protocol to turn it on).
 """
 
 from recmas_ray.styles.base import RolePrompts, StyleSpec
@@ -44,4 +45,5 @@ MIXTURE = StyleSpec(
         "science": ("hie_science_expert", "science_expert", "expert_science"),
         "summarizer": ("hie_summarizer", "summary", "answer"),
     },
+    decodes_each_round=True,
 )

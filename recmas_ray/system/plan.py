@@ -18,7 +18,7 @@ from recmas_ray.system.link_init import init_links
 from recmas_ray.models.loader import resolve_model_path
 from recmas_ray.system.presets import role_models
 from recmas_ray.service import AgentSpec, link_states
-from recmas_ray.styles import StyleSpec, get_style
+from recmas_ray.styles import StyleSpec, get_style, tool_styles
 from recmas_ray.styles.prompts import load_prompt_set, prompt_set_hash
 
 log = logging.getLogger(__name__)
@@ -96,7 +96,7 @@ def plan_system(system: SystemConfig | str, *, task: str = "math", tools: ToolLo
     win over the preset, and a checkpoint that names another model for the role is an error unless
     `allow_base_model_mismatch`. `prompt_set` replaces the style's own prompts (checked against its slots
     first). `task` picks the release adapters that load; `tools` turns on the deliberation toolcaller's tool
-    loop (deliberation only). `system.links` is not read here: the caller folds it into ckpt_override.
+    loop (styles that use tools only). `system.links` is not read here: the caller folds it into ckpt_override.
     """
     system = SystemConfig(style=system, **fields) if isinstance(system, str) else \
         dataclasses.replace(system, **fields)
@@ -105,9 +105,9 @@ def plan_system(system: SystemConfig | str, *, task: str = "math", tools: ToolLo
     style = get_style(style_name)
     if prompt_set:
         style = load_prompt_set(prompt_set, style)
-    if tools is not None and style.name != "deliberation":
-        raise ValueError(f"tool settings (--tavily_keys_file, --max_tool_rounds, --python_timeout) apply to style "
-                         f"deliberation only, got style {style_name!r}")
+    if tools is not None and not style.uses_tools:
+        raise ValueError(f"tool settings (--tavily_keys_file, --max_tool_rounds, --python_timeout) apply to a "
+                         f"style with tools ({', '.join(tool_styles())}) only, got style {style_name!r}")
     overrides = dict(system.ckpt_override or {})
     bad = [k for k in overrides if k != "outer" and k not in style.roles]
     if bad:

@@ -18,8 +18,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from recmas_ray.config.choices import TASK_TYPES
-from recmas_ray.styles import ROLE_ALIASES, StyleSpec, canonical_role, render_prompt, split_edge  # noqa: F401 (jobs import them here)
+from recmas_ray.eval.tasks import TASK_TYPES
+from recmas_ray.styles import StyleSpec, render_prompt, split_edge
 
 # Role names of the original training tool (`--mas_role`) -> recmas_ray role names.
 SYNTHETIC_PREFIX = "synthetic"

@@ -138,3 +138,12 @@ def test_help_shows_docstrings_defaults_and_aliases(capsys):
     text = capsys.readouterr().out
     assert "Steps per round. (range [0, 10]; default: 3)" in " ".join(text.split())
     assert "--no_enabled" in text and "--n_steps" in text and "required" in text
+
+
+def test_help_is_each_fields_docstring_read_at_run_time():
+    from recmas_ray.config.cli import leaves
+    from recmas_ray.eval.config import EvalConfig
+
+    docs = {leaf.path: leaf.doc for leaf in leaves(EvalConfig)}
+    assert sum(bool(d) for d in docs.values()) >= 0.9 * len(docs)  # nearly every field has help
+    assert docs["transport"].startswith("How latents move between agent actors")

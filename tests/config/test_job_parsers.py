@@ -1,4 +1,4 @@
-"""Every job's parser builds, and the CLI's short-flag rule holds (issue #22).
+"""Every job's parser builds, and the CLI's short-flag rule holds.
 
 A nested field has a plain flag only where its class declares it (`SHORT_FLAGS`); two declarations of the
 same short flag in one tree, an alias that names an existing flag, or a declaration naming no field are
@@ -128,7 +128,7 @@ if __name__ == "__main__":
 
 
 def test_every_job_keeps_its_flags(built, capsys):
-    """Nesting a section (issue #22: `system`) keeps every flag a job accepted (job_flags.json, recorded
+    """Nesting a section (e.g. `system`) keeps every flag a job accepted (job_flags.json, recorded
     before the change) and adds dotted names only."""
     import json
     from pathlib import Path

@@ -34,7 +34,7 @@ from ray.cluster_utils import Cluster
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, ROOT)
 
-from recmas_ray.agent import DecodeConfig  # noqa: E402
+from recmas_ray.config.recursion import DecodeConfig  # noqa: E402
 from recmas_ray.distributed.actors import RayPool, from_wire  # noqa: E402
 from recmas_ray.distributed.driver import build_ray_system, build_replicas  # noqa: E402
 from recmas_ray.config.placement import PlacementConfig  # noqa: E402
@@ -162,7 +162,7 @@ def check_auto_replicas(names: dict, timeout_s: float) -> dict:
 def check_replicas(names: dict, timeout_s: float, workdir: str) -> dict:
     """Two replicas on the fake-GPU nodes, an evaluation streamed over both, and the local backend."""
     from recmas_ray.eval.config import EvalConfig, StreamConfig
-    from recmas_ray.eval.driver import evaluate
+    from recmas_ray.eval.run import evaluate
     from recmas_ray.eval.samples import read_samples
 
     qfile = os.path.join(workdir, "questions.jsonl")

@@ -10,9 +10,9 @@ import json
 
 import pytest
 
-from recmas_ray.eval.stream import FAIL_DOCS_ENV
 
 from jobs import run as run_job
+from tests.conftest import EVERY_ATTEMPT
 
 
 def args(qfile, out, *extra, backend="local"):
@@ -30,14 +30,14 @@ def latest_results(out):
     return json.loads(open(sorted(glob.glob(f"{out}/results_*.json"))[-1]).read())["results"]
 
 
-def test_failed_batch_is_retried_then_skipped_then_resumed(question_file, tmp_path, monkeypatch, tiny_cache):
+def test_failed_batch_is_retried_then_skipped_then_resumed(question_file, tmp_path, inject_faults, tiny_cache):
     ok = tmp_path / "ok"
-    monkeypatch.setenv(FAIL_DOCS_ENV, "1:2")  # the batch with doc 1 fails twice, the third try works
+    inject_faults(fail_docs={"1": 2})  # the batch with doc 1 fails twice, the third try works
     assert run_job.main(args(question_file, ok)) == 0
     assert not any(r.get("error") for r in lines(ok)) and len(lines(ok)) == 4
 
     out = tmp_path / "skip"
-    monkeypatch.setenv(FAIL_DOCS_ENV, "1")  # fails every time: 1 + 2 retries
+    inject_faults(fail_docs={"1": EVERY_ATTEMPT})  # fails every time: 1 + 2 retries
     assert run_job.main(args(question_file, out)) == 1  # the run went on, but samples are missing
     rows = lines(out)
     errored = sorted(r["doc_id"] for r in rows if r.get("error"))
@@ -47,7 +47,7 @@ def test_failed_batch_is_retried_then_skipped_then_resumed(question_file, tmp_pa
     (res,) = latest_results(out).values()
     assert res["n_errored"] == 2 and res["n_samples"] == 2  # accuracy over the graded samples only
 
-    monkeypatch.delenv(FAIL_DOCS_ENV)
+    inject_faults()
     assert run_job.main(args(question_file, out, "--resume")) == 0
     final = {r["doc_id"]: r for r in lines(out)}  # the last line per sample wins
     assert sorted(final) == ["0", "1", "2", "3"] and not any(r.get("error") for r in final.values())
@@ -81,11 +81,10 @@ def test_resume_with_a_different_fingerprint_is_refused(question_file, tmp_path,
 
 @pytest.mark.integration
 @pytest.mark.timeout(600)
-def test_crashed_agent_restarts_reloads_and_its_calls_are_retried(ray_cluster, monkeypatch):
+def test_crashed_agent_restarts_reloads_and_its_calls_are_retried(ray_cluster, inject_faults):
     import ray
 
     from recmas_ray.config.recursion import DecodeConfig, RecursionConfig
-    from recmas_ray.distributed.actors import AGENT_EXIT_AFTER_ENV
     from recmas_ray.distributed.driver import build_ray_system
     from recmas_ray.config.placement import PlacementConfig
     from recmas_ray.runner import run_batch
@@ -97,7 +96,7 @@ def test_crashed_agent_restarts_reloads_and_its_calls_are_retried(ray_cluster, m
     plan = plan_system("sequential_light", preset="tiny", seed=5)
     local = run_batch(local_pool(plan), plan.style,
                       questions, ["math"] * 2, cfg)
-    monkeypatch.setenv(AGENT_EXIT_AFTER_ENV, "critic:1")  # the critic dies at its 2nd call (round 2), once
+    inject_faults(agent_exit_after={"critic": 1})  # the critic dies at its 2nd call (round 2), once
     system = build_ray_system(plan, PlacementConfig(preset="cpu", cpus_per_agent=0.25, agent_max_restarts=2),
                               timeout_s=180)
     try:
@@ -111,14 +110,14 @@ def test_crashed_agent_restarts_reloads_and_its_calls_are_retried(ray_cluster, m
 
 @pytest.mark.integration
 @pytest.mark.timeout(900)
-def test_ray_backend_retries_skips_and_resumes(question_file, tmp_path, monkeypatch, ray_cluster):
+def test_ray_backend_retries_skips_and_resumes(question_file, tmp_path, inject_faults, ray_cluster):
     out = tmp_path / "ray"
-    monkeypatch.setenv(FAIL_DOCS_ENV, "2")
+    inject_faults(fail_docs={"2": EVERY_ATTEMPT})
     assert run_job.main(args(question_file, out, "--num_replicas", "2", backend="ray")) == 1
     rows = lines(out)
     assert sorted(r["doc_id"] for r in rows if r.get("error")) == ["2", "3"]
     assert {r["replica"] for r in rows if not r.get("error")} <= {0, 1}
-    monkeypatch.delenv(FAIL_DOCS_ENV)
+    inject_faults()
     assert run_job.main(args(question_file, out, "--num_replicas", "2", "--resume", backend="ray")) == 0
     final = {r["doc_id"]: r for r in lines(out)}
     assert not any(r.get("error") for r in final.values())

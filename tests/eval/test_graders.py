@@ -279,6 +279,6 @@ def test_pass_at_k_matches_the_combinatorial_definition():
 def test_grade_rejects_unknown_mode_and_task_type():
     with pytest.raises(ValueError, match="mode="):
         G.grade("math", {"gold": "1"}, "x", mode="lenient")
-    with pytest.raises(ValueError, match="task_type="):
+    with pytest.raises(ValueError, match="unknown task type 'essay'"):
         G.grade("essay", {"gold": "1"}, "x")
     assert math.isclose(G.pass_at_k(2, 1, 1), 0.5)

@@ -72,7 +72,7 @@ def test_one_client_process_keeps_its_batches_in_flight_at_once(ray_cluster):
     (a batch's first step starts before another's last ends), and every sample comes back graded."""
     from recmas_ray.config.placement import PlacementConfig
     from recmas_ray.eval.stream import stream_samples
-    from recmas_ray.system.launch import start_agents
+    from recmas_ray.distributed.launch import start_agents
 
     plan = simulated_plan("sequential_light", SIM)
     rc = RecursionConfig(method="recursive_mas", num_recursive_rounds=1, latent_steps=2,

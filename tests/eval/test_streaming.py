@@ -7,8 +7,9 @@ import os
 
 import pytest
 
-from recmas_ray.agent import Decoded
-from recmas_ray.eval.stream import EXIT_AFTER_ENV, RETRY_SUFFIXES, format_retry, needs_format_retry
+from recmas_ray.decoding import Decoded
+from recmas_ray.eval.stream import format_retry, needs_format_retry
+from recmas_ray.eval.tasks import get_task
 from recmas_ray.runner import SampleResult
 
 from jobs import run as run_job
@@ -56,7 +57,7 @@ def test_format_retry_refeeds_raw_output_with_suffix():
 
     infos = format_retry(items, results, None, retry)
     assert sorted(c[2] for c in calls) == [16, 256]  # one call per token budget
-    assert calls[0][0] == ["thus five"] and calls[0][1] == [RETRY_SUFFIXES["math"]]
+    assert calls[0][0] == ["thus five"] and calls[0][1] == [get_task("math").retry_suffix]
     assert results[0].prediction == "thus five\nFinal Answer: \\boxed{5}" and results[0].num_text_tokens == 9
     assert infos[1] is None and results[1].prediction == "\\boxed{3}"
     assert infos[0]["raw_prediction"] == "thus five" and infos[0]["tokens"] == 2
@@ -93,7 +94,7 @@ def test_ray_stream_two_methods_matches_local(ray_cluster, qfile, local_run, tmp
         assert r["prediction"] == local_by[k]["prediction"], k
         assert r["retry_used"] == local_by[k]["retry_used"] and r["tokens"] == local_by[k]["tokens"]
         if r["retry_used"]:  # random tiny weights: never a \boxed{} on their own
-            assert r["prediction"].startswith(r["retry"]["raw_prediction"] + RETRY_SUFFIXES["math"])
+            assert r["prediction"].startswith(r["retry"]["raw_prediction"] + get_task("math").retry_suffix)
             assert 1 <= r["retry"]["tokens"] <= 16
     assert any(r["retry_used"] for r in rows)
     results = [json.load(open(f)) for f in glob.glob(f"{out}/results_*.json")]
@@ -124,18 +125,18 @@ def config(qfile, out, backend, *extra):
 
 
 @pytest.mark.integration
-def test_killed_client_ends_run_then_resume_completes(shared_system, qfile, local_run, tmp_path, monkeypatch):
-    from recmas_ray.eval.driver import evaluate
+def test_killed_client_ends_run_then_resume_completes(shared_system, qfile, local_run, tmp_path, inject_faults):
+    from recmas_ray.eval.run import evaluate
 
     out = tmp_path / "crash"
     one = ["--method", "recursive_mas", "--batch_size", "1", "--max_inflight_batches", "1"]
-    monkeypatch.setenv(EXIT_AFTER_ENV, "2")  # the client dies before its third batch
+    inject_faults(client_exit_after=2)  # the client dies before its third batch
     with pytest.raises(RuntimeError, match="rerun with --resume"):
         evaluate(config(qfile, out, "ray", *one, "--client_max_restarts", "0"), system=shared_system)
     first = samples(out)
     assert 1 <= len(first) <= 2  # finished batches reached the file before the client died
     # The rerun (>= 2 batches left) loses its client before the second batch; Ray Data restarts it.
-    monkeypatch.setenv(EXIT_AFTER_ENV, "1")
+    inject_faults(client_exit_after=1)
     evaluate(config(qfile, out, "ray", *one, "--resume"), system=shared_system)
     rows = samples(out)
     assert len(rows) == 4 and len(by_key(rows)) == 4
@@ -144,7 +145,7 @@ def test_killed_client_ends_run_then_resume_completes(shared_system, qfile, loca
 
 
 def test_rounds_sweep_plots_one_point_per_method_and_round(qfile, tiny_cache, tmp_path, monkeypatch):
-    import recmas_ray.eval.driver as ev
+    import recmas_ray.eval.run as ev
 
     seen = []
     monkeypatch.setattr(ev, "plot_vs_rounds", lambda rows, path: seen.extend(rows) or ev.Path(path))
@@ -158,7 +159,7 @@ def test_rounds_sweep_plots_one_point_per_method_and_round(qfile, tiny_cache, tm
 
 
 def test_failed_run_exits_1_pointing_to_resume(qfile, tmp_path, monkeypatch, capsys):
-    import recmas_ray.eval.driver as ev
+    import recmas_ray.eval.run as ev
 
     def boom(*a, **k):
         raise RuntimeError("evaluation stream of recursive_mas failed (ActorDiedError); rerun with --resume")

@@ -1,4 +1,4 @@
-"""Issue 21's bad inputs to the Python API, as data: each call raises ValueError (TypeError for a wrong type)
+"""Bad inputs to the Python API, as data: each call raises ValueError (TypeError for a wrong type)
 naming the argument, before any model loads, any file is written or Ray starts."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ import os
 import pytest
 
 import recmas_ray as rm
-from tests.jobs.test_bad_inputs_issue21 import nothing_heavy, snapshot  # noqa: F401 - shared fixtures
+from tests.conftest import snapshot
 
 ROWS = [
     # (id, callable, kwargs, exception, fragment)
@@ -36,7 +36,7 @@ ROWS = [
 
 
 @pytest.mark.parametrize("name,call,kwargs,exc,fragment", ROWS, ids=[r[0] for r in ROWS])
-def test_api_bad_input(name, call, kwargs, exc, fragment, tmp_path, tiny_cache, nothing_heavy):  # noqa: F811
+def test_api_bad_input(name, call, kwargs, exc, fragment, tmp_path, tiny_cache, nothing_heavy):
     import ray
 
     before, ray_before = snapshot(tmp_path), ray.is_initialized()

@@ -94,14 +94,14 @@ def _bad_rows(tmp):
 @pytest.fixture
 def no_models(monkeypatch):
     """Fail the test if anything tries to load a model or start agents."""
-    import recmas_ray.eval.driver as driver
+    import recmas_ray.eval.run as driver
     import recmas_ray.models.loader as loader
 
     def boom(*a, **k):
         raise AssertionError("a model was loaded for bad input")
 
     monkeypatch.setattr(loader, "load_frozen_model", boom)
-    monkeypatch.setattr(driver, "Backend", boom)
+    monkeypatch.setattr(driver, "BatchRunner", boom)
     monkeypatch.setattr(driver, "plan_system", boom)
 
 

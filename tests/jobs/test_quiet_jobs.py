@@ -1,4 +1,4 @@
-"""The jobs' console (issue 24): by default no Ray, Ray Train, HF or math-verify line reaches the terminal, the job's
+"""The jobs' console: by default no Ray, Ray Train, HF or math-verify line reaches the terminal, the job's
 logs/ folder holds them, and no process the job started outlives it. `job_console` itself is checked in-process.
 
 The subprocess runs use the tiny preset with the smallest budgets (2 steps, 3 questions); each starts its own

@@ -48,9 +48,9 @@ def test_resume_skips_finished_samples(tmp_path, tiny_cache, question_file):
 
 
 def test_bad_question_files_fail_before_models_load(tmp_path, capsys, monkeypatch):
-    import recmas_ray.eval.driver as ev
+    import recmas_ray.eval.run as ev
 
-    monkeypatch.setattr(ev, "Backend", lambda *a, **k: pytest.fail("models loaded despite bad data"))
+    monkeypatch.setattr(ev, "BatchRunner", lambda *a, **k: pytest.fail("models loaded despite bad data"))
     empty = tmp_path / "empty.jsonl"
     empty.write_text("")
     fieldless = write_jsonl(tmp_path / "nofield.jsonl", [{"question": "q?"}, {"prompt": "x"}])

@@ -26,7 +26,9 @@ def test_cluster_serve_yaml_validates():
     with pytest.raises(ConfigError, match="unknown setting"):
         app_builder({**app.args, "latent_step": 4})
     with pytest.raises(ValueError, match="models names"):
-        app_builder({**app.args, "models": {"judge": "tiny:qwen3"}})
+        app_builder({**app.args, "system": {**app.args["system"], "role_models": {"judge": "tiny:qwen3"}}})
+    with pytest.raises(ConfigError, match=r"unknown setting\(s\) \['style'\]"):  # sections are nested
+        app_builder({**app.args, "style": "mixture"})
 
 
 def test_jobs_serve_flags_and_user_errors(capsys):

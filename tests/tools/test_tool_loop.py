@@ -249,7 +249,7 @@ def test_run_job_offline_reports_search_unavailable(tmp_path, tiny_cache, monkey
 def test_tool_flags_are_refused_outside_deliberation(tiny_cache):
     from recmas_ray.system.plan import plan_system
 
-    with pytest.raises(ValueError, match="deliberation only"):
+    with pytest.raises(ValueError, match=r"style with tools \(deliberation\) only"):
         plan_system("sequential_light", preset="tiny", tools=ToolLoopConfig())
     plan = plan_system("deliberation", preset="tiny", tools=ToolLoopConfig(max_tool_rounds=2))
     assert plan.specs["toolcaller"].tools.max_tool_rounds == 2 and plan.specs["reflector"].tools is None

@@ -7,8 +7,8 @@ import pytest
 from recmas_ray.styles import get_style
 from recmas_ray.styles.deliberation import REFLECTOR_SLOT
 from recmas_ray.train.synthetic import make_arithmetic_dataset
-from recmas_ray.train.data import (ROLE_ALIASES, canonical_role, load_rows, role_examples, role_target,
-                                   teacher_prompt, validate_rows)
+from recmas_ray.styles import ROLE_ALIASES, canonical_role
+from recmas_ray.train.data import load_rows, role_examples, role_target, teacher_prompt, validate_rows
 
 SEQ = get_style("sequential")
 

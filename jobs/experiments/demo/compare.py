@@ -92,11 +92,11 @@ def plan_runs(rounds: list[int], ablation_rounds: list[int], link_rounds: list[i
 
 
 class Agents:
-    """The running agents (in-process or Ray actors, `system.launch.start_agents`) with link sets to swap in."""
+    """The running agents (in-process or Ray actors, `distributed.launch.start_agents`) with link sets to swap in."""
 
     def __init__(self, plans: dict, backend: str, *, torch_threads: int = 1, timeout_s: float = 1800.0):
         from recmas_ray.config.placement import PlacementConfig
-        from recmas_ray.system.launch import start_agents
+        from recmas_ray.distributed.launch import start_agents
 
         self.plans, self.backend, self.current = plans, backend, None
         base = plans["fresh"]

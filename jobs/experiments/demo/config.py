@@ -6,7 +6,6 @@ sizes below, and any flag given with them still wins.
 
 from __future__ import annotations
 
-import dataclasses
 import typing
 from dataclasses import dataclass, field
 from typing import Annotated
@@ -195,10 +194,6 @@ def default() -> DemoConfig:
 
 
 RECIPES = {"default": default, "quick": quick, "full": full}
-
-
-def as_dict(cfg: DemoConfig) -> dict:
-    return dataclasses.asdict(cfg)
 
 
 def _typed(flag: str, cls, options: dict[str, str], reserved: tuple[str, ...]) -> dict:

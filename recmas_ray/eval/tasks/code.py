@@ -3,8 +3,8 @@
 Prompt fields: the task text (with a few of MBPP+'s assertions, LiveCodeBench's starter code, HumanEval's
 signature in a code block) and `interface` = {"type": "functional" | "stdin", "fn_name": ...}; the test
 fields (`tests`/`test_mode`/`inputs`/`outputs`/`fn_name`/`entry_point`/`timeout_s`) are what
-`graders.grade_code` runs in the sandbox. LiveCodeBench's private tests are decoded only on request,
-through an unpickler that refuses every global.
+`grade` runs in the sandbox (`eval/code_graders.py`). LiveCodeBench's private tests are decoded only on
+request, through an unpickler that refuses every global. `TASK` is the family.
 """
 
 from __future__ import annotations
@@ -17,6 +17,8 @@ import re
 import zlib
 from typing import Any
 
+from recmas_ray.eval.code_graders import CODE_PRELUDE, extract_code, grade_program
+from recmas_ray.eval.tasks.base import GradeResult, Task
 from recmas_ray.eval.tasks.records import _field, _item, _text
 
 
@@ -137,3 +139,49 @@ def _humaneval(rows, name, **_):
 
 
 LOADERS = {"mbppplus": _mbppplus, "livecodebench_v6": _lcb, "humaneval": _humaneval}
+
+
+# ----------------------------------------------------------------------------- grading
+
+# A row's interface -> the harnesses that may grade it: stdin rows run on stdin/stdout pairs, functional
+# rows as named-function calls or a test script that calls it.
+_INTERFACE_MODES = {"stdin": ("stdio", "stdin"), "functional": ("functional", "script", "assert")}
+
+
+def grade(record: dict, response: str, mode: str) -> GradeResult:
+    """The extracted program against the row's tests in the sandbox. Tests pass or fail the same under both
+    modes; both verdicts are recorded all the same, so every sample carries detail["strict"] and
+    detail["reference"] (results report both)."""
+    code = extract_code(response)
+    test_mode = record.get("test_mode", "script")
+    interface = record.get("interface")
+    if interface is not None:
+        if test_mode not in _INTERFACE_MODES.get(interface.get("type"), ()):
+            raise ValueError(f"code row {record.get('doc_id')!r}: interface {interface.get('type')!r} cannot be "
+                             f"graded with test_mode {test_mode!r}")
+        if interface.get("fn_name"):
+            record = {**record, "fn_name": interface["fn_name"]}
+    if test_mode not in ("script", "assert", "stdio", "stdin", "functional"):
+        raise ValueError(f"test_mode={test_mode!r}; expected 'script', 'stdio' or 'functional'")
+    timeout = float(record.get("timeout_s", 10.0 if test_mode in ("script", "assert") else 6.0))
+    program = code
+    if test_mode in ("script", "assert"):
+        if code and record.get("program_prefix"):
+            program = record["program_prefix"] + "\n" + code
+        if code and record.get("completion_prefix") and not re.search(
+                rf"def\s+{re.escape(record.get('entry_point') or '')}\s*\(", code):
+            # HumanEval-style: a bare function body completes the given signature.
+            program = record["completion_prefix"] + code
+    res = grade_program(program, test_type=test_mode, tests=record.get("tests"), inputs=record.get("inputs", ()),
+                        outputs=record.get("outputs", ()), fn_name=record.get("fn_name"), timeout_s=timeout,
+                        prelude=record.get("prelude", CODE_PRELUDE), num_tests=int(record.get("num_tests", 1)))
+    return GradeResult(res.passed, code, code is None, {
+        "passed_tests": res.num_passed, "total_tests": res.num_tests,
+        "error_type": res.error_type, "error_detail": res.detail[:800], "seconds": res.seconds,
+        "grading": res.grading, "grading_note": res.grading_note, "strict": res.passed, "reference": res.passed})
+
+
+TASK = Task("code", instruction="Write the complete solution in exactly one ```python code block.",
+            answer_found=lambda item, text: extract_code(text) is not None, grade=grade,
+            retry_suffix="\n\nThe previous output format was invalid.\nFinal Code:\n```python\n", retry_tokens=256,
+            retry_closer="\n```", adapter="code", loaders=LOADERS)

@@ -2,7 +2,7 @@
 
 Prompt fields: the problem as the question, the final answer as `gold` (`solution` keeps the worked one);
 the style's math instruction asks for ``\\boxed{}``. Graded here: `grade_math_strict` (the
-paper's runner) or `grade_math_reference` (``--grader reference``), through `graders.grade`.
+paper's runner) or `grade_math_reference` (``--grader reference``); `TASK` is the family.
 """
 
 from __future__ import annotations
@@ -10,6 +10,7 @@ from __future__ import annotations
 import re
 import threading
 
+from recmas_ray.eval.tasks.base import GradeResult, Task
 from recmas_ray.eval.tasks.records import _field, _item, _text
 
 
@@ -44,7 +45,7 @@ def _gsm8k(rows, name, **_):
     return out
 
 
-# ----------------------------------------------------------------------------- grading (graders.grade dispatches here)
+# ----------------------------------------------------------------------------- grading
 
 _BOXED_RE = re.compile(r"\\(?:boxed|fbox)\s*\{")
 _FINAL_ANSWER_RE = re.compile(r"Final\s+Answer\s*:\s*(.+)$", re.IGNORECASE | re.MULTILINE)
@@ -178,4 +179,27 @@ def grade_math_reference(pred_text: str | None, gold: str) -> bool:
 
 
 
+def grade(record: dict, response: str, mode: str) -> GradeResult:
+    """Strict: `math_verify` on the extracted answer; reference: the release's normalisation chain."""
+    extracted = extract_math_answer(response)
+    gold = str(record["gold"])
+    ref_pred = _reference_extract(response)
+    verdicts = {"strict": grade_math_strict(response, gold),
+                "reference": reference_math_strategy(ref_pred, gold) is not None}
+    detail = {**verdicts, "reference_extracted": ref_pred,
+              "reference_strategy": reference_math_strategy(ref_pred, gold)}
+    return GradeResult(verdicts[mode], extracted, extracted is None, detail)
+
+
+def has_boxed_answer(item: dict, text: str) -> bool:
+    """The answer format of math (and QA): a ``\\boxed{}``."""
+    return extract_boxed(text) is not None
+
+
 LOADERS = {"math500": _math500, "aime2025": _aime, "aime2026": _aime, "gsm8k": _gsm8k}
+
+# The release's retry suffix (recursivemas.md section 5).
+TASK = Task("math", instruction="Reason step by step and put the final answer within \\boxed{}, for example "
+                                "\\boxed{1}.",
+            answer_found=has_boxed_answer, grade=grade, retry_suffix="\nFinal Answer: \\boxed{", loaders=LOADERS,
+            local_fields=lambda row, gold: {})

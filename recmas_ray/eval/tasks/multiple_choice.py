@@ -1,8 +1,8 @@
 """Multiple-choice tasks: GPQA-Diamond, MedQA.
 
 Prompt fields: the stem with lettered options and `CHOICE_SUFFIX`; `gold` is the option letter, `options`
-the option texts (GPQA's are shuffled with the run's seed). Graded here: `extract_choice`
-(through ``graders.grade("choice", ...)``).
+the option texts (GPQA's are shuffled with the run's seed). Graded here: `extract_choice`; `TASK` is the
+family.
 """
 
 from __future__ import annotations
@@ -10,6 +10,7 @@ from __future__ import annotations
 import re
 from typing import Sequence
 
+from recmas_ray.eval.tasks.base import GradeResult, Task
 from recmas_ray.eval.tasks.math import extract_boxed
 from recmas_ray.eval.tasks.records import _field, _item, _text
 
@@ -71,7 +72,7 @@ def _medqa(rows, name, **_):
     return out
 
 
-# ----------------------------------------------------------------------------- grading (graders.grade dispatches here)
+# ----------------------------------------------------------------------------- grading
 
 LETTERS = "ABCDEFGHIJ"
 
@@ -125,4 +126,23 @@ def extract_choice(text: str | None, letters: str = "ABCD") -> str | None:
 
 
 
+def _letters(record: dict) -> str:
+    return LETTERS[:len(record.get("options") or "ABCD")]
+
+
+def grade(record: dict, response: str, mode: str) -> GradeResult:
+    """Strict: the extracted letter equals gold; reference: an unparsable answer counts as "A" (the release)."""
+    letter = extract_choice(response, _letters(record))
+    gold = str(record["gold"]).strip().upper()
+    verdicts = {"strict": letter == gold, "reference": (letter or "A") == gold}
+    chosen = letter if mode == "strict" else (letter or "A")
+    return GradeResult(verdicts[mode], chosen, letter is None, dict(verdicts))
+
+
 LOADERS = {"gpqa_diamond": _gpqa, "medqa": _medqa}
+
+TASK = Task("choice", instruction="Reason step by step and put only the letter of the final choice within "
+                                  "\\boxed{}, for example \\boxed{A}.",
+            answer_found=lambda item, text: extract_choice(text, _letters(item)) is not None, grade=grade,
+            retry_suffix="\nFinal Choice: \\boxed{", loaders=LOADERS,
+            local_fields=lambda row, gold: {"options": row["options"]} if "options" in row else {})

@@ -1,7 +1,8 @@
 """Short-answer QA tasks: HotpotQA, Bamboogle.
 
 Prompt fields: the question (HotpotQA's wrapped in `QA_INSTRUCTION` and question markers, as the paper's
-runner does); `gold` and its `aliases`. Graded here: exact match / F1 (`exact_match`, `f1_score`), through `graders.grade`.
+runner does); `gold` and its `aliases`. Graded here: exact match / F1 (`exact_match`, `f1_score`); `TASK` is the
+family.
 """
 
 from __future__ import annotations
@@ -11,6 +12,8 @@ import string
 from collections import Counter
 from typing import Sequence
 
+from recmas_ray.eval.tasks.base import GradeResult, Task
+from recmas_ray.eval.tasks.math import _reference_extract, extract_math_answer, has_boxed_answer
 from recmas_ray.eval.tasks.records import _field, _item, _text
 
 
@@ -32,7 +35,7 @@ def _qa(rows, name, *, qa_wrap=None, **_):
     return out
 
 
-# ----------------------------------------------------------------------------- grading (graders.grade dispatches here)
+# ----------------------------------------------------------------------------- grading
 
 _MONTHS = (r"\b(january|jan|february|feb|march|mar|april|apr|may|june|jun|july|jul|august|aug|"
            r"september|sep|sept|october|oct|november|nov|december|dec)\b")
@@ -119,4 +122,23 @@ def _reference_qa_match(pred: str | None, gold: str) -> str | None:
 
 
 
+def grade(record: dict, response: str, mode: str) -> GradeResult:
+    """Strict: SQuAD exact match of the boxed answer against every gold alias; reference: the release's chain."""
+    golds = [str(record["gold"])] + [a for a in record.get("aliases") or [] if a != record["gold"]]
+    extracted = extract_math_answer(response)
+    ref_pred = _reference_extract(response)
+    strategy = _reference_qa_match(ref_pred, str(record["gold"]))
+    verdicts = {"strict": extracted is not None and exact_match(extracted, golds),
+                "reference": strategy is not None}
+    detail = {**verdicts, "f1": f1_score(extracted or "", golds),
+              "reference_extracted": ref_pred, "reference_strategy": strategy}
+    return GradeResult(verdicts[mode], extracted if mode == "strict" else ref_pred, extracted is None, detail)
+
+
 LOADERS = {"hotpotqa": _qa, "bamboogle": _qa}
+
+# QA prompts ask for \boxed{} too, so the retry is math's.
+TASK = Task("qa", instruction="Answer the question. You may use available tools if needed. Put the final short "
+                              "answer within \\boxed{}.",
+            answer_found=has_boxed_answer, grade=grade, retry_suffix="\nFinal Answer: \\boxed{", loaders=LOADERS,
+            local_fields=lambda row, gold: {"aliases": [gold]})

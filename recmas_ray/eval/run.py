@@ -1,4 +1,4 @@
-"""Evaluation driver behind `jobs/run.py`: questions in, graded samples and lm-eval-style results out.
+"""An evaluation run behind `jobs/run.py`: questions in, graded samples and lm-eval-style results out.
 
 Order of work, so that bad input fails before any model loads:
   0. resolve --protocol (it fills the settings the user did not give, see `eval/protocol.py`)
@@ -34,18 +34,19 @@ from recmas_ray.config.inputs import OutputLock
 from recmas_ray.eval.config import EvalConfig
 from recmas_ray.config.recursion import RecursionConfig
 from recmas_ray.eval.benchmarks import load_benchmark
-from recmas_ray.eval.fingerprint import (bench_name, check_fingerprint, fingerprint_diff,  # noqa: F401
-                                         fingerprint_path, link_hashes, read_fingerprint, resolved_runtime,
-                                         run_fingerprint, verify_resume)
+from recmas_ray.eval.fingerprint import (bench_name, check_fingerprint, fingerprint_path, link_hashes,
+                                         resolved_runtime, run_fingerprint, verify_resume)
 from recmas_ray.eval.protocol import Resolution, metric_k, resolve
 from recmas_ray.eval.plots import plot_vs_rounds
 from recmas_ray.eval.results import markdown_table, read_results, summarize, write_results
 from recmas_ray.eval.samples import VERDICT_FIELDS, SampleWriter, read_samples, sample_key, timestamp, with_verdicts
-from recmas_ray.eval.stream import FAIL_DOCS_ENV, for_rollout, parse_fail_docs, solve_and_grade, with_batch_retries
+from recmas_ray.eval import stream
+from recmas_ray.eval.stream import for_rollout, solve_and_grade, with_batch_retries
+from recmas_ray.eval.tasks import get_task
 from recmas_ray.styles import question_with_interface
 from recmas_ray.styles.prompts import prompt_set_hash
 from recmas_ray.system.hub import resolve_overrides
-from recmas_ray.system.launch import start_agents
+from recmas_ray.distributed.launch import start_agents
 from recmas_ray.system.plan import plan_system
 
 log = logging.getLogger(__name__)
@@ -85,7 +86,7 @@ def run_warnings(cfg: EvalConfig, plan) -> list[str]:
             f"measure nothing; use --preset demo|paper or --models ROLE=MODEL"]
 
 
-class Backend:
+class BatchRunner:
     """Runs batches in-process or on a Ray system; `stream` yields graded sample records."""
 
     def __init__(self, cfg: EvalConfig, plan, system=None):
@@ -132,7 +133,7 @@ class Backend:
         def retry(texts, suffixes, n, decode):
             return self.pool.get(self.pool.retry_format(decoder, texts, suffixes, n, cfg=decode), what="format retry")
 
-        rc, fail_docs = recursion_for(cfg, method, 0), parse_fail_docs(os.environ.get(FAIL_DOCS_ENV))
+        rc, fail_docs = recursion_for(cfg, method, 0), stream.FAULTS.fail_docs
         for batch, rollout in batches:
             def attempt(batch=batch, rollout=rollout):
                 return solve_and_grade(batch, rollout, method, rc, cfg.grader, solve,
@@ -158,8 +159,7 @@ def evaluate(cfg: EvalConfig, *, progress: bool = True, system=None) -> dict:
     check_tree(cfg)
     items = load_benchmark(cfg.dataset, path=cfg.dataset_path, num_samples=cfg.num_samples, seed=cfg.system.seed,
                            json_field=cfg.dataset_json_field)
-    task = items[0]["task_type"] if items[0]["task_type"] in ("math", "code") else "math"
-    plan = plan_system(cfg.system, task=task, tools=cfg.tool_loop(),
+    plan = plan_system(cfg.system, task=get_task(items[0]["task_type"]).adapter, tools=cfg.tool_loop(),
                        ckpt_override=resolve_overrides(cfg.system.ckpt_override))
     for warning in run_warnings(cfg, plan):
         current().warn(warning)
@@ -180,7 +180,7 @@ def _evaluate_locked(cfg: EvalConfig, plan, items: list[dict], fingerprint: dict
     check_fingerprint(samples_file, fingerprint, resume=cfg.resume)
     save_config(cfg, cfg.output_path)
     start = time.time()
-    backend = Backend(cfg, plan, system)
+    backend = BatchRunner(cfg, plan, system)
     wall, fresh = {}, {}
     try:
         with SampleWriter(samples_file) as writer:

@@ -1,4 +1,4 @@
-"""Issue 21's held-out bad inputs, as data: every row exits 2 with one line naming the setting, no traceback,
+"""Bad inputs to every job, as data: every row exits 2 with one line naming the setting, no traceback,
 nothing written anywhere under the test's folder, no model loaded, no Ray started.
 
 Rows are (id, job, argv, fragment of the error line); `{name}` in argv is a file the `world` fixture built.
@@ -16,7 +16,7 @@ import os
 import pytest
 import torch
 
-from tests.conftest import write_jsonl
+from tests.conftest import snapshot, write_jsonl
 
 RUN = ["--style", "sequential_light", "--preset", "tiny", "--backend", "local", "--dataset", "{questions}",
        "--output_path", "{out}"]
@@ -162,7 +162,7 @@ ROWS = [
     ("dataset_path_fifo", "run", ["--dataset", "gsm8k", "--dataset_path", "{fifo}"], "--dataset_path"),
     # combinations, outputs, keys, devices
     ("local_with_replicas", "run", ["--num_replicas", "4"], "--num_replicas 4 needs --backend ray"),
-    ("keys_file_no_tools", "run", ["--tavily_keys_file", "{keys_ok_txt}"], "apply to style deliberation only"),
+    ("keys_file_no_tools", "run", ["--tavily_keys_file", "{keys_ok_txt}"], "apply to a style with tools (deliberation) only"),
     ("tool_rounds_no_tools", "run", ["--max_tool_rounds", "3"], "--max_tool_rounds"),
     ("output_empty", "run", ["--output_path", ""], "--output_path is empty"),
     ("keys_file_mode", "run", ["--style", "deliberation", "--tavily_keys_file", "{keys_open_txt}"], "chmod 600"),
@@ -202,35 +202,8 @@ BASES = {"run": RUN, "train_inner": TRAIN + ["--num_workers", "0"], "train_outer
          "demo": ["--output_path", "{out}"]}
 
 
-@pytest.fixture
-def nothing_heavy(monkeypatch):
-    """Model loads, agent start-up, Ray and Ray Train fail the row (AssertionError is not a user error)."""
-    import ray
-    import ray.train.torch
-
-    import recmas_ray.distributed.driver as dist_driver
-    import recmas_ray.eval.driver as driver
-    import recmas_ray.models.loader as loader
-
-    def boom(*a, **k):
-        raise AssertionError("a model loaded or Ray started before the input was rejected")
-
-    for mod, name in ((loader, "load_frozen_model"), (driver, "Backend"), (driver, "start_agents"), (ray, "init"),
-                      (ray.train.torch, "TorchTrainer"), (dist_driver, "init_ray")):
-        monkeypatch.setattr(mod, name, boom)
-
-
-def snapshot(root) -> dict:
-    out = {}
-    for folder, dirs, files in os.walk(root):
-        for name in dirs + files:
-            st = os.lstat(os.path.join(folder, name))
-            out[os.path.join(folder, name)] = (st.st_mode, st.st_size, st.st_mtime_ns)
-    return out
-
-
 @pytest.mark.parametrize("name,job,argv,fragment", ROWS, ids=[r[0] for r in ROWS])
-def test_issue21_bad_input(name, job, argv, fragment, world, tmp_path, capsys, nothing_heavy):
+def test_bad_input_exits_2_with_one_line_and_touches_nothing(name, job, argv, fragment, world, tmp_path, capsys, nothing_heavy):
     import ray
 
     if name == "dataset_unreadable":
@@ -267,5 +240,5 @@ def test_a_second_run_into_a_locked_folder_is_refused(world, tmp_path, capsys, n
     assert len(err.strip().splitlines()) == 1
 
 
-def test_table_covers_the_issue():
+def test_table_holds_every_kind_of_bad_input():
     assert len(ROWS) >= 60

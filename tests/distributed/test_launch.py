@@ -1,5 +1,5 @@
-"""One launcher, one pool protocol: `system.launch.start_agents` gives a local pool or Ray replicas, and both
-pools run retry_format and set_links the same way (issue #22 item 3)."""
+"""One launcher, one pool protocol: `distributed.launch.start_agents` gives a local pool or Ray replicas, and both
+pools run retry_format and set_links the same way."""
 
 import pytest
 import torch
@@ -7,7 +7,8 @@ import torch
 from recmas_ray.config.placement import PlacementConfig
 from recmas_ray.config.recursion import DecodeConfig, RecursionConfig
 from recmas_ray.runner import AgentPool, LocalPool, run_batch
-from recmas_ray.system.launch import local_pool, set_plan_links, start_agents
+from recmas_ray.distributed.launch import start_agents
+from recmas_ray.system.launch import local_pool, set_plan_links
 from recmas_ray.system.plan import plan_system
 
 QUESTIONS = ["What is 2 + 3?", "What is 6 * 7?"]
