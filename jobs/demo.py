@@ -9,7 +9,9 @@ On a local Ray cluster (or the one `ray job submit` runs in), offline:
      token reduction; per edge: message cosine, variance ratio, held-out probes; paired tests: McNemar,
      NLL differences +- SE) and the verdicts, and write a PNG
 
-  python jobs/demo.py                    # real small models (SmolLM2-135M, Gemma-3-270M), R = 1, < 20 min on 2 cores
+  python jobs/demo.py                    # the standard arithmetic task (real small models, R = 1)
+  python jobs/demo.py --tasks distillation:recall,sequential_light:recall,distillation:compare,arithmetic
+                                         # hidden-fact tasks first (about an hour more on 2 cores)
   python jobs/demo.py --rounds 1,2       # also R = 2 (about 7 more minutes)
   python jobs/demo.py --full             # 96 questions, R = 1, 2, more training, about 40 min
   python jobs/demo.py --quick            # smoke run, a few minutes
@@ -57,9 +59,24 @@ def run(cfg: DemoConfig) -> int:
         from recmas_ray.distributed.cluster import start_ray
 
         start_ray()
+        from jobs.experiments.demo.facts import run_facts
         from jobs.experiments.demo.pipeline import run_demo
 
-        run_demo(cfg, console)
+        facts = run_facts(cfg, out, console) if cfg.fact_task_pairs() else None
+        if facts:  # the answer first: one line per style and task, then the tables
+            console.line()
+            for line in facts["lines"]:
+                console.line(line)
+            for table in facts["tables"]:
+                console.line()
+                console.line(table)
+        if "arithmetic" in cfg.tasks:
+            console.line()
+            run_demo(cfg, console)
+            if facts:
+                console.line()
+                for line in facts["lines"]:
+                    console.line(line)
     return 0
 
 

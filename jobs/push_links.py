@@ -40,6 +40,11 @@ class PushLinksConfig:
     """Stage the files and the card locally (see --staging_dir) and upload nothing."""
     staging_dir: str | None = None
     """Where the staged copy goes (must not exist); None: a temporary folder, removed after the upload."""
+    allow_incomplete: bool = False
+    """Publish a folder that lacks some of its style's link folders (a role's, or outer/); refused otherwise,
+    since `links=` would then run fresh random links for the missing ones."""
+    allow_random_bases: bool = False
+    """Publish links trained on random-weight tiny: models (refused otherwise: they mean nothing elsewhere)."""
 
     def validate(self) -> None:
         """Repo id, branch and staging path, and the folder's layout and manifests (before anything is written)."""
@@ -53,7 +58,30 @@ class PushLinksConfig:
             raise ValueError("--revision '': expected a branch name, or leave it out for main")
         if self.staging_dir is not None and (not self.staging_dir.strip() or Path(self.staging_dir).exists()):
             raise ValueError(f"--staging_dir {self.staging_dir!r}: expected a path that does not exist yet")
-        read_system_folder(self.folder)
+        check_publishable(read_system_folder(self.folder), allow_incomplete=self.allow_incomplete,
+                          allow_random_bases=self.allow_random_bases)
+
+
+def check_publishable(manifests: dict[str, dict], *, allow_incomplete: bool, allow_random_bases: bool) -> None:
+    """A system folder worth publishing: every link folder of its style (roles and outer/) and real base models."""
+    from recmas_ray.styles import get_style
+
+    styles = sorted({m["style"] for m in manifests.values() if isinstance(m.get("style"), str)})
+    if not allow_incomplete:
+        expected = set(get_style(styles[0]).roles) | {"outer"} if len(styles) == 1 else {"outer"}
+        missing = sorted(expected - set(manifests))
+        if missing:
+            raise ValueError(f"--folder holds {sorted(manifests)} but not {missing} of style "
+                             f"{styles[0] if styles else '?'}: `links=` would run fresh random links there; train "
+                             "them (train_inner / train_outer) or pass --allow_incomplete")
+    if not allow_random_bases:
+        tiny = sorted({str((info or {}).get("base_model")) for m in manifests.values()
+                       for info in (m.get("roles") or {}).values() if isinstance(info, dict)
+                       and str(info.get("base_model", "")).startswith("tiny:")}
+                      | {m["base_model"] for m in manifests.values() if str(m.get("base_model", "")).startswith("tiny:")})
+        if tiny:
+            raise ValueError(f"--folder: links trained on random-weight test models {tiny}, which mean nothing to "
+                             "anyone else; train on real models (--preset demo|paper) or pass --allow_random_bases")
 
 
 def push_links(cfg: PushLinksConfig, *, api=None) -> dict:

@@ -46,6 +46,9 @@ def evaluate(cfg: EvalConfig) -> int:
     from pathlib import Path
 
     from recmas_ray.console import job_console
+    from recmas_ray.eval.benchmarks import check_available
+
+    check_available(cfg.dataset, cfg.dataset_path)  # before torch is imported: an offline named benchmark says so
     from recmas_ray.eval.run import evaluate_all
 
     with job_console(Path(cfg.output_path) / "logs", verbose=cfg.verbose, name="run",

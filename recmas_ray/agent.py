@@ -203,26 +203,37 @@ class Agent(TeacherForcing):
             if self.engine.continuous_batching and not torch.is_grad_enabled():
                 return self.scheduler.rollout(e_BLD, mask_BL, num_steps, prefix_ids=prefix_ids)
             return self._rollout_static(e_BLD, mask_BL, num_steps, prefix_ids)
-        pos_BL = positions(mask_BL)
-        hs = []
         if use_cache:
-            h_BLD, cache = self._decoder_step(e_BLD, mask_BL, pos_BL)
-            for step in range(num_steps):
-                h_BD = h_BLD[:, -1]
-                hs.append(h_BD)
-                if step == num_steps - 1:
-                    break
-                mask_BL = torch.cat([mask_BL, mask_BL.new_ones(B, 1)], dim=1)
-                pos_BL = pos_BL[:, -1:] + 1
-                h_BLD, cache = self._decoder_step(self.inner_link(h_BD)[:, None], mask_BL, pos_BL, cache)
-        else:
-            for step in range(num_steps):
-                out = self.model.get_decoder()(inputs_embeds=e_BLD, attention_mask=mask_BL,
-                                               position_ids=positions(mask_BL), use_cache=False)
-                h_BD = out.last_hidden_state[:, -1]
-                hs.append(h_BD)
-                e_BLD = torch.cat([e_BLD, self.inner_link(h_BD)[:, None]], dim=1)
-                mask_BL = torch.cat([mask_BL, mask_BL.new_ones(B, 1)], dim=1)
+            return self._rollout_dynamic(e_BLD, mask_BL, num_steps)
+        hs = []
+        for step in range(num_steps):
+            out = self.model.get_decoder()(inputs_embeds=e_BLD, attention_mask=mask_BL,
+                                           position_ids=positions(mask_BL), use_cache=False)
+            h_BD = out.last_hidden_state[:, -1]
+            hs.append(h_BD)
+            e_BLD = torch.cat([e_BLD, self.inner_link(h_BD)[:, None]], dim=1)
+            mask_BL = torch.cat([mask_BL, mask_BL.new_ones(B, 1)], dim=1)
+        return torch.stack(hs, dim=1)
+
+    def latent_rollout_with_grad(self, e_BLD: torch.Tensor, mask_BL: torch.Tensor, num_steps: int) -> torch.Tensor:
+        """The m-step rollout with its autograd graph kept (outer training through an agent that receives
+        latents): the growing dynamic cache (every step concatenates, nothing is written in place), the same
+        steps as `latent_rollout`'s non-static cached path. Grad as the caller enables."""
+        if num_steps < 1:
+            raise ValueError(f"latent_steps must be >= 1 for a rollout with grad, got {num_steps}")
+        return self._rollout_dynamic(e_BLD, mask_BL, num_steps)
+
+    def _rollout_dynamic(self, e_BLD, mask_BL, num_steps: int) -> torch.Tensor:
+        B, pos_BL, hs = e_BLD.shape[0], positions(mask_BL), []
+        h_BLD, cache = self._decoder_step(e_BLD, mask_BL, pos_BL)
+        for step in range(num_steps):
+            h_BD = h_BLD[:, -1]
+            hs.append(h_BD)
+            if step == num_steps - 1:
+                break
+            mask_BL = torch.cat([mask_BL, mask_BL.new_ones(B, 1)], dim=1)
+            pos_BL = pos_BL[:, -1:] + 1
+            h_BLD, cache = self._decoder_step(self.inner_link(h_BD)[:, None], mask_BL, pos_BL, cache)
         return torch.stack(hs, dim=1)
 
     def _prefill_static(self, run, e_BLD, mask_BL, extra: int, prefix_ids):

@@ -3,7 +3,7 @@
     System.build(style, role_models=..., links=..., backend="local" | "ray")
         -> plan_system (models, dims, links; every check before a model loads)
         -> distributed.launch.start_agents: in-process `LocalPool` (no Ray) or `RayReplicas` (one actor per agent)
-    system.generate(questions, ...)   -> list[SampleResult]   (prediction + per-agent, per-round trace)
+    system.generate(questions, ...)   -> per question, its n SampleResults (prediction + per-agent, per-round trace)
     system.evaluate(dataset, ...)     -> the evaluation driver's outputs, on the same running agents
     train_inner(...), train_outer(...) -> link folders that `System.build(links=...)` loads
 
@@ -13,9 +13,12 @@ Both backends take the same arguments and give the same greedy predictions. Sett
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import dataclasses
 import logging
+import os
+import tempfile
 from pathlib import Path
 from typing import Sequence
 
@@ -39,6 +42,52 @@ MAX_N = 64
 MAX_STOP_STRINGS = 16
 
 
+def default_log_dir() -> Path:
+    """Where a quiet System's log goes unless `log_dir` names a folder: a private folder under the temp dir."""
+    return Path(tempfile.gettempdir()) / f"recmas_ray-{os.getuid()}" / "logs"
+
+
+PYTHON_NAMES = {"models": "role_models", "role_model": "role_models", "placement": "placement"}
+"""CLI flags whose Python argument is spelled differently (the rest keep their name)."""
+
+
+@contextlib.contextmanager
+def python_names():
+    """Inside: a ValueError / TypeError whose message names a CLI flag (`--models`) names the Python argument
+    (`role_models`) instead; the shared checks speak the CLI's language."""
+    import re
+
+    def rename(match: re.Match) -> str:
+        name = match.group(1).rstrip(".").rsplit(".", 1)[-1]  # nested settings: the argument is the leaf
+        return PYTHON_NAMES.get(name, name)
+
+    try:
+        yield
+    except (ValueError, TypeError) as e:
+        text = str(e)
+        renamed = re.sub(r"(?<![\w-])--([a-z][a-z0-9_.]*)", rename, text)
+        if renamed == text:
+            raise
+        raise type(e)(renamed) from None
+
+
+@contextlib.contextmanager
+def quiet_calls(verbose: bool, log_file: Path):
+    """Inside: what Ray, Ray Data, HF, math-verify and C code print goes to `log_file` (appended), as in the jobs
+    (`console.job_console`), unless `verbose`; the caller's own console (bars, tables) stays on the terminal.
+    A Ray started inside runs on (the System's agents live in it). Nested calls and calls inside a job (whose
+    console already routes everything) change nothing."""
+    from recmas_ray import console
+
+    if console._current is not None:  # a job's console, or an outer API call, is already in charge
+        yield
+        return
+    if not verbose:
+        log_file.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+    with console.job_console(log_file.parent, verbose=verbose, name=log_file.stem, keep_ray=True):
+        yield
+
+
 def _str_list(values, name: str) -> list[str]:
     if isinstance(values, (str, bytes)) or not isinstance(values, (list, tuple)):
         raise TypeError(f"{name} must be a str or a list of str, got {type(values).__name__}")
@@ -48,10 +97,12 @@ def _str_list(values, name: str) -> list[str]:
     return list(values)
 
 
-def check_questions(questions, *, max_question_chars: int = MAX_QUESTION_CHARS) -> list[str]:
-    """A question or a list/tuple of them, each a non-empty str of at most `max_question_chars` characters."""
+def check_questions(questions, *, max_question_chars: int = MAX_QUESTION_CHARS,
+                    allow_empty: bool = False) -> list[str]:
+    """A question or a list/tuple of them, each a non-empty str of at most `max_question_chars` characters
+    (`allow_empty`: an empty list passes)."""
     questions = [questions] if isinstance(questions, str) else _str_list(questions, "questions")
-    if not questions:
+    if not questions and not allow_empty:
         raise ValueError("questions is empty; pass a question or a non-empty list of them")
     for i, q in enumerate(questions):
         if not q.strip():
@@ -84,6 +135,7 @@ def finish(result: SampleResult, max_new_tokens: int, stops: Sequence[str]) -> S
     "length" when the final decode used its whole budget (a row that reached EOS on exactly its last
     token is counted so too: the trace holds token counts, not the tokens), else "stop".
     """
+    result.decoder_input = None  # a caller's answer does not keep its batch's latents alive (or copy them per n)
     result.prediction, hit = cut_at_stop(result.prediction, stops)
     decoded = [t for t in result.trace if t.get("action") == "decode"]
     full = bool(decoded) and decoded[-1]["text_tokens"] >= max_new_tokens
@@ -103,13 +155,20 @@ class System:
         ...                      backend="local") as system:
         ...     out = system.generate(["What is 7 * 8?"], num_recursive_rounds=2, latent_steps=8,
         ...                           max_new_tokens=16)
-        >>> out[0].prediction, out[0].trace[0]["role"]  # doctest: +SKIP
+        >>> out[0][0].prediction, out[0][0].trace[0]["role"]  # doctest: +SKIP
         ('...', 'planner')
     """
 
     def __init__(self, cfg: EvalConfig, plan, agents, *, num_replicas: int = 1):
         self.cfg, self.plan, self.agents, self.num_replicas = cfg, plan, agents, num_replicas
         self._closed = False
+        self.verbose = True
+        """Library output shown (`System.build(verbose=...)`)."""
+        self.log_path: Path | None = None
+        """The log file of library output while `verbose` is off."""
+
+    def _quiet(self):
+        return quiet_calls(self.verbose, self.log_path) if self.log_path is not None else contextlib.nullcontext()
 
     # ------------------------------------------------------------------ construction
     @classmethod
@@ -117,7 +176,9 @@ class System:
               preset: str = "tiny", ckpt_override: dict[str, str] | None = None, backend: str = "ray",
               num_replicas: int = 1, task: str = "math", device: str = "auto", dtype: str = "auto", seed: int = 42,
               placement: str | PlacementConfig = "cpu", transport: str = OBJECT_STORE.name, timeout_s: float = 900.0,
-              torch_threads: int = 0, allow_base_model_mismatch: bool = False) -> System:
+              torch_threads: int = 0, allow_base_model_mismatch: bool = False,
+              allow_style_mismatch: bool = False, verbose: bool = False,
+              log_dir: str | Path | None = None) -> System:
         """Plan the system, check it, and start its agents.
 
         Args:
@@ -145,6 +206,11 @@ class System:
             torch_threads: Torch threads per agent (0: the library default).
             allow_base_model_mismatch: Run `role_models` even where a role's checkpoint names another
                 base model (link sizes are still checked).
+            allow_style_mismatch: Load links whose manifest records another style (refused otherwise).
+            verbose: Show what Ray, Ray Data, HF and the graders print. By default it goes to
+                `system.log_path` (`log_dir`/api-<pid>.log) during this and every later call, and Ray's workers
+                keep their output in Ray's session folder (named in that log), as the CLI jobs do.
+            log_dir: Folder of that log (default: recmas_ray-<uid>/logs under the temp dir).
 
         Returns:
             The running system.
@@ -152,11 +218,25 @@ class System:
         Raises:
             ValueError: On any bad argument, before a model loads.
         """
+        log_path = Path(log_dir if log_dir is not None else default_log_dir()) / f"api-{os.getpid()}.log"
+        with quiet_calls(verbose, log_path), python_names():
+            system = cls._build(style, role_models=role_models, links=links, preset=preset,
+                                ckpt_override=ckpt_override, backend=backend, num_replicas=num_replicas, task=task,
+                                device=device, dtype=dtype, seed=seed, placement=placement, transport=transport,
+                                timeout_s=timeout_s, torch_threads=torch_threads,
+                                allow_base_model_mismatch=allow_base_model_mismatch,
+                                allow_style_mismatch=allow_style_mismatch)
+        system.verbose, system.log_path = verbose, log_path
+        return system
+
+    @classmethod
+    def _build(cls, style, *, role_models, links, preset, ckpt_override, backend, num_replicas, task, device, dtype,
+               seed, placement, transport, timeout_s, torch_threads, allow_base_model_mismatch,
+               allow_style_mismatch) -> System:
         from recmas_ray.styles import get_style
         from recmas_ray.system.hub import links_overrides, resolve_overrides
         from recmas_ray.distributed.launch import start_agents
         from recmas_ray.system.plan import plan_system
-
         from recmas_ray.config.inputs import check_text_table
 
         role_models, ckpt_override = check_text_table("role_models", role_models), check_text_table(
@@ -169,7 +249,8 @@ class System:
         overrides |= resolve_overrides(dict(ckpt_override or {}))
         placement = placement if isinstance(placement, PlacementConfig) else PlacementConfig(preset=placement)
         system = SystemConfig(style=style, preset=preset, ckpt_override=overrides, role_models=dict(role_models or {}),
-                              allow_base_model_mismatch=allow_base_model_mismatch, device=device, dtype=dtype,
+                              allow_base_model_mismatch=allow_base_model_mismatch,
+                              allow_style_mismatch=allow_style_mismatch, device=device, dtype=dtype,
                               seed=seed)
         cfg = EvalConfig(system=system, dataset=_NO_DATASET, backend=backend, placement=placement, transport=transport,
                          timeout_s=timeout_s, torch_threads=torch_threads, progress=False)
@@ -198,8 +279,10 @@ class System:
                  method: str = "recursive_mas", num_recursive_rounds: int = 3, latent_steps: int = 32,
                  max_new_tokens: int = 256, do_sample: bool = False, temperature: float = 0.6, top_p: float = 0.95,
                  top_k: int = 0, seed: int | None = None, batch_size: int = 8, stop: str | Sequence[str] | None = None,
-                 n: int = 1, max_question_chars: int = MAX_QUESTION_CHARS) -> list:
-        """Answer questions with the system; one `SampleResult` per question, in order.
+                 n: int = 1, max_question_chars: int = MAX_QUESTION_CHARS,
+                 progress: bool = False) -> list[list[SampleResult]]:
+        """Answer questions with the system: per question, in order, a list of its `n` `SampleResult`s (the
+        shape of vLLM's `RequestOutput.outputs`: `out[i][0]` is question i's first answer, also for n=1).
 
         Args:
             questions: A question or a list of them (the task's answer instruction is added by the style's prompts).
@@ -217,14 +300,16 @@ class System:
             stop: Stop string(s): the final text is cut before the first one found and its
                 `finish_reason` is "stop" (decoding itself runs to EOS or the budget; `num_text_tokens`
                 counts every decoded token).
-            n: Answers per question. With n > 1 the result holds one list of n `SampleResult`s per
-                question: sampled as rows of one batch (do_sample), or n copies of the greedy answer
-                (greedy decoding gives the same answer every time, as vLLM's n does).
+            n: Answers per question: sampled as rows of one batch (do_sample), or n copies of the greedy
+                answer (greedy decoding gives the same answer every time, as vLLM's n does).
             max_question_chars: Longest question accepted (characters).
+            progress: A tqdm bar on stderr counting answers as each one is done (in-process agents: when
+                its row stops decoding; Ray: when its batch comes back).
 
         Returns:
-            Per question: `prediction` (the final agent's text), `finish_reason` ("stop": EOS or a stop
-            string; "length": the budget), `num_text_tokens`, `num_latent_steps`, `seconds` and `trace`
+            One list of n results per question (`[]` for no questions). Each result: `prediction` (the final agent's text), `finish_reason` ("stop": EOS or a stop
+            string; "length": the budget), `num_text_tokens`, `num_latent_steps`, `seconds` (from its batch's
+            submission to its result) and `trace`
             (per agent and round: role, round, action, latent_steps, text_tokens, prompt_tokens, seconds,
             and the text of intermediate text steps).
 
@@ -233,7 +318,7 @@ class System:
             ValueError: Any other bad argument (before any agent runs).
         """
         self._check_open()
-        questions = check_questions(questions, max_question_chars=max_question_chars)
+        questions = check_questions(questions, max_question_chars=max_question_chars, allow_empty=True)
         tasks = [task] * len(questions) if isinstance(task, str) else _str_list(task, "task")
         if len(tasks) != len(questions):
             raise ValueError(f"{len(questions)} questions but {len(tasks)} task types")
@@ -252,19 +337,50 @@ class System:
                                                  temperature=temperature, top_p=top_p, top_k=top_k,
                                                  seed=self.cfg.system.seed if seed is None else seed))
         check_tree(rc, lambda path: path)
+        if not questions:
+            return []
         # Sampled n > 1: n rows per question; greedy: one row, copied (every copy would be the same).
-        rows = [q for q in questions for _ in range(n if do_sample else 1)]
-        row_tasks = [t for t in tasks for _ in range(n if do_sample else 1)]
+        per_question = n if do_sample else 1
+        rows = [q for q in questions for _ in range(per_question)]
+        row_tasks = [t for t in tasks for _ in range(per_question)]
         out: list[SampleResult] = []
-        for k in range(0, len(rows), batch_size):
-            out += self.run(rows[k:k + batch_size], row_tasks[k:k + batch_size], rc)
+        with self._quiet():
+            from recmas_ray.console import current
+
+            bar = current().bar(len(rows), "generate", unit="question" if per_question == 1 else "answer",
+                                enabled=progress)
+            try:
+                for k in range(0, len(rows), batch_size):
+                    out += self._run_counted(rows[k:k + batch_size], row_tasks[k:k + batch_size], rc, bar)
+            finally:
+                bar.close()
         for res in out:
             finish(res, rc.decode.max_new_tokens, stops)
-        if n == 1:
-            return out
         if do_sample:
             return [out[i * n:(i + 1) * n] for i in range(len(questions))]
-        return [[copy.deepcopy(res) for _ in range(n)] for res in out]
+        return [[res] + [copy.deepcopy(res) for _ in range(n - 1)] for res in out]
+
+    def _run_counted(self, questions: list[str], tasks: list[str], rc: RecursionConfig, bar) -> list[SampleResult]:
+        """`run`, advancing `bar` by one per question as it is done: in-process, when its row of the final
+        decode stops (EOS; the rest when the batch ends); on Ray, when the batch comes back."""
+        from recmas_ray.runner import LocalPool
+
+        if bar.disable or not isinstance(self.agents, LocalPool):
+            results = self.run(questions, tasks, rc)
+            bar.update(len(results))
+            return results
+        stopped = [False] * len(questions)
+
+        def on_token(ids: list) -> None:
+            newly = [b for b, tok in enumerate(ids) if tok is None and not stopped[b]]
+            for b in newly:
+                stopped[b] = True
+            if newly:
+                bar.update(len(newly))
+
+        results = self.run(questions, tasks, rc, on_token=on_token)
+        bar.update(stopped.count(False))
+        return results
 
     def run(self, questions: list[str], tasks: list[str], rc: RecursionConfig, **run_options) -> list[SampleResult]:
         """One checked batch through the agents (what `generate`, the server and lm-eval call); `run_options`
@@ -289,7 +405,7 @@ class System:
                  num_samples: int | None = None, num_recursive_rounds: int = 3, latent_steps: int = 32,
                  max_new_tokens: int = 256, batch_size: int = 8, num_rollouts: int = 1, grader: str = "strict",
                  format_retry: bool = True, output_path: str = "out", resume: bool = False,
-                 progress: bool = False) -> dict:
+                 progress: bool = True) -> dict:
         """Evaluate on a benchmark or a local question file with the running agents (as `jobs/run.py` does).
 
         Args:
@@ -306,10 +422,14 @@ class System:
             format_retry: The release's answer-format retry.
             output_path: Where samples_*.jsonl, results_*.json and config.json go.
             resume: Skip samples already in the latest samples file.
-            progress: Progress bars.
+            progress: A tqdm bar per method on stderr, counting questions as their results arrive, with the
+                accuracy so far; its rate is the run's throughput (the table's and the results file's).
 
         Returns:
             {"results": metrics per benchmark/method, "samples_path", "results_path", "table"}.
+
+        Raises:
+            ValueError: A bad argument (named as here), before anything is written.
         """
         self._check_open()
         from recmas_ray.eval.run import evaluate
@@ -322,7 +442,8 @@ class System:
                                                                      max_new_tokens=max_new_tokens)),
             batch_size=batch_size, num_rollouts=num_rollouts, grader=grader, format_retry=format_retry,
             output_path=str(output_path), resume=resume, progress=progress)
-        return evaluate(cfg, progress=progress, system=self.agents)
+        with self._quiet(), python_names():
+            return evaluate(cfg, progress=progress, system=self.agents)
 
     # ------------------------------------------------------------------ lifetime
     def _check_open(self) -> None:
@@ -336,7 +457,8 @@ class System:
         self._closed = True
         shutdown = getattr(self.agents, "shutdown", None)
         if shutdown is not None:
-            shutdown()
+            with self._quiet():
+                shutdown()
         self.agents = None
 
     def __enter__(self) -> System:

@@ -36,6 +36,8 @@ libraries' bars vanish while the console's own bars (disable given explicitly) s
 
 _current: "Console | None" = None
 _log_handler: logging.Handler | None = None  # the quiet job_console's log file handler
+_ray_outlives: bool = False  # the quiet console's Ray runs on after it (the Python API): workers' output stays
+                             # in Ray's session logs instead of being forwarded to this process
 _moved: list = []  # (logger, its handlers, its propagate) re-pointed at the log file, restored at the end
 
 
@@ -104,7 +106,9 @@ class Console:
         from tqdm.auto import tqdm
 
         self.settle_logs()
-        return tqdm(total=total, initial=initial, desc=desc, unit=unit, file=self.err,
+        # smoothing=0: the rate shown is count / seconds since the bar opened (the run's throughput), not a
+        # moving average of the last updates
+        return tqdm(total=total, initial=initial, desc=desc, unit=unit, file=self.err, smoothing=0,
                     disable=not (enabled and self.bars), dynamic_ncols=True)
 
 
@@ -162,16 +166,21 @@ class _LogFile:
 
 
 @contextlib.contextmanager
-def job_console(log_dir: str | Path, *, verbose: bool, name: str, progress: bool = True) -> Iterator[Console]:
+def job_console(log_dir: str | Path, *, verbose: bool, name: str, progress: bool = True,
+                keep_ray: bool = False) -> Iterator[Console]:
     """The job's console; unless `verbose`, everything else goes to `log_dir/<name>.log` (see the module doc).
+
+    `keep_ray` (the Python API, whose agents outlive each call): a Ray started inside stays up, and in quiet
+    mode it is started without forwarding its workers' output (which would reach the terminal between
+    calls); Ray keeps that output in its session folder, whose path the log file names.
 
     The log folder is made when the job starts real work (`Console.settle_logs`: Ray starts, a phase or a
     progress bar begins); a job that stops on bad input before that (ValueError, TypeError) writes no log.
     On exit everything is restored (an error printed after the job returns reaches the real stderr), and a
     Ray this job started is shut down first.
     """
-    global _current, _log_handler
-    ray_before = _ray_running()
+    global _current, _log_handler, _ray_outlives
+    ray_before = _ray_running() or keep_ray
     saved_current = _current
     if verbose:
         _current = Console(progress=progress)
@@ -195,7 +204,8 @@ def job_console(log_dir: str | Path, *, verbose: bool, name: str, progress: bool
     saved_handlers, saved_level = list(root.handlers), root.level
     handler = logging.StreamHandler(log.file)
     handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
-    saved_moved, saved_handler = list(_moved), _log_handler
+    saved_moved, saved_handler, saved_outlives = list(_moved), _log_handler, _ray_outlives
+    _ray_outlives = keep_ray
     _current, _log_handler = Console(stream=stdout, err=err, progress=progress, on_work=log.settle), handler
     keep = True
     try:
@@ -224,7 +234,7 @@ def job_console(log_dir: str | Path, *, verbose: bool, name: str, progress: bool
                     _shutdown_ray()
                 logging.captureWarnings(False)
     finally:
-        _current, _log_handler = saved_current, saved_handler
+        _current, _log_handler, _ray_outlives = saved_current, saved_handler, saved_outlives
         sys.stdout, sys.stderr = stdout, stderr
         if fd2 is not None:
             os.dup2(fd2, 2)
@@ -250,7 +260,9 @@ def ray_starting() -> dict:
     output still reaches this driver, whose streams go to the log), nothing otherwise."""
     if _current is not None:
         _current.settle_logs()
-    return {"logging_level": logging.WARNING} if _log_handler is not None else {}
+    if _log_handler is None:
+        return {}
+    return {"logging_level": logging.WARNING, **({"log_to_driver": False} if _ray_outlives else {})}
 
 
 def ray_started() -> None:

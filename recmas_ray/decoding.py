@@ -68,7 +68,7 @@ def eos_ids(model, tokenizer) -> torch.Tensor:
 
 
 # transformers' value for a generation config without top_k (GenerationConfig defaults): what
-# the release samples with when its top_k is left unset (-1, spec section 5).
+# the release samples with when its top_k is left unset (-1; docs/reproducing.md#sources).
 HF_DEFAULT_TOP_K = 50
 
 

@@ -1,7 +1,7 @@
 """RecursiveLink modules: the inner link (d -> d) and the outer link (d_src -> d_dst).
 
 Pure torch, no Ray and no transformers. Layer order and state-dict key names follow the public
-RecursiveMAS release exactly (spec section 1), so its released `adapter.pt` / `outer_*.pt` files
+RecursiveMAS release exactly, so its released `adapter.pt` / `outer_*.pt` files
 load unchanged with `load_state_dict(strict=True)`.
 
 Legend: B batch, M latent positions, D source hidden size, E target hidden size.
@@ -94,7 +94,8 @@ def ridge_bridge(x_ND: torch.Tensor, y_NE: torch.Tensor, ridge: float) -> tuple[
     """(W_ED, b_E) minimising ||x W^T + b - y||^2 + ridge * N * ||W||^2 (the intercept unpenalised).
 
     Paired rows, e.g. the same token's embedding in the source and in the target model: the closed form on
-    centred data, solved in float64 (spec 1.2, [KO]'s aligned bridge; non-reference)."""
+    centred data, solved in float64 (a third-party re-run's aligned bridge, docs/reproducing.md#sources;
+    non-reference)."""
     if x_ND.shape[0] != y_NE.shape[0] or x_ND.dim() != 2 or y_NE.dim() != 2:
         raise ValueError(f"ridge_bridge: expected paired [N, D] and [N, E] rows, got {tuple(x_ND.shape)} and "
                          f"{tuple(y_NE.shape)}")
@@ -109,7 +110,7 @@ def ridge_bridge(x_ND: torch.Tensor, y_NE: torch.Tensor, ridge: float) -> tuple[
 @torch.no_grad()
 def init_bridge(link: "OuterLink", x_ND: torch.Tensor, y_NE: torch.Tensor, *, ridge: float = 1e-2,
                 mlp_scale: float = 1e-3) -> "OuterLink":
-    """Start `link` as the ridge bridge x -> y (non-reference, spec 1.2 [KO]): residual_proj = the ridge solution,
+    """Start `link` as the ridge bridge x -> y (non-reference): residual_proj = the ridge solution,
     the MLP branch scaled to ~0 (still trainable), ln_target's gain set to the targets' mean per-row standard
     deviation and its bias to their mean value, so link(x) ~ y in scale as well as direction."""
     w, b = ridge_bridge(x_ND, y_NE, ridge)

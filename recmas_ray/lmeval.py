@@ -208,9 +208,9 @@ class RecMASLM(LM):
                 max_new_tokens=int(kwargs.get("max_gen_toks", self.max_new_tokens)),
                 do_sample=bool(kwargs.get("do_sample", False)) and temperature > 0,
                 temperature=temperature if temperature > 0 else 0.6, top_p=float(kwargs.get("top_p", 0.95) or 0.95),
-                top_k=int(kwargs.get("top_k", 0) or 0), batch_size=self.batch_size)
-            for i, res in zip(idx, results):
-                text = res.prediction
+                top_k=int(kwargs.get("top_k", 0) or 0), batch_size=self.batch_size, progress=not disable_tqdm)
+            for i, answers in zip(idx, results):
+                text = answers[0].prediction
                 for stop in until:
                     if stop and stop in text:
                         text = text[:text.index(stop)]

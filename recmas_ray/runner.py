@@ -40,8 +40,9 @@ class AgentPool(Protocol):
         (sum log p, greedy?) with continuation=True; stats)."""
 
     def retry_format(self, role: str, texts: list[str], suffixes: list[str], max_new_tokens: int, *,
-                     cfg: DecodeConfig) -> Any:
-        """Handle of the answer-format retry's continuations (see `AgentService.retry_format`)."""
+                     cfg: DecodeConfig, context: tuple[DecoderInput, list[int]] | None = None) -> Any:
+        """Handle of the answer-format retry's continuations (see `AgentService.retry_format`); `context`: the
+        decoder's input of the batch and the rows retried, so each reply is continued after its own prompt."""
 
     def set_links(self, role: str, inner_state: dict, outer_states: dict[str, dict]) -> Any:
         """Handle of swapping a role's links in place, the model staying loaded (`AgentService.set_links`)."""
@@ -55,6 +56,7 @@ class SampleResult:
     num_text_tokens: int
     num_latent_steps: int
     seconds: float
+    """From the submission of the question's batch to its result (the questions of a batch share it)."""
     trace: list[dict] = field(default_factory=list)
     nll: float | None = None
     """Mean token NLL of the gold target under the decoder's final prompt (only when targets were given)."""
@@ -64,6 +66,22 @@ class SampleResult:
     """Whether greedy decoding would produce that continuation (`score_continuation`)."""
     finish_reason: str | None = None
     """Why the final text ended: "stop" (EOS or a stop string) or "length" (the budget); set by `System.generate`."""
+    decoder_input: DecoderInput | None = field(default=None, repr=False, compare=False)
+    """What the decoder received for this question's batch (prompts and latent handles): the answer-format
+    retry continues the reply from there (`eval.stream.format_retry`); row `decoder_row` is this question's."""
+    decoder_row: int = 0
+    """This question's row in `decoder_input`."""
+
+
+@dataclass
+class DecoderInput:
+    """The final decode's input for one batch: the decoder's prompts and the latent blocks spliced into them
+    (pool handles: tensors in-process, ObjectRefs on Ray; after any ablation), in the order of its slots."""
+
+    role: str
+    users: list[str]
+    slot_names: list[str]
+    latents: list[Any]
 
 
 def run_batch(pool: AgentPool, style: StyleSpec, questions: list[str], tasks: list[str],
@@ -100,17 +118,21 @@ def run_batch(pool: AgentPool, style: StyleSpec, questions: list[str], tasks: li
     asked = _Asked(questions, role_questions)
     scoring = None if targets is None else (list(targets), score_continuation)
     t0 = time.perf_counter()
+    received: list[DecoderInput] = []  # the final decode's input (the last decode step's)
     if cfg.method == "single_agent":
         users = [render_single_agent_prompt(style, t, q) for q, t in zip(asked.of(style.decoder), tasks)]
         calls = [(1, style.decoder, "decode", pool.decode(style.decoder, users, [], cfg.decode, [], **stream))]
         calls += _score(pool, style.decoder, users, [], [], scoring)
-        _capture_input(capture, pool, style.decoder, users, [], [])
+        _capture_input(capture, pool, style.decoder, users, [], [], received)
     elif cfg.method == "recursive_mas":
-        calls = _run_latent(pool, style, asked, tasks, cfg, scoring, capture, stream)
+        calls = _run_latent(pool, style, asked, tasks, cfg, scoring, capture, stream, received)
     else:
         rounds = 1 if cfg.method == "textmas" else cfg.num_recursive_rounds
-        calls = _run_text(pool, style, asked, tasks, cfg, rounds, scoring, capture, stream)
-    return _collect(pool, calls, len(questions), t0)
+        calls = _run_text(pool, style, asked, tasks, cfg, rounds, scoring, capture, stream, received)
+    results = _collect(pool, calls, len(questions), t0)
+    for b, res in enumerate(results):
+        res.decoder_input, res.decoder_row = (received[-1] if received else None), b
+    return results
 
 
 @dataclass
@@ -126,7 +148,9 @@ class _Asked:
         return [rq.get(role, q) for q, rq in zip(self.questions, self.role_questions)]
 
 
-def _capture_input(capture, pool, role, users, slot_names, latents) -> None:
+def _capture_input(capture, pool, role, users, slot_names, latents, received: list | None = None) -> None:
+    if received is not None:
+        received.append(DecoderInput(role, list(users), list(slot_names), list(latents)))
     if capture is not None:
         capture({"kind": "decoder_input", "role": role, "users": list(users), "slot_names": list(slot_names),
                  "latents": [pool.get(h, what=f"role {role} (captured input)") for h in latents]})
@@ -154,7 +178,7 @@ def _ablate(pool, handles: list, mode: str, what: str) -> list:
     return out
 
 
-def _run_latent(pool, style, asked, tasks, cfg, scoring=None, capture=None, stream=None):
+def _run_latent(pool, style, asked, tasks, cfg, scoring=None, capture=None, stream=None, received=None):
     messages: dict[str, Any] = {}  # edge -> handle of its latest [B, M, E] message
     calls = []
     for step in build_schedule(style, cfg.num_recursive_rounds, decode_every_round=cfg.decode_every_round):
@@ -168,7 +192,7 @@ def _run_latent(pool, style, asked, tasks, cfg, scoring=None, capture=None, stre
                                       **((stream or {}) if step.decode else {}))))
             if step.decode:
                 calls += _score(pool, step.role, users, slot_names, latents, scoring)
-                _capture_input(capture, pool, step.role, users, slot_names, latents)
+                _capture_input(capture, pool, step.role, users, slot_names, latents, received)
         if step.outputs:
             outs, stats = pool.rollout(step.role, users, slot_names, cfg.latent_steps, step.outputs, latents)
             messages.update(zip(step.outputs, outs))
@@ -179,7 +203,7 @@ def _run_latent(pool, style, asked, tasks, cfg, scoring=None, capture=None, stre
     return calls
 
 
-def _run_text(pool, style, asked, tasks, cfg, rounds, scoring=None, capture=None, stream=None):
+def _run_text(pool, style, asked, tasks, cfg, rounds, scoring=None, capture=None, stream=None, received=None):
     texts: dict[str, list[str]] = {}  # edge -> latest text per sample
     calls = []
     for step in build_schedule(style, rounds):
@@ -189,7 +213,7 @@ def _run_text(pool, style, asked, tasks, cfg, rounds, scoring=None, capture=None
         if step.decode:
             calls.append((step.round, step.role, "decode", handle))
             calls += _score(pool, step.role, users, [], [], scoring)
-            _capture_input(capture, pool, step.role, users, [], [])
+            _capture_input(capture, pool, step.role, users, [], [], received)
             continue
         decoded, stats = pool.get(handle, what=f"role {step.role}, round {step.round} (text)")
         calls.append((step.round, step.role, "text", _Ready((decoded, stats))))
@@ -235,9 +259,18 @@ def _collect(pool, calls, batch_size, t0) -> list[SampleResult]:
             if action == "decode":
                 res.prediction = decoded[b].text
     elapsed = time.perf_counter() - t0 - score_seconds  # includes waiting for the last remote call
-    for res in results:
-        res.seconds = elapsed / batch_size
+    for res in results:  # each question's latency: its batch was submitted together and came back together
+        res.seconds = elapsed
     return results
+
+
+def retry_context_args(context: tuple[DecoderInput, list[int]] | None) -> tuple[list, dict]:
+    """(latent handles, keyword arguments) of `AgentService.retry_format` for a retry `context` (none: the bare
+    continuation); the latents go positionally so Ray resolves them."""
+    if context is None:
+        return [], {}
+    inp, rows = context
+    return list(inp.latents), {"users": list(inp.users), "slot_names": list(inp.slot_names), "rows": list(rows)}
 
 
 class LocalPool:
@@ -256,8 +289,9 @@ class LocalPool:
     def score(self, role, users, slot_names, targets, latents, **kw):
         return self.services[role].score(users, slot_names, targets, *latents, **kw)
 
-    def retry_format(self, role, texts, suffixes, max_new_tokens, *, cfg):
-        return self.services[role].retry_format(texts, suffixes, max_new_tokens, cfg=cfg)
+    def retry_format(self, role, texts, suffixes, max_new_tokens, *, cfg, context=None):
+        latents, kw = retry_context_args(context)
+        return self.services[role].retry_format(texts, suffixes, max_new_tokens, *latents, cfg=cfg, **kw)
 
     def set_links(self, role, inner_state, outer_states):
         return self.services[role].set_links(inner_state, outer_states)

@@ -185,19 +185,32 @@ class AgentService:
         for edge, sd in outer_states.items():
             self.agent.attach_outer_link(edge, outer_link_from_state_dict(sd, what=f"outer link {edge}"))
 
-    def retry_format(self, texts: list[str], suffixes: list[str], max_new_tokens: int,
-                     cfg: DecodeConfig | None = None) -> list[Decoded]:
-        """Answer-format retry: continue `text + suffix` with the base model alone.
+    def retry_format(self, texts: list[str], suffixes: list[str], max_new_tokens: int, *latents,
+                     cfg: DecodeConfig | None = None, users: list[str] | None = None, slot_names=(),
+                     rows: list[int] | None = None) -> list[Decoded]:
+        """Answer-format retry: continue each reply `texts[i] + suffixes[i]` where it was written.
 
-        No chat template and no latents (the release's behaviour); returns only the continuations.
+        With `users` (the decoder's prompts of the batch, as `decode` got them, with `latents` [B, M, D] for
+        `slot_names`), reply i is continued after prompt `users[rows[i]]` with its latents spliced in, i.e.
+        after everything the agent received, so a reply that stated a value is boxed from that context.
+        Without `users` the reply alone is continued by the base model, no chat template and no latents (the
+        release's behaviour, which can append a value unrelated to the question). Returns the continuations.
         """
         if len(texts) != len(suffixes):
             raise ValueError(f"retry_format: {len(texts)} texts but {len(suffixes)} suffixes")
         cfg = dataclasses.replace(cfg or DecodeConfig(), max_new_tokens=max_new_tokens)
         with torch.no_grad():
-            rows = [self.agent._embed_ids(self.agent.tokenizer(t + s).input_ids) for t, s in zip(texts, suffixes)]
-            return self.agent.decode(*left_pad(rows), cfg)
-
+            if users is None:
+                rows_e = [self.agent._embed_ids(self.agent.tokenizer(t + s).input_ids) for t, s in zip(texts, suffixes)]
+            else:
+                rows = list(range(len(texts))) if rows is None else list(rows)
+                if len(rows) != len(texts) or len(slot_names) != len(latents):
+                    raise ValueError(f"retry_format: {len(texts)} texts for rows {rows}; {len(slot_names)} slot "
+                                     f"names but {len(latents)} latent blocks")
+                rows_e = [self.agent.embed_prompt(users[b], {n: x[b] for n, x in zip(slot_names, latents)},
+                                                  suffix_text=t + s)[0]
+                          for t, s, b in zip(texts, suffixes, rows)]
+            return self.agent.decode(*left_pad(rows_e), cfg)
 
 def link_states(inner: InnerLink, outer: dict[str, OuterLink]) -> tuple[dict, dict[str, dict]]:
     """CPU state dicts to ship to a service (small next to the model, sent once at creation)."""

@@ -69,8 +69,22 @@ class Tracker:
 
 
 def metric_name(key: str) -> str:
-    """lm-eval's `metric,filter` keys as `metric/filter` (MLflow allows no commas; slashes group its charts)."""
-    return re.sub(r"[^\w\-. :/]", "_", str(key).replace(",", "/"))
+    """lm-eval's `metric,filter` keys as `metric/filter` (MLflow allows no commas; slashes group its charts); the
+    `none` filter (a metric with no grader, e.g. tokens_per_sample,none) is left out: `tokens_per_sample`."""
+    key = re.sub(r",none$", "", str(key).replace(",none/", "/"))
+    return re.sub(r"[^\w\-. :/]", "_", key.replace(",", "/"))
+
+
+def without_secrets(value: Any) -> Any:
+    """A config as plain JSON values, every key naming a secret (key, token, ...) left out at any depth."""
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        value = dataclasses.asdict(value)
+    if isinstance(value, dict):
+        return {k: without_secrets(v) for k, v in value.items()
+                if not any(w in str(k).lower() for w in _SECRET_WORDS)}
+    if isinstance(value, (list, tuple)):
+        return [without_secrets(v) for v in value]
+    return value
 
 
 def _numeric(metrics: dict) -> dict[str, float]:
@@ -205,4 +219,16 @@ def start_run(cfg: TrackingConfig, *, output_dir: str | os.PathLike, run_name: s
         tracker = WandbTracker(cfg.tracking_uri or "recmas_ray", cfg.experiment_name, run_name, Path(output_dir))
     if config is not None:
         tracker.log_params(flat_params(config))
+        log_config_artifact(tracker, config)
     return tracker
+
+
+def log_config_artifact(tracker: Tracker, config: Any) -> None:
+    """The whole resolved config as the run's `config.json` artifact (parameters are cut at MAX_PARAM_CHARS)."""
+    import tempfile
+
+    with tempfile.TemporaryDirectory(prefix="recmas-config-") as folder:
+        path = Path(folder) / "config.json"
+        path.write_text(json.dumps(without_secrets(config), indent=2, default=str, ensure_ascii=False),
+                        encoding="utf-8")
+        tracker.log_artifact(path)

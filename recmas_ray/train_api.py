@@ -34,17 +34,22 @@ def check_training_inputs(cfg, rows: list[dict] | None = None) -> None:
     if rows is None:
         rows = load_rows(cfg.dataset_name, cfg.dataset_json_field, split=cfg.dataset_split)
     if isinstance(cfg, InnerTrainConfig):
-        from recmas_ray.train.inner_job import plan_roles
+        from recmas_ray.train.data import role_examples
+        from recmas_ray.train.inner_job import plan_roles, resolve_role_steps
 
         roles = list(style.roles) if cfg.mas_role == "all" else [canonical_role(style, cfg.mas_role)]
         plan_roles(cfg, roles)
         validate_rows(rows, style, roles, task=cfg.task)
+        for role in roles:  # a batch larger than a role's data
+            resolve_role_steps(cfg, len(role_examples(rows, style, role, cfg.task)))
         return
     from recmas_ray.system.plan import plan_system
     from recmas_ray.train.outer import prepare_samples
 
+    from recmas_ray.train.core import resolve_steps
+
     plan_system(cfg.system, task=cfg.task)
-    prepare_samples(rows, style, cfg.task)
+    resolve_steps(cfg, len(prepare_samples(rows, style, cfg.task)), cfg.batch_size)  # a batch larger than the data
     if cfg.eval_dataset:
         prepare_samples(load_rows(cfg.eval_dataset, cfg.dataset_json_field), style, cfg.task)
 

@@ -19,7 +19,7 @@ def test_mlflow_run_reads_back_with_mlflow_client(tmp_path):
                         config=config)
     for step, loss in enumerate([1.0, 0.7, 0.5], start=1):
         tracker.log_metrics({"loss": loss, "note": "text is skipped", "bad": float("nan")}, step=step)
-    tracker.log_metrics({"accuracy,strict": 0.25})
+    tracker.log_metrics({"accuracy,strict": 0.25, "tokens_per_sample,none": 12.0})
     tracker.log_artifact(result)
     tracker.close()
 
@@ -30,7 +30,10 @@ def test_mlflow_run_reads_back_with_mlflow_client(tmp_path):
     assert [(m.step, m.value) for m in client.get_metric_history(run.info.run_id, "loss")] == \
         [(1, 1.0), (2, 0.7), (3, 0.5)]
     assert run.data.metrics["accuracy/strict"] == 0.25 and "bad" not in run.data.metrics
-    assert [a.path for a in client.list_artifacts(run.info.run_id)] == ["results.json"]
+    assert run.data.metrics["tokens_per_sample"] == 12.0  # no `/none` suffix
+    assert sorted(a.path for a in client.list_artifacts(run.info.run_id)) == ["config.json", "results.json"]
+    logged = json.loads(open(client.download_artifacts(run.info.run_id, "config.json", str(tmp_path))).read())
+    assert logged == {"lr": 1e-3, "recursion": {"latent_steps": 8}}  # the whole config, secrets left out
 
 
 def test_no_tracking_is_a_silent_tracker(tmp_path):

@@ -8,7 +8,7 @@ a shared machine hits all three alike, and the median of each is reported. Figur
   ratio_k_in_flight   Ray s/sample with K batches submitted together / in-process s/sample
                       (different agents work on different batches at once)
 
-Issue 3 target: ratio_1 <= 1.10 at batch 8, m = 32, R = 3 with hidden sizes >= 256, and ratio_k < 1.
+Target: ratio_1 <= 1.10 at batch 8, m = 32, R = 3 with hidden sizes >= 256, and ratio_k < 1.
 The tiny preset's only family with hidden 256 is mistral, hence the example override.
 
   python -m jobs.bench.backend --preset tiny --role_models all=tiny:mistral

@@ -6,7 +6,7 @@ generated token and prompt prefill waits a time proportional to the role's param
 light or mixture system by default, `paper_sim_models`), and messages have the real size
 [B, m, hidden]. So two CPU cores host dozens of agents on a simulated cluster of fake GPUs.
 
-Figures (targets of issue 23 in brackets), read in the steady state (`steady_window`: fill and drain left
+Figures (targets in brackets), read in the steady state (`steady_window`: fill and drain left
 out; the same figures over the whole active window are reported beside them):
   balance      the same GPU count (--gpus) as whole-system replicas only vs per-role pools sized
                from each role's cost (one replica): per-role busy fraction (its copies' mean),

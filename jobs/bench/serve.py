@@ -12,7 +12,7 @@ hits both alike): closed-loop clients, each sending its next request when the pr
 until the level's request budget is spent or its time bound passes. Figures per level: requests/s,
 p50/p99 latency, completion tokens/s, mean rows per batch (from the server's /metrics) and errors.
 
-Issue 24 targets at 16 clients: batched throughput >= 4x batched at 1 client, and >= 3x unbatched.
+Targets at 16 clients: batched throughput >= 4x batched at 1 client, and >= 3x unbatched.
 
   python -m jobs.bench.serve                       # tiny preset, R = 2, m = 8, 32 tokens, greedy
   python -m jobs.bench.serve --clients 1 4 16 64 --requests_per_client 4 --num_recursive_rounds 1 --latent_steps 4
@@ -67,7 +67,7 @@ class ServeBenchConfig:
     max_tokens: Annotated[int, Range(1, 4096)] = 32
     """max_tokens of every request."""
     num_recursive_rounds: Annotated[int, Range(1, 32)] = 2
-    """R of every request (R = 2, m = 8, 32 tokens: about the single-request cost issue 24 measured)."""
+    """R of every request (R = 2, m = 8, 32 tokens: about the single-request cost of the unbatched server)."""
     latent_steps: Annotated[int, Range(0, 4096)] = 8
     """m of every request."""
     max_batch_size: Annotated[int, Range(2, 1024)] = 16
@@ -224,7 +224,7 @@ def plot(results: dict, path: str) -> None:
 
 
 def ratios(results: dict) -> dict:
-    """Issue 24's two ratios at 16 clients (None when 1 or 16 clients were not measured)."""
+    """The two target ratios at 16 clients (None when 1 or 16 clients were not measured)."""
     by = {mode: {lv["clients"]: lv["requests_per_s"] for lv in levels} for mode, levels in results.items()}
     batched, unbatched = by["batched"], by["unbatched"]
     out = {"batched_16_over_batched_1": None, "batched_16_over_unbatched_16": None}

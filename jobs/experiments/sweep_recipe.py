@@ -1,4 +1,4 @@
-r"""Which outer-training recipe makes trained links carry the hidden operand? (issue 25, the experiment driver)
+r"""Which outer-training recipe makes trained links carry the hidden operand? (the experiment driver)
 
 One run: generate the hidden-operand set (`synthetic_hidden`: only the planner is told "x = 17."; critic and
 solver see "What is x - 8?"), split train / held-out (disjoint, checked), train the inner links once (shared
@@ -18,7 +18,7 @@ flags) and the table to <out_dir>/summary.md. Recipes (`RECIPES`; --recipes pick
 
   demo_today      K = 8, R = 1, lr 1e-4, HF warmup (first step at lr 0): the demo's outer recipe as it was
   release         K = 80, R = 2, lr 5e-4, warmup 1 shifted (first step > 0), steps/rows as given
-  release_lr1e-3  release at lr 1e-3 (the issue's longer run used it)
+  release_lr1e-3  release at lr 1e-3 (the lr of a longer earlier run)
   +norm           release + latents rescaled to the target's token-embedding norm (non-reference)
   +bridge         release + ridge bridge init of the outer links (non-reference)
   +value          release + answer value tokens weighted 5x in the loss (non-reference)
@@ -55,13 +55,15 @@ from typing import Annotated
 
 from recmas_ray.config.checks import OneOf, Range, WritableDir
 from recmas_ray.config.cli import run_job
-from recmas_ray.train.synthetic_hidden import HIDDEN_QUESTIONS
+from recmas_ray.train.synthetic_facts import FACT_TASKS
 
 RELEASE = {"max_latent_tokens": 80, "num_recursive_rounds": 2, "lr": 5e-4, "warmup_steps": 1}
 R1 = {**RELEASE, "num_recursive_rounds": 1, "lr": 1e-3}
 """release at R = 1 and lr 1e-3: the base of the *_r1 recipes."""
 NORM, BRIDGE, VALUE = {"latent_norm": "embedding"}, {"outer_init": "bridge"}, {"value_token_weight": 5.0}
 ROLLOUT = {"rollout_latent_steps": "m"}
+FULL = {"rollout_latent_steps": "m", "rollout_stages": "all"}
+"""Every stage sends its rollout, graph kept through the agents that receive latents (non-reference)."""
 RECIPES: dict[str, dict] = {
     "demo_today": {"max_latent_tokens": 8, "num_recursive_rounds": 1, "lr": 1e-4, "warmup_steps": 1,
                    "warmup_from_zero": True},
@@ -79,10 +81,15 @@ RECIPES: dict[str, dict] = {
     "rollout_bridge_r1": {**R1, **ROLLOUT, **BRIDGE},
     "rollout_bridge_value_r1": {**R1, **ROLLOUT, **BRIDGE, **VALUE},
     "rollout_all_r1": {**R1, **ROLLOUT, **BRIDGE, **NORM, **VALUE},
+    "full_r1": {**R1, **FULL},
+    "full_bridge_r1": {**R1, **FULL, **BRIDGE},
+    "full_bridge_value_r1": {**R1, **FULL, **BRIDGE, **VALUE},
+    "full_bridge_value_r1_lr3e-3": {**R1, **FULL, **BRIDGE, **VALUE, "lr": 3e-3},
+    "full_bridge_value_r2": {**RELEASE, "lr": 1e-3, **FULL, **BRIDGE, **VALUE},
 }
 """Recipe name -> OuterTrainConfig fields (on top of the sweep's steps, batch size and seed); "m" stands for
 the sweep's --latent_steps."""
-SWEEP_STYLES = ("sequential_light", "distillation")
+SWEEP_STYLES = ("sequential_light", "distillation", "mixture", "deliberation")
 
 
 @dataclass(kw_only=True)
@@ -96,9 +103,12 @@ class SweepRecipeConfig:
     hop); the roles told the fact are the first stage's (synthetic_hidden.HIDDEN_CONTEXT_ROLES)."""
     preset: Annotated[str, OneOf(("demo", "tiny"))] = "demo"
     """demo (SmolLM2-135M planner and solver, Gemma-3-270M critic) or tiny (random weights: the smoke test)."""
-    hidden_question: Annotated[str, OneOf(HIDDEN_QUESTIONS)] = "recall"
-    """What the decoder is asked about the hidden fact: recall ("What is x?", the demo's default) or arithmetic
-    ("What is x - 8?"; SmolLM2-135M given the fact solves it 0/40, so it has no ceiling to reach)."""
+    fact_task: Annotated[str, OneOf(FACT_TASKS)] = "recall"
+    """Hidden-fact task (`train.synthetic_facts`): recall (the first stage is told "x = 65.", the decoder asked
+    "What is x?"), two_fact (sequential: planner x, critic y, solver asked about one), mixture (three experts,
+    three facts, the summarizer asked about one) or compare ("Is x greater than 52?", yes / no)."""
+    num_unseen: Annotated[int, Range(0, 500)] = 0
+    """Held-out questions whose fact values never occur in training (beside the --num_eval seen-values ones)."""
     task: Annotated[str, OneOf(("qa", "math"))] = "qa"
     """Answer-format instruction of the prompts (the demo's qa asks for a short boxed answer)."""
     recipes: Annotated[list[str], OneOf(tuple(RECIPES))] = field(default_factory=lambda: ["release", "all"])
@@ -106,7 +116,7 @@ class SweepRecipeConfig:
     num_train: Annotated[int, Range(2, 1500)] = 512
     """Generated training rows."""
     num_eval: Annotated[int, Range(2, 500)] = 128
-    """Held-out questions (the issue's target needs >= 128)."""
+    """Held-out questions (a McNemar test at p < 0.01 needs >= 128)."""
     inner_steps: Annotated[int, Range(1, 1_000_000)] = 48
     """Inner-loop steps per role (trained once, shared by every recipe)."""
     inner_lr: Annotated[float, Range(0, 1, lo_open=True)] = 3e-3
@@ -126,8 +136,14 @@ class SweepRecipeConfig:
     inner_from: str | None = None
     """Reuse the inner links of an earlier sweep (<inner_from>/<role>, e.g. out_exp/sweep/inner) instead of
     training them (they must come from the same --preset and --seed data)."""
+    allow_unknown_links: bool = False
+    """Use --inner_from (or earlier inner links in --out_dir) without a provenance.json matching their files
+    (`system.provenance`); they are recorded as of unknown origin in every result.json."""
     baselines: bool = True
     """Also measure the single agent without / with the fact and TextMAS (once per sweep)."""
+    extra_rows: Annotated[list[str], OneOf(("zeroed", "bridge_init"))] = field(
+        default_factory=lambda: ["zeroed", "bridge_init"])
+    """Rows measured beside trained / shuffled / fresh: zeroed latents, the untrained bridge init (bridge recipes)."""
     seed: Annotated[int, Range(0, 2**31 - 1)] = 0
     """Seed of the data, the link init and the data order."""
 
@@ -138,6 +154,11 @@ class SweepRecipeConfig:
         roles = get_style(self.style).roles
         if self.inner_from and not all((Path(self.inner_from) / r / "manifest.json").exists() for r in roles):
             raise ValueError(f"--inner_from {self.inner_from!r}: expected <dir>/<role>/manifest.json for {list(roles)}")
+        if self.inner_from:
+            from recmas_ray.system.provenance import require_known_links
+
+            require_known_links({r: str(Path(self.inner_from) / r) for r in roles}, what="--inner_from",
+                                allow_unknown=self.allow_unknown_links)
 
 
 def _inner(cfg: SweepRecipeConfig, train_file: Path, out: Path) -> dict[str, str]:
@@ -147,9 +168,13 @@ def _inner(cfg: SweepRecipeConfig, train_file: Path, out: Path) -> dict[str, str
     from recmas_ray.styles import get_style
     from recmas_ray.train.inner_job import train_all_roles
 
+    from recmas_ray.system.provenance import require_known_links
+
     roles = get_style(cfg.style).roles
     dirs = {r: Path(cfg.inner_from or out / "inner") / r for r in roles}
-    if not all((d / "manifest.json").exists() for d in dirs.values()):
+    if all((d / "manifest.json").exists() for d in dirs.values()):  # reused: only links whose origin is known
+        require_known_links({r: str(d) for r, d in dirs.items()}, what="inner links", allow_unknown=cfg.allow_unknown_links)
+    else:
         train_all_roles(with_system(
             InnerTrainConfig, style=cfg.style, mas_role="all", preset=cfg.preset, dataset_name=str(train_file),
             save_dir=str(out / "inner"), max_steps=cfg.inner_steps, batch_size=4, lr=cfg.inner_lr, warmup_steps=2,
@@ -187,7 +212,8 @@ def main_cfg(cfg: SweepRecipeConfig) -> int:
     import ray
 
     from recmas_ray.distributed.cluster import init_ray
-    from recmas_ray.train.synthetic import check_disjoint, make_hidden_operand_dataset, split_train_eval, write_jsonl
+    from recmas_ray.train.synthetic import check_disjoint, write_jsonl
+    from recmas_ray.train.synthetic_facts import split_by_value
     from jobs.experiments.sweep_recipe_measure import Measurer, summary_table
 
     out = Path(cfg.out_dir).resolve()
@@ -196,13 +222,14 @@ def main_cfg(cfg: SweepRecipeConfig) -> int:
     old = out / "sweep_config.json"
     if old.exists():
         prev = json.loads(old.read_text())
-        diff = sorted(k for k in want if k != "recipes" and prev.get(k) != want[k])
+        diff = sorted(k for k in want if k not in ("recipes", "allow_unknown_links") and prev.get(k) != want[k])
         if diff:
             raise ValueError(f"--out_dir {out} holds a sweep with other settings ({', '.join(diff)}); "
                              "use another --out_dir")
     old.write_text(json.dumps(want, indent=2))
-    rows = make_hidden_operand_dataset(cfg.num_train + cfg.num_eval, seed=cfg.seed, question_kind=cfg.hidden_question)
-    train, heldout = split_train_eval(rows, cfg.num_eval, seed=cfg.seed)
+    train, seen, unseen = split_by_value(cfg.fact_task, cfg.style, num_train=cfg.num_train, num_seen=cfg.num_eval,
+                                         num_unseen=cfg.num_unseen, seed=cfg.seed)
+    heldout = seen + unseen  # measured together; summary_table splits them (the first num_eval are seen values)
     check_disjoint(train, heldout)
     train_file, eval_file = write_jsonl(train, out / "train.jsonl"), write_jsonl(heldout, out / "heldout.jsonl")
     if not ray.is_initialized():
@@ -226,8 +253,11 @@ def main_cfg(cfg: SweepRecipeConfig) -> int:
                   f"{log[-1]['loss']:.3f}", flush=True)
             measurer = Measurer(cfg, inner, heldout)  # the agents load only while no training runs (memory)
             settings = recipe_settings(recipe, cfg)
-            got = measurer.recipe(save_dir, settings)
+            got = measurer.recipe(save_dir, settings, rows=tuple(cfg.extra_rows))
             measurer.close()
+            from recmas_ray.system.provenance import link_origin
+
+            got["link_origins"] = {**{r: link_origin(d) for r, d in inner.items()}, "outer": link_origin(save_dir)}
             got.update(recipe=recipe, settings=settings, train_seconds=secs,
                        loss_first=log[0]["loss"], loss_last=log[-1]["loss"], eval_curve=curve)
             path.write_text(json.dumps(got, indent=2))

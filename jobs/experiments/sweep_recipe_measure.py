@@ -120,7 +120,7 @@ class Measurer:
 
     def _run(self, method: str, rounds: int, *, ablation: str = "none", questions=None) -> dict:
         from recmas_ray.config.recursion import DecodeConfig, RecursionConfig
-        from recmas_ray.eval.graders import grade_math_strict
+        from recmas_ray.eval.graders import grade_lenient, grade_math_strict
         from recmas_ray.eval.stream import format_retry
         from recmas_ray.runner import run_batch
 
@@ -128,11 +128,11 @@ class Measurer:
         rc = RecursionConfig(method=method, num_recursive_rounds=rounds, latent_steps=cfg.latent_steps,
                              latent_ablation=ablation, decode=DecodeConfig(max_new_tokens=cfg.max_new_tokens,
                                                                            seed=cfg.seed))
-        correct, fact_nll, result_nll, feats, preds = [], [], [], {}, []
+        correct, lenient, fact_nll, result_nll, feats, preds = [], [], [], [], {}, []
         decoder = self.pool.services[self.style.decoder].agent
 
-        def retry(texts, suffixes, n, decode):
-            return self.pool.retry_format(self.style.decoder, texts, suffixes, n, cfg=decode)
+        def retry(texts, suffixes, n, decode, context=None):
+            return self.pool.retry_format(self.style.decoder, texts, suffixes, n, cfg=decode, context=context)
 
         for k in range(0, len(self.rows), cfg.eval_batch_size):
             rows = self.rows[k:k + cfg.eval_batch_size]
@@ -141,9 +141,11 @@ class Measurer:
                             targets=[r["answer"] for r in rows])
             # the demo's and jobs.run's answer-format retry (on by default there): output without \boxed{}
             # is continued after "Final Answer: \boxed{" by the decoder's base model, then graded strictly
-            format_retry([{"task_type": cfg.task}] * len(rows), res, rc.decode, retry)
-            for r, s, tok in zip(rows, res, self.pool.token_nll):
+            infos = format_retry([{"task_type": cfg.task}] * len(rows), res, rc.decode, retry)
+            for r, s, tok, info in zip(rows, res, self.pool.token_nll, infos):
                 correct.append(bool(grade_math_strict(s.prediction, r["gold"])))
+                own = info["raw_prediction"] if info else s.prediction  # the reply before the format retry
+                lenient.append(grade_lenient(own, r["gold"], strict=correct[-1]).correct)
                 preds.append(s.prediction)
                 cls = token_classes(decoder.tokenizer, r["answer"], str(r["facts"]["fact"]), r["gold"],
                                     decoder.assistant_turn_end())
@@ -153,7 +155,9 @@ class Measurer:
             for edge, per_round in self.pool.messages.items():
                 feats.setdefault(edge, []).append(per_round[-1].mean(dim=1).numpy())
         out = {"accuracy": float(np.mean(correct)), "correct": correct, "fact_nll": fact_nll,
-               "result_nll": result_nll, "predictions": preds[:8]}
+               "accuracy_lenient": float(np.mean(lenient)), "correct_lenient": lenient,
+               "result_nll": result_nll, "predictions": preds,  # every held-out question's, in row order
+               "doc_ids": [r.get("doc_id", k) for k, r in enumerate(self.rows)]}
         x = [float(r["facts"]["fact"]) for r in self.rows]
         out["probe"] = {e: probe_x(np.concatenate(f), x, self.cfg.seed) for e, f in feats.items()}
         return out
@@ -165,16 +169,19 @@ class Measurer:
         return {"single_floor": self._run("single_agent", 1), "single_ceiling": self._run("single_agent", 1, questions=full),
                 "textmas": self._run("textmas", 1)}
 
-    def recipe(self, outer_dir: str, settings: dict) -> dict:
-        """Trained links (own, shuffled, zeroed latents) and fresh outer links, at the recipe's R and latent norm."""
+    def recipe(self, outer_dir: str, settings: dict, rows: tuple[str, ...] = ("zeroed", "bridge_init")) -> dict:
+        """Trained links (own, shuffled latents) and fresh outer links, at the recipe's R and latent norm; `rows`
+        adds zeroed latents and the untrained bridge init (a bridge recipe only)."""
         rounds, norm = settings.get("num_recursive_rounds", 2), settings.get("latent_norm", "none")
         self._use(self.plan_of({**self.inner, "outer": outer_dir}), norm)
-        got = {"trained": self._run("recursive_mas", rounds), "shuffled": self._run("recursive_mas", rounds, ablation="shuffle"),
-               "zeroed": self._run("recursive_mas", rounds, ablation="zero")}
+        got = {"trained": self._run("recursive_mas", rounds), "shuffled": self._run("recursive_mas", rounds, ablation="shuffle")}
+        compared = ["shuffled", "fresh"]
+        if "zeroed" in rows:
+            got["zeroed"] = self._run("recursive_mas", rounds, ablation="zero")
+            compared.append("zeroed")
         self._use(self.plan_of(self.inner), norm)
         got["fresh"] = self._run("recursive_mas", rounds)
-        compared = ["shuffled", "zeroed", "fresh"]
-        if settings.get("outer_init") == "bridge":  # the bridge before training: does training add anything?
+        if settings.get("outer_init") == "bridge" and "bridge_init" in rows:  # the bridge before training
             from recmas_ray.train.bridge import bridge_outer_links
 
             plan = self.plan_of(self.inner)
@@ -204,11 +211,12 @@ def _pm(d: dict) -> str:
 def summary_table(results: dict, cfg) -> str:
     """Markdown table: per recipe accuracies, McNemar p, paired fact/result NLL gaps, probe R^2 per edge."""
     n = cfg.num_eval
-    lines = [f"hidden-operand task ({cfg.style}, {cfg.hidden_question}), {n} held-out questions, {cfg.num_train} training rows, outer {cfg.outer_steps} "
+    lines = [f"hidden-fact task ({cfg.style}, {cfg.fact_task}), {n} seen-values + {cfg.num_unseen} unseen-values held-out questions, {cfg.num_train} training rows, outer {cfg.outer_steps} "
              f"steps x {cfg.outer_batch_size} rows, inner {cfg.inner_steps} steps, m = {cfg.latent_steps}", ""]
     base = results.get("_baselines")
     if base:
-        lines.append("baselines: " + ", ".join(f"{k} {v['accuracy']:.1%}" for k, v in base.items()))
+        lines.append("baselines (strict, lenient): " + ", ".join(
+            f"{k} {v['accuracy']:.1%}, {v.get('accuracy_lenient', float('nan')):.1%}" for k, v in base.items()))
         lines.append("")
     lines += ["| recipe | loss first -> last | acc trained / shuffled / zeroed / fresh | McNemar p vs shuffled / fresh "
               "| fact NLL shuffled - own | result NLL shuffled - own | probe R^2 of x (exact) per edge, trained | fresh |",
@@ -216,7 +224,7 @@ def summary_table(results: dict, cfg) -> str:
     for name, r in results.items():
         if name.startswith("_"):
             continue
-        acc = " / ".join(f"{r[k]['accuracy']:.1%}" for k in ("trained", "shuffled", "zeroed", "fresh"))
+        acc = " / ".join(f"{r[k]['accuracy']:.1%}" if k in r else "-" for k in ("trained", "shuffled", "zeroed", "fresh"))
         if "bridge_init" in r:
             acc += f" (bridge untrained {r['bridge_init']['accuracy']:.1%})"
         t = r["tests"]
@@ -225,4 +233,22 @@ def summary_table(results: dict, cfg) -> str:
                      f"{t['vs_shuffled']['mcnemar']['p']:.2g} / {t['vs_fresh']['mcnemar']['p']:.2g} | "
                      f"{_pm(t['vs_shuffled']['fact_nll'])} | {_pm(t['vs_shuffled']['result_nll'])} | "
                      f"{probes('trained')} | {probes('fresh')} |")
+    lines += ["", "| recipe | split | n | own | shuffled | zeroed | fresh | McNemar p own vs shuffled / fresh |",
+              "|---|---|---|---|---|---|---|---|"]
+    for name, r in results.items():
+        if name.startswith("_"):
+            continue
+        for split, part in split_parts(cfg).items():
+            got = {k: [r[k]["correct"][i] for i in part] if k in r else None for k in ("trained", "shuffled", "zeroed", "fresh")}
+            cells = " | ".join(f"{sum(v)}/{len(v)}" if v is not None else "-" for v in got.values())
+            ps = [mcnemar_exact(got["trained"], got[k])["p"] for k in ("shuffled", "fresh")]
+            lines.append(f"| {name} | {split} | {len(part)} | {cells} | {ps[0]:.2g} / {ps[1]:.2g} |")
     return "\n".join(lines)
+
+
+def split_parts(cfg) -> dict[str, range]:
+    """Held-out positions of each split: the first num_eval rows have seen values, the rest unseen ones."""
+    parts = {"seen values": range(cfg.num_eval)}
+    if getattr(cfg, "num_unseen", 0):
+        parts["unseen values"] = range(cfg.num_eval, cfg.num_eval + cfg.num_unseen)
+    return parts

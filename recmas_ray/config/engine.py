@@ -24,7 +24,7 @@ class EngineConfig:
     Needs `static_cache`."""
     compile_step: bool = False
     """torch.compile the one-position step of the rollout and decode. Off by default: measured by
-    `jobs/bench/speed.py` (figure e) it does not pay on CPU for the small models here (see README)."""
+    `jobs/bench/speed.py` (figure g) it does not pay on CPU for the small models here (docs/results.md)."""
     continuous_batching: bool = False
     """Run static-cache rollouts and decodes through the agent's step scheduler (recmas_ray/scheduler.py):
     the one-position steps of every call in flight share forward passes, rows leaving at their last step

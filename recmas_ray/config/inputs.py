@@ -180,7 +180,17 @@ def check_question(name: str, question, *, max_chars: int = MAX_QUESTION_CHARS) 
 
 
 def check_keys_file(flag: str, path) -> None:
-    """The search keys file: a readable regular file that only its owner may read (keys are secrets)."""
+    """The search keys file: a readable regular UTF-8 file of one key per line (blank and # lines skipped) that
+    only its owner may read (keys are secrets). What is wrong with its content is said before its mode (a
+    wrong file is the cause, not its permissions); no key ever appears in a message."""
+    text = read_text_file(flag, path, max_bytes=1 << 20)
+    keys = [line.strip() for line in text.splitlines() if line.strip() and not line.strip().startswith("#")]
+    if not keys:
+        raise ConfigError(f"{flag} {str(path)!r} holds no key; expected one API key per line")
+    bad = next((n for n, k in enumerate(keys, start=1) if any(c.isspace() for c in k) or not k.isprintable()), None)
+    if bad is not None:
+        raise ConfigError(f"{flag} {str(path)!r}: key line {bad} holds spaces or control characters; expected one "
+                          "API key per line (is this the right file?)")
     check_file(flag, path, private=True)
 
 
@@ -224,7 +234,8 @@ def model_name_problem(name) -> str | None:
     """Why a base-model name cannot load, checked without loading anything, or None.
 
     tiny:/pkg: names resolve offline; a name that looks like a path must be a model directory (config.json);
-    a Hub id offline (HF_HUB_OFFLINE) must be in the local cache.
+    a Hub id must be in the local cache, or (not HF_HUB_OFFLINE) answer one request to the Hub
+    (`hub_model_problem`).
     """
     if not isinstance(name, str):
         return f"expected a model name (string), got {type(name).__name__}"
@@ -242,15 +253,44 @@ def model_name_problem(name) -> str | None:
         if not (p / "config.json").is_file():
             return "is a directory without config.json; expected a model directory"
         return None
-    if os.environ.get("HF_HUB_OFFLINE", "").strip().lower() in ("1", "true", "yes", "on"):
-        try:
-            from huggingface_hub import try_to_load_from_cache
+    try:
+        from huggingface_hub import try_to_load_from_cache
 
-            found = try_to_load_from_cache(name, "config.json")
-        except Exception:  # noqa: BLE001 - a malformed id
-            found = None
-        if not isinstance(found, str):
-            return "is not in the local Hugging Face cache and HF_HUB_OFFLINE is set"
+        found = try_to_load_from_cache(name, "config.json")
+    except Exception:  # noqa: BLE001 - a malformed id
+        found = None
+    if isinstance(found, str):
+        return None
+    if os.environ.get("HF_HUB_OFFLINE", "").strip().lower() in ("1", "true", "yes", "on"):
+        return "is not in the local Hugging Face cache and HF_HUB_OFFLINE is set"
+    return hub_model_problem(name)
+
+
+HUB_PROBE_TIMEOUT_S = 1.5
+"""How long one look-up of an uncached model id on the Hub may take (transformers would retry for ~50 s)."""
+
+
+def hub_model_problem(name: str) -> str | None:
+    """One request to the Hub (`HF_ENDPOINT`) for a model id that is not cached: None when it exists (or is
+    gated/private: the token decides later), else why it cannot load. Never retried, so an unknown id or an
+    unreachable Hub fails in about `HUB_PROBE_TIMEOUT_S`."""
+    from huggingface_hub import HfApi
+    from huggingface_hub.errors import GatedRepoError, HfHubHTTPError, RepositoryNotFoundError
+
+    try:
+        HfApi().model_info(name, timeout=HUB_PROBE_TIMEOUT_S)
+    except GatedRepoError:
+        return None
+    except RepositoryNotFoundError:
+        return "is no model on the Hugging Face Hub (not found) and not in the local cache"
+    except HfHubHTTPError as e:
+        code = getattr(getattr(e, "response", None), "status_code", None)
+        if code in (401, 403):  # private or gated: the user's token decides when the model loads
+            return None
+        return f"is not in the local Hugging Face cache and the Hub answered HTTP {code}"
+    except Exception as e:  # noqa: BLE001 - no network, DNS, timeout: the transport's own error types
+        return (f"is not in the local Hugging Face cache and the Hub cannot be reached ({type(e).__name__}); "
+                "pass a local model directory, or set HF_HUB_OFFLINE=1 to use only the cache")
     return None
 
 

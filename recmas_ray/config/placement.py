@@ -62,6 +62,21 @@ class PlacementConfig:
             raise ValueError(f"--role_gpus {' '.join(f'{r}={g:g}' for r, g in odd.items())}: above one GPU a role "
                              "needs a whole number of GPUs (its model is split over them)")
 
+    def wants_gpus(self) -> bool:
+        """Whether this placement asks Ray for GPUs (a GPU preset, or a role given some)."""
+        return self.preset != "cpu" or any(g > 0 for g in self.role_gpus.values())
+
+    def check_gpus_visible(self, backend: str) -> None:
+        """A GPU placement on a local Ray cluster of a machine without CUDA is refused before Ray starts (on a
+        named cluster the GPUs live on other nodes: Ray's own resource check answers there)."""
+        if backend == "ray" and self.wants_gpus():
+            from recmas_ray.config.inputs import check_cuda
+
+            gpus = {r: g for r, g in self.role_gpus.items() if g > 0}
+            check_cuda(f"--placement {self.preset}" if self.preset != "cpu" else
+                       "--role_gpus " + " ".join(f"{r}={g:g}" for r, g in gpus.items()),
+                       "places agents on GPUs", on_cluster=True)
+
     def check_roles(self, roles) -> None:
         """Per-role overrides must name roles of the style."""
         self.validate()

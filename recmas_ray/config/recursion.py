@@ -36,7 +36,7 @@ class DecodeConfig:
     """Nucleus sampling mass (only with do_sample)."""
     top_k: Annotated[int, Range(-1, 1_000_000)] = 0
     """Keep only the k most likely tokens when sampling (0 disables; -1 takes the decoding model's
-    generation config, transformers' 50 when it names none: what the release does, spec section 5)."""
+    generation config, transformers' 50 when it names none: what the release's run.py does)."""
     seed: Annotated[int, Range(0, 2**63 - 1)] = 0
     """Seed of the sampling generator, so sampled runs repeat."""
 

@@ -171,9 +171,11 @@ class _AgentActorImpl:
         """Messages held for Ray Direct Transport, not yet taken (0 when no batch is in flight)."""
         return len(self._kept)
 
-    def retry_format(self, texts, suffixes, num_tokens, *, cfg):
-        """The answer-format retry on this agent (see `AgentService.retry_format`)."""
-        return self.service.retry_format(texts, suffixes, num_tokens, cfg=cfg)
+    def retry_format(self, texts, suffixes, num_tokens, *latents, cfg, **context):
+        """The answer-format retry on this agent (see `AgentService.retry_format`; `context`: users,
+        slot_names, rows of the decoder's input, whose latents come positionally)."""
+        return self.service.retry_format(texts, suffixes, num_tokens, *[from_wire(x) for x in latents], cfg=cfg,
+                                         **context)
 
     def score(self, users, slot_names, targets, *latents, continuation: bool = False):
         """Mean NLL of target texts after the prompts, or continuations' log p (see `AgentService.score`)."""
@@ -303,11 +305,16 @@ class RayPool:
         k, handle = self._route(role, work)
         return self._track(role, k, work, handle.score.remote(users, slot_names, targets, *latents, **kw))
 
-    def retry_format(self, role, texts, suffixes, max_new_tokens, *, cfg):
-        """The answer-format retry on a copy of the role, routed and counted like every other call."""
+    def retry_format(self, role, texts, suffixes, max_new_tokens, *, cfg, context=None):
+        """The answer-format retry on a copy of the role, routed and counted like every other call
+        (see `AgentService.retry_format`)."""
+        from recmas_ray.runner import retry_context_args
+
+        latents, kw = retry_context_args(context)
         work = len(texts) * max_new_tokens
         k, handle = self._route(role, work)
-        return self._track(role, k, work, handle.retry_format.remote(texts, suffixes, max_new_tokens, cfg=cfg))
+        return self._track(role, k, work, handle.retry_format.remote(texts, suffixes, max_new_tokens, *latents,
+                                                                     cfg=cfg, **kw))
 
     def set_links(self, role, inner_state, outer_states):
         """Swap the role's links in every copy, the models staying loaded (see `AgentService.set_links`);

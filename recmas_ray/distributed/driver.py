@@ -88,7 +88,11 @@ class _OrchestratorImpl:
         with self._lock:
             self._running[key] = pool
         try:
-            return run_batch(pool, self.style, questions, tasks, cfg, **run_options)
+            results = run_batch(pool, self.style, questions, tasks, cfg, **run_options)
+            if self.transport != "object_store":  # RDT messages are taken once: a retry continues the bare reply
+                for res in results:
+                    res.decoder_input = None
+            return results
         except BaseException:
             pool.release_kept()  # RDT: the failed batch's messages would stay in the agents otherwise
             raise
@@ -104,12 +108,12 @@ class _OrchestratorImpl:
             pool = self._running.get(batch_id)
         return pool.cancel() if pool is not None else 0
 
-    def retry_format(self, texts: list[str], suffixes: list[str], max_new_tokens: int, *, cfg):
+    def retry_format(self, texts: list[str], suffixes: list[str], max_new_tokens: int, *, cfg, context=None):
         """The answer-format retry on the decoder copy its group picks (see `AgentService.retry_format`)."""
         pool = RayPool(self.groups, timeout_s=self.timeout_s, context=", format retry", transport=self.transport)
         try:
-            return pool.get(pool.retry_format(self.style.decoder, texts, suffixes, max_new_tokens, cfg=cfg),
-                            what="format retry")
+            return pool.get(pool.retry_format(self.style.decoder, texts, suffixes, max_new_tokens, cfg=cfg,
+                                              context=context), what="format retry")
         finally:
             pool.finish()
 

@@ -10,7 +10,7 @@ Every loader returns plain dicts (Ray Data friendly) with the base keys
 `interface` = {"type": "functional" | "stdin", "fn_name": name or None}: what the prompt asks for
 (the interface line, `styles.question_with_interface`) and how the grader calls the program.
 
-Where the data comes from, in order (recursivemas.md section 10, offline.md section 5):
+Where the data comes from, in order (docs/usage.md):
 1. `path=` given to `load_benchmark` (a .jsonl, .json, .csv or .parquet file, or a directory of
    .jsonl files for LiveCodeBench's test.jsonl ... test6.jsonl);
 2. the benchmark's environment variable, e.g. `RECMAS_MATH500_PATH` (see `BENCHMARKS`);
@@ -21,6 +21,7 @@ Bad data raises ValueError naming the file, row and field before any model is lo
 
 from __future__ import annotations
 
+import functools
 import os
 import random
 import re
@@ -97,7 +98,63 @@ def task_type_for(name: str) -> str:
                      "or a local .jsonl/.json question file")
 
 
+def _hub_dataset_cached(repo_id: str) -> bool:
+    """Whether the Hub cache or the `datasets` cache holds anything of dataset `repo_id`."""
+    from huggingface_hub import constants
+
+    org_name = repo_id.split("/")
+    datasets_cache = Path(os.environ.get("HF_DATASETS_CACHE") or Path(constants.HF_HOME) / "datasets")
+    candidates = [Path(constants.HF_HUB_CACHE) / ("datasets--" + "--".join(org_name))]
+    candidates += [datasets_cache / n for n in ("___".join(org_name), "___".join(org_name).lower())]
+    return any(c.is_dir() for c in candidates)
+
+
+def check_available(name_or_path: str, path: str | os.PathLike | None = None) -> None:
+    """A named benchmark without a local copy (`path`, its RECMAS_<NAME>_PATH) must be reachable on the Hub:
+    checked in about a second, before a job imports torch or starts anything (ValueError naming the fix)."""
+    key = canonical_name(name_or_path)
+    if key not in BENCHMARKS or path or os.environ.get(env_var_for(key)) or key == "humaneval":
+        return
+    spec = BENCHMARKS[key]
+    problem = hub_dataset_problem(key, spec.hf_id) if spec.hf_id is not None else None
+    if problem:
+        raise ValueError(problem)
+
+
+@functools.lru_cache(maxsize=32)
+def hub_dataset_problem(name: str, repo_id: str) -> str | None:
+    """Why benchmark `name` cannot come from the Hub, found at once (one request, no retries; `datasets` would
+    retry for ~40 s): offline and not cached, unknown, or the Hub unreachable. None when it may load."""
+    if _hub_dataset_cached(repo_id):
+        return None
+    hint = f"pass --dataset_path FILE (a local copy) or set {env_var_for(name)}"
+    offline = any(os.environ.get(v, "").strip().lower() in ("1", "true", "yes", "on")
+                  for v in ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE"))
+    if offline:
+        return f"benchmark {name!r} is not in the local Hugging Face cache and HF_HUB_OFFLINE is set; {hint}"
+    from huggingface_hub import HfApi
+    from huggingface_hub.errors import GatedRepoError, HfHubHTTPError, RepositoryNotFoundError
+
+    try:
+        HfApi().dataset_info(repo_id, timeout=1.5)
+    except GatedRepoError:
+        return None
+    except RepositoryNotFoundError:
+        return f"benchmark {name!r}: its Hub dataset {repo_id} was not found; {hint}"
+    except HfHubHTTPError as e:
+        if getattr(getattr(e, "response", None), "status_code", None) in (401, 403):
+            return None  # gated or private: the user's token decides
+        return f"benchmark {name!r}: the Hub answered {e.__class__.__name__} for {repo_id}; {hint}"
+    except Exception as e:  # noqa: BLE001 - no network, DNS, timeout
+        return f"benchmark {name!r} needs the Hub ({repo_id}), which cannot be reached ({type(e).__name__}); {hint}"
+    return None
+
+
 def _from_hub(name: str, spec: BenchmarkSpec) -> list[dict]:
+    if spec.hf_id is not None:
+        problem = hub_dataset_problem(name, spec.hf_id)
+        if problem:
+            raise ValueError(problem)
     if name == "livecodebench_v6":
         from huggingface_hub import hf_hub_download
 
@@ -105,7 +162,7 @@ def _from_hub(name: str, spec: BenchmarkSpec) -> list[dict]:
         return [r for f in files for r in _read_file(Path(hf_hub_download(
             spec.hf_id, f, repo_type="dataset")))]
     if spec.hf_id is None:
-        raise ValueError(f"benchmark {name!r} has no hub copy; pass path= or set "
+        raise ValueError(f"benchmark {name!r} has no hub copy; pass --dataset_path FILE or set "
                          f"{env_var_for(name)} to a local file")
     from datasets import load_dataset
 
@@ -182,7 +239,7 @@ def load_benchmark(name_or_path: str, *, path: str | os.PathLike | None = None,
                 raise
             except Exception as exc:  # offline, gated dataset, missing package, ...
                 raise ValueError(f"could not load {key!r} from the hub ({type(exc).__name__}: "
-                                 f"{exc}); pass path= or set {env_var_for(key)} to a local "
+                                 f"{exc}); pass --dataset_path FILE or set {env_var_for(key)} to a local "
                                  "copy") from exc
         items = _LOADERS[key](rows, key, seed=seed, **options)
     elif Path(str(name_or_path)).suffix.lower() in LOCAL_SUFFIXES or path is not None:

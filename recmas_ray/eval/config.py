@@ -23,7 +23,6 @@ from recmas_ray.eval.benchmarks import BENCHMARKS, canonical_name
 from recmas_ray.styles import get_style, tool_styles
 from recmas_ray.styles.prompts import load_prompt_set
 from recmas_ray.system.config import SystemConfig
-from recmas_ray.system.hub import looks_like_hub_id
 
 PROTOCOLS = ("greedy", "reference")  # what each one sets: recmas_ray.eval.protocol
 
@@ -54,7 +53,8 @@ class EvalConfig:
     """One evaluation run (saved, resolved, next to its results)."""
 
     HIDDEN_FLAGS = SystemConfig.hidden_except("style", "preset", "role_models", "ckpt_override",
-                                              "allow_base_model_mismatch", "prompt_set", "device", "dtype",
+                                              "allow_base_model_mismatch", "allow_style_mismatch", "prompt_set",
+                                              "device", "dtype",
                                               "message_dtype", "seed")
     """System fields an evaluation does not read (config/cli.py: no flag)."""
     FLAG_ALIASES = {"models": "system.role_models", "role_model": "system.role_models"}
@@ -85,7 +85,11 @@ class EvalConfig:
     stream: StreamConfig = field(default_factory=StreamConfig)
     """Ray backend: client actors that keep batches in flight."""
     format_retry: bool = True
-    """The release's answer-format retry (recorded per sample as retry_used)."""
+    """The answer-format retry (recorded per sample as retry_used): a reply without the answer format is
+    continued once after "Final Answer: \\boxed{" from the prompt the decoder read, latents included."""
+    allow_unknown_links: bool = False
+    """Use --ckpt_override link folders without a provenance.json matching their files (made outside this
+    project's training jobs, or changed since); they are recorded as of unknown origin in the results."""
     backend: Annotated[str, OneOf(BACKENDS)] = "ray"
     """ray (agents as Ray actors) or local (in-process, no Ray)."""
     placement: PlacementConfig = field(default_factory=PlacementConfig)
@@ -163,10 +167,9 @@ class EvalConfig:
             check_cuda("--device cuda", on_cluster=self.backend == "ray")
         system.check_tables("--models", ckpt_extra=("outer",))
         check_model_names("--models", system.role_models)
-        missing = {r: p for r, p in system.ckpt_override.items() if not os.path.isdir(p) and not looks_like_hub_id(p)}
-        if missing:
-            raise ValueError(f"--ckpt_override {' '.join(f'{r}={p}' for r, p in missing.items())}: no such directory")
+        system.check_link_folders()
         self.placement.check_roles(style.roles)
+        self.placement.check_gpus_visible(self.backend)
         if system.prompt_set:
             read_data_file(system.prompt_set, "--prompt_set")  # kind, size, encoding, no YAML aliases
             load_prompt_set(system.prompt_set, style)  # a bad file fails here, before any model loads

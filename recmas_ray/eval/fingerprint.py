@@ -90,6 +90,9 @@ def verify_resume(cfg: EvalConfig, fp: dict) -> None:
 
     existing = sorted(glob.glob(str(Path(cfg.output_path) / f"samples_{bench_name(cfg)}_*.jsonl")))
     if cfg.resume and existing:
+        from recmas_ray.eval.samples import check_samples_file
+
+        check_samples_file(existing[-1])  # read now: a damaged file stops the run before any model loads
         _same_run(Path(existing[-1]), fp)
 
 

@@ -10,15 +10,15 @@ Resolution: `resolve(cfg)` fills each setting the protocol names unless the user
 explicit value wins. `Resolution.record()` goes into every results file, with both the explicit and
 the protocol value of every setting the protocol names.
 
-Facts and where they come from (spec = /work/shared/spec/recursivemas.md):
-- sampling T=0.6, top_p=0.95, top_k unset (the model's generation config), retry on: spec section 5 [Apr run.py]
-- MBPP+ T=0.2: spec section 5 [Apr]; LiveCodeBench T per style: spec section 6 [Jun]
-- max_new_tokens: MATH500 1000 for sequential_light, 2000 for other styles, 4000 elsewhere: spec section 5 [Apr]
-- m, R (and batch size where recorded): spec section 6, June table first, then the April table,
+Facts and where they come from ([Apr], [Jun]: the two public releases, docs/reproducing.md#sources):
+- sampling T=0.6, top_p=0.95, top_k unset (the model's generation config), retry on: [Apr] run.py
+- MBPP+ T=0.2: [Apr]; LiveCodeBench T per style: [Jun] recommendations
+- max_new_tokens: MATH500 1000 for sequential_light, 2000 for other styles, 4000 elsewhere: [Apr]
+- m, R (and batch size where recorded): the June recommendations first, then the April ones,
   else the runner defaults m=32, R=3 [Apr run.py]
-- AIME scored pass@10 with num_rollouts=10: spec sections 6 and 10 [Jun run.py]
-- three seeds for every other benchmark: spec section 11 ("single-seed numbers are noisy"; >= 3 seeds)
-- mixture summarizer decodes every round, the reference grader is the headline: spec section 11
+- AIME scored pass@10 with num_rollouts=10: [Jun] run.py
+- three seeds for every other benchmark: sampled single-seed numbers are noisy
+- mixture summarizer decodes every round, the reference grader is the headline (strict reported too)
 """
 
 from __future__ import annotations
@@ -32,9 +32,9 @@ from recmas_ray.styles import get_style
 # Styles as the tables name them; "sequential" is this project's alias of sequential_light.
 STYLE_KEYS = {"sequential": "sequential_light", "hie": "mixture", "distill": "distillation"}
 
-RUNNER_DEFAULT_M, RUNNER_DEFAULT_R = 32, 3  # spec section 6: runner defaults [Apr]
-REFERENCE_SEEDS = 3  # spec section 11: ">= 3 seeds" against single-seed noise
-AIME_ROLLOUTS = 10  # spec section 6: AIME pass@10, num_rollouts=10 [Jun]
+RUNNER_DEFAULT_M, RUNNER_DEFAULT_R = 32, 3  # [Apr] runner defaults
+REFERENCE_SEEDS = 3  # >= 3 seeds against single-seed noise
+AIME_ROLLOUTS = 10  # [Jun]: AIME pass@10, num_rollouts=10
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -53,7 +53,7 @@ class Cell:
     """Where the numbers come from."""
 
 
-_JUN, _APR = "spec section 6, June table", "spec section 6, April table (R from the default 3)"
+_JUN, _APR = "[Jun] recommendations", "[Apr] recommendations (R from the default 3)"
 # (style, benchmark) -> Cell. June recommendations override April's for the same cell.
 RECOMMENDED: dict[tuple[str, str], Cell] = {
     ("sequential_light", "math500"): Cell(latent_steps=32, rounds=3, batch_size=32, source=_JUN + "; bs32 from April"),
@@ -85,12 +85,12 @@ RECOMMENDED: dict[tuple[str, str], Cell] = {
 # Styles whose unrecorded cells have a default of their own (else the runner defaults).
 STYLE_DEFAULTS = {"deliberation": Cell(latent_steps=16, rounds=3, source=_JUN + " (m16 everywhere, R default 3)")}
 RUNNER_DEFAULT = Cell(latent_steps=RUNNER_DEFAULT_M, rounds=RUNNER_DEFAULT_R,
-                      source="spec section 6: runner defaults m32/R3 [Apr] (cell not recorded)")
+                      source="[Apr] runner defaults m32/R3 (cell not recorded)")
 
-# spec section 5 [Apr]: temperature 0.2 for MBPP+; every other benchmark samples at 0.6.
+# [Apr]: temperature 0.2 for MBPP+; every other benchmark samples at 0.6.
 BENCHMARK_TEMPERATURE = {"mbppplus": 0.2}
-REFERENCE_TEMPERATURE, REFERENCE_TOP_P = 0.6, 0.95  # spec section 5 [Apr run.py]
-MODEL_TOP_K = -1  # spec section 5: top_k unset, so the model's generation config decides
+REFERENCE_TEMPERATURE, REFERENCE_TOP_P = 0.6, 0.95  # [Apr] run.py
+MODEL_TOP_K = -1  # [Apr] run.py: top_k unset, so the model's generation config decides
 
 
 def recommended(style: str, benchmark: str) -> Cell:
@@ -102,7 +102,7 @@ def recommended(style: str, benchmark: str) -> Cell:
 
 
 def max_new_tokens(style: str, benchmark: str) -> int:
-    """The release's token budget: MATH500 1000 (sequential_light) or 2000, else 4000 (spec section 5)."""
+    """The release's token budget: MATH500 1000 (sequential_light) or 2000, else 4000 ([Apr] run.py)."""
     if benchmark == "math500":
         return 1000 if STYLE_KEYS.get(style, style) == "sequential_light" else 2000
     return 4000
@@ -128,20 +128,20 @@ def reference_settings(style: str, benchmark: str) -> dict[str, tuple[Any, str]]
     temp = cell.temperature if cell.temperature is not None else BENCHMARK_TEMPERATURE.get(
         benchmark, REFERENCE_TEMPERATURE)
     out: dict[str, tuple[Any, str]] = {
-        "recursion.decode.do_sample": (True, "spec section 5: sampling always on [Apr run.py]"),
+        "recursion.decode.do_sample": (True, "[Apr] run.py: sampling always on"),
         "recursion.decode.temperature": (temp, cell.source if cell.temperature is not None else
-                                         "spec section 5: T=0.6, MBPP+ 0.2 [Apr]"),
-        "recursion.decode.top_p": (REFERENCE_TOP_P, "spec section 5 [Apr run.py]"),
-        "recursion.decode.top_k": (MODEL_TOP_K, "spec section 5: unset, the model's generation config"),
-        "recursion.decode.max_new_tokens": (max_new_tokens(style, benchmark), "spec section 5 [Apr]"),
+                                         "[Apr] run.py: T=0.6, MBPP+ 0.2"),
+        "recursion.decode.top_p": (REFERENCE_TOP_P, "[Apr] run.py"),
+        "recursion.decode.top_k": (MODEL_TOP_K, "[Apr] run.py: unset, the model's generation config"),
+        "recursion.decode.max_new_tokens": (max_new_tokens(style, benchmark), "[Apr] run.py"),
         "recursion.latent_steps": (cell.latent_steps, cell.source),
         "recursion.num_recursive_rounds": (cell.rounds, cell.source),
         "recursion.decode_every_round": (get_style(style).decodes_each_round,
-                                         "spec sections 4.2 and 11: the summarizer decodes every round"),
-        "num_rollouts": ((AIME_ROLLOUTS, "spec section 6: AIME pass@10, num_rollouts=10") if k and k > 1 else
-                         (REFERENCE_SEEDS, "spec section 11: >= 3 seeds, mean and spread")),
-        "format_retry": (True, "spec section 5: --ans retry always on in run.py"),
-        "grader": ("reference", "spec section 11: the release's lenient grader (strict is recorded too)"),
+                                         "[Apr]: the summarizer decodes every round"),
+        "num_rollouts": ((AIME_ROLLOUTS, "[Jun] run.py: AIME pass@10, num_rollouts=10") if k and k > 1 else
+                         (REFERENCE_SEEDS, ">= 3 seeds against single-seed noise, mean and spread")),
+        "format_retry": (True, "[Apr] run.py: --ans retry always on"),
+        "grader": ("reference", "the release's lenient grader (strict is recorded too)"),
     }
     if cell.batch_size is not None:
         out["batch_size"] = (cell.batch_size, cell.source)

@@ -1,12 +1,15 @@
-"""Evaluation results in lm-evaluation-harness's layout (style.md section 9); per-sample records are in
+"""Evaluation results in lm-evaluation-harness's layout (docs/usage.md); per-sample records are in
 `eval/samples.py`, the PNG in `eval/plots.py`.
 
-- `summarize`: accuracy with standard error, pass@k, tokens, latent steps, seconds, throughput.
+- `summarize`: accuracy with standard error, pass@k, tokens, latent steps, and the run's two timings:
+  `throughput_samples_per_s` (samples / wall-clock seconds of the method's run, what the progress bar's rate
+  shows) and `latency_s` (mean per question, from its batch's submission to its result).
 - `write_results`: `results_<ISO time>.json` with `results` (numbers only), `metadata` (each task's
   strings: benchmark, method, grader, headline, ...), `config`, `versions`, `git_hash`, `date`,
   `n-samples`, `total_evaluation_time_seconds`; `read_results` joins the two again (also reads older
   files, whose strings sat in the metric rows).
-- `markdown_table`: the table jobs print on stdout.
+- `markdown_table`: the table jobs print on stdout (speedup: throughput over the baseline's; timing columns
+  marked unreliable when the machine's load average exceeds its cores, `machine_load`).
 """
 
 from __future__ import annotations
@@ -28,7 +31,8 @@ __all__ = ["summarize", "write_results", "read_results", "split_metadata", "mark
 
 BASELINE = "recursive_textmas"
 HIGHER_IS_BETTER = {"accuracy": True, "tokens_per_sample": False, "latent_steps_per_sample": False,
-                    "seconds_per_sample": False, "parse_failure_rate": False, "retry_rate": False,
+                    "seconds_per_sample": False, "latency_s": False, "parse_failure_rate": False,
+                    "retry_rate": False,
                     "throughput_samples_per_s": True}
 # ----------------------------------------------------------------------------- summaries
 
@@ -105,7 +109,7 @@ def summarize(samples: Iterable[Mapping[str, Any]], *,
     extras = {
         "tokens_per_sample": [_tokens(s) for s in samples],
         "latent_steps_per_sample": [_latent_steps(s) for s in samples],
-        "seconds_per_sample": [s.get("latency_s", s.get("seconds")) for s in samples],
+        "latency_s": [s.get("latency_s", s.get("seconds")) for s in samples],
         "parse_failure_rate": [float(bool(s["parse_failed"])) if "parse_failed" in s else None
                                for s in samples],
         "retry_rate": [float(bool(s["retry_used"])) if "retry_used" in s else None
@@ -115,7 +119,7 @@ def summarize(samples: Iterable[Mapping[str, Any]], *,
         vals = [float(v) for v in vals if v is not None]
         if vals:
             out[f"{name},none"] = _mean(vals)
-    if wall_seconds:  # samples run concurrently, so only wall time gives throughput
+    if wall_seconds:  # batches run concurrently, so only wall-clock time gives throughput
         out["throughput_samples_per_s,none"] = len(samples) / wall_seconds
     out["n_docs"] = n_docs
     out["n_samples"] = len(samples)
@@ -124,6 +128,26 @@ def summarize(samples: Iterable[Mapping[str, Any]], *,
 
 
 # ----------------------------------------------------------------------------- results file
+
+def machine_load() -> dict[str, Any]:
+    """The machine's CPUs this process may use and its load average (1, 5, 15 min): timings mean little
+    when the load exceeds the cores (other work shares them)."""
+    try:
+        cpus = len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        cpus = os.cpu_count() or 1
+    try:
+        load = [round(x, 2) for x in os.getloadavg()]
+    except (AttributeError, OSError):
+        load = None
+    return {"cpu_count": cpus, "load_avg": load}
+
+
+def timings_unreliable(machine: Mapping[str, Any] | None) -> bool:
+    """Whether the 1-minute load average exceeded the cores when the results were written."""
+    load = (machine or {}).get("load_avg")
+    return bool(load) and load[0] > (machine or {}).get("cpu_count", 1)
+
 
 def _versions() -> dict[str, str | None]:
     from importlib import metadata
@@ -170,7 +194,8 @@ def write_results(output_dir: str | os.PathLike, run_name: str, results: Mapping
     a dataclass (dumped with `asdict`) or any JSON-able mapping. `extra` adds top-level entries
     (the evaluation driver's `protocol`, `prompt_set` and `warnings`). The file follows lm-eval's schema
     (`n-shot`, `configs`, `versions` with one entry per task next to the package versions,
-    `higher_is_better`, `n-samples`), so `lm_eval.utils.make_table` renders it.
+    `higher_is_better`, `n-samples`), so `lm_eval.utils.make_table` renders it; `machine` records the
+    CPU count and load average (`machine_load`, unless `extra` gives it).
     """
     if dataclasses.is_dataclass(config) and not isinstance(config, type):
         config = dataclasses.asdict(config)
@@ -196,6 +221,7 @@ def write_results(output_dir: str | os.PathLike, run_name: str, results: Mapping
             for k, v in results.items()},
         "total_evaluation_time_seconds": total_evaluation_time_seconds if
         total_evaluation_time_seconds is not None else (now - start_time if start_time else None),
+        "machine": machine_load(),
         **dict(extra or {}),
     }
     path = Path(output_dir) / run_name / f"results_{ts or timestamp()}.json"
@@ -238,26 +264,40 @@ def _fmt(v: Any, digits: int = 4) -> str:
     return f"{v:.{digits}f}" if isinstance(v, float) else str(v)
 
 
-def markdown_table(results: Mapping[str, Mapping[str, Any]], baseline: str = BASELINE) -> str:
-    """lm-eval style markdown table; with several methods per benchmark it adds speedup
-    (baseline seconds / method seconds per sample) and token reduction (1 - tokens / baseline
-    tokens) relative to `baseline` (Recursive-TextMAS, the paper's headline comparison)."""
+def _speedup(entry: Mapping, base: Mapping | None) -> str:
+    """Wall-clock speedup over the baseline: throughput ratio (mean latency ratio for runs without a fresh
+    wall time, e.g. resumed ones)."""
+    if not base:
+        return "N/A"
+    q, bq = entry.get("throughput_samples_per_s,none"), base.get("throughput_samples_per_s,none")
+    if q and bq:
+        return f"{q / bq:.2f}x"
+    s, bs = entry.get("latency_s,none"), base.get("latency_s,none")
+    return f"{bs / s:.2f}x" if s and bs else "N/A"
+
+
+def markdown_table(results: Mapping[str, Mapping[str, Any]], baseline: str = BASELINE,
+                   machine: Mapping[str, Any] | None = None) -> str:
+    """lm-eval style markdown table; with several methods per benchmark it adds speedup (throughput over
+    the `baseline`'s: Recursive-TextMAS, the paper's headline comparison) and token reduction (1 - tokens /
+    baseline tokens). Timings: `Latency s` (mean per question, submission to result) and `Samples/s`
+    (wall-clock throughput). When `machine` (`machine_load`) shows more load than cores, the timing columns
+    carry a `*` and a last line says why they are unreliable."""
     rows = [(*_split_key(k, v), v) for k, v in results.items()]
     methods_per_bench: dict[str, dict[str, Mapping]] = defaultdict(dict)
     for bench, method, entry in rows:
         methods_per_bench[bench][method] = entry
     compare = any(len(m) > 1 for m in methods_per_bench.values())
+    mark = "*" if timings_unreliable(machine) else ""
     head = ["Tasks", "Method", "Metric", "Value", "", "Stderr", "Tokens/sample", "Latent steps",
-            "s/sample"] + (["Speedup", "Token reduction"] if compare else [])
+            f"Latency s{mark}", f"Samples/s{mark}"] + ([f"Speedup{mark}", "Token reduction"] if compare else [])
     lines = ["|" + "|".join(head) + "|", "|" + "|".join("---" for _ in head) + "|"]
     for bench, method, entry in rows:
         base = methods_per_bench[bench].get(baseline) if compare else None
         tail = []
         if compare:
-            s, bs = entry.get("seconds_per_sample,none"), (base or {}).get("seconds_per_sample,none")
             t, bt = entry.get("tokens_per_sample,none"), (base or {}).get("tokens_per_sample,none")
-            tail = [f"{bs / s:.2f}x" if s and bs else "N/A",
-                    f"{100 * (1 - t / bt):.1f}%" if t is not None and bt else "N/A"]
+            tail = [_speedup(entry, base), f"{100 * (1 - t / bt):.1f}%" if t is not None and bt else "N/A"]
         metrics = [m for m in entry if "," in m and (m.startswith("accuracy,")
                                                      or m.startswith("pass@"))]
         for m in metrics:
@@ -267,5 +307,9 @@ def markdown_table(results: Mapping[str, Mapping[str, Any]], baseline: str = BAS
                 bench, method, m, _fmt(entry[m]), "+-" if se is not None else "", _fmt(se),
                 _fmt(entry.get("tokens_per_sample,none"), 1),
                 _fmt(entry.get("latent_steps_per_sample,none"), 1),
-                _fmt(entry.get("seconds_per_sample,none"), 3)] + tail) + "|")
+                _fmt(entry.get("latency_s,none", entry.get("seconds_per_sample,none")), 3),
+                _fmt(entry.get("throughput_samples_per_s,none"), 3)] + tail) + "|")
+    if mark:
+        lines.append(f"* unreliable: load average {machine['load_avg'][0]:g} > {machine['cpu_count']} cores "
+                     "(other work shared the CPUs)")
     return "\n".join(lines)

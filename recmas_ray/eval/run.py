@@ -38,7 +38,7 @@ from recmas_ray.eval.fingerprint import (bench_name, check_fingerprint, fingerpr
                                          resolved_runtime, run_fingerprint, verify_resume)
 from recmas_ray.eval.protocol import Resolution, metric_k, resolve
 from recmas_ray.eval.plots import plot_vs_rounds
-from recmas_ray.eval.results import markdown_table, read_results, summarize, write_results
+from recmas_ray.eval.results import machine_load, markdown_table, read_results, summarize, write_results
 from recmas_ray.eval.samples import VERDICT_FIELDS, SampleWriter, read_samples, sample_key, timestamp, with_verdicts
 from recmas_ray.eval import stream
 from recmas_ray.eval.stream import for_rollout, solve_and_grade, with_batch_retries
@@ -130,8 +130,9 @@ class BatchRunner:
         def solve(qs, ts, rc):
             return run_batch(self.pool, self.plan.style, qs, ts, rc)
 
-        def retry(texts, suffixes, n, decode):
-            return self.pool.get(self.pool.retry_format(decoder, texts, suffixes, n, cfg=decode), what="format retry")
+        def retry(texts, suffixes, n, decode, context=None):
+            return self.pool.get(self.pool.retry_format(decoder, texts, suffixes, n, cfg=decode, context=context),
+                                 what="format retry")
 
         rc, fail_docs = recursion_for(cfg, method, 0), stream.FAULTS.fail_docs
         for batch, rollout in batches:
@@ -159,8 +160,13 @@ def evaluate(cfg: EvalConfig, *, progress: bool = True, system=None) -> dict:
     check_tree(cfg)
     items = load_benchmark(cfg.dataset, path=cfg.dataset_path, num_samples=cfg.num_samples, seed=cfg.system.seed,
                            json_field=cfg.dataset_json_field)
+    from recmas_ray.system.provenance import require_known_links
+
+    overrides = resolve_overrides(cfg.system.ckpt_override)
     plan = plan_system(cfg.system, task=get_task(items[0]["task_type"]).adapter, tools=cfg.tool_loop(),
-                       ckpt_override=resolve_overrides(cfg.system.ckpt_override))
+                       ckpt_override=overrides)
+    # links well-formed (plan_system read them), no model loaded yet: refuse those of unknown origin here
+    require_known_links(overrides, allow_unknown=cfg.allow_unknown_links)
     for warning in run_warnings(cfg, plan):
         current().warn(warning)
     items = [{**i, "question": question_with_interface(plan.style, i["question"], i.get("interface"))}
@@ -191,9 +197,10 @@ def _evaluate_locked(cfg: EvalConfig, plan, items: list[dict], fingerprint: dict
                     todo = [i for i in items
                             if sample_key({"method": method, "doc_id": i["doc_id"], "rollout": r}) not in done]
                     batches += [(todo[k:k + cfg.batch_size], r) for k in range(0, len(todo), cfg.batch_size)]
-                t0 = time.perf_counter()
                 n_todo = sum(len(b) for b, _ in batches)
-                bar = _bar(n_todo, f"{cfg.system.style}/{method}", progress)  # samples, ETA, accuracy so far
+                # samples, ETA, accuracy so far; its rate (samples / seconds since it opened) is the throughput
+                bar = _bar(n_todo, f"{cfg.system.style}/{method}", progress)
+                t0 = time.perf_counter()
                 n_ok = n_done = 0
                 fresh[method] = n_todo == len(items) * cfg.num_rollouts  # else wall time covers only part
                 for rec in backend.stream(batches, method):
@@ -204,11 +211,10 @@ def _evaluate_locked(cfg: EvalConfig, plan, items: list[dict], fingerprint: dict
                         done.add(key)
                     writer.write(with_verdicts(rec))
                     n_done, n_ok = n_done + 1, n_ok + int(rec["correct"])
+                    bar.set_postfix(acc=f"{n_ok / n_done:.3f}", refresh=False)
                     bar.update(1)
-                    bar.set_postfix(acc=f"{n_ok / n_done:.3f}",
-                                    sps=f"{n_done / max(time.perf_counter() - t0, 1e-9):.2f}")
+                wall[method] = time.perf_counter() - t0  # the results' throughput: the same span as the bar's
                 bar.close()
-                wall[method] = time.perf_counter() - t0
     finally:
         backend.close()
     return finish(cfg, samples_file, plan, {m: t for m, t in wall.items() if fresh[m]}, start, resolution)
@@ -270,12 +276,13 @@ def finish(cfg: EvalConfig, samples_file: Path, plan, wall: dict, start: float,
     config = {**dataclasses.asdict(cfg), "system": {**dataclasses.asdict(cfg.system), **plan.manifest()},
               "samples_file": str(samples_file),
               "fingerprint_file": str(fingerprint_path(samples_file))}
-    extra = {"protocol": resolution.record(),
+    machine = machine_load()
+    extra = {"protocol": resolution.record(), "machine": machine,
              "prompt_set": {"path": cfg.system.prompt_set, "sha256": prompt_set_hash(plan.style)},
-             "warnings": run_warnings(cfg, plan)}
+             "warnings": run_warnings(cfg, plan), "link_origins": _link_origins(cfg)}
     path = write_results(cfg.output_path, "", results, config, start_time=start, extra=extra)
     track_results(cfg, results, [path, samples_file])
-    table = markdown_table(results)
+    table = markdown_table(results, machine=machine)
     current().line(table)
     if num_errored:
         current().line(f"{num_errored} sample(s) failed after {cfg.max_batch_retries} retries (field 'error' in "
@@ -285,6 +292,14 @@ def finish(cfg: EvalConfig, samples_file: Path, plan, wall: dict, start: float,
     if cfg.plot:
         out["plot_path"] = str(plot_results(cfg.output_path, bench_name(cfg), cfg.system.style))
     return out
+
+
+def _link_origins(cfg: EvalConfig) -> dict:
+    """--ckpt_override folder -> where its links came from (`system.provenance.link_origin`: path, sha256 of
+    the files, the command and config that made them, or why that is unknown)."""
+    from recmas_ray.system.provenance import link_origin
+
+    return {r: link_origin(p) for r, p in resolve_overrides(cfg.system.ckpt_override).items()}
 
 
 def plot_results(output_path: str, bench: str, style: str) -> Path:
@@ -309,7 +324,7 @@ def plot_results(output_path: str, bench: str, style: str) -> Path:
                     points[key] = (data.get("date", 0), v)
     rows = [{"method": m, "rounds": r, "accuracy": v.get("accuracy,strict"),
              "tokens_per_sample": v.get("tokens_per_sample,none"),
-             "seconds_per_sample": v.get("seconds_per_sample,none")} for (m, r), (_, v) in sorted(points.items())]
+             "seconds_per_sample": v.get("latency_s,none", v.get("seconds_per_sample,none"))} for (m, r), (_, v) in sorted(points.items())]
     return plot_vs_rounds(rows, Path(output_path) / f"plot_{bench}.png")
 
 

@@ -1,4 +1,4 @@
-"""Per-sample evaluation records in lm-evaluation-harness's layout (style.md section 9): the streaming writer
+"""Per-sample evaluation records in lm-evaluation-harness's layout (docs/usage.md): the streaming writer
 and the readers `--resume` uses.
 
 - `SampleWriter`: append-only `samples_<benchmark>_<time>.jsonl`, one line per finished sample,
@@ -149,6 +149,29 @@ def read_samples(path: str | os.PathLike, *, key: Callable[[Mapping], str] = sam
         if isinstance(rec, dict) and "doc_id" in rec:
             by_key[key(rec)] = rec
     return list(by_key.values())
+
+
+def check_samples_file(path: str | os.PathLike, *, flag: str = "--resume") -> None:
+    """A samples file a run may resume: a regular UTF-8 file of JSON sample records, where only the last line
+    may be torn (a crash mid-write). ValueError naming the file and the first damaged line otherwise."""
+    p = Path(path)
+    if not p.is_file():
+        raise ValueError(f"{flag}: {p} is not a regular file; expected the samples JSONL of an earlier run")
+    try:
+        lines = p.read_bytes().decode("utf-8").splitlines()
+    except UnicodeDecodeError as e:
+        raise ValueError(f"{flag}: {p} is not UTF-8 text (byte {e.start}); the samples file is damaged: move it "
+                         "away or use another --output_path") from None
+    for n, line in enumerate(lines[:-1], start=1):  # the last line alone may be torn
+        if not line.strip():
+            continue
+        try:
+            rec = json.loads(line)
+        except json.JSONDecodeError:
+            rec = None
+        if not isinstance(rec, dict) or "doc_id" not in rec:
+            raise ValueError(f"{flag}: {p} line {n} is not a sample record; the samples file is damaged: move it "
+                             "away or use another --output_path")
 
 
 def load_done_ids(path: str | os.PathLike, *, key: Callable[[Mapping], str] = sample_key

@@ -80,4 +80,16 @@ def mcnemar_by_key(a: Mapping[str, bool], b: Mapping[str, bool]) -> dict:
     return mcnemar_exact([a[k] for k in keys], [b[k] for k in keys])
 
 
-__all__ = ["wilson_interval", "mcnemar_exact", "paired_difference", "paired_by_key", "mcnemar_by_key"]
+def holm(pvalues: Sequence[float]) -> list[float]:
+    """Holm's step-down adjusted p-values of a family of tests, in the input's order (NaN stays NaN and does
+    not count as a test): p_(i) sorted ascending becomes max_{j <= i} min(1, (m - j + 1) p_(j)); rejecting
+    where the adjusted p < alpha keeps the family-wise error rate at alpha."""
+    finite = sorted((float(p), i) for i, p in enumerate(pvalues) if p is not None and math.isfinite(float(p)))
+    m, out, running = len(finite), [float("nan")] * len(pvalues), 0.0
+    for k, (p, i) in enumerate(finite):
+        running = max(running, min(1.0, (m - k) * p))
+        out[i] = running
+    return out
+
+
+__all__ = ["wilson_interval", "mcnemar_exact", "paired_difference", "paired_by_key", "mcnemar_by_key", "holm"]

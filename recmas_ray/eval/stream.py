@@ -52,8 +52,9 @@ class Faults:
 FAULTS = Faults()
 """The faults of the runs this process starts (read when a run starts; the clients get them as arguments)."""
 
-RetryFn = Callable[[list[str], list[str], int, object], list]
-"""(texts, suffixes, max_new_tokens, decode cfg) -> list[Decoded] of the continuations."""
+RetryFn = Callable[..., list]
+"""(texts, suffixes, max_new_tokens, decode cfg, context) -> list[Decoded] of the continuations; `context` is
+(the batch's `runner.DecoderInput`, the rows retried) or None (pass it on to the pool's `retry_format`)."""
 
 
 def for_rollout(rc: RecursionConfig, rollout: int) -> RecursionConfig:
@@ -69,35 +70,36 @@ def needs_format_retry(item: dict, text: str) -> bool:
 def format_retry(items: list[dict], results: list[SampleResult], decode, retry: RetryFn) -> list[dict | None]:
     """Retry once every sample whose output lacks the answer format; updates `results` in place.
 
-    The raw output plus the family's suffix goes to the decoding agent's base model (no chat template, no
-    latents) for up to `Task.retry_tokens` more tokens; the prediction becomes output + suffix +
-    continuation. Returns per sample the retry record, or None where no retry was needed.
+    The decoding agent continues its own reply plus the family's suffix after the very prompt it decoded
+    from, latents spliced in (`SampleResult.decoder_input`; `AgentService.retry_format`), for up to
+    `Task.retry_tokens` more tokens; the prediction becomes output + suffix + continuation. A result without a
+    recorded input is continued from its reply alone. Returns per sample the retry record, or None where no
+    retry was needed.
     """
     infos: list[dict | None] = [None] * len(items)
-    groups: dict[int, list[int]] = {}
+    groups: dict[tuple, list[int]] = {}
     for i, (item, res) in enumerate(zip(items, results)):
         if needs_format_retry(item, res.prediction):
-            groups.setdefault(get_task(item["task_type"]).retry_tokens, []).append(i)
+            key = (get_task(item["task_type"]).retry_tokens, id(res.decoder_input))
+            groups.setdefault(key, []).append(i)
     if not groups:
         return infos
-    t0 = time.perf_counter()
-    for max_new, idx in groups.items():
+    for (max_new, _), idx in groups.items():
         suffixes = [get_task(items[i]["task_type"]).retry_suffix for i in idx]
-        outs = retry([results[i].prediction for i in idx], suffixes, max_new, decode)
+        received = results[idx[0]].decoder_input
+        context = None if received is None else (received, [results[i].decoder_row for i in idx])
+        outs = retry([results[i].prediction for i in idx], suffixes, max_new, decode, context)
         for i, suffix, out in zip(idx, suffixes, outs):
             res, text = results[i], out.text
             closer = get_task(items[i]["task_type"]).retry_closer
             if closer and closer.strip() not in text:
                 text += closer  # close what the suffix opened (code: the fence), so the answer can be extracted
             infos[i] = {"raw_prediction": res.prediction, "suffix": suffix, "continuation": out.text,
-                        "tokens": out.num_tokens}
+                        "tokens": out.num_tokens, "in_context": context is not None}
             res.prediction = res.prediction + suffix + text
             res.num_text_tokens += out.num_tokens
             res.trace.append({"role": "retry", "round": None, "action": "format_retry", "latent_steps": 0,
                               "text_tokens": out.num_tokens, "seconds": 0.0})
-    spent = (time.perf_counter() - t0) / len(results)  # same amortisation as the runner's batch time
-    for res in results:
-        res.seconds += spent
     return infos
 
 
@@ -121,8 +123,12 @@ def solve_and_grade(batch: list[dict], rollout: int, method: str, recursion: Rec
                     retry: RetryFn | None, replica: int = 0) -> list[dict]:
     """Run one batch (one rollout), apply the format retry when enabled, grade; returns sample records."""
     rc = for_rollout(recursion, rollout)
+    t0 = time.perf_counter()
     results = solve([i["question"] for i in batch], [i["task_type"] for i in batch], rc)
     infos = format_retry(batch, results, rc.decode, retry) if retry else [None] * len(batch)
+    latency = time.perf_counter() - t0  # each question's: from its batch's submission to its (retried) answer
+    for res in results:
+        res.seconds = latency
     return [sample_record(i, method, rollout, r, grader, rc, info, replica)
             for i, r, info in zip(batch, results, infos)]
 
@@ -213,8 +219,9 @@ class EvalClient:
                     ray.cancel(ref)
                     raise
 
-            def retry(texts, suffixes, n, decode):
-                ref = orchestrator.retry_format.remote(texts, suffixes, n, cfg=decode)  # routed like its steps
+            def retry(texts, suffixes, n, decode, context=None):
+                # routed by the orchestrator like every step
+                ref = orchestrator.retry_format.remote(texts, suffixes, n, cfg=decode, context=context)
                 return self._get(ref, f"batch {bid} (replica {replica}, format retry)")
 
             return solve_and_grade(items, rollout, self.method, self.recursion, self.grader, solve,

@@ -122,7 +122,7 @@ def convert_gguf(gguf_path: str | os.PathLike, out_dir: str | os.PathLike, *,
                  dtype: torch.dtype = torch.bfloat16) -> Path:
     """Dequantise a GGUF causal LM into a plain safetensors HF folder (model, tokenizer, generation config).
 
-    Steps of offline.md 2.2: load through transformers' GGUF loader in fp32, drop `quantization_config`,
+    Steps: load through transformers' GGUF loader in fp32, drop `quantization_config`,
     rebuild a fresh model from that config (the loaded one carries a non-serialisable GGUF quantizer),
     copy the weights and generation config, cast to `dtype` and save. Writes into `out_dir` directly;
     callers wanting atomicity pass a temporary directory (as `ensure_pkg_model` does).

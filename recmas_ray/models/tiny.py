@@ -61,7 +61,7 @@ _EOS = {"qwen3": "<|im_end|>", "llama": "<|eot_id|>", "gemma3": "<end_of_turn>",
 
 @dataclass(frozen=True)
 class TinySpec:
-    """Architecture of one tiny random-weight family (offline.md section 3)."""
+    """Architecture of one tiny random-weight family."""
 
     family: str
     hidden_size: int

@@ -1,6 +1,6 @@
 """Run untrusted, model-written Python in a kernel-isolated child (deliberation Python tool, code graders).
 
-The reference runs tool code unsandboxed with the user's rights (``recursivemas.md`` section 11). Here every call,
+The reference runs tool code unsandboxed with the user's rights (docs/security.md). Here every call,
 whatever the parent's uid, runs under bubblewrap (see `bwrap.py` for the exact layout):
 
 * its own mount namespace: only a size-limited tmpfs work folder (``/sandbox``; writable, gone after the call;

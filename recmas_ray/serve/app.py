@@ -34,7 +34,9 @@ from recmas_ray.serve.openai_api import GenRequest, RequestError, parse_request
 from recmas_ray.serve.security import (BodyTooLarge, authorized, read_body, too_large_body, unauthorized_body)
 
 log = logging.getLogger(__name__)
-api = FastAPI(title="recmas_ray", description="OpenAI-compatible completions of a RecursiveMAS system")
+# FastAPI's own /docs and /openapi.json would be served to anyone: the replica serves them itself, behind --api_key.
+api = FastAPI(title="recmas_ray", description="OpenAI-compatible completions of a RecursiveMAS system",
+              docs_url=None, redoc_url=None, openapi_url=None)
 
 
 def _tokenizer(model_name: str):
@@ -74,8 +76,9 @@ class RecMASServer:
         bind_replica_grpc_to_node_address()  # before Serve starts the replica's gRPC server (after __init__)
         self.cfg = cfg
         system = {k: v for k, v in dataclasses.asdict(cfg.system).items() if k in system_fields(ServeConfig)}
+        # verbose: a replica's output already goes where Ray puts its workers' (the serve job's log)
         self.system = System.build(**system, backend=cfg.backend, task=cfg.task, placement=cfg.placement,
-                                   timeout_s=cfg.timeout_s, torch_threads=cfg.torch_threads)
+                                   timeout_s=cfg.timeout_s, torch_threads=cfg.torch_threads, verbose=True)
         self.tokenizer = _tokenizer(self.system.role_models[self.system.plan.style.decoder])
         # In-process agents are not safe to drive from several threads at once; Ray agents are.
         self.lock = threading.Lock() if cfg.backend == "local" else None
@@ -96,6 +99,20 @@ class RecMASServer:
 
         return Response(self.metrics.exposition(self.batcher.queued_rows, self.batcher.running),
                         media_type=CONTENT_TYPE_LATEST)
+
+    @api.get("/openapi.json", include_in_schema=False)
+    def openapi(self, request: Request):
+        if not authorized(request.headers.get("authorization"), self.cfg.api_key):
+            return JSONResponse(unauthorized_body(), status_code=401)
+        return JSONResponse(api.openapi())
+
+    @api.get("/docs", include_in_schema=False)
+    def docs(self, request: Request):
+        from fastapi.openapi.docs import get_swagger_ui_html
+
+        if not authorized(request.headers.get("authorization"), self.cfg.api_key):
+            return JSONResponse(unauthorized_body(), status_code=401)
+        return get_swagger_ui_html(openapi_url="openapi.json", title="recmas_ray")
 
     @api.get("/v1/models")
     def models(self, request: Request):

@@ -23,7 +23,8 @@ class ServeConfig:
     """One served system: `POST /v1/chat/completions` and `GET /v1/models` on Ray Serve."""
 
     HIDDEN_FLAGS = SystemConfig.hidden_except("style", "preset", "role_models", "ckpt_override", "links",
-                                              "allow_base_model_mismatch", "device", "dtype", "seed")
+                                              "allow_base_model_mismatch", "allow_style_mismatch", "device", "dtype",
+                                              "seed")
     """System fields a served system does not read (config/cli.py: no flag)."""
     FLAG_ALIASES = {"models": "system.role_models", "role_model": "system.role_models"}
     """jobs.serve's spellings of the per-role base models (config/cli.py; also keys of a Serve config file's
@@ -109,4 +110,6 @@ class ServeConfig:
                 raise ValueError(f"--{flag} names {bad}; expected roles of {system.style} {list(roles)}")
         if not self.route_prefix.startswith("/"):
             raise ValueError(f"--route_prefix {self.route_prefix!r} must start with '/'")
+        system.check_link_folders()
         self.placement.check_roles(roles)
+        self.placement.check_gpus_visible(self.backend)

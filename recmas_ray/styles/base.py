@@ -25,7 +25,7 @@ SYSTEM_PROMPT = "You are a helpful assistant."
 FINAL_INSTRUCTIONS = {name: task.instruction for name, task in TASKS.items()}
 """Task family -> its final-answer instruction (`Task.instruction`), the default of every style."""
 
-# The release's code-task interface line (spec section 4.1, code variants): a function to return,
+# The release's code-task interface line (its code variants of the prompts): a function to return,
 # or a whole program on stdin/stdout. Rendered after the question by `question_with_interface`.
 INTERFACE_LINES = {
     "functional": "Interface: implement and return the function `{fn_name}` only.",

@@ -1,4 +1,4 @@
-"""Deliberation style: reflector -> toolcaller; feedback toolcaller -> reflector (spec section 4.4).
+"""Deliberation style: reflector -> toolcaller; feedback toolcaller -> reflector.
 
 Both roles use the tool-use system prompt. The reflector only rolls out latents (no tools run in
 latent mode); the toolcaller's final decode may call tools (see `recmas_ray.tools`).

@@ -1,4 +1,4 @@
-"""Distillation style: expert -> learner; feedback learner -> expert (spec section 4.3).
+"""Distillation style: expert -> learner; feedback learner -> expert.
 
 The large expert still runs at inference; "distillation" happens only through the trained links.
 """

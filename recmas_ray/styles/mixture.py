@@ -1,4 +1,4 @@
-"""Mixture style: math, code and science experts -> summarizer; feedback summarizer -> each expert (spec 4.2).
+"""Mixture style: math, code and science experts -> summarizer; feedback summarizer -> each expert.
 
 The three expert blocks go into three separate slots of the summarizer prompt, in a fixed order (no
 pooling). The reference summarizer decodes text every round and throws the non-final texts away;

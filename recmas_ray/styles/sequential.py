@@ -1,8 +1,8 @@
-"""Sequential style: planner -> critic -> solver, with feedback solver -> planner (spec section 4.1).
+"""Sequential style: planner -> critic -> solver, with feedback solver -> planner.
 
 The critic is called "refiner" in the reference code, data and slot names. The planner's feedback
 prompt says "This is round 2" in every round >= 2, as the reference does (`fix_round_text` is left
-to a future config switch; see spec section 11).
+to a future config switch).
 """
 
 from recmas_ray.styles.base import RolePrompts, StyleSpec

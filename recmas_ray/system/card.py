@@ -21,7 +21,8 @@ from pathlib import Path
 
 from recmas_ray.system.checkpoints import MANIFEST, WEIGHTS
 
-SHIPPED_FILES = (WEIGHTS, MANIFEST, "config.json", "eval_curve.jsonl", "eval_curve.png", "loss_curve.png")
+SHIPPED_FILES = (WEIGHTS, MANIFEST, "config.json", "provenance.json", "eval_curve.jsonl", "eval_curve.png",
+                 "loss_curve.png")
 """Files of a link folder that are published (anything else, e.g. `_ray_runs/`, optimizer state, stays home)."""
 
 MAX_MANIFEST_BYTES = 4 * 2**20
@@ -143,8 +144,9 @@ def model_card(manifests: dict[str, dict], repo_id: str, *, folder: str | Path) 
         shown = {k: cfg[k] for k in _SHOWN_SETTINGS if k in cfg}
         lines.append(f"- `{name}/`: " + (", ".join(f"{k}={v}" for k, v in shown.items()) or "not recorded"))
     lines += ["", "## Use", "", "```python", "from recmas_ray import System", "",
-              f"system = System.build({system_style!r}, links={repo_id!r})",
-              "print(system.generate(\"What is 17 - 8?\")[0].prediction)", "```", "",
+              f"system = System.build({system_style!r}, links={repo_id!r},",
+              f"                      role_models={ {r: info.get('base_model') for r, info in sorted(roles.items())} !r})",
+              "print(system.generate(\"What is 17 - 8?\")[0][0].prediction)", "```", "",
               "or from the command line, each folder by its Hub id:", "", "```bash",
               f"python -m jobs.run --style {system_style} --dataset QUESTIONS.jsonl "
               "--ckpt_override " + " ".join(f"{n}={repo_id}:{n}" for n in manifests), "```", ""]

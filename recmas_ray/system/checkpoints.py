@@ -5,7 +5,7 @@ Our format (one directory): `links.safetensors` with keys `inner.<role>.<param>`
 outer-training one all outer links), and `manifest.json` (style, roles, base model names, hidden
 sizes, link types, rounds and latent steps). Never a copy of a base model.
 
-Release layouts (spec section 9): inner `adapter.pt` (or `adapter(<task>).pt`) + `adapter_config.json`;
+Release layouts: inner `adapter.pt` (or `adapter(<task>).pt`) + `adapter_config.json`;
 outer `outer_<key>.pt` files, optionally described by `outerlink_config.json`; released inner folders
 may name their adapter per task in `innerlink_config.json`. `.pt` files load with
 `torch.load(weights_only=True)`; reference keys (`outer_12`) are mapped to role-pair edges here only.
@@ -37,7 +37,7 @@ from recmas_ray.system.untrusted import check_finite, opened_inside, read_bytes_
 MANIFEST = "manifest.json"
 WEIGHTS = "links.safetensors"
 
-# Reference numeric keys -> recmas_ray role-pair edges (spec section 1.4); the only place they appear.
+# Reference numeric keys -> recmas_ray role-pair edges; the only place they appear.
 LEGACY_EDGE_KEYS = {
     "outer_12": "planner->critic", "outer_23": "critic->solver", "outer_31": "solver->planner",
     "outer_1s": "math->summarizer", "outer_2s": "code->summarizer", "outer_3s": "science->summarizer",

@@ -1,4 +1,4 @@
-"""`SystemConfig`: the one section of a job config that chooses a system (issue #22).
+"""`SystemConfig`: the one section of a job config that chooses a system.
 
 Style, base models (preset and per-role `role_models`), links (`links`, `ckpt_override`), prompt set, device,
 dtypes and seed: what `plan_system(cfg.system, task=...)` turns into a `SystemPlan`. Every job that builds a
@@ -28,7 +28,8 @@ from recmas_ray.styles import check_role_models, style_names
 class SystemConfig:
     """Which system a job runs: style, base models, links, prompts, device, dtypes and seed."""
 
-    SHORT_FLAGS = ("style", "preset", "ckpt_override", "links", "allow_base_model_mismatch", "prompt_set",
+    SHORT_FLAGS = ("style", "preset", "ckpt_override", "links", "allow_base_model_mismatch", "allow_style_mismatch",
+                   "prompt_set",
                    "device", "dtype", "message_dtype", "seed")
     """Fields with a plain flag (`--name`) wherever this section is nested (config/cli.py); `role_models`
     gets the job's own spelling as an alias instead."""
@@ -53,6 +54,9 @@ class SystemConfig:
     allow_base_model_mismatch: bool = False
     """Run the model given in role_models even where the role's checkpoint names another one (its link
     sizes are still checked)."""
+    allow_style_mismatch: bool = False
+    """Load links whose manifest records another style (e.g. trained for sequential, run as sequential_light);
+    without it such links are refused."""
     prompt_set: Annotated[str | None, ExistingPath()] = None
     """YAML or JSON prompt set (role -> variant -> task -> template), checked against the style's slots
     before any model loads; unset: the project's own prompts."""
@@ -65,6 +69,22 @@ class SystemConfig:
     bytes) or fp32; receivers compute in their own model dtype."""
     seed: Annotated[int, Range(0, 2**32 - 1)] = 42
     """Seed of fresh links (and, per job, of sampling or the data order)."""
+
+    def check_link_folders(self) -> None:
+        """links and every ckpt_override name an existing folder or a Hub id (checked before Ray or a model
+        starts); a file where a folder belongs is named as such."""
+        import os
+
+        from recmas_ray.system.hub import looks_like_hub_id
+
+        named = [("--links ", self.links)] if self.links else []
+        named += [(f"--ckpt_override {r}=", p) for r, p in self.ckpt_override.items()]
+        for flag, path in named:
+            if os.path.isdir(path) or looks_like_hub_id(path):
+                continue
+            if os.path.exists(path):
+                raise ValueError(f"{flag}{path}: is a file; expected a folder of links (or a Hub id ORG/NAME)")
+            raise ValueError(f"{flag}{path}: no such folder (nor a Hub id ORG/NAME)")
 
     @classmethod
     def hidden_except(cls, *used: str) -> tuple[str, ...]:

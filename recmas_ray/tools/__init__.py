@@ -1,4 +1,4 @@
-"""Tools the deliberation style's toolcaller calls while decoding (``recursivemas.md`` section 4.4).
+"""Tools the deliberation style's toolcaller calls while decoding.
 
 The tool loop turns ``<python>...</python>`` into ``run_python_tool`` and ``<search>...</search>`` into a
 ``WebSearchTool`` call; each returns a ``ToolOutput`` whose ``text`` goes inside ``<result>...</result>``.

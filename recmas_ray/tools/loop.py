@@ -1,6 +1,6 @@
 """The deliberation toolcaller's tool loop: decode, run `<python>`/`<search>` calls, splice results, continue.
 
-Spec ``recursivemas.md`` section 4.4, with one deliberate change: the reference resumes by re-embedding the whole
+As the reference does, with one deliberate change: the reference resumes by re-embedding the whole
 sequence after each call; here each sample keeps its KV cache and only the appended tokens are fed.
 
 Per sample (rows are decoded one at a time, B=1, so each row has its own cache and stopping point):

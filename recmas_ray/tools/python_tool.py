@@ -1,6 +1,6 @@
 """The deliberation Python tool: model-written code from ``<python>...</python>`` run in the sandbox.
 
-Faithful to the reference tool (``recursivemas.md`` section 4.4): a prelude importing math, itertools, functools,
+Faithful to the reference tool: a prelude importing math, itertools, functools,
 fractions, statistics and sympy as ``sp``; stdout, stderr and the exit code captured and cut to 6000 characters;
 a 10 s timeout; ``echo_last_expr`` prints the value of a final bare expression. Unlike the reference, the code runs
 in ``recmas_ray.sandbox`` (bubblewrap: no network, no host files or secrets, resource limits, throw-away /work).

@@ -1,6 +1,6 @@
 """The deliberation search tool: Tavily web search with key rotation, for ``<search>...</search>`` calls.
 
-Faithful to the reference (``recursivemas.md`` section 4.4): ``search_depth="advanced"``, the top 4 results formatted
+Faithful to the reference: ``search_depth="advanced"``, the top 4 results formatted
 as "[i] title / URL / content[:320]". Keys come from ``--tavily_keys_file`` (one per line, blank and ``#`` lines
 skipped) and ``TAVILY_API_KEY``; on a rate-limit or auth error the tool moves on to the next key. With no key, no
 network, no ``tavily-python`` or every key rejected, the call returns a "search unavailable: <reason>" text and the

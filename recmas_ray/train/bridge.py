@@ -1,4 +1,4 @@
-"""The ridge "bridge" initialisation of the outer links (non-reference, spec 1.2 [KO], `--outer_init bridge`).
+"""The ridge "bridge" initialisation of the outer links (non-reference, `--outer_init bridge`; docs/training.md).
 
 An outer link receives the source's inner-link output, which the inner loop trains to sit in the source's
 input-embedding space, and must emit vectors in the target's input-embedding space. Tokens whose text is

@@ -32,6 +32,8 @@ MAX_STEPS = 10**9
 """How spliced latents are scaled (`Agent.set_latent_norm`): none (the release) or embedding (each latent row
 rescaled to the receiving model's mean token-embedding norm, as LatentMAS does; non-reference)."""
 OUTER_INITS = ("default", "bridge")
+ROLLOUT_STAGES = ("first", "all")
+"""--rollout_stages: which stages send their latent rollout instead of hidden states over their gold turn."""
 
 
 SYNTHETIC_NAMES = (SYNTHETIC, "synthetic_short", "synthetic_hidden")
@@ -84,8 +86,8 @@ class TrainConfig:
     batch_size: Annotated[int, Range(1, 65536)] = 2
     """Rows per step (inner: per worker and accumulation step; outer: the whole batch, split in microbatches)."""
     lr: Annotated[float, Range(0, 10, lo_open=True)] = 5e-4
-    """Peak learning rate (the reference value; a third-party re-run of the outer loop found 1e-4 more stable,
-    spec section 8: lower it if the loss spikes)."""
+    """Peak learning rate (the reference value; lower it if the loss spikes: a third-party re-run of the outer loop
+    found 1e-4 more stable)."""
     lr_scheduler_type: Annotated[str, OneOf(SCHEDULES)] = "cosine"
     """LR after the linear warmup: cosine (to 0 at max_steps, the reference), linear (to 0) or constant."""
     warmup_steps: Annotated[int, Range(0, MAX_STEPS)] = 10
@@ -171,7 +173,7 @@ def _check_dataset(flag: str, name: str) -> None:
 
 @dataclass(kw_only=True)
 class InnerTrainConfig(TrainConfig):
-    """One role's inner-loop run (spec section 7): inner(h_t) should match the embedding of token t+1."""
+    """One role's inner-loop run: inner(h_t) should match the embedding of token t+1."""
 
     mas_role: Annotated[str, NonEmpty()] = "planner"
     """Role of the style, an alias of the release tool (refiner, hie_math_expert, ...), or all (every role at
@@ -223,7 +225,7 @@ class InnerTrainConfig(TrainConfig):
 
 @dataclass(kw_only=True)
 class OuterTrainConfig(TrainConfig):
-    """One outer-loop run (spec section 8): frozen agents unrolled for R rounds, only the outer links train."""
+    """One outer-loop run: frozen agents unrolled for R rounds, only the outer links train."""
 
     save_dir: Annotated[str, WritableDir()] = "checkpoints/outer"
     """Output folder: the final outer links (links.safetensors + manifest.json; jobs/run.py --ckpt_override
@@ -251,13 +253,13 @@ class OuterTrainConfig(TrainConfig):
     """Held-out loss on --eval_dataset every this many steps and at the end (no grad, the training loss); 0: off."""
     eval_dataset: Annotated[str | None, ExistingPath(allow=is_synthetic)] = None
     """Held-out rows (.json/.jsonl with the training fields, or synthetic:N); uses --dataset_json_field."""
-    # Non-reference recipe options (issue 25: make the latent channel carry content). Each is off by default.
+    # Non-reference recipe options (to make the latent channel carry content; docs/training.md). Each is off by default.
     latent_norm: Annotated[str, OneOf(LATENT_NORMS)] = "none"
     """Non-reference: "embedding" rescales every spliced latent row to the receiving model's mean token-
     embedding norm (as LatentMAS does; the outer link's final LayerNorm gives ~sqrt(d), 8.5x SmolLM2's
     embeddings). Recorded in the checkpoint's manifest, so inference with these links does the same."""
     outer_init: Annotated[str, OneOf(OUTER_INITS)] = "default"
-    """default (the reference: PyTorch init) or bridge (non-reference, spec 1.2 [KO]): residual_proj starts as
+    """default (the reference: PyTorch init) or bridge (non-reference, a third-party re-run's): residual_proj starts as
     the ridge regression from the source's to the target's token embeddings over their shared vocabulary
     strings, the MLP branch ~0, and ln_target's gain at the target embeddings' scale. Ignored with
     --ckpt_override outer=DIR or --resume (the links come from there)."""
@@ -268,6 +270,13 @@ class OuterTrainConfig(TrainConfig):
     a stage with no incoming latents (round 1's first stage: planner, expert, the mixture experts) passes its
     m-step latent rollout from the prompt instead, the very latents inference sends (no gold text read), so the
     links train on what they will receive; stages with incoming latents stay teacher-forced."""
+    rollout_stages: Annotated[str, OneOf(ROLLOUT_STAGES)] = "first"
+    """With --rollout_latent_steps m > 0: first (only stages without incoming latents send their rollout; the
+    others stay teacher-forced on their gold turn) or all (non-reference: every stage sends what inference
+    sends, its m-step rollout from its prompt with the received latents spliced in, the graph kept so the loss
+    reaches every upstream outer link; the decoder's feedback in rounds < R is its rollout too, so no latent
+    holds hidden states over a gold turn; the decoder's loss stays teacher-forced on the gold answer).
+    --recompute re-runs each stage, rollout included, in the backward sweep where memory needs it."""
     value_token_weight: Annotated[float, Range(0, 1e6, lo_open=True)] = 1.0
     """Weight of the decoder's answer tokens that hold a digit (the answer's value) in the loss, against 1 for
     the fixed wording; each sample's CE is the weighted mean. 1 is the reference (uniform); > 1 is non-
@@ -282,6 +291,8 @@ class OuterTrainConfig(TrainConfig):
         super().validate()
         if self.num_microbatches > self.batch_size:
             raise ValueError(f"--num_microbatches {self.num_microbatches} exceeds --batch_size {self.batch_size}")
+        if self.rollout_stages != "first" and not self.rollout_latent_steps:
+            raise ValueError(f"--rollout_stages {self.rollout_stages}: needs --rollout_latent_steps m > 0")
         if self.eval_every and not self.eval_dataset:
             raise ValueError("--eval_every needs --eval_dataset (held-out rows)")
         if self.eval_dataset:

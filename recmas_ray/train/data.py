@@ -1,6 +1,6 @@
 """Training data shared by inner- and outer-loop training: loading, role names, targets and prompts.
 
-Rows are plain dicts (`question` plus one gold text per role, spec sections 7 and 10). Everything a
+Rows are plain dicts (`question` plus one gold text per role). Everything a
 trainer needs from a row goes through here, so the inner and outer loops agree on which field is a
 role's target, how upstream gold texts fill a role's prompt slots, and which rows are rejected.
 

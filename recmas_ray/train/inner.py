@@ -1,4 +1,4 @@
-"""Inner-loop numerics (spec section 7): the warm-start loss of one role's inner link and one optimizer step.
+"""Inner-loop numerics: the warm-start loss of one role's inner link and one optimizer step.
 
 Goal: inner(h_t) should look like the input embedding of token t+1, so latent thoughts land in the
 distribution of the model's own inputs.
@@ -28,7 +28,7 @@ from recmas_ray.train.core import make_scheduler
 # ----------------------------------------------------------------------------- numerics
 def inner_loss(agent: Agent, batch: list[tuple[str, str]], *, w_cos: float = 1.0, w_mse: float = 0.0,
                max_length: int = 2048, literal_slots: bool = False) -> torch.Tensor:
-    """Teacher-forced inner-link loss over a batch of (user prompt, gold target) pairs (spec section 7).
+    """Teacher-forced inner-link loss over a batch of (user prompt, gold target) pairs.
 
     One frozen no_grad forward; pred_t = inner(H[:, t]), target_t = E[:, t+1], kept where position
     t+1 is a token of the rendered assistant turn and position t is not padding.

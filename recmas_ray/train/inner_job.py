@@ -43,12 +43,17 @@ def plan_roles(cfg: InnerTrainConfig, roles: list[str]):
     return plan_system(cfg.system, task=cfg.task, ckpt_override=overrides, role_models=models)
 
 
+def resolve_role_steps(cfg: InnerTrainConfig, num_examples: int) -> InnerTrainConfig:
+    """`core.resolve_steps` for one role's examples over every worker and accumulation step (ValueError when they
+    cannot fill one step; `train_api.check_training_inputs` asks first, before anything starts)."""
+    return core.resolve_steps(cfg, num_examples, cfg.batch_size * cfg.grad_accum_steps * max(cfg.num_workers, 1))
+
+
 def _fit(cfg: InnerTrainConfig, role: str, base_model: str, link_state: dict, examples: list[tuple[str, str]], *,
          faults: dict | None = None, progress=None) -> Path:
     """One role's TorchTrainer run; returns cfg.save_dir holding the final link (`progress`: a StepBoard's
     queue, where rank 0 posts its steps)."""
-    world = max(cfg.num_workers, 1)
-    cfg = core.resolve_steps(cfg, len(examples), cfg.batch_size * cfg.grad_accum_steps * world)
+    cfg = resolve_role_steps(cfg, len(examples))
     storage = core.run_storage(cfg, f"inner-{get_style(cfg.system.style).name}-{role}")
     resume_from = core.start_or_resume(cfg, storage, f"inner {role}", cfg.load_dir)
     if cfg.num_workers == 0:  # local mode logs every report at INFO; our own log line says the same
@@ -92,13 +97,21 @@ def train_inner(cfg: InnerTrainConfig, *, faults: dict | None = None) -> Path:
     examples = role_examples(load_rows(cfg.dataset_name, cfg.dataset_json_field, split=cfg.dataset_split), style,
                              role, cfg.task)
     if cfg.num_workers == 0:  # Ray Train's local mode: the loop runs here and draws its own bar
-        return _fit(cfg, role, plan.role_models[role], _role_state(plan, role), examples, faults=faults)
+        return _recorded(cfg, _fit(cfg, role, plan.role_models[role], _role_state(plan, role), examples, faults=faults))
     from recmas_ray.distributed.cluster import init_ray
 
     init_ray()
     with StepBoard(current(), enabled=cfg.progress) as board:
-        return _fit(cfg, role, plan.role_models[role], _role_state(plan, role), examples, faults=faults,
-                    progress=board.queue)
+        return _recorded(cfg, _fit(cfg, role, plan.role_models[role], _role_state(plan, role), examples,
+                                   faults=faults, progress=board.queue))
+
+
+def _recorded(cfg: InnerTrainConfig, save_dir: Path) -> Path:
+    """`save_dir` once its provenance.json records this command and config (`system.provenance`)."""
+    from recmas_ray.system.provenance import write_provenance
+
+    write_provenance(save_dir, config=asdict(cfg), inputs=cfg.system.ckpt_override, kind="inner")
+    return save_dir
 
 
 def train_all_roles(cfg: InnerTrainConfig) -> dict[str, Path]:
@@ -138,7 +151,8 @@ def train_all_roles(cfg: InnerTrainConfig) -> dict[str, Path]:
                               role_examples(rows, style, r, cfg.task), progress=board.queue)
                 for r, c in cfgs.items()}
         try:
-            return dict(zip(refs, ray.get(list(refs.values()), timeout=cfg.fit_timeout_s)))
+            dirs = dict(zip(refs, ray.get(list(refs.values()), timeout=cfg.fit_timeout_s)))
+            return {r: _recorded(cfgs[r], Path(d)) for r, d in dirs.items()}  # here: the driver's command line
         except BaseException as e:  # one role failed or timed out: stop the others too
             for ref in refs.values():
                 ray.cancel(ref, force=True)

@@ -1,4 +1,4 @@
-"""Outer-loop training (spec section 8): the training samples and one stage of the unrolled,
+"""Outer-loop training: the training samples and one stage of the unrolled,
 teacher-forced system as a function of its incoming latents.
 
 Every step of `build_schedule(style, R)` is one *stage call* on the role that owns it:
@@ -10,7 +10,7 @@ Every step of `build_schedule(style, R)` is one *stage call* on the role that ow
       -> z = inner_role(first K of H)                       K = max_latent_tokens
       -> message per output edge: outer_edge(z)              flat [sum K_b, E], sent to the edge's target
       -> decoder role only: CE on its gold answer, weighted 1 in round R and
-         non_last_loss_weight / (R - 1) in rounds 1..R-1 (spec: loss_R + 0.1 * mean(loss_1..R-1))
+         non_last_loss_weight / (R - 1) in rounds 1..R-1 (the release: loss_R + 0.1 * mean(loss_1..R-1))
 
 The pipeline workers (`pipeline.py`) call `encode_stage` + `emit_messages` for their own steps; the single-
 process reference (`reference.py`) is written separately, per sample, on purpose. A stage with no incoming
@@ -113,12 +113,29 @@ def truncate_left(e_LD: torch.Tensor, ids_L: torch.Tensor, asst_L: torch.Tensor,
 def encode_stage(agent: Agent, style: StyleSpec, step: Step, samples: list[Sample], latents: dict[str, Latent], *,
                  task: str, num_rounds: int, max_latent_tokens: int, non_last_loss_weight: float,
                  batch_size: int, max_length: int = 1 << 20, value_token_weight: float = 1.0,
-                 rollout_latent_steps: int = 0) -> Encoded:
+                 rollout_latent_steps: int = 0, rollout_stages: str = "first",
+                 rollout_cache: dict | None = None) -> Encoded:
     """Teacher-forced pass of one schedule step over a microbatch; see the module docstring.
     `rollout_latent_steps` > 0 (non-reference): a non-decoder stage without incoming latents sends its latent
-    rollout from the prompt instead (`rollout_stage`)."""
+    rollout from the prompt instead (`rollout_stage`; memoised per question in `rollout_cache`: the stage and
+    its input are frozen). With `rollout_stages="all"` every message is what inference sends: a stage with
+    incoming latents sends its rollout from its prompt with those latents spliced in, graph kept
+    (`rollout_stage_with_grad`), and the decoder's feedback (rounds < R) is its rollout too, not its hidden
+    states over the gold answer; the decoder's loss stays teacher-forced on the gold answer."""
     if rollout_latent_steps and not latents and step.role != style.decoder:
-        return rollout_stage(agent, style, step, samples, task=task, num_steps=rollout_latent_steps)
+        return rollout_stage(agent, style, step, samples, task=task, num_steps=rollout_latent_steps,
+                             cache=rollout_cache)
+    if rollout_latent_steps and rollout_stages == "all":
+        sent = rollout_stage_with_grad(agent, style, step, samples, latents, task=task,
+                                       num_steps=rollout_latent_steps) if step.outputs else None
+        if step.role != style.decoder:
+            return sent
+        told = encode_stage(agent, style, step, samples, latents, task=task, num_rounds=num_rounds,
+                            max_latent_tokens=max_latent_tokens, non_last_loss_weight=non_last_loss_weight,
+                            batch_size=batch_size, max_length=max_length, value_token_weight=value_token_weight)
+        if sent is None:
+            return told
+        return Encoded(sent.z, sent.lengths, told.objective, told.sample_losses, told.truncated)
     per_sample = {m: torch.split(lat.flat, lat.lengths) for m, lat in latents.items()}
     # Without incoming latents nothing upstream is trainable: run the frozen model without a graph.
     track = torch.is_grad_enabled() and any(lat.flat.requires_grad for lat in latents.values())
@@ -161,13 +178,38 @@ def encode_stage(agent: Agent, style: StyleSpec, step: Step, samples: list[Sampl
 
 @torch.no_grad()
 def rollout_stage(agent: Agent, style: StyleSpec, step: Step, samples: list[Sample], *, task: str,
-                  num_steps: int) -> Encoded:
+                  num_steps: int, cache: dict | None = None) -> Encoded:
     """z = inner(H) of the m-step latent rollout from each sample's prompt: what `AgentService.rollout` sends
-    at inference (no gold turn read, nothing trainable upstream, so no graph)."""
+    at inference (no gold turn read, nothing trainable upstream, so no graph). `cache` (prompt -> z [m, D])
+    keeps each question's z: frozen model, frozen inner link, no input latents, so it never changes."""
     users = [render_prompt(style, step.role, step.variant, task, s.question) for s in samples]
-    e_BLD, mask_BL = agent.embed_batch(users)
-    h_BMD = agent.latent_rollout(e_BLD, mask_BL, num_steps)
-    z_ND = agent.inner_link(h_BMD).reshape(-1, h_BMD.shape[-1])
+    keys = [(agent.role, num_steps, u) for u in users]
+    todo = [b for b, k in enumerate(keys) if cache is None or k not in cache]
+    got = {}
+    if todo:
+        e_BLD, mask_BL = agent.embed_batch([users[b] for b in todo])
+        z_BMD = agent.inner_link(agent.latent_rollout(e_BLD, mask_BL, num_steps))
+        got = {b: z_BMD[i] for i, b in enumerate(todo)}
+        if cache is not None:
+            cache.update({keys[b]: z for b, z in got.items()})
+    z_ND = torch.cat([got[b] if b in got else cache[keys[b]] for b in range(len(samples))])
+    return Encoded(z_ND, [num_steps] * len(samples), None, [], [False] * len(samples))
+
+
+def rollout_stage_with_grad(agent: Agent, style: StyleSpec, step: Step, samples: list[Sample],
+                            latents: dict[str, Latent], *, task: str, num_steps: int) -> Encoded:
+    """z = inner(H) of the m-step rollout from each sample's prompt with its incoming latents spliced into the
+    slots (what inference sends), keeping the graph back to those latents when grad is enabled and they
+    require it. Non-reference (the release's stages read their gold turn)."""
+    per_sample = {m: torch.split(lat.flat, lat.lengths) for m, lat in latents.items()}
+    track = torch.is_grad_enabled() and any(lat.flat.requires_grad for lat in latents.values())
+    with torch.set_grad_enabled(track):
+        rows = [agent.embed_prompt(render_prompt(style, step.role, step.variant, task, s.question),
+                                   {m: blocks[b] for m, blocks in per_sample.items()})[0]
+                for b, s in enumerate(samples)]
+        e_BLD, mask_BL = left_pad(rows)
+        h_BMD = agent.latent_rollout_with_grad(e_BLD, mask_BL, num_steps)
+        z_ND = agent.inner_link(h_BMD).reshape(-1, h_BMD.shape[-1])
     return Encoded(z_ND, [num_steps] * len(samples), None, [], [False] * len(samples))
 
 

@@ -265,6 +265,9 @@ def train_outer(cfg: OuterTrainConfig, *, faults: dict | None = None) -> OuterRu
             write_eval_curve(save_dir, state["log"], state["eval_log"])
         history.log_history(tracker, [*state["log"], *state.get("eval_log", [])], save_dir=save_dir,
                          files=("manifest.json", "config.json", EVAL_CURVE, "eval_curve.png"))
+    from recmas_ray.system.provenance import write_provenance
+
+    write_provenance(save_dir, config=asdict(cfg), inputs=cfg.system.ckpt_override, kind="outer")
     return OuterRunResult(save_dir, result.checkpoint.path, result.metrics or {}, state["log"], state.get("eval_log", []))
 
 

@@ -1,6 +1,6 @@
 """Single-process autograd reference of the outer loop: every agent in this process, plain `loss.backward()`.
 
-Written straight from the spec's pseudo-code (section 8), one sample at a time and without padding, so it
+Written straight from the outer loop's definition (below), one sample at a time and without padding, so it
 shares nothing with the pipeline path except the Agent, the links, the schedule and the data fields:
 
     for each sample:
@@ -12,6 +12,16 @@ shares nothing with the pipeline path except the Agent, the links, the schedule 
         loss = loss_R + w * mean(loss_1..R-1)            (w = non_last_loss_weight)
         (loss / batch_size).backward()
     clip_grad_norm_(all outer links, max_norm); AdamW step
+
+With `rollout_latent_steps` m > 0 (non-reference) a stage's messages come from its latent rollout instead of
+its gold turn, written here as the spec's no-cache form (the whole prefix re-run at every step):
+
+    E = embed(prompt with the latest message of each input edge)            no gold text
+    repeat m times: h = frozen_model(E)[last]; H += [h]; E = concat(E, inner_role(h))
+    message[edge] = outer_edge(inner_role(H))
+
+for the first stage of round 1 (rollout_stages "first", the graph-free case), or for every stage that sends a
+message, the decoder's feedback included (rollout_stages "all"; the decoder's loss stays teacher-forced).
 
 Used by the exactness tests and by `jobs/bench/outer.py` as the single-process baseline.
 """
@@ -29,7 +39,8 @@ from recmas_ray.train.data import question_text, role_target
 
 def reference_loss(agents: dict[str, Agent], outer: dict[str, OuterLink], style: StyleSpec, row: dict, *,
                    task: str, num_rounds: int, max_latent_tokens: int,
-                   non_last_loss_weight: float) -> tuple[torch.Tensor, list[torch.Tensor]]:
+                   non_last_loss_weight: float, rollout_latent_steps: int = 0,
+                   rollout_stages: str = "first") -> tuple[torch.Tensor, list[torch.Tensor]]:
     """The unrolled teacher-forced loss of one row; returns (loss, [decoder CE per round])."""
     messages: dict[str, torch.Tensor] = {}
     round_losses = []
@@ -45,7 +56,11 @@ def reference_loss(agents: dict[str, Agent], outer: dict[str, OuterLink], style:
             logits = agent.logits(h_LD[:-1]).float()
             labels = torch.where(asst_L[1:], ids_L[1:], torch.full_like(ids_L[1:], -100)).to(logits.device)
             round_losses.append(F.cross_entropy(logits, labels, ignore_index=-100))
-        z = agent.inner_link(h_LD[asst_L.to(h_LD.device)][:max_latent_tokens])
+        rollout = rollout_latent_steps > 0 and (rollout_stages == "all" or (not latents and step.role != style.decoder))
+        if rollout and step.outputs:
+            z = agent.inner_link(_rollout_no_cache(agent, user, latents, rollout_latent_steps))
+        else:
+            z = agent.inner_link(h_LD[asst_L.to(h_LD.device)][:max_latent_tokens])
         for edge in step.outputs:
             assert split_edge(edge)[0] == step.role
             messages[edge] = outer[edge](z)
@@ -53,6 +68,18 @@ def reference_loss(agents: dict[str, Agent], outer: dict[str, OuterLink], style:
     if non_last_loss_weight > 0 and len(round_losses) > 1:
         loss = loss + non_last_loss_weight * torch.stack(round_losses[:-1]).mean()
     return loss, round_losses
+
+
+def _rollout_no_cache(agent: Agent, user: str, latents: dict[str, torch.Tensor], num_steps: int) -> torch.Tensor:
+    """H [m, D]: the rollout of one prompt, every step a full forward over the grown input (no KV cache)."""
+    e_LD = agent.embed_prompt(user, latents)[0]
+    hs = []
+    for _ in range(num_steps):
+        mask = torch.ones(1, e_LD.shape[0], dtype=torch.long, device=e_LD.device)
+        h_D = agent.forward_hidden(e_LD[None], mask)[0, -1]
+        hs.append(h_D)
+        e_LD = torch.cat([e_LD, agent.inner_link(h_D)[None]])
+    return torch.stack(hs)
 
 
 def reference_backward(agents: dict[str, Agent], outer: dict[str, OuterLink], style: StyleSpec, rows: list[dict],

@@ -72,6 +72,8 @@ class PipelineStage:
         self.order = [(mb, i) for rnd in range(1, cfg.num_recursive_rounds + 1) for mb in range(cfg.num_microbatches)
                       for i, s in enumerate(self.schedule) if s.round == rnd]
         self.tape: dict[tuple[int, int], _Tape] = {}
+        self.rollout_cache: dict = {}
+        """Frozen first-stage rollouts per question (`outer.rollout_stage`): computed once, not every step."""
         self.pending: list = []
         # weights that backward saves are resident anyway: count activations only
         weights = [agent.model, agent.inner_link, *agent.outer_links.values()]
@@ -100,7 +102,8 @@ class PipelineStage:
                             num_rounds=c.num_recursive_rounds, max_latent_tokens=c.max_latent_tokens,
                             non_last_loss_weight=c.non_last_loss_weight, batch_size=batch_size,
                             max_length=c.max_length, value_token_weight=c.value_token_weight,
-                            rollout_latent_steps=c.rollout_latent_steps)
+                            rollout_latent_steps=c.rollout_latent_steps, rollout_stages=c.rollout_stages,
+                            rollout_cache=self.rollout_cache)
 
     def _forward(self, mb: int, i: int, samples: list[Sample], batch_size: int, inject_nan: bool,
                  record: bool = True) -> tuple[list[float], list[bool]]:

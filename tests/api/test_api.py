@@ -20,7 +20,7 @@ def local_system(tiny_cache):
 
 
 def test_generate_returns_prediction_and_trace(local_system):
-    out = local_system.generate(["What is 7 * 8?", "What is 2 + 2?"], task="math", **GEN)
+    out = [answers[0] for answers in local_system.generate(["What is 7 * 8?", "What is 2 + 2?"], task="math", **GEN)]
     assert len(out) == 2 and all(isinstance(o, rm.SampleResult) for o in out)
     trace = out[0].trace
     assert [(t["role"], t["round"]) for t in trace][:3] == [("planner", 1), ("critic", 1), ("solver", 1)]
@@ -30,7 +30,7 @@ def test_generate_returns_prediction_and_trace(local_system):
     assert local_system.role_models["solver"] == "tiny:qwen3"
     assert local_system.manifest()["roles"]["critic"]["base_model"] == "tiny:llama"
     text = local_system.generate("What is 7 * 8?", method="recursive_textmas", **GEN)
-    assert text[0].num_latent_steps == 0 and any("text" in t for t in text[0].trace)
+    assert text[0][0].num_latent_steps == 0 and any("text" in t for t in text[0][0].trace)
 
 
 def test_generate_rejects_bad_arguments(local_system):
@@ -71,11 +71,11 @@ def test_build_errors_before_models_load(tiny_cache, monkeypatch, tmp_path):
 @pytest.mark.integration  # a Ray system of its own: minutes on a busy 2-core machine
 def test_ray_backend_matches_local(ray_cluster, local_system):
     questions = ["What is 7 * 8?", "What is 10 - 3?"]
-    want = [o.prediction for o in local_system.generate(questions, **GEN)]
+    want = [o[0].prediction for o in local_system.generate(questions, **GEN)]
     with rm.System.build("sequential_light", role_models=MODELS, backend="ray", seed=3, timeout_s=120) as system:
         got = system.generate(questions, **GEN)
-    assert [o.prediction for o in got] == want
-    assert got[0].trace[-1]["role"] == "solver"
+    assert [o[0].prediction for o in got] == want
+    assert got[0][0].trace[-1]["role"] == "solver"
 
 
 def _run_args(dataset, out, *extra):

@@ -21,7 +21,6 @@ def system(tiny_cache):
     (["What is 1 + 1?", 7], TypeError, r"questions\[1\] must be a str, got int"),
     (["ok", ["nested"]], TypeError, r"questions\[1\] must be a str, got list"),
     (42, TypeError, "got int"),
-    ([], ValueError, "questions is empty"),
     (["  "], ValueError, r"questions\[0\] is empty"),
     ("x" * 100_001, ValueError, "at most max_question_chars=32000"),
 ])
@@ -43,15 +42,58 @@ def test_bad_stop_n_and_task_are_refused(system, kwargs, error, message):
         system.generate(["q"], **GEN, **kwargs)
 
 
+def test_generate_gives_one_list_per_question_for_any_n_and_nothing_for_no_questions(system, monkeypatch):
+    one = system.generate(["What is 1 + 1?", "What is 2 + 2?"], **GEN)
+    assert [len(answers) for answers in one] == [1, 1] and isinstance(one[1][0], rm.SampleResult)
+    assert [len(a) for a in system.generate("What is 1 + 1?", n=2, **GEN)] == [2]
+    monkeypatch.setattr(system, "run", lambda *a, **k: pytest.fail("an agent ran"))
+    assert system.generate([], **GEN) == [] and system.generate((), n=3, **GEN) == []
+    with pytest.raises(ValueError, match="n must be an integer"):  # arguments are still checked
+        system.generate([], n=0, **GEN)
+
+
+def test_progress_bar_counts_each_question_when_its_row_stops(system):
+    """Sampled rows stop decoding at different steps (EOS): the bar moves at each one, not once per batch."""
+    import io
+    import re
+
+    from recmas_ray import console
+
+    questions = [f"What is {i} + {i}?" for i in range(4)]
+    kwargs = dict(num_recursive_rounds=1, latent_steps=2, max_new_tokens=40, do_sample=True, temperature=5.0,
+                  seed=2, batch_size=4)
+    plain = system.generate(questions, **kwargs)
+    lengths = sorted(a[0].trace[-1]["text_tokens"] for a in plain)
+    assert lengths[0] < lengths[-1], f"precondition: rows should stop at different steps, got {lengths}"
+    err = io.StringIO()
+    saved = console._current
+    from tqdm import tqdm
+
+    class EveryUpdate(console.Console):  # draws every update (tqdm skips draws within 0.1 s of the last one)
+        def bar(self, total, desc, *, unit="it", initial=0, enabled=True):
+            return tqdm(total=total, desc=desc, unit=unit, file=self.err, disable=not enabled, mininterval=0,
+                        miniters=1)
+
+    console._current = EveryUpdate(stream=io.StringIO(), err=err, progress=True)
+    try:
+        shown = system.generate(questions, progress=True, **kwargs)
+    finally:
+        console._current = saved
+    assert [a[0].prediction for a in shown] == [a[0].prediction for a in plain]
+    counts = [int(c) for c in re.findall(r"(\d)/4 \[", err.getvalue())]
+    # one batch of 4: a bar moving per batch would show 0/4 then 4/4 only
+    assert any(0 < c < 4 for c in counts) and counts[-1] == 4, err.getvalue()
+
+
 def test_stop_strings_cut_the_prediction(system):
     q = "What is 9 + 9?"
-    whole = system.generate(q, **GEN)[0]
+    whole = system.generate(q, **GEN)[0][0]
     assert whole.finish_reason == ("length" if whole.trace[-1]["text_tokens"] == GEN["max_new_tokens"] else "stop")
     assert len(whole.prediction) >= 4, whole.prediction
     stop = whole.prediction[2:4]
-    cut = system.generate(q, stop=["\x00never", stop], **GEN)[0]
+    cut = system.generate(q, stop=["\x00never", stop], **GEN)[0][0]
     assert cut.prediction == whole.prediction[:whole.prediction.find(stop)] and cut.finish_reason == "stop"
-    assert system.generate(q, stop="\x00never", **GEN)[0].prediction == whole.prediction
+    assert system.generate(q, stop="\x00never", **GEN)[0][0].prediction == whole.prediction
 
 
 def test_n_answers_per_question(system):
@@ -66,8 +108,8 @@ def test_n_answers_per_question(system):
 
 def test_batched_questions_answer_as_single_ones_with_every_agents_prompt_tokens(system):
     questions = ["What is 2 + 2?", "A much longer question: what is 12 times 12, in words?"]
-    together = system.generate(questions, **GEN)
-    alone = [system.generate(q, **GEN)[0] for q in questions]
+    together = [answers[0] for answers in system.generate(questions, **GEN)]
+    alone = [system.generate(q, **GEN)[0][0] for q in questions]
     assert [r.prediction for r in together] == [r.prediction for r in alone]
     for res in together:
         assert [t["role"] for t in res.trace] == ["planner", "critic", "solver"]

@@ -65,7 +65,7 @@ def test_jobs_run_accepts_hub_ids_and_rejects_missing_dirs(hub_cache, tmp_path, 
             "--output_path", str(tmp_path / "o"), "--print_config"]
     assert run_job.main(base + ["--ckpt_override", "planner=org/links:planner"]) == 0
     assert run_job.main(base + ["--ckpt_override", f"planner={tmp_path}/nope/planner"]) == 2
-    assert "no such directory" in capsys.readouterr().err
+    assert "no such folder" in capsys.readouterr().err
 
 
 def test_hub_links_load_into_a_system(tiny_cache, tmp_path, monkeypatch):
@@ -88,7 +88,7 @@ def test_hub_links_load_into_a_system(tiny_cache, tmp_path, monkeypatch):
         sources = system.manifest()["sources"]
         assert sources["inner:planner"].endswith("/planner") and sources["inner:critic"] == "init(seed=1)"
         assert all(v.endswith("/outer") for k, v in sources.items() if k.startswith("outer:"))
-        assert system.generate(["1+1?"], num_recursive_rounds=1, latent_steps=2, max_new_tokens=2)[0].trace
+        assert system.generate(["1+1?"], num_recursive_rounds=1, latent_steps=2, max_new_tokens=2)[0][0].trace
     shutil.rmtree(cache)
 
 

@@ -1,6 +1,6 @@
 """Find the job commands written in docs and cluster files, and parse each with its job's own parser.
 
-A command is `python -m jobs.X ...`, `python jobs/X.py ...`, `cluster/submit.sh X ...` or
+A command is `python -m jobs.X ...` (X may be dotted: `jobs.bench.speed`), `python jobs/X.py ...`, `cluster/submit.sh X ...` or
 `[JOB=X] sbatch cluster/slurm/ray.sbatch [X] ...`, in a shell script (comments included), a YAML
 value (a RayJob's entrypoint) or Markdown (code blocks and inline code). Shell continuations are
 joined, the command ends at a shell operator or a closing backtick, and commands that elide
@@ -23,8 +23,8 @@ from dataclasses import dataclass
 from unittest import mock
 
 PATTERNS = [
-    re.compile(r"python3? -m jobs\.(?P<job>[a-z_0-9]+)\b(?P<rest>.*)"),
-    re.compile(r"python3? jobs/(?P<job>[a-z_0-9]+)\.py\b(?P<rest>.*)"),
+    re.compile(r"python3? -m jobs\.(?P<job>[a-z_0-9]+(?:\.[a-z_0-9]+)*)\b(?P<rest>.*)"),
+    re.compile(r"python3? jobs/(?P<job>[a-z_0-9]+(?:/[a-z_0-9]+)*)\.py\b(?P<rest>.*)"),
     re.compile(r"cluster/submit\.sh (?P<job>[a-z_0-9]+)\b(?P<rest>.*)"),
     re.compile(r"JOB=(?P<job>[a-z_0-9]+) sbatch cluster/slurm/ray\.sbatch\b(?P<rest>.*)"),
     re.compile(r"(?<!JOB=)(?<![a-z_0-9] )sbatch cluster/slurm/ray\.sbatch (?P<job>[a-z_0-9]+)\b(?P<rest>.*)"),
@@ -90,7 +90,7 @@ def find_commands(path: pathlib.Path, root: pathlib.Path) -> list[Command]:
                 rest = m.group("rest")
                 if chunk[:m.start()].count("`") % 2 == 1:  # inline code: ends at its closing backtick
                     rest = rest.split("`", 1)[0]
-                found.append(_command(rel, n, m.group("job"), rest))
+                found.append(_command(rel, n, m.group("job").replace("/", "."), rest))
     return _dedupe(found)
 
 

@@ -1,4 +1,4 @@
-"""Every job command written in cluster/ and README.md parses with its job's own parser (no cluster,
+"""Every job command written in cluster/, README.md and docs/ parses with its job's own parser (no cluster,
 no models, no file system checks): a wrong flag in an example fails here, not on a cluster."""
 
 from pathlib import Path
@@ -9,7 +9,8 @@ from tests.cluster.job_commands import Command, find_commands, parse_command
 
 REPO = Path(__file__).resolve().parents[2]
 SOURCES = sorted([*(p for p in (REPO / "cluster").rglob("*") if p.is_file() and p.suffix in
-                    (".md", ".yaml", ".yml", ".sh", ".sbatch")), REPO / "README.md"])
+                    (".md", ".yaml", ".yml", ".sh", ".sbatch")), REPO / "README.md",
+                  *(REPO / "docs").glob("*.md")])
 COMMANDS = [c for path in SOURCES for c in find_commands(path, REPO)]
 
 
@@ -18,7 +19,9 @@ def test_the_files_hold_the_commands_we_expect():
     for expected in [("cluster/kuberay/rayjob.yaml", "run"), ("cluster/slurm/ray.sbatch", "run"),
                      ("cluster/slurm/ray.sbatch", "train_inner"), ("cluster/README.md", "run"),
                      ("cluster/README.md", "train_inner"), ("cluster/README.md", "train_outer"),
-                     ("README.md", "run")]:
+                     ("README.md", "run"), ("README.md", "train_inner"), ("README.md", "serve"),
+                     ("docs/usage.md", "run"), ("docs/cluster.md", "train_outer"), ("docs/benchmarks.md", "bench.speed"),
+                     ("docs/benchmarks.md", "experiments.sweep_recipe")]:
         assert expected in jobs, expected
     assert len([c for c in COMMANDS if not c.elided]) >= 15
 

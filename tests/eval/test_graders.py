@@ -37,7 +37,7 @@ def test_strict_math_grader(pred, gold, expected):
 
 
 def test_reference_grader_reproduces_the_release_false_positives():
-    # intpart: 4.5 -> "4" and 14/3 -> 4.666 -> "4", counted equal by the release (spec section 11).
+    # intpart: 4.5 -> "4" and 14/3 -> 4.666 -> "4", counted equal by the release (docs/reproducing.md#sources).
     assert G.reference_math_strategy("4.5", r"\frac{14}{3}") == "intpart"
     assert G.grade_math_reference(r"\boxed{4.5}", r"\frac{14}{3}") is True
     # digits: (3,5) vs 35.
@@ -282,3 +282,48 @@ def test_grade_rejects_unknown_mode_and_task_type():
     with pytest.raises(ValueError, match="unknown task type 'essay'"):
         G.grade("essay", {"gold": "1"}, "x")
     assert math.isclose(G.pass_at_k(2, 1, 1), 0.5)
+
+
+# ----------------------------------------------------------------------------- lenient: the value stated
+
+def test_final_number_is_the_last_value_written():
+    from recmas_ray.eval.graders import final_number
+
+    assert final_number("The value of x is 65.") == 65.0
+    assert final_number("17 - 8 = 9") == 9.0
+    assert final_number("x=-3") == -3.0
+    assert final_number("costs 1,250 dollars") == 1250.0
+    assert final_number("about 2.5 units.") == 2.5
+    assert final_number("no digits here") is None and final_number(None) is None
+    assert final_number("x2 then 7") == 7.0  # digits glued to a word are not a number written
+
+
+@pytest.mark.parametrize("reply,gold,strict,lenient", [
+    ("x = 65.", "65", False, True),                        # states the value, no \boxed{}: lenient only
+    ("The answer is \\boxed{65}.", "65", True, True),      # both
+    ("x is 65, so x + 1 = 66", "65", False, False),        # the final number is another value
+    ("I think it is 56.", "65", False, False),
+    ("It is -3", "-3", False, True),
+    ("65.0 exactly", "65", False, True),                   # numerically equal
+    ("no number at all", "65", False, False),
+    ("\\boxed{Paris}", "Paris", True, True),               # non-numeric gold: strict only
+    ("It is Paris", "Paris", False, False),
+])
+def test_lenient_and_strict_on_known_cases(reply, gold, strict, lenient):
+    from recmas_ray.eval.graders import grade, grade_lenient
+
+    strict_got = grade("qa", {"gold": gold}, reply).correct
+    assert strict_got is strict
+    got = grade_lenient(reply, gold, strict=strict_got)
+    assert got.correct is lenient and got.detail["strict"] is strict
+    assert grade_lenient(reply, gold).correct is lenient or gold == "Paris"  # strict computed by math_verify
+
+
+def test_lenient_reads_the_reply_before_the_format_retry():
+    from recmas_ray.eval.graders import grade_lenient, own_reply
+
+    rec = {"prediction": "x = 65.\nFinal Answer: \\boxed{12}", "gold": "65",
+           "retry": {"raw_prediction": "x = 65.", "continuation": "12}"}}
+    assert own_reply(rec) == "x = 65." and own_reply({"prediction": "so 4"}) == "so 4"
+    assert grade_lenient(own_reply(rec), "65", strict=False).correct  # the appended guess is not the reply's
+    assert not grade_lenient(rec["prediction"], "65", strict=False).correct

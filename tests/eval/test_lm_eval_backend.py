@@ -177,7 +177,7 @@ def _req(*args):
 def test_generate_until_cuts_at_stop_strings(lm):
     full = lm.generate_until([_req("What is 2 + 2?", {"max_gen_toks": 6})])[0]
     assert full == lm.system.generate(["What is 2 + 2?"], num_recursive_rounds=2, latent_steps=2,
-                                      max_new_tokens=6)[0].prediction
+                                      max_new_tokens=6)[0][0].prediction
     if len(full) > 1:
         cut = lm.generate_until([_req("What is 2 + 2?", {"max_gen_toks": 6, "until": [full[1:]]})])[0]
         assert cut == full[:1]

@@ -18,7 +18,7 @@ from recmas_ray.eval.benchmarks import BENCHMARKS
 from recmas_ray.styles import STYLES
 from recmas_ray.system.config import SystemConfig
 
-# The release's recommendations, written out independently of protocol.py (spec section 6): the
+# The release's recommendations, written out independently of protocol.py (docs/reproducing.md#sources): the
 # cells named there, and what every other pair falls back to.
 EXPECTED = {
     ("sequential_light", "math500"): (32, 3), ("sequential_light", "medqa"): (32, 2),

@@ -55,7 +55,7 @@ def test_summarize_accuracy_stderr_and_costs():
     assert out["accuracy,reference"] == pytest.approx(0.8)
     assert out["tokens_per_sample,none"] == pytest.approx(104.5)
     assert out["latent_steps_per_sample,none"] == 16
-    assert out["seconds_per_sample,none"] == 2.0
+    assert out["latency_s,none"] == 2.0
     assert out["throughput_samples_per_s,none"] == 2.0
     assert out["parse_failure_rate,none"] == pytest.approx(0.1)
     assert not any(k.startswith("pass@") for k in out) and out["n_docs"] == 10
@@ -101,6 +101,7 @@ def test_write_results_lm_eval_layout(tmp_path):
     assert data["git_hash"] is None or re.fullmatch(r"[0-9a-f]{4,40}", data["git_hash"])
     assert data["n-samples"] == {"math500/recursive_mas": {"original": 8, "effective": 8}}
     assert data["total_evaluation_time_seconds"] == 12.5 and isinstance(data["date"], float)
+    assert data["machine"]["cpu_count"] >= 1 and len(data["machine"]["load_avg"]) == 3  # every results file
     assert not list(tmp_path.rglob("*.tmp"))
 
 
@@ -114,19 +115,36 @@ def test_read_results_reads_files_without_a_metadata_section(tmp_path):
                                      {"benchmark": "gsm8k", "method": "recursive_mas"})
 
 
-def test_markdown_table_adds_speedup_and_token_reduction():
+def test_markdown_table_adds_speedup_from_throughput_and_token_reduction():
     base = {"benchmark": "math500", "method": "recursive_textmas", "accuracy,strict": 0.6,
-            "accuracy_stderr,strict": 0.05, "tokens_per_sample,none": 1000.0, "seconds_per_sample,none": 4.0}
+            "accuracy_stderr,strict": 0.05, "tokens_per_sample,none": 1000.0, "latency_s,none": 4.0,
+            "throughput_samples_per_s,none": 0.5}
     ours = {**base, "method": "recursive_mas", "accuracy,strict": 0.7, "tokens_per_sample,none": 250.0,
-            "seconds_per_sample,none": 2.0, "latent_steps_per_sample,none": 96.0}
+            "latency_s,none": 3.0, "throughput_samples_per_s,none": 1.0, "latent_steps_per_sample,none": 96.0}
     table = R.markdown_table({"math500/recursive_textmas": base, "math500/recursive_mas": ours})
     header, sep, row_base, row_ours = table.splitlines()
     assert "Speedup" in header and "Token reduction" in header and set(sep) <= set("|-")
-    assert "|2.00x|75.0%|" in row_ours and "|1.00x|0.0%|" in row_base
+    assert "|3.000|1.000|2.00x|75.0%|" in row_ours and "|4.000|0.500|1.00x|0.0%|" in row_base
     assert "|0.7000|+-|0.0500|" in row_ours
     single = R.markdown_table({"math500/recursive_mas": ours})
     assert "Speedup" not in single and len(single.splitlines()) == 3
     assert table.isascii()
+    resumed = {k: {m: v for m, v in e.items() if not m.startswith("throughput")}  # no fresh wall time
+               for k, e in {"a/recursive_textmas": base, "a/recursive_mas": ours}.items()}
+    assert "|1.33x|" in R.markdown_table(resumed).splitlines()[3]
+
+
+def test_timing_columns_are_marked_unreliable_when_load_exceeds_the_cores():
+    row = {"math500/recursive_mas": {"benchmark": "math500", "method": "recursive_mas", "accuracy,strict": 0.5,
+                                     "latency_s,none": 1.0, "throughput_samples_per_s,none": 2.0}}
+    idle = R.markdown_table(row, machine={"cpu_count": 2, "load_avg": [1.5, 1.0, 1.0]})
+    busy = R.markdown_table(row, machine={"cpu_count": 2, "load_avg": [5.25, 4.0, 3.0]})
+    assert "*" not in idle and len(idle.splitlines()) == 3
+    head, *_, note = busy.splitlines()
+    assert "Latency s*" in head and "Samples/s*" in head
+    assert note == "* unreliable: load average 5.25 > 2 cores (other work shared the CPUs)"
+    machine = R.machine_load()
+    assert machine["cpu_count"] >= 1 and len(machine["load_avg"]) == 3
 
 
 def test_plot_vs_rounds_writes_a_png(tmp_path):

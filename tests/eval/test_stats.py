@@ -62,3 +62,14 @@ def test_paired_difference_detects_a_shift_and_not_noise():
     assert 0.02 < np.mean(np.array(noise) < 0.05) < 0.10  # about alpha under the null
     by_key = stats.paired_by_key({"a": 2.0, "b": 3.0, "c": 9.0}, {"b": 1.0, "a": 1.0})
     assert by_key["n"] == 2 and by_key["mean"] == pytest.approx(1.5)
+
+
+def test_holm_adjusts_a_family_step_down_in_input_order():
+    from recmas_ray.eval.stats import holm
+
+    assert holm([0.01, 0.04, 0.03]) == pytest.approx([0.03, 0.06, 0.06])  # 3 x 0.01; max(2 x 0.03, 0.04)
+    assert holm([0.5, 0.9]) == pytest.approx([1.0, 1.0])  # capped at 1
+    got = holm([0.021, float("nan"), 0.2])
+    assert got[0] == pytest.approx(0.042) and math.isnan(got[1]) and got[2] == pytest.approx(0.2)
+    # the case: 0.021 among 7 tests does not survive
+    assert holm([0.021, 0.42, 0.97, 0.3, 0.5, 0.6, 0.8])[0] == pytest.approx(0.147)

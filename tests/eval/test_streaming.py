@@ -51,8 +51,9 @@ def test_format_retry_refeeds_raw_output_with_suffix():
                SampleResult("def f(): pass", 9, 0, 1.0)]
     calls = []
 
-    def retry(texts, suffixes, n, decode):
+    def retry(texts, suffixes, n, decode, context):
         calls.append((texts, suffixes, n))
+        assert context is None  # results without a recorded decoder input: the reply alone is continued
         return [Decoded("5}", 2) if n == 16 else Decoded("def f():\n    return 5", 11)] * len(texts)
 
     infos = format_retry(items, results, None, retry)

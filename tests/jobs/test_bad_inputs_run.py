@@ -68,7 +68,7 @@ def _bad_rows(tmp):
         ("nccl_on_cpu", ["--backend", "ray", "--transport", "rdt:nccl", "--device", "cpu"], "rdt:nccl"),
         ("rdt_local", ["--transport", "rdt:gloo"], "needs --backend ray"),
         ("ckpt_role", ["--ckpt_override", f"summarizer={tmp}"], "--ckpt_override names ['summarizer']"),
-        ("ckpt_missing", ["--ckpt_override", f"planner={tmp}/nope"], "no such directory"),
+        ("ckpt_missing", ["--ckpt_override", f"planner={tmp}/nope"], "no such folder"),
         ("ckpt_shape", ["--ckpt_override", "planner"], "item 'planner' is not KEY=VALUE"),
         ("dataset_missing", ["--dataset", str(tmp / "missing.jsonl")], "missing.jsonl' does not exist"),
         ("dataset_path_missing", ["--dataset", "math500", "--dataset_path", str(tmp / "m.jsonl")],

@@ -87,12 +87,13 @@ def test_every_figure_of_the_report_is_computed(tmp_path, tiny_cache, family):
         assert 0 <= t["mcnemar"]["p"] <= 1 and t["mcnemar"]["n"] == 10
         assert math.isfinite(t["nll_diff"]["mean"]) and math.isfinite(t["nll_diff"]["se"])
         assert set(t["nll_diff_by_class"]) == classes
-    lines = verdicts.paired_verdicts(tests) + verdicts.flow_verdicts(rows)
+    lines = verdicts.paired_verdicts(tests) + verdicts.flow_verdicts(rows, tests)
     channel = verdicts.channel_verdicts(rows, tests)
     assert len(channel) == (2 if hidden else 0)  # trained vs fresh (R = 1) and vs shuffled (R = 2)
     assert all("not shown at p < 0.01 with n >= 128" in ln for ln in channel)  # n = 10 can never show it
     assert len([ln for ln in lines if ln.startswith("paired:")]) == len(tests)
-    assert len([ln for ln in lines if ln.startswith("flow: ")]) == 2 + 5  # trained edges at R = 1 and 2
+    # trained edges at R = 1 and 2 (present in the message), and the shuffle gap at R = 2 (used by the decoder)
+    assert len([ln for ln in lines if ln.startswith("flow: ")]) == 2 + 5 + 1
     assert any("question-specific" in ln for ln in lines)
     for text in (report.table(rows), report.flow_table(rows), report.paired_table(tests)):
         assert text.count("\n") >= 3 and "nan" not in text
@@ -173,7 +174,7 @@ def test_quick_and_full_are_recipes_flags_still_win(capsys):
 def test_demo_quick_on_tiny_preset(tmp_path, ray_cluster, capsys):
     out = tmp_path / "demo"
     assert demo_job.main(["--preset", "tiny", "--quick", "--backend", "local", "--output_path", str(out),
-                          "--no_progress", "--role_model", "critic=tiny:mistral"]) == 0
+                          "--no_progress", "--role_model", "critic=tiny:mistral", "--tasks", "arithmetic"]) == 0
     printed = capsys.readouterr().out
     data = json.loads((out / "demo_results.json").read_text())
     rows, n = data["rows"], data["heldout_size"]
@@ -210,14 +211,23 @@ def test_demo_quick_on_tiny_preset(tmp_path, ray_cluster, capsys):
     # the console: phase lines, the tables and the verdicts, nothing else
     lines = [ln for ln in printed.splitlines() if ln.strip()]
     table = [ln for ln in lines if ln.startswith("|")]
-    assert table[0].startswith("|Method|R|n|Accuracy|95% CI|NLL|Tokens/sample|s/sample|Speedup|Token reduction|"
-                               "NLL result|NLL operand|NLL wording|")
+    assert table[0].startswith("|Method|R|n|Accuracy (strict)|95% CI|Lenient|NLL|Tokens/sample|s/sample @ load/cores|"
+                               "Token reduction|NLL result|NLL operand|NLL wording|")
+    # the answer first: one headline per R with own, shuffled and fresh links, before any table
+    heads = [i for i, ln in enumerate(lines) if ln.startswith("sequential_light / arithmetic, R=")]
+    assert len(heads) == len(abl) and heads[-1] < lines.index(table[0]) and data["headline"] == [lines[i] for i in heads]
+    assert all(re.search(r"\d+/16 own vs \d+/16 shuffled vs \d+/16 fresh \(McNemar p", lines[i]) for i in heads)
+    for r in rows:  # graded both ways, every prediction kept
+        assert r["correct_lenient"] >= r["correct"] and len(data["per_question"][f"{r['variant']} R={r['rounds']}"]["prediction"]) == n
+    origins = data["training"]["link_origins"]
+    assert set(origins) == {"planner", "critic", "solver", "outer"} and all(o["known"] for o in origins.values())
     assert any(ln.startswith("|Method|R|Edge|Cosine|") for ln in table)
     assert any(ln.startswith("|Trained vs|R|") for ln in table)
     assert len([ln for ln in table if ln.startswith("|---")]) == 3
     other = [ln for ln in lines if not ln.startswith("|")]
     assert all(ln.startswith(("data:", "preparing models", "inner training", "outer training", "starting agents",
-                              "evaluate ", "channel:", "paired:", "flow:", "plot:", "results:")) for ln in other), other
+                              "evaluate ", "sequential_light / ", "channel:", "paired:", "flow:", "plot:", "results:"))
+               for ln in other), other
     assert sum(ln.startswith("evaluate ") for ln in other) == len(rows) - 1  # R=1 text recursion is TextMAS
     assert (out / "demo_results.png").stat().st_size > 1000 and (out / "logs" / "demo.log").exists()
     for role in ("planner", "critic", "solver"):
@@ -229,12 +239,36 @@ def test_demo_quick_on_tiny_preset(tmp_path, ray_cluster, capsys):
     assert "tiny:mistral" in (out / "outer" / "manifest.json").read_text()
 
 
+@pytest.mark.integration
+@pytest.mark.timeout(1800)
+def test_demo_leads_with_the_fact_answer_on_tiny_preset(tmp_path, ray_cluster, capsys):
+    """The hidden-fact phase: its answer line per style, task and held-out split comes first, then the tables."""
+    import re
+
+    out = tmp_path / "demo"
+    assert demo_job.main(["--preset", "tiny", "--quick", "--output_path", str(out), "--no_progress",
+                          "--tasks", "distillation:recall,distillation:compare"]) == 0
+    lines = [ln for ln in capsys.readouterr().out.splitlines() if ln.strip()]
+    answers = [ln for ln in lines if ln.startswith("distillation ") and "McNemar p" in ln]
+    assert len(answers) == 4, lines  # two tasks x (seen, unseen values)
+    assert re.match(r"distillation recall \(seen values\): trained links carry the fact: \d+/8 own vs \d+/8 shuffled "
+                    r"vs \d+/8 fresh \(McNemar p [\d.e+-]+ vs shuffled, [\d.e+-]+ vs fresh\)$", answers[0]), answers[0]
+    assert re.match(r"distillation compare \(unseen values\): trained RecursiveMAS \d+/4 vs single agent \d+/4 vs "
+                    r"TextMAS \d+/4 ", answers[3]), answers[3]
+    first_table = next(i for i, ln in enumerate(lines) if ln.startswith("|"))
+    assert first_table > lines.index(answers[-1])  # the answers come before every table
+    summary = json.loads((out / "facts" / "summary.json").read_text())
+    assert summary["lines"] == answers
+
+
 @pytest.mark.parametrize("rounds", [[1], [1, 2]])
 def test_plot_draws_one_or_several_rounds(tmp_path, rounds):
     from jobs.experiments.demo import report
 
-    rows = [dict(label=v.label, rounds=r, accuracy=0.25, ci_low=0.1, ci_high=0.4, nll=1.2 + 0.01 * i,
-                 nll_stderr=0.01, tokens_per_sample=20.0, seconds_per_sample=1.0)
+    per_doc = {f"q{k}": k % 4 == 0 for k in range(8)}
+    rows = [dict(variant=v.key, label=v.label, rounds=r, n=8, correct=2, correct_per_doc=per_doc, accuracy=0.25,
+                 accuracy_lenient=0.375, ci_low=0.1, ci_high=0.4, nll=1.2 + 0.01 * i, nll_stderr=0.01,
+                 tokens_per_sample=20.0, seconds_per_sample=1.0)
             for i, v in enumerate(compare.VARIANTS) for r in rounds]
     path = report.plot(rows, tmp_path / "p.png")
     assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and path.stat().st_size > 10_000

@@ -72,7 +72,8 @@ def test_push_links_round_trips_through_the_hub_layout(tmp_path, monkeypatch, ti
     folder = _system_folder(tmp_path / "links")
     cache = tmp_path / "hub_cache"
     api = FakeHubApi(cache)
-    cfg = job.PushLinksConfig(folder=str(folder), repo="my-org/recmas-links", revision="v1", private=True)
+    cfg = job.PushLinksConfig(folder=str(folder), repo="my-org/recmas-links", revision="v1", private=True,
+                              allow_random_bases=True)
     out = job.push_links(cfg, api=api)
 
     assert [c[0] for c in api.calls] == ["create_repo", "create_branch", "upload_folder"]
@@ -85,7 +86,8 @@ def test_push_links_round_trips_through_the_hub_layout(tmp_path, monkeypatch, ti
     card = (next((cache / "models--my-org--recmas-links" / "snapshots").iterdir()) / "README.md").read_text()
     assert card.startswith("---\nlibrary_name: recmas_ray\n")
     for text in ("tiny:qwen3", "tiny:llama", "tiny:gemma3", "planner->critic", "held-out loss 1.5",
-                 "train loss 1.25", "System.build('sequential_light', links='my-org/recmas-links')"):
+                 "train loss 1.25", "System.build('sequential_light', links='my-org/recmas-links',",
+                 "role_models={'critic': 'tiny:llama', 'planner': 'tiny:qwen3', 'solver': 'tiny:gemma3'})"):
         assert text in card, text
     assert "/home/me" not in card  # the trainer's paths stay home
 
@@ -114,7 +116,7 @@ def test_dry_run_stages_the_card_and_uploads_nothing(tmp_path):
     staging = tmp_path / "staged"
     api = FakeHubApi(tmp_path / "cache")
     out = job.push_links(job.PushLinksConfig(folder=str(folder), repo="org/name", dry_run=True,
-                                             staging_dir=str(staging)), api=api)
+                                             staging_dir=str(staging), allow_random_bases=True), api=api)
     assert api.calls == [] and out["commit"] is None
     assert (staging / "README.md").is_file() and (staging / "solver" / "links.safetensors").is_file()
 
@@ -130,6 +132,9 @@ def _bad_rows(tmp):
     (fifo_root / "links.safetensors").write_bytes(b"x")
     os.mkfifo(fifo_root / "manifest.json")
     (tmp / "staged_exists").mkdir()
+    no_outer = _system_folder(tmp / "no_outer")
+    shutil.rmtree(no_outer / "outer")
+    ok = ["--allow_random_bases"]
     return [
         ("no_repo_shape", [str(good), "--repo", "just-a-name"], "--repo 'just-a-name': expected a Hub repo id"),
         ("repo_with_subfolder", [str(good), "--repo", "org/name:planner"], "the branch goes in --revision"),
@@ -140,10 +145,13 @@ def _bad_rows(tmp):
         ("empty_revision", [str(good), "--repo", "org/name", "--revision", " "], "--revision"),
         ("staging_exists", [str(good), "--repo", "org/name", "--staging_dir", str(tmp / "staged_exists")],
          "expected a path that does not exist yet"),
+        ("no_outer", [str(no_outer), "--repo", "org/name", *ok], "but not ['outer'] of style sequential"),
+        ("random_bases", [str(good), "--repo", "org/name"], "random-weight test models ['tiny:gemma3', 'tiny:llama', "
+                                                            "'tiny:qwen3']"),
     ]
 
 
-@pytest.mark.parametrize("row", range(8))
+@pytest.mark.parametrize("row", range(10))
 def test_bad_input_is_one_line_before_anything_is_written(row, tmp_path, capsys, monkeypatch):
     name, argv, fragment = _bad_rows(tmp_path)[row]
     before = sorted(str(p) for p in tmp_path.rglob("*"))

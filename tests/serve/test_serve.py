@@ -99,6 +99,13 @@ def test_api_key_is_required_on_v1_routes(server):
     status, data = _http(url, "/v1/completions", json.dumps({"model": MODEL, "prompt": "hi"}).encode())
     assert status == 401
     assert _http(url, "/health")[0] == 200  # health and metrics stay open (as vLLM's)
+    for path in ("/docs", "/openapi.json"):  # the API's description follows the key too
+        assert _http(url, path)[0] == 401
+    status, data = _http(url, "/openapi.json", headers={"Authorization": f"Bearer {KEY}"})
+    assert status == 200 and "/v1/chat/completions" in json.loads(data)["paths"]
+    assert "/docs" not in json.loads(data)["paths"]
+    status, page = _http(url, "/docs", headers={"Authorization": f"Bearer {KEY}"})
+    assert status == 200 and b"swagger" in page.lower()
 
 
 def test_oversized_body_gets_413_before_it_runs(server):

@@ -57,14 +57,42 @@ def test_checks_before_compute(tmp_path, tiny_cache):
         plan_system("sequential_light", preset="tiny", ckpt_override={"planner": str(tmp_path)})
 
 
-def test_manifest_base_model_wins_over_preset(tmp_path, tiny_cache):
+def test_checkpoint_on_another_base_than_the_presets_is_refused_until_named(tmp_path, tiny_cache):
     plan = plan_system("distillation", preset="tiny")
     llama = plan_system("sequential_light", preset="tiny")  # critic runs tiny:llama (96)
     save_links(tmp_path / "ck", LinkSet(inner={"learner": llama.links.inner["critic"]}),
                {"roles": {"learner": {"base_model": "tiny:llama"}}})
-    moved = plan_system("distillation", preset="tiny", ckpt_override={"learner": str(tmp_path / "ck")})
-    assert moved.role_models["learner"] == "tiny:llama" and plan.role_models["learner"] == "tiny:qwen3"
-    assert moved.links.outer["expert->learner"].out_dim == 96
+    ck = {"learner": str(tmp_path / "ck")}
+    with pytest.raises(ValueError, match=r"role learner: preset tiny gives base model 'tiny:qwen3', but the "
+                                         r"checkpoint .* was trained on 'tiny:llama'; name it \(--models learner="):
+        plan_system("distillation", preset="tiny", ckpt_override=ck)
+    named = plan_system("distillation", preset="tiny", ckpt_override=ck, role_models={"learner": "tiny:llama"})
+    assert named.role_models["learner"] == "tiny:llama" and plan.role_models["learner"] == "tiny:qwen3"
+    assert named.links.outer["expert->learner"].out_dim == 96
+    with pytest.raises(ValueError, match="hidden size"):  # opted in: the preset's model, link sizes still checked
+        plan_system("distillation", preset="tiny", ckpt_override=ck, allow_base_model_mismatch=True)
+
+
+def test_outer_links_of_other_base_models_or_another_style_are_refused(tmp_path, tiny_cache):
+    from recmas_ray.system.checkpoints import save_links as save
+
+    light = plan_system("sequential_light", preset="tiny")
+    save(tmp_path / "outer", LinkSet(outer=light.links.outer),
+         {"kind": "outer", "style": "sequential_light", "roles": {"planner": {"base_model": "tiny:mistral"}}})
+    with pytest.raises(ValueError, match=r"outer=.*: trained with planner on 'tiny:mistral', but this system runs "
+                                         r"'tiny:qwen3' there"):
+        plan_system("sequential_light", preset="tiny", ckpt_override={"outer": str(tmp_path / "outer")})
+    mixture = plan_system("mixture", preset="tiny")
+    role = mixture.style.roles[0]
+    save(tmp_path / "inner", LinkSet(inner={role: mixture.links.inner[role]}),
+         {"kind": "inner", "style": "mixture", "roles": {role: {"base_model": mixture.role_models[role]}}})
+    target = next(r for r in light.style.roles if light.role_models[r] == mixture.role_models[role])
+    with pytest.raises(ValueError, match=r"links trained for style 'mixture', but this system runs 'sequential'; "
+                                         r"pass --allow_style_mismatch"):
+        plan_system("sequential_light", preset="tiny", ckpt_override={target: str(tmp_path / "inner")})
+    opted = plan_system("sequential_light", preset="tiny", ckpt_override={target: str(tmp_path / "inner")},
+                        allow_style_mismatch=True)
+    assert opted.sources[f"inner:{target}"] == str(tmp_path / "inner")
 
 
 # ----------------------------------------------------------------------------- untrusted checkpoint folders

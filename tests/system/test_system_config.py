@@ -1,4 +1,4 @@
-"""`SystemConfig` (issue #22): one section chooses the system in every job, its flags as before."""
+"""`SystemConfig`: one section chooses the system in every job, its flags as before."""
 from __future__ import annotations
 
 import dataclasses

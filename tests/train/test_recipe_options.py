@@ -154,3 +154,62 @@ def test_rollout_latents_are_the_inference_paths_and_only_replace_stages_without
     assert out.objective is not None
     out.objective.backward()
     assert lat.flat.grad is not None and lat.flat.grad.abs().sum() > 0
+
+
+def test_full_rollout_middle_stage_sends_the_inference_message_and_passes_gradient(tiny_cache):
+    """--rollout_stages all: the critic, which receives latents, sends what the service's rollout of the same
+    prompts and latents sends (gold text unread), with a graph back to the latents it received; the decoder's
+    feedback at R = 2 is its rollout, never its hidden states over the gold answer; first-stage rollouts are
+    memoised per question and equal to a fresh computation."""
+    from recmas_ray.agent import find_slots
+    from recmas_ray.service import AgentService
+    from recmas_ray.styles import render_prompt
+    from recmas_ray.system.plan import plan_system
+    from recmas_ray.train.outer import Latent, emit_messages, encode_stage, prepare_samples
+    from recmas_ray.train.synthetic_facts import make_fact_dataset
+
+    plan = plan_system("sequential_light", preset="tiny", seed=0, task="qa")
+    style, m = plan.style, 4
+    svc = {r: AgentService(*plan.service_args(r)) for r in style.roles}
+    samples = prepare_samples(make_fact_dataset("two_fact", "sequential_light", 3, seed=0), style, "qa")
+    steps = build_schedule(style, 2)
+    kw = dict(task="qa", num_rounds=2, max_latent_tokens=80, non_last_loss_weight=0.5, batch_size=3,
+              rollout_latent_steps=m, rollout_stages="all")
+    cache: dict = {}
+    first = encode_stage(svc["planner"].agent, style, steps[0], samples, {}, rollout_cache=cache, **kw)
+    assert len(cache) == 3
+    assert torch.equal(encode_stage(svc["planner"].agent, style, steps[0], samples, {}, rollout_cache=cache, **kw).z,
+                       first.z)
+    sent = emit_messages(svc["planner"].agent, first.z, steps[0].outputs)["planner->critic"].detach()
+    lat = Latent(sent.clone().requires_grad_(), first.lengths)
+    crit = steps[1]
+    assert crit.role == "critic"
+    enc = encode_stage(svc["critic"].agent, style, crit, samples, {crit.inputs[0][0]: lat}, **kw)
+    assert enc.lengths == [m] * 3 and enc.objective is None
+    msg = emit_messages(svc["critic"].agent, enc.z, crit.outputs)["critic->solver"]
+    users = [render_prompt(style, "critic", crit.variant, "qa", s.question) for s in samples]
+    slots = find_slots(svc["critic"].agent.render_chat(users[0]))
+    want, _ = svc["critic"].rollout(users, slots, m, ["critic->solver"], sent.reshape(3, m, -1))
+    assert torch.allclose(msg.detach().reshape(3, m, -1), want.float(), atol=1e-4)
+    other = [type(s)(s.sample_id, s.question, {**s.targets, "critic": "unrelated text"}) for s in samples]
+    assert torch.equal(encode_stage(svc["critic"].agent, style, crit, other, {crit.inputs[0][0]: lat}, **kw).z, enc.z)
+    msg.sum().backward()
+    assert lat.flat.grad is not None and lat.flat.grad.abs().sum() > 0
+    # the decoder in round 1 (R = 2): CE on the gold answer, feedback = its rollout, independent of the gold answer
+    dec = next(s for s in steps if s.role == style.decoder and s.round == 1)
+    lat2 = {mk: Latent(torch.randn(3 * m, svc["solver"].agent.hidden_size), [m] * 3) for mk, _ in dec.inputs}
+    a = encode_stage(svc["solver"].agent, style, dec, samples, lat2, **kw)
+    changed = [type(s)(s.sample_id, s.question, {**s.targets, "solver": "x = 11. \\boxed{11}"}) for s in samples]
+    b = encode_stage(svc["solver"].agent, style, dec, changed, lat2, **kw)
+    assert a.lengths == [m] * 3 and torch.equal(a.z, b.z) and a.sample_losses != b.sample_losses
+
+
+def test_rollout_with_grad_matches_the_no_grad_inference_rollout(agents):
+    agent = agents["qwen3"]
+    e_BLD, mask_BL = agent.embed_batch(["hello there", "a longer prompt with more words in it"])
+    want = agent.latent_rollout(e_BLD, mask_BL, 5)
+    e = e_BLD.clone().requires_grad_()
+    got = agent.latent_rollout_with_grad(e, mask_BL, 5)
+    assert got.requires_grad and torch.allclose(got.detach(), want, atol=1e-5)
+    got.sum().backward()
+    assert e.grad.abs().sum() > 0

@@ -82,8 +82,8 @@ def test_capture_pool_scores_with_the_services_scorer_and_keeps_token_nll(tiny_c
 def test_sweep_runs_end_to_end_on_tiny_models(tmp_path, ray_cluster):
     from jobs.experiments.sweep_recipe import main_cfg, SweepRecipeConfig
 
-    cfg = SweepRecipeConfig(preset="tiny", out_dir=str(tmp_path), recipes=["release_r1", "+value"], num_train=12,
-                            num_eval=10, inner_steps=2, outer_steps=2, latent_steps=2, max_new_tokens=3,
+    cfg = SweepRecipeConfig(preset="tiny", out_dir=str(tmp_path), recipes=["release_r1", "full_r1"], num_train=12,
+                            num_eval=6, num_unseen=4, inner_steps=2, outer_steps=2, latent_steps=2, max_new_tokens=3,
                             eval_batch_size=5)
     assert main_cfg(cfg) == 0
     base = json.loads((tmp_path / "baselines.json").read_text())
@@ -97,5 +97,6 @@ def test_sweep_runs_end_to_end_on_tiny_models(tmp_path, ray_cluster):
         assert set(got["tests"]) == {"vs_shuffled", "vs_zeroed", "vs_fresh"}
     table = (tmp_path / "summary.md").read_text()
     assert all(f"| {r} |" in table for r in cfg.recipes)
+    assert all(f"| {r} | unseen values | 4 |" in table for r in cfg.recipes)
     with pytest.raises(ValueError, match="other settings"):
         main_cfg(SweepRecipeConfig(**{**cfg.__dict__, "num_eval": 9}))

@@ -1,4 +1,10 @@
-"""The end-to-end demo behind `jobs/demo.py`: train a sequential system, then compare it with text on held-out questions.
+"""The end-to-end demo behind `jobs/demo.py`: hidden-fact tasks first, then (--tasks arithmetic, or --full) the
+standard task: train a sequential system, then compare it with text on held-out questions.
+
+  fact tasks  `demo.facts`: per STYLE:TASK of --tasks (distillation and sequential recall, the compare
+              collaboration task by default; two_fact and mixture in --full), links trained with every stage
+              sending its latent rollout, measured on seen-values and unseen-values held-out splits; their
+              answer lines ("trained links carry the fact: X/N own vs Y/N shuffled vs Z/N fresh") print first
 
   data        one-step arithmetic word problems (`train.synthetic`, difficulty one_step), split into
               train / held-out; no held-out question is in training (checked, `check_disjoint`)
@@ -24,7 +30,7 @@ No Qwen2.5-0.5B wheel exists on this registry (its package lists hold none), so 
 CALIBRATION (decoder alone = single agent, SmolLM2-135M-Instruct, greedy, strict grader, format retry
 on; measured in-process with one torch thread, batch 8, on this 2-core machine at load average 7-50):
   family / answer format / budget                         accuracy (n)      note
-  multi-step word problems, math format, 64 tokens        0% (8-12, README)  the original demo
+  multi-step word problems, math format, 64 tokens        0% (8-12)          the original demo
   2-digit word problem a+b, math, 48                      0/16
   one-operation word problems, math, 32 / 64              1/16 / 3/24       CoT rambles ("dividing")
   mixed +, -, x word problems, math, 32                   0/16
@@ -48,7 +54,7 @@ questions of the arith family with operands <= 39; NLL = RecursiveMAS R=1 answer
   fresh inner links                                                                  1.316 / 1.287 / 1.295
 Chosen: inner lr 3e-3 (lowest held-out inner loss; 24 steps by default, 48 in --full, where it still falls)
 and m = 8 (lowest NLL at every lr). The NLL differences are within noise at n = 16: with fresh outer
-links the inner links alone do not yet help the decoder; the outer loop (lr 1e-4, the spec's stable
+links the inner links alone do not yet help the decoder; the outer loop (lr 1e-4, a third-party re-run's stable
 value) is what has to carry the question through. Outer-loop lr was not swept (each outer run costs
 minutes of Ray Train start-up and R rounds of three models here); its steps were set by the time budget:
 16 steps at R = 1 (149 s) by default, 24 at R = 2 in --full.

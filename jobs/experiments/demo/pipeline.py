@@ -100,6 +100,14 @@ def train_links(cfg: DemoConfig, train_file: Path, out: Path, models: dict[str, 
     return {**overrides, "outer": str(outer.save_dir), "_inner_losses": losses, "_outer_log": log}
 
 
+def link_origins(trained: dict[str, str]) -> dict:
+    """Where each link folder of the run came from (`system.provenance.link_origin`: path, sha256 of its files,
+    the command and config that trained it)."""
+    from recmas_ray.system.provenance import link_origin
+
+    return {name: link_origin(path) for name, path in trained.items()}
+
+
 def link_plans(cfg: DemoConfig, models: dict[str, str], trained: dict[str, str]) -> dict:
     """The three link sets as system plans: fresh, inner-trained (fresh outer links), inner+outer trained."""
     from recmas_ray.system.plan import plan_system
@@ -182,24 +190,32 @@ def run_demo(cfg: DemoConfig, console: Console | None = None) -> dict:
     rows.sort(key=lambda x: (order.index(x["variant"]), x["rounds"]))
     compare.add_comparisons(rows)
     tests = verdicts.paired_tests(rows)
-    lines = verdicts.channel_verdicts(rows, tests) + verdicts.paired_verdicts(tests) + verdicts.flow_verdicts(rows)
+    task = {"style": cfg.system.style, "rows": rows, "tests": tests,
+            "task": cfg.task_family if cfg.task_family == "arithmetic" else f"{cfg.task_family} ({cfg.hidden_question})"}
+    first = verdicts.headline([task])
+    lines = verdicts.channel_verdicts(rows, tests) + verdicts.paired_verdicts(tests) + verdicts.flow_verdicts(rows, tests)
     text = "\n\n".join(t for t in (report.table(rows), report.flow_table(rows), report.paired_table(tests)) if t)
-    png = report.plot(rows, out / "demo_results.png")
+    png = report.plot_tasks([task], out / "demo_results.png")
     phases["total"] = time.perf_counter() - t_start
-    results = {"rows": [compare.public_row(r) for r in rows], "verdicts": lines, "paired_tests": tests,
+    results = {"headline": first, "rows": [compare.public_row(r) for r in rows], "verdicts": lines, "paired_tests": tests,
                "task_family": cfg.task_family, "hidden_facts": list(hidden),
                "per_question": {f"{r['variant']} R={r['rounds']}": {
                    "nll": r["nll_per_doc"], "correct": r["correct_per_doc"],
+                   "correct_lenient": r.get("correct_lenient_per_doc"), "prediction": r.get("prediction_per_doc"),
                    "nll_by_class": (r.get("flow") or {}).get("nll_by_class_per_doc")} for r in rows},
-               "training": {"inner_final_loss": inner_losses, "outer_log": outer_log, "checkpoints": trained},
+               "training": {"inner_final_loss": inner_losses, "outer_log": outer_log, "checkpoints": trained,
+                            "link_origins": link_origins(trained)},
                "phase_seconds": phases, "config": dataclasses.asdict(cfg), "heldout_size": len(items),
                "role_models": models}
     compare.write_json(out / "demo_results.json", results)
+    console.line()
+    for v in first:  # the answer first: do trained links carry the question?
+        console.line(v)
     console.line()
     console.line(text)
     console.line()
     for v in lines:
         console.line(v)
     console.line(f"\nplot: {png}\nresults: {out / 'demo_results.json'}  (samples/, logs/ beside it)")
-    return {"rows": rows, "table": text, "verdicts": lines, "paired_tests": tests, "plot": str(png), "output_path": str(out),
+    return {"headline": first, "rows": rows, "table": text, "verdicts": lines, "paired_tests": tests, "plot": str(png), "output_path": str(out),
             "phase_seconds": phases}

@@ -1,5 +1,12 @@
-"""The demo's tables (method x R; information flow per edge; paired tests) and its PNG (accuracy with 95% CI
-bars, NLL, tokens, seconds, NLL by answer token class)."""
+"""The demo's tables (method x R; information flow per edge; paired tests) and its PNG.
+
+Every figure comes from the rows of `demo.compare` (and the tests of `demo.verdicts`); nothing is typed in.
+Timings are shown only beside the load they were measured under (`compare.machine_load`: 1-minute load
+average / cores), since on a shared machine they rank methods by their neighbours' work. The PNG
+(`plot_tasks`) leads with the answer: own vs shuffled vs fresh links per style and task; below it, per task,
+accuracy strict and lenient and the answer NLL of every method, as horizontal bars from zero with the labels
+on the axis (no legend over bars).
+"""
 
 from __future__ import annotations
 
@@ -11,8 +18,8 @@ def _f(v, fmt: str) -> str:
     return "N/A" if v is None or (isinstance(v, float) and not math.isfinite(v)) else format(v, fmt)
 
 
-COLUMNS = ("Method", "R", "n", "Accuracy", "95% CI", "NLL", "Tokens/sample", "s/sample", "Speedup",
-           "Token reduction")
+COLUMNS = ("Method", "R", "n", "Accuracy (strict)", "95% CI", "Lenient", "NLL", "Tokens/sample",
+           "s/sample @ load/cores", "Token reduction")
 
 
 def _classes(rows: list[dict]) -> list[str]:
@@ -22,9 +29,21 @@ def _classes(rows: list[dict]) -> list[str]:
     return [c for c in TOKEN_CLASSES if any(g.get(c) is not None for g in got)]
 
 
+def timed(row: dict) -> str:
+    """"0.412 @ 3.1/2": seconds per question at the highest 1-minute load average seen during the run, on that
+    many cores; N/A where the load was not recorded (then the time is not shown at all)."""
+    load = row.get("load") or {}
+    seen = [x["loadavg_1m"] for x in (load.get("before"), load.get("after")) if x]
+    if not seen or row.get("seconds_per_sample") is None:
+        return "N/A"
+    cores = (load.get("before") or load.get("after"))["num_cores"]
+    return f"{_f(row['seconds_per_sample'], '.3f')} @ {max(seen):.1f}/{cores}"
+
+
 def table(rows: list[dict]) -> str:
-    """Markdown table, one line per (method, R); speedup and token reduction vs Recursive-TextMAS at that R;
-    then the answer NLL per token class (result / operand / fact / wording) where it was measured."""
+    """Markdown table, one line per (method, R): accuracy strict (with its Wilson 95% CI) and lenient, NLL,
+    tokens, seconds with the load they ran under, token reduction vs Recursive-TextMAS at that R; then the
+    answer NLL per token class (result / operand / fact / wording) where it was measured."""
     classes = _classes(rows)
     cols = COLUMNS + tuple(f"NLL {c}" for c in classes)
     lines = ["|" + "|".join(cols) + "|", "|" + "|".join("---" for _ in cols) + "|"]
@@ -32,9 +51,8 @@ def table(rows: list[dict]) -> str:
         by_class = (r.get("flow") or {}).get("nll_by_class") or {}
         lines.append("|" + "|".join([
             r["label"], str(r["rounds"]), str(r["n"]), _f(r["accuracy"], ".3f"),
-            f"[{_f(r['ci_low'], '.3f')}, {_f(r['ci_high'], '.3f')}]", _f(r["nll"], ".3f"),
-            _f(r["tokens_per_sample"], ".1f"), _f(r["seconds_per_sample"], ".3f"),
-            _f(r.get("speedup"), ".2f") + ("x" if r.get("speedup") else ""),
+            f"[{_f(r['ci_low'], '.3f')}, {_f(r['ci_high'], '.3f')}]", _f(r.get("accuracy_lenient"), ".3f"),
+            _f(r["nll"], ".3f"), _f(r["tokens_per_sample"], ".1f"), timed(r),
             _f(100 * r["token_reduction"] if r.get("token_reduction") is not None else None, ".1f")
             + ("%" if r.get("token_reduction") is not None else "")] + [_f(by_class.get(c), ".3f") for c in classes]) + "|")
     return "\n".join(lines)
@@ -77,99 +95,87 @@ def paired_table(tests: list[dict]) -> str:
 
 
 def plot(rows: list[dict], path: Path) -> Path:
-    """Four panels against R, one line per method: accuracy (95% Wilson CI bars), NLL (+- stderr), tokens
-    per sample, seconds per sample. Methods with one R (single agent, TextMAS) are single points."""
+    """The PNG of one task's rows (`plot_tasks` with that one task)."""
+    return plot_tasks([{"task": "", "style": "", "rows": rows}], path)
+
+
+def plot_tasks(tasks: list[dict], path: Path) -> Path:
+    """Write `build_figure(tasks)` as a PNG."""
+    fig = build_figure(tasks)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, format="png", dpi=100)
+    return path
+
+
+def _name(task: dict) -> str:
+    return " / ".join(x for x in (task.get("style"), task.get("task")) if x) or "task"
+
+
+def build_figure(tasks: list[dict]):
+    """First panel: own vs shuffled vs fresh links per style / task (strict accuracy, Wilson 95% CI, X/N on each
+    bar; at each task's largest R with all three). Then one row per task: accuracy strict and lenient of every
+    method (horizontal bars from 0 to 1), answer NLL of every method (horizontal bars from 0)."""
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
-    from matplotlib.ticker import MaxNLocator
 
-    fig = Figure(figsize=(20, 4.2))
+    from jobs.experiments.demo.verdicts import _channel
+
+    heights = [max(2.0, 0.32 * len(t["rows"]) + 1.0) for t in tasks]
+    fig = Figure(figsize=(13, 3.6 + sum(heights)))
     FigureCanvasAgg(fig)
-    by: dict[str, list[dict]] = {}
-    for r in rows:
-        by.setdefault(r["label"], []).append(r)
-    if len({r["rounds"] for r in rows}) == 1:  # one R: methods side by side, not points on an R axis
-        return _plot_one_round(fig, rows, path)
-    panels = [("accuracy", "accuracy (95% CI)"), ("nll", "answer NLL (nats/token)"),
-              ("tokens_per_sample", "tokens / sample"), ("seconds_per_sample", "seconds / sample")]
-    n_methods = max(1, len(by))
-    for i, (key, title) in enumerate(panels):
-        ax = fig.add_subplot(1, 5, i + 1)
-        for j, (label, rs) in enumerate(by.items()):
-            rs = sorted(rs, key=lambda r: r["rounds"])
-            xs = [r["rounds"] + (j - n_methods / 2) * 0.03 for r in rs]  # small dodge so CI bars do not overlap
-            ys = [r[key] if r[key] is not None and math.isfinite(r[key]) else float("nan") for r in rs]
-            if key == "accuracy":
-                err = [[max(0.0, r["accuracy"] - r["ci_low"]) for r in rs],
-                       [max(0.0, r["ci_high"] - r["accuracy"]) for r in rs]]
-                ax.errorbar(xs, ys, yerr=err, marker="o", capsize=3, label=label)
-            elif key == "nll":
-                se = [r["nll_stderr"] if math.isfinite(r["nll_stderr"]) else 0.0 for r in rs]
-                ax.errorbar(xs, ys, yerr=se, marker="o", capsize=3, label=label)
-            else:
-                ax.plot(xs, ys, marker="o", label=label)
-        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
-        ax.set_xlabel("recursion rounds R")
-        ax.set_title(title, fontsize=10)
-        ax.grid(alpha=0.3)
-    ax = fig.add_subplot(1, 5, 5)  # the result tokens: where question-specific content has to show
-    for j, (label, rs) in enumerate(by.items()):
-        rs = sorted(rs, key=lambda r: r["rounds"])
-        ys = [((r.get("flow") or {}).get("nll_by_class") or {}).get("result") for r in rs]
-        ax.plot([r["rounds"] + (j - n_methods / 2) * 0.03 for r in rs],
-                [y if y is not None else float("nan") for y in ys], marker="o", label=label)
-    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
-    ax.set_xlabel("recursion rounds R")
-    ax.set_title("answer NLL, result tokens", fontsize=10)
-    ax.grid(alpha=0.3)
-    fig.axes[0].legend(fontsize=7)
-    fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, format="png", dpi=100)
-    return path
-
-
-def _plot_one_round(fig, rows: list[dict], path: Path) -> Path:
-    """The four panels as one bar per method (accuracy with its 95% CI, NLL with its standard error)."""
-    panels = [("accuracy", "accuracy (95% CI)"), ("nll", "answer NLL (nats/token)"),
-              ("tokens_per_sample", "tokens / sample"), ("seconds_per_sample", "seconds / sample")]
-    labels = [r["label"].replace("RecursiveMAS, ", "RecursiveMAS\n").replace("ablation: ", "ablation:\n")
-              for r in rows]
-    xs = list(range(len(rows)))
-    colors = [f"C{i}" for i in xs]
-    for i, (key, title) in enumerate(panels):
-        ax = fig.add_subplot(1, 5, i + 1)
-        ys = [r[key] if r[key] is not None and math.isfinite(r[key]) else float("nan") for r in rows]
-        if key == "accuracy":
-            err = [[max(0.0, r["accuracy"] - r["ci_low"]) for r in rows],
-                   [max(0.0, r["ci_high"] - r["accuracy"]) for r in rows]]
-        elif key == "nll":
-            err = [r["nll_stderr"] if math.isfinite(r["nll_stderr"]) else 0.0 for r in rows]
-        else:
-            err = None
-        ax.bar(xs, ys, yerr=err, capsize=3, color=colors)
-        if key == "nll":
-            finite = [y for y in ys if math.isfinite(y)]
-            if finite:  # NLL differences are small next to its size: zoom in
-                ax.set_ylim(min(finite) - 0.05, max(finite) + 0.05)
-        ax.set_xticks(xs)
-        ax.set_xticklabels(labels, rotation=60, ha="right", fontsize=7)
-        ax.set_title(f"{title}, R = {rows[0]['rounds']}", fontsize=10)
-        ax.grid(alpha=0.3, axis="y")
-    classes = _classes(rows)
-    ax = fig.add_subplot(1, 5, 5)  # NLL per answer token class: a constant soft prompt wins only the wording
-    width = 0.8 / max(1, len(classes))
-    for k, c in enumerate(classes):
-        ys = [((r.get("flow") or {}).get("nll_by_class") or {}).get(c) for r in rows]
-        ax.bar([x + (k - (len(classes) - 1) / 2) * width for x in xs], [y if y is not None else float("nan") for y in ys],
-               width=width, label=c)
-    ax.set_xticks(xs)
-    ax.set_xticklabels(labels, rotation=60, ha="right", fontsize=7)
-    ax.set_title(f"answer NLL by token class, R = {rows[0]['rounds']}", fontsize=10)
+    grid = fig.add_gridspec(1 + len(tasks), 2, height_ratios=[3.2, *heights], width_ratios=[3, 2])
+    ax = fig.add_subplot(grid[0, :])
+    ticks, labels = [], []
+    for k, task in enumerate(tasks):
+        found = _channel(task["rows"])
+        if not found:
+            continue
+        r, own, shuf, fresh, vs_shuf, vs_fresh = found[-1]
+        for j, (row, what, color) in enumerate(((own, "own", "C0"), (shuf, "shuffled", "C1"), (fresh, "fresh", "C7"))):
+            x = 4 * k + j
+            err = [[max(0.0, row["accuracy"] - row["ci_low"])], [max(0.0, row["ci_high"] - row["accuracy"])]]
+            ax.bar([x], [row["accuracy"]], yerr=err, capsize=4, color=color, width=0.8)
+            ax.text(x, min(1.0, row["ci_high"]) + 0.02, f"{row['correct']}/{row['n']}", ha="center", fontsize=9)
+            ticks.append(x)
+            test = (None, vs_shuf, vs_fresh)[j]
+            labels.append(f"{what}\nMcNemar p {test['p']:.2g}" if test else f"own\n{_name(task)}, R={r}")
+    ax.set_xticks(ticks)
+    ax.set_xticklabels(labels, fontsize=9)
+    ax.set_ylim(0, 1.12)
+    ax.set_ylabel("accuracy (strict)")
+    ax.set_title("Do trained links carry the question? Own latents vs another question's (shuffled) vs fresh links",
+                 fontsize=11)
+    if not ticks:
+        ax.text(0.5, 0.5, "no run with own, shuffled and fresh links at one R", ha="center", transform=ax.transAxes)
     ax.grid(alpha=0.3, axis="y")
-    if classes:
-        ax.legend(fontsize=7)
+    for k, task in enumerate(tasks):
+        rows = task["rows"]
+        names = [f"{r['label']} (R={r['rounds']})" for r in rows][::-1]
+        ys = list(range(len(rows)))
+        acc = fig.add_subplot(grid[1 + k, 0])
+        strict = [_finite(r["accuracy"]) for r in rows][::-1]
+        lenient = [_finite(r.get("accuracy_lenient")) for r in rows][::-1]
+        acc.barh([y + 0.2 for y in ys], strict, height=0.4, color="C0")
+        acc.barh([y - 0.2 for y in ys], lenient, height=0.4, color="C2")
+        acc.set_yticks(ys)
+        acc.set_yticklabels(names, fontsize=8)
+        acc.set_xlim(0, 1)
+        acc.set_title(f"{_name(task)}: accuracy, strict (blue, upper) and lenient (green, lower)", fontsize=9)
+        acc.grid(alpha=0.3, axis="x")
+        nll = fig.add_subplot(grid[1 + k, 1])
+        values = [_finite(r["nll"]) for r in rows][::-1]
+        err = [r["nll_stderr"] if math.isfinite(r.get("nll_stderr", float("nan"))) else 0.0 for r in rows][::-1]
+        nll.barh(ys, values, xerr=err, height=0.6, color="C4", capsize=2)
+        nll.set_yticks(ys)
+        nll.set_yticklabels([""] * len(ys))
+        nll.set_xlim(left=0)
+        kind = next((r["nll_kind"] for r in rows if r.get("nll_kind")), "answer")
+        nll.set_title(f"{kind} NLL (nats/token, +- SE; same rows)", fontsize=9)
+        nll.grid(alpha=0.3, axis="x")
     fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, format="png", dpi=100)
-    return path
+    return fig
+
+
+def _finite(v) -> float:
+    """The value, or NaN (no bar drawn) where it was not measured."""
+    return float(v) if v is not None and math.isfinite(float(v)) else float("nan")

@@ -85,7 +85,7 @@ def _mv_timeout() -> int | None:
 
 def _as_math(text: str) -> str:
     # An escaped dollar is a currency sign, not a math delimiter: MATH500 writes 3 gold answers
-    # as "\\$18.90" and math_verify cannot parse those (issue 16 item 6), so it is dropped first.
+    # as "\\$18.90" and math_verify cannot parse those, so it is dropped first.
     text = text.strip().replace("\\$", "")
     return text if ("$" in text or "\\boxed" in text) else f"${text}$"
 
@@ -198,7 +198,7 @@ def has_boxed_answer(item: dict, text: str) -> bool:
 
 LOADERS = {"math500": _math500, "aime2025": _aime, "aime2026": _aime, "gsm8k": _gsm8k}
 
-# The release's retry suffix (recursivemas.md section 5).
+# The release's retry suffix (its answer-format retry, docs/reproducing.md).
 TASK = Task("math", instruction="Reason step by step and put the final answer within \\boxed{}, for example "
                                 "\\boxed{1}.",
             answer_found=has_boxed_answer, grade=grade, retry_suffix="\nFinal Answer: \\boxed{", loaders=LOADERS,

@@ -1,0 +1,126 @@
+"""Hidden-fact tasks for every style, with a held-out split whose fact values never occur in training.
+
+Each row tells some upstream roles a fact ("x = 65.", `role_context`) and asks the decoder, which is never
+told it, about one fact ("What is x?"), so the decoder's answer can come only through the channel:
+
+    task        told                                               asked                style(s)
+    recall      the first stage (planner / expert / reflector)     that fact            sequential, distillation, deliberation
+    two_fact    planner x, critic y (different letters)            x or y (alternating) sequential (the solver must tell them apart)
+    mixture     math x, code y, science n (three letters)          one of them          mixture (the summarizer picks its slot)
+    compare     the first stage (x = 65.)                          "Is x greater than   every style: the decoder combines what
+                                                                    52?" yes / no         it sees (52) with what it is sent
+
+`compare` is the collaboration task: the single agent without the fact answers by chance (about half),
+the channel can lift it; its gold is `yes` / `no`.
+
+`split_by_value` holds out a share of the fact values: the unseen-values held-out rows' facts (every fact
+of the row) never occur in any training row, the seen-values held-out rows are questions not in training
+whose values do occur there. The gold texts state the fact first, so the outer loss needs the value.
+"""
+
+from __future__ import annotations
+
+import random
+
+FACT_TASKS = ("recall", "two_fact", "mixture", "compare")
+FACT_VALUES = (10, 99)
+"""Fact values (inclusive): two digits, one token pattern for all, chance 1 in 90."""
+FACT_VARIABLES = ("x", "y", "n", "k", "a", "b", "m", "p", "q", "r", "s", "t")
+FIRST_STAGE = {"sequential": "planner", "sequential_light": "planner", "sequential_scaled": "planner",
+               "distillation": "expert", "deliberation": "reflector", "mixture": "math"}
+MIXTURE_EXPERTS = ("math", "code", "science")
+TASK_STYLES = {"recall": ("sequential_light", "sequential", "distillation", "deliberation", "mixture"),
+               "two_fact": ("sequential_light", "sequential"), "mixture": ("mixture",),
+               "compare": ("sequential_light", "sequential", "distillation", "deliberation", "mixture")}
+"""Styles each task applies to (mixture's recall tells the math expert alone)."""
+
+
+def _texts(told: dict[str, str], asked_var: str, value: int, gold: str, answer: str) -> dict:
+    """Every style's gold fields of one row: upstream texts restate their own fact, the decoder's the answer."""
+    plan = " ".join(told.values())
+    return {
+        "plan": f"{told.get('planner', plan)} Report the value of {asked_var}.",
+        "refined_plan": (f"{told['critic']} " if "critic" in told else "") + f"Write the value of {asked_var} in \\boxed{{}}.",
+        "answer": answer, "gold": gold,
+        "hie_math_expert": f"Math expert: {told.get('math', plan)}",
+        "hie_code_expert": f"Code expert: {told.get('code', plan)}",
+        "hie_science_expert": f"Science expert: {told.get('science', plan)}",
+        "hie_summarizer": answer,
+        "distill_expert": f"Plan for the learner: {told.get('expert', plan)}", "distill_learner": answer,
+        "deliberation_reflector": f"Reflection: {told.get('reflector', plan)}",
+        "deliberation_toolcaller": answer,
+    }
+
+
+def fact_row(task: str, style: str, rng: random.Random, values: list[int]) -> dict:
+    """One row of `task` for `style` with fact values drawn from `values`."""
+    first = FIRST_STAGE[style]
+    if task in ("recall", "compare"):
+        var, x = rng.choice(FACT_VARIABLES), rng.choice(values)
+        told = {first: f"{var} = {x}."}
+        if task == "recall":
+            question, gold, answer = f"What is {var}?", str(x), f"{var} = {x}. \\boxed{{{x}}}"
+        else:
+            c = rng.choice([v for v in range(FACT_VALUES[0], FACT_VALUES[1] + 1) if v != x])
+            gold = "yes" if x > c else "no"
+            question = f"Is {var} greater than {c}? Answer yes or no."
+            answer = f"{var} = {x}, {'greater' if x > c else 'not greater'} than {c}. \\boxed{{{gold}}}"
+        facts = {"fact": x}
+        asked = var
+    else:
+        roles = ("planner", "critic") if task == "two_fact" else MIXTURE_EXPERTS
+        names = rng.sample(FACT_VARIABLES, len(roles))
+        vals = [rng.choice(values) for _ in roles]
+        told = {r: f"{v} = {x}." for r, v, x in zip(roles, names, vals)}
+        pick = rng.randrange(len(roles))
+        asked, x = names[pick], vals[pick]
+        question, gold, answer = f"What is {asked}?", str(x), f"{asked} = {x}. \\boxed{{{x}}}"
+        facts = {"fact": x, **{f"fact_{r}": v for r, v in zip(roles, vals)}, "asked_role": roles[pick]}
+    full = " ".join(told.values()) + " " + question
+    return {"question": question, "role_context": told, "full_question": full, "facts": facts,
+            **_texts(told, asked, facts["fact"], gold, answer), "template": f"fact_{task}"}
+
+
+def fact_values_of(row: dict) -> set[int]:
+    """Every fact value a row states (to any role)."""
+    return {v for k, v in row["facts"].items() if k.startswith("fact") and isinstance(v, int)}
+
+
+def make_fact_dataset(task: str, style: str, num_rows: int, *, seed: int = 0,
+                      values: list[int] | None = None) -> list[dict]:
+    """`num_rows` distinct rows of `task` for `style` (same seed, same rows), facts from `values`."""
+    if task not in FACT_TASKS:
+        raise ValueError(f"task {task!r}; expected one of {', '.join(FACT_TASKS)}")
+    if style not in TASK_STYLES[task]:
+        raise ValueError(f"task {task} does not apply to style {style}; expected one of {', '.join(TASK_STYLES[task])}")
+    values = list(values or range(FACT_VALUES[0], FACT_VALUES[1] + 1))
+    rng, rows, seen = random.Random(seed), [], set()
+    for _ in range(200 * num_rows + 1000):
+        if len(rows) == num_rows:
+            return rows
+        row = fact_row(task, style, rng, values)
+        if row["full_question"] not in seen:
+            seen.add(row["full_question"])
+            rows.append(row)
+    raise ValueError(f"could not generate {num_rows} distinct {task} rows from {len(values)} values; ask for fewer")
+
+
+def split_by_value(task: str, style: str, *, num_train: int, num_seen: int, num_unseen: int, seed: int = 0,
+                   unseen_share: float = 0.2) -> tuple[list[dict], list[dict], list[dict]]:
+    """(train, seen-values held-out, unseen-values held-out): a seeded `unseen_share` of the fact values is
+    kept out of training entirely; no held-out question is a training question (both checked)."""
+    everything = list(range(FACT_VALUES[0], FACT_VALUES[1] + 1))
+    order = everything[:]
+    random.Random(seed).shuffle(order)
+    held = set(order[:max(1, round(unseen_share * len(order)))])
+    seen_values = [v for v in everything if v not in held]
+    rows = make_fact_dataset(task, style, num_train + num_seen, seed=seed, values=seen_values)
+    rng = random.Random(seed + 1)
+    rng.shuffle(rows)
+    train, seen = rows[num_seen:], rows[:num_seen]
+    unseen = make_fact_dataset(task, style, num_unseen, seed=seed + 2, values=sorted(held)) if num_unseen else []
+    train_values = set().union(*(fact_values_of(r) for r in train)) if train else set()
+    assert not train_values & held and all(fact_values_of(r) <= held for r in unseen)
+    keys = {r["full_question"] for r in train}
+    assert not any(r["full_question"] in keys for r in seen + unseen)
+    return train, seen, unseen
