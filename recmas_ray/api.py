@@ -397,7 +397,7 @@ class System:
         try:
             return ray.get(ref, timeout=self.cfg.timeout_s)
         except ray.exceptions.GetTimeoutError:
-            ray.cancel(ref, force=False)
+            self.agents.cancel(ref)  # its queued agent calls never run
             raise RuntimeError(f"a batch of {len(questions)} questions did not finish within {self.cfg.timeout_s} s") \
                 from None
 

@@ -142,39 +142,99 @@ class Prefilled:
     """Prompt tokens whose KV was copied from the prefix store instead."""
 
 
+GROUP_OVERHEAD_TOKENS = 32
+"""Row-tokens one more prefill forward is worth: rows are split into groups by where their stored prefix
+ends only when that saves more recomputed row-tokens than this per extra forward."""
+
+
 def prefill(model, run: Callable, e_BLD: torch.Tensor, mask_BL: torch.Tensor, extra: int, *,
             prefix_ids: list[list[int]] | None = None, store: PrefixStore | None = None):
     """Run the prompt into a new static cache with room for `extra` more columns.
 
     `run(e_BTD, mask_BS, pos_BT, cache)` is the model call (decoder for hidden states, LM for logits);
-    returns (its output over the columns actually run, Prefilled). With `prefix_ids` (row b's tokens
-    before its first latent) and a store, the longest stored prefix of each row is copied in and the
-    batch starts at the first column some row still has to compute.
+    returns (its output at the last prompt column: [B, 1, D] or [B, V], Prefilled). With `prefix_ids`
+    (row b's tokens before its first latent) and a store, the longest stored prefix of each row is copied
+    in and each row computes only what follows it: rows whose prefixes end at different columns run in
+    separate forwards (`row_groups`), so one row without a stored prefix does not make every row
+    recompute its own.
     """
     B, L = mask_BL.shape
     cache = static_cache(model, L + extra)
     mask_BS = torch.ones(B, L + extra, dtype=mask_BL.dtype, device=mask_BL.device)
     mask_BS[:, :L] = mask_BL
     pos_BL = positions(mask_BL)
-    start, rows = 0, []
-    if store is not None and prefix_ids is not None:
-        lengths = mask_BL.sum(-1).tolist()
-        for b in range(B):
-            pad = L - int(lengths[b])
-            want = prefix_ids[b][:max(int(lengths[b]) - 1, 0)]  # the last prompt token always runs
-            entry, hit = store.lookup(want) if want else (None, 0)
-            rows.append((pad, want, entry, hit))
-        start = min(pad + hit for pad, _, _, hit in rows)
+    if store is None or prefix_ids is None:
+        out = run(e_BLD, mask_BS, pos_BL, cache)
+        return out, Prefilled(cache, mask_BS, pos_BL[:, -1:], int(mask_BL.sum()), 0)
+    lengths = mask_BL.sum(-1).tolist()
+    rows = []
+    for b in range(B):
+        pad = L - int(lengths[b])
+        want = prefix_ids[b][:max(int(lengths[b]) - 1, 0)]  # the last prompt token always runs
+        entry, hit = store.lookup(want) if want else (None, 0)
+        rows.append((pad, want, entry, hit))
+    # a row with nothing stored computes from column 0, as without a store
+    groups = row_groups([pad + hit if hit else 0 for pad, _, _, hit in rows], L)
+    if len(groups) == 1:
+        start = groups[0][0]
         if start > 0:
             _copy_prefixes(model, cache, rows, start, B, L + extra)
-    out = run(e_BLD[:, start:], mask_BS, pos_BL[:, start:], cache)
-    if store is not None and prefix_ids is not None:
-        for b, (pad, want, _, hit) in enumerate(rows):
-            if want and hit < len(want):
-                store.add(want, [(layer.keys[b, :, pad:pad + len(want)].clone(),
-                                  layer.values[b, :, pad:pad + len(want)].clone()) for layer in cache.layers])
-    prompt_tokens = int(mask_BL[:, start:].sum())
-    return out, Prefilled(cache, mask_BS, pos_BL[:, -1:], prompt_tokens, int(mask_BL.sum()) - prompt_tokens)
+        out = run(e_BLD[:, start:], mask_BS, pos_BL[:, start:], cache)
+    else:
+        _copy_prefixes(model, cache, rows, L, B, L + extra)
+        out = _run_groups(model, run, cache, groups, e_BLD, mask_BS, pos_BL, L)
+    for b, (pad, want, _, hit) in enumerate(rows):
+        if want and hit < len(want):
+            store.add(want, [(layer.keys[b, :, pad:pad + len(want)].clone(),
+                              layer.values[b, :, pad:pad + len(want)].clone()) for layer in cache.layers])
+    computed = sum(int(mask_BL[idx, start:].sum()) for start, idx in groups)
+    return out, Prefilled(cache, mask_BS, pos_BL[:, -1:], computed, int(mask_BL.sum()) - computed)
+
+
+def row_groups(starts: list[int], L: int) -> list[tuple[int, list[int]]]:
+    """Rows grouped for prefill: (first column the group computes, its rows), fewest computed row-tokens
+    plus `GROUP_OVERHEAD_TOKENS` per forward (rows sorted by start, split where it pays)."""
+    order = sorted(range(len(starts)), key=lambda b: starts[b])
+    n = len(order)
+    # best[i]: cost of the rows order[i:] ; a group order[i:j] starts at starts[order[i]] (its smallest)
+    best, cut = [0.0] * (n + 1), [n] * (n + 1)
+    for i in range(n - 1, -1, -1):
+        best[i] = float("inf")
+        for j in range(i + 1, n + 1):
+            cost = (j - i) * (L - starts[order[i]]) + GROUP_OVERHEAD_TOKENS + best[j]
+            if cost < best[i]:
+                best[i], cut[i] = cost, j
+    out, i = [], 0
+    while i < n:
+        out.append((starts[order[i]], sorted(order[i:cut[i]])))
+        i = cut[i]
+    return out
+
+
+def _run_groups(model, run, cache, groups, e_BLD, mask_BS, pos_BL, L: int):
+    """Each group's rows through their own forward on a cache of their rows (its prefix columns copied in),
+    written back into `cache`; returns the last prompt column's output of every row."""
+    outs = {}
+    for start, idx in groups:
+        sub = static_cache(model, cache.layers[0].max_cache_len)
+        ix = torch.tensor(idx, device=cache.layers[0].keys.device)
+        for layer, full in zip(sub.layers, cache.layers):
+            layer.lazy_initialization(full.keys[ix, :, :1], full.values[ix, :, :1])
+            layer.keys[:, :, :start] = full.keys[ix, :, :start]
+            layer.values[:, :, :start] = full.values[ix, :, :start]
+            layer.cumulative_length.fill_(start)
+        out = run(e_BLD[ix, start:], mask_BS[ix], pos_BL[ix, start:], sub)
+        for layer, full in zip(sub.layers, cache.layers):
+            full.keys[ix, :, start:L] = layer.keys[:, :, start:L]
+            full.values[ix, :, start:L] = layer.values[:, :, start:L]
+        outs[start, tuple(idx)] = out[:, -1:] if out.dim() == 3 else out
+    for layer in cache.layers:
+        layer.cumulative_length.fill_(L)
+    first = next(iter(outs.values()))
+    combined = first.new_empty(len(pos_BL), *first.shape[1:])
+    for (_, idx), out in outs.items():
+        combined[torch.tensor(idx, device=combined.device)] = out
+    return combined
 
 
 def _copy_prefixes(model, cache, rows, start: int, B: int, S: int) -> None:

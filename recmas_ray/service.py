@@ -14,12 +14,14 @@ from __future__ import annotations
 
 import dataclasses
 import time
+import zlib
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import torch
 
 from recmas_ray.agent import Agent
+from recmas_ray.config.engine import EngineConfig
 from recmas_ray.decoding import Decoded
 from recmas_ray.kv_cache import left_pad
 from recmas_ray.config.recursion import DecodeConfig
@@ -53,6 +55,8 @@ class AgentSpec:
     """CUDA devices the model is split over (a role given K > 1 GPUs; the Ray layer sets it)."""
     keep_messages_on_device: bool = False
     """Messages stay on the producer's device (NCCL transport) instead of moving to CPU."""
+    continuous_batching: bool = False
+    """Rollouts and decodes of every call in flight share forward passes (`config.engine.EngineConfig`)."""
     latent_norm: str = "none"
     """Non-reference: "embedding" rescales latents spliced into this agent's prompts to its token-embedding norm
     (set from the outer checkpoint's training config, config.choices.LATENT_NORMS); "none" as the release."""
@@ -86,7 +90,8 @@ class AgentService:
                                                  device=device, num_devices=spec.num_devices)
             self.agent = Agent(model, tokenizer,
                                inner_link_from_state_dict(inner_state, what=f"inner link of {spec.role}"),
-                               role=spec.role, model_name=spec.model_name, system_prompt=spec.system_prompt)
+                               role=spec.role, model_name=spec.model_name, system_prompt=spec.system_prompt,
+                               engine=EngineConfig(continuous_batching=spec.continuous_batching))
             for edge, sd in outer_states.items():
                 self.agent.attach_outer_link(edge, outer_link_from_state_dict(sd, what=f"outer link {edge}"))
             if spec.latent_norm != "none":
@@ -113,7 +118,9 @@ class AgentService:
         if isinstance(self.agent, Agent):  # prompt-prefix KV reuse needs each row's tokens before its first slot
             e_BLD, mask_BL, prefix_ids = self.agent.embed_batch_with_prefix(list(users), dict(zip(slot_names, latents)))
             return e_BLD, mask_BL, {"prefix_ids": prefix_ids}
-        return (*self.agent.embed_batch(list(users), dict(zip(slot_names, latents))), {})
+        # a simulated agent draws each row's decode length from its prompt
+        seeds = [zlib.crc32(u.encode()) for u in users]
+        return (*self.agent.embed_batch(list(users), dict(zip(slot_names, latents))), {"seeds": seeds})
 
     def rollout(self, users, slot_names, num_steps: int, edges, *latents):
         """Latent rollout, then one message per outgoing edge; returns (*messages, stats)."""

@@ -199,10 +199,11 @@ def eval_run(replicas, n_replicas: int, n_batches: int, rounds: int, args, tag: 
     import ray
 
     from recmas_ray.eval.config import StreamConfig
-    from recmas_ray.distributed.driver import RayReplicas, Router
+    from recmas_ray.distributed.driver import RayReplicas, start_router
     from recmas_ray.eval.stream import stream_samples
 
-    view = RayReplicas(replicas.plan, replicas.systems[:n_replicas], Router.remote(n_replicas), args.timeout_s)
+    view = RayReplicas(replicas.plan, replicas.systems[:n_replicas], start_router(n_replicas, timeout_s=args.timeout_s),
+                       args.timeout_s)
     view.call_logs(clear=True)
     stream = StreamConfig(num_clients=clients, client_cpus=0.05)
     t0 = time.time()

@@ -3,10 +3,11 @@
     job entrypoint (jobs/run.py)
         | build_replicas(plan, placement)        check resources for N replicas, then per replica:
         |   build_ray_system(...)                create PG (STRICT_PACK when it fits a node), actors, ready()
-        |   Router actor                         least-loaded replica per batch (acquire / release)
+        |   router actor (routing.ReplicaRouter)  replica with the least queued work per batch (leases)
         v
     Orchestrator actor, one per replica (num_cpus=1, threaded: several batches in flight)
-        | run_batch(RayPool(handles), style, ...)  the same runner and schedule as in-process
+        | run_batch(RayPool(role groups), ...)   the same runner and schedule as in-process; each call
+        |                                        to the copy of its role with the least queued work
         v
     planner.rollout ──ref──> critic.rollout ──ref──> solver.decode          (sequential, one round)
         ^                                               |
@@ -33,7 +34,8 @@ from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 from recmas_ray.config.placement import PlacementConfig
 from recmas_ray.config.recursion import RecursionConfig
 from recmas_ray.config.transport import OBJECT_STORE, Transport, get_transport
-from recmas_ray.distributed.actors import AGENT_EXIT_AFTER, AgentActor, RayPool, RDTAgentActor
+from recmas_ray.distributed.actors import AGENT_EXIT_AFTER, AgentActor, RayPool, RDTAgentActor, when_done
+from recmas_ray.distributed.routing import ReplicaRouter, batch_work
 from recmas_ray.distributed.placement import (ORCHESTRATOR_CPUS, ORCHESTRATOR_MAX_BATCHES, PlacementPlan,
                                               check_resources, create_placement, detect_autoscaling, gpu_count,
                                               plan_placement, replicas_that_fit)
@@ -43,25 +45,34 @@ from recmas_ray.system.plan import SystemPlan
 
 log = logging.getLogger(__name__)
 
+AGENT_MAX_CALLS = 256
+"""Calls an agent actor with continuous batching takes at once (each waits on its scheduler's steps)."""
 AGENT_ENV = {"TOKENIZERS_PARALLELISM": "false", "HF_HUB_DISABLE_PROGRESS_BARS": "1"}
 
 
-@ray.remote(num_cpus=ORCHESTRATOR_CPUS, max_concurrency=ORCHESTRATOR_MAX_BATCHES)
-class Orchestrator:
-    """Runs batches through the recursion against agent actor handles (one per replica)."""
+class _OrchestratorImpl:
+    """Runs batches through the recursion against the replica's role groups (one per replica).
+
+    Every agent call of every batch goes to the copy its `RoleGroup` picks at that step (least queued
+    work); format retries go through the same groups. `cancel(batch_id)` stops a batch: its queued
+    agent calls are cancelled and its next step fails, so a timed-out batch does not run on beside
+    its retry.
+    """
 
     def __init__(self, style: StyleSpec, copies: dict, timeout_s: float, transport: str | Transport = OBJECT_STORE):
-        from recmas_ray.distributed.pools import CopyRouter
+        from recmas_ray.distributed.routing import RoleGroup
 
         self.style = style  # the plan's style object: it carries the run's prompt set
         self.timeout_s, self.transport = timeout_s, get_transport(transport)
-        # role -> list of actor copies (a per-role pool; one each without --role_replicas)
-        self.copies = CopyRouter({r: list(h) if isinstance(h, (list, tuple)) else [h] for r, h in copies.items()})
+        # role -> its copies (one each without --role_replicas) and their routing
+        self.groups = {r: RoleGroup(r, list(h) if isinstance(h, (list, tuple)) else [h]) for r, h in copies.items()}
+        self._running: dict[str, RayPool] = {}
+        self._lock = threading.Lock()
         if self.transport.direct:
             # RDT checks the transport in the calling process, so the orchestrator creates the group.
             from ray.experimental.collective import create_collective_group
 
-            actors = [h for hs in self.copies.copies.values() for h in hs]
+            actors = [h for g in self.groups.values() for h in g.copies]
             create_collective_group(actors, backend=self.transport.collective_backend)
 
     def ready(self) -> bool:
@@ -71,9 +82,11 @@ class Orchestrator:
               **run_options):
         """One batch through `run_batch` (`run_options`: its keyword options, e.g. on_token, targets)."""
         self.transport.check_ablation(cfg.latent_ablation)  # Python callers skip EvalConfig
-        chosen = self.copies.acquire()  # one copy per role, kept for every step of this batch
-        pool = RayPool(self.copies.handles(chosen), timeout_s=self.timeout_s,
+        pool = RayPool(self.groups, timeout_s=self.timeout_s,
                        context=f", batch {batch_id}" if batch_id else "", transport=self.transport)
+        key = batch_id or pool.key_prefix
+        with self._lock:
+            self._running[key] = pool
         try:
             results = run_batch(pool, self.style, questions, tasks, cfg, **run_options)
             if self.transport != "object_store":  # RDT messages are taken once: a retry continues the bare reply
@@ -84,35 +97,45 @@ class Orchestrator:
             pool.release_kept()  # RDT: the failed batch's messages would stay in the agents otherwise
             raise
         finally:
-            self.copies.release(chosen)
+            with self._lock:
+                if self._running.get(key) is pool:
+                    del self._running[key]
+            pool.finish()
 
-    def copy_stats(self) -> dict:
-        """Per role and copy: batches in flight now and batches served."""
-        return self.copies.stats()
+    def cancel(self, batch_id: str) -> int:
+        """Cancel a running batch's unfinished agent calls; returns how many (0: not running here)."""
+        with self._lock:
+            pool = self._running.get(batch_id)
+        return pool.cancel() if pool is not None else 0
+
+    def retry_format(self, texts: list[str], suffixes: list[str], max_new_tokens: int, *, cfg, context=None):
+        """The answer-format retry on the decoder copy its group picks (see `AgentService.retry_format`)."""
+        pool = RayPool(self.groups, timeout_s=self.timeout_s, context=", format retry", transport=self.transport)
+        try:
+            return pool.get(pool.retry_format(self.style.decoder, texts, suffixes, max_new_tokens, cfg=cfg,
+                                              context=context), what="format retry")
+        finally:
+            pool.finish()
+
+    def group_stats(self) -> dict:
+        """Per role and copy: work queued now, calls and work served."""
+        return {r: g.stats() for r, g in self.groups.items()}
 
 
-@ray.remote(num_cpus=0, max_concurrency=64)
-class Router:
-    """Hands each batch to the replica with the fewest batches in flight (ties: the least used)."""
+Orchestrator = ray.remote(num_cpus=ORCHESTRATOR_CPUS, max_concurrency=ORCHESTRATOR_MAX_BATCHES)(_OrchestratorImpl)
 
-    def __init__(self, num_replicas: int):
-        self.load, self.served = [0] * num_replicas, [0] * num_replicas
-        self.lock = threading.Lock()
 
-    def acquire(self) -> int:
-        with self.lock:
-            i = min(range(len(self.load)), key=lambda k: (self.load[k], self.served[k], k))
-            self.load[i] += 1
-            self.served[i] += 1
-            return i
+RouterActor = ray.remote(num_cpus=0, max_concurrency=64)(ReplicaRouter)
 
-    def release(self, replica: int) -> None:
-        with self.lock:
-            self.load[replica] = max(0, self.load[replica] - 1)
 
-    def stats(self) -> dict:
-        with self.lock:
-            return {"in_flight": list(self.load), "served": list(self.served)}
+def start_router(num_replicas: int, *, timeout_s: float):
+    """The replica router actor every client of these replicas asks (evaluation clients, API, Serve)."""
+    return RouterActor.remote(num_replicas, lease_s=lease_seconds(timeout_s))
+
+
+def lease_seconds(timeout_s: float) -> float:
+    """A batch's lease: its solve and its format retry may each take `timeout_s`."""
+    return 2 * timeout_s + 60.0
 
 
 @dataclass
@@ -126,6 +149,8 @@ class RaySystem:
     infos: dict
     timeout_s: float
     replica: int = 0
+    max_batches: int = ORCHESTRATOR_MAX_BATCHES
+    """Batches its orchestrator runs at once."""
     copies: dict = field(default_factory=dict)
     """role -> every actor copy of the role (`handles[role]` is the first)."""
     arg_refs: list = field(default_factory=list)
@@ -137,8 +162,8 @@ class RaySystem:
         return self.orchestrator.solve.remote(questions, tasks, cfg, batch_id, **run_options)
 
     def pool(self) -> RayPool:
-        """A `runner.AgentPool` over this replica's agents (first copy of each role), for runs driven here."""
-        return RayPool(self.handles, timeout_s=self.timeout_s)
+        """A `runner.AgentPool` over this replica's agents (every copy, routed per call), for runs driven here."""
+        return RayPool(self.copies or self.handles, timeout_s=self.timeout_s)
 
     def call_logs(self, clear: bool = False) -> dict[str, list[dict]]:
         """Each agent's own call log (method, first prompt, slots, start and end times)."""
@@ -168,46 +193,82 @@ class RaySystem:
 
 @dataclass
 class RayReplicas:
-    """N independent replicas of one system plus the router that spreads batches over them."""
+    """N independent replicas of one system plus the router actor that spreads batches over them.
+
+    Every way in uses the same router: `solve` (the Python API, Serve, benchmarks through `solve_all`)
+    and the evaluation clients (`eval.stream`) ask it for the replica with the least queued work.
+    """
 
     plan: SystemPlan
     systems: list[RaySystem]
     router: object
     timeout_s: float
     placement: dict = field(default_factory=dict)
+    _running: dict = field(default_factory=dict, repr=False)
+    """ObjectRef of a submitted batch -> (replica, batch id), until it finishes."""
+    _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
     @property
     def num_replicas(self) -> int:
         return len(self.systems)
 
+    def solve(self, questions: list[str], tasks: list[str], cfg: RecursionConfig, batch_id: str = "", *,
+              replicas: int | None = None, **run_options):
+        """Submit one batch to the replica the router names (among the first `replicas`); returns an
+        ObjectRef of list[SampleResult]. The router's lease is released when the batch finishes."""
+        work = batch_work(self.plan.style, cfg, len(questions))
+        replica, lease = ray.get(self.router.acquire.remote(work, replicas), timeout=self.timeout_s)
+        bid = batch_id or f"api-{os.urandom(6).hex()}"
+        try:
+            ref = self.systems[replica].orchestrator.solve.remote(questions, tasks, cfg, bid, **run_options)
+        except BaseException:
+            self.router.release.remote(lease)
+            raise
+        with self._lock:
+            self._running[ref] = (replica, bid)
+
+        def finished(_):
+            self.router.release.remote(lease)
+            with self._lock:
+                self._running.pop(ref, None)
+
+        when_done(ref, finished)
+        return ref
+
+    def replica_of(self, ref) -> int | None:
+        """The replica running a batch `solve` returned (None once it finished)."""
+        with self._lock:
+            return self._running.get(ref, (None, None))[0]
+
+    def cancel(self, ref) -> None:
+        """Stop a batch `solve` returned (e.g. after a timeout): its queued agent calls never run."""
+        with self._lock:
+            replica, bid = self._running.get(ref, (None, None))
+        if replica is not None:
+            self.systems[replica].orchestrator.cancel.remote(bid)
+        ray.cancel(ref)
+
     def solve_all(self, batches: list[tuple[list[str], list[str]]], cfg: RecursionConfig, *,
                   in_flight_per_replica: int = 2, replicas: int | None = None) -> list[tuple[int, list]]:
-        """Run question batches on the first `replicas` replicas, each to the least-loaded one, keeping
+        """Run question batches on the first `replicas` replicas through the router, keeping
         `in_flight_per_replica` batches in flight per replica; returns (replica, results) in input order."""
-        systems = self.systems[:replicas or len(self.systems)]
-        load = [0] * len(systems)
+        n = min(replicas or len(self.systems), len(self.systems))
         pending: dict = {}
         out: list = [None] * len(batches)
         todo = list(enumerate(batches))
         while todo or pending:
-            while todo and min(load) < in_flight_per_replica:
-                i = min(range(len(systems)), key=lambda k: (load[k], k))
+            while todo and len(pending) < in_flight_per_replica * n:
                 k, (qs, ts) = todo.pop(0)
-                pending[systems[i].solve(qs, ts, cfg, batch_id=f"b{k}")] = (k, i)
-                load[i] += 1
+                ref = self.solve(qs, ts, cfg, batch_id=f"b{k}-{os.urandom(3).hex()}", replicas=n)
+                pending[ref] = (k, self.replica_of(ref))
             done, _ = ray.wait(list(pending), num_returns=1, timeout=self.timeout_s)
             if not done:
+                for ref in pending:
+                    self.cancel(ref)
                 raise RuntimeError(f"no batch finished within {self.timeout_s:g}s")
             k, i = pending.pop(done[0])
-            load[i] -= 1
             out[k] = (i, ray.get(done[0], timeout=self.timeout_s))
         return out
-
-    def solve(self, questions: list[str], tasks: list[str], cfg: RecursionConfig, batch_id: str = "",
-              **run_options):
-        """Submit one batch to the next replica in turn; returns an ObjectRef of list[SampleResult]."""
-        self._next = (getattr(self, "_next", -1) + 1) % len(self.systems)
-        return self.systems[self._next].solve(questions, tasks, cfg, batch_id, **run_options)
 
     def pool(self, replica: int = 0) -> RayPool:
         """A `runner.AgentPool` over one replica's agents, for runs driven in this process."""
@@ -268,6 +329,7 @@ def start_system(plan: SystemPlan, placement: PlacementConfig, *, timeout_s: flo
         env["OMP_NUM_THREADS"] = str(torch_threads)
     env.update(extra_env or {})
     opts = actor_options(transport, placement.agent_max_restarts, out_of_order=out_of_order)
+    batching = {r: plan.service_args(r)[0].continuous_batching for r in roles}
     system = RaySystem(plan, {}, None, pg, {}, timeout_s, replica)
     try:
         for role in roles:
@@ -282,6 +344,8 @@ def start_system(plan: SystemPlan, placement: PlacementConfig, *, timeout_s: flo
                 system.copies[role].append(actor_cls.options(
                     num_cpus=pplan.cpus[role], num_gpus=pplan.gpus[role], scheduling_strategy=strategy,
                     runtime_env={"env_vars": env}, name=None, **opts,
+                    # continuous batching: calls of several batches run at once, their steps merged
+                    **({"max_concurrency": AGENT_MAX_CALLS} if batching[role] else {}),
                 ).remote(spec, inner, outer, torch_threads, AGENT_EXIT_AFTER.get(role)))
             system.handles[role] = system.copies[role][0]
     except BaseException:
@@ -307,7 +371,7 @@ def await_system(system: RaySystem, placement: PlacementConfig, *, transport: st
             log.info("agent ready (replica %d): %s", replica, system.infos[role])
         # The orchestrator sits in no bundle: it may land on any node with a free CPU.
         restarts = actor_options(transport, placement.agent_max_restarts)["max_restarts"]
-        system.orchestrator = Orchestrator.options(max_restarts=restarts).remote(
+        system.orchestrator = Orchestrator.options(max_restarts=restarts, max_concurrency=system.max_batches).remote(
             plan.style, system.copies or system.handles, system.timeout_s, transport)
         if not ray.wait([system.orchestrator.ready.remote()], timeout=placement.ready_timeout_s)[0]:
             raise RuntimeError(f"orchestrator actor of replica {replica} ({ORCHESTRATOR_CPUS:g} CPU) not scheduled "
@@ -354,12 +418,13 @@ def role_copies(plan: SystemPlan, placement: PlacementConfig, recursion: Recursi
 def build_replicas(plan: SystemPlan, placement: PlacementConfig, *, timeout_s: float = 600.0,
                    torch_threads: int = 0, transport: str | Transport = OBJECT_STORE, client_cpus: float = 0.0,
                    out_of_order: bool = True, extra_env: dict | None = None,
-                   recursion: RecursionConfig | None = None) -> RayReplicas:
+                   recursion: RecursionConfig | None = None, max_batches: int = 0) -> RayReplicas:
     """`placement.num_replicas` independent systems (0: as many as fit) and their router.
 
     On a cluster that cannot grow, the whole request is checked before any actor starts, so a
     shortfall fails at once naming it; `client_cpus` per replica are kept free for its clients
-    when counting how many replicas fit (auto).
+    when counting how many replicas fit (auto); `max_batches`: batches each replica's orchestrator must run
+    at once (its threads; at least `ORCHESTRATOR_MAX_BATCHES`).
     """
     roles = list(plan.style.roles)
     copies = role_copies(plan, placement, recursion)
@@ -376,8 +441,9 @@ def build_replicas(plan: SystemPlan, placement: PlacementConfig, *, timeout_s: f
                                         transport=transport, replica=i, num_replicas=1, autoscaling=scaling,
                                         out_of_order=out_of_order, extra_env=extra_env, copies=copies))
         for system in systems:
+            system.max_batches = max(ORCHESTRATOR_MAX_BATCHES, int(max_batches))
             await_system(system, placement, transport=transport)
-        router = Router.remote(n)
+        router = start_router(n, timeout_s=timeout_s)
     except BaseException:
         for s in systems:
             s.shutdown()
@@ -390,5 +456,5 @@ def as_replicas(system) -> RayReplicas:
     """A RayReplicas view of a single RaySystem (one replica, its own router)."""
     if isinstance(system, RayReplicas):
         return system
-    return RayReplicas(system.plan, [system], Router.remote(1), system.timeout_s)
+    return RayReplicas(system.plan, [system], start_router(1, timeout_s=system.timeout_s), system.timeout_s)
 

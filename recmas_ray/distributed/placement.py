@@ -29,9 +29,10 @@ log = logging.getLogger(__name__)
 ORCHESTRATOR_CPUS = 1.0
 """Logical CPUs of each replica's orchestrator actor (see driver.Orchestrator)."""
 ORCHESTRATOR_MAX_BATCHES = 256
-"""Batches one orchestrator runs at once (its threads; each mostly waits on agents). It bounds a replica's
-batches in flight: at the earlier 16, a pool of 18 agents with 36 batches in flight ran 16 at a time
-(bench_scale, light system, R = 3: 0.57 batches/s where its costs allow 0.93)."""
+"""Batches one orchestrator runs at once by default (its threads; each mostly waits on agents); a replica
+asked for more in flight (`build_replicas(max_batches=...)`) gets an orchestrator with that many. At the
+earlier fixed 16, a pool of 18 agents with 36 batches in flight ran 16 at a time (bench_scale, light
+system, R = 3: 0.57 batches/s where its costs allow 0.93)."""
 
 
 @dataclass

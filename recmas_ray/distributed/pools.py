@@ -6,15 +6,11 @@ planner and critic run a few dozen latent steps. Replicating whole systems keeps
 pool gives each role as many copies as its share of the work (`--role_replicas solver=3`, or
 `--auto_role_replicas`: from `role_costs`, parameters x tokens per batch, the cheapest role one copy).
 
-Routing (`CopyRouter`, inside each replica's orchestrator): a batch takes, per role, the copy with the
-fewest batches in flight when it starts, and keeps it for all its steps: a batch's round-r step goes
-to the copy that ran its round r-1 step, so whatever state that copy holds for the batch (a prompt
-KV cache) is where the step runs. Pure Python, no Ray (tested without it).
+Routing lives in `routing.RoleGroup`: every agent call goes to the copy of its role with the least
+queued work. Pure Python, no Ray (tested without it).
 """
 
 from __future__ import annotations
-
-import threading
 
 from recmas_ray.styles import StyleSpec, build_schedule
 
@@ -22,31 +18,37 @@ PROMPT_TOKENS = 200
 """Prompt tokens prefilled per agent call in the cost estimate (the styles' prompts are ~100-300)."""
 
 
-def _params(model_name: str) -> float:
-    """Parameter count of a model from its config alone (12 L d^2 for the blocks + V d embeddings)."""
+def _params(model_name: str) -> tuple[float, float]:
+    """(parameters of the blocks, of the LM head) of a model from its config alone: 12 L d^2 and V d."""
     from transformers import AutoConfig
 
     from recmas_ray.models.loader import resolve_model_path
 
     text = AutoConfig.from_pretrained(resolve_model_path(model_name)).get_text_config()
     d, layers = int(text.hidden_size), int(text.num_hidden_layers)
-    return 12.0 * layers * d * d + float(getattr(text, "vocab_size", 0)) * d
+    return 12.0 * layers * d * d, float(getattr(text, "vocab_size", 0)) * d
 
 
 def call_cost(model_name: str, kind: str, num_tokens: int) -> float:
     """Relative cost of one call: `kind` rollout (num_tokens latent steps) or decode (tokens).
 
-    Simulated agents: their configured milliseconds. Real models: parameters x (prompt + tokens),
-    the FLOPs of a forward per token (decode and latent steps are both one token per step).
+    Simulated agents: their configured milliseconds. Real models, in the simulator's own terms
+    (`models.sim.paper_sim_models`): each sequential step reads the weights once, so a latent step costs
+    the blocks and a decoded token the blocks and the LM head (a rollout never runs the head); the
+    prompt is one parallel forward, its tokens `PREFILL_SPEEDUP` times cheaper than a step each.
     """
-    if model_name.startswith("sim:"):
-        from recmas_ray.models.sim import parse_sim_name
+    from recmas_ray.models.sim import PREFILL_SPEEDUP, parse_sim_name
 
+    if model_name.startswith("sim:"):
         p = parse_sim_name(model_name)
         if kind == "rollout":
             return p["prefill_ms"] + num_tokens * p["step_ms"]
         return p["prefill_ms"] + min(num_tokens, int(p["tokens"])) * p["token_ms"]
-    return _params(model_name) * (PROMPT_TOKENS + num_tokens)
+    blocks, head = _params(model_name)
+    prefill = blocks * PROMPT_TOKENS / PREFILL_SPEEDUP
+    if kind == "rollout":
+        return prefill + blocks * num_tokens
+    return prefill + (blocks + head) * num_tokens
 
 
 def role_costs(style: StyleSpec, role_models: dict[str, str], num_rounds: int, latent_steps: int,
@@ -91,39 +93,3 @@ def resolve_copies(role_replicas: dict[str, int], auto: bool, roles, costs: dict
         raise ValueError(f"--role_replicas names {bad}, not roles of this style {roles}")
     base = copies_from_costs(costs) if auto and costs else {r: 1 for r in roles}
     return {r: int(role_replicas.get(r, base.get(r, 1))) for r in roles}
-
-
-class CopyRouter:
-    """Picks a copy of each role per batch (fewest batches in flight, ties: fewest served, lowest index)
-    and keeps the batch there until `release`; thread-safe (the orchestrator runs batches in threads)."""
-
-    def __init__(self, copies: dict[str, list]):
-        self.copies = copies
-        self.in_flight = {r: [0] * len(h) for r, h in copies.items()}
-        self.served = {r: [0] * len(h) for r, h in copies.items()}
-        self._lock = threading.Lock()
-
-    def acquire(self) -> dict[str, int]:
-        """One copy index per role for a new batch."""
-        with self._lock:
-            out = {}
-            for role, load in self.in_flight.items():
-                i = min(range(len(load)), key=lambda k: (load[k], self.served[role][k], k))
-                load[i] += 1
-                self.served[role][i] += 1
-                out[role] = i
-            return out
-
-    def handles(self, chosen: dict[str, int]) -> dict:
-        """The actor handles of a batch's copies (role -> handle)."""
-        return {role: self.copies[role][i] for role, i in chosen.items()}
-
-    def release(self, chosen: dict[str, int]) -> None:
-        with self._lock:
-            for role, i in chosen.items():
-                self.in_flight[role][i] = max(0, self.in_flight[role][i] - 1)
-
-    def stats(self) -> dict:
-        with self._lock:
-            return {"in_flight": {r: list(v) for r, v in self.in_flight.items()},
-                    "served": {r: list(v) for r, v in self.served.items()}}

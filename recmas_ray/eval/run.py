@@ -105,14 +105,14 @@ class BatchRunner:
                                  f"this run's {plan.manifest()} (backend {cfg.backend})")
             self.system = system
         else:
-            from recmas_ray.eval.stream import planned_client_cpus
+            from recmas_ray.eval.stream import planned_client_cpus, planned_depth
 
             # agent actors of one replica: every role, plus the extra copies named (auto copies come later)
             num_actors = len(plan.style.roles) + sum(n - 1 for n in cfg.placement.role_replicas.values())
             agents = start_agents(plan, backend=cfg.backend, placement=cfg.placement, timeout_s=cfg.timeout_s,
                                   torch_threads=cfg.torch_threads, transport=cfg.transport,
                                   client_cpus=planned_client_cpus(cfg.stream, num_actors),
-                                  recursion=cfg.recursion)
+                                  recursion=cfg.recursion, max_batches=planned_depth(cfg.stream, num_actors))
             self.pool, self.system = (agents, None) if cfg.backend == "local" else (None, agents)
 
     def stream(self, batches, method):

@@ -4,9 +4,10 @@
       -> map_batches(EvalClient, compute=ActorPoolStrategy(size=ceil(depth * replicas / b),
                                    max_concurrent_calls_per_actor=b), num_cpus=0.25, num_gpus=0,
                      batch_size=1)           (depth batches in flight per replica, b per client process)
-           client: replica = router.acquire()   (the replica with the fewest batches in flight)
-                   ray.get(orchestrators[replica].solve.remote(...)) -> answer-format retry -> grade
-                   router.release(replica); a failed batch is retried (`max_batch_retries`), then
+           client: replica, lease = router.acquire(work)   (the replica with the least queued work)
+                   ray.get(orchestrators[replica].solve.remote(...)) -> answer-format retry (routed by
+                   the orchestrator like every step) -> grade; a timed-out batch is cancelled there
+                   router.release(lease); a failed batch is retried (`max_batch_retries`), then
                    written as error records (field `error`) so the run goes on
       -> iter_batches(): the driver appends each graded sample to the samples file as it arrives
 
@@ -30,7 +31,6 @@ import time
 import warnings
 from typing import Callable, Iterator
 
-from recmas_ray.distributed.placement import ORCHESTRATOR_MAX_BATCHES
 from recmas_ray.eval.config import StreamConfig
 from recmas_ray.eval.graders import grade
 from recmas_ray.eval.tasks import get_task
@@ -174,10 +174,11 @@ class EvalClient:
 
     def __init__(self, replicas: list, router, method: str, recursion: RecursionConfig, grader: str,
                  format_retry: bool, timeout_s: float, max_batch_retries: int = 2, exit_after: int | None = None,
-                 fail_docs: dict | None = None):
+                 fail_docs: dict | None = None, style=None):
         import ray
 
-        self.replicas, self.router = replicas, router  # [(orchestrator, decoder handle)] per replica
+        self.replicas, self.router = replicas, router  # the orchestrator of each replica; the replica router
+        self.style = style  # the plan's style: a batch's work (rows x steps) for the router
         self.method, self.recursion, self.grader = method, recursion, grader
         self.format_retry, self.timeout_s, self.max_batch_retries = format_retry, timeout_s, max_batch_retries
         self.fail_docs = fail_docs or {}
@@ -186,6 +187,7 @@ class EvalClient:
             restarted = ray.get_runtime_context().was_current_actor_reconstructed
         self.exit_after = None if restarted else exit_after
         self.calls = itertools.count(1)  # several batches run at once, on threads
+        self.attempts = itertools.count(1)
 
     def _get(self, ref, what: str):
         import ray
@@ -198,17 +200,28 @@ class EvalClient:
             raise (e.cause if isinstance(e.cause, Exception) else e) from None
 
     def _attempt(self, items: list[dict], rollout: int, bid: str) -> tuple[list[dict], int]:
-        replica = self._get(self.router.acquire.remote(), "router")
-        orchestrator, decoder = self.replicas[replica]
+        import ray
+
+        from recmas_ray.distributed.routing import batch_work
+
+        rc = for_rollout(self.recursion, rollout)
+        work = batch_work(self.style, rc, len(items)) if self.style is not None else float(len(items))
+        replica, lease = self._get(self.router.acquire.remote(work), "router")
+        orchestrator = self.replicas[replica]
+        attempt_id = f"{bid}#{next(self.attempts)}"  # a retry never shares an id with the attempt it replaces
         try:
             def solve(qs, ts, rc):
-                return self._get(orchestrator.solve.remote(qs, ts, rc, bid), f"batch {bid} (replica {replica})")
+                ref = orchestrator.solve.remote(qs, ts, rc, attempt_id)
+                try:
+                    return self._get(ref, f"batch {bid} (replica {replica})")
+                except RuntimeError:  # timed out: stop its agent calls before the retry starts
+                    orchestrator.cancel.remote(attempt_id)
+                    ray.cancel(ref)
+                    raise
 
             def retry(texts, suffixes, n, decode, context=None):
-                from recmas_ray.runner import retry_context_args
-
-                latents, kw = retry_context_args(context)
-                ref = decoder.retry_format.remote(texts, suffixes, n, *latents, cfg=decode, **kw)
+                # routed by the orchestrator like every step
+                ref = orchestrator.retry_format.remote(texts, suffixes, n, cfg=decode, context=context)
                 return self._get(ref, f"batch {bid} (replica {replica}, format retry)")
 
             return solve_and_grade(items, rollout, self.method, self.recursion, self.grader, solve,
@@ -217,7 +230,7 @@ class EvalClient:
             e.replica = replica
             raise
         finally:
-            self.router.release.remote(replica)
+            self.router.release.remote(lease)
 
     def __call__(self, batch: dict) -> dict:
         out = []
@@ -264,7 +277,7 @@ def batches_in_flight(cfg: StreamConfig, num_actors: int, *, message_bytes_per_b
     18 GiB of a 24 GiB machine.)"""
     if cfg.num_clients:
         return cfg.num_clients
-    n = min(planned_depth(cfg, num_actors), ORCHESTRATOR_MAX_BATCHES)  # more would queue in the orchestrator
+    n = planned_depth(cfg, num_actors)  # the replica's orchestrator was built with as many threads
     per_process = cfg.batches_per_client
     if message_bytes_per_batch > 0 and store_bytes > 0:
         n = min(n, int(STORE_SHARE * store_bytes / (message_bytes_per_batch * num_replicas)))
@@ -315,6 +328,7 @@ def stream_samples(system, batches: list[tuple[list[dict], int]], method: str, r
                               store_bytes=ray.cluster_resources().get("object_store_memory", 0.0),
                               free_cpus=ray.available_resources().get("CPU", 0.0),
                               free_memory_bytes=ray.available_resources().get("memory", 0.0))
+    depth = min(depth, min(getattr(s, "max_batches", depth) for s in replicas.systems))  # its orchestrator's threads
     processes, per_process = client_pool(min(depth * replicas.num_replicas, len(rows)), cfg.batches_per_client)
     ds = ray.data.from_items(rows, override_num_blocks=len(rows))
     # 2.60 has no named parameter for restarts: only a non-default limit goes through the generic
@@ -332,8 +346,8 @@ def stream_samples(system, batches: list[tuple[list[dict], int]], method: str, r
             # the client's memory is declared, so Ray places clients where it is (and Ray Data does not
             # warn that a ~400 MB worker asked for none)
             num_cpus=cfg.client_cpus, num_gpus=0, memory=CLIENT_BYTES, **extra,
-            fn_constructor_kwargs={"replicas": [(s.orchestrator, s.handles[s.plan.style.decoder])
-                                                for s in replicas.systems],
+            fn_constructor_kwargs={"replicas": [s.orchestrator for s in replicas.systems],
+                                   "style": replicas.plan.style,
                                    "router": replicas.router, "method": method,
                                    "recursion": recursion, "grader": grader, "format_retry": format_retry,
                                    "timeout_s": timeout_s, "max_batch_retries": max_batch_retries,

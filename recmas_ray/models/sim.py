@@ -11,13 +11,22 @@ Legend: B batch, M latent steps, D hidden size.
 
 from __future__ import annotations
 
+import random
 import time
 
 import torch
 
 from recmas_ray.decoding import Decoded
 
-DEFAULTS = {"hidden": 2048, "step_ms": 5.0, "token_ms": 5.0, "tokens": 32, "prefill_ms": 0.0}
+PREFILL_SPEEDUP = 20.0
+"""How much cheaper a prompt token is than a sequential step (latent step or decoded token): the prompt
+runs as one parallel forward. The same figure prices real models in `distributed.pools.call_cost`."""
+
+DEFAULTS = {"hidden": 2048, "step_ms": 5.0, "token_ms": 5.0, "tokens": 32, "prefill_ms": 0.0, "row_share": 0.0,
+            "eos_spread": 0.0}
+"""row_share: each row beyond the first adds this share of a call's time (a device's cost grows with the
+batch); eos_spread: each row stops after a number of tokens drawn from [tokens x (1 - eos_spread), tokens]
+(seeded by its prompt), and the call lasts until its longest row stops."""
 
 
 def parse_sim_name(name: str) -> dict:
@@ -48,20 +57,35 @@ class SimulatedAgent:
         B = len(users)
         return torch.zeros(B, 1, 1), torch.ones(B, 1, dtype=torch.long)
 
-    def latent_rollout(self, e_BLD, mask_BL, num_steps: int) -> torch.Tensor:
-        """Wait prefill + num_steps * step_ms; return H_BMD of the real size."""
-        time.sleep((self.params["prefill_ms"] + num_steps * self.params["step_ms"]) / 1000.0)
+    def _batch_factor(self, rows: int) -> float:
+        return 1.0 + self.params["row_share"] * max(0, rows - 1)
+
+    def latent_rollout(self, e_BLD, mask_BL, num_steps: int, *, seeds=None) -> torch.Tensor:
+        """Wait (prefill + num_steps * step_ms) x the batch factor; return H_BMD of the real size."""
+        ms = (self.params["prefill_ms"] + num_steps * self.params["step_ms"]) * self._batch_factor(e_BLD.shape[0])
+        time.sleep(ms / 1000.0)
         return torch.full((e_BLD.shape[0], num_steps, self.hidden_size), 0.5)
 
     def messages(self, h_BMD: torch.Tensor, edges, *, device: str | None = "cpu") -> dict[str, torch.Tensor]:
         """One [B, M, D] message per edge (a copy each, as real outer links produce)."""
         return {e: h_BMD.clone() for e in edges}
 
-    def decode(self, e_BLD, mask_BL, cfg) -> list[Decoded]:
-        """Wait prefill + tokens * token_ms (capped by the decode budget)."""
-        n = min(int(self.params["tokens"]), cfg.max_new_tokens)
-        time.sleep((self.params["prefill_ms"] + n * self.params["token_ms"]) / 1000.0)
-        return [Decoded("\\boxed{0}", n) for _ in range(e_BLD.shape[0])]
+    def decode(self, e_BLD, mask_BL, cfg, *, seeds: list[int] | None = None) -> list[Decoded]:
+        """Wait (prefill + longest row's tokens * token_ms) x the batch factor; each row's tokens are capped
+        by the decode budget and, with eos_spread, drawn per row from `seeds` (its prompt's hash)."""
+        B = e_BLD.shape[0]
+        counts = [self.row_tokens(cfg.max_new_tokens, (seeds or [b for b in range(B)])[b]) for b in range(B)]
+        ms = (self.params["prefill_ms"] + max(counts) * self.params["token_ms"]) * self._batch_factor(B)
+        time.sleep(ms / 1000.0)
+        return [Decoded("\\boxed{0}", n) for n in counts]
+
+    def row_tokens(self, budget: int, seed: int) -> int:
+        """Tokens one row decodes before its EOS (or the budget)."""
+        n = int(self.params["tokens"])
+        spread = self.params["eos_spread"]
+        if spread > 0:
+            n = int(round(n * (1.0 - spread * random.Random(seed).random())))
+        return max(1, min(n, budget))
 
 
 
@@ -75,7 +99,7 @@ PAPER_STYLES = {"light": "sequential_light", "mixture": "mixture"}
 
 
 def paper_sim_models(system: str, *, ms_per_gparam: float = 1.0, tokens: int = 256, prompt_tokens: int = 200,
-                     prefill_speedup: float = 20.0) -> dict[str, str]:
+                     prefill_speedup: float = PREFILL_SPEEDUP) -> dict[str, str]:
     """`sim:` names for each role of a paper system, costs proportional to parameters: a latent step or
     a decoded token takes `ms_per_gparam` x parameters (B) ms; the prompt's `prompt_tokens` are
     prefilled `prefill_speedup` times faster per token (one parallel forward), on every call."""

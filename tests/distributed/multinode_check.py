@@ -116,7 +116,7 @@ def check_spread_equivalence(system, plan, names, timeout_s: float) -> dict:
     rec_ray = RecordingPool(RayPool(system.handles, timeout_s=timeout_s, context=", batch spread-rec"))
     run_batch(rec_ray, plan.style, QUESTIONS, tasks, CFG)
     # Locations are read before the driver fetches anything, so they show agent-to-agent pulls only.
-    refs = [ref for _, _, ref in rec_ray.messages]
+    refs = ray.get([ref for _, _, ref in rec_ray.messages], timeout=timeout_s)  # each message's stored ref
     locations = ray.experimental.get_object_locations(refs, timeout_ms=int(timeout_s * 1000))
     ray_msgs = [from_wire(m) for m in ray.get(refs, timeout=timeout_s)]
     rec_local = RecordingPool(local_pool(plan))

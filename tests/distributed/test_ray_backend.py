@@ -54,14 +54,19 @@ def seq_system(ray_cluster):
 
 
 @pytest.mark.integration  # a Ray system of its own: minutes on a busy 2-core machine
-def test_latents_travel_between_actors_and_match_local(seq_system):
+def test_latents_travel_through_the_store_whatever_their_size_and_match_local(seq_system):
     plan, system = seq_system
     planner = system.handles["planner"]
     msg_ref, stats_ref = planner.rollout.options(num_returns=2).remote(QUESTIONS, [], 5, ("planner->critic",))
     local_msg, _ = AgentService(*plan.service_args("planner")).rollout(QUESTIONS, [], 5, ("planner->critic",))
     from recmas_ray.distributed.actors import WireMessage, from_wire
 
-    wire = ray.get(msg_ref, timeout=60)
+    stored = ray.get(msg_ref, timeout=60)
+    # 5.6 KB: a return value that small would be inlined into the caller's reply (so through the
+    # orchestrator); the agent stores it instead and the reply carries only its ref
+    assert isinstance(stored, ray.ObjectRef)
+    assert ray.experimental.get_object_locations([stored], timeout_ms=60_000)[stored]["node_ids"]
+    wire = ray.get(stored, timeout=60)
     assert isinstance(wire, WireMessage) and not wire.array.flags.writeable  # mapped from the object store
     msg = from_wire(wire)
     assert msg.device.type == "cpu" and msg.shape == (3, 5, 96)
@@ -110,7 +115,7 @@ def test_ray_direct_transport_gloo_matches_object_store(ray_cluster):
         role = plan.style.roles[0]
         edge = next(e for e in plan.style.edges if e.split("->")[0] == role)
         ray.get(system.handles[role].rollout_keep.remote(f"{pool.key_prefix}:1", ["x"], [], 2, (edge,)), timeout=60)
-        pool._holders.add(role)
+        pool._holders.add((role, 0))  # (role, copy) that kept messages
         assert ray.get(system.handles[role].num_kept.remote(), timeout=60) == 1
         pool.release_kept()
         assert ray.get(system.handles[role].num_kept.remote(), timeout=60) == 0

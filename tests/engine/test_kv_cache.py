@@ -201,3 +201,23 @@ def test_compiled_step_gives_the_eager_latents(agents):
     eager = _with(agent, prefix_cache_mib=0).latent_rollout(e, mask, 6)
     compiled = _with(agent, prefix_cache_mib=0, compile_step=True).latent_rollout(e, mask, 6)
     assert (compiled - eager).abs().max() <= ATOL
+
+
+@pytest.mark.parametrize("family", list(TINY_FAMILIES))
+def test_a_row_without_a_stored_prefix_does_not_make_the_others_recompute_theirs(agents, family):
+    """Before: one new (longest, so unpadded) row in the batch set the first column computed to 0 for all."""
+    users = [USERS[0], f"Question: {LONG} and one more new question?\nPlan: " + SLOT + "\nThink."]
+    lat = torch.randn(2, 5, agents[family].hidden_size)
+    agent = _with(agents[family], prefix_cache_mib=0)
+    reference = agent.latent_rollout(*agent.embed_batch(users, {SLOT: lat}), 8)
+    agent = _with(agents[family])
+    e, mask, prefix = agent.embed_batch_with_prefix(users[:1], {SLOT: lat[:1]})
+    agent.latent_rollout(e, mask, 4, prefix_ids=prefix)  # stores the short row's prefix only
+    e, mask, prefix = agent.embed_batch_with_prefix(users, {SLOT: lat})
+    got = agent.latent_rollout(e, mask, 8, prefix_ids=prefix)
+    assert (got - reference).abs().max() <= ATOL
+    # the short row's whole stored prefix is reused (plus the shared template blocks of the new row)
+    assert agent.last_prefill["tokens_reused"] >= len(prefix[0])
+    assert agent.last_prefill["tokens_prefilled"] + agent.last_prefill["tokens_reused"] == int(mask.sum())
+    tokens = DecodeConfig(max_new_tokens=8)
+    assert agent.decode(e, mask, tokens, prefix_ids=prefix) == _with(agent, prefix_cache_mib=0).decode(e, mask, tokens)

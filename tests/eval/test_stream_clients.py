@@ -46,6 +46,15 @@ def test_auto_depth_is_capped_by_object_store_memory_and_cpus():
     assert clients_per_replica(StreamConfig(num_clients=5), 3, free_memory_bytes=1.0) == 5  # explicit wins
 
 
+def test_a_large_replica_is_not_capped_at_one_orchestrators_default_threads():
+    """200 agent actors in a replica want 400 batches in flight (was capped at the orchestrator's 256); the
+    replica is then built with an orchestrator of that many threads."""
+    from recmas_ray.distributed.placement import ORCHESTRATOR_MAX_BATCHES
+
+    assert clients_per_replica(StreamConfig(), 200) == 400 > ORCHESTRATOR_MAX_BATCHES
+    assert planned_depth(StreamConfig(), 200) == 400
+
+
 def test_client_processes_hold_several_batches_each():
     assert client_pool(6, 4) == (2, 3) and client_pool(8, 4) == (2, 4) and client_pool(7, 4) == (2, 4)
     assert client_pool(3, 1) == (3, 1) and client_pool(1, 4) == (1, 1) and client_pool(0, 4) == (1, 1)

@@ -1,0 +1,132 @@
+"""Routing without Ray: a role group sends each call to the copy with the least queued work (its batch's
+previous copy only breaks near-ties), and the replica router hands out expiring leases."""
+
+import threading
+
+import pytest
+
+from recmas_ray.config.recursion import DecodeConfig, RecursionConfig
+from recmas_ray.distributed.routing import ReplicaRouter, RoleGroup, batch_work
+from recmas_ray.styles import get_style
+
+
+def test_each_call_goes_to_the_copy_with_the_least_queued_work():
+    group = RoleGroup("solver", ["s0", "s1", "s2"])
+    assert [group.pick(8 * 256) for _ in range(3)] == [0, 1, 2]  # three decodes of 8 rows x 256 tokens
+    assert group.pick(8 * 32) == 0  # a ties-by-calls choice: every copy holds one decode
+    group.done(1, 8 * 256)
+    assert group.pick(8 * 32) == 1  # the copy whose decode finished has the least queued work
+    assert group.stats()["queued"] == [8 * 256 + 8 * 32, 8 * 32, 8 * 256]
+
+
+def test_a_batch_stays_on_its_copy_only_while_that_copy_is_nearly_as_free():
+    group = RoleGroup("critic", ["c0", "c1"], affinity_slack=0.5)
+    first = group.pick(100, affinity="batch-a")
+    group.done(first, 100)
+    other = group.pick(40, affinity="batch-b")  # the other batch's step keeps the copy the load ordering gives
+    assert other == 1 - first or other == first
+    # 40 queued on one copy: within 0.5 x 100 of the least, so batch a keeps its copy (its prefix KV)
+    assert group.pick(100, affinity="batch-a") == first
+    group.done(first, 100)
+    group.pick(400, affinity="batch-c")  # now a long call sits on one copy
+    busy = max(range(2), key=lambda k: group.queued[k])
+    group._last["batch-a"] = busy
+    assert group.pick(100, affinity="batch-a") != busy  # affinity never outweighs real load
+
+
+def test_a_step_waiting_upstream_holds_no_downstream_copy():
+    """The sticky per-batch choice counted a batch at the solver while it was still at the planner; per-step
+    routing counts only calls submitted to that copy."""
+    solver = RoleGroup("solver", ["s0", "s1"])
+    busy = solver.pick(8 * 256, affinity="a")  # batch a decodes on one copy
+    # batches b and c are at the planner: nothing of theirs is queued at the solver, so b's decode, when it
+    # comes, goes to the free copy, and c's after b's to ... the other free-er one
+    assert solver.pick(8 * 256, affinity="b") == 1 - busy
+    solver.done(busy, 8 * 256)
+    assert solver.pick(8 * 256, affinity="c") == busy
+
+
+def test_group_accounting_is_thread_safe():
+    group = RoleGroup("solver", ["s0", "s1", "s2"])
+
+    def work():
+        for _ in range(200):
+            k = group.pick(3.0, affinity=str(threading.get_ident()))
+            group.done(k, 3.0)
+
+    threads = [threading.Thread(target=work) for _ in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert group.stats()["queued"] == [0.0, 0.0, 0.0] and sum(group.stats()["calls"]) == 1600
+
+
+class _Clock:
+    def __init__(self):
+        self.now = 0.0
+
+    def __call__(self):
+        return self.now
+
+
+def test_a_lease_not_released_expires_and_frees_its_replica():
+    clock = _Clock()
+    router = ReplicaRouter(2, lease_s=10.0, clock=clock)
+    dead_client, _ = router.acquire(1000.0)  # a client acquires, then is killed: it never releases
+    live, lease = router.acquire(10.0)
+    assert live != dead_client
+    assert router.acquire(10.0)[0] == live  # the dead client's work still counts
+    clock.now = 11.0
+    assert router.renew(lease) is False  # a lease past its time is gone, renewing it says so
+    stats = router.stats()
+    assert stats["in_flight"] == [0, 0] and stats["expired_leases"] == 3
+
+
+def test_a_renewed_lease_survives_and_a_released_one_frees_at_once():
+    clock = _Clock()
+    router = ReplicaRouter(2, lease_s=10.0, clock=clock)
+    i, lease = router.acquire(5.0)
+    clock.now = 8.0
+    assert router.renew(lease)
+    clock.now = 15.0
+    assert router.stats()["in_flight"][i] == 1
+    router.release(lease)
+    router.release(lease)  # twice: harmless
+    assert router.stats()["in_flight"] == [0, 0] and router.stats()["queued"] == [0.0, 0.0]
+
+
+def test_the_replica_router_weighs_work_not_batch_counts_and_is_thread_safe():
+    router = ReplicaRouter(2)
+    big, _ = router.acquire(1000.0)
+    small = [router.acquire(10.0)[0] for _ in range(5)]
+    assert set(small) == {1 - big}  # five small batches weigh less than one big one
+    assert router.acquire(10.0, replicas=1)[0] == 0  # limited to the first replica
+
+    def cycle():
+        for _ in range(100):
+            router.release(router.acquire(2.0)[1])
+
+    threads = [threading.Thread(target=cycle) for _ in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert sum(router.stats()["in_flight"]) == 7  # only the seven never released above
+
+
+def test_batch_work_counts_rows_times_steps_of_the_schedule():
+    style = get_style("sequential_light")
+    cfg = RecursionConfig(method="recursive_mas", num_recursive_rounds=2, latent_steps=4,
+                          decode=DecodeConfig(max_new_tokens=6))
+    # R = 2: planner, critic twice, solver rolls out feedback once and decodes once
+    assert batch_work(style, cfg, 3) == 3 * (5 * 4 + 6)
+    text = RecursionConfig(method="textmas", decode=DecodeConfig(max_new_tokens=6))
+    assert batch_work(style, text, 2) == 2 * 3 * 6
+
+
+def test_a_group_needs_a_copy_and_a_router_a_replica():
+    with pytest.raises(ValueError, match="no copies"):
+        RoleGroup("solver", [])
+    with pytest.raises(ValueError, match="num_replicas=0"):
+        ReplicaRouter(0)

@@ -1,0 +1,36 @@
+"""Simulated agents' cost: it grows with the batch (row_share) and rows stop at different tokens
+(eos_spread); the defaults keep the flat table."""
+
+import time
+
+import torch
+
+from recmas_ray.config.recursion import DecodeConfig
+from recmas_ray.models.sim import SimulatedAgent, parse_sim_name
+
+
+def _seconds(fn):
+    t0 = time.perf_counter()
+    out = fn()
+    return time.perf_counter() - t0, out
+
+
+def test_a_bigger_batch_takes_longer_when_rows_cost_something():
+    agent = SimulatedAgent("sim:hidden=8,step_ms=20,row_share=0.5", role="planner")
+    one, _ = _seconds(lambda: agent.latent_rollout(torch.zeros(1, 1, 1), None, 2))
+    eight, h = _seconds(lambda: agent.latent_rollout(torch.zeros(8, 1, 1), None, 2))
+    assert h.shape == (8, 2, 8)
+    assert eight >= 0.040 * 4.5 and eight > 2 * one  # 40 ms x (1 + 0.5 x 7)
+
+
+def test_rows_stop_at_different_tokens_and_the_call_lasts_for_the_longest():
+    agent = SimulatedAgent("sim:hidden=8,token_ms=5,tokens=40,eos_spread=0.5", role="solver")
+    seconds, out = _seconds(lambda: agent.decode(torch.zeros(6, 1, 1), None, DecodeConfig(max_new_tokens=64),
+                                                 seeds=[11, 12, 13, 14, 15, 16]))
+    counts = [d.num_tokens for d in out]
+    assert len(set(counts)) > 1 and all(20 <= n <= 40 for n in counts)
+    assert counts == [agent.row_tokens(64, s) for s in (11, 12, 13, 14, 15, 16)]  # the same draw every time
+    assert seconds >= max(counts) * 0.005
+    flat = SimulatedAgent("sim:hidden=8,token_ms=0,tokens=40", role="solver")
+    assert [d.num_tokens for d in flat.decode(torch.zeros(3, 1, 1), None, DecodeConfig(max_new_tokens=64))] == [40] * 3
+    assert parse_sim_name("sim:")["row_share"] == 0.0 and parse_sim_name("sim:")["eos_spread"] == 0.0
