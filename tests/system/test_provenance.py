@@ -65,14 +65,14 @@ def test_require_known_links_names_the_folder_and_the_flag(tmp_path):
 
 @pytest.fixture
 def no_models(monkeypatch):
-    import recmas_ray.eval.driver as driver
+    import recmas_ray.eval.run as evaluation_run
     import recmas_ray.models.loader as loader
 
     def boom(*a, **k):
         raise AssertionError("a model was loaded")
 
     monkeypatch.setattr(loader, "load_frozen_model", boom)
-    monkeypatch.setattr(driver, "Backend", boom)
+    monkeypatch.setattr(evaluation_run, "BatchRunner", boom)
 
 
 def test_run_refuses_unknown_links_before_any_model_loads(tmp_path, question_file, tiny_cache, capsys, no_models):
