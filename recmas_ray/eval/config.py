@@ -169,7 +169,6 @@ class EvalConfig:
         check_model_names("--models", system.role_models)
         system.check_link_folders()
         self.placement.check_roles(style.roles)
-        self.placement.check_gpus_visible(self.backend)
         if system.prompt_set:
             read_data_file(system.prompt_set, "--prompt_set")  # kind, size, encoding, no YAML aliases
             load_prompt_set(system.prompt_set, style)  # a bad file fails here, before any model loads
@@ -177,3 +176,6 @@ class EvalConfig:
         transport.check_placement(self.placement, style.roles, device=system.device)
         transport.check_backend(self.backend)
         transport.check_ablation(self.recursion.latent_ablation)
+        # what this machine has comes after what the configuration says of itself: a GPU plan that is wrong
+        # anywhere is reported as such, not as a missing GPU
+        self.placement.check_gpus_visible(self.backend)

@@ -127,12 +127,14 @@ class Parsed(BaseException):  # not an Exception: run_job turns every Exception 
 
 @contextlib.contextmanager
 def paths_all_exist():
-    """Answer every existence/writability/GPU question with yes (example paths and GPUs live on clusters)."""
+    """Answer every existence/writability/GPU/keys-file question with yes (example paths, key files and GPUs live
+    on clusters)."""
     from recmas_ray.config import checks, inputs
 
     with mock.patch.object(inputs, "path_problem", lambda *a, **k: None), \
             mock.patch.object(inputs, "model_name_problem", lambda name: None), \
             mock.patch.object(inputs, "cuda_available", lambda: True), \
+            mock.patch.object(inputs, "check_keys_file", lambda flag, path: None), \
             mock.patch.object(os.path, "exists", lambda p: True), \
             mock.patch.object(os.path, "isfile", lambda p: True), \
             mock.patch.object(os.path, "isdir", lambda p: True), \

@@ -102,9 +102,12 @@ def _run_cli(argv, capsys):
     (["--placement", "colocated"], "--placement colocated puts 3 agents on one GPU"),
     (["--placement", "one_gpu_per_agent", "--role_gpus", "planner=0.5"], "--role_gpus gives planner=0.5"),
 ])
-def test_nccl_misconfiguration_is_refused_naming_the_setting(argv, needle, capsys):
+def test_nccl_misconfiguration_is_refused_naming_the_setting(argv, needle, capsys, monkeypatch):
     rc, err = _run_cli(["--transport", "rdt:nccl", *argv], capsys)
     assert rc == 2 and needle in err and err.count("\n") == 1, err
+    import recmas_ray.config.inputs as inputs
+
+    monkeypatch.setattr(inputs, "cuda_available", lambda: True)  # as on a GPU machine, where it would run
     rc, _ = _run_cli(["--transport", "rdt:nccl", "--placement", "one_gpu_per_agent", "--role_gpus", "solver=2"],
                      capsys)
     assert rc == 0  # whole GPUs per agent: accepted

@@ -62,8 +62,9 @@ def world(tmp_path, tiny_cache):
     text("cfg_scalar.json", json.dumps({"recursion": 3}))
     text("cfg_items.json", json.dumps({"methods": [1]}))
     text("cfg_sweep.json", json.dumps({"sweep_rounds": ["a"]}))
-    text("cfg_null.json", json.dumps({"models": None}))
-    text("cfg_ckpt_num.json", json.dumps({"ckpt_override": {"planner": 5}}))
+    text("cfg_null.json", json.dumps({"system": {"role_models": None}}))
+    text("cfg_ckpt_num.json", json.dumps({"system": {"ckpt_override": {"planner": 5}}}))
+    text("cfg_flat.json", json.dumps({"models": "all=tiny:llama"}))  # a nested field given flat
     text("cfg_utf8.json", b'{"seed": "\xff\xfe"}')
     text("bomb.yaml", BOMB)
     text("model.bin", "not a model")
@@ -133,6 +134,7 @@ ROWS = [
     ("config_range_item_type", "run", ["--config", "{cfg_sweep_json}"], "--sweep_rounds item 0 'a'"),
     ("config_models_null", "run", ["--config", "{cfg_null_json}"], "--models is required (got null)"),
     ("config_ckpt_number", "run", ["--config", "{cfg_ckpt_num_json}"], "--ckpt_override planner=5"),
+    ("config_flat_key", "run", ["--config", "{cfg_flat_json}"], "unknown setting(s) ['models']"),
     ("config_not_utf8", "run", ["--config", "{cfg_utf8_json}"], "cfg_utf8.json' is not UTF-8"),
     ("config_yaml_bomb", "run", ["--config", "{bomb_yaml}"], "anchors and aliases"),
     ("config_is_fifo", "run", ["--config", "{fifo}"], "is a FIFO"),

@@ -13,8 +13,11 @@ from recmas_ray.serve.openai_api import RequestError, parse_request
 SERVE_YAML = Path(__file__).resolve().parents[2] / "cluster" / "serve.yaml"
 
 
-def test_cluster_serve_yaml_validates():
+def test_cluster_serve_yaml_validates(monkeypatch):
     pytest.importorskip("ray.serve")
+    import recmas_ray.config.inputs as inputs
+
+    monkeypatch.setattr(inputs, "cuda_available", lambda: True)  # the file is for a GPU cluster
     from ray.serve.schema import ServeDeploySchema
 
     from recmas_ray.serve.app import app_builder
