@@ -159,3 +159,19 @@ def pytest_terminal_summary(terminalreporter):
         reason = reasons[0].split(_SANDBOX_SKIP, 1)[1]
         terminalreporter.write_line(f"{len(reasons)} sandbox tests skipped: {reason}. Install bubblewrap to run "
                                     "them (RECMAS_REQUIRE_SANDBOX=1 makes a missing sandbox fail the run).")
+
+
+def tiny_planner_agents() -> dict:
+    """One planner `Agent` per tiny family (fp32, inner link seeded 0): the engine tests' common subjects."""
+    from recmas_ray.agent import Agent
+    from recmas_ray.links import InnerLink
+    from recmas_ray.models.loader import load_frozen_model
+    from recmas_ray.models.tiny import TINY_FAMILIES
+
+    out = {}
+    for family in TINY_FAMILIES:
+        model, tok = load_frozen_model(f"tiny:{family}", dtype=torch.float32)
+        torch.manual_seed(0)
+        out[family] = Agent(model, tok, InnerLink(model.config.hidden_size), role="planner",
+                            model_name=f"tiny:{family}")
+    return out

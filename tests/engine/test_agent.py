@@ -3,6 +3,8 @@
 import pytest
 import torch
 
+from tests.conftest import tiny_planner_agents
+
 from recmas_ray.agent import Agent, find_slots
 from recmas_ray.config.recursion import DecodeConfig
 from recmas_ray.links import InnerLink
@@ -17,13 +19,7 @@ USERS = ["Question: what is 2 + 2?\nPlan: " + SLOT + "\nSolve it.",
 
 @pytest.fixture(scope="module")
 def agents(tiny_cache):
-    out = {}
-    for family in TINY_FAMILIES:
-        model, tok = load_frozen_model(f"tiny:{family}", dtype=torch.float32)
-        torch.manual_seed(0)
-        out[family] = Agent(model, tok, InnerLink(model.config.hidden_size), role="planner",
-                            model_name=f"tiny:{family}")
-    return out
+    return tiny_planner_agents()
 
 
 @pytest.mark.parametrize("family", list(TINY_FAMILIES))

@@ -7,10 +7,9 @@ import threading
 import pytest
 import torch
 
-from recmas_ray.agent import Agent
+from tests.conftest import tiny_planner_agents
+
 from recmas_ray.config.recursion import DecodeConfig
-from recmas_ray.links import InnerLink
-from recmas_ray.models.loader import load_frozen_model
 from recmas_ray.models.tiny import TINY_FAMILIES
 from recmas_ray.scheduler import StepScheduler
 
@@ -25,13 +24,7 @@ ATOL = 1e-5
 
 @pytest.fixture(scope="module")
 def agents(tiny_cache):
-    out = {}
-    for family in TINY_FAMILIES:
-        model, tok = load_frozen_model(f"tiny:{family}", dtype=torch.float32)
-        torch.manual_seed(0)
-        out[family] = Agent(model, tok, InnerLink(model.config.hidden_size), role="planner",
-                            model_name=f"tiny:{family}")
-    return out
+    return tiny_planner_agents()
 
 
 def _requests(agent, seed=0):
