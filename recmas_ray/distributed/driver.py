@@ -89,7 +89,7 @@ class _OrchestratorImpl:
             self._running[key] = pool
         try:
             results = run_batch(pool, self.style, questions, tasks, cfg, **run_options)
-            if self.transport != "object_store":  # RDT messages are taken once: a retry continues the bare reply
+            if self.transport.direct:  # RDT messages are taken once: a retry continues the bare reply
                 for res in results:
                     res.decoder_input = None
             return results

@@ -83,6 +83,9 @@ def start_cluster(num_nodes: int, gpus_per_node: int) -> tuple[Cluster, dict]:
                              resources={f"node{i}": 1}, node_ip_address="127.0.0.1")
         cluster.wait_for_nodes()
         ray.init(address=cluster.address, log_to_driver=False, configure_logging=False)
+    # The GPUs are the simulated nodes' Ray resources, as on a real cluster `ray job submit` names: this host's own
+    # CUDA (none) says nothing about them, so the jobs' GPU-visibility check defers to Ray here too.
+    os.environ["RAY_ADDRESS"] = cluster.address
     names = {}
     for node in ray.nodes():
         own = [k for k in node["Resources"] if k.startswith("node") and k[4:].isdigit()]
@@ -122,8 +125,8 @@ def check_spread_equivalence(system, plan, names, timeout_s: float) -> dict:
     rec_local = RecordingPool(local_pool(plan))
     local = run_batch(rec_local, plan.style, QUESTIONS, tasks, CFG)
     messages = []
-    for (role, edge, ref), msg, (_, _, ref_msg) in zip(rec_ray.messages, ray_msgs, rec_local.messages):
-        loc = locations[ref]
+    for (role, edge, _), stored, msg, (_, _, ref_msg) in zip(rec_ray.messages, refs, ray_msgs, rec_local.messages):
+        loc = locations[stored]
         messages.append({"role": role, "edge": edge, "shape": list(msg.shape), "device": str(msg.device),
                          "max_abs_diff": float((msg - ref_msg).abs().max()),
                          "object_size": loc.get("object_size"),
