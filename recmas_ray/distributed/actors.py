@@ -174,7 +174,7 @@ class _AgentActorImpl:
     def retry_format(self, texts, suffixes, num_tokens, *latents, cfg, **context):
         """The answer-format retry on this agent (see `AgentService.retry_format`; `context`: users,
         slot_names, rows of the decoder's input, whose latents come positionally)."""
-        return self.service.retry_format(texts, suffixes, num_tokens, *[from_wire(x) for x in latents], cfg=cfg,
+        return self.service.retry_format(texts, suffixes, num_tokens, *[resolve_message(x) for x in latents], cfg=cfg,
                                          **context)
 
     def score(self, users, slot_names, targets, *latents, continuation: bool = False):

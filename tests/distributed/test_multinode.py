@@ -130,8 +130,6 @@ def test_spread_system_matches_single_node_run(report):
         assert m["object_size"] > 1024 and {nodes[src], nodes[dst]} <= set(m["stored_on"]), m
 
 
-# Open defect: on the Ray backend the answer-format retry continues differently from the local backend.
-@pytest.mark.xfail(reason="Ray-backend format retry differs from local (open defect)", strict=True)
 def test_two_replicas_each_on_one_node_match_the_local_backend(report):
     rep = report["replicas"]
     assert all(len(nodes) == 1 for nodes in rep["nodes"]), rep["nodes"]  # a replica's latents stay on its node
