@@ -176,6 +176,7 @@ class EvalConfig:
         transport.check_placement(self.placement, style.roles, device=system.device)
         transport.check_backend(self.backend)
         transport.check_ablation(self.recursion.latent_ablation)
+        transport.check_adaptive_rounds(self.recursion.adaptive_threshold)
         # what this machine has comes after what the configuration says of itself: a GPU plan that is wrong
         # anywhere is reported as such, not as a missing GPU
         self.placement.check_gpus_visible(self.backend)
