@@ -39,10 +39,9 @@ from dataclasses import dataclass
 from typing import Any, Callable
 
 from recmas_ray.config.checks import ConfigError, OneOf, Range, check_tree, field_hints, split_annotated
-from recmas_ray.config.tree import _get_path, _has_path, _nested_type, _set_path, from_dict, load_config_file, to_dict
+from recmas_ray.config.tree import _get_path, _nested_type, _set_path, from_dict, load_config_file, to_dict
 
 SPECIAL_FLAGS = ("config", "recipe", "print_config", "debug", "help")
-EXPLICIT_FIELD = "explicit_settings"
 
 
 @dataclass
@@ -296,8 +295,10 @@ def _try_default(cls):
         return None
 
 
-def parse_config(cls, argv=None, *, prog=None, description=None, aliases=None, recipes=None, hidden=()):
-    """(config, parsed namespace) from argv: recipe, then --config file, then flags; checked as a whole."""
+def parse_config(cls, argv=None, *, prog=None, description=None, aliases=None, recipes=None, hidden=(), start=None):
+    """(config, parsed namespace) from argv: recipe, then --config file, then flags; checked once, as a whole.
+    `start(cfg)`: the recipe that the file and flags of `cfg` apply over instead (None: keep `cfg`), e.g. a
+    protocol's config for the style and dataset they name."""
     argv = list(sys.argv[1:] if argv is None else argv)
     p, tree_leaves = build_parser(cls, prog=prog, description=description, aliases=aliases, recipes=recipes,
                                   hidden=hidden)
@@ -317,18 +318,17 @@ def parse_config(cls, argv=None, *, prog=None, description=None, aliases=None, r
                     raise ConfigError(f"argument {flag_of[leaf.path]}: {e}") from None
             _set_path(data, leaf.path, value)
     base = cfg if cfg is not None else _try_default(cls)
-    cfg = from_dict(cls, data, base=base, where="config" if not ns.config else f"--config {ns.config}")
-    if EXPLICIT_FIELD in {f.name for f in dataclasses.fields(cls)}:
-        # A config that declares this field learns which settings the user gave (flags or --config
-        # file), e.g. so a protocol fills only the others.
-        given = {leaf.path for leaf in leaves(cls) if _has_path(data, leaf.path)} - {EXPLICIT_FIELD}
-        cfg = dataclasses.replace(cfg, **{EXPLICIT_FIELD: sorted(given)})
+    where = "config" if not ns.config else f"--config {ns.config}"
+    cfg = from_dict(cls, data, base=base, where=where)
+    recipe = start(cfg) if start is not None else None
+    if recipe is not None:
+        cfg = from_dict(cls, data, base=recipe, where=where)
     check_tree(cfg, lambda path: flag_of.get(path, "--" + path))
     return cfg, ns
 
 
 def run_job(main: Callable[[Any], int | None], cls, argv=None, *, prog=None, description=None, aliases=None,
-            recipes=None, hidden=()) -> int:
+            recipes=None, hidden=(), start=None) -> int:
     """Parse, check and run one job; returns its exit status (2 user error, 1 failed run, 0 done).
 
     Every exception becomes one line on stderr (`--debug` re-raises it with its traceback): ValueError and
@@ -338,7 +338,7 @@ def run_job(main: Callable[[Any], int | None], cls, argv=None, *, prog=None, des
     debug = "--debug" in argv
     try:
         cfg, ns = parse_config(cls, argv, prog=prog, description=description, aliases=aliases, recipes=recipes,
-                               hidden=hidden)
+                               hidden=hidden, start=start)
         if ns.print_config:
             print(json.dumps(to_dict(cfg), indent=2, sort_keys=True))
             return 0

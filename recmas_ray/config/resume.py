@@ -13,7 +13,7 @@ from pathlib import Path
 TRAIN_RESUME_FREE = frozenset({
     "resume", "progress", "verbose", "log_every", "max_failures", "num_to_keep", "stop_at_step", "save_every",
     "fit_timeout_s", "cpus_per_worker", "gpus_per_worker", "eval_every", "verify_frozen", "profile_memory",
-    "storage_path", "save_dir", "mas_role", "explicit_settings", "track"})
+    "storage_path", "save_dir", "mas_role", "track"})
 """Training settings a resumed run may change: bookkeeping, resources and where things go, never what the
 weights become (seed, lr, data, schedule, models, ... must match)."""
 

@@ -75,14 +75,6 @@ def load_config_file(path: str) -> dict:
     return data
 
 
-def _has_path(values: dict, path: str) -> bool:
-    for part in path.split("."):
-        if not isinstance(values, dict) or part not in values:
-            return False
-        values = values[part]
-    return True
-
-
 def _set_path(values: dict, path: str, value) -> None:
     parts = path.split(".")
     for i, part in enumerate(parts[:-1]):

@@ -97,12 +97,9 @@ class EvalConfig:
     grader: Annotated[str, OneOf(GRADERS)] = "strict"
     """Headline grader: strict (math-verify) or reference (the release's lenient rules); both are recorded."""
     protocol: Annotated[str, OneOf(PROTOCOLS)] = "greedy"
-    """greedy: every setting as configured (greedy decoding by default); reference: the release's sampling,
-    token budgets, m and R per style and benchmark, 3 runs (AIME: 10, pass@10) and the reference grader,
-    for every setting not given explicitly (recorded in the results)."""
-    explicit_settings: list[str] = field(default_factory=list)
-    """Dotted settings the user gave (flags, --config file), which the protocol never changes; jobs.run
-    fills it (Python callers list what they set themselves)."""
+    """greedy: every setting as configured (greedy decoding by default); reference: start from the release's
+    sampling, token budgets, m and R per style and benchmark, 3 runs (AIME: 10, pass@10) and the reference
+    grader (`eval.protocol.reference`), flags and --config win; results record where each came from."""
     output_path: Annotated[str, WritableDir()] = "out"
     """Directory for samples_*.jsonl, results_*.json and config.json."""
     track: TrackingConfig = field(default_factory=TrackingConfig)
