@@ -102,8 +102,8 @@ def _fresh_outer(plan, device):
 class OuterBenchConfig:
     """What the outer-loop benchmark runs."""
 
-    HIDDEN_FLAGS = SystemConfig.hidden_except("style", "preset", "role_models")
-    """System fields the benchmark does not read (config/cli.py: no flag): every run seeds 0."""
+    SYSTEM_FIELDS = ("style", "preset", "role_models")
+    """System fields the benchmark reads (the others get no flag and are refused when set): every run seeds 0."""
     FLAG_ALIASES = {"role_model": "system.role_models"}
     """The benchmark's spelling of the per-role base models (config/cli.py)."""
 
@@ -142,7 +142,6 @@ class OuterBenchConfig:
         """The training runs' own checks (dataset, models, GPU), before the reference loads any model."""
         from recmas_ray.config.checks import check_tree
 
-        self.system.refuse_unused(self.HIDDEN_FLAGS)
         self.system.check_tables("--role_model")
         if self.num_microbatches > self.batch_size:
             raise ValueError(f"--num_microbatches {self.num_microbatches} exceeds --batch_size {self.batch_size}")

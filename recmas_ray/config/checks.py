@@ -95,6 +95,18 @@ def split_annotated(tp) -> tuple[Any, tuple]:
     return tp, ()
 
 
+def unread_fields(cls) -> dict[str, Any]:
+    """Dotted path -> default of each `system` field a job config class does not read (all but its
+    `SYSTEM_FIELDS`): they get no flag, and `check_tree` refuses another value (it would be ignored)."""
+    used = getattr(cls, "SYSTEM_FIELDS", None)
+    if used is None:
+        return {}
+    fields = dataclasses.fields(split_annotated(field_hints(cls)["system"])[0])
+    assert set(used) <= {f.name for f in fields}, f"{cls.__name__}.SYSTEM_FIELDS names no field: {sorted(used)}"
+    return {f"system.{f.name}": f.default if f.default_factory is dataclasses.MISSING else f.default_factory()
+            for f in fields if f.name not in used}
+
+
 def is_config(obj) -> bool:
     return dataclasses.is_dataclass(obj) and not isinstance(obj, type)
 
@@ -158,6 +170,9 @@ def check_tree(cfg, flag_of: Callable[[str], str] = lambda path: "--" + path, pr
         _check_type(flag_of(path), value, base)
         for check in checks:
             _check_value(flag_of(path), value, base, check)
+    for path, default in unread_fields(type(cfg)).items():
+        if getattr(cfg.system, path.split(".")[1]) != default:
+            raise ConfigError(f"--{path}: not a setting of this job (it would be ignored); drop it")
     validate = getattr(cfg, "validate", None)
     if callable(validate):
         try:

@@ -15,7 +15,8 @@
 * `aliases` add other spellings of a flag (the release's names), shown in help next to the canonical one.
   A config class may declare its own: `FLAG_ALIASES` (spellings every caller of the class accepts; the first
   one of a nested field without a short flag is the name its errors use, e.g. `--models` for
-  `system.role_models`) and `HIDDEN_FLAGS` (dotted paths of nested fields it never reads: no flag).
+  `system.role_models`) and `SYSTEM_FIELDS` (the fields of its `system` section it reads; the others get
+  no flag, and `check_tree` refuses a value set for one).
 * A `--config` file is nested by section (`system: {style: mixture}`); a key that is no setting of its section
   (a nested field written at the top level, say) is refused with one line.
 * `run_job` prints a user error as one line `error: ...` on stderr and returns 2, before any model loads
@@ -38,7 +39,7 @@ import typing
 from dataclasses import dataclass
 from typing import Any, Callable
 
-from recmas_ray.config.checks import ConfigError, OneOf, Range, check_tree, field_hints, split_annotated
+from recmas_ray.config.checks import ConfigError, OneOf, Range, check_tree, field_hints, split_annotated, unread_fields
 from recmas_ray.config.tree import _get_path, _nested_type, _set_path, from_dict, load_config_file, to_dict
 
 SPECIAL_FLAGS = ("config", "recipe", "print_config", "debug", "help")
@@ -103,12 +104,12 @@ def leaves(cls, prefix: str = "") -> list[Leaf]:
 
 def assign_flags(cls, aliases: dict[str, str] | None = None, hidden=()) -> list[Leaf]:
     """Leaves with their flag names; `aliases` maps extra flag names to a field's dotted path or plain flag;
-    `hidden` dotted paths get no flag (the job sets them itself). The class's `FLAG_ALIASES` and
-    `HIDDEN_FLAGS` add to them."""
+    `hidden` dotted paths get no flag (the job sets them itself). The class's `FLAG_ALIASES` and unread
+    `system` fields (`SYSTEM_FIELDS`) add to them."""
     # The class's own: the spellings of its fields that every caller accepts, the fields it never reads.
     own = dict(getattr(cls, "FLAG_ALIASES", {}))
     aliases = {**own, **(aliases or {})}
-    hidden = set(hidden) | set(getattr(cls, "HIDDEN_FLAGS", ()))
+    hidden = set(hidden) | set(unread_fields(cls))
     out = [leaf for leaf in leaves(cls) if leaf.path not in hidden]
     top = {leaf.path for leaf in out if "." not in leaf.path}
     declared: dict[str, str] = {}  # short flag -> the dotted path whose class declares it

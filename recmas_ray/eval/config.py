@@ -52,11 +52,11 @@ class StreamConfig:
 class EvalConfig:
     """One evaluation run (saved, resolved, next to its results)."""
 
-    HIDDEN_FLAGS = SystemConfig.hidden_except("style", "preset", "role_models", "ckpt_override",
-                                              "allow_base_model_mismatch", "allow_style_mismatch", "prompt_set",
-                                              "device", "dtype",
-                                              "message_dtype", "seed")
-    """System fields an evaluation does not read (config/cli.py: no flag)."""
+    SYSTEM_FIELDS = ("style", "preset", "role_models", "ckpt_override",
+                     "allow_base_model_mismatch", "allow_style_mismatch", "prompt_set",
+                     "device", "dtype",
+                     "message_dtype", "seed")
+    """System fields an evaluation reads (the others get no flag and are refused when set)."""
     FLAG_ALIASES = {"models": "system.role_models", "role_model": "system.role_models"}
     """jobs.run's spellings of the per-role base models (config/cli.py); errors name --models."""
 
@@ -143,7 +143,6 @@ class EvalConfig:
     def validate(self) -> None:
         """Rules across fields and files (run before any model loads)."""
         system = self.system
-        system.refuse_unused(self.HIDDEN_FLAGS)
         style = get_style(system.style)
         local = os.path.splitext(self.dataset)[1].lower() in (".json", ".jsonl", ".csv", ".parquet")
         if local:

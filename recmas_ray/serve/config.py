@@ -22,10 +22,10 @@ from recmas_ray.system.config import SystemConfig
 class ServeConfig:
     """One served system: `POST /v1/chat/completions` and `GET /v1/models` on Ray Serve."""
 
-    HIDDEN_FLAGS = SystemConfig.hidden_except("style", "preset", "role_models", "ckpt_override", "links",
-                                              "allow_base_model_mismatch", "allow_style_mismatch", "device", "dtype",
-                                              "seed")
-    """System fields a served system does not read (config/cli.py: no flag)."""
+    SYSTEM_FIELDS = ("style", "preset", "role_models", "ckpt_override", "links",
+                     "allow_base_model_mismatch", "allow_style_mismatch", "device", "dtype",
+                     "seed")
+    """System fields a served system reads (the others get no flag and are refused when set)."""
     FLAG_ALIASES = {"models": "system.role_models", "role_model": "system.role_models"}
     """jobs.serve's spellings of the per-role base models (config/cli.py; also keys of a Serve config file's
     args); errors name --models."""
@@ -101,7 +101,6 @@ class ServeConfig:
             self.api_key = key_digest(self.api_key)
 
         system = self.system
-        system.refuse_unused(self.HIDDEN_FLAGS)
         roles = get_style(system.style).roles
         for flag, table, extra in (("models", system.role_models, ()), ("ckpt_override", system.ckpt_override,
                                                                            ("outer",))):

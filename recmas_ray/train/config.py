@@ -56,8 +56,8 @@ def storage_scheme(path: str) -> str:
 class TrainConfig:
     """What inner and outer training share: data, outputs, optimiser and schedule, checkpoints, resources."""
 
-    HIDDEN_FLAGS = SystemConfig.hidden_except("style", "preset", "role_models", "ckpt_override", "dtype", "seed")
-    """System fields training does not read (config/cli.py: no flag); GPUs come from --use_gpu."""
+    SYSTEM_FIELDS = ("style", "preset", "role_models", "ckpt_override", "dtype", "seed")
+    """System fields training reads (the others get no flag and are refused when set); GPUs come from --use_gpu."""
     FLAG_ALIASES = {"role_model": "system.role_models"}
     """The training jobs' spelling of the per-role base models (config/cli.py)."""
 
@@ -134,7 +134,6 @@ class TrainConfig:
     def validate(self) -> None:
         """Rules across fields and files (run before any model loads)."""
         system = self.system
-        system.refuse_unused(self.HIDDEN_FLAGS)
         _check_dataset("--dataset_name", self.dataset_name)
         system.check_tables("--role_model", ckpt_extra=self.checkpoint_keys())
         check_model_names("--role_model", system.role_models)
