@@ -23,9 +23,6 @@ import sys
 from recmas_ray.config.cli import run_job
 from recmas_ray.eval.config import EvalConfig
 
-# Other spellings accepted for the same settings: the release's names and this project's earlier ones.
-ALIASES = {"method": "methods", "placement": "placement.preset",
-           "latent_length": "latent_steps", "max_inflight_batches": "stream.num_clients", "python_timeout": "tools.python_timeout_s"}
 # Set by the evaluation driver itself (per method, and from --seed).
 HIDDEN = ("recursion.method", "recursion.decode.seed")
 
@@ -42,7 +39,7 @@ def parse(argv) -> EvalConfig:
     """The checked config of a command line (what `main` would run)."""
     from recmas_ray.config.cli import parse_config
 
-    return parse_config(EvalConfig, argv, aliases=ALIASES, hidden=HIDDEN, start=recipe)[0]
+    return parse_config(EvalConfig, argv, hidden=HIDDEN, start=recipe)[0]
 
 
 def evaluate(cfg: EvalConfig) -> int:
@@ -70,8 +67,8 @@ def evaluate(cfg: EvalConfig) -> int:
 
 
 def main(argv=None) -> int:
-    return run_job(evaluate, EvalConfig, argv, prog="python -m jobs.run", description=__doc__, aliases=ALIASES,
-                   hidden=HIDDEN, start=recipe)
+    return run_job(evaluate, EvalConfig, argv, prog="python -m jobs.run", description=__doc__, hidden=HIDDEN,
+                   start=recipe)
 
 
 if __name__ == "__main__":

@@ -75,8 +75,9 @@ class BackendBenchConfig:
 
     SYSTEM_FIELDS = ("style", "preset", "role_models", "device", "dtype", "seed")
     """System fields the benchmark reads (the others get no flag and are refused when set): it measures fresh links."""
-    FLAG_ALIASES = {"role_model": "system.role_models", "role_models": "system.role_models"}
-    """The benchmark's spellings of the per-role base models (config/cli.py)."""
+    FLAG_ALIASES = {"role_model": "system.role_models", "role_models": "system.role_models",
+                    "rounds": "num_recursive_rounds"}
+    """The benchmark's other flag spellings (config/cli.py)."""
 
     system: SystemConfig = field(default_factory=lambda: SystemConfig(style="sequential_light", seed=0))
     """The system measured: style, base models (role_models also takes all=MODEL, e.g. all=tiny:mistral, for
@@ -224,8 +225,7 @@ def bench(args: BackendBenchConfig) -> int:
 
 
 def main(argv=None) -> int:
-    return run_job(bench, BackendBenchConfig, argv, prog="python -m jobs.bench.backend", description=__doc__,
-                   aliases={"rounds": "num_recursive_rounds"})
+    return run_job(bench, BackendBenchConfig, argv, prog="python -m jobs.bench.backend", description=__doc__)
 
 
 if __name__ == "__main__":

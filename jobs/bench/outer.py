@@ -104,8 +104,8 @@ class OuterBenchConfig:
 
     SYSTEM_FIELDS = ("style", "preset", "role_models")
     """System fields the benchmark reads (the others get no flag and are refused when set): every run seeds 0."""
-    FLAG_ALIASES = {"role_model": "system.role_models"}
-    """The benchmark's spelling of the per-role base models (config/cli.py)."""
+    FLAG_ALIASES = {"role_model": "system.role_models", "steps": "max_steps"}
+    """The benchmark's other flag spellings (config/cli.py)."""
 
     system: SystemConfig = field(default_factory=lambda: SystemConfig(style="sequential"))
     """The system trained: style and base models (preset, role_models)."""
@@ -171,8 +171,7 @@ def bench(args: OuterBenchConfig) -> int:
 
 
 def main(argv=None) -> int:
-    return run_job(bench, OuterBenchConfig, argv, prog="python -m jobs.bench.outer", description=__doc__,
-                   aliases={"steps": "max_steps"})
+    return run_job(bench, OuterBenchConfig, argv, prog="python -m jobs.bench.outer", description=__doc__)
 
 
 if __name__ == "__main__":

@@ -57,8 +57,10 @@ class EvalConfig:
                      "device", "dtype",
                      "message_dtype", "seed")
     """System fields an evaluation reads (the others get no flag and are refused when set)."""
-    FLAG_ALIASES = {"models": "system.role_models", "role_model": "system.role_models"}
-    """jobs.run's spellings of the per-role base models (config/cli.py); errors name --models."""
+    FLAG_ALIASES = {"models": "system.role_models", "role_model": "system.role_models", "method": "methods",
+                    "placement": "placement.preset", "latent_length": "latent_steps",
+                    "max_inflight_batches": "stream.num_clients", "python_timeout": "tools.python_timeout_s"}
+    """Other spellings of jobs.run's flags: the release's names and this project's earlier ones."""
 
     system: SystemConfig
     """Which system runs: style, base models, links, prompt set, device, dtypes, seed (of fresh links and of

@@ -26,9 +26,9 @@ class ServeConfig:
                      "allow_base_model_mismatch", "allow_style_mismatch", "device", "dtype",
                      "seed")
     """System fields a served system reads (the others get no flag and are refused when set)."""
-    FLAG_ALIASES = {"models": "system.role_models", "role_model": "system.role_models"}
-    """jobs.serve's spellings of the per-role base models (config/cli.py; also keys of a Serve config file's
-    args); errors name --models."""
+    FLAG_ALIASES = {"models": "system.role_models", "role_model": "system.role_models",
+                    "placement": "placement.preset"}
+    """jobs.serve's other spellings: of the per-role base models and of the placement preset."""
 
     system: SystemConfig
     """The served system: style, base models, links (a folder or Hub id, ckpt_override over it per role),

@@ -174,6 +174,11 @@ def _check_dataset(flag: str, name: str) -> None:
 class InnerTrainConfig(TrainConfig):
     """One role's inner-loop run: inner(h_t) should match the embedding of token t+1."""
 
+    FLAG_ALIASES = {**TrainConfig.FLAG_ALIASES, "mas_design": "style", "mas_task": "task", "adapter_lr": "lr",
+                    "adapter_cos_weight": "w_cos", "adapter_mse_weight": "w_mse", "save_steps": "save_every"}
+    """The release's flag names -> ours (--num_train_epochs, --lr_scheduler_type, --grad_accum_steps and
+    --load_dir are fields of their own)."""
+
     mas_role: Annotated[str, NonEmpty()] = "planner"
     """Role of the style, an alias of the release tool (refiner, hie_math_expert, ...), or all (every role at
     once, one Ray Train run each, writing <save_dir>/<role>/)."""
@@ -225,6 +230,9 @@ class InnerTrainConfig(TrainConfig):
 @dataclass(kw_only=True)
 class OuterTrainConfig(TrainConfig):
     """One outer-loop run: frozen agents unrolled for R rounds, only the outer links train."""
+
+    FLAG_ALIASES = {**TrainConfig.FLAG_ALIASES, "mas_design": "style", "mas_task": "task"}
+    """The release's flag names -> ours."""
 
     save_dir: Annotated[str, WritableDir()] = "checkpoints/outer"
     """Output folder: the final outer links (links.safetensors + manifest.json; jobs/run.py --ckpt_override

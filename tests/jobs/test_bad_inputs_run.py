@@ -57,7 +57,7 @@ def _bad_rows(tmp):
         ("transport", ["--transport", "tcp"], "--transport 'tcp'"),
         ("device", ["--device", "tpu"], "--device 'tpu'"),
         ("dtype", ["--dtype", "int8"], "--dtype 'int8'"),
-        ("placement", ["--placement", "nowhere"], "--placement.preset 'nowhere'"),
+        ("placement", ["--placement", "nowhere"], "--placement 'nowhere'"),
         ("role_gpus_role", ["--backend", "ray", "--placement", "one_gpu_per_agent", "--role_gpus", "science=1"],
          "--role_gpus names ['science']"),
         ("role_gpus_value", ["--role_gpus", "planner=x"], "expected a number, got 'x'"),
