@@ -100,7 +100,8 @@ def unread_fields(cls) -> dict[str, Any]:
     if used is None:
         return {}
     fields = dataclasses.fields(split_annotated(field_hints(cls)["system"])[0])
-    assert set(used) <= {f.name for f in fields}, f"{cls.__name__}.SYSTEM_FIELDS names no field: {sorted(used)}"
+    unknown = sorted(set(used) - {f.name for f in fields})
+    assert not unknown, f"{cls.__name__}.SYSTEM_FIELDS names no field: {unknown}"
     return {f"system.{f.name}": f.default if f.default_factory is dataclasses.MISSING else f.default_factory()
             for f in fields if f.name not in used}
 
