@@ -197,6 +197,25 @@ def simulate(style: StyleSpec, params: dict, layout: list[dict[str, int]], *, ro
     return {"logs": logs, "batches": {b: tuple(v) for b, v in batches.items()}}
 
 
+def rel(a: float, b: float) -> float:
+    """a / b - 1."""
+    return a / b - 1.0 if b else float("inf")
+
+
+def dilation_check(base: dict, dilated: dict, factor: float, tolerance: float) -> dict:
+    """The same balance at costs x 1 and x `factor`: a device-bound run keeps its ratios (throughput x cost
+    scale, pools / whole, each layout's lowest busy); a change beyond `tolerance` means the host sets the pace."""
+    ratios = {"per_gpu_ratio": (base["per_gpu_ratio"], dilated["per_gpu_ratio"])}
+    for name in ("whole_system", "per_role_pools"):
+        ratios[f"{name}_throughput_x_cost_scale"] = (base[name]["throughput_batches_per_s"],
+                                                     dilated[name]["throughput_batches_per_s"] * factor)
+        ratios[f"{name}_min_role_busy"] = (base[name]["min_role_busy"], dilated[name]["min_role_busy"])
+    change = {k: abs(rel(b, a)) for k, (a, b) in ratios.items()}
+    return {"rounds": base["rounds"], "factor": factor, "values": ratios, "relative_change": change,
+            "largest_change": max(change.values()), "tolerance": tolerance,
+            "host_bound": max(change.values()) > tolerance}
+
+
 def busy_by_role(logs: dict, t0: float, t1: float, *, device: bool = False) -> dict:
     """Each role's busy time in [t0, t1] / (t1 - t0), averaged over its copies (call logs ROLE, ROLE#K):
     host time (the calls' spans), or with `device` their simulated device time, spread over each span."""
