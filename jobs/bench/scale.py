@@ -65,8 +65,9 @@ class ScaleBenchConfig:
     systems, or one pool of 3 / 2 / 13 copies at R = 1, 5 / 3 / 10 at R = 3)."""
     balance_rounds: Annotated[list[int], Range(1, MAX_ROUNDS), NonEmpty()] = field(default_factory=lambda: [1, 3])
     """R of the balance comparison."""
-    dilation: Annotated[float, Range(0, 100, lo_open=True)] = 2.0
-    """The dilation check runs the balance of `dilation_rounds` again with every cost x this."""
+    dilation: Annotated[float, Range(0, 100, lo_open=True)] = 0.5
+    """The dilation check runs the balance of `dilation_rounds` again with every cost x this (0.5: the run's
+    costs x k against x k / 2, i.e. k' and 2k' with k' = k / 2, at half a run's time)."""
     dilation_rounds: Annotated[list[int], Range(1, MAX_ROUNDS)] = field(default_factory=lambda: [3])
     """R of the dilation check (empty: none)."""
     dilation_tolerance: Annotated[float, Range(0, 1)] = 0.02
