@@ -65,7 +65,7 @@ def measure(cfg: ControlBenchConfig) -> dict:
     rc = RecursionConfig(method="recursive_mas", num_recursive_rounds=cfg.rounds, latent_steps=4,
                          decode=DecodeConfig(max_new_tokens=1))
     reps = build_replicas(plan, PlacementConfig(preset="cpu", cpus_per_agent=0.1, agent_max_restarts=0,
-                                                num_replicas=1),
+                                                num_replicas=1, ready_timeout_s=cfg.timeout_s),
                           timeout_s=cfg.timeout_s, max_batches=cfg.in_flight)
     runs = []
     try:

@@ -236,8 +236,9 @@ def build(plan, copies: dict | None, n: int, args):
     from recmas_ray.config.placement import PlacementConfig
     from recmas_ray.distributed.launch import start_agents
 
+    # agents start slowly on a loaded machine (each imports torch): their readiness waits the run's timeout
     placement = PlacementConfig(preset="one_gpu_per_agent", cpus_per_agent=0.05, num_replicas=n,
-                                agent_max_restarts=0, role_replicas=copies or {})
+                                agent_max_restarts=0, role_replicas=copies or {}, ready_timeout_s=args.timeout_s)
     return start_agents(plan, backend="ray", placement=placement, timeout_s=args.timeout_s, torch_threads=1)
 
 
