@@ -313,3 +313,46 @@ def project(style, params, copies: dict[str, int], gpus_list: list[int], *, dept
             "rows": rows, "saturates_at_gpus": {
                 "orchestrator_per_replica": per_replica / max(x1 * router_s_per_batch, 1e-12),
                 "one_orchestrator": per_replica / max(x1 * calls_per_batch * orchestrator_s_per_call, 1e-12)}}
+
+
+def model_balance(args) -> list[dict]:
+    """The balance series of `jobs.bench.scale` (a ScaleBenchConfig) in the model alone: whole-system replicas
+    vs per-role pools at the production depth (two batches per agent actor) and twice it, routed as built and
+    when ready, long runs (`model_batches_per_depth`)."""
+    from jobs.bench.scale import paper_plan
+    from recmas_ray.distributed.pools import copies_from_costs
+    from recmas_ray.models.sim import parse_sim_name
+
+    plan = paper_plan(args)
+    style, params = plan.style, {r: parse_sim_name(m) for r, m in plan.role_models.items()}
+    roles, rows = list(style.roles), []
+    n_whole = args.gpus // len(roles)
+    for rounds in args.balance_rounds:
+        kw = dict(rounds=rounds, latent_steps=args.latent_steps, max_new_tokens=args.tokens, batch_size=args.batch_size)
+        costs = expected_role_ms(style, params, rounds, args.latent_steps, args.tokens, args.batch_size)
+        copies = copies_from_costs(costs, budget=n_whole * len(roles))
+        depth = 2 * len(roles)
+        whole = model_run(style, params, [{r: 1 for r in roles}] * n_whole, depth=depth,
+                          num_batches=args.model_batches_per_depth * depth * n_whole, **kw)
+        row = {"rounds": rounds, "pool_copies": copies, "whole_system_busy": whole["busy_by_role"]}
+        for depth_name, pool_depth in (("depth_2_per_actor", 2 * n_whole * len(roles)),
+                                       ("depth_4_per_actor", 4 * n_whole * len(roles))):
+            for when in ("submitted", "ready"):
+                pools = model_run(style, params, [copies], depth=pool_depth, route_when=when,
+                                  num_batches=args.model_batches_per_depth * pool_depth, **kw)
+                row[f"{depth_name}_routed_when_{when}"] = {
+                    "per_gpu_ratio": pools["throughput_batches_per_s"] / whole["throughput_batches_per_s"],
+                    "busy_by_role": pools["busy_by_role"]}
+        rows.append(row)
+    return rows
+
+
+if __name__ == "__main__":  # python -m jobs.bench.scale_model [scale flags]: the balance in the model alone
+    import json
+    import sys
+
+    from jobs.bench.scale import ScaleBenchConfig
+    from recmas_ray.config.cli import run_job
+
+    sys.exit(run_job(lambda a: print(json.dumps(model_balance(a), indent=1)) or 0, ScaleBenchConfig, None,
+                     prog="python -m jobs.bench.scale_model", description=model_balance.__doc__))
