@@ -42,8 +42,7 @@ from dataclasses import dataclass, field
 from typing import Annotated
 
 from jobs.bench.scale_costs import call_costs, plot, real_models, targets
-from jobs.bench.scale_model import (busy_by_role, dilation_check, expected_role_ms, model_run, project,  # noqa: F401
-                                    rel, steady_window, summarize)
+from jobs.bench.scale_model import dilation_check, expected_role_ms, model_run, project, rel, summarize
 from recmas_ray.config.checks import NonEmpty, OneOf, Range, WritableDir
 from recmas_ray.config.cli import run_job
 from recmas_ray.config.recursion import MAX_LATENT_STEPS, MAX_ROUNDS
