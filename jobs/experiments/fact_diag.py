@@ -32,6 +32,7 @@ def main(argv=None) -> int:
     ap.add_argument("--task", default="recall")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--state_bridge", default="none", choices=("none", "rollout", "rollout+tokens"))
     args = ap.parse_args(argv)
     torch.manual_seed(args.seed)
     torch.set_num_threads(args.threads)
@@ -99,6 +100,33 @@ def main(argv=None) -> int:
 
     edge = "expert->learner"
     olink = expert.outer_links[edge]
+    if args.state_bridge != "none":
+        from recmas_ray.links import init_bridge
+        from recmas_ray.train.bridge import shared_token_pairs, vocabulary_strings
+
+        zs = rollout_z(train).reshape(-1, z.shape[-1])  # memoised rollouts of every training question
+        with torch.no_grad():
+            # what the expert means at each rollout step: its own next-token argmax, read from h = the rollout state
+            hs = []
+            for k in range(0, len(train), 16):
+                ss_ = prepare_samples(train[k:k + 16], style, task)
+                users = [__import__("recmas_ray.styles", fromlist=["render_prompt"]).render_prompt(
+                    style, "expert", "base", task, q.question) for q in ss_]
+                e_, m_ = expert.embed_batch(users)
+                hs.append(expert.latent_rollout(e_, m_, args.m).reshape(-1, expert.hidden_size))
+            top = expert.logits(torch.cat(hs)).argmax(-1).tolist()
+            dst = vocabulary_strings(learner.tokenizer)
+            keep = [i for i, t in enumerate(top) if expert.tokenizer.decode([t]) in dst]
+            x_ND = zs[keep].float()
+            ids = [dst[expert.tokenizer.decode([top[i]])] for i in keep]
+            y_NE = learner.model.get_input_embeddings()(torch.tensor(ids)).float()
+            if args.state_bridge == "rollout+tokens":
+                src_ids, dst_ids = shared_token_pairs(expert.tokenizer, learner.tokenizer, max_pairs=4000)
+                x_ND = torch.cat([x_ND, expert.model.get_input_embeddings()(torch.tensor(src_ids)).float()])
+                y_NE = torch.cat([y_NE, learner.model.get_input_embeddings()(torch.tensor(dst_ids)).float()])
+            print(f"[diag] state bridge on {len(keep)} rollout states of {len(top)}; e.g. "
+                  f"{[expert.tokenizer.decode([t]) for t in top[:args.m]]}", flush=True)
+            init_bridge(olink, x_ND, y_NE, ridge=1e-2)
     olink.float().requires_grad_(True)
     oopt = torch.optim.AdamW(olink.parameters(), lr=args.lr, betas=(0.9, 0.95), weight_decay=0.0)
     order = list(range(len(samples)))
