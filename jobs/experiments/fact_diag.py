@@ -4,6 +4,9 @@ One process, no Ray: the expert's inner link trained with `train.inner.inner_los
 trained with the pipeline's own stage functions (`train.outer.encode_stage` / `emit_messages`, the same calls a
 pipeline worker makes), then greedy decoding through `runner.run_batch` on training questions and both held-out
 splits. Prints the linear probe of x from the expert's rollout, the loss curve and the accuracies.
+`--state_bridge rollout` fits the outer link's ridge init on the expert's rollout latents -> the learner's
+embedding of the expert's own next-token argmax at each step (instead of token embedding pairs).
+Figures of its runs: docs/learning_runs.md.
 
     PYTHONPATH=$PWD python -m jobs.experiments.fact_diag --m 4 --outer_steps 60 --num_eval 16
 """
@@ -48,7 +51,7 @@ def main(argv=None) -> int:
     from recmas_ray.train.inner import inner_loss
     from recmas_ray.train.outer import Latent, emit_messages, encode_stage, prepare_samples
     from recmas_ray.train.synthetic_facts import split_by_value
-    from recmas_ray.styles import build_schedule
+    from recmas_ray.styles import build_schedule, render_prompt
 
     t0 = time.perf_counter()
     style_name, task = "distillation", "qa"
@@ -110,8 +113,7 @@ def main(argv=None) -> int:
             hs = []
             for k in range(0, len(train), 16):
                 ss_ = prepare_samples(train[k:k + 16], style, task)
-                users = [__import__("recmas_ray.styles", fromlist=["render_prompt"]).render_prompt(
-                    style, "expert", "base", task, q.question) for q in ss_]
+                users = [render_prompt(style, "expert", "base", task, q.question) for q in ss_]
                 e_, m_ = expert.embed_batch(users)
                 hs.append(expert.latent_rollout(e_, m_, args.m).reshape(-1, expert.hidden_size))
             top = expert.logits(torch.cat(hs)).argmax(-1).tolist()
