@@ -20,14 +20,11 @@ import time
 from recmas_ray.config.cli import run_job
 from recmas_ray.serve.config import ServeConfig
 
-ALIASES = {"placement": "placement.preset"}
-
-
 def parse(argv) -> ServeConfig:
     """The checked config of a command line (what `main` would serve)."""
     from recmas_ray.config.cli import parse_config
 
-    return parse_config(ServeConfig, argv, aliases=ALIASES)[0]
+    return parse_config(ServeConfig, argv)[0]
 
 
 def start(cfg: ServeConfig) -> str:
@@ -74,8 +71,7 @@ def serve_forever(cfg: ServeConfig) -> int:
 
 
 def main(argv=None) -> int:
-    return run_job(serve_forever, ServeConfig, argv, prog="python -m jobs.serve", description=__doc__,
-                   aliases=ALIASES)
+    return run_job(serve_forever, ServeConfig, argv, prog="python -m jobs.serve", description=__doc__)
 
 
 if __name__ == "__main__":

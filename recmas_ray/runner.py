@@ -98,7 +98,7 @@ def run_batch(pool: AgentPool, style: StyleSpec, questions: list[str], tasks: li
 
     `role_questions[b]` (optional): role -> the question text that role sees for question b (roles not
     named see `questions[b]`), for tasks where only some agents hold a fact. `capture` (measurement
-    hook, e.g. `recmas_ray.eval.probe`): called with {"kind": "message", "round", "role", "edge",
+    hook, e.g. `jobs.experiments.probe`): called with {"kind": "message", "round", "role", "edge",
     "message" [B, M, E] tensor} for every latent message produced, and once with {"kind":
     "decoder_input", "role", "users", "slot_names", "latents"} for the prompt the final decode starts
     from (latents after any ablation); materialising them is the hook's only cost.

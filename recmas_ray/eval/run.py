@@ -1,7 +1,7 @@
 """An evaluation run behind `jobs/run.py`: questions in, graded samples and lm-eval-style results out.
 
 Order of work, so that bad input fails before any model loads:
-  0. resolve --protocol (it fills the settings the user did not give, see `eval/protocol.py`)
+  0. record where the --protocol settings came from (the recipe or the run, see `eval/protocol.py`)
   1. load and validate the questions (named benchmark or local file)
   2. plan the system (model names, dims, links, prompt set; checks every --ckpt_override); code
      questions get their interface line (`question_with_interface`)
@@ -36,7 +36,7 @@ from recmas_ray.config.recursion import RecursionConfig
 from recmas_ray.eval.benchmarks import load_benchmark
 from recmas_ray.eval.fingerprint import (bench_name, check_fingerprint, fingerprint_path, link_hashes,
                                          resolved_runtime, run_fingerprint, verify_resume)
-from recmas_ray.eval.protocol import Resolution, metric_k, resolve
+from recmas_ray.eval.protocol import Resolution, metric_k, resolution as protocol_resolution
 from recmas_ray.eval.plots import plot_vs_rounds
 from recmas_ray.eval.results import machine_load, markdown_table, read_results, summarize, write_results
 from recmas_ray.eval.samples import VERDICT_FIELDS, SampleWriter, read_samples, sample_key, timestamp, with_verdicts
@@ -156,8 +156,7 @@ def evaluate(cfg: EvalConfig, *, progress: bool = True, system=None) -> dict:
     starting new agents, e.g. across the runs of a sweep.
     """
     check_tree(cfg)
-    cfg, resolution = resolve(cfg)
-    check_tree(cfg)
+    resolution = protocol_resolution(cfg)
     items = load_benchmark(cfg.dataset, path=cfg.dataset_path, num_samples=cfg.num_samples, seed=cfg.system.seed,
                            json_field=cfg.dataset_json_field)
     from recmas_ray.system.provenance import require_known_links
@@ -225,11 +224,8 @@ def evaluate_all(cfg: EvalConfig, *, progress: bool | None = None) -> list[dict]
     progress = cfg.progress if progress is None else progress
     if not cfg.sweep_rounds:
         return [evaluate(cfg, progress=progress)]
-    # The sweep sets R itself: the protocol must not replace it.
-    explicit = sorted(set(cfg.explicit_settings) | {"recursion.num_recursive_rounds"})
     outs = [evaluate(dataclasses.replace(cfg, recursion=dataclasses.replace(cfg.recursion, num_recursive_rounds=r),
-                                         sweep_rounds=[], plot=False, output_path=os.path.join(cfg.output_path, f"R{r}"),
-                                         explicit_settings=explicit),
+                                         sweep_rounds=[], plot=False, output_path=os.path.join(cfg.output_path, f"R{r}")),
                      progress=progress) for r in cfg.sweep_rounds]
     if cfg.plot:
         outs[-1]["plot_path"] = str(plot_results(cfg.output_path, bench_name(cfg), cfg.system.style))
@@ -252,7 +248,7 @@ def headline(metrics: dict, metric: str, grader: str) -> dict:
 def finish(cfg: EvalConfig, samples_file: Path, plan, wall: dict, start: float,
            resolution: Resolution | None = None) -> dict:
     """Summarise the samples file per method, write results JSON (+ plot), print the table."""
-    resolution = resolution or resolve(cfg)[1]
+    resolution = resolution or protocol_resolution(cfg)
     k = metric_k(resolution.metric)
     all_samples = [with_verdicts(s) for s in read_samples(samples_file)]
     results, num_errored = {}, 0

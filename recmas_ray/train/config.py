@@ -58,8 +58,8 @@ def storage_scheme(path: str) -> str:
 class TrainConfig:
     """What inner and outer training share: data, outputs, optimiser and schedule, checkpoints, resources."""
 
-    HIDDEN_FLAGS = SystemConfig.hidden_except("style", "preset", "role_models", "ckpt_override", "dtype", "seed")
-    """System fields training does not read (config/cli.py: no flag); GPUs come from --use_gpu."""
+    SYSTEM_FIELDS = ("style", "preset", "role_models", "ckpt_override", "dtype", "seed")
+    """System fields training reads (the others get no flag and are refused when set); GPUs come from --use_gpu."""
     FLAG_ALIASES = {"role_model": "system.role_models"}
     """The training jobs' spelling of the per-role base models (config/cli.py)."""
 
@@ -136,7 +136,6 @@ class TrainConfig:
     def validate(self) -> None:
         """Rules across fields and files (run before any model loads)."""
         system = self.system
-        system.refuse_unused(self.HIDDEN_FLAGS)
         _check_dataset("--dataset_name", self.dataset_name)
         system.check_tables("--role_model", ckpt_extra=self.checkpoint_keys())
         check_model_names("--role_model", system.role_models)
@@ -176,6 +175,11 @@ def _check_dataset(flag: str, name: str) -> None:
 @dataclass(kw_only=True)
 class InnerTrainConfig(TrainConfig):
     """One role's inner-loop run: inner(h_t) should match the embedding of token t+1."""
+
+    FLAG_ALIASES = {**TrainConfig.FLAG_ALIASES, "mas_design": "style", "mas_task": "task", "adapter_lr": "lr",
+                    "adapter_cos_weight": "w_cos", "adapter_mse_weight": "w_mse", "save_steps": "save_every"}
+    """The release's flag names -> ours (--num_train_epochs, --lr_scheduler_type, --grad_accum_steps and
+    --load_dir are fields of their own)."""
 
     mas_role: Annotated[str, NonEmpty()] = "planner"
     """Role of the style, an alias of the release tool (refiner, hie_math_expert, ...), or all (every role at
@@ -228,6 +232,9 @@ class InnerTrainConfig(TrainConfig):
 @dataclass(kw_only=True)
 class OuterTrainConfig(TrainConfig):
     """One outer-loop run: frozen agents unrolled for R rounds, only the outer links train."""
+
+    FLAG_ALIASES = {**TrainConfig.FLAG_ALIASES, "mas_design": "style", "mas_task": "task"}
+    """The release's flag names -> ours."""
 
     save_dir: Annotated[str, WritableDir()] = "checkpoints/outer"
     """Output folder: the final outer links (links.safetensors + manifest.json; jobs/run.py --ckpt_override
