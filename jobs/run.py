@@ -54,6 +54,10 @@ def evaluate(cfg: EvalConfig) -> int:
     from recmas_ray.eval.benchmarks import check_available
 
     check_available(cfg.dataset, cfg.dataset_path)  # before torch is imported: an offline named benchmark says so
+    if cfg.dry_run:
+        from recmas_ray.eval.run import dry_run
+
+        return dry_run(cfg)
     from recmas_ray.eval.run import evaluate_all
 
     with job_console(Path(cfg.output_path) / "logs", verbose=cfg.verbose, name="run",

@@ -365,7 +365,7 @@ class System:
         decode stops (EOS; the rest when the batch ends); on Ray, when the batch comes back."""
         from recmas_ray.runner import LocalPool
 
-        if bar.disable or not isinstance(self.agents, LocalPool):
+        if bar.disable or not isinstance(self.agents, LocalPool) or rc.adaptive_threshold is not None:
             results = self.run(questions, tasks, rc)
             bar.update(len(results))
             return results

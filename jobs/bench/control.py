@@ -49,7 +49,9 @@ def bench(cfg: ControlBenchConfig) -> int:
     from recmas_ray.distributed.driver import build_replicas
     from recmas_ray.system.plan import simulated_plan
 
-    ray.init(num_cpus=8, include_dashboard=False, log_to_driver=False)
+    from recmas_ray.distributed.cluster import start_ray
+
+    start_ray(num_cpus=8, log_to_driver=False)  # (no dashboard) retries a start-up a busy machine delays
     plan = simulated_plan("sequential_light", "sim:hidden=256,step_ms=0,token_ms=0,tokens=1,prefill_ms=0")
     rc = RecursionConfig(method="recursive_mas", num_recursive_rounds=cfg.rounds, latent_steps=4,
                          decode=DecodeConfig(max_new_tokens=1))
@@ -65,9 +67,15 @@ def bench(cfg: ControlBenchConfig) -> int:
             t0 = time.perf_counter()
             reps.solve_all(batches, rc, in_flight_per_replica=cfg.in_flight)
             wall = time.perf_counter() - t0
-            calls = sum(len(v) for log in reps.call_logs() for v in log.values())
+            logs = reps.call_logs()
+            calls = sum(len(v) for log in logs for v in log.values())
+            # time each agent spent inside its calls (host work: resolving input refs, storing messages): an
+            # agent near 1 caps the rate; all well below 1 puts the cap in the orchestrator and Ray's calls
+            busy = {name: round(sum(c["t1"] - c["t0"] for c in v) / wall, 3) for log in logs for name, v in log.items()}
             runs.append({"seconds": wall, "agent_calls": calls, "calls_per_s": calls / wall,
-                         "loadavg_1m": os.getloadavg()[0]})
+                         "agent_busy": busy, "ms_per_call_in_agent": round(
+                             1000 * sum(c["t1"] - c["t0"] for log in logs for v in log.values() for c in v) / calls, 3),
+                         "loadavg_1m": os.getloadavg()[0], "cpu_count": os.cpu_count()})
     finally:
         reps.shutdown()
         ray.shutdown()

@@ -114,6 +114,10 @@ class EvalConfig:
     the run goes on and the job exits 1."""
     plot: bool = False
     """Write accuracy, tokens and seconds vs rounds as a PNG."""
+    dry_run: bool = False
+    """Print the memory plan (per GPU: which roles and copies go there, their weight and KV bytes at this batch
+    size and these lengths, from the models' configs) and exit without loading a model or writing a file; a plan
+    that does not fit the GPUs is refused (exit status 2), as every GPU run does before its agents load."""
     timeout_s: Annotated[float, Range(0, 7 * 86400, lo_open=True)] = 900.0
     """Timeout of every wait on Ray, in seconds."""
     torch_threads: Annotated[int, Range(0, 1024)] = 0
@@ -174,6 +178,7 @@ class EvalConfig:
         transport.check_placement(self.placement, style.roles, device=system.device)
         transport.check_backend(self.backend)
         transport.check_ablation(self.recursion.latent_ablation)
+        transport.check_adaptive_rounds(self.recursion.adaptive_threshold)
         # what this machine has comes after what the configuration says of itself: a GPU plan that is wrong
         # anywhere is reported as such, not as a missing GPU
         self.placement.check_gpus_visible(self.backend)

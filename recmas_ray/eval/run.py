@@ -109,6 +109,12 @@ class BatchRunner:
 
             # agent actors of one replica: every role, plus the extra copies named (auto copies come later)
             num_actors = len(plan.style.roles) + sum(n - 1 for n in cfg.placement.role_replicas.values())
+            if cfg.backend == "ray" and cfg.placement.wants_gpus():  # a plan that cannot fit stops before loading
+                from recmas_ray.distributed.cluster import init_ray
+                from recmas_ray.distributed.memory import check_memory
+
+                init_ray()
+                check_memory(plan, cfg.placement, **memory_args(cfg, plan))
             agents = start_agents(plan, backend=cfg.backend, placement=cfg.placement, timeout_s=cfg.timeout_s,
                                   torch_threads=cfg.torch_threads, transport=cfg.transport,
                                   client_cpus=planned_client_cpus(cfg.stream, num_actors),
@@ -149,12 +155,8 @@ class BatchRunner:
             self.system.shutdown()
 
 
-def evaluate(cfg: EvalConfig, *, progress: bool = True, system=None) -> dict:
-    """Run every method on the same samples; returns {"results": ..., "samples_path", "results_path"}.
-
-    `system`: a running `RaySystem` built from the same plan, reused (and left running) instead of
-    starting new agents, e.g. across the runs of a sweep.
-    """
+def prepare(cfg: EvalConfig) -> tuple[EvalConfig, Resolution, list[dict], object]:
+    """The checked config with its protocol resolved, the questions and the system plan (no model loaded)."""
     check_tree(cfg)
     resolution = protocol_resolution(cfg)
     items = load_benchmark(cfg.dataset, path=cfg.dataset_path, num_samples=cfg.num_samples, seed=cfg.system.seed,
@@ -166,6 +168,36 @@ def evaluate(cfg: EvalConfig, *, progress: bool = True, system=None) -> dict:
                        ckpt_override=overrides)
     # links well-formed (plan_system read them), no model loaded yet: refuse those of unknown origin here
     require_known_links(overrides, allow_unknown=cfg.allow_unknown_links)
+    return cfg, resolution, items, plan
+
+
+def memory_args(cfg: EvalConfig, plan) -> dict:
+    """The memory plan's load of this run: its batch size, and the batches an agent may take at once."""
+    from recmas_ray.eval.stream import planned_depth
+
+    num_actors = len(plan.style.roles) + sum(n - 1 for n in cfg.placement.role_replicas.values())
+    return {"recursion": cfg.recursion, "batch_size": cfg.batch_size,
+            "calls_at_once": planned_depth(cfg.stream, num_actors)}
+
+
+def dry_run(cfg: EvalConfig, echo=print) -> int:
+    """`--dry_run`: print the memory plan of this run and stop (no model, no file, no agent)."""
+    from recmas_ray.distributed.cluster import init_ray
+    from recmas_ray.distributed.memory import dry_run as print_plan
+
+    cfg, _, _, plan = prepare(cfg)
+    if cfg.backend == "ray" and cfg.placement.wants_gpus():
+        init_ray()  # the cluster's GPUs (a private local cluster: this machine's)
+    return print_plan(plan, cfg.placement, echo=echo, **memory_args(cfg, plan))
+
+
+def evaluate(cfg: EvalConfig, *, progress: bool = True, system=None) -> dict:
+    """Run every method on the same samples; returns {"results": ..., "samples_path", "results_path"}.
+
+    `system`: a running `RaySystem` built from the same plan, reused (and left running) instead of
+    starting new agents, e.g. across the runs of a sweep.
+    """
+    cfg, resolution, items, plan = prepare(cfg)
     for warning in run_warnings(cfg, plan):
         current().warn(warning)
     items = [{**i, "question": question_with_interface(plan.style, i["question"], i.get("interface"))}

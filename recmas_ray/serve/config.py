@@ -84,6 +84,10 @@ class ServeConfig:
     """Logical CPUs of a replica (with backend local it also runs the models)."""
     max_ongoing_requests: Annotated[int, Range(1, 100_000)] = 128
     """Requests a replica holds at once (queued for a batch or running); more wait in Serve's queue."""
+    dry_run: bool = False
+    """Print the memory plan (per GPU: the roles and copies of every replica, their weight and KV bytes at
+    max_batch_size, from the models' configs) and exit without starting Serve or loading a model; a plan that does
+    not fit is refused (exit status 2), as serving on GPUs does before its agents load."""
 
     @property
     def served_name(self) -> str:
