@@ -34,6 +34,8 @@ rescaled to the receiving model's mean token-embedding norm, as LatentMAS does; 
 OUTER_INITS = ("default", "bridge")
 ROLLOUT_STAGES = ("first", "all")
 """--rollout_stages: which stages send their latent rollout instead of hidden states over their gold turn."""
+ROLLOUT_FEEDBACK = ("graph", "detached")
+"""--rollout_feedback: whether a rollout's fed-back inner(h) keeps its graph (exact) or is detached."""
 
 
 SYNTHETIC_NAMES = (SYNTHETIC, "synthetic_short", "synthetic_hidden")
@@ -284,6 +286,11 @@ class OuterTrainConfig(TrainConfig):
     reaches every upstream outer link; the decoder's feedback in rounds < R is its rollout too, so no latent
     holds hidden states over a gold turn; the decoder's loss stays teacher-forced on the gold answer).
     --recompute re-runs each stage, rollout included, in the backward sweep where memory needs it."""
+    rollout_feedback: Annotated[str, OneOf(ROLLOUT_FEEDBACK)] = "graph"
+    """With --rollout_stages all: graph (the exact gradient of the rollout) or detached (non-reference): each
+    rollout step's fed-back inner(h) is cut from the graph, so the loss reaches the latents a stage received only
+    through every step's attention to them, not through the m-step recursion (whose gradient grew to 1e5-1e11
+    through a middle agent's 16-step rollout, docs/learning_runs.md); the forward values are unchanged."""
     value_token_weight: Annotated[float, Range(0, 1e6, lo_open=True)] = 1.0
     """Weight of the decoder's answer tokens that hold a digit (the answer's value) in the loss, against 1 for
     the fixed wording; each sample's CE is the weighted mean. 1 is the reference (uniform); > 1 is non-
@@ -300,6 +307,8 @@ class OuterTrainConfig(TrainConfig):
             raise ValueError(f"--num_microbatches {self.num_microbatches} exceeds --batch_size {self.batch_size}")
         if self.rollout_stages != "first" and not self.rollout_latent_steps:
             raise ValueError(f"--rollout_stages {self.rollout_stages}: needs --rollout_latent_steps m > 0")
+        if self.rollout_feedback != "graph" and self.rollout_stages != "all":
+            raise ValueError(f"--rollout_feedback {self.rollout_feedback}: needs --rollout_stages all")
         if self.eval_every and not self.eval_dataset:
             raise ValueError("--eval_every needs --eval_dataset (held-out rows)")
         if self.eval_dataset:
