@@ -43,6 +43,7 @@ def main(argv=None) -> int:
     from jobs.experiments.sweep_recipe_measure import probe_x
     from recmas_ray.config.recursion import DecodeConfig, RecursionConfig
     from recmas_ray.eval.graders import grade_lenient, grade_math_strict
+    from recmas_ray.eval.stats import mcnemar_exact
     from recmas_ray.runner import LocalPool, run_batch
     from recmas_ray.system.launch import local_pool
     from recmas_ray.system.plan import plan_system
@@ -103,6 +104,7 @@ def main(argv=None) -> int:
 
     edge = "expert->learner"
     olink = expert.outer_links[edge]
+    fresh_state = {k: v.detach().clone() for k, v in olink.state_dict().items()}  # the untrained links' row
     if args.state_bridge != "none":
         from recmas_ray.links import init_bridge
         from recmas_ray.train.bridge import shared_token_pairs, vocabulary_strings
@@ -154,13 +156,28 @@ def main(argv=None) -> int:
 
     rc = RecursionConfig(method="recursive_mas", num_recursive_rounds=1, latent_steps=args.m,
                          decode=DecodeConfig(max_new_tokens=16, seed=0))
-    for split, rows in (("train", train[:args.num_eval]), ("seen", seen), ("unseen", unseen)):
+    correct: dict[tuple[str, str], list[bool]] = {}
+
+    def evaluate(split, rows, abl):  # abl: a latent ablation, or "fresh" (the links as loaded now, unablated)
+        res = run_batch(pool, style, [question_text(r) for r in rows], [task] * len(rows),
+                        RecursionConfig(**{**rc.__dict__, "latent_ablation": "none" if abl == "fresh" else abl}))
+        correct[split, abl] = [bool(grade_math_strict(r_.prediction, r["gold"])) for r_, r in zip(res, rows)]
+        print(f"[diag] {split} {abl}: strict {sum(correct[split, abl])}/{len(rows)}; e.g. "
+              f"{[(r['gold'], r_.prediction) for r_, r in zip(res[:3], rows[:3])]}", flush=True)
+
+    splits = (("train", train[:16]), ("seen", seen), ("unseen", unseen))  # train: a check of fit, 16 are enough
+    for split, rows in splits:
         for abl in ("none", "shuffle"):
-            res = run_batch(pool, style, [question_text(r) for r in rows], [task] * len(rows),
-                            RecursionConfig(**{**rc.__dict__, "latent_ablation": abl}))
-            strict = sum(bool(grade_math_strict(r_.prediction, r["gold"])) for r_, r in zip(res, rows))
-            print(f"[diag] {split} {abl}: strict {strict}/{len(rows)}; e.g. "
-                  f"{[(r['gold'], r_.prediction) for r_, r in zip(res[:3], rows[:3])]}", flush=True)
+            evaluate(split, rows, abl)
+    olink.load_state_dict(fresh_state)  # the same questions through the links as they were before training
+    for split, rows in splits[1:]:
+        evaluate(split, rows, "fresh")
+    for split in ("seen", "unseen", "held-out"):
+        def of(abl):
+            return (correct["seen", abl] + correct["unseen", abl]) if split == "held-out" else correct[split, abl]
+        vs = {other: mcnemar_exact(of("none"), of(other))["p"] for other in ("shuffle", "fresh")}
+        print(f"[diag] {split}: own {sum(of('none'))}/{len(of('none'))} vs shuffled {sum(of('shuffle'))} vs fresh "
+              f"{sum(of('fresh'))} (McNemar p {vs['shuffle']:.2g} vs shuffled, {vs['fresh']:.2g} vs fresh)", flush=True)
     print(f"[diag] total {time.perf_counter() - t0:.0f} s", flush=True)
     return 0
 
