@@ -46,7 +46,7 @@ def bench(cfg: ControlBenchConfig) -> int:
 
     from recmas_ray.config.placement import PlacementConfig
     from recmas_ray.config.recursion import DecodeConfig, RecursionConfig
-    from recmas_ray.distributed.driver import build_replicas
+    from recmas_ray.distributed.replicas import build_replicas
     from recmas_ray.system.plan import simulated_plan
 
     ray.init(num_cpus=8, include_dashboard=False, log_to_driver=False)

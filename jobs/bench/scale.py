@@ -199,7 +199,7 @@ def eval_run(replicas, n_replicas: int, n_batches: int, rounds: int, args, tag: 
     import ray
 
     from recmas_ray.eval.config import StreamConfig
-    from recmas_ray.distributed.driver import RayReplicas, start_router
+    from recmas_ray.distributed.replicas import RayReplicas, start_router
     from recmas_ray.eval.stream import stream_samples
 
     view = RayReplicas(replicas.plan, replicas.systems[:n_replicas], start_router(n_replicas, timeout_s=args.timeout_s),

@@ -5,7 +5,7 @@ a `ready()` health check naming role, device, GPU ids and node, failure messages
 role, and a log of its own calls (start and end times) from which busy fractions and execution
 order are read. Model code lives in `agent.py` and knows nothing about Ray.
 
-Agents run calls out of order (`allow_out_of_order_execution=True`, set in driver.py): a call
+Agents run calls out of order (`allow_out_of_order_execution=True`, set in replicas.py): a call
 starts as soon as its input latents exist, so batch B's ready round-1 step never waits behind
 batch A's round-2 step whose inputs are still being computed. A crashed agent is restarted by Ray
 (it reloads its model in `__init__`) and its idempotent calls (rollout, decode) are retried.
@@ -195,7 +195,7 @@ def _reconstructed() -> bool:
         return ray.get_runtime_context().was_current_actor_reconstructed
 
 
-# Restarts and retries are set per system in driver.py (`agent_max_restarts`).
+# Restarts and retries are set per system in replicas.py (`agent_max_restarts`).
 AgentActor = ray.remote(max_restarts=0)(_AgentActorImpl)
 RDTAgentActor = ray.remote(max_restarts=0, enable_tensor_transport=True)(_AgentActorImpl)
 

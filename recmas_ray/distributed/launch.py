@@ -31,7 +31,7 @@ def start_agents(plan: SystemPlan, *, backend: str = "ray", placement: Placement
     (`placement.num_replicas` copies of the system, or `num_replicas` when given; 0: as many as fit).
 
     Ray backend: joins the cluster (`init_ray`, a no-op when Ray is up) and builds the replicas with
-    `distributed.driver.build_replicas` (`client_cpus`, `recursion`, `max_batches`: see there).
+    `distributed.replicas.build_replicas` (`client_cpus`, `recursion`, `max_batches`: see there).
     """
     if backend not in BACKENDS:
         raise ValueError(f"unknown backend {backend!r}; expected one of {BACKENDS}")
@@ -44,7 +44,7 @@ def start_agents(plan: SystemPlan, *, backend: str = "ray", placement: Placement
                         placement.num_replicas)
         return local_pool(plan)
     from recmas_ray.distributed.cluster import init_ray
-    from recmas_ray.distributed.driver import build_replicas
+    from recmas_ray.distributed.replicas import build_replicas
 
     init_ray()
     return build_replicas(plan, placement, timeout_s=timeout_s, torch_threads=torch_threads, transport=transport,

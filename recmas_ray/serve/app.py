@@ -207,7 +207,7 @@ class RecMASServer:
     # ------------------------------------------------------------------ one batch
     async def _run_batch(self, key: str, jobs: list) -> list:
         """Run the rows of every job as one batch; returns each job's choices (finish_reason set, stops cut)."""
-        from recmas_ray.api import finish
+        from recmas_ray.api_inputs import finish
 
         reqs = [job.payload.req for job in jobs]
         rc = reqs[0].recursion

@@ -1,4 +1,5 @@
-"""Ray system: placement group + agent actors + the orchestrator actor that runs the recursion.
+"""Running Ray systems: one replica's placement group, agent actors and orchestrator (`RaySystem`), a set of
+replicas with their router (`RayReplicas`), and how they are built and awaited.
 
     job entrypoint (jobs/run.py)
         | build_replicas(plan, placement)        check resources for N replicas, then per replica:
@@ -35,12 +36,12 @@ from recmas_ray.config.placement import PlacementConfig
 from recmas_ray.config.recursion import RecursionConfig
 from recmas_ray.config.transport import OBJECT_STORE, Transport, get_transport
 from recmas_ray.distributed.actors import AGENT_EXIT_AFTER, AgentActor, RayPool, RDTAgentActor, when_done
-from recmas_ray.distributed.routing import ReplicaRouter, batch_work
+from recmas_ray.distributed.orchestrator import Orchestrator, start_router
+from recmas_ray.distributed.progress import start_relay
+from recmas_ray.distributed.routing import batch_work
 from recmas_ray.distributed.placement import (ORCHESTRATOR_CPUS, ORCHESTRATOR_MAX_BATCHES, PlacementPlan,
                                               check_resources, create_placement, detect_autoscaling, gpu_count,
                                               plan_placement, replicas_that_fit)
-from recmas_ray.runner import run_batch
-from recmas_ray.styles import StyleSpec
 from recmas_ray.system.plan import SystemPlan
 
 log = logging.getLogger(__name__)
@@ -48,94 +49,6 @@ log = logging.getLogger(__name__)
 AGENT_MAX_CALLS = 256
 """Calls an agent actor with continuous batching takes at once (each waits on its scheduler's steps)."""
 AGENT_ENV = {"TOKENIZERS_PARALLELISM": "false", "HF_HUB_DISABLE_PROGRESS_BARS": "1"}
-
-
-class _OrchestratorImpl:
-    """Runs batches through the recursion against the replica's role groups (one per replica).
-
-    Every agent call of every batch goes to the copy its `RoleGroup` picks at that step (least queued
-    work); format retries go through the same groups. `cancel(batch_id)` stops a batch: its queued
-    agent calls are cancelled and its next step fails, so a timed-out batch does not run on beside
-    its retry.
-    """
-
-    def __init__(self, style: StyleSpec, copies: dict, timeout_s: float, transport: str | Transport = OBJECT_STORE):
-        from recmas_ray.distributed.routing import RoleGroup
-
-        self.style = style  # the plan's style object: it carries the run's prompt set
-        self.timeout_s, self.transport = timeout_s, get_transport(transport)
-        # role -> its copies (one each without --role_replicas) and their routing
-        self.groups = {r: RoleGroup(r, list(h) if isinstance(h, (list, tuple)) else [h]) for r, h in copies.items()}
-        self._running: dict[str, RayPool] = {}
-        self._lock = threading.Lock()
-        if self.transport.direct:
-            # RDT checks the transport in the calling process, so the orchestrator creates the group.
-            from ray.experimental.collective import create_collective_group
-
-            actors = [h for g in self.groups.values() for h in g.copies]
-            create_collective_group(actors, backend=self.transport.collective_backend)
-
-    def ready(self) -> bool:
-        return True
-
-    def solve(self, questions: list[str], tasks: list[str], cfg: RecursionConfig, batch_id: str = "",
-              **run_options):
-        """One batch through `run_batch` (`run_options`: its keyword options, e.g. on_token, targets)."""
-        self.transport.check_ablation(cfg.latent_ablation)  # Python callers skip EvalConfig
-        pool = RayPool(self.groups, timeout_s=self.timeout_s,
-                       context=f", batch {batch_id}" if batch_id else "", transport=self.transport)
-        key = batch_id or pool.key_prefix
-        with self._lock:
-            self._running[key] = pool
-        try:
-            results = run_batch(pool, self.style, questions, tasks, cfg, **run_options)
-            if self.transport.direct:  # RDT messages are taken once: a retry continues the bare reply
-                for res in results:
-                    res.decoder_input = None
-            return results
-        except BaseException:
-            pool.release_kept()  # RDT: the failed batch's messages would stay in the agents otherwise
-            raise
-        finally:
-            with self._lock:
-                if self._running.get(key) is pool:
-                    del self._running[key]
-            pool.finish()
-
-    def cancel(self, batch_id: str) -> int:
-        """Cancel a running batch's unfinished agent calls; returns how many (0: not running here)."""
-        with self._lock:
-            pool = self._running.get(batch_id)
-        return pool.cancel() if pool is not None else 0
-
-    def retry_format(self, texts: list[str], suffixes: list[str], max_new_tokens: int, *, cfg, context=None):
-        """The answer-format retry on the decoder copy its group picks (see `AgentService.retry_format`)."""
-        pool = RayPool(self.groups, timeout_s=self.timeout_s, context=", format retry", transport=self.transport)
-        try:
-            return pool.get(pool.retry_format(self.style.decoder, texts, suffixes, max_new_tokens, cfg=cfg,
-                                              context=context), what="format retry")
-        finally:
-            pool.finish()
-
-    def group_stats(self) -> dict:
-        """Per role and copy: work queued now, calls and work served."""
-        return {r: g.stats() for r, g in self.groups.items()}
-
-
-Orchestrator = ray.remote(num_cpus=ORCHESTRATOR_CPUS, max_concurrency=ORCHESTRATOR_MAX_BATCHES)(_OrchestratorImpl)
-
-
-RouterActor = ray.remote(num_cpus=0, max_concurrency=64)(ReplicaRouter)
-
-
-def start_router(num_replicas: int, *, timeout_s: float):
-    """The replica router actor every client of these replicas asks (evaluation clients, API, Serve)."""
-    return RouterActor.remote(num_replicas, lease_s=lease_seconds(timeout_s))
-
-
-def lease_seconds(timeout_s: float) -> float:
-    """A batch's lease: its solve and its format retry may each take `timeout_s`."""
-    return 2 * timeout_s + 60.0
 
 
 @dataclass
@@ -204,6 +117,9 @@ class RayReplicas:
     router: object
     timeout_s: float
     placement: dict = field(default_factory=dict)
+    progress_relay: object = None
+    """Where final decodes report their stopped rows (`distributed.progress`), started with the agents so that
+    it is up before the first batch (None: each progress bar starts its own)."""
     _running: dict = field(default_factory=dict, repr=False)
     """ObjectRef of a submitted batch -> (replica, batch id), until it finishes."""
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
@@ -280,10 +196,12 @@ class RayReplicas:
     def shutdown(self) -> None:
         for s in self.systems:
             s.shutdown()
-        try:
-            ray.kill(self.router)
-        except Exception:
-            pass
+        for actor in (self.router, self.progress_relay):
+            try:
+                if actor is not None:
+                    ray.kill(actor)
+            except Exception:
+                pass
 
 
 def actor_options(transport: Transport, max_restarts: int, *, out_of_order: bool = True) -> dict:
@@ -435,6 +353,7 @@ def build_replicas(plan: SystemPlan, placement: PlacementConfig, *, timeout_s: f
         nodes = [nd["Resources"] for nd in ray.nodes() if nd.get("Alive")]
         check_resources(pplan, ray.cluster_resources(), nodes, preset=placement.preset, num_replicas=n)
     systems: list[RaySystem] = []
+    relay = start_relay()  # no CPU: its process starts while the agents load
     try:
         for i in range(n):  # every replica's agents load their models at once, then all are awaited
             systems.append(start_system(plan, placement, timeout_s=timeout_s, torch_threads=torch_threads,
@@ -447,8 +366,9 @@ def build_replicas(plan: SystemPlan, placement: PlacementConfig, *, timeout_s: f
     except BaseException:
         for s in systems:
             s.shutdown()
+        ray.kill(relay)
         raise
-    return RayReplicas(plan, systems, router, timeout_s,
+    return RayReplicas(plan, systems, router, timeout_s, progress_relay=relay,
                        placement={"num_replicas": n, "autoscaling": scaling, "role_copies": copies})
 
 
