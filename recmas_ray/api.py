@@ -152,7 +152,8 @@ class System:
         check_tree(cfg, lambda path: path.removeprefix("system."))  # the keyword arguments' names
         plan = plan_system(cfg.system, task=task, tools=cfg.tool_loop())
         agents = start_agents(plan, backend=backend, placement=placement, timeout_s=timeout_s,
-                              torch_threads=torch_threads, transport=transport, num_replicas=num_replicas)
+                              torch_threads=torch_threads, transport=transport, num_replicas=num_replicas,
+                              progress_relay=True)
         return cls(cfg, plan, agents, num_replicas=num_replicas)
 
     # ------------------------------------------------------------------ use

@@ -26,12 +26,13 @@ log = logging.getLogger(__name__)
 
 def start_agents(plan: SystemPlan, *, backend: str = "ray", placement: PlacementConfig | None = None,
                  timeout_s: float = 900.0, torch_threads: int = 0, transport: str | Transport = OBJECT_STORE,
-                 num_replicas: int | None = None, client_cpus: float = 0.0, recursion=None, max_batches: int = 0):
+                 num_replicas: int | None = None, client_cpus: float = 0.0, recursion=None, max_batches: int = 0,
+                 progress_relay: bool = False):
     """The agents of `plan`: a `LocalPool` in this process (backend "local") or running `RayReplicas`
     (`placement.num_replicas` copies of the system, or `num_replicas` when given; 0: as many as fit).
 
     Ray backend: joins the cluster (`init_ray`, a no-op when Ray is up) and builds the replicas with
-    `distributed.replicas.build_replicas` (`client_cpus`, `recursion`, `max_batches`: see there).
+    `distributed.replicas.build_replicas` (`client_cpus`, `recursion`, `max_batches`, `progress_relay`: see there).
     """
     if backend not in BACKENDS:
         raise ValueError(f"unknown backend {backend!r}; expected one of {BACKENDS}")
@@ -48,4 +49,5 @@ def start_agents(plan: SystemPlan, *, backend: str = "ray", placement: Placement
 
     init_ray()
     return build_replicas(plan, placement, timeout_s=timeout_s, torch_threads=torch_threads, transport=transport,
-                          client_cpus=client_cpus, recursion=recursion, max_batches=max_batches)
+                          client_cpus=client_cpus, recursion=recursion, max_batches=max_batches,
+                          progress_relay=progress_relay)

@@ -274,7 +274,12 @@ def start_system(plan: SystemPlan, placement: PlacementConfig, *, timeout_s: flo
 
 def await_system(system: RaySystem, placement: PlacementConfig, *, transport: str | Transport) -> RaySystem:
     """Second half of `build_ray_system`: every agent's `ready()` (with the timeout), then the orchestrator."""
-    transport = get_transport(transport)
+    await_agents(system, placement)
+    return await_orchestrator(system, placement, transport=transport)
+
+
+def await_agents(system: RaySystem, placement: PlacementConfig) -> RaySystem:
+    """Wait for every agent actor's `ready()` (models loaded), within `placement.ready_timeout_s`."""
     plan, replica = system.plan, system.replica
     try:
         refs = {name: h.ready.remote() for name, h in system.actors().items()}
@@ -287,6 +292,17 @@ def await_system(system: RaySystem, placement: PlacementConfig, *, transport: st
                 raise RuntimeError(f"agent {role} ({model}) of replica {replica} failed to start "
                                    f"within {placement.ready_timeout_s:g}s: {e}") from e
             log.info("agent ready (replica %d): %s", replica, system.infos[role])
+    except BaseException:
+        system.shutdown()
+        raise
+    return system
+
+
+def await_orchestrator(system: RaySystem, placement: PlacementConfig, *, transport: str | Transport) -> RaySystem:
+    """Start the replica's orchestrator over its (ready) agents and wait until it answers."""
+    transport = get_transport(transport)
+    plan, replica = system.plan, system.replica
+    try:
         # The orchestrator sits in no bundle: it may land on any node with a free CPU.
         restarts = actor_options(transport, placement.agent_max_restarts)["max_restarts"]
         system.orchestrator = Orchestrator.options(max_restarts=restarts, max_concurrency=system.max_batches).remote(
@@ -336,13 +352,15 @@ def role_copies(plan: SystemPlan, placement: PlacementConfig, recursion: Recursi
 def build_replicas(plan: SystemPlan, placement: PlacementConfig, *, timeout_s: float = 600.0,
                    torch_threads: int = 0, transport: str | Transport = OBJECT_STORE, client_cpus: float = 0.0,
                    out_of_order: bool = True, extra_env: dict | None = None,
-                   recursion: RecursionConfig | None = None, max_batches: int = 0) -> RayReplicas:
+                   recursion: RecursionConfig | None = None, max_batches: int = 0,
+                   progress_relay: bool = False) -> RayReplicas:
     """`placement.num_replicas` independent systems (0: as many as fit) and their router.
 
     On a cluster that cannot grow, the whole request is checked before any actor starts, so a
     shortfall fails at once naming it; `client_cpus` per replica are kept free for its clients
     when counting how many replicas fit (auto); `max_batches`: batches each replica's orchestrator must run
-    at once (its threads; at least `ORCHESTRATOR_MAX_BATCHES`).
+    at once (its threads; at least `ORCHESTRATOR_MAX_BATCHES`); `progress_relay`: start the relay per-question
+    progress bars read (`RayReplicas.progress_relay`), with the agents.
     """
     roles = list(plan.style.roles)
     copies = role_copies(plan, placement, recursion)
@@ -353,7 +371,7 @@ def build_replicas(plan: SystemPlan, placement: PlacementConfig, *, timeout_s: f
         nodes = [nd["Resources"] for nd in ray.nodes() if nd.get("Alive")]
         check_resources(pplan, ray.cluster_resources(), nodes, preset=placement.preset, num_replicas=n)
     systems: list[RaySystem] = []
-    relay = start_relay()  # no CPU: its process starts while the agents load
+    relay = start_relay() if progress_relay else None  # no CPU: its process starts while the agents load
     try:
         for i in range(n):  # every replica's agents load their models at once, then all are awaited
             systems.append(start_system(plan, placement, timeout_s=timeout_s, torch_threads=torch_threads,
@@ -366,7 +384,8 @@ def build_replicas(plan: SystemPlan, placement: PlacementConfig, *, timeout_s: f
     except BaseException:
         for s in systems:
             s.shutdown()
-        ray.kill(relay)
+        if relay is not None:
+            ray.kill(relay)
         raise
     return RayReplicas(plan, systems, router, timeout_s, progress_relay=relay,
                        placement={"num_replicas": n, "autoscaling": scaling, "role_copies": copies})

@@ -113,7 +113,8 @@ class BatchRunner:
             agents = start_agents(plan, backend=cfg.backend, placement=cfg.placement, timeout_s=cfg.timeout_s,
                                   torch_threads=cfg.torch_threads, transport=cfg.transport,
                                   client_cpus=planned_client_cpus(cfg.stream, num_actors),
-                                  recursion=cfg.recursion, max_batches=planned_depth(cfg.stream, num_actors))
+                                  recursion=cfg.recursion, max_batches=planned_depth(cfg.stream, num_actors),
+                                  progress_relay=cfg.progress)
             self.pool, self.system = (agents, None) if cfg.backend == "local" else (None, agents)
 
     def stream(self, batches, method, counter: QuestionProgress | None = None):
