@@ -73,7 +73,7 @@ class System:
               placement: str | PlacementConfig = "cpu", transport: str = OBJECT_STORE.name, timeout_s: float = 900.0,
               torch_threads: int = 0, allow_base_model_mismatch: bool = False,
               allow_style_mismatch: bool = False, verbose: bool = False,
-              log_dir: str | Path | None = None) -> System:
+              log_dir: str | Path | None = None, progress: bool = True) -> System:
         """Plan the system, check it, and start its agents.
 
         Args:
@@ -106,6 +106,8 @@ class System:
                 `system.log_path` (`log_dir`/api-<pid>.log) during this and every later call, and Ray's workers
                 keep their output in Ray's session folder (named in that log), as the CLI jobs do.
             log_dir: Folder of that log (default: recmas_ray-<uid>/logs under the temp dir).
+            progress: Ray backend: start the small actor through which agents report each question's end, so
+                that progress bars move per question (False for a system that never shows one, e.g. a server).
 
         Returns:
             The running system.
@@ -120,14 +122,14 @@ class System:
                                 device=device, dtype=dtype, seed=seed, placement=placement, transport=transport,
                                 timeout_s=timeout_s, torch_threads=torch_threads,
                                 allow_base_model_mismatch=allow_base_model_mismatch,
-                                allow_style_mismatch=allow_style_mismatch)
+                                allow_style_mismatch=allow_style_mismatch, progress=progress)
         system.verbose, system.log_path = verbose, log_path
         return system
 
     @classmethod
     def _build(cls, style, *, role_models, links, preset, ckpt_override, backend, num_replicas, task, device, dtype,
                seed, placement, transport, timeout_s, torch_threads, allow_base_model_mismatch,
-               allow_style_mismatch) -> System:
+               allow_style_mismatch, progress) -> System:
         from recmas_ray.styles import get_style
         from recmas_ray.system.hub import links_overrides, resolve_overrides
         from recmas_ray.distributed.launch import start_agents
@@ -153,7 +155,7 @@ class System:
         plan = plan_system(cfg.system, task=task, tools=cfg.tool_loop())
         agents = start_agents(plan, backend=backend, placement=placement, timeout_s=timeout_s,
                               torch_threads=torch_threads, transport=transport, num_replicas=num_replicas,
-                              progress_relay=True)
+                              progress_relay=progress)
         return cls(cfg, plan, agents, num_replicas=num_replicas)
 
     # ------------------------------------------------------------------ use

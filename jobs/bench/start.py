@@ -3,20 +3,26 @@ serves, each in a fresh Python process, with the wall and CPU seconds of each ph
 
   python -m jobs.bench.start                         # tiny preset, sequential_light: build phases, build, serve
   python -m jobs.bench.start --targets phases        # only the phase breakdown
+  python -m jobs.bench.start --targets build serve --compare_tree /tmp/old --repeats 2
+                                                     # against another checkout, runs interleaved
 
 Phases (one fresh process, the steps `System.build(backend="ray")` takes, in its order):
   import_torch      torch + transformers (what planning and the agents need)
   import_ray        ray
   plan              plan_system: model configs, dims, links (no weights)
   ray_start         a private local cluster (`init_ray`)
-  agents            placement group and agent actors started, until every `ready()` answers (models loaded)
-  orchestrator      the orchestrator actor and the router, until ready
+  agents            placement group and agent actors started (the orchestrator and router actors too), until
+                    every agent's `ready()` answers (models loaded)
+  orchestrator      then until the orchestrator and the router answer
 `build` is `System.build` itself end to end (import of recmas_ray included) in another fresh process; `serve` is
 `python -m jobs.serve` from launch until it prints its URL (the application answers then).
 
 CPU seconds are those of the measured process and every process below it (Ray's GCS, raylet, workers), read from
 /proc at each phase's end (a process that exited in between is not counted); `cpu_by_process` splits the total by
-process title at the end. Prints one JSON object and writes it to <output_path>/bench_start.json.
+process title at the end. With `--compare_tree` (another checkout of the project, e.g. a `git worktree` of an older
+commit) `build` and `serve` also run from that tree, alternating with this one `--repeats` times, so load drift hits
+both alike; `ratio` is the median wall time here over there. Prints one JSON object and writes it to
+<output_path>/bench_start.json.
 """
 
 from __future__ import annotations
@@ -50,6 +56,10 @@ class StartBenchConfig:
     """Longest wait for one target."""
     output_path: str = "out/bench_start"
     """Folder of bench_start.json."""
+    compare_tree: str = ""
+    """Another checkout of the project whose build and serve start are measured alternately with this one's."""
+    repeats: Annotated[int, Range(1, 20)] = 1
+    """Measurements of each target (and of each tree with --compare_tree)."""
 
     def validate(self) -> None:
         bad = [t for t in self.targets if t not in TARGETS]
@@ -111,7 +121,8 @@ def child_phases(style: str, preset: str) -> dict:
     phases.mark("import_ray")
     from recmas_ray.config.placement import PlacementConfig
     from recmas_ray.distributed.cluster import init_ray
-    from recmas_ray.distributed.replicas import RayReplicas, await_agents, await_orchestrator, start_system
+    from recmas_ray.distributed.replicas import (RayReplicas, await_agents, await_orchestrator, start_orchestrator,
+                                                 start_system)
     from recmas_ray.distributed.orchestrator import start_router
     from recmas_ray.system.config import SystemConfig
     from recmas_ray.system.plan import plan_system
@@ -123,10 +134,12 @@ def child_phases(style: str, preset: str) -> dict:
     placement = PlacementConfig()
     system = start_system(plan, placement, timeout_s=600, torch_threads=0, transport="object_store", replica=0,
                           num_replicas=1, autoscaling=False, out_of_order=True, extra_env=None)
+    router = start_router(1, timeout_s=600)  # as `build_replicas`: both start while the agents load
+    start_orchestrator(system, placement, transport="object_store")
     await_agents(system, placement)
     phases.mark("agents")
     await_orchestrator(system, placement, transport="object_store")
-    replicas = RayReplicas(plan, [system], start_router(1, timeout_s=600), 600)
+    replicas = RayReplicas(plan, [system], router, 600)
     ray.get(replicas.router.acquire.remote(1.0), timeout=600)
     phases.mark("orchestrator")
     cpu_by = tree_cpu()[1]
@@ -146,19 +159,31 @@ def child_build(style: str, preset: str) -> dict:
     return {"phases": phases.rows, "cpu_by_process": {k: round(v, 2) for k, v in sorted(cpu_by.items())}}
 
 
-def _run_child(fn: str, cfg: StartBenchConfig) -> dict:
-    code = (f"import json, sys; from jobs.bench.start import {fn}; "
-            f"print('RESULT ' + json.dumps({fn}({cfg.style!r}, {cfg.preset!r})))")
+HERE = Path(__file__).resolve().parents[2]
+
+
+def _env(tree: Path) -> dict:
+    """This environment with `tree` first on the import path (its recmas_ray and jobs), no cluster address."""
     env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(tree), env.get("PYTHONPATH")) if p)
+    return env
+
+
+def _run_child(fn: str, cfg: StartBenchConfig, tree: Path = HERE) -> dict:
+    """`fn` of this file in a fresh process; `tree`'s package is the one measured (this file's code runs)."""
+    code = ("import json, recmas_ray; "
+            f"import importlib.util as u; spec = u.spec_from_file_location('start_bench', {__file__!r}); "
+            f"m = u.module_from_spec(spec); spec.loader.exec_module(m); "
+            f"print('RESULT ' + json.dumps(m.{fn}({cfg.style!r}, {cfg.preset!r})))")
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=cfg.timeout_s,
-                          env=env, cwd=Path(__file__).resolve().parents[2])
+                          env=_env(tree), cwd=tree)
     lines = [ln for ln in done.stdout.splitlines() if ln.startswith("RESULT ")]
     if done.returncode or not lines:
         raise RuntimeError(f"{fn} failed (exit {done.returncode}): {(done.stderr or done.stdout)[-1500:]}")
     return json.loads(lines[-1][len("RESULT "):])
 
 
-def measure_serve(cfg: StartBenchConfig) -> dict:
+def measure_serve(cfg: StartBenchConfig, tree: Path = HERE) -> dict:
     """`python -m jobs.serve` from launch until it prints its URL; then stopped (Ctrl-C, as a user would)."""
     import signal
     import socket
@@ -168,11 +193,10 @@ def measure_serve(cfg: StartBenchConfig) -> dict:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     logs = tempfile.mkdtemp(prefix="bench-start-serve-")
-    env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
     t0 = time.perf_counter()
     proc = subprocess.Popen([sys.executable, "-m", "jobs.serve", "--style", cfg.style, "--preset", cfg.preset,
                              "--port", str(port), "--log_dir", logs], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                            text=True, env=env, cwd=Path(__file__).resolve().parents[2])
+                            text=True, env=_env(tree), cwd=tree)
     try:
         seen = []
         for line in proc.stdout:
@@ -198,17 +222,29 @@ def measure_serve(cfg: StartBenchConfig) -> dict:
 def bench(cfg: StartBenchConfig) -> int:
     from recmas_ray.eval.results import machine_load
 
-    out = {"style": cfg.style, "preset": cfg.preset, "machine_before": machine_load(), "targets": {}}
+    import statistics
+
+    trees = {"this": HERE} | ({"compare": Path(cfg.compare_tree).resolve()} if cfg.compare_tree else {})
+    out = {"style": cfg.style, "preset": cfg.preset, "trees": {k: str(v) for k, v in trees.items()},
+           "machine_before": machine_load(), "targets": {}}
     for target in cfg.targets:
-        before = machine_load()
-        if target == "serve":
-            got = measure_serve(cfg)
-        else:
-            got = _run_child(f"child_{target}", cfg)
-        got["load_avg_before"] = before["load_avg"]
-        got["total_wall_s"] = round(sum(p["wall_s"] for p in got["phases"]), 2)
-        got["total_cpu_s"] = round(sum(p["cpu_s"] for p in got["phases"]), 2)
-        out["targets"][target] = got
+        runs: dict[str, list] = {name: [] for name in trees}
+        for _ in range(cfg.repeats):
+            for name, tree in trees.items():
+                if name != "this" and target == "phases":  # the phase split needs this tree's functions
+                    continue
+                before = machine_load()
+                got = measure_serve(cfg, tree) if target == "serve" else _run_child(f"child_{target}", cfg, tree)
+                got["load_avg_before"] = before["load_avg"]
+                got["total_wall_s"] = round(sum(p["wall_s"] for p in got["phases"]), 2)
+                got["total_cpu_s"] = round(sum(p["cpu_s"] for p in got["phases"]), 2)
+                runs[name].append(got)
+        entry = {"runs": {k: v for k, v in runs.items() if v}}
+        if len(entry["runs"]) == 2:
+            med = {k: statistics.median(r["total_wall_s"] for r in v) for k, v in entry["runs"].items()}
+            entry["median_wall_s"] = med
+            entry["ratio_this_over_compare"] = round(med["this"] / med["compare"], 3)
+        out["targets"][target] = entry
     out["machine_after"] = machine_load()
     Path(cfg.output_path).mkdir(parents=True, exist_ok=True)
     text = json.dumps(out, indent=2)

@@ -31,6 +31,9 @@ from recmas_ray.service import AgentService, AgentSpec
 AGENT_EXIT_AFTER: dict[str, int] = {}
 """Fault injection by tests (the fixture `inject_faults`): role -> N makes that role's actors, built from now on,
 exit hard before their (N+1)-th call, once (a restarted actor does not exit again). Empty in a real run."""
+AGENT_ENV = {"TOKENIZERS_PARALLELISM": "false", "HF_HUB_DISABLE_PROGRESS_BARS": "1"}
+"""Set in an agent's process before its model loads (not as a runtime_env: actors without one start in Ray's
+prestarted workers instead of fresh processes)."""
 CALL_LOG_SIZE = 100_000
 
 
@@ -86,6 +89,8 @@ class _AgentActorImpl:
 
     def __init__(self, spec: AgentSpec, inner_state: dict, outer_states: dict, torch_threads: int = 0,
                  exit_after: int | None = None):
+        for key, value in AGENT_ENV.items():
+            os.environ.setdefault(key, value)
         import torch
 
         if torch_threads > 0:

@@ -37,6 +37,7 @@ from recmas_ray.config.recursion import RecursionConfig
 from recmas_ray.config.transport import OBJECT_STORE, Transport, get_transport
 from recmas_ray.distributed.actors import AGENT_EXIT_AFTER, AgentActor, RayPool, RDTAgentActor, when_done
 from recmas_ray.distributed.orchestrator import Orchestrator, start_router
+from recmas_ray.distributed.pools import role_copies
 from recmas_ray.distributed.progress import start_relay
 from recmas_ray.distributed.routing import batch_work
 from recmas_ray.distributed.placement import (ORCHESTRATOR_CPUS, ORCHESTRATOR_MAX_BATCHES, PlacementPlan,
@@ -48,7 +49,6 @@ log = logging.getLogger(__name__)
 
 AGENT_MAX_CALLS = 256
 """Calls an agent actor with continuous batching takes at once (each waits on its scheduler's steps)."""
-AGENT_ENV = {"TOKENIZERS_PARALLELISM": "false", "HF_HUB_DISABLE_PROGRESS_BARS": "1"}
 
 
 @dataclass
@@ -242,10 +242,9 @@ def start_system(plan: SystemPlan, placement: PlacementConfig, *, timeout_s: flo
     pg = create_placement(pplan, preset=placement.preset, timeout_s=placement.ready_timeout_s, autoscaling=scaling,
                           placement_timeout_s=placement.placement_timeout_s, num_replicas=num_replicas,
                           name=f"recmas-replica{replica}-{os.urandom(4).hex()}")  # unique: Serve replicas build one each
-    env = dict(AGENT_ENV)
-    if torch_threads > 0:  # Ray pins OMP threads to floor(num_cpus) (>= 1) otherwise
-        env["OMP_NUM_THREADS"] = str(torch_threads)
-    env.update(extra_env or {})
+    # No runtime_env unless the caller adds variables: the agents then start in Ray's prestarted workers
+    # (AGENT_ENV is set in the actor; torch_threads by torch.set_num_threads there).
+    env = {"runtime_env": {"env_vars": dict(extra_env)}} if extra_env else {}
     opts = actor_options(transport, placement.agent_max_restarts, out_of_order=out_of_order)
     batching = {r: plan.service_args(r)[0].continuous_batching for r in roles}
     system = RaySystem(plan, {}, None, pg, {}, timeout_s, replica)
@@ -261,7 +260,7 @@ def start_system(plan: SystemPlan, placement: PlacementConfig, *, timeout_s: flo
                 strategy = PlacementGroupSchedulingStrategy(placement_group=pg, placement_group_bundle_index=bundle)
                 system.copies[role].append(actor_cls.options(
                     num_cpus=pplan.cpus[role], num_gpus=pplan.gpus[role], scheduling_strategy=strategy,
-                    runtime_env={"env_vars": env}, name=None, **opts,
+                    name=None, **env, **opts,
                     # continuous batching: calls of several batches run at once, their steps merged
                     **({"max_concurrency": AGENT_MAX_CALLS} if batching[role] else {}),
                 ).remote(spec, inner, outer, torch_threads, AGENT_EXIT_AFTER.get(role)))
@@ -273,7 +272,10 @@ def start_system(plan: SystemPlan, placement: PlacementConfig, *, timeout_s: flo
 
 
 def await_system(system: RaySystem, placement: PlacementConfig, *, transport: str | Transport) -> RaySystem:
-    """Second half of `build_ray_system`: every agent's `ready()` (with the timeout), then the orchestrator."""
+    """Second half of `build_ray_system`: the orchestrator started while the agents load (after them where the
+    transport's collective group needs them up), every agent's `ready()` (with the timeout), the orchestrator's."""
+    if not get_transport(transport).direct:
+        start_orchestrator(system, placement, transport=transport)
     await_agents(system, placement)
     return await_orchestrator(system, placement, transport=transport)
 
@@ -298,15 +300,22 @@ def await_agents(system: RaySystem, placement: PlacementConfig) -> RaySystem:
     return system
 
 
-def await_orchestrator(system: RaySystem, placement: PlacementConfig, *, transport: str | Transport) -> RaySystem:
-    """Start the replica's orchestrator over its (ready) agents and wait until it answers."""
+def start_orchestrator(system: RaySystem, placement: PlacementConfig, *, transport: str | Transport) -> None:
+    """Create the replica's orchestrator actor over its agents' handles (not awaited; once)."""
+    if system.orchestrator is not None:
+        return
     transport = get_transport(transport)
-    plan, replica = system.plan, system.replica
+    # The orchestrator sits in no bundle: it may land on any node with a free CPU.
+    restarts = actor_options(transport, placement.agent_max_restarts)["max_restarts"]
+    system.orchestrator = Orchestrator.options(max_restarts=restarts, max_concurrency=system.max_batches).remote(
+        system.plan.style, system.copies or system.handles, system.timeout_s, transport)
+
+
+def await_orchestrator(system: RaySystem, placement: PlacementConfig, *, transport: str | Transport) -> RaySystem:
+    """Start the replica's orchestrator if it is not yet, and wait until it answers."""
+    replica = system.replica
     try:
-        # The orchestrator sits in no bundle: it may land on any node with a free CPU.
-        restarts = actor_options(transport, placement.agent_max_restarts)["max_restarts"]
-        system.orchestrator = Orchestrator.options(max_restarts=restarts, max_concurrency=system.max_batches).remote(
-            plan.style, system.copies or system.handles, system.timeout_s, transport)
+        start_orchestrator(system, placement, transport=transport)
         if not ray.wait([system.orchestrator.ready.remote()], timeout=placement.ready_timeout_s)[0]:
             raise RuntimeError(f"orchestrator actor of replica {replica} ({ORCHESTRATOR_CPUS:g} CPU) not scheduled "
                                f"after {placement.ready_timeout_s:g}s; available resources: {ray.available_resources()}")
@@ -336,19 +345,6 @@ def _free_per_node() -> list[dict]:
     return [{k: v for k, v in res.items() if k in ("CPU", "GPU")} for res in available_resources_per_node().values()]
 
 
-def role_copies(plan: SystemPlan, placement: PlacementConfig, recursion: RecursionConfig | None = None) -> dict:
-    """Actor copies per role: `--role_replicas`, the rest sized from costs with `--auto_role_replicas`
-    (`recursion`: the run's R, m and decode budget; defaults otherwise)."""
-    from recmas_ray.distributed.pools import resolve_copies, role_costs
-
-    costs = None
-    if placement.auto_role_replicas:
-        rc = recursion or RecursionConfig()
-        costs = role_costs(plan.style, plan.role_models, rc.num_recursive_rounds, rc.latent_steps,
-                           rc.decode.max_new_tokens, decode_every_round=rc.decode_every_round)
-    return resolve_copies(placement.role_replicas, placement.auto_role_replicas, plan.style.roles, costs)
-
-
 def build_replicas(plan: SystemPlan, placement: PlacementConfig, *, timeout_s: float = 600.0,
                    torch_threads: int = 0, transport: str | Transport = OBJECT_STORE, client_cpus: float = 0.0,
                    out_of_order: bool = True, extra_env: dict | None = None,
@@ -372,20 +368,25 @@ def build_replicas(plan: SystemPlan, placement: PlacementConfig, *, timeout_s: f
         check_resources(pplan, ray.cluster_resources(), nodes, preset=placement.preset, num_replicas=n)
     systems: list[RaySystem] = []
     relay = start_relay() if progress_relay else None  # no CPU: its process starts while the agents load
+    router = None
     try:
         for i in range(n):  # every replica's agents load their models at once, then all are awaited
             systems.append(start_system(plan, placement, timeout_s=timeout_s, torch_threads=torch_threads,
                                         transport=transport, replica=i, num_replicas=1, autoscaling=scaling,
                                         out_of_order=out_of_order, extra_env=extra_env, copies=copies))
+            systems[-1].max_batches = max(ORCHESTRATOR_MAX_BATCHES, int(max_batches))
+        router = start_router(n, timeout_s=timeout_s)  # it and the orchestrators start while the agents load
+        if not get_transport(transport).direct:
+            for system in systems:
+                start_orchestrator(system, placement, transport=transport)
         for system in systems:
-            system.max_batches = max(ORCHESTRATOR_MAX_BATCHES, int(max_batches))
             await_system(system, placement, transport=transport)
-        router = start_router(n, timeout_s=timeout_s)
     except BaseException:
         for s in systems:
             s.shutdown()
-        if relay is not None:
-            ray.kill(relay)
+        for actor in (router, relay):
+            if actor is not None:
+                ray.kill(actor)
         raise
     return RayReplicas(plan, systems, router, timeout_s, progress_relay=relay,
                        placement={"num_replicas": n, "autoscaling": scaling, "role_copies": copies})

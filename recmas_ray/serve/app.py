@@ -78,7 +78,8 @@ class RecMASServer:
         system = {k: v for k, v in dataclasses.asdict(cfg.system).items() if k in system_fields(ServeConfig)}
         # verbose: a replica's output already goes where Ray puts its workers' (the serve job's log)
         self.system = System.build(**system, backend=cfg.backend, task=cfg.task, placement=cfg.placement,
-                                   timeout_s=cfg.timeout_s, torch_threads=cfg.torch_threads, verbose=True)
+                                   timeout_s=cfg.timeout_s, torch_threads=cfg.torch_threads, verbose=True,
+                                   progress=False)
         self.tokenizer = _tokenizer(self.system.role_models[self.system.plan.style.decoder])
         # In-process agents are not safe to drive from several threads at once; Ray agents are.
         self.lock = threading.Lock() if cfg.backend == "local" else None
