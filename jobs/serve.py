@@ -36,14 +36,14 @@ def start(cfg: ServeConfig) -> str:
 
     from ray import serve
 
-    from recmas_ray.distributed.cluster import init_ray
+    from recmas_ray.distributed.cluster import start_ray
     from recmas_ray.serve.app import build_app
     from recmas_ray.serve.security import API_KEY_ENV
 
     # The config holds only the key's digest (ServeConfig.validate); the key itself must not reach the
     # Ray processes started next, which inherit this environment.
     os.environ.pop(API_KEY_ENV, None)
-    init_ray(cfg.address)
+    start_ray(cfg.address)
     serve.start(http_options={"host": cfg.host, "port": cfg.port})
     serve.run(build_app(cfg), name=cfg.app_name, route_prefix=cfg.route_prefix)
     host = "127.0.0.1" if cfg.host in ("0.0.0.0", "::") else cfg.host

@@ -120,7 +120,7 @@ def child_phases(style: str, preset: str) -> dict:
 
     phases.mark("import_ray")
     from recmas_ray.config.placement import PlacementConfig
-    from recmas_ray.distributed.cluster import init_ray
+    from recmas_ray.distributed.cluster import start_ray
     from recmas_ray.distributed.replicas import (RayReplicas, await_agents, await_orchestrator, start_orchestrator,
                                                  start_system)
     from recmas_ray.distributed.orchestrator import start_router
@@ -129,7 +129,7 @@ def child_phases(style: str, preset: str) -> dict:
 
     plan = plan_system(SystemConfig(style=style, preset=preset), task="math")
     phases.mark("plan")
-    init_ray()
+    start_ray()  # retries a start-up that timed out (a busy machine), as the jobs do
     phases.mark("ray_start")
     placement = PlacementConfig()
     system = start_system(plan, placement, timeout_s=600, torch_threads=0, transport="object_store", replica=0,
@@ -171,9 +171,9 @@ def _env(tree: Path) -> dict:
 
 def _run_child(fn: str, cfg: StartBenchConfig, tree: Path = HERE) -> dict:
     """`fn` of this file in a fresh process; `tree`'s package is the one measured (this file's code runs)."""
-    code = ("import json, recmas_ray; "
+    code = ("import json, sys, recmas_ray; "
             f"import importlib.util as u; spec = u.spec_from_file_location('start_bench', {__file__!r}); "
-            f"m = u.module_from_spec(spec); spec.loader.exec_module(m); "
+            f"m = sys.modules['start_bench'] = u.module_from_spec(spec); spec.loader.exec_module(m); "
             f"print('RESULT ' + json.dumps(m.{fn}({cfg.style!r}, {cfg.preset!r})))")
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=cfg.timeout_s,
                           env=_env(tree), cwd=tree)
@@ -234,16 +234,22 @@ def bench(cfg: StartBenchConfig) -> int:
                 if name != "this" and target == "phases":  # the phase split needs this tree's functions
                     continue
                 before = machine_load()
-                got = measure_serve(cfg, tree) if target == "serve" else _run_child(f"child_{target}", cfg, tree)
+                try:
+                    got = measure_serve(cfg, tree) if target == "serve" else _run_child(f"child_{target}", cfg, tree)
+                except (RuntimeError, subprocess.TimeoutExpired) as e:  # e.g. Ray's start-up timeout on a busy machine
+                    runs[name].append({"error": str(e)[-300:], "load_avg_before": before["load_avg"]})
+                    continue
                 got["load_avg_before"] = before["load_avg"]
                 got["total_wall_s"] = round(sum(p["wall_s"] for p in got["phases"]), 2)
                 got["total_cpu_s"] = round(sum(p["cpu_s"] for p in got["phases"]), 2)
                 runs[name].append(got)
         entry = {"runs": {k: v for k, v in runs.items() if v}}
         if len(entry["runs"]) == 2:
-            med = {k: statistics.median(r["total_wall_s"] for r in v) for k, v in entry["runs"].items()}
-            entry["median_wall_s"] = med
-            entry["ratio_this_over_compare"] = round(med["this"] / med["compare"], 3)
+            ok = {k: [r["total_wall_s"] for r in v if "error" not in r] for k, v in entry["runs"].items()}
+            if all(ok.values()):
+                med = {k: statistics.median(v) for k, v in ok.items()}
+                entry["median_wall_s"] = med
+                entry["ratio_this_over_compare"] = round(med["this"] / med["compare"], 3)
         out["targets"][target] = entry
     out["machine_after"] = machine_load()
     Path(cfg.output_path).mkdir(parents=True, exist_ok=True)
