@@ -23,18 +23,23 @@ import sys
 from recmas_ray.config.cli import run_job
 from recmas_ray.eval.config import EvalConfig
 
-# Other spellings accepted for the same settings: the release's names and this project's earlier ones.
-ALIASES = {"method": "methods", "placement": "placement.preset",
-           "latent_length": "latent_steps", "max_inflight_batches": "stream.num_clients", "python_timeout": "tools.python_timeout_s"}
-# Set by the evaluation driver itself (per method, and from --seed), or by the CLI (explicit_settings).
-HIDDEN = ("recursion.method", "recursion.decode.seed", "explicit_settings")
+# Set by the evaluation driver itself (per method, and from --seed).
+HIDDEN = ("recursion.method", "recursion.decode.seed")
+
+
+def recipe(cfg: EvalConfig) -> EvalConfig | None:
+    """The recipe a command line starts from: with --protocol reference, the release's config for its style
+    and dataset (`eval.protocol.reference`); the --config file and the flags apply over it."""
+    from recmas_ray.eval.protocol import reference
+
+    return reference(cfg.system.style, cfg.dataset) if cfg.protocol == "reference" else None
 
 
 def parse(argv) -> EvalConfig:
-    """The checked config of a command line (what `main` would run), its explicit settings recorded."""
+    """The checked config of a command line (what `main` would run)."""
     from recmas_ray.config.cli import parse_config
 
-    return parse_config(EvalConfig, argv, aliases=ALIASES, hidden=HIDDEN)[0]
+    return parse_config(EvalConfig, argv, hidden=HIDDEN, start=recipe)[0]
 
 
 def evaluate(cfg: EvalConfig) -> int:
@@ -49,6 +54,10 @@ def evaluate(cfg: EvalConfig) -> int:
     from recmas_ray.eval.benchmarks import check_available
 
     check_available(cfg.dataset, cfg.dataset_path)  # before torch is imported: an offline named benchmark says so
+    if cfg.dry_run:
+        from recmas_ray.eval.run import dry_run
+
+        return dry_run(cfg)
     from recmas_ray.eval.run import evaluate_all
 
     with job_console(Path(cfg.output_path) / "logs", verbose=cfg.verbose, name="run",
@@ -62,8 +71,8 @@ def evaluate(cfg: EvalConfig) -> int:
 
 
 def main(argv=None) -> int:
-    return run_job(evaluate, EvalConfig, argv, prog="python -m jobs.run", description=__doc__, aliases=ALIASES,
-                   hidden=HIDDEN)
+    return run_job(evaluate, EvalConfig, argv, prog="python -m jobs.run", description=__doc__, hidden=HIDDEN,
+                   start=recipe)
 
 
 if __name__ == "__main__":

@@ -20,14 +20,11 @@ import time
 from recmas_ray.config.cli import run_job
 from recmas_ray.serve.config import ServeConfig
 
-ALIASES = {"placement": "placement.preset"}
-
-
 def parse(argv) -> ServeConfig:
     """The checked config of a command line (what `main` would serve)."""
     from recmas_ray.config.cli import parse_config
 
-    return parse_config(ServeConfig, argv, aliases=ALIASES)[0]
+    return parse_config(ServeConfig, argv)[0]
 
 
 def start(cfg: ServeConfig) -> str:
@@ -44,10 +41,38 @@ def start(cfg: ServeConfig) -> str:
     # Ray processes started next, which inherit this environment.
     os.environ.pop(API_KEY_ENV, None)
     start_ray(cfg.address)
+    if cfg.backend == "ray" and cfg.placement.wants_gpus():  # a plan that cannot fit stops before any replica loads
+        from recmas_ray.distributed.memory import check_memory
+
+        check_memory(serve_plan(cfg), cfg.placement, **memory_args(cfg))
     serve.start(http_options={"host": cfg.host, "port": cfg.port})
     serve.run(build_app(cfg), name=cfg.app_name, route_prefix=cfg.route_prefix)
     host = "127.0.0.1" if cfg.host in ("0.0.0.0", "::") else cfg.host
     return f"http://{host}:{cfg.port}{cfg.route_prefix.rstrip('/')}"
+
+
+def serve_plan(cfg: ServeConfig):
+    """The system plan every replica builds (model configs and links; no model loaded)."""
+    from recmas_ray.system.plan import plan_system
+
+    return plan_system(cfg.system, task=cfg.task)
+
+
+def memory_args(cfg: ServeConfig) -> dict:
+    """The memory plan's load: every Serve replica's system, batches of max_batch_size rows."""
+    return {"recursion": cfg.recursion, "batch_size": cfg.max_batch_size, "calls_at_once": cfg.max_concurrent_batches,
+            "num_systems": cfg.num_replicas}
+
+
+def dry_run(cfg: ServeConfig) -> int:
+    """`--dry_run`: print the memory plan of the served systems and stop (no Serve, no model)."""
+    from recmas_ray.distributed.memory import dry_run as print_plan
+
+    if cfg.backend == "ray" and cfg.placement.wants_gpus():
+        from recmas_ray.distributed.cluster import init_ray
+
+        init_ray(cfg.address)  # the cluster's GPUs (a private local cluster: this machine's)
+    return print_plan(serve_plan(cfg), cfg.placement, **memory_args(cfg))
 
 
 def serve_forever(cfg: ServeConfig) -> int:
@@ -58,6 +83,8 @@ def serve_forever(cfg: ServeConfig) -> int:
 
     from recmas_ray.console import job_console
 
+    if cfg.dry_run:
+        return dry_run(cfg)
     with job_console(cfg.log_dir, verbose=cfg.verbose, name="serve") as console:
         console.start("starting Ray Serve and the agents")
         url = start(cfg)
@@ -74,8 +101,7 @@ def serve_forever(cfg: ServeConfig) -> int:
 
 
 def main(argv=None) -> int:
-    return run_job(serve_forever, ServeConfig, argv, prog="python -m jobs.serve", description=__doc__,
-                   aliases=ALIASES)
+    return run_job(serve_forever, ServeConfig, argv, prog="python -m jobs.serve", description=__doc__)
 
 
 if __name__ == "__main__":

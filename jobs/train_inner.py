@@ -28,14 +28,6 @@ import sys
 from recmas_ray.config.cli import run_job
 from recmas_ray.train.config import InnerTrainConfig
 
-ALIASES = {
-    "mas_design": "style", "mas_task": "task",
-    "adapter_lr": "lr", "adapter_cos_weight": "w_cos", "adapter_mse_weight": "w_mse", "save_steps": "save_every",
-}
-"""The release's flag names -> ours (--num_train_epochs, --lr_scheduler_type, --grad_accum_steps and
---load_dir are fields of their own)."""
-
-
 def main_cfg(cfg: InnerTrainConfig) -> int:
     """Run a parsed, checked config (heavy imports happen here, after parsing), holding --save_dir's lock."""
     from recmas_ray.train_api import run_training_job
@@ -65,7 +57,7 @@ def _train(cfg, console) -> int:
 
 def main(argv=None) -> int:
     """Parse argv (flags, --config FILE) and train; returns the exit status (2: bad input, before any model)."""
-    return run_job(main_cfg, InnerTrainConfig, argv, prog="train_inner", description=__doc__, aliases=ALIASES)
+    return run_job(main_cfg, InnerTrainConfig, argv, prog="train_inner", description=__doc__)
 
 
 if __name__ == "__main__":

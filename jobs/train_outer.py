@@ -31,10 +31,6 @@ import sys
 from recmas_ray.config.cli import run_job
 from recmas_ray.train.config import OuterTrainConfig
 
-ALIASES = {"mas_design": "style", "mas_task": "task"}
-"""The release's flag names -> ours."""
-
-
 def main_cfg(cfg: OuterTrainConfig) -> int:
     """Run a parsed, checked config (heavy imports happen here, after parsing), holding --save_dir's lock."""
     from recmas_ray.train_api import run_training_job
@@ -56,7 +52,7 @@ def _train(cfg, console) -> int:
 
 def main(argv=None) -> int:
     """Parse argv (flags, --config FILE) and train; returns the exit status (2: bad input, before any model)."""
-    return run_job(main_cfg, OuterTrainConfig, argv, prog="train_outer", description=__doc__, aliases=ALIASES)
+    return run_job(main_cfg, OuterTrainConfig, argv, prog="train_outer", description=__doc__)
 
 
 if __name__ == "__main__":

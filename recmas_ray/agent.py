@@ -215,15 +215,17 @@ class Agent(TeacherForcing):
             mask_BL = torch.cat([mask_BL, mask_BL.new_ones(B, 1)], dim=1)
         return torch.stack(hs, dim=1)
 
-    def latent_rollout_with_grad(self, e_BLD: torch.Tensor, mask_BL: torch.Tensor, num_steps: int) -> torch.Tensor:
+    def latent_rollout_with_grad(self, e_BLD: torch.Tensor, mask_BL: torch.Tensor, num_steps: int, *,
+                                 detach_feedback: bool = False) -> torch.Tensor:
         """The m-step rollout with its autograd graph kept (outer training through an agent that receives
         latents): the growing dynamic cache (every step concatenates, nothing is written in place), the same
-        steps as `latent_rollout`'s non-static cached path. Grad as the caller enables."""
+        steps as `latent_rollout`'s non-static cached path. Grad as the caller enables. `detach_feedback`: each
+        fed-back inner(h) is cut from the graph (same values; gradient only through attention to the input)."""
         if num_steps < 1:
             raise ValueError(f"latent_steps must be >= 1 for a rollout with grad, got {num_steps}")
-        return self._rollout_dynamic(e_BLD, mask_BL, num_steps)
+        return self._rollout_dynamic(e_BLD, mask_BL, num_steps, detach_feedback=detach_feedback)
 
-    def _rollout_dynamic(self, e_BLD, mask_BL, num_steps: int) -> torch.Tensor:
+    def _rollout_dynamic(self, e_BLD, mask_BL, num_steps: int, *, detach_feedback: bool = False) -> torch.Tensor:
         B, pos_BL, hs = e_BLD.shape[0], positions(mask_BL), []
         h_BLD, cache = self._decoder_step(e_BLD, mask_BL, pos_BL)
         for step in range(num_steps):
@@ -233,7 +235,9 @@ class Agent(TeacherForcing):
                 break
             mask_BL = torch.cat([mask_BL, mask_BL.new_ones(B, 1)], dim=1)
             pos_BL = pos_BL[:, -1:] + 1
-            h_BLD, cache = self._decoder_step(self.inner_link(h_BD)[:, None], mask_BL, pos_BL, cache)
+            fed_BD = self.inner_link(h_BD)
+            fed_BD = fed_BD.detach() if detach_feedback else fed_BD
+            h_BLD, cache = self._decoder_step(fed_BD[:, None], mask_BL, pos_BL, cache)
         return torch.stack(hs, dim=1)
 
     def _prefill_static(self, run, e_BLD, mask_BL, extra: int, prefix_ids):

@@ -256,7 +256,8 @@ class System:
             try:
                 for k in range(0, len(rows), batch_size):
                     names = range(k, min(k + batch_size, len(rows)))
-                    on_token = counter.batch(f"rows{k}", names)
+                    # adaptive rounds decode in several calls: their questions count when results arrive
+                    on_token = counter.batch(f"rows{k}", names, stream=rc.adaptive_threshold is None)
                     out += self.run(rows[k:k + batch_size], row_tasks[k:k + batch_size], rc,
                                     **({} if on_token is None else {"on_token": on_token}))
                     counter.done(names)

@@ -143,9 +143,9 @@ def check_model_args(values: dict) -> ModelArgs:
 
 def model_args_help() -> str:
     """One line per model argument: name, docstring and default (for `--help`)."""
-    from recmas_ray.config.cli import _field_docs
+    from recmas_ray.config.cli import field_docs
 
-    docs, lines = _field_docs(ModelArgs), ["recmas_ray model_args (--model_args KEY=VALUE,KEY=VALUE):"]
+    docs, lines = field_docs(ModelArgs), ["recmas_ray model_args (--model_args KEY=VALUE,KEY=VALUE):"]
     for f in dataclasses.fields(ModelArgs):
         default = "required" if f.default is dataclasses.MISSING else f"default: {f.default}"
         lines.append(f"  {f.name:<22} {' '.join(docs.get(f.name, '').split())} ({default})")

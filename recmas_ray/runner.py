@@ -47,6 +47,14 @@ class AgentPool(Protocol):
     def set_links(self, role: str, inner_state: dict, outer_states: dict[str, dict]) -> Any:
         """Handle of swapping a role's links in place, the model staying loaded (`AgentService.set_links`)."""
 
+    def select_rows(self, role: str, handle: Any, positions: list[int]) -> Any:
+        """Adaptive rounds only: handle of rows `positions` of a message, cut where `role` will read it."""
+
+    def latent_change(self, role: str, old_positions: list[int], old_handles: list[Any],
+                      new_handles: list[Any]) -> Any:
+        """Adaptive rounds only: handle of the per-question change between two rounds' latent inputs of `role`
+        (`AgentService.latent_change`)."""
+
 
 @dataclass
 class SampleResult:
@@ -71,6 +79,11 @@ class SampleResult:
     retry continues the reply from there (`eval.stream.format_retry`); row `decoder_row` is this question's."""
     decoder_row: int = 0
     """This question's row in `decoder_input`."""
+    num_rounds: int | None = None
+    """Rounds this question ran (recursive methods): R, or fewer when adaptive rounds stopped it early."""
+    round_changes: list[float] = field(default_factory=list)
+    """Adaptive rounds only: the change of its decoder's latent input at each check, rounds 2, 3, ...
+    (`RecursionConfig.adaptive_threshold`)."""
 
 
 @dataclass
@@ -98,7 +111,7 @@ def run_batch(pool: AgentPool, style: StyleSpec, questions: list[str], tasks: li
 
     `role_questions[b]` (optional): role -> the question text that role sees for question b (roles not
     named see `questions[b]`), for tasks where only some agents hold a fact. `capture` (measurement
-    hook, e.g. `recmas_ray.eval.probe`): called with {"kind": "message", "round", "role", "edge",
+    hook, e.g. `jobs.experiments.probe`): called with {"kind": "message", "round", "role", "edge",
     "message" [B, M, E] tensor} for every latent message produced, and once with {"kind":
     "decoder_input", "role", "users", "slot_names", "latents"} for the prompt the final decode starts
     from (latents after any ablation); materialising them is the hook's only cost.
@@ -111,6 +124,9 @@ def run_batch(pool: AgentPool, style: StyleSpec, questions: list[str], tasks: li
     """
     stream = {} if on_token is None else {"on_token": on_token}  # pools without streaming keep working
     check_tree(cfg, lambda path: path)
+    if on_token is not None and _adaptive(cfg):
+        raise ValueError("adaptive rounds (adaptive_threshold) decode questions in several calls and do not "
+                         "stream tokens; leave adaptive_threshold unset to stream")
     if targets is not None and len(targets) != len(questions):
         raise ValueError(f"run_batch: {len(targets)} targets for {len(questions)} questions")
     if role_questions is not None and len(role_questions) != len(questions):
@@ -121,7 +137,7 @@ def run_batch(pool: AgentPool, style: StyleSpec, questions: list[str], tasks: li
     received: list[DecoderInput] = []  # the final decode's input (the last decode step's)
     if cfg.method == "single_agent":
         users = [render_single_agent_prompt(style, t, q) for q, t in zip(asked.of(style.decoder), tasks)]
-        calls = [(1, style.decoder, "decode", pool.decode(style.decoder, users, [], cfg.decode, [], **stream))]
+        calls = [(1, style.decoder, "decode", pool.decode(style.decoder, users, [], cfg.decode, [], **stream), None)]
         calls += _score(pool, style.decoder, users, [], [], scoring)
         _capture_input(capture, pool, style.decoder, users, [], [], received)
     elif cfg.method == "recursive_mas":
@@ -130,9 +146,14 @@ def run_batch(pool: AgentPool, style: StyleSpec, questions: list[str], tasks: li
         rounds = 1 if cfg.method == "textmas" else cfg.num_recursive_rounds
         calls = _run_text(pool, style, asked, tasks, cfg, rounds, scoring, capture, stream, received)
     results = _collect(pool, calls, len(questions), t0)
-    for b, res in enumerate(results):
-        res.decoder_input, res.decoder_row = (received[-1] if received else None), b
+    for inp, rows in received:  # each final decode's input and the questions it decoded
+        for pos, b in enumerate(rows):
+            results[b].decoder_input, results[b].decoder_row = inp, pos
     return results
+
+
+def _adaptive(cfg: RecursionConfig) -> bool:
+    return cfg.method == "recursive_mas" and cfg.adaptive_threshold is not None
 
 
 @dataclass
@@ -148,21 +169,29 @@ class _Asked:
         return [rq.get(role, q) for q, rq in zip(self.questions, self.role_questions)]
 
 
-def _capture_input(capture, pool, role, users, slot_names, latents, received: list | None = None) -> None:
+def _capture_input(capture, pool, role, users, slot_names, latents, received: list | None = None,
+                   rows: list[int] | None = None) -> None:
+    """Record a final decode's input (`received`: (DecoderInput, the questions' rows)) and show it to `capture`
+    (with "rows" when it decodes only some questions of the batch: adaptive rounds)."""
     if received is not None:
-        received.append(DecoderInput(role, list(users), list(slot_names), list(latents)))
+        received.append((DecoderInput(role, list(users), list(slot_names), list(latents)),
+                         list(range(len(users))) if rows is None else list(rows)))
     if capture is not None:
-        capture({"kind": "decoder_input", "role": role, "users": list(users), "slot_names": list(slot_names),
-                 "latents": [pool.get(h, what=f"role {role} (captured input)") for h in latents]})
+        event = {"kind": "decoder_input", "role": role, "users": list(users), "slot_names": list(slot_names),
+                 "latents": [pool.get(h, what=f"role {role} (captured input)") for h in latents]}
+        capture(event if rows is None else {**event, "rows": list(rows)})
 
 
-def _score(pool, role, users, slot_names, latents, scoring) -> list:
-    """The scoring call of the final decode step (none without targets); `scoring` is (targets, continuation)."""
+def _score(pool, role, users, slot_names, latents, scoring, rows: list[int] | None = None) -> list:
+    """The scoring call of the final decode step (none without targets); `scoring` is (targets, continuation);
+    `rows`: the questions decoded (all when None)."""
     if scoring is None:
         return []
     targets, continuation = scoring
+    if rows is not None:
+        targets = [targets[b] for b in rows]
     kw = {"continuation": True} if continuation else {}  # pools that only score turns keep working
-    return [(None, role, "score", pool.score(role, users, slot_names, targets, latents, **kw))]
+    return [(None, role, "score", pool.score(role, users, slot_names, targets, latents, **kw), rows)]
 
 
 def _ablate(pool, handles: list, mode: str, what: str) -> list:
@@ -179,28 +208,95 @@ def _ablate(pool, handles: list, mode: str, what: str) -> list:
 
 
 def _run_latent(pool, style, asked, tasks, cfg, scoring=None, capture=None, stream=None, received=None):
-    messages: dict[str, Any] = {}  # edge -> handle of its latest [B, M, E] message
+    """The latent schedule; with `cfg.adaptive_threshold` each question may stop before the decoder's step of a
+    round (`_stop_check`), its final decode then being the one a fixed run of that many rounds makes."""
+    num_rounds, threshold = cfg.num_recursive_rounds, cfg.adaptive_threshold
+    batch = _Rows(pool, list(range(len(tasks))))
+    messages: dict[str, tuple[Any, list[int]]] = {}  # edge -> (handle of its latest [B', M, E] message, its rows)
+    previous: tuple[list, list[int]] | None = None  # the decoder's inputs of the last round checked, their rows
     calls = []
-    for step in build_schedule(style, cfg.num_recursive_rounds, decode_every_round=cfg.decode_every_round):
-        users = [render_prompt(style, step.role, step.variant, t, q) for q, t in zip(asked.of(step.role), tasks)]
+    for step in build_schedule(style, num_rounds, decode_every_round=cfg.decode_every_round):
+        if not batch.active:
+            break
+        if threshold is not None and step.role == style.decoder and step.round < num_rounds:
+            previous = _stop_check(pool, style, asked, tasks, cfg, step, batch, messages, previous, calls,
+                                   scoring, capture, received)
+            if not batch.active:
+                break
+        rows = batch.rows_arg()
+        seen = asked.of(step.role)
+        users = [render_prompt(style, step.role, step.variant, tasks[b], seen[b]) for b in batch.active]
         slot_names = [m for m, _ in step.inputs]
-        latents = _ablate(pool, [messages[e] for _, e in step.inputs], cfg.latent_ablation,
+        latents = _ablate(pool, [batch.take(step.role, messages[e]) for _, e in step.inputs], cfg.latent_ablation,
                           f"role {step.role}, round {step.round} (latents to ablate)")
         if step.decode or step.discard_decode:
             calls.append((step.round, step.role, "decode" if step.decode else "discarded_decode",
                           pool.decode(step.role, users, slot_names, cfg.decode, latents,
-                                      **((stream or {}) if step.decode else {}))))
+                                      **((stream or {}) if step.decode else {})), rows))
             if step.decode:
-                calls += _score(pool, step.role, users, slot_names, latents, scoring)
-                _capture_input(capture, pool, step.role, users, slot_names, latents, received)
+                calls += _score(pool, step.role, users, slot_names, latents, scoring, rows)
+                _capture_input(capture, pool, step.role, users, slot_names, latents, received, rows)
         if step.outputs:
             outs, stats = pool.rollout(step.role, users, slot_names, cfg.latent_steps, step.outputs, latents)
-            messages.update(zip(step.outputs, outs))
+            messages.update((e, (h, list(batch.active))) for e, h in zip(step.outputs, outs))
             for edge, h in zip(step.outputs, outs) if capture is not None else ():
-                capture({"kind": "message", "round": step.round, "role": step.role, "edge": edge,
-                         "message": pool.get(h, what=f"role {step.role}, round {step.round} (captured message)")})
-            calls.append((step.round, step.role, "rollout", stats))
+                event = {"kind": "message", "round": step.round, "role": step.role, "edge": edge,
+                         "message": pool.get(h, what=f"role {step.role}, round {step.round} (captured message)")}
+                capture(event if rows is None else {**event, "rows": rows})
+            calls.append((step.round, step.role, "rollout", stats, rows))
     return calls
+
+
+@dataclass
+class _Rows:
+    """The questions of a batch still in the recursion (adaptive rounds drop those that stopped)."""
+
+    pool: Any
+    active: list[int]
+    stopped_any: bool = False
+
+    def rows_arg(self) -> list[int] | None:
+        """The active rows of a call's results, None while they are the whole batch in order."""
+        return list(self.active) if self.stopped_any else None
+
+    def take(self, role: str, message: tuple[Any, list[int]], rows: list[int] | None = None) -> Any:
+        """The message's handle cut to `rows` (default: the active ones) where `role` reads it."""
+        handle, have = message
+        want = self.active if rows is None else rows
+        if have == want:
+            return handle
+        return self.pool.select_rows(role, handle, [have.index(b) for b in want])
+
+
+def _stop_check(pool, style, asked, tasks, cfg, step, batch, messages, previous, calls, scoring, capture, received):
+    """Adaptive rounds, before the decoder's step of round r < R: compare its forward latent inputs with those of
+    round r - 1; questions whose relative change is below the threshold leave the batch and decode now from
+    round r's inputs, with the step a fixed R = r run makes there. Returns this round's (inputs, rows)."""
+    forward = [(m, e) for m, e in step.inputs if e in style.forward_edges]
+    current = ([messages[e] for _, e in forward], list(batch.active))
+    if previous is None:  # round 1: nothing to compare with yet
+        return current
+    old_msgs, old_rows = previous
+    what = f"role {step.role}, round {step.round} (latent change)"
+    changes = pool.get(pool.latent_change(step.role, [old_rows.index(b) for b in batch.active],
+                                          [h for h, _ in old_msgs], [batch.take(step.role, m) for m in current[0]]),
+                       what=what)
+    calls.append((step.round, step.role, "check", _Ready(changes), list(batch.active)))
+    stop = [b for b, c in zip(batch.active, changes) if c < cfg.adaptive_threshold]
+    if stop:
+        final = next(s for s in build_schedule(style, step.round) if s.round == step.round and s.role == style.decoder)
+        seen = asked.of(final.role)
+        users = [render_prompt(style, final.role, final.variant, tasks[b], seen[b]) for b in stop]
+        slot_names = [m for m, _ in final.inputs]
+        latents = _ablate(pool, [batch.take(final.role, messages[e], stop) for _, e in final.inputs],
+                          cfg.latent_ablation, f"role {final.role}, round {final.round} (latents to ablate)")
+        calls.append((final.round, final.role, "decode", pool.decode(final.role, users, slot_names, cfg.decode,
+                                                                      latents), stop))
+        calls += _score(pool, final.role, users, slot_names, latents, scoring, stop)
+        _capture_input(capture, pool, final.role, users, slot_names, latents, received, stop)
+        batch.active = [b for b in batch.active if b not in stop]
+        batch.stopped_any = True
+    return current
 
 
 def _run_text(pool, style, asked, tasks, cfg, rounds, scoring=None, capture=None, stream=None, received=None):
@@ -211,12 +307,12 @@ def _run_text(pool, style, asked, tasks, cfg, rounds, scoring=None, capture=None
                  for b, (q, t) in enumerate(zip(asked.of(step.role), tasks))]
         handle = pool.decode(step.role, users, [], cfg.decode, [], **((stream or {}) if step.decode else {}))
         if step.decode:
-            calls.append((step.round, step.role, "decode", handle))
+            calls.append((step.round, step.role, "decode", handle, None))
             calls += _score(pool, step.role, users, [], [], scoring)
             _capture_input(capture, pool, step.role, users, [], [], received)
             continue
         decoded, stats = pool.get(handle, what=f"role {step.role}, round {step.round} (text)")
-        calls.append((step.round, step.role, "text", _Ready((decoded, stats))))
+        calls.append((step.round, step.role, "text", _Ready((decoded, stats)), None))
         for edge in step.outputs:
             texts[edge] = [d.text for d in decoded]
     return calls
@@ -230,23 +326,30 @@ class _Ready:
 
 
 def _collect(pool, calls, batch_size, t0) -> list[SampleResult]:
+    """Results per question from the calls (round, role, action, handle, rows): `rows` names the questions a
+    call served, in its order (None: the whole batch)."""
     results = [SampleResult("", 0, 0, 0.0) for _ in range(batch_size)]
     score_seconds = 0.0
-    for rnd, role, action, handle in calls:
+    for rnd, role, action, handle, rows in calls:
         value = handle.value if isinstance(handle, _Ready) else pool.get(handle, what=f"role {role}, round {rnd} ({action})")
+        served = [results[b] for b in (range(batch_size) if rows is None else rows)]
+        if action == "check":  # adaptive rounds: the change each question's decoder input showed
+            for res, change in zip(served, value):
+                res.round_changes.append(float(change))
+            continue
         if action == "score":  # answer likelihood: no trace entry, no tokens, its time not counted
             scores, stats = value
             score_seconds += stats["seconds"]
-            for res, score in zip(results, scores):
+            for res, score in zip(served, scores):
                 if isinstance(score, (list, tuple)):  # a continuation: (sum log p, greedy?)
                     res.target_logprob, res.target_greedy = float(score[0]), bool(score[1])
                 else:
                     res.nll = float(score)
             continue
         decoded, stats = value if action != "rollout" else (None, value)
-        for b, res in enumerate(results):
+        for b, res in enumerate(served):
             entry = {"role": role, "round": rnd, "action": action, "latent_steps": stats["latent_steps"],
-                     "text_tokens": stats["text_tokens"][b], "seconds": stats["seconds"] / batch_size}
+                     "text_tokens": stats["text_tokens"][b], "seconds": stats["seconds"] / len(served)}
             if stats.get("prompt_tokens"):  # the prompt as this agent read it (latent positions not counted)
                 entry["prompt_tokens"] = stats["prompt_tokens"][b]
             if decoded is not None and action != "decode":
@@ -257,7 +360,7 @@ def _collect(pool, calls, batch_size, t0) -> list[SampleResult]:
             res.num_text_tokens += entry["text_tokens"]
             res.num_latent_steps += entry["latent_steps"]
             if action == "decode":
-                res.prediction = decoded[b].text
+                res.prediction, res.num_rounds = decoded[b].text, rnd
     elapsed = time.perf_counter() - t0 - score_seconds  # includes waiting for the last remote call
     for res in results:  # each question's latency: its batch was submitted together and came back together
         res.seconds = elapsed
@@ -295,6 +398,12 @@ class LocalPool:
 
     def set_links(self, role, inner_state, outer_states):
         return self.services[role].set_links(inner_state, outer_states)
+
+    def select_rows(self, role, handle, positions):
+        return self.services[role].select_rows(handle, positions)
+
+    def latent_change(self, role, old_positions, old_handles, new_handles):
+        return self.services[role].latent_change(old_positions, len(old_handles), *old_handles, *new_handles)
 
     def get(self, handle, *, what):
         return handle

@@ -212,6 +212,32 @@ class AgentService:
                           for t, s, b in zip(texts, suffixes, rows)]
             return self.agent.decode(*left_pad(rows_e), cfg)
 
+    @staticmethod
+    def select_rows(block, positions: list[int]):
+        """Rows `positions` of a latent block [B, M, E] (a question that stopped early, or the ones that go on)."""
+        return block[list(positions)].contiguous()
+
+    @staticmethod
+    def latent_change(old_positions: list[int], num_blocks: int, *blocks) -> list[float]:
+        """Per question: ||x_new - x_old|| / ||x_old|| over its latent blocks flattened (fp32), where `blocks` are
+        the `num_blocks` old blocks [B_old, M, E] then as many new ones [B, M, E] and the new row i is the old
+        row `old_positions[i]` (the adaptive-rounds check, `RecursionConfig.adaptive_threshold`)."""
+        if len(blocks) != 2 * num_blocks:
+            raise ValueError(f"latent_change: {len(blocks)} blocks for {num_blocks} old and {num_blocks} new")
+        old = [b[list(old_positions)] for b in blocks[:num_blocks]]
+        new = list(blocks[num_blocks:])
+        if not new:  # no latent input at all: nothing changes
+            return [0.0] * len(old_positions)
+        old_BN = torch.cat([b.float().reshape(b.shape[0], -1) for b in old], dim=1)
+        new_BN = torch.cat([b.float().reshape(b.shape[0], -1).to(old_BN.device) for b in new], dim=1)
+        diff_B = (new_BN - old_BN).norm(dim=1)
+        base_B = old_BN.norm(dim=1)
+        # an all-zero old input (m = 0, a zero ablation): change 0 if the new one is zero too, else infinite
+        change_B = torch.where(base_B > 0, diff_B / base_B.clamp_min(torch.finfo(torch.float32).tiny),
+                               torch.where(diff_B > 0, torch.full_like(diff_B, float("inf")), torch.zeros_like(diff_B)))
+        return [float(c) for c in change_B.tolist()]
+
+
 def link_states(inner: InnerLink, outer: dict[str, OuterLink]) -> tuple[dict, dict[str, dict]]:
     """CPU state dicts to ship to a service (small next to the model, sent once at creation)."""
     return ({k: v.detach().cpu() for k, v in inner.state_dict().items()},

@@ -73,10 +73,11 @@ def _nice(info: dict):
 class BackendBenchConfig:
     """What the backend benchmark runs."""
 
-    HIDDEN_FLAGS = SystemConfig.hidden_except("style", "preset", "role_models", "device", "dtype", "seed")
-    """System fields the benchmark does not read (config/cli.py: no flag): it measures fresh links."""
-    FLAG_ALIASES = {"role_model": "system.role_models", "role_models": "system.role_models"}
-    """The benchmark's spellings of the per-role base models (config/cli.py)."""
+    SYSTEM_FIELDS = ("style", "preset", "role_models", "device", "dtype", "seed")
+    """System fields the benchmark reads (the others get no flag and are refused when set): it measures fresh links."""
+    FLAG_ALIASES = {"role_model": "system.role_models", "role_models": "system.role_models",
+                    "rounds": "num_recursive_rounds"}
+    """The benchmark's other flag spellings (config/cli.py)."""
 
     system: SystemConfig = field(default_factory=lambda: SystemConfig(style="sequential_light", seed=0))
     """The system measured: style, base models (role_models also takes all=MODEL, e.g. all=tiny:mistral, for
@@ -109,7 +110,6 @@ class BackendBenchConfig:
         from recmas_ray.config.inputs import check_model_names
         from recmas_ray.config.inputs import check_cuda, check_ray_address
 
-        self.system.refuse_unused(self.HIDDEN_FLAGS)
         check_role_models("--role_model", self.system.role_models, self.system.style, extra=("all",))
         check_model_names("--role_model", self.system.role_models)
         if self.system.device == "cuda":
@@ -225,8 +225,7 @@ def bench(args: BackendBenchConfig) -> int:
 
 
 def main(argv=None) -> int:
-    return run_job(bench, BackendBenchConfig, argv, prog="python -m jobs.bench.backend", description=__doc__,
-                   aliases={"rounds": "num_recursive_rounds"})
+    return run_job(bench, BackendBenchConfig, argv, prog="python -m jobs.bench.backend", description=__doc__)
 
 
 if __name__ == "__main__":

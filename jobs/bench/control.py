@@ -5,7 +5,9 @@ calls, the orchestrator's threads, routing and the object store, not models. Wri
     python -m jobs.bench.control                          # ~1 min: 48 batches at 16 in flight, R = 3
     PYTHONPATH=/path/to/other/checkout python -m jobs.bench.control --output_path out/before   # another version
 
-Agent calls counted from the agents' own call logs; calls/s = calls / wall time of the batches.
+Agent calls counted from the agents' own call logs; calls/s = calls / wall time of the batches. Also the
+router's acquire + release pairs per second (one per batch, one router for all replicas). `measure` runs on
+an existing Ray connection (jobs/bench/scale.py calls it on its simulated cluster).
 """
 
 from __future__ import annotations
@@ -19,6 +21,11 @@ from typing import Annotated
 
 from recmas_ray.config.checks import Range, WritableDir
 from recmas_ray.config.cli import run_job
+
+
+ROUTER_WAVE = 64
+"""Acquires sent to the router at once (its actor's concurrency), so its capacity is timed, not round trips."""
+ROUTER_WAVES = 20
 
 
 @dataclass(kw_only=True)
@@ -36,10 +43,15 @@ class ControlBenchConfig:
     repeats: Annotated[int, Range(1, 100)] = 3
     """Repetitions (the median is reported)."""
     timeout_s: Annotated[float, Range(0, 86400, lo_open=True)] = 600.0
+    """Timeout of every wait, in seconds."""
     output_path: Annotated[str, WritableDir()] = "out/bench_control"
+    """Where control.json goes."""
 
 
-def bench(cfg: ControlBenchConfig) -> int:
+def measure(cfg: ControlBenchConfig) -> dict:
+    """The figures on the Ray cluster this process is connected to: agent calls/s through one replica's
+    orchestrator (zero-cost agents, `cfg.in_flight` batches in flight), and the router's acquire + release
+    pairs/s (one router serves every replica)."""
     import statistics
 
     import ray
@@ -47,14 +59,15 @@ def bench(cfg: ControlBenchConfig) -> int:
     from recmas_ray.config.placement import PlacementConfig
     from recmas_ray.config.recursion import DecodeConfig, RecursionConfig
     from recmas_ray.distributed.replicas import build_replicas
+    from recmas_ray.distributed.orchestrator import start_router
     from recmas_ray.system.plan import simulated_plan
 
-    ray.init(num_cpus=8, include_dashboard=False, log_to_driver=False)
     plan = simulated_plan("sequential_light", "sim:hidden=256,step_ms=0,token_ms=0,tokens=1,prefill_ms=0")
     rc = RecursionConfig(method="recursive_mas", num_recursive_rounds=cfg.rounds, latent_steps=4,
                          decode=DecodeConfig(max_new_tokens=1))
-    reps = build_replicas(plan, PlacementConfig(preset="cpu", cpus_per_agent=0.1, agent_max_restarts=0),
-                          timeout_s=cfg.timeout_s)
+    reps = build_replicas(plan, PlacementConfig(preset="cpu", cpus_per_agent=0.1, agent_max_restarts=0,
+                                                num_replicas=1, ready_timeout_s=cfg.timeout_s),
+                          timeout_s=cfg.timeout_s, max_batches=cfg.in_flight)
     runs = []
     try:
         batches = [([f"q{k}.{i}" for i in range(cfg.batch_size)], ["math"] * cfg.batch_size)
@@ -65,19 +78,49 @@ def bench(cfg: ControlBenchConfig) -> int:
             t0 = time.perf_counter()
             reps.solve_all(batches, rc, in_flight_per_replica=cfg.in_flight)
             wall = time.perf_counter() - t0
-            calls = sum(len(v) for log in reps.call_logs() for v in log.values())
+            logs = reps.call_logs()
+            calls = sum(len(v) for log in logs for v in log.values())
+            # time each agent spent inside its calls (host work: resolving input refs, storing messages): an
+            # agent near 1 caps the rate; all well below 1 puts the cap in the orchestrator and Ray's calls
+            busy = {name: round(sum(c["t1"] - c["t0"] for c in v) / wall, 3) for log in logs for name, v in log.items()}
             runs.append({"seconds": wall, "agent_calls": calls, "calls_per_s": calls / wall,
-                         "loadavg_1m": os.getloadavg()[0]})
+                         "agent_busy": busy, "ms_per_call_in_agent": round(
+                             1000 * sum(c["t1"] - c["t0"] for log in logs for v in log.values() for c in v) / calls, 3),
+                         "loadavg_1m": os.getloadavg()[0], "cpu_count": os.cpu_count()})
     finally:
         reps.shutdown()
+    router = start_router(1, timeout_s=cfg.timeout_s)
+    try:
+        wave = ROUTER_WAVE
+        t0 = time.perf_counter()
+        for _ in range(ROUTER_WAVES):  # `wave` clients' acquires at once, then their releases
+            leases = ray.get([router.acquire.remote(1.0) for _ in range(wave)], timeout=cfg.timeout_s)
+            ray.get([router.release.remote(lease) for _, lease in leases], timeout=cfg.timeout_s)
+        router_pairs_per_s = ROUTER_WAVES * wave / (time.perf_counter() - t0)
+    finally:
+        ray.kill(router)
+    calls_per_s = statistics.median(r["calls_per_s"] for r in runs)
+    return {"config": {k: getattr(cfg, k) for k in cfg.__dataclass_fields__}, "runs": runs,
+            "median_calls_per_s": calls_per_s, "orchestrator_s_per_call": 1.0 / calls_per_s,
+            "router_pairs_per_s": router_pairs_per_s, "router_s_per_batch": 1.0 / router_pairs_per_s}
+
+
+def bench(cfg: ControlBenchConfig) -> int:
+    import ray
+
+    from recmas_ray.distributed.cluster import start_ray
+
+    start_ray(num_cpus=8, log_to_driver=False)  # (no dashboard) retries a start-up a busy machine delays
+    try:
+        report = measure(cfg)
+    finally:
         ray.shutdown()
-    report = {"config": {k: getattr(cfg, k) for k in cfg.__dataclass_fields__}, "runs": runs,
-              "median_calls_per_s": statistics.median(r["calls_per_s"] for r in runs)}
     os.makedirs(cfg.output_path, exist_ok=True)
     path = os.path.join(cfg.output_path, "control.json")
     with open(path, "w") as f:
         json.dump(report, f, indent=2)
-    print(f"{report['median_calls_per_s']:.1f} agent calls/s (median of {cfg.repeats}); wrote {path}")
+    print(f"{report['median_calls_per_s']:.1f} agent calls/s (median of {cfg.repeats}), router "
+          f"{report['router_pairs_per_s']:.1f} acquire+release/s; wrote {path}")
     return 0
 
 

@@ -102,10 +102,10 @@ def _fresh_outer(plan, device):
 class OuterBenchConfig:
     """What the outer-loop benchmark runs."""
 
-    HIDDEN_FLAGS = SystemConfig.hidden_except("style", "preset", "role_models")
-    """System fields the benchmark does not read (config/cli.py: no flag): every run seeds 0."""
-    FLAG_ALIASES = {"role_model": "system.role_models"}
-    """The benchmark's spelling of the per-role base models (config/cli.py)."""
+    SYSTEM_FIELDS = ("style", "preset", "role_models")
+    """System fields the benchmark reads (the others get no flag and are refused when set): every run seeds 0."""
+    FLAG_ALIASES = {"role_model": "system.role_models", "steps": "max_steps"}
+    """The benchmark's other flag spellings (config/cli.py)."""
 
     system: SystemConfig = field(default_factory=lambda: SystemConfig(style="sequential"))
     """The system trained: style and base models (preset, role_models)."""
@@ -142,7 +142,6 @@ class OuterBenchConfig:
         """The training runs' own checks (dataset, models, GPU), before the reference loads any model."""
         from recmas_ray.config.checks import check_tree
 
-        self.system.refuse_unused(self.HIDDEN_FLAGS)
         self.system.check_tables("--role_model")
         if self.num_microbatches > self.batch_size:
             raise ValueError(f"--num_microbatches {self.num_microbatches} exceeds --batch_size {self.batch_size}")
@@ -172,8 +171,7 @@ def bench(args: OuterBenchConfig) -> int:
 
 
 def main(argv=None) -> int:
-    return run_job(bench, OuterBenchConfig, argv, prog="python -m jobs.bench.outer", description=__doc__,
-                   aliases={"steps": "max_steps"})
+    return run_job(bench, OuterBenchConfig, argv, prog="python -m jobs.bench.outer", description=__doc__)
 
 
 if __name__ == "__main__":

@@ -1,26 +1,30 @@
-"""Scaling benchmark on the production path: Ray Data clients, router and grading over simulated agents.
+"""Scaling benchmark on the production path: Ray Data clients, router and grading over simulated agents,
+checked against a discrete-event model of the same cost table.
 
-Agents are cost-simulated (`sim:` models, recmas_ray/models/sim.py) inside the SAME agent actors,
-pools, orchestrators, router, transport, Ray Data clients and grader as real models: each latent step,
-generated token and prompt prefill waits a time proportional to the role's parameters (the paper's
-light or mixture system by default, `paper_sim_models`), and messages have the real size
+Agents are cost-simulated (`sim:` models, recmas_ray/models/sim.py) inside the SAME agent actors, pools,
+orchestrators, router, transport, Ray Data clients and grader as real models: each call's simulated device
+time comes from the role's cost table (prefill per row-token, latent steps and decoded tokens with a
+batch-size term, rows leaving at their EOS; the paper's light or mixture system, `paper_sim_models`),
+the agent sleeps it and logs it apart from the call's host time; messages have the real size
 [B, m, hidden]. So two CPU cores host dozens of agents on a simulated cluster of fake GPUs.
 
-Figures (targets in brackets), read in the steady state (`steady_window`: fill and drain left
-out; the same figures over the whole active window are reported beside them):
-  balance      the same GPU count (--gpus) as whole-system replicas only vs per-role pools sized
-               from each role's cost (one replica): per-role busy fraction (its copies' mean),
-               throughput, throughput per GPU, for each R in --balance_rounds
-               [lowest role busy ~0.3 -> >= 0.7; throughput per GPU >= 1.8x]
-  weak         whole-system replicas 1 .. max(--replicas), --num_batches per replica: efficiency =
-               throughput / (replicas x one replica's) [>= 0.9 at 4 and 8]
-  ray_call     Ray's cost per agent call passing a message on (a chain of zero-cost rollouts) at 0 B
-               (an empty call), 32 KiB and 1 MiB, fp32 and bf16, and its ratio to the empty call
-               [<= 5 ms at 1 MiB on an idle machine]
-  real models  tiny random-weight models, 1 vs 2 replicas: identical predictions
+Figures (targets in brackets), read in the steady state (`scale_model.steady_window`):
+  control      zero-cost agents: agent calls/s one orchestrator sustains, router acquire+release/s
+               (jobs/bench/control.py `measure`, on the same cluster)
+  balance      the same GPUs (--gpus) as whole-system replicas vs one replica of per-role pools sized from
+               the roles' mean device time per batch, for each R in --balance_rounds: throughput per GPU
+               [pools >= 1.6x at R = 3], each role's busy fraction by device time [>= 0.75], and the model
+               (jobs/bench/scale_model.py) of the same run [Ray within 3%], devices only and with the
+               measured host costs, plus its long-run figures
+  dilation     the balance of --dilation_rounds again with every cost x --dilation: the same ratios within
+               2%, else the run is host-bound (flagged in the JSON and the summary)
+  projection   the model, with the measured control-plane costs, at --project_gpus GPUs of these pools:
+               throughput, efficiency, what saturates
+  ray_call     (--ray_call) Ray's cost per agent call passing a message on, 0 B / 32 KiB / 1 MiB
+  real models  (--real) tiny random-weight models, 1 vs 2 replicas: identical predictions
 
   python -m jobs.bench.scale                        # simulated 2-node cluster, 24 fake GPUs
-  python -m jobs.bench.scale --quick                # fewer batches, replicas 1 and 4
+  python -m jobs.bench.scale --quick                # fewer batches, R = 1 only, no dilation
   python -m jobs.bench.scale --address HOST:PORT    # on a running cluster (its own GPUs) instead
 
 Writes <output_path>/bench_scale.json and bench_scale.png; the machine's load average is recorded.
@@ -37,11 +41,13 @@ import time
 from dataclasses import dataclass, field
 from typing import Annotated
 
-from jobs.bench.scale_costs import call_costs, plot, real_models
+from jobs.bench.scale_costs import call_costs, plot, real_models, targets
+from jobs.bench.scale_model import dilation_check, expected_role_ms, model_run, project, rel, summarize
 from recmas_ray.config.checks import NonEmpty, OneOf, Range, WritableDir
 from recmas_ray.config.cli import run_job
 from recmas_ray.config.recursion import MAX_LATENT_STEPS, MAX_ROUNDS
 from recmas_ray.config.tree import save_config
+from recmas_ray.models.sim import EOS_SPREAD, ROW_SHARE
 
 SYSTEMS = ("light", "mixture")
 PAPER_ROLES = {"light": ("planner", "critic", "solver"), "mixture": ("math", "code", "science", "summarizer")}
@@ -55,44 +61,59 @@ class ScaleBenchConfig:
     """Paper system whose per-role costs are simulated: light (sequential) or mixture."""
     gpus: Annotated[int, Range(1, 1024)] = 18
     """GPUs (one per agent actor) of the balance comparison, the same for both layouts (18: six light
-    systems, or one pool of 3 / 2 / 13 copies, the whole-GPU split closest to the roles' costs)."""
+    systems, or one pool of 3 / 2 / 13 copies at R = 1, 5 / 3 / 10 at R = 3)."""
     balance_rounds: Annotated[list[int], Range(1, MAX_ROUNDS), NonEmpty()] = field(default_factory=lambda: [1, 3])
     """R of the balance comparison."""
-    replicas: Annotated[list[int], Range(1, 64), NonEmpty()] = field(default_factory=lambda: [1, 4, 8])
-    """Whole-system replica counts of the weak-scaling series."""
-    weak_rounds: Annotated[int, Range(1, MAX_ROUNDS)] = 3
-    """R of the weak-scaling series."""
+    dilation: Annotated[float, Range(0, 100, lo_open=True)] = 0.5
+    """The dilation check runs the balance of `dilation_rounds` again with every cost x this (0.5: the run's
+    costs x k against x k / 2, i.e. k' and 2k' with k' = k / 2, at half a run's time)."""
+    dilation_rounds: Annotated[list[int], Range(1, MAX_ROUNDS)] = field(default_factory=lambda: [3])
+    """R of the dilation check (empty: none)."""
+    dilation_tolerance: Annotated[float, Range(0, 1)] = 0.02
+    """Largest relative change of a ratio under dilation before the run counts as host-bound."""
+    model_tolerance: Annotated[float, Range(0, 1)] = 0.03
+    """Largest relative difference of Ray's throughput from the model's (devices only) for a match."""
     num_batches: Annotated[int, Range(1, 100_000)] = 18
-    """Batches per run (balance: per whole-system replica's share of the GPUs; weak: per replica). The
-    steady-state window needs more than twice the batches in flight (auto: 6 per light replica), 18 gives
-    it a third of the run (`steady_window`)."""
+    """Batches per whole-system replica's share of the GPUs (18 x 6 = 108 at 18 GPUs). The steady window
+    needs more than twice the batches in flight (auto: 6 per light replica): 18 gives it a third of the run."""
+    model_batches_per_depth: Annotated[int, Range(3, 10_000)] = 30
+    """Batches per batch in flight of the model's long runs (the figures it gives beside Ray's) and of the
+    projection (4 at most there: the largest runs are big)."""
     batch_size: Annotated[int, Range(1, 4096)] = 4
     """Questions per batch."""
     num_clients: Annotated[int, Range(0, 1024)] = 0
-    """Ray Data clients (batches in flight): 0, the production default (auto: two per agent actor, the
-    same total for both layouts of the balance comparison); N: N per replica in the weak series and N
-    in all in the balance comparison (a small machine's memory: each client is a process)."""
+    """Batches in flight in all (0: the production default, two per agent actor, the same total for both
+    layouts); the model is given the depth the run shows."""
     latent_steps: Annotated[int, Range(0, MAX_LATENT_STEPS)] = 32
     """m."""
     tokens: Annotated[int, Range(1, 100_000)] = 256
-    """Tokens the decoder generates per batch (the paper's runs decode 256-1000)."""
-    ms_per_gparam: Annotated[float, Range(0, 10_000)] = 20.0
-    """Simulated ms per latent step or token per billion parameters. 20: the 1.54B solver takes 31 ms per
-    token, the pace of an eager Hugging Face decode step of a 1-2B model at a small batch on one GPU (bound
-    by kernel launches, not FLOPs); far below it the Ray Data clients, orchestrators and grading of a small
-    machine, not the simulated GPUs, set the pace, and the run measures the host instead of the balance."""
+    """Decode budget; each row stops at its EOS after [1 - eos_spread, 1] x this."""
+    ms_per_gparam: Annotated[float, Range(0, 10_000)] = 10.0
+    """Simulated ms per latent step or token per billion parameters at one row. 10: the 1.54B solver takes
+    15 ms per token, about an eager Hugging Face decode step of a 1-2B model on one GPU at a small batch
+    (launch-bound, not FLOPs); the dilation check says whether this machine's host keeps up."""
     prompt_tokens: Annotated[int, Range(0, 100_000)] = 200
-    """Prompt tokens prefilled on every call (20x faster per token than decoding)."""
+    """Prompt tokens per row prefilled on every call (models.sim.PREFILL_REF_ROWS prices them)."""
+    row_share: Annotated[float, Range(0, 100)] = ROW_SHARE
+    """Share of a step one more row adds (models.sim.ROW_SHARE)."""
+    eos_spread: Annotated[float, Range(0, 1)] = EOS_SPREAD
+    """Rows stop uniformly in [1 - eos_spread, 1] x tokens (models.sim.EOS_SPREAD)."""
+    project_gpus: Annotated[list[int], Range(1, 1_000_000)] = field(default_factory=lambda: [64, 256, 1024])
+    """GPU counts of the projection (empty: none)."""
+    control_batches: Annotated[int, Range(0, 100_000)] = 48
+    """Batches of the zero-cost control-plane measurement (0: skip it and the projection)."""
     nodes: Annotated[int, Range(1, 64)] = 2
     """Simulated nodes (ignored with address)."""
     gpus_per_node: Annotated[int, Range(0, 1024)] = 12
     """Fake GPUs per simulated node."""
     cpus_per_node: Annotated[int, Range(1, 1024)] = 16
     """Logical CPUs per simulated node (agents, orchestrators and clients mostly wait)."""
+    ray_call: bool = False
+    """Also time Ray's cost per agent call by message size."""
     call_chain: Annotated[int, Range(1, 100_000)] = 60
     """Zero-cost calls timed per ray_call figure."""
-    real: bool = True
-    """Check tiny real models on 1 vs 2 replicas (--no_real skips it)."""
+    real: bool = False
+    """Also check tiny real models on 1 vs 2 replicas."""
     address: str | None = None
     """Join this Ray cluster (HOST:PORT or auto) instead of simulating one."""
     timeout_s: Annotated[float, Range(0, 86400, lo_open=True)] = 600.0
@@ -102,8 +123,9 @@ class ScaleBenchConfig:
 
 
 def quick() -> ScaleBenchConfig:
-    """Fewer batches; weak scaling at 1 and 4 replicas; R = 1 only."""
-    return ScaleBenchConfig(replicas=[1, 4], balance_rounds=[1], num_batches=6, real=False)
+    """Fewer batches; R = 1 only; no dilation, projection to 64 GPUs."""
+    return ScaleBenchConfig(balance_rounds=[1], dilation_rounds=[], num_batches=12, control_batches=16,
+                            project_gpus=[64])
 
 
 def start_cluster(args):
@@ -157,49 +179,25 @@ def question_batches(n: int, size: int, tag: str) -> list:
             for k in range(n)]
 
 
-def busy_by_role(logs: dict, t0: float, t1: float) -> dict:
-    """Each role's busy time in [t0, t1] / (t1 - t0), averaged over its copies (call logs ROLE, ROLE#K)."""
-    wall, per = max(t1 - t0, 1e-9), {}
-    for name, calls in logs.items():
-        busy = sum(max(0.0, min(c["t1"], t1) - max(c["t0"], t0)) for c in calls) / wall
-        per.setdefault(name.split("#")[0], []).append(busy)
-    return {role: sum(v) / len(v) for role, v in per.items()}
+def sim_params(plan) -> dict:
+    from recmas_ray.models.sim import parse_sim_name
 
-
-def steady_window(decodes: list[tuple[float, float]], entries: list[float]) -> tuple[float, float, float]:
-    """(t_a, t_b, batches done in [t_a, t_b]) in the steady state, given each batch's decode (its last call)
-    and each batch's first call (`entries`).
-
-    A run starts with a burst: the D batches in flight enter at once (D: those that entered before the first
-    one finished) and queue at the first roles. The window opens when the D-th batch finishes, so every
-    batch still in flight entered one at a time, as finished ones made room; it closes when the last batch
-    enters, after which the upstream roles run dry and the pipeline drains (or at the last decode end if
-    no batch waited). It holds N - 2D completions: a run needs N > 2D batches (3D gives a window of D).
-    Batches done count each decode by the share of it inside the window: whole systems started together
-    finish in bunches, and counting only whole completions would make the rate depend on where a bunch
-    falls at the window's edges. Without a window (N <= 2D) the whole active run is used."""
-    ends = sorted(t1 for _, t1 in decodes)
-    depth = sum(1 for t in entries if t < ends[0])
-    t_a, t_b = ends[max(depth, 1) - 1], max(entries)
-    if t_b - t_a <= 0:
-        t_a, t_b = min(t0 for t0, _ in decodes), ends[-1]
-    done = sum(max(0.0, min(t1, t_b) - max(t0, t_a)) / max(t1 - t0, 1e-9) for t0, t1 in decodes)
-    return t_a, t_b, done
+    return {r: parse_sim_name(m) for r, m in plan.role_models.items()}
 
 
 def eval_run(replicas, n_replicas: int, n_batches: int, rounds: int, args, tag: str, clients: int = 0) -> dict:
     """`n_batches` through the production evaluation stream (Ray Data clients, router, grading) on the
     first `n_replicas` replicas, `clients` batches in flight per replica (0: the production default).
 
-    Throughput and busy fractions are read from the agents' own call logs in the steady state
-    (`steady_window`: fill and drain left out); `*_active_window` figures span the
-    first call's start to the last call's end, fill and drain included; `wall_s` adds Ray Data's start
-    of the client actors.
-    """
+    Read from the agents' own call logs by `scale_model.summarize` (steady window; busy by device and by
+    host time); `depth` is the batches that entered before the first one finished (what the model is given);
+    `agent_host_s_per_call` the mean of each call's span minus its device time; `wall_s` adds Ray Data's
+    start of the client actors."""
     import ray
 
+    from recmas_ray.distributed.orchestrator import start_router
+    from recmas_ray.distributed.replicas import RayReplicas
     from recmas_ray.eval.config import StreamConfig
-    from recmas_ray.distributed.replicas import RayReplicas, start_router
     from recmas_ray.eval.stream import stream_samples
 
     view = RayReplicas(replicas.plan, replicas.systems[:n_replicas], start_router(n_replicas, timeout_s=args.timeout_s),
@@ -213,91 +211,96 @@ def eval_run(replicas, n_replicas: int, n_batches: int, rounds: int, args, tag: 
     logs = view.call_logs()
     ray.kill(view.router)
     calls = [c for log in logs for cs in log.values() for c in cs]
-    done = [(c["t0"], c["t1"]) for c in calls if c["method"] == "decode"]
+    decodes = [c for c in calls if c["method"] == "decode"]
     entries = {}  # batch k's first call (its prompt names "question k.0:")
     for c in calls:
         m = re.search(r" question (\d+)\.0:", c["first_user"])
         if m:
             entries[m.group(1)] = min(entries.get(m.group(1), c["t0"]), c["t0"])
     errors = sum(1 for r in records if r.get("error"))
-    if errors or len(records) != n_batches * args.batch_size or len(done) != n_batches:
+    if errors or len(records) != n_batches * args.batch_size or len(decodes) != n_batches:
         raise RuntimeError(f"{tag}: {errors} errored samples, {len(records)} of {n_batches * args.batch_size} "
-                           f"returned, {len(done)} of {n_batches} decode calls logged")
-    a, b = min(c["t0"] for c in calls), max(c["t1"] for c in calls)
+                           f"returned, {len(decodes)} of {n_batches} decode calls logged")
     if len(entries) != n_batches:
         raise RuntimeError(f"{tag}: the call logs name {len(entries)} of {n_batches} batches")
-    sa, sb, n_steady = steady_window(done, list(entries.values()))
-
-    def role_busy(t_a, t_b):
-        busy = [busy_by_role(log, t_a, t_b) for log in logs]
-        return {r: sum(x[r] for x in busy) / len(busy) for r in busy[0]}
-
-    steady, whole = role_busy(sa, sb), role_busy(a, b)
-    return {"replicas": n_replicas, "rounds": rounds, "batches": n_batches, "active_s": b - a, "wall_s": wall,
-            "steady_s": sb - sa, "steady_batches": n_steady, "clients_per_replica": clients or "auto",
-            "throughput_batches_per_s": n_steady / (sb - sa), "busy_by_role": steady,
-            "min_role_busy": min(steady.values()),
-            "throughput_active_window": n_batches / (b - a), "busy_by_role_active_window": whole,
-            "min_role_busy_active_window": min(whole.values()), "graded": len(records)}
+    out = summarize(logs, list(entries.values()))
+    first_end = min(c["t1"] for c in decodes)
+    out.update({"replicas": n_replicas, "rounds": rounds, "batches": n_batches, "wall_s": wall,
+                "depth": sum(1 for t in entries.values() if t < first_end), "graded": len(records),
+                "agent_calls": len(calls),
+                "agent_host_s_per_call": sum(c["t1"] - c["t0"] - c["device_s"] for c in calls) / len(calls)})
+    return out
 
 
 def build(plan, copies: dict | None, n: int, args):
-    from recmas_ray.distributed.launch import start_agents
     from recmas_ray.config.placement import PlacementConfig
+    from recmas_ray.distributed.launch import start_agents
 
+    # agents start slowly on a loaded machine (each imports torch): their readiness waits the run's timeout
     placement = PlacementConfig(preset="one_gpu_per_agent", cpus_per_agent=0.05, num_replicas=n,
-                                agent_max_restarts=0, role_replicas=copies or {})
+                                agent_max_restarts=0, role_replicas=copies or {}, ready_timeout_s=args.timeout_s)
     return start_agents(plan, backend="ray", placement=placement, timeout_s=args.timeout_s, torch_threads=1)
 
 
-def balance(plan, rounds: int, args) -> dict:
-    """Whole-system replicas vs one replica of per-role pools, both on `args.gpus` GPUs."""
-    from recmas_ray.distributed.pools import copies_from_costs, role_costs
+def paper_plan(args, scale: float = 1.0):
+    from recmas_ray.models.sim import PAPER_STYLES, paper_sim_models
+    from recmas_ray.system.plan import simulated_plan
 
-    roles = list(plan.style.roles)
+    models = paper_sim_models(args.system, ms_per_gparam=args.ms_per_gparam * scale, tokens=args.tokens,
+                              prompt_tokens=args.prompt_tokens, row_share=args.row_share, eos_spread=args.eos_spread)
+    return simulated_plan(PAPER_STYLES[args.system], models)
+
+
+def balance(plan, rounds: int, args, control: dict | None) -> dict:
+    """Whole-system replicas vs one replica of per-role pools, both on `args.gpus` GPUs, each beside the
+    model of the same run (devices only; with the measured host costs) and the model's long run."""
+    from recmas_ray.distributed.pools import copies_from_costs
+
+    style, params = plan.style, sim_params(plan)
+    roles = list(style.roles)
     n_whole = args.gpus // len(roles)
-    costs = role_costs(plan.style, plan.role_models, rounds, args.latent_steps, args.tokens)
+    costs = expected_role_ms(style, params, rounds, args.latent_steps, args.tokens, args.batch_size)
     copies = copies_from_costs(costs, budget=n_whole * len(roles))
-    out = {"rounds": rounds, "role_costs_ms": costs, "pool_copies": copies, "gpus": n_whole * len(roles),
+    out = {"rounds": rounds, "role_device_ms_per_batch": costs, "pool_copies": copies, "gpus": n_whole * len(roles),
            # the best any layout can do: every GPU busy, vs whole systems paced by their slowest role
            "ideal_per_gpu_ratio": max(costs.values()) * len(roles) / sum(costs.values()),
            # ... and with these whole copies: the pool's slowest role (copies / cost) against the whole systems'
            "ideal_ratio_for_these_copies": min(copies[r] / costs[r] for r in roles) * max(costs.values()) / n_whole}
     n_batches = args.num_batches * n_whole
+    kw = dict(rounds=rounds, latent_steps=args.latent_steps, max_new_tokens=args.tokens, batch_size=args.batch_size)
     for name, cps, n in (("whole_system", None, n_whole), ("per_role_pools", copies, 1)):
+        layout = [cps or {r: 1 for r in roles}] * n
         reps = build(plan, cps, n, args)
-        # the same batches in flight in all: auto gives 2 per agent actor either way; N is the total
-        clients = max(1, args.num_clients // n) if args.num_clients else 0
+        clients = max(1, args.num_clients // n) if args.num_clients else 0  # the same in flight in both
         try:
             run = eval_run(reps, n, n_batches, rounds, args, f"{name}-{rounds}", clients)
         finally:
             reps.shutdown()
+        depth = max(1, round(run["depth"] / n))
+        model = model_run(style, params, layout, num_batches=n_batches, depth=depth, **kw)
+        host = dict(agent_host_s_per_call=run["agent_host_s_per_call"],
+                    orchestrator_s_per_call=(control or {}).get("orchestrator_s_per_call", 0.0),
+                    router_s_per_batch=(control or {}).get("router_s_per_batch", 0.0))
+        with_host = model_run(style, params, layout, num_batches=n_batches, depth=depth, **kw, **host)
+        long = model_run(style, params, layout, num_batches=args.model_batches_per_depth * depth * n, depth=depth,
+                         **kw)
+        ready = model_run(style, params, layout, num_batches=args.model_batches_per_depth * depth * n, depth=depth,
+                          route_when="ready", **kw)
+        keep = ("throughput_batches_per_s", "busy_by_role", "min_role_busy", "steady_s")
+        run["model"] = {k: model[k] for k in keep}
+        run["model_with_host_costs"] = {k: with_host[k] for k in keep}
+        run["model_long_run"] = {k: long[k] for k in keep}
+        run["model_long_run_routed_when_ready"] = {k: ready[k] for k in keep}
+        run["ray_vs_model"] = rel(run["throughput_batches_per_s"], model["throughput_batches_per_s"])
+        run["ray_vs_model_with_host_costs"] = rel(run["throughput_batches_per_s"], with_host["throughput_batches_per_s"])
         run["throughput_per_gpu"] = run["throughput_batches_per_s"] / out["gpus"]
         out[name] = run
-        print(json.dumps({name: {k: v for k, v in run.items() if not k.startswith("busy_by_role")}}), flush=True)
-    out["per_gpu_ratio"] = out["per_role_pools"]["throughput_per_gpu"] / out["whole_system"]["throughput_per_gpu"]
-    out["per_gpu_ratio_active_window"] = (out["per_role_pools"]["throughput_active_window"]
-                                          / out["whole_system"]["throughput_active_window"])
+        print(json.dumps({name: {k: v for k, v in run.items() if not isinstance(v, dict)}}), flush=True)
+    w, p = out["whole_system"], out["per_role_pools"]
+    out["per_gpu_ratio"] = p["throughput_batches_per_s"] / w["throughput_batches_per_s"]
+    for key in ("model", "model_long_run", "model_long_run_routed_when_ready"):
+        out[f"{key}_per_gpu_ratio"] = p[key]["throughput_batches_per_s"] / w[key]["throughput_batches_per_s"]
     return out
-
-
-def weak(plan, args) -> list[dict]:
-    """Whole-system replicas, `num_batches` per replica: efficiency vs one replica."""
-    counts = sorted(set(args.replicas))
-    reps = build(plan, None, max(counts), args)
-    rows = []
-    try:
-        for n in counts:
-            rows.append(eval_run(reps, n, args.num_batches * n, args.weak_rounds, args, f"weak{n}", args.num_clients))
-            print(json.dumps({k: v for k, v in rows[-1].items() if not k.startswith("busy_by_role")}), flush=True)
-    finally:
-        reps.shutdown()
-    base = rows[0]["throughput_batches_per_s"] / rows[0]["replicas"]
-    for row in rows:
-        row["efficiency"] = row["throughput_batches_per_s"] / (row["replicas"] * base)
-        row["efficiency_active_window"] = row["throughput_active_window"] / (
-            row["replicas"] * rows[0]["throughput_active_window"] / rows[0]["replicas"])
-    return rows
 
 
 def bench(args: ScaleBenchConfig) -> int:
@@ -310,23 +313,19 @@ def bench(args: ScaleBenchConfig) -> int:
         raise ValueError(f"--gpus {args.gpus}: the {args.system} system needs at least {len(PAPER_ROLES[args.system])}")
     import ray
 
-    from recmas_ray.models.sim import PAPER_STYLES, paper_sim_models
-    from recmas_ray.system.plan import simulated_plan
+    from jobs.bench.control import ControlBenchConfig, measure
 
     save_config(args, args.output_path)
     t_start = time.perf_counter()
     load_before = list(os.getloadavg())
     cluster = start_cluster(args)
-    models = paper_sim_models(args.system, ms_per_gparam=args.ms_per_gparam, tokens=args.tokens,
-                              prompt_tokens=args.prompt_tokens)
-    plan = simulated_plan(PAPER_STYLES[args.system], models)
-    report = {"system": args.system, "style": plan.style_name, "models": models, "tokens": args.tokens,
+    plan = paper_plan(args)
+    report = {"system": args.system, "style": plan.style_name, "models": plan.role_models, "tokens": args.tokens,
               "latent_steps": args.latent_steps, "batch_size": args.batch_size, "num_batches": args.num_batches,
-              "weak_rounds": args.weak_rounds, "num_clients": args.num_clients or "auto",
-              "cluster": ray.cluster_resources(), "balance": [],
+              "ms_per_gparam": args.ms_per_gparam, "num_clients": args.num_clients or "auto",
+              "cluster": ray.cluster_resources(), "balance": [], "dilation": [], "control": None,
               "machine": {"platform": platform.platform(), "cpu_count": os.cpu_count(),
-                          "loadavg_1_5_15_before": load_before, "ray": ray.__version__}}
-    report["weak"], report["ray_call"], report["errors"] = [], {}, {}
+                          "loadavg_1_5_15_before": load_before, "ray": ray.__version__}, "errors": {}}
 
     def series(name, fn):  # a series that fails (a loaded machine's start-up timeout) is recorded, not fatal
         try:
@@ -337,47 +336,52 @@ def bench(args: ScaleBenchConfig) -> int:
             return None
 
     try:
-        for r in args.balance_rounds:
-            row = series(f"balance_R{r}", lambda: balance(plan, r, args))
-            if row:
-                report["balance"].append(row)
-        report["weak"] = series("weak", lambda: weak(plan, args)) or []
-        report["ray_call"] = series("ray_call", lambda: call_costs(args)) or {}
+        if args.control_batches:
+            report["control"] = series("control", lambda: measure(ControlBenchConfig(
+                num_batches=args.control_batches, in_flight=min(16, args.control_batches), repeats=1,
+                timeout_s=args.timeout_s)))
+        by_rounds = {}
+        for r in sorted(set(args.balance_rounds) | set(args.dilation_rounds)):
+            by_rounds[r] = series(f"balance_R{r}", lambda: balance(plan, r, args, report["control"]))
+            if by_rounds[r] and r in args.balance_rounds:
+                report["balance"].append(by_rounds[r])
+        for r in args.dilation_rounds:
+            dilated = series(f"dilation_R{r}", lambda: balance(paper_plan(args, args.dilation), r, args,
+                                                               report["control"]))
+            if dilated and by_rounds.get(r):
+                report["dilation"].append({**dilation_check(by_rounds[r], dilated, args.dilation,
+                                                            args.dilation_tolerance), "dilated_run": dilated})
+        if args.ray_call:
+            report["ray_call"] = series("ray_call", lambda: call_costs(args)) or {}
         if args.real:
             report["real_models"] = series("real_models", lambda: real_models(args))
     finally:
         ray.shutdown()
         if cluster is not None:
             cluster.shutdown()
+    if report["control"] and report["balance"] and args.project_gpus:
+        b = report["balance"][-1]
+        pools = b["per_role_pools"]
+        report["projection"] = {"rounds": b["rounds"], **project(
+            plan.style, sim_params(plan), b["pool_copies"], args.project_gpus,
+            depth=max(1, pools["depth"]), batches_per_depth=min(4, args.model_batches_per_depth),
+            orchestrator_s_per_call=report["control"]["orchestrator_s_per_call"],
+            router_s_per_batch=report["control"]["router_s_per_batch"],
+            agent_host_s_per_call=pools["agent_host_s_per_call"], rounds=b["rounds"],
+            latent_steps=args.latent_steps, max_new_tokens=args.tokens, batch_size=args.batch_size)}
     report["machine"]["loadavg_1_5_15_after"] = list(os.getloadavg())
-    weak_eff = {x["replicas"]: x["efficiency"] for x in report["weak"]}
-    calls = report["ray_call"]
-    report["targets"] = {
-        "balance": {f"R{b['rounds']}": {
-            "min_role_busy_whole_system": b["whole_system"]["min_role_busy"],
-            "min_role_busy_per_role_pools": b["per_role_pools"]["min_role_busy"], "target_min_busy_pools": 0.7,
-            "throughput_per_gpu_ratio": b["per_gpu_ratio"], "target_ratio": 1.8,
-            "throughput_per_gpu_ratio_active_window": b["per_gpu_ratio_active_window"],
-            "min_role_busy_per_role_pools_active_window": b["per_role_pools"]["min_role_busy_active_window"],
-            "ideal_ratio_for_these_costs": b["ideal_per_gpu_ratio"],
-            "ideal_ratio_for_these_copies": b["ideal_ratio_for_these_copies"]} for b in report["balance"]},
-        "weak_efficiency": {n: weak_eff[n] for n in (4, 8) if n in weak_eff}, "target_weak_efficiency": 0.9,
-        "weak_efficiency_active_window": {x["replicas"]: x["efficiency_active_window"] for x in report["weak"]
-                                          if x["replicas"] in (4, 8)},
-        "ray_call_ms": {d: {k: v["ms_per_call"] for k, v in calls[d].items()} for d in calls},
-        "ray_call_ratio_to_empty_at_1MiB": {d: calls[d]["1MiB"]["ratio_to_empty_call"] for d in calls},
-        "failed_series": sorted(report["errors"]),
-        "target_ray_call_ms_at_1MiB": 5.0,
-        "real_models_same_predictions": (report.get("real_models") or {}).get("same_predictions"),
-        "loadavg_1min_before_after": [load_before[0], report["machine"]["loadavg_1_5_15_after"][0]]}
+    report["targets"] = targets(report, args)
     report["seconds"] = time.perf_counter() - t_start
     path = os.path.join(args.output_path, "bench_scale.json")
     with open(path, "w") as f:
         json.dump(report, f, indent=2)
-    if report["balance"] and report["weak"]:
+    if report["balance"]:
         plot(report, os.path.join(args.output_path, "bench_scale.png"))
     print(json.dumps(report["targets"], indent=2))
-    print(f"wrote {path}" + (" and bench_scale.png" if report["balance"] and report["weak"] else ""))
+    if report["targets"]["host_bound"]:
+        print("HOST-BOUND: the ratios change under cost dilation by more than "
+              f"{args.dilation_tolerance:.0%}; the model's figures stand beside the run's", flush=True)
+    print(f"wrote {path}" + (" and bench_scale.png" if report["balance"] else ""))
     return 1 if report["errors"] else 0
 
 

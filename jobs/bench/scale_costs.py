@@ -1,6 +1,6 @@
 """Side measurements of `jobs/bench/scale.py`: Ray's cost per agent call by message size (`call_costs`) and
-the real-model check that 1 and 2 replicas give the same predictions (`real_models`); the report's figure
-(`plot`)."""
+the real-model check that 1 and 2 replicas give the same predictions (`real_models`); the report's targets
+summary (`targets`) and figure (`plot`)."""
 
 from __future__ import annotations
 
@@ -87,11 +87,46 @@ def real_models(args) -> dict:
             "num_batches": len(qs), "seconds": time.perf_counter() - t0}
 
 
+def targets(report: dict, args) -> dict:
+    """The figures against their targets (also printed)."""
+    out = {"balance": {}, "model_tolerance": args.model_tolerance, "target_pools_ratio_at_R3": 1.6,
+           "target_min_role_busy": 0.75}
+    for b in report["balance"]:
+        p, w = b["per_role_pools"], b["whole_system"]
+        out["balance"][f"R{b['rounds']}"] = {
+            "per_gpu_ratio": b["per_gpu_ratio"], "model_per_gpu_ratio": b["model_per_gpu_ratio"],
+            "model_long_run_per_gpu_ratio": b["model_long_run_per_gpu_ratio"],
+            "model_long_run_routed_when_ready_per_gpu_ratio": b["model_long_run_routed_when_ready_per_gpu_ratio"],
+            "ideal_ratio_for_these_copies": b["ideal_ratio_for_these_copies"],
+            "pools_min_role_busy_device": p["min_role_busy"], "pools_min_role_busy_host": p["min_role_host_busy"],
+            "model_long_run_pools_min_role_busy": p["model_long_run"]["min_role_busy"],
+            "ray_vs_model": {"whole_system": w["ray_vs_model"], "per_role_pools": p["ray_vs_model"]},
+            "ray_vs_model_with_host_costs": {"whole_system": w["ray_vs_model_with_host_costs"],
+                                             "per_role_pools": p["ray_vs_model_with_host_costs"]},
+            "model_match": max(abs(w["ray_vs_model"]), abs(p["ray_vs_model"])) <= args.model_tolerance}
+    out["dilation"] = {f"R{d['rounds']}": {"largest_change": d["largest_change"], "host_bound": d["host_bound"]}
+                       for d in report["dilation"]}
+    out["host_bound"] = any(d["host_bound"] for d in report["dilation"])
+    ctl = report.get("control") or {}
+    out["control_plane"] = {k: ctl.get(k) for k in ("median_calls_per_s", "router_pairs_per_s")}
+    proj = report.get("projection") or {}
+    out["projection"] = {r["gpus"]: {k: round(r[k]["efficiency"], 3) for k in ("orchestrator_per_replica",
+                                                                                  "one_orchestrator")}
+                         for r in proj.get("rows", [])}
+    out["saturates_at_gpus"] = proj.get("saturates_at_gpus")
+    out["failed_series"] = sorted(report["errors"])
+    out["loadavg_1min_before_after"] = [report["machine"]["loadavg_1_5_15_before"][0],
+                                        report["machine"]["loadavg_1_5_15_after"][0]]
+    return out
+
+
 def plot(report: dict, path: str) -> None:
+    """Busy by device time per role (Ray bars, model dots), pools / whole per GPU (Ray, model, ideal) and
+    the projection's efficiency by GPUs."""
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
 
-    fig = Figure(figsize=(13, 4))
+    fig = Figure(figsize=(14, 4))
     FigureCanvasAgg(fig)
     ax = fig.add_subplot(1, 3, 1)
     bal = report["balance"]
@@ -102,28 +137,36 @@ def plot(report: dict, path: str) -> None:
             xs = [i + (2 * j + k) * width for i in range(len(roles))]
             ax.bar(xs, [b[name]["busy_by_role"][r] for r in roles], width,
                    label=f"R={b['rounds']} {name.replace('_', ' ')}")
-    ax.axhline(0.7, color="grey", lw=0.8, ls=":")
+            ax.plot(xs, [b[name]["model"]["busy_by_role"][r] for r in roles], "k.", ms=4)
+    ax.axhline(0.75, color="grey", lw=0.8, ls=":")
     ax.set_xticks([i + 0.4 - width / 2 for i in range(len(roles))], roles)
-    ax.set_ylabel("busy fraction (steady state)")
+    ax.set_ylabel("device-time busy (steady state; dots: model)")
     ax.set_ylim(0, 1.05)
-    ax.set_title(f"{report['system']} system, {bal[0]['gpus']} GPUs, {report['tokens']} tokens")
+    ax.set_title(f"{report['system']} system, {bal[0]['gpus']} GPUs, load {report['machine']['loadavg_1_5_15_before'][0]:.1f}",
+                 fontsize=9)
     ax.legend(fontsize=7)
     ax = fig.add_subplot(1, 3, 2)
-    labels = [f"R={b['rounds']}" for b in bal]
-    for k, name in enumerate(("whole_system", "per_role_pools")):
-        ax.bar([i + k * 0.4 for i in range(len(bal))], [b[name]["throughput_per_gpu"] for b in bal], 0.4,
-               label=name.replace("_", " "))
-    ax.set_xticks([i + 0.2 for i in range(len(bal))], labels)
-    ax.set_ylabel("batches / s / GPU")
-    ax.set_title("per GPU: pools / whole " + ", ".join(
-        f"{b['per_gpu_ratio']:.2f} (ideal {b['ideal_ratio_for_these_copies']:.2f})" for b in bal), fontsize=9)
+    series = (("per_gpu_ratio", "Ray"), ("model_per_gpu_ratio", "model, same run"),
+              ("model_long_run_per_gpu_ratio", "model, long run"),
+              ("model_long_run_routed_when_ready_per_gpu_ratio", "model, routed when ready"),
+              ("ideal_ratio_for_these_copies", "ideal, these copies"))
+    w = 0.8 / len(series)
+    for k, (key, label) in enumerate(series):
+        ax.bar([i + k * w for i in range(len(bal))], [b[key] for b in bal], w, label=label)
+    ax.axhline(1.6, color="grey", lw=0.8, ls=":")
+    ax.set_xticks([i + 0.4 - w / 2 for i in range(len(bal))], [f"R={b['rounds']}" for b in bal])
+    ax.set_ylabel("pools / whole systems, throughput per GPU")
     ax.legend(fontsize=7)
     ax = fig.add_subplot(1, 3, 3)
-    ax.plot([x["replicas"] for x in report["weak"]], [x["efficiency"] for x in report["weak"]], marker="o")
-    ax.axhline(0.9, color="grey", lw=0.8, ls=":")
-    ax.set_xlabel("whole-system replicas")
-    ax.set_ylabel("weak-scaling efficiency")
-    ax.set_ylim(0, 1.1)
-    ax.set_title(f"R={report['weak_rounds']}, {report['num_batches']} batches per replica")
+    proj = report.get("projection") or {}
+    if proj.get("rows"):
+        for name in ("orchestrator_per_replica", "one_orchestrator"):
+            ax.plot([r["gpus"] for r in proj["rows"]], [r[name]["efficiency"] for r in proj["rows"]], marker="o",
+                    label=name.replace("_", " "))
+        ax.set_xscale("log", base=2)
+        ax.legend(fontsize=7)
+    ax.set_xlabel("GPUs (model, measured control-plane costs)")
+    ax.set_ylabel("efficiency vs replicas x one replica")
+    ax.set_ylim(0, 1.15)
     fig.tight_layout()
     fig.savefig(path, dpi=100)

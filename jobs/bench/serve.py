@@ -47,8 +47,9 @@ MAX_REQUESTS_PER_LEVEL = 2000
 class ServeBenchConfig:
     """What the serving benchmark runs."""
 
-    HIDDEN_FLAGS = SystemConfig.hidden_except("style", "preset", "role_models", "seed")
-    """System fields the benchmark does not pass on (config/cli.py: no flag): both servers get fresh links."""
+    SYSTEM_FIELDS = ("style", "preset", "role_models", "seed")
+    """System fields the benchmark passes on (the others get no flag and are refused when set); both servers
+    get fresh links."""
     FLAG_ALIASES = {"role_model": "system.role_models"}
     """The benchmark's spelling of the per-role base models (config/cli.py)."""
 
@@ -84,7 +85,6 @@ class ServeBenchConfig:
     """Where bench_serve.json, bench_serve.png and config.json go."""
 
     def validate(self) -> None:
-        self.system.refuse_unused(self.HIDDEN_FLAGS)
         self.system.check_tables("--role_model")
         bad = [c for c in self.clients if not isinstance(c, int) or isinstance(c, bool) or not 1 <= c <= MAX_CLIENTS]
         if not self.clients or bad:

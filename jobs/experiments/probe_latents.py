@@ -90,7 +90,7 @@ def run(cfg: ProbeLatentsConfig) -> int:
     from jobs.experiments.demo.flow import FlowRecorder
     from jobs.experiments.demo.pipeline import hidden_facts_of, link_plans, role_questions_of
     from jobs.experiments.demo.report import flow_table
-    from recmas_ray.eval.probe import TOKEN_CLASSES, question_facts
+    from jobs.experiments.probe import TOKEN_CLASSES, question_facts
     from recmas_ray.eval.stats import paired_by_key
     from recmas_ray.runner import run_batch
     from recmas_ray.config.recursion import DecodeConfig, RecursionConfig

@@ -30,6 +30,8 @@ flags) and the table to <out_dir>/summary.md. Recipes (`RECIPES`; --recipes pick
   rollout_r1      release_r1 with the first stage's latents from its m-step rollout, as inference sends them,
                   instead of hidden states over its gold text (non-reference; also rollout_bridge_r1,
                   rollout_bridge_value_r1, rollout_all_r1)
+  full_*_r1       every stage sends its m-step rollout, graph kept through the agents that receive latents;
+                  full_detached_* cuts each rollout step's fed-back inner(h) from the graph (non-reference)
 
 --style distillation runs the one-hop system (the Gemma-3-270M expert is told the fact, the SmolLM2-135M learner
 decodes): the value has to cross one link, where sequential_light's critic must carry it on through its own
@@ -64,6 +66,9 @@ NORM, BRIDGE, VALUE = {"latent_norm": "embedding"}, {"outer_init": "bridge"}, {"
 ROLLOUT = {"rollout_latent_steps": "m"}
 FULL = {"rollout_latent_steps": "m", "rollout_stages": "all"}
 """Every stage sends its rollout, graph kept through the agents that receive latents (non-reference)."""
+DETACHED = {"rollout_feedback": "detached"}
+"""With FULL: the rollouts' fed-back inner(h) cut from the graph (gradient through attention to the received
+latents only; non-reference)."""
 RECIPES: dict[str, dict] = {
     "demo_today": {"max_latent_tokens": 8, "num_recursive_rounds": 1, "lr": 1e-4, "warmup_steps": 1,
                    "warmup_from_zero": True},
@@ -86,6 +91,7 @@ RECIPES: dict[str, dict] = {
     "full_bridge_value_r1": {**R1, **FULL, **BRIDGE, **VALUE},
     "full_bridge_value_r1_lr3e-3": {**R1, **FULL, **BRIDGE, **VALUE, "lr": 3e-3},
     "full_bridge_value_r2": {**RELEASE, "lr": 1e-3, **FULL, **BRIDGE, **VALUE},
+    "full_detached_bridge_value_r1": {**R1, **FULL, **DETACHED, **BRIDGE, **VALUE},
 }
 """Recipe name -> OuterTrainConfig fields (on top of the sweep's steps, batch size and seed); "m" stands for
 the sweep's --latent_steps."""

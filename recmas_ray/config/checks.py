@@ -15,6 +15,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import os
+import types
 import typing
 from dataclasses import dataclass
 from pathlib import Path
@@ -39,20 +40,17 @@ class Range:
     hi_open: bool = False
 
     def describe(self, kind: str) -> str:
-        if self.hi is None:
-            return f"{kind} {'>' if self.lo_open else '>='} {self.lo}"
-        if self.lo is None:
-            return f"{kind} {'<' if self.hi_open else '<='} {self.hi}"
+        if self.hi is None or self.lo is None:
+            bound, op = (self.lo, ">" if self.lo_open else ">=") if self.hi is None else \
+                (self.hi, "<" if self.hi_open else "<=")
+            return f"{kind} {op} {bound}"
         return f"{kind} in {'(' if self.lo_open else '['}{self.lo}, {self.hi}{')' if self.hi_open else ']'}"
 
-    def ok(self, v: float) -> bool:
-        if isinstance(v, bool) or not isinstance(v, (int, float)):
+    def ok(self, v) -> bool:
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or (isinstance(v, float) and not math.isfinite(v)):
             return False
-        if isinstance(v, float) and not math.isfinite(v):
-            return False
-        if self.lo is not None and (v <= self.lo if self.lo_open else v < self.lo):
-            return False
-        return not (self.hi is not None and (v >= self.hi if self.hi_open else v > self.hi))
+        return (self.lo is None or (v > self.lo if self.lo_open else v >= self.lo)) and \
+            (self.hi is None or (v < self.hi if self.hi_open else v <= self.hi))
 
 
 @dataclass(frozen=True)
@@ -93,6 +91,19 @@ def split_annotated(tp) -> tuple[Any, tuple]:
         base, *extras = typing.get_args(tp)
         return base, tuple(extras)
     return tp, ()
+
+
+def unread_fields(cls) -> dict[str, Any]:
+    """Dotted path -> default of each `system` field a job config class does not read (all but its
+    `SYSTEM_FIELDS`): they get no flag, and `check_tree` refuses another value (it would be ignored)."""
+    used = getattr(cls, "SYSTEM_FIELDS", None)
+    if used is None:
+        return {}
+    fields = dataclasses.fields(split_annotated(field_hints(cls)["system"])[0])
+    unknown = sorted(set(used) - {f.name for f in fields})
+    assert not unknown, f"{cls.__name__}.SYSTEM_FIELDS names no field: {unknown}"
+    return {f"system.{f.name}": f.default if f.default_factory is dataclasses.MISSING else f.default_factory()
+            for f in fields if f.name not in used}
 
 
 def is_config(obj) -> bool:
@@ -158,6 +169,9 @@ def check_tree(cfg, flag_of: Callable[[str], str] = lambda path: "--" + path, pr
         _check_type(flag_of(path), value, base)
         for check in checks:
             _check_value(flag_of(path), value, base, check)
+    for path, default in unread_fields(type(cfg)).items():
+        if getattr(cfg.system, path.split(".")[1]) != default:
+            raise ConfigError(f"--{path}: not a setting of this job (it would be ignored); drop it")
     validate = getattr(cfg, "validate", None)
     if callable(validate):
         try:
@@ -170,67 +184,49 @@ def check_tree(cfg, flag_of: Callable[[str], str] = lambda path: "--" + path, pr
 
 def _check_type(flag: str, value, base) -> None:
     """Reject values of the wrong kind (a config file or a Python caller can bypass the CLI's parsing),
-    down to the items of lists and dicts."""
+    down to the items of lists and the keys and values of dicts."""
     args = typing.get_args(base)
     if value is None:
         if type(None) in args or base is Any:
             return
         raise ConfigTypeError(f"{flag} is required (got null)")
-    kinds = [a for a in args if a is not type(None)] if args and typing.get_origin(base) in (typing.Union,
-                                                                                              _union_type()) else [base]
-    for k in kinds:
-        if _is_kind(value, k):
-            _check_items(flag, value, k)
-            return
-    names = " or ".join(_kind_name(k) for k in kinds)
-    raise ConfigTypeError(f"{flag} {_short(value)}: expected {names}")
+    union = args and typing.get_origin(base) in (typing.Union, types.UnionType)
+    kinds = [a for a in args if a is not type(None)] if union else [base]
+    kind = next((k for k in kinds if _is_kind(value, k)), None)
+    if kind is None:
+        raise ConfigTypeError(f"{flag} {_short(value)}: expected {' or '.join(map(_kind_name, kinds))}")
+    origin, item = typing.get_origin(kind), typing.get_args(kind)
+    if origin in (list, tuple) and item:
+        items = [(f"item {i} ", v, item[0]) for i, v in enumerate(value)]
+    elif origin is dict and len(item) == 2:
+        items = [(f"{key}=", v, item[1]) for key, v in value.items()] if all(
+            _is_kind(key, item[0]) for key in value) else [("key ", key, item[0]) for key in value]
+    else:
+        items = []
+    for label, v, k in items:
+        if not _is_kind(v, k):
+            raise ConfigTypeError(f"{flag} {label}{_short(v)}: expected {_kind_name(k)}")
 
 
 def _is_kind(value, k) -> bool:
     origin = typing.get_origin(k) or k
     if origin is typing.Literal or k is Any:
         return True
-    if origin is float:
-        return isinstance(value, (int, float)) and not isinstance(value, bool)
-    if origin is int:
-        return isinstance(value, int) and not isinstance(value, bool)
+    if origin in (int, float):
+        return isinstance(value, (int, float) if origin is float else int) and not isinstance(value, bool)
     return isinstance(origin, type) and isinstance(value, origin)
 
 
-def _check_items(flag: str, value, k) -> None:
-    """Items of a list / tuple and keys and values of a dict against the annotation's item types."""
-    origin, item_args = typing.get_origin(k), typing.get_args(k)
-    if origin in (list, tuple) and item_args:
-        item = item_args[0]
-        for i, v in enumerate(value):
-            if not _is_kind(v, item):
-                raise ConfigTypeError(f"{flag} item {i} {_short(v)}: expected {_kind_name(item)}")
-    elif origin is dict and len(item_args) == 2:
-        key_kind, value_kind = item_args
-        for key, v in value.items():
-            if not _is_kind(key, key_kind):
-                raise ConfigTypeError(f"{flag} key {_short(key)}: expected {_kind_name(key_kind)}")
-            if not _is_kind(v, value_kind):
-                raise ConfigTypeError(f"{flag} {key}={_short(v)}: expected {_kind_name(value_kind)}")
-
-
 def _kind_name(k) -> str:
-    origin = typing.get_origin(k)
+    origin, args = typing.get_origin(k), typing.get_args(k)
     if origin in (list, tuple, dict):
-        return f"a {origin.__name__} of " + ", ".join(_kind_name(a) for a in typing.get_args(k)) \
-            if typing.get_args(k) else f"a {origin.__name__}"
+        return f"a {origin.__name__}" + (" of " + ", ".join(map(_kind_name, args)) if args else "")
     return {int: "an integer", float: "a number", str: "a string", bool: "true or false"}.get(
         k, getattr(k, "__name__", str(k)))
 
 
 def _short(value, limit: int = 60) -> str:
     """repr of a value cut to `limit` characters (a bad value may be huge)."""
-    text = repr(value) if not isinstance(value, (list, dict)) or len(value) < 20 else \
-        f"<{type(value).__name__} of {len(value)} items>"
+    text = f"<{type(value).__name__} of {len(value)} items>" if isinstance(value, (list, dict)) and len(value) >= 20 \
+        else repr(value)
     return text if len(text) <= limit else text[:limit] + "..."
-
-
-def _union_type():
-    import types
-
-    return types.UnionType

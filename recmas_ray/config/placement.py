@@ -48,6 +48,12 @@ class PlacementConfig:
     failing at once. Unset: detected from the Ray cluster."""
     placement_timeout_s: Annotated[float, Range(0, 7 * 86400, lo_open=True)] = 1800.0
     """With autoscaling: seconds to wait for each replica's placement group, progress every 30 s."""
+    gpu_memory_gib: Annotated[float | None, Range(0, 1 << 20, lo_open=True)] = None
+    """Memory of one GPU for the memory plan (`--dry_run`, and the check before agents load); unset: read from
+    the GPUs (torch on this machine, else a short probe per GPU node)."""
+    plan_prompt_tokens: Annotated[int, Range(1, 10_000_000)] = 1024
+    """Prompt tokens per question (template + question) the memory plan reserves KV for, besides the latent
+    positions and the decode budget."""
     agent_max_restarts: Annotated[int, Range(-1, 10_000)] = 2
     """Restarts of a crashed agent actor (it reloads its model; idempotent calls are retried); -1
     no limit, 0 fail fast. Ray Direct Transport agents never restart (their latents live in them)."""

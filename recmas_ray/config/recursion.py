@@ -62,7 +62,13 @@ class RecursionConfig:
     latent_ablation: Annotated[str, OneOf(LATENT_ABLATIONS)] = "none"
     """recursive_mas only, a diagnostic: none, shuffle (each question receives the latents of the next
     question in its batch, a cyclic shift) or zero (every received latent block is zeros)."""
-
+    adaptive_threshold: Annotated[float | None, Range(0, None)] = None
+    """recursive_mas only: stop a question's recursion early once its decoder's latent input stops changing
+    (None: off, every question runs all R rounds). Before the decoder's step of round r (2 <= r < R) the change
+    is ||x_r - x_{r-1}|| / ||x_{r-1}||, the relative L2 distance of the question's latent blocks on the edges
+    into the decoder in rounds r and r-1 (all blocks of the question flattened into one fp32 vector); below the
+    threshold the decoder decodes from round r's blocks, exactly as a fixed R = r run would, and the question
+    reports r rounds. 0 runs the checks but never stops (the fixed-R outputs)."""
 
 
 @dataclass(kw_only=True)

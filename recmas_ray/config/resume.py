@@ -13,7 +13,7 @@ from pathlib import Path
 TRAIN_RESUME_FREE = frozenset({
     "resume", "progress", "verbose", "log_every", "max_failures", "num_to_keep", "stop_at_step", "save_every",
     "fit_timeout_s", "cpus_per_worker", "gpus_per_worker", "eval_every", "verify_frozen", "profile_memory",
-    "storage_path", "save_dir", "mas_role", "explicit_settings", "track"})
+    "storage_path", "save_dir", "mas_role", "track"})
 """Training settings a resumed run may change: bookkeeping, resources and where things go, never what the
 weights become (seed, lr, data, schedule, models, ... must match)."""
 
@@ -35,6 +35,7 @@ def settings_diff(old: dict, new: dict, prefix: str = "", ignore=frozenset()) ->
 def check_training_resume(cfg, folder: str | Path, flag: str = "--resume") -> None:
     """Refuse `--resume` into `folder` when the config.json saved there by the earlier run differs from `cfg`
     in any field that changes the trained weights; silently fine when there is no earlier run."""
+    from recmas_ray.config.checks import unread_fields
     from recmas_ray.config.tree import to_dict
 
     saved = Path(folder) / "config.json"
@@ -47,7 +48,7 @@ def check_training_resume(cfg, folder: str | Path, flag: str = "--resume") -> No
                          "resumed: restore it, or start afresh without --resume") from None
     if not isinstance(old, dict):
         raise ValueError(f"{flag}: {saved} holds a {type(old).__name__}, not the earlier run's settings")
-    hidden = getattr(cfg, "HIDDEN_FLAGS", ())
+    hidden = unread_fields(type(cfg))
     old, new = _system_lifted(old, hidden), _system_lifted(to_dict(cfg), hidden)
     ignore = set(TRAIN_RESUME_FREE)
     if (old.get("num_train_epochs") or 0) > 0 and old.get("num_train_epochs") == new.get("num_train_epochs"):
@@ -60,13 +61,10 @@ def check_training_resume(cfg, folder: str | Path, flag: str = "--resume") -> No
 
 def _system_lifted(settings: dict, hidden=()) -> dict:
     """`settings` with the fields of its `system` section at the top, named as their flags are (`seed`, not
-    `system.seed`), less the ones the job does not use (`hidden`); a config.json saved before the section
-    existed (flat, `role_model`) reads the same way, so such a run still resumes."""
+    `system.seed`), less the ones the job does not use (`hidden`)."""
     out = dict(settings)
     section = out.pop("system", None)
     out.update(section if isinstance(section, dict) else {})
-    if "role_model" in out and "role_models" not in out:
-        out["role_models"] = out.pop("role_model")
     for path in hidden:
         out.pop(path.removeprefix("system."), None)
     return out

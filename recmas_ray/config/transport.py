@@ -55,6 +55,13 @@ class Transport:
                              f"orchestrator rewrites the latents, and --transport {self.name} keeps them inside "
                              "the agents)")
 
+    def check_adaptive_rounds(self, adaptive_threshold: float | None) -> None:
+        """Refuse adaptive rounds on a direct transport (before any model loads): the stop check reads each
+        message a second time and cuts rows out of it, and a direct transport hands a message out once."""
+        if adaptive_threshold is not None and self.direct:
+            raise ValueError(f"adaptive_threshold {adaptive_threshold:g} needs --transport {OBJECT_STORE.name} (the "
+                             f"stop check reads each message twice; --transport {self.name} hands it out once)")
+
     def check_placement(self, placement, roles, *, device: str = "auto") -> None:
         """Refuse placements this transport cannot carry (before any model loads). A GPU transport moves CUDA
         tensors between distinct GPUs: every agent needs at least one whole GPU of its own (NCCL cannot have

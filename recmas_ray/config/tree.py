@@ -18,12 +18,6 @@ def _nested_type(tp):
     return base if isinstance(base, type) and dataclasses.is_dataclass(base) else None
 
 
-def _get_path(cfg, path: str):
-    for part in path.split("."):
-        cfg = getattr(cfg, part)
-    return cfg
-
-
 def to_dict(cfg) -> dict:
     """A config tree as plain JSON-able data."""
     return json.loads(json.dumps(dataclasses.asdict(cfg), default=str))
@@ -33,29 +27,23 @@ def from_dict(cls, data: dict, *, base=None, where: str = "config"):
     """Build `cls` from nested data over `base` (or the class defaults); unknown keys are errors."""
     if not isinstance(data, dict):
         raise ConfigError(f"{where}: expected a mapping of settings, got {type(data).__name__}")
-    hints = field_hints(cls)
-    names = {f.name for f in dataclasses.fields(cls) if f.init}
-    unknown = sorted(set(data) - names)
+    hints, fields = field_hints(cls), [f for f in dataclasses.fields(cls) if f.init]
+    unknown = sorted(set(data) - {f.name for f in fields})
     if unknown:
-        raise ConfigError(f"{where}: unknown setting(s) {unknown}; expected some of {sorted(names)}")
-    values = {}
-    for name in names:
-        current = getattr(base, name) if base is not None else dataclasses.MISSING
-        nested = _nested_type(hints[name])
+        raise ConfigError(f"{where}: unknown setting(s) {unknown}; expected some of {sorted(f.name for f in fields)}")
+    values, missing = {}, []
+    for f in fields:
+        nested = _nested_type(hints[f.name])
         if nested is not None:
-            sub = data.get(name, {})
-            values[name] = from_dict(nested, sub, base=current if current is not dataclasses.MISSING else None,
-                                     where=f"{where}.{name}")
-        elif name in data:
-            values[name] = data[name]
-        elif current is not dataclasses.MISSING:
-            values[name] = current
-    required = {f.name for f in dataclasses.fields(cls) if f.init and f.default is dataclasses.MISSING
-                and f.default_factory is dataclasses.MISSING}
-    missing = sorted(required - set(values))
+            values[f.name] = from_dict(nested, data.get(f.name, {}), base=getattr(base, f.name, None),
+                                       where=f"{where}.{f.name}")
+        elif f.name in data or base is not None:
+            values[f.name] = data[f.name] if f.name in data else getattr(base, f.name)
+        elif f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING:
+            missing.append(f.name)
     if missing:
-        raise ConfigError(f"{where}: missing required setting(s) {missing}; give them as flags "
-                          f"({', '.join('--' + m for m in missing)}) or in --config")
+        raise ConfigError(f"{where}: missing required setting(s) {sorted(missing)}; give them as flags "
+                          f"({', '.join('--' + m for m in sorted(missing))}) or in --config")
     try:
         return cls(**values)
     except TypeError as e:
@@ -73,14 +61,6 @@ def load_config_file(path: str) -> dict:
         raise ConfigError(f"--config {path!r} holds a {type(data).__name__}; expected a mapping of settings "
                           "(setting: value, nested by section)")
     return data
-
-
-def _has_path(values: dict, path: str) -> bool:
-    for part in path.split("."):
-        if not isinstance(values, dict) or part not in values:
-            return False
-        values = values[part]
-    return True
 
 
 def _set_path(values: dict, path: str, value) -> None:

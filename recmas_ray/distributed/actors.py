@@ -115,14 +115,17 @@ class _AgentActorImpl:
         if self._exit_after is not None and len(self._log) >= self._exit_after:
             os._exit(1)  # test hook: die like a killed process, mid-run
         t0 = time.time()
+        device0 = getattr(self.service.agent, "device_s_total", None)  # simulated agents count device time
         try:
             return fn()
         finally:
             self._log.append({"method": method, "first_user": users[0] if users else "", "slots": list(slot_names),
-                              "batch_size": len(users), "t0": t0, "t1": time.time()})
+                              "batch_size": len(users), "t0": t0, "t1": time.time(),
+                              "device_s": None if device0 is None else self.service.agent.device_s_total - device0})
 
     def call_log(self, clear: bool = False) -> list[dict]:
-        """This actor's calls: method, first prompt, slot names, start and end (time.time())."""
+        """This actor's calls: method, first prompt, slot names, start and end (time.time()), and the simulated
+        device time (`device_s`, simulated agents only: the rest of t1 - t0 is host time)."""
         out = list(self._log)
         if clear:
             self._log.clear()
@@ -186,6 +189,14 @@ class _AgentActorImpl:
         """Mean NLL of target texts after the prompts, or continuations' log p (see `AgentService.score`)."""
         return self.service.score(users, slot_names, targets, *[resolve_message(x) for x in latents],
                                   continuation=continuation)
+
+    def select_rows(self, positions, block):
+        """Rows of a latent message, stored like a rollout's messages (adaptive rounds, `AgentService.select_rows`)."""
+        return ray.put(to_wire(self.service.select_rows(resolve_message(block), positions)))
+
+    def latent_change(self, old_positions, num_blocks, *blocks):
+        """Per question, the relative change of its latent input between two rounds (`AgentService.latent_change`)."""
+        return self.service.latent_change(old_positions, num_blocks, *[resolve_message(x) for x in blocks])
 
     def set_links(self, *links):
         """Swap this agent's links without reloading its model (see `AgentService.set_links`)."""
@@ -320,6 +331,19 @@ class RayPool:
         k, handle = self._route(role, work)
         return self._track(role, k, work, handle.retry_format.remote(texts, suffixes, max_new_tokens, *latents,
                                                                      cfg=cfg, **kw))
+
+    def select_rows(self, role, handle, positions):
+        """Rows `positions` of a message, cut on a copy of the role that will read them (adaptive rounds)."""
+        work = len(positions)
+        k, copy = self._route(role, work)
+        return self._track(role, k, work, copy.select_rows.remote(list(positions), handle))
+
+    def latent_change(self, role, old_positions, old_handles, new_handles):
+        """Per-question change of the role's latent input between two rounds, computed on a copy of the role."""
+        work = len(old_positions)
+        k, copy = self._route(role, work)
+        return self._track(role, k, work, copy.latent_change.remote(list(old_positions), len(old_handles),
+                                                                    *old_handles, *new_handles))
 
     def set_links(self, role, inner_state, outer_states):
         """Swap the role's links in every copy, the models staying loaded (see `AgentService.set_links`);

@@ -57,6 +57,7 @@ class _OrchestratorImpl:
               **run_options):
         """One batch through `run_batch` (`run_options`: its keyword options, e.g. on_token, targets)."""
         self.transport.check_ablation(cfg.latent_ablation)  # Python callers skip EvalConfig
+        self.transport.check_adaptive_rounds(cfg.adaptive_threshold)
         pool = RayPool(self.groups, timeout_s=self.timeout_s,
                        context=f", batch {batch_id}" if batch_id else "", transport=self.transport)
         key = batch_id or pool.key_prefix

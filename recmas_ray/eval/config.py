@@ -52,13 +52,15 @@ class StreamConfig:
 class EvalConfig:
     """One evaluation run (saved, resolved, next to its results)."""
 
-    HIDDEN_FLAGS = SystemConfig.hidden_except("style", "preset", "role_models", "ckpt_override",
-                                              "allow_base_model_mismatch", "allow_style_mismatch", "prompt_set",
-                                              "device", "dtype",
-                                              "message_dtype", "seed")
-    """System fields an evaluation does not read (config/cli.py: no flag)."""
-    FLAG_ALIASES = {"models": "system.role_models", "role_model": "system.role_models"}
-    """jobs.run's spellings of the per-role base models (config/cli.py); errors name --models."""
+    SYSTEM_FIELDS = ("style", "preset", "role_models", "ckpt_override",
+                     "allow_base_model_mismatch", "allow_style_mismatch", "prompt_set",
+                     "device", "dtype",
+                     "message_dtype", "seed")
+    """System fields an evaluation reads (the others get no flag and are refused when set)."""
+    FLAG_ALIASES = {"models": "system.role_models", "role_model": "system.role_models", "method": "methods",
+                    "placement": "placement.preset", "latent_length": "latent_steps",
+                    "max_inflight_batches": "stream.num_clients", "python_timeout": "tools.python_timeout_s"}
+    """Other spellings of jobs.run's flags: the release's names and this project's earlier ones."""
 
     system: SystemConfig
     """Which system runs: style, base models, links, prompt set, device, dtypes, seed (of fresh links and of
@@ -97,12 +99,9 @@ class EvalConfig:
     grader: Annotated[str, OneOf(GRADERS)] = "strict"
     """Headline grader: strict (math-verify) or reference (the release's lenient rules); both are recorded."""
     protocol: Annotated[str, OneOf(PROTOCOLS)] = "greedy"
-    """greedy: every setting as configured (greedy decoding by default); reference: the release's sampling,
-    token budgets, m and R per style and benchmark, 3 runs (AIME: 10, pass@10) and the reference grader,
-    for every setting not given explicitly (recorded in the results)."""
-    explicit_settings: list[str] = field(default_factory=list)
-    """Dotted settings the user gave (flags, --config file), which the protocol never changes; jobs.run
-    fills it (Python callers list what they set themselves)."""
+    """greedy: every setting as configured (greedy decoding by default); reference: start from the release's
+    sampling, token budgets, m and R per style and benchmark, 3 runs (AIME: 10, pass@10) and the reference
+    grader (`eval.protocol.reference`), flags and --config win; results record where each came from."""
     output_path: Annotated[str, WritableDir()] = "out"
     """Directory for samples_*.jsonl, results_*.json and config.json."""
     track: TrackingConfig = field(default_factory=TrackingConfig)
@@ -115,6 +114,10 @@ class EvalConfig:
     the run goes on and the job exits 1."""
     plot: bool = False
     """Write accuracy, tokens and seconds vs rounds as a PNG."""
+    dry_run: bool = False
+    """Print the memory plan (per GPU: which roles and copies go there, their weight and KV bytes at this batch
+    size and these lengths, from the models' configs) and exit without loading a model or writing a file; a plan
+    that does not fit the GPUs is refused (exit status 2), as every GPU run does before its agents load."""
     timeout_s: Annotated[float, Range(0, 7 * 86400, lo_open=True)] = 900.0
     """Timeout of every wait on Ray, in seconds."""
     torch_threads: Annotated[int, Range(0, 1024)] = 0
@@ -146,7 +149,6 @@ class EvalConfig:
     def validate(self) -> None:
         """Rules across fields and files (run before any model loads)."""
         system = self.system
-        system.refuse_unused(self.HIDDEN_FLAGS)
         style = get_style(system.style)
         local = os.path.splitext(self.dataset)[1].lower() in (".json", ".jsonl", ".csv", ".parquet")
         if local:
@@ -176,6 +178,7 @@ class EvalConfig:
         transport.check_placement(self.placement, style.roles, device=system.device)
         transport.check_backend(self.backend)
         transport.check_ablation(self.recursion.latent_ablation)
+        transport.check_adaptive_rounds(self.recursion.adaptive_threshold)
         # what this machine has comes after what the configuration says of itself: a GPU plan that is wrong
         # anywhere is reported as such, not as a missing GPU
         self.placement.check_gpus_visible(self.backend)

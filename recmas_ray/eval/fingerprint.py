@@ -42,6 +42,8 @@ def run_fingerprint(cfg: EvalConfig, manifest: dict, extra: dict | None = None) 
     rec = dataclasses.asdict(cfg.recursion)
     rec.pop("method", None)  # set per method by the driver; `methods` below covers it
     rec.get("decode", {}).pop("seed", None)  # set from `seed`
+    if rec.get("adaptive_threshold") is None:  # off: samples written before the option existed still resume
+        rec.pop("adaptive_threshold", None)
     fp = {"style": cfg.system.style, "models": {r: v["base_model"] for r, v in manifest["roles"].items()},
           "links": manifest.get("sources", {}), "link_sha256": manifest.get("link_sha256", {}),
           "methods": list(cfg.methods), "recursion": rec, "grader": cfg.grader, "format_retry": cfg.format_retry,

@@ -57,9 +57,10 @@ class QuestionProgress:
     def enabled(self) -> bool:
         return not self.bar.disable
 
-    def batch(self, key: str, names: Iterable[Hashable]):
-        """Register a batch's rows; returns the `on_token` for its final decode (None with the bar off)."""
-        if not self.enabled:
+    def batch(self, key: str, names: Iterable[Hashable], *, stream: bool = True):
+        """Register a batch's rows; returns the `on_token` for its final decode (None with the bar off, or
+        `stream=False`: a run that takes no `on_token`, whose questions count when results arrive)."""
+        if not self.enabled or not stream:
             return None
         with self._lock:
             self._rows[key] = list(names)

@@ -5,10 +5,11 @@
                           benchmark), several sampled runs aggregated as mean and spread, and the
                           benchmark's headline metric (AIME: pass@10)
 
-Resolution: `resolve(cfg)` fills each setting the protocol names unless the user set it explicitly
-(`EvalConfig.explicit_settings`, filled by `jobs.run` from the flags and the --config file); an
-explicit value wins. `Resolution.record()` goes into every results file, with both the explicit and
-the protocol value of every setting the protocol names.
+A protocol is a recipe: `reference(style, dataset)` returns the `EvalConfig` the release would run, and
+`jobs.run --protocol reference` starts from it, then applies the --config file and the flags over it (the
+user's values win). Where a setting came from is the difference between the recipe and the final config:
+`resolution(cfg)` names, for every setting the protocol sets, the protocol's value and the run's, and goes
+into every results file.
 
 Facts and where they come from ([Apr], [Jun]: the two public releases, docs/reproducing.md#sources):
 - sampling T=0.6, top_p=0.95, top_k unset (the model's generation config), retry on: [Apr] run.py
@@ -148,14 +149,21 @@ def reference_settings(style: str, benchmark: str) -> dict[str, tuple[Any, str]]
     return out
 
 
-def greedy_settings(style: str, benchmark: str) -> dict[str, tuple[Any, str]]:
-    """The greedy protocol sets nothing: every setting as configured (the defaults decode greedily)."""
-    return {}
+def reference(style: str, dataset: str):
+    """The `EvalConfig` the release runs for `style` on `dataset`: the recipe `--protocol reference` starts from
+    (Python callers change the returned config before running it)."""
+    from recmas_ray.eval.config import EvalConfig
+    from recmas_ray.system.config import SystemConfig
+
+    cfg = EvalConfig(system=SystemConfig(style=style), dataset=dataset, protocol="reference")
+    for path, (value, _) in reference_settings(style, benchmark_key(dataset)).items():
+        cfg = _replace(cfg, path, value)
+    return cfg
 
 
 @dataclass
 class Resolution:
-    """What a protocol set, and what the user kept."""
+    """What a protocol sets, and whether the run kept it."""
 
     protocol: str
     """Protocol name."""
@@ -164,7 +172,8 @@ class Resolution:
     style: str
     """Style name the tables were read for."""
     settings: dict[str, dict] = field(default_factory=dict)
-    """Dotted path -> {value, source ("protocol" or "explicit"), protocol_value, explicit_value, cite}."""
+    """Dotted path -> {value, source ("protocol", or "explicit" where the run differs), protocol_value,
+    explicit_value (where it differs), cite}."""
     metric: str = "accuracy"
     """Headline metric name (accuracy, pass@10, ...)."""
     aggregation: str = "mean and std over runs (rollout r decodes with seed + r)"
@@ -195,17 +204,15 @@ def benchmark_key(dataset: str) -> str:
     return canonical_name(dataset)
 
 
-def resolve(cfg) -> tuple[Any, Resolution]:
-    """(config with the protocol's settings filled in, what was resolved); explicit settings win."""
+def resolution(cfg) -> Resolution:
+    """Where each setting of the protocol came from: the recipe's value, or the run's own where they differ
+    (greedy sets nothing)."""
     bench = benchmark_key(cfg.dataset)
-    table = reference_settings if cfg.protocol == "reference" else greedy_settings
-    explicit = set(cfg.explicit_settings)
     res = Resolution(protocol=cfg.protocol, benchmark=bench, style=cfg.system.style, metric=headline_metric(bench))
-    for path, (value, cite) in table(cfg.system.style, bench).items():
-        if path in explicit:
-            res.settings[path] = {"value": _get(cfg, path), "source": "explicit", "protocol_value": value,
-                                  "explicit_value": _get(cfg, path), "cite": cite}
-            continue
-        cfg = _replace(cfg, path, value)
-        res.settings[path] = {"value": value, "source": "protocol", "protocol_value": value, "cite": cite}
-    return cfg, res
+    table = reference_settings(cfg.system.style, bench) if cfg.protocol == "reference" else {}
+    for path, (value, cite) in table.items():
+        mine = _get(cfg, path)
+        res.settings[path] = {"value": mine, "source": "protocol", "protocol_value": value, "cite": cite}
+        if mine != value:
+            res.settings[path] |= {"source": "explicit", "explicit_value": mine}
+    return res

@@ -32,7 +32,7 @@ __all__ = ["summarize", "write_results", "read_results", "split_metadata", "mark
 BASELINE = "recursive_textmas"
 HIGHER_IS_BETTER = {"accuracy": True, "tokens_per_sample": False, "latent_steps_per_sample": False,
                     "seconds_per_sample": False, "latency_s": False, "parse_failure_rate": False,
-                    "retry_rate": False,
+                    "retry_rate": False, "rounds_per_sample": False,
                     "throughput_samples_per_s": True}
 # ----------------------------------------------------------------------------- summaries
 
@@ -109,6 +109,7 @@ def summarize(samples: Iterable[Mapping[str, Any]], *,
     extras = {
         "tokens_per_sample": [_tokens(s) for s in samples],
         "latent_steps_per_sample": [_latent_steps(s) for s in samples],
+        "rounds_per_sample": [s.get("rounds") for s in samples],
         "latency_s": [s.get("latency_s", s.get("seconds")) for s in samples],
         "parse_failure_rate": [float(bool(s["parse_failed"])) if "parse_failed" in s else None
                                for s in samples],

@@ -1,7 +1,7 @@
 """An evaluation run behind `jobs/run.py`: questions in, graded samples and lm-eval-style results out.
 
 Order of work, so that bad input fails before any model loads:
-  0. resolve --protocol (it fills the settings the user did not give, see `eval/protocol.py`)
+  0. record where the --protocol settings came from (the recipe or the run, see `eval/protocol.py`)
   1. load and validate the questions (named benchmark or local file)
   2. plan the system (model names, dims, links, prompt set; checks every --ckpt_override); code
      questions get their interface line (`question_with_interface`)
@@ -36,7 +36,7 @@ from recmas_ray.config.recursion import RecursionConfig
 from recmas_ray.eval.benchmarks import load_benchmark
 from recmas_ray.eval.fingerprint import (bench_name, check_fingerprint, fingerprint_path, link_hashes,
                                          resolved_runtime, run_fingerprint, verify_resume)
-from recmas_ray.eval.protocol import Resolution, metric_k, resolve
+from recmas_ray.eval.protocol import Resolution, metric_k, resolution as protocol_resolution
 from recmas_ray.eval.plots import plot_vs_rounds
 from recmas_ray.eval.progress import QuestionProgress
 from recmas_ray.eval.results import machine_load, markdown_table, read_results, summarize, write_results
@@ -110,6 +110,12 @@ class BatchRunner:
 
             # agent actors of one replica: every role, plus the extra copies named (auto copies come later)
             num_actors = len(plan.style.roles) + sum(n - 1 for n in cfg.placement.role_replicas.values())
+            if cfg.backend == "ray" and cfg.placement.wants_gpus():  # a plan that cannot fit stops before loading
+                from recmas_ray.distributed.cluster import init_ray
+                from recmas_ray.distributed.memory import check_memory
+
+                init_ray()
+                check_memory(plan, cfg.placement, **memory_args(cfg, plan))
             agents = start_agents(plan, backend=cfg.backend, placement=cfg.placement, timeout_s=cfg.timeout_s,
                                   torch_threads=cfg.torch_threads, transport=cfg.transport,
                                   client_cpus=planned_client_cpus(cfg.stream, num_actors),
@@ -125,7 +131,8 @@ class BatchRunner:
         for batch, rollout in batches:
             key = stream.batch_key(method, rollout, batch)
             names = [sample_key({"method": method, "doc_id": i["doc_id"], "rollout": rollout}) for i in batch]
-            sinks[key] = counter.batch(key, names) if counter is not None else None
+            streams = cfg.recursion.adaptive_threshold is None  # adaptive rounds take no on_token
+            sinks[key] = counter.batch(key, names, stream=streams) if counter is not None else None
         if self.system is not None:
             from recmas_ray.eval.stream import stream_samples
 
@@ -169,15 +176,10 @@ class BatchRunner:
             self.system.shutdown()
 
 
-def evaluate(cfg: EvalConfig, *, progress: bool = True, system=None) -> dict:
-    """Run every method on the same samples; returns {"results": ..., "samples_path", "results_path"}.
-
-    `system`: a running `RaySystem` built from the same plan, reused (and left running) instead of
-    starting new agents, e.g. across the runs of a sweep.
-    """
+def prepare(cfg: EvalConfig) -> tuple[EvalConfig, Resolution, list[dict], object]:
+    """The checked config with its protocol resolved, the questions and the system plan (no model loaded)."""
     check_tree(cfg)
-    cfg, resolution = resolve(cfg)
-    check_tree(cfg)
+    resolution = protocol_resolution(cfg)
     items = load_benchmark(cfg.dataset, path=cfg.dataset_path, num_samples=cfg.num_samples, seed=cfg.system.seed,
                            json_field=cfg.dataset_json_field)
     from recmas_ray.system.provenance import require_known_links
@@ -187,6 +189,36 @@ def evaluate(cfg: EvalConfig, *, progress: bool = True, system=None) -> dict:
                        ckpt_override=overrides)
     # links well-formed (plan_system read them), no model loaded yet: refuse those of unknown origin here
     require_known_links(overrides, allow_unknown=cfg.allow_unknown_links)
+    return cfg, resolution, items, plan
+
+
+def memory_args(cfg: EvalConfig, plan) -> dict:
+    """The memory plan's load of this run: its batch size, and the batches an agent may take at once."""
+    from recmas_ray.eval.stream import planned_depth
+
+    num_actors = len(plan.style.roles) + sum(n - 1 for n in cfg.placement.role_replicas.values())
+    return {"recursion": cfg.recursion, "batch_size": cfg.batch_size,
+            "calls_at_once": planned_depth(cfg.stream, num_actors)}
+
+
+def dry_run(cfg: EvalConfig, echo=print) -> int:
+    """`--dry_run`: print the memory plan of this run and stop (no model, no file, no agent)."""
+    from recmas_ray.distributed.cluster import init_ray
+    from recmas_ray.distributed.memory import dry_run as print_plan
+
+    cfg, _, _, plan = prepare(cfg)
+    if cfg.backend == "ray" and cfg.placement.wants_gpus():
+        init_ray()  # the cluster's GPUs (a private local cluster: this machine's)
+    return print_plan(plan, cfg.placement, echo=echo, **memory_args(cfg, plan))
+
+
+def evaluate(cfg: EvalConfig, *, progress: bool = True, system=None) -> dict:
+    """Run every method on the same samples; returns {"results": ..., "samples_path", "results_path"}.
+
+    `system`: a running `RaySystem` built from the same plan, reused (and left running) instead of
+    starting new agents, e.g. across the runs of a sweep.
+    """
+    cfg, resolution, items, plan = prepare(cfg)
     for warning in run_warnings(cfg, plan):
         current().warn(warning)
     items = [{**i, "question": question_with_interface(plan.style, i["question"], i.get("interface"))}
@@ -249,11 +281,8 @@ def evaluate_all(cfg: EvalConfig, *, progress: bool | None = None) -> list[dict]
     progress = cfg.progress if progress is None else progress
     if not cfg.sweep_rounds:
         return [evaluate(cfg, progress=progress)]
-    # The sweep sets R itself: the protocol must not replace it.
-    explicit = sorted(set(cfg.explicit_settings) | {"recursion.num_recursive_rounds"})
     outs = [evaluate(dataclasses.replace(cfg, recursion=dataclasses.replace(cfg.recursion, num_recursive_rounds=r),
-                                         sweep_rounds=[], plot=False, output_path=os.path.join(cfg.output_path, f"R{r}"),
-                                         explicit_settings=explicit),
+                                         sweep_rounds=[], plot=False, output_path=os.path.join(cfg.output_path, f"R{r}")),
                      progress=progress) for r in cfg.sweep_rounds]
     if cfg.plot:
         outs[-1]["plot_path"] = str(plot_results(cfg.output_path, bench_name(cfg), cfg.system.style))
@@ -276,7 +305,7 @@ def headline(metrics: dict, metric: str, grader: str) -> dict:
 def finish(cfg: EvalConfig, samples_file: Path, plan, wall: dict, start: float,
            resolution: Resolution | None = None) -> dict:
     """Summarise the samples file per method, write results JSON (+ plot), print the table."""
-    resolution = resolution or resolve(cfg)[1]
+    resolution = resolution or protocol_resolution(cfg)
     k = metric_k(resolution.metric)
     all_samples = [with_verdicts(s) for s in read_samples(samples_file)]
     results, num_errored = {}, 0

@@ -108,13 +108,15 @@ def sample_record(item: dict, method: str, rollout: int, res: SampleResult, grad
     """One line of samples_<benchmark>_<time>.jsonl (`replica`: the system replica that ran it)."""
     g = grade(item["task_type"], item, res.prediction, mode=grader)
     rec = {"doc_id": item["doc_id"], "method": method, "rollout": rollout, "benchmark": item.get("benchmark"),
-           "rounds": rc.num_recursive_rounds, "question": item["question"], "gold": item["gold"],
+           "rounds": rc.num_recursive_rounds if res.num_rounds is None else res.num_rounds, "question": item["question"], "gold": item["gold"],
            "prediction": res.prediction, "extracted": g.extracted, "correct": g.correct,
            "parse_failed": g.parse_failed, "grade_detail": g.detail, "tokens": res.num_text_tokens,
            "latent_steps": res.num_latent_steps, "latency_s": res.seconds, "retry_used": retry is not None,
            "trace": res.trace, "replica": replica}
     if retry is not None:
         rec["retry"] = retry
+    if res.round_changes:  # adaptive rounds: the latent change at each check (rounds 2, 3, ...)
+        rec["round_changes"] = res.round_changes
     return rec
 
 
@@ -213,7 +215,7 @@ class EvalClient:
         try:
             def solve(qs, ts, rc):
                 stream = {}
-                if self.progress is not None:
+                if self.progress is not None and rc.adaptive_threshold is None:  # adaptive rounds do not stream
                     from recmas_ray.decoding import RowsStopped
                     from recmas_ray.distributed.progress import RelayReport
 

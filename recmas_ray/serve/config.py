@@ -22,13 +22,13 @@ from recmas_ray.system.config import SystemConfig
 class ServeConfig:
     """One served system: `POST /v1/chat/completions` and `GET /v1/models` on Ray Serve."""
 
-    HIDDEN_FLAGS = SystemConfig.hidden_except("style", "preset", "role_models", "ckpt_override", "links",
-                                              "allow_base_model_mismatch", "allow_style_mismatch", "device", "dtype",
-                                              "seed")
-    """System fields a served system does not read (config/cli.py: no flag)."""
-    FLAG_ALIASES = {"models": "system.role_models", "role_model": "system.role_models"}
-    """jobs.serve's spellings of the per-role base models (config/cli.py; also keys of a Serve config file's
-    args); errors name --models."""
+    SYSTEM_FIELDS = ("style", "preset", "role_models", "ckpt_override", "links",
+                     "allow_base_model_mismatch", "allow_style_mismatch", "device", "dtype",
+                     "seed")
+    """System fields a served system reads (the others get no flag and are refused when set)."""
+    FLAG_ALIASES = {"models": "system.role_models", "role_model": "system.role_models",
+                    "placement": "placement.preset"}
+    """jobs.serve's other spellings: of the per-role base models and of the placement preset."""
 
     system: SystemConfig
     """The served system: style, base models, links (a folder or Hub id, ckpt_override over it per role),
@@ -84,6 +84,10 @@ class ServeConfig:
     """Logical CPUs of a replica (with backend local it also runs the models)."""
     max_ongoing_requests: Annotated[int, Range(1, 100_000)] = 128
     """Requests a replica holds at once (queued for a batch or running); more wait in Serve's queue."""
+    dry_run: bool = False
+    """Print the memory plan (per GPU: the roles and copies of every replica, their weight and KV bytes at
+    max_batch_size, from the models' configs) and exit without starting Serve or loading a model; a plan that does
+    not fit is refused (exit status 2), as serving on GPUs does before its agents load."""
 
     @property
     def served_name(self) -> str:
@@ -101,7 +105,6 @@ class ServeConfig:
             self.api_key = key_digest(self.api_key)
 
         system = self.system
-        system.refuse_unused(self.HIDDEN_FLAGS)
         roles = get_style(system.style).roles
         for flag, table, extra in (("models", system.role_models, ()), ("ckpt_override", system.ckpt_override,
                                                                            ("outer",))):

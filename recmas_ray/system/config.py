@@ -6,9 +6,9 @@ system nests it whole as `system: SystemConfig`; its fields keep their plain fla
 declared in `SHORT_FLAGS`) next to the dotted ones (`--system.style`). `role_models` has no plain flag of its
 own: each job keeps the spelling it always had as an alias (`--models` / `--role_model`).
 
-A job that does not use some of the fields (training runs no `--device`, only Serve reads `links`) lists
-them in its class's `HIDDEN_FLAGS` via `SystemConfig.hidden_except(...)`, so they get no flag, and its
-`validate` refuses a non-default value of them from a `--config` file (`SystemConfig.refuse_unused`).
+A job reads only some of the fields (training runs no `--device`, only Serve reads `links`): its config class
+names them in `SYSTEM_FIELDS`; the others get no flag, and `check_tree` refuses a value set for one of them
+(from a `--config` file or a Python caller), which would be silently ignored.
 
 Lives on the system floor (not in `config/`) because its checks need the styles' names.
 """
@@ -86,24 +86,6 @@ class SystemConfig:
                 raise ValueError(f"{flag}{path}: is a file; expected a folder of links (or a Hub id ORG/NAME)")
             raise ValueError(f"{flag}{path}: no such folder (nor a Hub id ORG/NAME)")
 
-    @classmethod
-    def hidden_except(cls, *used: str) -> tuple[str, ...]:
-        """Dotted paths (`system.<name>`) of the fields a job does not use: its `HIDDEN_FLAGS`."""
-        names = {f.name for f in dataclasses.fields(cls)}
-        unknown = sorted(set(used) - names)
-        if unknown:
-            raise AssertionError(f"SystemConfig has no field(s) {unknown}")
-        return tuple(f"system.{f.name}" for f in dataclasses.fields(cls) if f.name not in used)
-
-    def refuse_unused(self, hidden: tuple[str, ...]) -> None:
-        """A field the job does not use (one of its `HIDDEN_FLAGS`) set away from its default (a --config
-        file, a Python caller) is an error: it would be silently ignored."""
-        default = SystemConfig(style=self.style)
-        for path in hidden:
-            name = path.removeprefix("system.")
-            if getattr(self, name) != getattr(default, name):
-                raise ValueError(f"--system.{name}: not a setting of this job (it would be ignored); drop it")
-
     def check_tables(self, role_models_flag: str, *, ckpt_extra: tuple[str, ...] = ()) -> None:
         """Every key of role_models and ckpt_override a role of the style (ckpt_override also `ckpt_extra`),
         text values only; errors name `role_models_flag`, the job's spelling of role_models."""
@@ -112,9 +94,8 @@ class SystemConfig:
 
 
 def system_fields(cls) -> frozenset[str]:
-    """The `SystemConfig` fields a job config class reads (all but its `HIDDEN_FLAGS`)."""
-    hidden = {path.removeprefix("system.") for path in getattr(cls, "HIDDEN_FLAGS", ())}
-    return frozenset(f.name for f in dataclasses.fields(SystemConfig) if f.name not in hidden)
+    """The `SystemConfig` fields a job config class reads (its `SYSTEM_FIELDS`, else all)."""
+    return frozenset(getattr(cls, "SYSTEM_FIELDS", [f.name for f in dataclasses.fields(SystemConfig)]))
 
 
 def with_system(cls, **values):

@@ -34,6 +34,8 @@ rescaled to the receiving model's mean token-embedding norm, as LatentMAS does; 
 OUTER_INITS = ("default", "bridge")
 ROLLOUT_STAGES = ("first", "all")
 """--rollout_stages: which stages send their latent rollout instead of hidden states over their gold turn."""
+ROLLOUT_FEEDBACK = ("graph", "detached")
+"""--rollout_feedback: whether a rollout's fed-back inner(h) keeps its graph (exact) or is detached."""
 
 
 SYNTHETIC_NAMES = (SYNTHETIC, "synthetic_short", "synthetic_hidden")
@@ -56,8 +58,8 @@ def storage_scheme(path: str) -> str:
 class TrainConfig:
     """What inner and outer training share: data, outputs, optimiser and schedule, checkpoints, resources."""
 
-    HIDDEN_FLAGS = SystemConfig.hidden_except("style", "preset", "role_models", "ckpt_override", "dtype", "seed")
-    """System fields training does not read (config/cli.py: no flag); GPUs come from --use_gpu."""
+    SYSTEM_FIELDS = ("style", "preset", "role_models", "ckpt_override", "dtype", "seed")
+    """System fields training reads (the others get no flag and are refused when set); GPUs come from --use_gpu."""
     FLAG_ALIASES = {"role_model": "system.role_models"}
     """The training jobs' spelling of the per-role base models (config/cli.py)."""
 
@@ -134,7 +136,6 @@ class TrainConfig:
     def validate(self) -> None:
         """Rules across fields and files (run before any model loads)."""
         system = self.system
-        system.refuse_unused(self.HIDDEN_FLAGS)
         _check_dataset("--dataset_name", self.dataset_name)
         system.check_tables("--role_model", ckpt_extra=self.checkpoint_keys())
         check_model_names("--role_model", system.role_models)
@@ -174,6 +175,11 @@ def _check_dataset(flag: str, name: str) -> None:
 @dataclass(kw_only=True)
 class InnerTrainConfig(TrainConfig):
     """One role's inner-loop run: inner(h_t) should match the embedding of token t+1."""
+
+    FLAG_ALIASES = {**TrainConfig.FLAG_ALIASES, "mas_design": "style", "mas_task": "task", "adapter_lr": "lr",
+                    "adapter_cos_weight": "w_cos", "adapter_mse_weight": "w_mse", "save_steps": "save_every"}
+    """The release's flag names -> ours (--num_train_epochs, --lr_scheduler_type, --grad_accum_steps and
+    --load_dir are fields of their own)."""
 
     mas_role: Annotated[str, NonEmpty()] = "planner"
     """Role of the style, an alias of the release tool (refiner, hie_math_expert, ...), or all (every role at
@@ -227,6 +233,9 @@ class InnerTrainConfig(TrainConfig):
 class OuterTrainConfig(TrainConfig):
     """One outer-loop run: frozen agents unrolled for R rounds, only the outer links train."""
 
+    FLAG_ALIASES = {**TrainConfig.FLAG_ALIASES, "mas_design": "style", "mas_task": "task"}
+    """The release's flag names -> ours."""
+
     save_dir: Annotated[str, WritableDir()] = "checkpoints/outer"
     """Output folder: the final outer links (links.safetensors + manifest.json; jobs/run.py --ckpt_override
     outer=DIR), config.json and, with --eval_every, eval_curve.jsonl and eval_curve.png."""
@@ -277,6 +286,11 @@ class OuterTrainConfig(TrainConfig):
     reaches every upstream outer link; the decoder's feedback in rounds < R is its rollout too, so no latent
     holds hidden states over a gold turn; the decoder's loss stays teacher-forced on the gold answer).
     --recompute re-runs each stage, rollout included, in the backward sweep where memory needs it."""
+    rollout_feedback: Annotated[str, OneOf(ROLLOUT_FEEDBACK)] = "graph"
+    """With --rollout_stages all: graph (the exact gradient of the rollout) or detached (non-reference): each
+    rollout step's fed-back inner(h) is cut from the graph, so the loss reaches the latents a stage received only
+    through every step's attention to them, not through the m-step recursion (whose gradient grew to 1e5-1e11
+    through a middle agent's 16-step rollout, docs/learning_runs.md); the forward values are unchanged."""
     value_token_weight: Annotated[float, Range(0, 1e6, lo_open=True)] = 1.0
     """Weight of the decoder's answer tokens that hold a digit (the answer's value) in the loss, against 1 for
     the fixed wording; each sample's CE is the weighted mean. 1 is the reference (uniform); > 1 is non-
@@ -293,6 +307,8 @@ class OuterTrainConfig(TrainConfig):
             raise ValueError(f"--num_microbatches {self.num_microbatches} exceeds --batch_size {self.batch_size}")
         if self.rollout_stages != "first" and not self.rollout_latent_steps:
             raise ValueError(f"--rollout_stages {self.rollout_stages}: needs --rollout_latent_steps m > 0")
+        if self.rollout_feedback != "graph" and self.rollout_stages != "all":
+            raise ValueError(f"--rollout_feedback {self.rollout_feedback}: needs --rollout_stages all")
         if self.eval_every and not self.eval_dataset:
             raise ValueError("--eval_every needs --eval_dataset (held-out rows)")
         if self.eval_dataset:

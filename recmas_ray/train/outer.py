@@ -114,20 +114,22 @@ def encode_stage(agent: Agent, style: StyleSpec, step: Step, samples: list[Sampl
                  task: str, num_rounds: int, max_latent_tokens: int, non_last_loss_weight: float,
                  batch_size: int, max_length: int = 1 << 20, value_token_weight: float = 1.0,
                  rollout_latent_steps: int = 0, rollout_stages: str = "first",
-                 rollout_cache: dict | None = None) -> Encoded:
+                 rollout_cache: dict | None = None, rollout_feedback: str = "graph") -> Encoded:
     """Teacher-forced pass of one schedule step over a microbatch; see the module docstring.
     `rollout_latent_steps` > 0 (non-reference): a non-decoder stage without incoming latents sends its latent
     rollout from the prompt instead (`rollout_stage`; memoised per question in `rollout_cache`: the stage and
     its input are frozen). With `rollout_stages="all"` every message is what inference sends: a stage with
     incoming latents sends its rollout from its prompt with those latents spliced in, graph kept
     (`rollout_stage_with_grad`), and the decoder's feedback (rounds < R) is its rollout too, not its hidden
-    states over the gold answer; the decoder's loss stays teacher-forced on the gold answer."""
+    states over the gold answer; the decoder's loss stays teacher-forced on the gold answer. `rollout_feedback`
+    "detached" (non-reference) cuts each rollout step's fed-back inner(h) from the graph there."""
     if rollout_latent_steps and not latents and step.role != style.decoder:
         return rollout_stage(agent, style, step, samples, task=task, num_steps=rollout_latent_steps,
                              cache=rollout_cache)
     if rollout_latent_steps and rollout_stages == "all":
         sent = rollout_stage_with_grad(agent, style, step, samples, latents, task=task,
-                                       num_steps=rollout_latent_steps) if step.outputs else None
+                                       num_steps=rollout_latent_steps,
+                                       detach_feedback=rollout_feedback == "detached") if step.outputs else None
         if step.role != style.decoder:
             return sent
         told = encode_stage(agent, style, step, samples, latents, task=task, num_rounds=num_rounds,
@@ -197,10 +199,12 @@ def rollout_stage(agent: Agent, style: StyleSpec, step: Step, samples: list[Samp
 
 
 def rollout_stage_with_grad(agent: Agent, style: StyleSpec, step: Step, samples: list[Sample],
-                            latents: dict[str, Latent], *, task: str, num_steps: int) -> Encoded:
+                            latents: dict[str, Latent], *, task: str, num_steps: int,
+                            detach_feedback: bool = False) -> Encoded:
     """z = inner(H) of the m-step rollout from each sample's prompt with its incoming latents spliced into the
     slots (what inference sends), keeping the graph back to those latents when grad is enabled and they
-    require it. Non-reference (the release's stages read their gold turn)."""
+    require it. Non-reference (the release's stages read their gold turn). `detach_feedback`: see
+    `Agent.latent_rollout_with_grad`."""
     per_sample = {m: torch.split(lat.flat, lat.lengths) for m, lat in latents.items()}
     track = torch.is_grad_enabled() and any(lat.flat.requires_grad for lat in latents.values())
     with torch.set_grad_enabled(track):
@@ -208,7 +212,7 @@ def rollout_stage_with_grad(agent: Agent, style: StyleSpec, step: Step, samples:
                                    {m: blocks[b] for m, blocks in per_sample.items()})[0]
                 for b, s in enumerate(samples)]
         e_BLD, mask_BL = left_pad(rows)
-        h_BMD = agent.latent_rollout_with_grad(e_BLD, mask_BL, num_steps)
+        h_BMD = agent.latent_rollout_with_grad(e_BLD, mask_BL, num_steps, detach_feedback=detach_feedback)
         z_ND = agent.inner_link(h_BMD).reshape(-1, h_BMD.shape[-1])
     return Encoded(z_ND, [num_steps] * len(samples), None, [], [False] * len(samples))
 

@@ -22,6 +22,7 @@ its gold turn, written here as the spec's no-cache form (the whole prefix re-run
 
 for the first stage of round 1 (rollout_stages "first", the graph-free case), or for every stage that sends a
 message, the decoder's feedback included (rollout_stages "all"; the decoder's loss stays teacher-forced).
+rollout_feedback "detached" writes `inner_role(h).detach()` in the loop above (same values, no recursion grad).
 
 Used by the exactness tests and by `jobs/bench/outer.py` as the single-process baseline.
 """
@@ -40,7 +41,8 @@ from recmas_ray.train.data import question_text, role_target
 def reference_loss(agents: dict[str, Agent], outer: dict[str, OuterLink], style: StyleSpec, row: dict, *,
                    task: str, num_rounds: int, max_latent_tokens: int,
                    non_last_loss_weight: float, rollout_latent_steps: int = 0,
-                   rollout_stages: str = "first") -> tuple[torch.Tensor, list[torch.Tensor]]:
+                   rollout_stages: str = "first",
+                   rollout_feedback: str = "graph") -> tuple[torch.Tensor, list[torch.Tensor]]:
     """The unrolled teacher-forced loss of one row; returns (loss, [decoder CE per round])."""
     messages: dict[str, torch.Tensor] = {}
     round_losses = []
@@ -58,7 +60,8 @@ def reference_loss(agents: dict[str, Agent], outer: dict[str, OuterLink], style:
             round_losses.append(F.cross_entropy(logits, labels, ignore_index=-100))
         rollout = rollout_latent_steps > 0 and (rollout_stages == "all" or (not latents and step.role != style.decoder))
         if rollout and step.outputs:
-            z = agent.inner_link(_rollout_no_cache(agent, user, latents, rollout_latent_steps))
+            z = agent.inner_link(_rollout_no_cache(agent, user, latents, rollout_latent_steps,
+                                                   detach_feedback=rollout_feedback == "detached"))
         else:
             z = agent.inner_link(h_LD[asst_L.to(h_LD.device)][:max_latent_tokens])
         for edge in step.outputs:
@@ -70,7 +73,8 @@ def reference_loss(agents: dict[str, Agent], outer: dict[str, OuterLink], style:
     return loss, round_losses
 
 
-def _rollout_no_cache(agent: Agent, user: str, latents: dict[str, torch.Tensor], num_steps: int) -> torch.Tensor:
+def _rollout_no_cache(agent: Agent, user: str, latents: dict[str, torch.Tensor], num_steps: int, *,
+                      detach_feedback: bool = False) -> torch.Tensor:
     """H [m, D]: the rollout of one prompt, every step a full forward over the grown input (no KV cache)."""
     e_LD = agent.embed_prompt(user, latents)[0]
     hs = []
@@ -78,7 +82,8 @@ def _rollout_no_cache(agent: Agent, user: str, latents: dict[str, torch.Tensor],
         mask = torch.ones(1, e_LD.shape[0], dtype=torch.long, device=e_LD.device)
         h_D = agent.forward_hidden(e_LD[None], mask)[0, -1]
         hs.append(h_D)
-        e_LD = torch.cat([e_LD, agent.inner_link(h_D)[None]])
+        fed_D = agent.inner_link(h_D)
+        e_LD = torch.cat([e_LD, (fed_D.detach() if detach_feedback else fed_D)[None]])
     return torch.stack(hs)
 
 

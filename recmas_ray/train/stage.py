@@ -103,7 +103,7 @@ class PipelineStage:
                             non_last_loss_weight=c.non_last_loss_weight, batch_size=batch_size,
                             max_length=c.max_length, value_token_weight=c.value_token_weight,
                             rollout_latent_steps=c.rollout_latent_steps, rollout_stages=c.rollout_stages,
-                            rollout_cache=self.rollout_cache)
+                            rollout_cache=self.rollout_cache, rollout_feedback=c.rollout_feedback)
 
     def _forward(self, mb: int, i: int, samples: list[Sample], batch_size: int, inject_nan: bool,
                  record: bool = True) -> tuple[list[float], list[bool]]:

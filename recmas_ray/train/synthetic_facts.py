@@ -36,18 +36,26 @@ TASK_STYLES = {"recall": ("sequential_light", "sequential", "distillation", "del
 
 
 def _texts(told: dict[str, str], asked_var: str, value: int, gold: str, answer: str) -> dict:
-    """Every style's gold fields of one row: upstream texts restate their own fact, the decoder's the answer."""
+    """Every style's gold fields of one row: upstream texts state the fact first, the decoder's the answer.
+
+    Fact first because the inner link learns to map a hidden state to the embedding of the next gold token:
+    an agent's m-step latent rollout then walks the first m tokens of its gold form, and a fact stated there
+    lies within m (a rollout trained on "Plan for the learner: s = 31." walked "Plan for the learner: t =" and
+    lost the value; docs/learning_runs.md). The critic (two hops) restates the asked fact it received."""
     plan = " ".join(told.values())
+    asked = f"{asked_var} = {value}."
+    critic = told["critic"] + (f" {asked}" if told["critic"] != asked else "") if "critic" in told else asked
     return {
         "plan": f"{told.get('planner', plan)} Report the value of {asked_var}.",
-        "refined_plan": (f"{told['critic']} " if "critic" in told else "") + f"Write the value of {asked_var} in \\boxed{{}}.",
+        "refined_plan": f"{critic} Write the value of {asked_var} in \\boxed{{}}.",
         "answer": answer, "gold": gold,
-        "hie_math_expert": f"Math expert: {told.get('math', plan)}",
-        "hie_code_expert": f"Code expert: {told.get('code', plan)}",
-        "hie_science_expert": f"Science expert: {told.get('science', plan)}",
+        "hie_math_expert": f"{told.get('math', plan)} Math expert.",
+        "hie_code_expert": f"{told.get('code', plan)} Code expert.",
+        "hie_science_expert": f"{told.get('science', plan)} Science expert.",
         "hie_summarizer": answer,
-        "distill_expert": f"Plan for the learner: {told.get('expert', plan)}", "distill_learner": answer,
-        "deliberation_reflector": f"Reflection: {told.get('reflector', plan)}",
+        "distill_expert": f"{told.get('expert', plan)} Plan for the learner: report {asked_var}.",
+        "distill_learner": answer,
+        "deliberation_reflector": f"{told.get('reflector', plan)} Reflection: report {asked_var}.",
         "deliberation_toolcaller": answer,
     }
 

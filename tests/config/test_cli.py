@@ -31,6 +31,8 @@ class Inner:
 class Top:
     """A job."""
 
+    FLAG_ALIASES = {"n_steps": "inner.steps"}
+
     name: Annotated[str, NonEmpty()]
     """Required, no default."""
     kind: Annotated[str, OneOf(("a", "b"))] = "a"
@@ -54,11 +56,11 @@ class Top:
 
 
 def parse(argv, **kw):
-    return parse_config(Top, argv, aliases={"n_steps": "inner.steps"}, **kw)[0]
+    return parse_config(Top, argv, **kw)[0]
 
 
 def test_flags_plain_dotted_and_shadowed():
-    flags = {leaf.path: leaf.flags for leaf in assign_flags(Top, {"n_steps": "inner.steps"})}
+    flags = {leaf.path: leaf.flags for leaf in assign_flags(Top)}
     assert flags["inner.steps"] == ["steps", "inner.steps", "n_steps"]
     assert flags["inner.seed"] == ["inner.seed"]  # the top-level --seed owns the plain name
     assert flags["seed"] == ["seed"]
@@ -134,7 +136,7 @@ def test_run_job_exit_codes(capsys):
 
 
 def test_help_shows_docstrings_defaults_and_aliases(capsys):
-    assert run_job(lambda cfg: 0, Top, ["--help"], aliases={"n_steps": "inner.steps"}) == 0
+    assert run_job(lambda cfg: 0, Top, ["--help"]) == 0
     text = capsys.readouterr().out
     assert "Steps per round. (range [0, 10]; default: 3)" in " ".join(text.split())
     assert "--no_enabled" in text and "--n_steps" in text and "required" in text

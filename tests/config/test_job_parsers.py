@@ -32,8 +32,8 @@ def built(monkeypatch):
     seen: list[dict[str, list[str]]] = []
     real = cli.assign_flags
 
-    def recording(cls, aliases=None, hidden=()):
-        out = real(cls, aliases, hidden)
+    def recording(cls, hidden=()):
+        out = real(cls, hidden)
         seen.append({leaf.path: list(leaf.flags) for leaf in out})
         return out
 
@@ -99,9 +99,14 @@ def test_two_declarations_of_one_short_flag_are_an_error():
         ["steps", "a.steps"]
 
 
+@dataclass(kw_only=True)
+class Clash(One):
+    FLAG_ALIASES = {"a.width": "a.steps"}
+
+
 def test_an_alias_naming_an_existing_flag_is_an_error():
-    with pytest.raises(AssertionError, match="alias --a.width of One is already the flag of --a.width"):
-        cli.assign_flags(One, {"a.width": "a.steps"})
+    with pytest.raises(AssertionError, match="alias --a.width of Clash is already the flag of --a.width"):
+        cli.assign_flags(Clash)
 
 
 @dataclass(kw_only=True)

@@ -1,5 +1,7 @@
 """Ray backend: same greedy predictions as in-process for all styles, fail-fast placement, dead agents."""
 
+import dataclasses
+
 import pytest
 import ray
 import torch
@@ -196,3 +198,25 @@ def test_message_dtype_auto_is_fp32_on_cpu_and_bf16_halves_the_bytes():
     assert torch.allclose(bf16_msg.float(), auto_msg, rtol=1e-2, atol=1e-2)
     plan16 = plan_system("sequential_light", preset="tiny", seed=0, message_dtype="bf16")
     assert {s.message_dtype for s in plan16.specs.values()} == {"bf16"}
+
+
+def test_adaptive_rounds_on_ray_stop_the_same_questions_as_in_process(ray_cluster):
+    # the runner is shared: the stop check and the row cuts run on the agents, the decisions match in-process
+    plan = plan_system("sequential_light", preset="tiny", seed=3)
+    pool = local_pool(plan)
+    base = RecursionConfig(num_recursive_rounds=4, latent_steps=4, decode=DecodeConfig(max_new_tokens=6))
+    probe = run_batch(pool, plan.style, QUESTIONS, ["math"] * 3, dataclasses.replace(base, adaptive_threshold=0.0))
+    threshold = min(r.round_changes[0] for r in probe) * 1.0000001  # one question stops at round 2
+    c = dataclasses.replace(base, adaptive_threshold=threshold)
+    local = run_batch(pool, plan.style, QUESTIONS, ["math"] * 3, c)
+    assert sorted({r.num_rounds for r in local}) == [2, 3]
+    system = build_ray_system(plan, PlacementConfig(preset="cpu", cpus_per_agent=0.25), timeout_s=120)
+    try:
+        remote = ray.get(system.solve(QUESTIONS, ["math"] * 3, c, batch_id="adaptive"), timeout=180)
+    finally:
+        system.shutdown()
+    assert [r.num_rounds for r in remote] == [r.num_rounds for r in local]
+    assert [r.prediction for r in remote] == [r.prediction for r in local]
+    assert [[t["action"] for t in r.trace] for r in remote] == [[t["action"] for t in r.trace] for r in local]
+    for a, b in zip(remote, local):
+        assert a.round_changes == pytest.approx(b.round_changes, rel=1e-3, abs=1e-6)  # fp32 noise near 0

@@ -1,7 +1,8 @@
-"""--protocol: the reference protocol resolves to the release's table for every (style, benchmark)
-pair, explicit settings win and both values are recorded, the headline metric is applied (pass@k),
+"""--protocol: the reference recipe is the release's table for every (style, benchmark) pair, flags and
+--config files override it and both values are recorded, the headline metric is applied (pass@k),
 and the sampler's top-k (-1: the model's generation config)."""
 
+import dataclasses
 import glob
 import json
 
@@ -47,8 +48,9 @@ def expected(style, bench):
 
 @pytest.mark.parametrize("style", sorted(STYLES))
 @pytest.mark.parametrize("bench", sorted(BENCHMARKS))
-def test_reference_protocol_resolves_to_the_table(style, bench):
-    cfg, res = P.resolve(EvalConfig(system=SystemConfig(style=style), dataset=bench, protocol="reference"))
+def test_reference_recipe_is_the_table(style, bench):
+    cfg = P.reference(style, bench)
+    res = P.resolution(cfg)
     m, r, temp, tokens, rollouts = expected(style, bench)
     d = cfg.recursion.decode
     assert (cfg.recursion.latent_steps, cfg.recursion.num_recursive_rounds) == (m, r)
@@ -59,24 +61,30 @@ def test_reference_protocol_resolves_to_the_table(style, bench):
     assert all(s["source"] == "protocol" and s["cite"] for s in res.settings.values())
 
 
-def test_explicit_settings_win_and_both_values_are_recorded(tmp_path):
+def test_flags_override_the_recipe_and_both_values_are_recorded(tmp_path):
     argv = ["--style", "sequential_light", "--dataset", "aime25", "--protocol", "reference",
             "--latent_length", "8", "--temperature", "0.3"]
-    cfg, res = P.resolve(run_job.parse(argv))
+    cfg = run_job.parse(argv)
+    res = P.resolution(cfg)
     assert cfg.recursion.latent_steps == 8 and cfg.recursion.decode.temperature == 0.3
     assert cfg.recursion.num_recursive_rounds == 3 and cfg.num_rollouts == 10  # the table's, for aime2025
     lat = res.settings["recursion.latent_steps"]
     assert (lat["source"], lat["value"], lat["protocol_value"], lat["explicit_value"]) == ("explicit", 8, 32, 8)
     assert res.settings["recursion.num_recursive_rounds"]["source"] == "protocol"
-    # A --config file counts as explicit too.
+    # A --config file overrides the recipe too; the run's config is the recipe plus the user's settings.
     conf = tmp_path / "c.json"
     conf.write_text(json.dumps({"recursion": {"num_recursive_rounds": 1}, "batch_size": 3}))
-    cfg, res = P.resolve(run_job.parse(["--style", "sequential_light", "--dataset", "math500", "--protocol",
-                                        "reference", "--config", str(conf)]))
+    cfg = run_job.parse(["--style", "sequential_light", "--dataset", "math500", "--protocol", "reference",
+                         "--config", str(conf)])
     assert (cfg.recursion.num_recursive_rounds, cfg.batch_size, cfg.recursion.latent_steps) == (1, 3, 32)
-    # greedy (the default) changes nothing.
+    recipe = P.reference("sequential_light", "math500")
+    assert cfg == dataclasses.replace(recipe, batch_size=3, recursion=dataclasses.replace(
+        recipe.recursion, num_recursive_rounds=1))
+    assert P.resolution(cfg).settings["batch_size"]["source"] == "explicit"
+    # greedy (the default) sets nothing.
     base = EvalConfig(system=SystemConfig(style="mixture"), dataset="math500")
-    assert P.resolve(base)[0] == base and P.resolve(base)[1].settings == {}
+    assert run_job.parse(["--style", "mixture", "--dataset", "math500"]) == base
+    assert P.resolution(base).settings == {}
 
 
 def test_results_record_the_protocol_and_apply_pass_at_k(tmp_path, tiny_cache, question_file, monkeypatch):

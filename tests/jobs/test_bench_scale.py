@@ -1,4 +1,5 @@
-"""jobs/bench/scale.py: a dead --address fails at once in one line; the simulated cluster stays on 127.0.0.1."""
+"""jobs/bench/scale.py: a dead --address fails at once in one line; the simulated cluster stays on 127.0.0.1.
+(The model, windows and accounting it reads runs with: tests/jobs/test_bench_scale_model.py.)"""
 
 import json
 import os
@@ -58,29 +59,3 @@ def test_simulated_cluster_binds_to_loopback_only():
     seen = json.loads(proc.stdout.strip().splitlines()[-1])
     assert seen["gcs"].startswith("127.0.0.1:") and seen["driver"] == "127.0.0.1"
     assert seen["nodes"] and set(seen["nodes"]) == {"127.0.0.1"}, seen
-
-
-def test_steady_rate_is_the_true_rate_however_completions_bunch():
-    """Six whole systems, 2 batches in flight each, finish in bunches of six every 8 s: the steady-state
-    rate is 6 / 8 per s wherever the window's edges fall (a count of whole completions jumps by six as an edge
-    crosses a bunch)."""
-    from jobs.bench.scale import steady_window
-
-    # 6 replicas x 12 batches; batch i of a replica enters when batch i - 2 finishes (0 and 1 at once)
-    decodes = [(8.0 * i + 0.5, 8.0 * i + 8.5) for i in range(12) for _ in range(6)]
-    entries = [0.0 if i < 2 else 8.0 * (i - 2) + 8.5 for i in range(12) for _ in range(6)]
-    t_a, t_b, done = steady_window(decodes, entries)
-    assert (t_a, t_b) == (16.5, 80.5)  # the 12th end (the burst's last batch) to the last entry
-    assert abs(done / (t_b - t_a) - 6 / 8) < 1e-9
-    # the same with the replicas out of step by 1 s each (a pool's copies)
-    decodes = [(8.0 * i + 0.5 + r, 8.0 * i + 8.5 + r) for i in range(12) for r in range(6)]
-    entries = [(0.0 if i < 2 else 8.0 * (i - 2) + 8.5) + r for i in range(12) for r in range(6)]
-    t_a, t_b, done = steady_window(decodes, entries)
-    assert (t_a, t_b) == (21.5, 85.5) and abs(done / (t_b - t_a) - 6 / 8) < 1e-9
-
-
-def test_without_a_steady_state_the_whole_run_counts():
-    from jobs.bench.scale import steady_window
-
-    decodes = [(0.0, 8.0), (0.0, 8.0)]  # both batches entered at once: no window
-    assert steady_window(decodes, [0.0, 0.0]) == (0.0, 8.0, 2.0)

@@ -33,7 +33,7 @@ def test_every_figure_of_the_report_is_computed(tmp_path, tiny_cache, family):
     flow and the paired tests is present and finite where it must be (not that it is good)."""
     from jobs.experiments.demo import report, verdicts
     from jobs.experiments.demo.pipeline import hidden_facts_of, role_questions_of
-    from recmas_ray.eval.probe import question_facts
+    from jobs.experiments.probe import question_facts
     from recmas_ray.system.plan import plan_system
 
     rows_ = _hidden_rows(10) if family == "hidden_operand" else make_arithmetic_dataset(10, difficulty="arith")

@@ -6,7 +6,6 @@ import sys
 
 import pytest
 
-from jobs import train_inner, train_outer
 from recmas_ray.config.cli import parse_config
 from recmas_ray.system.config import SystemConfig
 from recmas_ray.train.config import InnerTrainConfig, OuterTrainConfig
@@ -14,8 +13,13 @@ from recmas_ray.train.config import InnerTrainConfig, OuterTrainConfig
 VALUES = {"style": "mixture", "task": "code", "lr": "3e-4", "w_cos": "0.5", "w_mse": "0.25", "save_every": "7"}
 
 
-def _parse(cls, aliases, *argv):
-    return parse_config(cls, list(argv), aliases=aliases)[0]
+def _parse(cls, *argv):
+    return parse_config(cls, list(argv))[0]
+
+
+def _release_names(cls) -> list:
+    """The release's flag names the class accepts (its aliases of plain fields)."""
+    return sorted((a, f) for a, f in cls.FLAG_ALIASES.items() if f in VALUES)
 
 
 def _field(cfg, name):
@@ -23,24 +27,24 @@ def _field(cfg, name):
     return getattr(cfg.system if name in SystemConfig.__dataclass_fields__ else cfg, name)
 
 
-@pytest.mark.parametrize("alias,field", sorted(train_inner.ALIASES.items()))
+@pytest.mark.parametrize("alias,field", _release_names(InnerTrainConfig))
 def test_every_inner_alias_parses_like_its_field(alias, field):
     value = VALUES[field]
     extra = ["--mas_role", "math"] if field == "style" else []
-    got = _parse(InnerTrainConfig, train_inner.ALIASES, f"--{alias}", value, *extra)
-    assert got == _parse(InnerTrainConfig, train_inner.ALIASES, f"--{field}", value, *extra)
+    got = _parse(InnerTrainConfig, f"--{alias}", value, *extra)
+    assert got == _parse(InnerTrainConfig, f"--{field}", value, *extra)
     assert str(_field(got, field)) == str(type(_field(got, field))(value))
 
 
-@pytest.mark.parametrize("alias,field", sorted(train_outer.ALIASES.items()))
+@pytest.mark.parametrize("alias,field", _release_names(OuterTrainConfig))
 def test_every_outer_alias_parses_like_its_field(alias, field):
     value = VALUES[field]
-    assert _parse(OuterTrainConfig, train_outer.ALIASES, f"--{alias}", value) == \
-        _parse(OuterTrainConfig, train_outer.ALIASES, f"--{field}", value)
+    assert _parse(OuterTrainConfig, f"--{alias}", value) == \
+        _parse(OuterTrainConfig, f"--{field}", value)
 
 
 def test_release_fields_of_their_own(tmp_path):
-    cfg = _parse(InnerTrainConfig, train_inner.ALIASES, "--num_train_epochs", "2.5", "--lr_scheduler_type", "linear",
+    cfg = _parse(InnerTrainConfig, "--num_train_epochs", "2.5", "--lr_scheduler_type", "linear",
                  "--grad_accum_steps", "4", "--load_dir", str(tmp_path), "--role_model", "critic=tiny:llama",
                  "--ckpt_override", f"solver={tmp_path}")
     assert (cfg.num_train_epochs, cfg.lr_scheduler_type, cfg.grad_accum_steps) == (2.5, "linear", 4)

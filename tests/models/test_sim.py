@@ -3,10 +3,11 @@
 
 import time
 
+import pytest
 import torch
 
 from recmas_ray.config.recursion import DecodeConfig
-from recmas_ray.models.sim import SimulatedAgent, parse_sim_name
+from recmas_ray.models.sim import SimulatedAgent, call_device_ms, parse_sim_name
 
 
 def _seconds(fn):
@@ -34,3 +35,21 @@ def test_rows_stop_at_different_tokens_and_the_call_lasts_for_the_longest():
     flat = SimulatedAgent("sim:hidden=8,token_ms=0,tokens=40", role="solver")
     assert [d.num_tokens for d in flat.decode(torch.zeros(3, 1, 1), None, DecodeConfig(max_new_tokens=64))] == [40] * 3
     assert parse_sim_name("sim:")["row_share"] == 0.0 and parse_sim_name("sim:")["eos_spread"] == 0.0
+
+
+def test_the_cost_table_prices_prefill_per_row_token_and_rows_leaving_at_eos():
+    p = parse_sim_name("sim:token_ms=1,row_share=0.5,prefill_ms=1,prompt_tokens=10,prefill_token_ms=0.1")
+    # prefill 1 + 10 x 0.1 x 2 rows = 3; tokens 0-1 with 2 rows at 1.5 each, tokens 2-3 with 1 row at 1
+    assert call_device_ms(p, "decode", 2, 4, [2, 4]) == pytest.approx(3 + 2 * 1.5 + 2 * 1.0)
+    assert call_device_ms(p, "rollout", 2, 4) == pytest.approx(3 + 4 * 5.0 * 1.5)  # step_ms default 5
+
+
+def test_each_call_reports_its_device_time():
+    agent = SimulatedAgent("sim:hidden=8,step_ms=1,token_ms=1,tokens=6,eos_spread=0.5,row_share=0.25", role="solver")
+    agent.latent_rollout(torch.zeros(3, 1, 1), None, 4)
+    assert agent.device_s_total == pytest.approx(call_device_ms(agent.params, "rollout", 3, 4) / 1000)
+    before = agent.device_s_total
+    out = agent.decode(torch.zeros(3, 1, 1), None, DecodeConfig(max_new_tokens=64), seeds=[1, 2, 3])
+    counts = [d.num_tokens for d in out]
+    assert agent.device_s_total - before == pytest.approx(
+        call_device_ms(agent.params, "decode", 3, max(counts), counts) / 1000)

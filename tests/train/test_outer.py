@@ -228,13 +228,12 @@ def test_bf16_models_keep_fp32_master_links(pipeline_results):
 
 
 def test_cli_flags_map_onto_the_config(tmp_path):
-    from jobs import train_outer as cli
     from recmas_ray.config.cli import parse_config
     from recmas_ray.config.checks import ConfigError
     from recmas_ray.train.config import OuterTrainConfig
 
     def parse(*argv):
-        return parse_config(OuterTrainConfig, list(argv), aliases=cli.ALIASES)[0]
+        return parse_config(OuterTrainConfig, list(argv))[0]
 
     m, c = tmp_path / "m", tmp_path / "c"
     m.mkdir(), c.mkdir()

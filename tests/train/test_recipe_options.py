@@ -213,3 +213,52 @@ def test_rollout_with_grad_matches_the_no_grad_inference_rollout(agents):
     assert got.requires_grad and torch.allclose(got.detach(), want, atol=1e-5)
     got.sum().backward()
     assert e.grad.abs().sum() > 0
+
+
+@pytest.mark.parametrize("feedback", ["graph", "detached"])
+def test_middle_stage_rollout_gradient_equals_the_single_sample_autograd_reference(tiny_cache, feedback):
+    """--rollout_stages all through the critic (a stage that receives latents): the batched, cached rollout's
+    gradient w.r.t. the received latents equals the reference's per-sample no-cache rollout, with the fed-back
+    inner(h) kept in the graph (exact) or detached (--rollout_feedback detached: same message values, gradient
+    only through attention to the received latents, and a different gradient from the exact one)."""
+    from recmas_ray.service import AgentService
+    from recmas_ray.styles import render_prompt
+    from recmas_ray.system.plan import plan_system
+    from recmas_ray.train.outer import Latent, emit_messages, encode_stage, prepare_samples
+    from recmas_ray.train.reference import _rollout_no_cache
+    from recmas_ray.train.synthetic_facts import make_fact_dataset
+
+    plan = plan_system("sequential_light", preset="tiny", seed=0, task="qa")
+    style, m = plan.style, 3
+    critic = AgentService(*plan.service_args("critic")).agent
+    rows = make_fact_dataset("recall", "sequential_light", 3, seed=0)
+    samples = prepare_samples(rows, style, "qa")
+    crit = build_schedule(style, 1)[1]
+    marker = crit.inputs[0][0]
+    torch.manual_seed(0)
+    block = torch.randn(3 * 4, critic.hidden_size)  # 4 received latents per sample
+    kw = dict(task="qa", num_rounds=1, max_latent_tokens=80, non_last_loss_weight=0.0, batch_size=3,
+              rollout_latent_steps=m, rollout_stages="all")
+
+    def pipeline_grad(mode):
+        lat = Latent(block.clone().requires_grad_(), [4, 4, 4])
+        enc = encode_stage(critic, style, crit, samples, {marker: lat}, rollout_feedback=mode, **kw)
+        msg = emit_messages(critic, enc.z, crit.outputs)["critic->solver"]
+        (msg * torch.linspace(-1, 1, msg.shape[-1])).sum().backward()
+        return msg.detach(), lat.flat.grad
+
+    msg, got = pipeline_grad(feedback)
+    want = []
+    for b, s in enumerate(samples):
+        lat_b = block[4 * b:4 * (b + 1)].clone().requires_grad_()
+        user = render_prompt(style, "critic", crit.variant, "qa", s.question)
+        h = _rollout_no_cache(critic, user, {marker: lat_b}, m, detach_feedback=feedback == "detached")
+        ref = critic.outer_links["critic->solver"](critic.inner_link(h))
+        assert torch.allclose(ref.detach(), msg[m * b:m * (b + 1)], atol=1e-5)
+        (ref * torch.linspace(-1, 1, ref.shape[-1])).sum().backward()
+        want.append(lat_b.grad)
+    torch.testing.assert_close(got, torch.cat(want), rtol=1e-4, atol=1e-6)
+    assert got.abs().sum() > 0
+    if feedback == "detached":
+        exact_msg, exact = pipeline_grad("graph")
+        assert torch.allclose(exact_msg, msg, atol=1e-6) and not torch.allclose(exact, got, atol=1e-6)

@@ -49,3 +49,16 @@ def test_unseen_values_never_occur_in_training(task, style):
 def test_a_task_outside_its_styles_is_refused():
     with pytest.raises(ValueError, match="does not apply"):
         make_fact_dataset("two_fact", "distillation", 4)
+
+
+@pytest.mark.parametrize("style", ["distillation", "sequential_light"])
+def test_upstream_gold_texts_state_the_asked_fact_first(style):
+    """An agent's latent rollout walks the first tokens of its gold form (the inner link is trained on them):
+    the told first stage and the two-hop critic open with "x = 65." so the value lies within a few latent steps."""
+    from recmas_ray.train.synthetic_facts import make_fact_dataset
+
+    for row in make_fact_dataset("recall", style, 20, seed=3):
+        fact = f"{row['answer'].split('.')[0]}."  # "x = 65."
+        upstream = ["distill_expert"] if style == "distillation" else ["plan", "refined_plan"]
+        for name in upstream:
+            assert row[name].startswith(fact), (name, row[name], fact)

@@ -143,7 +143,7 @@ def run_one(agents: Agents, variant: Variant, rounds: int, items: list[dict], ta
 
     `num_in_flight` batches run at once (Ray backend): each agent is its own process, so while the
     solver decodes one batch the planner and critic already work on the next ones. `facts` (doc id ->
-    `eval.probe.question_facts`) turns on the information-flow figures (`demo.flow`); `role_questions`
+    `jobs.experiments.probe.question_facts`) turns on the information-flow figures (`demo.flow`); `role_questions`
     (doc id -> role -> question text) gives roles different views of a question (the hidden fact).
     """
     from concurrent.futures import ThreadPoolExecutor

@@ -4,15 +4,15 @@
 it keeps each question's message per (edge, round) and, where the decoder runs in this process, scores
 the gold answer token by token from the very prompt the decoder decoded from (`Agent.target_nll` with
 `per_token`, the function behind the rows' NLL; after the run, so its time is not the method's) so the
-NLL splits into result / operand / fact / wording tokens (`eval.probe.answer_token_classes`). `summary()` turns that into the report's figures: geometry
-and held-out probes per edge (`eval.probe`), class NLLs per question and on average.
+NLL splits into result / operand / fact / wording tokens (`jobs.experiments.probe.answer_token_classes`). `summary()` turns that into the report's figures: geometry
+and held-out probes per edge (`jobs.experiments.probe`), class NLLs per question and on average.
 """
 
 from __future__ import annotations
 
 import threading
 
-from recmas_ray.eval import probe
+from jobs.experiments import probe
 
 
 class FlowRecorder:

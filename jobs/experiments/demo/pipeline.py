@@ -151,7 +151,7 @@ def run_demo(cfg: DemoConfig, console: Console | None = None) -> dict:
 
     from recmas_ray.eval.benchmarks import load_benchmark
 
-    from recmas_ray.eval.probe import question_facts
+    from jobs.experiments.probe import question_facts
 
     items = load_benchmark(str(eval_file), task_type=cfg.task)
     targets = {i["doc_id"]: row["answer"] for i, row in zip(items, heldout)}

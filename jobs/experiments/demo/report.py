@@ -23,7 +23,7 @@ COLUMNS = ("Method", "R", "n", "Accuracy (strict)", "95% CI", "Lenient", "NLL", 
 
 
 def _classes(rows: list[dict]) -> list[str]:
-    from recmas_ray.eval.probe import TOKEN_CLASSES
+    from jobs.experiments.probe import TOKEN_CLASSES
 
     got = [((r.get("flow") or {}).get("nll_by_class") or {}) for r in rows]
     return [c for c in TOKEN_CLASSES if any(g.get(c) is not None for g in got)]

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import math
 
-from recmas_ray.eval.probe import TOKEN_CLASSES
+from jobs.experiments.probe import TOKEN_CLASSES
 from recmas_ray.eval.stats import holm, mcnemar_by_key, paired_by_key
 
 ALPHA = 0.05

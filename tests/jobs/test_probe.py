@@ -1,10 +1,10 @@
-"""eval.probe on synthetic data with known answers: planted signals are read back, noise is not."""
+"""jobs.experiments.probe on synthetic data with known answers: planted signals are read back, noise is not."""
 
 import numpy as np
 import pytest
 import torch
 
-from recmas_ray.eval import probe
+from jobs.experiments import probe
 
 
 def test_probe_recovers_a_planted_linear_signal_and_not_noise():

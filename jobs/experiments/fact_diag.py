@@ -1,0 +1,169 @@
+"""In-process diagnosis of one-hop fact training (distillation recall): probe, train, evaluate on train and held-out.
+
+One process, no Ray: the expert's inner link trained with `train.inner.inner_loss`, the expert->learner outer link
+trained with the pipeline's own stage functions (`train.outer.encode_stage` / `emit_messages`, the same calls a
+pipeline worker makes), then greedy decoding through `runner.run_batch` on training questions and both held-out
+splits. Prints the linear probe of x from the expert's rollout, the loss curve and the accuracies.
+`--state_bridge rollout` fits the outer link's ridge init on the expert's rollout latents -> the learner's
+embedding of the expert's own next-token argmax at each step (instead of token embedding pairs).
+Figures of its runs: docs/learning_runs.md.
+
+    PYTHONPATH=$PWD python -m jobs.experiments.fact_diag --m 4 --outer_steps 60 --num_eval 16
+"""
+
+from __future__ import annotations
+
+import argparse
+import random
+import time
+
+import numpy as np
+import torch
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--m", type=int, default=4)
+    ap.add_argument("--inner_steps", type=int, default=24)
+    ap.add_argument("--outer_steps", type=int, default=60)
+    ap.add_argument("--batch", type=int, default=4)
+    ap.add_argument("--lr", type=float, default=1e-3)
+    ap.add_argument("--value_weight", type=float, default=5.0)
+    ap.add_argument("--num_train", type=int, default=512)
+    ap.add_argument("--num_eval", type=int, default=16)
+    ap.add_argument("--no_bridge", action="store_true")
+    ap.add_argument("--task", default="recall")
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--state_bridge", default="none", choices=("none", "rollout", "rollout+tokens"))
+    args = ap.parse_args(argv)
+    torch.manual_seed(args.seed)
+    torch.set_num_threads(args.threads)
+
+    from jobs.experiments.sweep_recipe_measure import probe_x
+    from recmas_ray.config.recursion import DecodeConfig, RecursionConfig
+    from recmas_ray.eval.graders import grade_lenient, grade_math_strict
+    from recmas_ray.runner import LocalPool, run_batch
+    from recmas_ray.system.launch import local_pool
+    from recmas_ray.system.plan import plan_system
+    from recmas_ray.train.bridge import bridge_outer_links
+    from recmas_ray.train.data import question_text, role_examples
+    from recmas_ray.train.inner import inner_loss
+    from recmas_ray.train.outer import Latent, emit_messages, encode_stage, prepare_samples
+    from recmas_ray.train.synthetic_facts import split_by_value
+    from recmas_ray.styles import build_schedule, render_prompt
+
+    t0 = time.perf_counter()
+    style_name, task = "distillation", "qa"
+    train, seen, unseen = split_by_value(args.task, style_name, num_train=args.num_train, num_seen=args.num_eval,
+                                         num_unseen=args.num_eval, seed=args.seed)
+    plan = plan_system(style_name, preset="demo", ckpt_override={}, seed=args.seed, task=task)
+    if not args.no_bridge:
+        bridge_outer_links(plan, ridge=1e-2)
+    pool = local_pool(plan, pool_cls=LocalPool)
+    style = plan.style
+    expert, learner = pool.services["expert"].agent, pool.services["learner"].agent
+    print(f"[diag] loaded {time.perf_counter() - t0:.0f} s; dtype {expert.dtype} {learner.dtype}", flush=True)
+
+    # inner link of the expert (the learner's is unused at R = 1)
+    pairs = role_examples(train, style, "expert", task)
+    link = expert.inner_link
+    link.requires_grad_(True)
+    opt = torch.optim.AdamW(link.parameters(), lr=3e-3)
+    rng = random.Random(args.seed)
+    for s in range(args.inner_steps):
+        loss = inner_loss(expert, rng.sample(pairs, 4))
+        opt.zero_grad()
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(link.parameters(), 1.0)
+        opt.step()
+        if s % 8 == 0 or s == args.inner_steps - 1:
+            print(f"[diag] inner {s} loss {loss.item():.3f}", flush=True)
+    link.requires_grad_(False)
+
+    samples = prepare_samples(train, style, task)
+    sched = build_schedule(style, 1)
+    cache: dict = {}
+    kw = dict(task=task, num_rounds=1, max_latent_tokens=80, non_last_loss_weight=0.1,
+              rollout_latent_steps=args.m, rollout_stages="first", rollout_cache=cache)
+
+    def rollout_z(rows):
+        ss = prepare_samples(rows, style, task)
+        out = []
+        for k in range(0, len(ss), 16):
+            out.append(encode_stage(expert, style, sched[0], ss[k:k + 16], {}, batch_size=1, **kw).z
+                       .reshape(len(ss[k:k + 16]), args.m, -1))
+        return torch.cat(out)
+
+    probe_rows = train[:128]
+    z = rollout_z(probe_rows)
+    x = [r["facts"]["fact"] for r in probe_rows]
+    for name, f in (("mean", z.mean(1)), ("last", z[:, -1]), ("first", z[:, 0])):
+        print(f"[diag] probe x from expert z {name}: {probe_x(f.float().numpy(), x)}", flush=True)
+
+    edge = "expert->learner"
+    olink = expert.outer_links[edge]
+    if args.state_bridge != "none":
+        from recmas_ray.links import init_bridge
+        from recmas_ray.train.bridge import shared_token_pairs, vocabulary_strings
+
+        zs = rollout_z(train).reshape(-1, z.shape[-1])  # memoised rollouts of every training question
+        with torch.no_grad():
+            # what the expert means at each rollout step: its own next-token argmax, read from h = the rollout state
+            hs = []
+            for k in range(0, len(train), 16):
+                ss_ = prepare_samples(train[k:k + 16], style, task)
+                users = [render_prompt(style, "expert", "base", task, q.question) for q in ss_]
+                e_, m_ = expert.embed_batch(users)
+                hs.append(expert.latent_rollout(e_, m_, args.m).reshape(-1, expert.hidden_size))
+            top = expert.logits(torch.cat(hs)).argmax(-1).tolist()
+            dst = vocabulary_strings(learner.tokenizer)
+            keep = [i for i, t in enumerate(top) if expert.tokenizer.decode([t]) in dst]
+            x_ND = zs[keep].float()
+            ids = [dst[expert.tokenizer.decode([top[i]])] for i in keep]
+            y_NE = learner.model.get_input_embeddings()(torch.tensor(ids)).float()
+            if args.state_bridge == "rollout+tokens":
+                src_ids, dst_ids = shared_token_pairs(expert.tokenizer, learner.tokenizer, max_pairs=4000)
+                x_ND = torch.cat([x_ND, expert.model.get_input_embeddings()(torch.tensor(src_ids)).float()])
+                y_NE = torch.cat([y_NE, learner.model.get_input_embeddings()(torch.tensor(dst_ids)).float()])
+            print(f"[diag] state bridge on {len(keep)} rollout states of {len(top)}; e.g. "
+                  f"{[expert.tokenizer.decode([t]) for t in top[:args.m]]}", flush=True)
+            init_bridge(olink, x_ND, y_NE, ridge=1e-2)
+    olink.float().requires_grad_(True)
+    oopt = torch.optim.AdamW(olink.parameters(), lr=args.lr, betas=(0.9, 0.95), weight_decay=0.0)
+    order = list(range(len(samples)))
+    t1 = time.perf_counter()
+    for s in range(args.outer_steps):
+        if s % (len(order) // args.batch) == 0:
+            rng.shuffle(order)
+        k = (s % (len(order) // args.batch)) * args.batch
+        batch = [samples[i] for i in order[k:k + args.batch]]
+        enc = encode_stage(expert, style, sched[0], batch, {}, batch_size=len(batch), **kw)
+        msg = emit_messages(expert, enc.z, (edge,))[edge]
+        marker = sched[1].inputs[0][0]
+        dec = encode_stage(learner, style, sched[1], batch, {marker: Latent(msg, enc.lengths)}, batch_size=len(batch),
+                           value_token_weight=args.value_weight, **{**kw, "rollout_latent_steps": 0})
+        oopt.zero_grad()
+        dec.objective.backward()
+        gn = torch.nn.utils.clip_grad_norm_(olink.parameters(), 1.0)
+        oopt.step()
+        if s % 10 == 0 or s == args.outer_steps - 1:
+            print(f"[diag] outer {s} loss {np.mean(dec.sample_losses):.3f} weighted {dec.objective.item():.3f} grad {gn:.2f} "
+                  f"({time.perf_counter() - t1:.0f} s)", flush=True)
+    olink.requires_grad_(False)
+
+    rc = RecursionConfig(method="recursive_mas", num_recursive_rounds=1, latent_steps=args.m,
+                         decode=DecodeConfig(max_new_tokens=16, seed=0))
+    for split, rows in (("train", train[:args.num_eval]), ("seen", seen), ("unseen", unseen)):
+        for abl in ("none", "shuffle"):
+            res = run_batch(pool, style, [question_text(r) for r in rows], [task] * len(rows),
+                            RecursionConfig(**{**rc.__dict__, "latent_ablation": abl}))
+            strict = sum(bool(grade_math_strict(r_.prediction, r["gold"])) for r_, r in zip(res, rows))
+            print(f"[diag] {split} {abl}: strict {strict}/{len(rows)}; e.g. "
+                  f"{[(r['gold'], r_.prediction) for r_, r in zip(res[:3], rows[:3])]}", flush=True)
+    print(f"[diag] total {time.perf_counter() - t0:.0f} s", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
