@@ -33,14 +33,14 @@ def start(cfg: ServeConfig) -> str:
 
     from ray import serve
 
-    from recmas_ray.distributed.cluster import init_ray
+    from recmas_ray.distributed.cluster import start_ray
     from recmas_ray.serve.app import build_app
     from recmas_ray.serve.security import API_KEY_ENV
 
     # The config holds only the key's digest (ServeConfig.validate); the key itself must not reach the
     # Ray processes started next, which inherit this environment.
     os.environ.pop(API_KEY_ENV, None)
-    init_ray(cfg.address)
+    start_ray(cfg.address)
     if cfg.backend == "ray" and cfg.placement.wants_gpus():  # a plan that cannot fit stops before any replica loads
         from recmas_ray.distributed.memory import check_memory
 

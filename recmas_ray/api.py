@@ -18,11 +18,12 @@ import copy
 import dataclasses
 import logging
 import os
-import tempfile
 from pathlib import Path
 from typing import Sequence
 
+from recmas_ray.api_inputs import MAX_N, MAX_QUESTION_CHARS, check_questions, check_stop, finish, python_names, str_list
 from recmas_ray.config.checks import check_tree
+from recmas_ray.console import default_log_dir, quiet_calls
 from recmas_ray.eval.config import EvalConfig
 from recmas_ray.config.recursion import DecodeConfig, RecursionConfig
 from recmas_ray.config.placement import PlacementConfig
@@ -35,112 +36,6 @@ log = logging.getLogger(__name__)
 __all__ = ["System", "SampleResult"]
 
 _NO_DATASET = "<python-api>"  # the EvalConfig held by a System has no dataset until `evaluate`
-MAX_QUESTION_CHARS = 32_000
-"""Default longest question of `generate` (a 100k-character prompt runs for minutes on CPU)."""
-MAX_N = 64
-"""Most answers per question (`n`)."""
-MAX_STOP_STRINGS = 16
-
-
-def default_log_dir() -> Path:
-    """Where a quiet System's log goes unless `log_dir` names a folder: a private folder under the temp dir."""
-    return Path(tempfile.gettempdir()) / f"recmas_ray-{os.getuid()}" / "logs"
-
-
-PYTHON_NAMES = {"models": "role_models", "role_model": "role_models", "placement": "placement"}
-"""CLI flags whose Python argument is spelled differently (the rest keep their name)."""
-
-
-@contextlib.contextmanager
-def python_names():
-    """Inside: a ValueError / TypeError whose message names a CLI flag (`--models`) names the Python argument
-    (`role_models`) instead; the shared checks speak the CLI's language."""
-    import re
-
-    def rename(match: re.Match) -> str:
-        name = match.group(1).rstrip(".").rsplit(".", 1)[-1]  # nested settings: the argument is the leaf
-        return PYTHON_NAMES.get(name, name)
-
-    try:
-        yield
-    except (ValueError, TypeError) as e:
-        text = str(e)
-        renamed = re.sub(r"(?<![\w-])--([a-z][a-z0-9_.]*)", rename, text)
-        if renamed == text:
-            raise
-        raise type(e)(renamed) from None
-
-
-@contextlib.contextmanager
-def quiet_calls(verbose: bool, log_file: Path):
-    """Inside: what Ray, Ray Data, HF, math-verify and C code print goes to `log_file` (appended), as in the jobs
-    (`console.job_console`), unless `verbose`; the caller's own console (bars, tables) stays on the terminal.
-    A Ray started inside runs on (the System's agents live in it). Nested calls and calls inside a job (whose
-    console already routes everything) change nothing."""
-    from recmas_ray import console
-
-    if console._current is not None:  # a job's console, or an outer API call, is already in charge
-        yield
-        return
-    if not verbose:
-        log_file.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
-    with console.job_console(log_file.parent, verbose=verbose, name=log_file.stem, keep_ray=True):
-        yield
-
-
-def _str_list(values, name: str) -> list[str]:
-    if isinstance(values, (str, bytes)) or not isinstance(values, (list, tuple)):
-        raise TypeError(f"{name} must be a str or a list of str, got {type(values).__name__}")
-    bad = [i for i, v in enumerate(values) if not isinstance(v, str)]
-    if bad:
-        raise TypeError(f"{name}[{bad[0]}] must be a str, got {type(values[bad[0]]).__name__}")
-    return list(values)
-
-
-def check_questions(questions, *, max_question_chars: int = MAX_QUESTION_CHARS,
-                    allow_empty: bool = False) -> list[str]:
-    """A question or a list/tuple of them, each a non-empty str of at most `max_question_chars` characters
-    (`allow_empty`: an empty list passes)."""
-    questions = [questions] if isinstance(questions, str) else _str_list(questions, "questions")
-    if not questions and not allow_empty:
-        raise ValueError("questions is empty; pass a question or a non-empty list of them")
-    for i, q in enumerate(questions):
-        if not q.strip():
-            raise ValueError(f"questions[{i}] is empty")
-        if len(q) > max_question_chars:
-            raise ValueError(f"questions[{i}] has {len(q)} characters; at most max_question_chars="
-                             f"{max_question_chars} are accepted")
-    return questions
-
-
-def check_stop(stop) -> list[str]:
-    """Stop strings as a list (None: none); each a non-empty str, at most MAX_STOP_STRINGS of them."""
-    if stop is None:
-        return []
-    stops = [stop] if isinstance(stop, str) else _str_list(stop, "stop")
-    if len(stops) > MAX_STOP_STRINGS or any(not s for s in stops):
-        raise ValueError(f"stop must hold 1 to {MAX_STOP_STRINGS} non-empty strings, got {stops!r}")
-    return stops
-
-
-def cut_at_stop(text: str, stops: Sequence[str]) -> tuple[str, bool]:
-    """`text` up to the earliest stop string (not included), and whether one was found."""
-    cuts = [i for i in (text.find(s) for s in stops) if i >= 0]
-    return (text[:min(cuts)], True) if cuts else (text, False)
-
-
-def finish(result: SampleResult, max_new_tokens: int, stops: Sequence[str]) -> SampleResult:
-    """Cut `result.prediction` at the first stop string and set its `finish_reason`.
-
-    "length" when the final decode used its whole budget (a row that reached EOS on exactly its last
-    token is counted so too: the trace holds token counts, not the tokens), else "stop".
-    """
-    result.decoder_input = None  # a caller's answer does not keep its batch's latents alive (or copy them per n)
-    result.prediction, hit = cut_at_stop(result.prediction, stops)
-    decoded = [t for t in result.trace if t.get("action") == "decode"]
-    full = bool(decoded) and decoded[-1]["text_tokens"] >= max_new_tokens
-    result.finish_reason = "stop" if hit or not full else "length"
-    return result
 
 
 class System:
@@ -178,7 +73,7 @@ class System:
               placement: str | PlacementConfig = "cpu", transport: str = OBJECT_STORE.name, timeout_s: float = 900.0,
               torch_threads: int = 0, allow_base_model_mismatch: bool = False,
               allow_style_mismatch: bool = False, verbose: bool = False,
-              log_dir: str | Path | None = None) -> System:
+              log_dir: str | Path | None = None, progress: bool = True) -> System:
         """Plan the system, check it, and start its agents.
 
         Args:
@@ -211,6 +106,8 @@ class System:
                 `system.log_path` (`log_dir`/api-<pid>.log) during this and every later call, and Ray's workers
                 keep their output in Ray's session folder (named in that log), as the CLI jobs do.
             log_dir: Folder of that log (default: recmas_ray-<uid>/logs under the temp dir).
+            progress: Ray backend: start the small actor through which agents report each question's end, so
+                that progress bars move per question (False for a system that never shows one, e.g. a server).
 
         Returns:
             The running system.
@@ -225,14 +122,14 @@ class System:
                                 device=device, dtype=dtype, seed=seed, placement=placement, transport=transport,
                                 timeout_s=timeout_s, torch_threads=torch_threads,
                                 allow_base_model_mismatch=allow_base_model_mismatch,
-                                allow_style_mismatch=allow_style_mismatch)
+                                allow_style_mismatch=allow_style_mismatch, progress=progress)
         system.verbose, system.log_path = verbose, log_path
         return system
 
     @classmethod
     def _build(cls, style, *, role_models, links, preset, ckpt_override, backend, num_replicas, task, device, dtype,
                seed, placement, transport, timeout_s, torch_threads, allow_base_model_mismatch,
-               allow_style_mismatch) -> System:
+               allow_style_mismatch, progress) -> System:
         from recmas_ray.styles import get_style
         from recmas_ray.system.hub import links_overrides, resolve_overrides
         from recmas_ray.distributed.launch import start_agents
@@ -257,7 +154,8 @@ class System:
         check_tree(cfg, lambda path: path.removeprefix("system."))  # the keyword arguments' names
         plan = plan_system(cfg.system, task=task, tools=cfg.tool_loop())
         agents = start_agents(plan, backend=backend, placement=placement, timeout_s=timeout_s,
-                              torch_threads=torch_threads, transport=transport, num_replicas=num_replicas)
+                              torch_threads=torch_threads, transport=transport, num_replicas=num_replicas,
+                              progress_relay=progress)
         return cls(cfg, plan, agents, num_replicas=num_replicas)
 
     # ------------------------------------------------------------------ use
@@ -303,8 +201,9 @@ class System:
             n: Answers per question: sampled as rows of one batch (do_sample), or n copies of the greedy
                 answer (greedy decoding gives the same answer every time, as vLLM's n does).
             max_question_chars: Longest question accepted (characters).
-            progress: A tqdm bar on stderr counting answers as each one is done (in-process agents: when
-                its row stops decoding; Ray: when its batch comes back).
+            progress: A tqdm bar on stderr counting answers as each one is done: when its row of the final
+                decode stops (EOS; reported by the agent actors as it happens on Ray), else when its batch
+                comes back (`eval.progress.QuestionProgress`).
 
         Returns:
             One list of n results per question (`[]` for no questions). Each result: `prediction` (the final agent's text), `finish_reason` ("stop": EOS or a stop
@@ -319,7 +218,7 @@ class System:
         """
         self._check_open()
         questions = check_questions(questions, max_question_chars=max_question_chars, allow_empty=True)
-        tasks = [task] * len(questions) if isinstance(task, str) else _str_list(task, "task")
+        tasks = [task] * len(questions) if isinstance(task, str) else str_list(task, "task")
         if len(tasks) != len(questions):
             raise ValueError(f"{len(questions)} questions but {len(tasks)} task types")
         from recmas_ray.eval.tasks import TASK_TYPES
@@ -346,41 +245,29 @@ class System:
         out: list[SampleResult] = []
         with self._quiet():
             from recmas_ray.console import current
+            from recmas_ray.eval.progress import QuestionProgress
+            from recmas_ray.runner import LocalPool
 
             bar = current().bar(len(rows), "generate", unit="question" if per_question == 1 else "answer",
                                 enabled=progress)
+            local = isinstance(self.agents, LocalPool)
+            relay = None if local else getattr(self.agents, "progress_relay", None) or True
+            counter = QuestionProgress(bar, relay=relay)
             try:
                 for k in range(0, len(rows), batch_size):
-                    out += self._run_counted(rows[k:k + batch_size], row_tasks[k:k + batch_size], rc, bar)
+                    names = range(k, min(k + batch_size, len(rows)))
+                    # adaptive rounds decode in several calls: their questions count when results arrive
+                    on_token = counter.batch(f"rows{k}", names, stream=rc.adaptive_threshold is None)
+                    out += self.run(rows[k:k + batch_size], row_tasks[k:k + batch_size], rc,
+                                    **({} if on_token is None else {"on_token": on_token}))
+                    counter.done(names)
             finally:
-                bar.close()
+                counter.close()
         for res in out:
             finish(res, rc.decode.max_new_tokens, stops)
         if do_sample:
             return [out[i * n:(i + 1) * n] for i in range(len(questions))]
         return [[res] + [copy.deepcopy(res) for _ in range(n - 1)] for res in out]
-
-    def _run_counted(self, questions: list[str], tasks: list[str], rc: RecursionConfig, bar) -> list[SampleResult]:
-        """`run`, advancing `bar` by one per question as it is done: in-process, when its row of the final
-        decode stops (EOS; the rest when the batch ends); on Ray, when the batch comes back."""
-        from recmas_ray.runner import LocalPool
-
-        if bar.disable or not isinstance(self.agents, LocalPool) or rc.adaptive_threshold is not None:
-            results = self.run(questions, tasks, rc)
-            bar.update(len(results))
-            return results
-        stopped = [False] * len(questions)
-
-        def on_token(ids: list) -> None:
-            newly = [b for b, tok in enumerate(ids) if tok is None and not stopped[b]]
-            for b in newly:
-                stopped[b] = True
-            if newly:
-                bar.update(len(newly))
-
-        results = self.run(questions, tasks, rc, on_token=on_token)
-        bar.update(stopped.count(False))
-        return results
 
     def run(self, questions: list[str], tasks: list[str], rc: RecursionConfig, **run_options) -> list[SampleResult]:
         """One checked batch through the agents (what `generate`, the server and lm-eval call); `run_options`
@@ -403,7 +290,8 @@ class System:
 
     def evaluate(self, dataset: str, *, dataset_path: str | None = None, methods: Sequence[str] = ("recursive_mas",),
                  num_samples: int | None = None, num_recursive_rounds: int = 3, latent_steps: int = 32,
-                 max_new_tokens: int = 256, batch_size: int = 8, num_rollouts: int = 1, grader: str = "strict",
+                 max_new_tokens: int = 256, do_sample: bool = False, temperature: float = 0.6, batch_size: int = 8,
+                 num_rollouts: int = 1, grader: str = "strict",
                  format_retry: bool = True, output_path: str = "out", resume: bool = False,
                  progress: bool = True) -> dict:
         """Evaluate on a benchmark or a local question file with the running agents (as `jobs/run.py` does).
@@ -416,14 +304,17 @@ class System:
             num_recursive_rounds: R.
             latent_steps: m.
             max_new_tokens: Decoding budget per text step.
+            do_sample: Sample instead of greedy decoding (rollout r uses the system's seed + r).
+            temperature: Sampling temperature.
             batch_size: Questions per agent call.
-            num_rollouts: Rollouts per question (pass@k).
+            num_rollouts: Rollouts per question (pass@k; sampled rollouts differ).
             grader: Headline grader: strict or reference.
             format_retry: The release's answer-format retry.
             output_path: Where samples_*.jsonl, results_*.json and config.json go.
             resume: Skip samples already in the latest samples file.
-            progress: A tqdm bar per method on stderr, counting questions as their results arrive, with the
-                accuracy so far; its rate is the run's throughput (the table's and the results file's).
+            progress: A tqdm bar per method on stderr, counting each question when its final decode stops
+                (reported by the agents as it happens) or its result arrives, with the accuracy so far; its
+                rate is the run's throughput (the table's and the results file's).
 
         Returns:
             {"results": metrics per benchmark/method, "samples_path", "results_path", "table"}.
@@ -439,7 +330,8 @@ class System:
             recursion=dataclasses.replace(self.cfg.recursion, num_recursive_rounds=num_recursive_rounds,
                                           latent_steps=latent_steps,
                                           decode=dataclasses.replace(self.cfg.recursion.decode,
-                                                                     max_new_tokens=max_new_tokens)),
+                                                                     max_new_tokens=max_new_tokens,
+                                                                     do_sample=do_sample, temperature=temperature)),
             batch_size=batch_size, num_rollouts=num_rollouts, grader=grader, format_retry=format_retry,
             output_path=str(output_path), resume=resume, progress=progress)
         with self._quiet(), python_names():
@@ -470,18 +362,3 @@ class System:
     def __repr__(self) -> str:
         return (f"System({self.style!r}, backend={self.cfg.backend!r}, role_models={self.role_models}, "
                 f"{'closed' if self._closed else 'running'})")
-
-
-def rows_file(rows: str | Path | Sequence[dict], directory: str | Path, name: str = "train.jsonl") -> str:
-    """A dataset argument for training: a path or dataset name as is, rows in memory written as JSONL."""
-    if isinstance(rows, (str, Path)):
-        return str(rows)
-    import json
-
-    rows = list(rows)
-    if not rows or not all(isinstance(r, dict) for r in rows):
-        raise ValueError("rows must be a path, a dataset name, or a non-empty list of dicts")
-    path = Path(directory) / name
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows), encoding="utf-8")
-    return str(path)

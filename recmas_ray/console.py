@@ -254,6 +254,26 @@ def job_console(log_dir: str | Path, *, verbose: bool, name: str, progress: bool
                 os.environ[k] = v
 
 
+def default_log_dir() -> Path:
+    """Where the Python API's log goes unless `log_dir` names a folder: a private folder under the temp dir."""
+    return Path(tempfile.gettempdir()) / f"recmas_ray-{os.getuid()}" / "logs"
+
+
+@contextlib.contextmanager
+def quiet_calls(verbose: bool, log_file: Path):
+    """The Python API's calls: what Ray, Ray Data, HF, math-verify and C code print goes to `log_file` (appended),
+    as in the jobs (`job_console`), unless `verbose`; the caller's own console (bars, tables) stays on the terminal.
+    A Ray started inside runs on (the System's agents live in it). Nested calls and calls inside a job (whose
+    console already routes everything) change nothing."""
+    if _current is not None:  # a job's console, or an outer API call, is already in charge
+        yield
+        return
+    if not verbose:
+        log_file.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+    with job_console(log_file.parent, verbose=verbose, name=log_file.stem, keep_ray=True):
+        yield
+
+
 def ray_starting() -> dict:
     """Called by `init_ray` before it starts or joins Ray: the job's real work begins (its log folder is made);
     returns the `ray.init` settings of the console: Ray's own logging at WARNING in a quiet job (its workers'

@@ -123,3 +123,18 @@ def decode_loop(logits_BV: torch.Tensor, step: Callable[[torch.Tensor], torch.Te
         cut = next((i + 1 for i, tok in enumerate(row) if tok in eos_set), len(row))
         out.append(row[:cut])
     return out
+
+
+class RowsStopped:
+    """An `on_token` that reports each row of a decode once, at the first step it has stopped (its id is None):
+    `report(rows)` gets the row indices newly stopped, and is called only when there are some. Picklable when
+    `report` is, so it can run in an agent actor (per-question progress on Ray)."""
+
+    def __init__(self, report: Callable[[list[int]], None]):
+        self.report, self.reported = report, set()
+
+    def __call__(self, ids: list) -> None:
+        newly = [b for b, tok in enumerate(ids) if tok is None and b not in self.reported]
+        if newly:
+            self.reported.update(newly)
+            self.report(newly)

@@ -104,7 +104,7 @@ def _probe(cfg, rows):
 def _with_rows(cfg, rows) -> None:
     """Write the accepted in-memory `rows` where `cfg` reads them."""
     if rows is not None:
-        from recmas_ray.api import rows_file
+        from recmas_ray.api_inputs import rows_file
 
         path = Path(cfg.dataset_name)
         rows_file(rows, path.parent, path.name)

@@ -58,7 +58,8 @@ def measure(cfg: ControlBenchConfig) -> dict:
 
     from recmas_ray.config.placement import PlacementConfig
     from recmas_ray.config.recursion import DecodeConfig, RecursionConfig
-    from recmas_ray.distributed.driver import build_replicas, start_router
+    from recmas_ray.distributed.replicas import build_replicas
+    from recmas_ray.distributed.orchestrator import start_router
     from recmas_ray.system.plan import simulated_plan
 
     plan = simulated_plan("sequential_light", "sim:hidden=256,step_ms=0,token_ms=0,tokens=1,prefill_ms=0")

@@ -5,7 +5,7 @@ a `ready()` health check naming role, device, GPU ids and node, failure messages
 role, and a log of its own calls (start and end times) from which busy fractions and execution
 order are read. Model code lives in `agent.py` and knows nothing about Ray.
 
-Agents run calls out of order (`allow_out_of_order_execution=True`, set in driver.py): a call
+Agents run calls out of order (`allow_out_of_order_execution=True`, set in replicas.py): a call
 starts as soon as its input latents exist, so batch B's ready round-1 step never waits behind
 batch A's round-2 step whose inputs are still being computed. A crashed agent is restarted by Ray
 (it reloads its model in `__init__`) and its idempotent calls (rollout, decode) are retried.
@@ -31,6 +31,9 @@ from recmas_ray.service import AgentService, AgentSpec
 AGENT_EXIT_AFTER: dict[str, int] = {}
 """Fault injection by tests (the fixture `inject_faults`): role -> N makes that role's actors, built from now on,
 exit hard before their (N+1)-th call, once (a restarted actor does not exit again). Empty in a real run."""
+AGENT_ENV = {"TOKENIZERS_PARALLELISM": "false", "HF_HUB_DISABLE_PROGRESS_BARS": "1"}
+"""Set in an agent's process before its model loads (not as a runtime_env: actors without one start in Ray's
+prestarted workers instead of fresh processes)."""
 CALL_LOG_SIZE = 100_000
 
 
@@ -86,6 +89,8 @@ class _AgentActorImpl:
 
     def __init__(self, spec: AgentSpec, inner_state: dict, outer_states: dict, torch_threads: int = 0,
                  exit_after: int | None = None):
+        for key, value in AGENT_ENV.items():
+            os.environ.setdefault(key, value)
         import torch
 
         if torch_threads > 0:
@@ -206,7 +211,7 @@ def _reconstructed() -> bool:
         return ray.get_runtime_context().was_current_actor_reconstructed
 
 
-# Restarts and retries are set per system in driver.py (`agent_max_restarts`).
+# Restarts and retries are set per system in replicas.py (`agent_max_restarts`).
 AgentActor = ray.remote(max_restarts=0)(_AgentActorImpl)
 RDTAgentActor = ray.remote(max_restarts=0, enable_tensor_transport=True)(_AgentActorImpl)
 

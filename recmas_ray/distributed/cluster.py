@@ -83,7 +83,9 @@ def start_ray(address: str | None = None, **kwargs) -> None:
             init_ray(address, **kwargs)
             return
         except Exception as e:  # noqa: BLE001 - Ray raises a bare Exception for this
-            if "timed out during startup" not in str(e) or attempt == 2:
+            if "timed out during startup" not in str(e):
+                raise  # another cause (a bad address, a refused option): as init_ray raises it
+            if attempt == 2:
                 raise RuntimeError(f"Ray did not start: {e}") from e
             logging.getLogger(__name__).warning("Ray start-up timed out (busy machine); retrying")
             ray.shutdown()

@@ -26,12 +26,13 @@ log = logging.getLogger(__name__)
 
 def start_agents(plan: SystemPlan, *, backend: str = "ray", placement: PlacementConfig | None = None,
                  timeout_s: float = 900.0, torch_threads: int = 0, transport: str | Transport = OBJECT_STORE,
-                 num_replicas: int | None = None, client_cpus: float = 0.0, recursion=None, max_batches: int = 0):
+                 num_replicas: int | None = None, client_cpus: float = 0.0, recursion=None, max_batches: int = 0,
+                 progress_relay: bool = False):
     """The agents of `plan`: a `LocalPool` in this process (backend "local") or running `RayReplicas`
     (`placement.num_replicas` copies of the system, or `num_replicas` when given; 0: as many as fit).
 
-    Ray backend: joins the cluster (`init_ray`, a no-op when Ray is up) and builds the replicas with
-    `distributed.driver.build_replicas` (`client_cpus`, `recursion`, `max_batches`: see there).
+    Ray backend: joins the cluster (`start_ray`, a no-op when Ray is up) and builds the replicas with
+    `distributed.replicas.build_replicas` (`client_cpus`, `recursion`, `max_batches`, `progress_relay`: see there).
     """
     if backend not in BACKENDS:
         raise ValueError(f"unknown backend {backend!r}; expected one of {BACKENDS}")
@@ -43,9 +44,10 @@ def start_agents(plan: SystemPlan, *, backend: str = "ray", placement: Placement
             log.warning("num_replicas=%d is ignored by the local backend (one in-process system)",
                         placement.num_replicas)
         return local_pool(plan)
-    from recmas_ray.distributed.cluster import init_ray
-    from recmas_ray.distributed.driver import build_replicas
+    from recmas_ray.distributed.cluster import start_ray
+    from recmas_ray.distributed.replicas import build_replicas
 
-    init_ray()
+    start_ray()  # a local start-up that timed out on a busy machine is retried
     return build_replicas(plan, placement, timeout_s=timeout_s, torch_threads=torch_threads, transport=transport,
-                          client_cpus=client_cpus, recursion=recursion, max_batches=max_batches)
+                          client_cpus=client_cpus, recursion=recursion, max_batches=max_batches,
+                          progress_relay=progress_relay)

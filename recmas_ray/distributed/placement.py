@@ -27,7 +27,7 @@ from recmas_ray.config.placement import PRESETS, PlacementConfig
 log = logging.getLogger(__name__)
 
 ORCHESTRATOR_CPUS = 1.0
-"""Logical CPUs of each replica's orchestrator actor (see driver.Orchestrator)."""
+"""Logical CPUs of each replica's orchestrator actor (see orchestrator.Orchestrator)."""
 ORCHESTRATOR_MAX_BATCHES = 256
 """Batches one orchestrator runs at once by default (its threads; each mostly waits on agents); a replica
 asked for more in flight (`build_replicas(max_batches=...)`) gets an orchestrator with that many. At the

@@ -92,3 +92,16 @@ def resolve_copies(role_replicas: dict[str, int], auto: bool, roles, costs: dict
         raise ValueError(f"--role_replicas names {bad}, not roles of this style {roles}")
     base = copies_from_costs(costs) if auto and costs else {r: 1 for r in roles}
     return {r: int(role_replicas.get(r, base.get(r, 1))) for r in roles}
+
+
+def role_copies(plan, placement, recursion=None) -> dict:
+    """Actor copies per role: `--role_replicas`, the rest sized from costs with `--auto_role_replicas`
+    (`recursion`: the run's R, m and decode budget; defaults otherwise)."""
+    from recmas_ray.config.recursion import RecursionConfig
+
+    costs = None
+    if placement.auto_role_replicas:
+        rc = recursion or RecursionConfig()
+        costs = role_costs(plan.style, plan.role_models, rc.num_recursive_rounds, rc.latent_steps,
+                           rc.decode.max_new_tokens, decode_every_round=rc.decode_every_round)
+    return resolve_copies(placement.role_replicas, placement.auto_role_replicas, plan.style.roles, costs)

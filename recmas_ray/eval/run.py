@@ -38,6 +38,7 @@ from recmas_ray.eval.fingerprint import (bench_name, check_fingerprint, fingerpr
                                          resolved_runtime, run_fingerprint, verify_resume)
 from recmas_ray.eval.protocol import Resolution, metric_k, resolution as protocol_resolution
 from recmas_ray.eval.plots import plot_vs_rounds
+from recmas_ray.eval.progress import QuestionProgress
 from recmas_ray.eval.results import machine_load, markdown_table, read_results, summarize, write_results
 from recmas_ray.eval.samples import VERDICT_FIELDS, SampleWriter, read_samples, sample_key, timestamp, with_verdicts
 from recmas_ray.eval import stream
@@ -118,23 +119,33 @@ class BatchRunner:
             agents = start_agents(plan, backend=cfg.backend, placement=cfg.placement, timeout_s=cfg.timeout_s,
                                   torch_threads=cfg.torch_threads, transport=cfg.transport,
                                   client_cpus=planned_client_cpus(cfg.stream, num_actors),
-                                  recursion=cfg.recursion, max_batches=planned_depth(cfg.stream, num_actors))
+                                  recursion=cfg.recursion, max_batches=planned_depth(cfg.stream, num_actors),
+                                  progress_relay=cfg.progress)
             self.pool, self.system = (agents, None) if cfg.backend == "local" else (None, agents)
 
-    def stream(self, batches, method):
-        """Yield graded sample records as batches finish (Ray: several in flight, arrival order)."""
+    def stream(self, batches, method, counter: QuestionProgress | None = None):
+        """Yield graded sample records as batches finish (Ray: several in flight, arrival order); `counter`
+        is told each batch's questions and gets their final decode's stopped rows as they stop."""
         cfg, decoder = self.cfg, self.plan.style.decoder
+        sinks = {}
+        for batch, rollout in batches:
+            key = stream.batch_key(method, rollout, batch)
+            names = [sample_key({"method": method, "doc_id": i["doc_id"], "rollout": rollout}) for i in batch]
+            streams = cfg.recursion.adaptive_threshold is None  # adaptive rounds take no on_token
+            sinks[key] = counter.batch(key, names, stream=streams) if counter is not None else None
         if self.system is not None:
             from recmas_ray.eval.stream import stream_samples
 
+            relayed = (counter.relay, counter.scope) if counter is not None and counter.relay is not None else None
             yield from stream_samples(self.system, batches, method, recursion_for(cfg, method, 0), cfg.grader,
                                       cfg.format_retry, cfg.stream, timeout_s=cfg.timeout_s,
-                                      max_batch_retries=cfg.max_batch_retries)
+                                      max_batch_retries=cfg.max_batch_retries, progress=relayed)
             return
         from recmas_ray.runner import run_batch
 
-        def solve(qs, ts, rc):
-            return run_batch(self.pool, self.plan.style, qs, ts, rc)
+        def solve(qs, ts, rc, on_token=None):
+            return run_batch(self.pool, self.plan.style, qs, ts, rc,
+                             **({} if on_token is None else {"on_token": on_token}))
 
         def retry(texts, suffixes, n, decode, context=None):
             return self.pool.get(self.pool.retry_format(decoder, texts, suffixes, n, cfg=decode, context=context),
@@ -142,13 +153,23 @@ class BatchRunner:
 
         rc, fail_docs = recursion_for(cfg, method, 0), stream.FAULTS.fail_docs
         for batch, rollout in batches:
-            def attempt(batch=batch, rollout=rollout):
-                return solve_and_grade(batch, rollout, method, rc, cfg.grader, solve,
+            on_token = sinks[stream.batch_key(method, rollout, batch)]
+
+            def attempt(batch=batch, rollout=rollout, on_token=on_token):
+                return solve_and_grade(batch, rollout, method, rc, cfg.grader,
+                                       lambda qs, ts, rc: solve(qs, ts, rc, on_token),
                                        retry if cfg.format_retry else None), 0
 
             yield from with_batch_retries(batch, rollout, method, rc, cfg.max_batch_retries, attempt,
                                           fail_docs=fail_docs,
                                           on_error=lambda n, e: log.warning("batch failed (attempt %d): %s", n + 1, e))
+
+    def progress_relay(self):
+        """Where the agents report stopped rows: the replicas' relay, True (a bar's own) on a bare Ray system,
+        None in-process (the decode's callback is called here)."""
+        if self.system is None:
+            return None
+        return getattr(self.system, "progress_relay", None) or True
 
     def close(self):
         if self.system is not None and self.owned:
@@ -231,21 +252,25 @@ def _evaluate_locked(cfg: EvalConfig, plan, items: list[dict], fingerprint: dict
                 n_todo = sum(len(b) for b, _ in batches)
                 # samples, ETA, accuracy so far; its rate (samples / seconds since it opened) is the throughput
                 bar = _bar(n_todo, f"{cfg.system.style}/{method}", progress)
+                # each question counted as its final decode stops (agents report it), else as its record arrives
+                counter = QuestionProgress(bar, relay=backend.progress_relay())
                 t0 = time.perf_counter()
                 n_ok = n_done = 0
                 fresh[method] = n_todo == len(items) * cfg.num_rollouts  # else wall time covers only part
-                for rec in backend.stream(batches, method):
-                    key = sample_key(rec)
-                    if key in done:  # never a second line per sample, even if a batch came back twice
-                        continue
-                    if not rec.get("error"):
-                        done.add(key)
-                    writer.write(with_verdicts(rec))
-                    n_done, n_ok = n_done + 1, n_ok + int(rec["correct"])
-                    bar.set_postfix(acc=f"{n_ok / n_done:.3f}", refresh=False)
-                    bar.update(1)
-                wall[method] = time.perf_counter() - t0  # the results' throughput: the same span as the bar's
-                bar.close()
+                try:
+                    for rec in backend.stream(batches, method, counter):
+                        key = sample_key(rec)
+                        if key in done:  # never a second line per sample, even if a batch came back twice
+                            continue
+                        if not rec.get("error"):
+                            done.add(key)
+                        writer.write(with_verdicts(rec))
+                        n_done, n_ok = n_done + 1, n_ok + int(rec["correct"])
+                        bar.set_postfix(acc=f"{n_ok / n_done:.3f}", refresh=False)
+                        counter.done([key])
+                    wall[method] = time.perf_counter() - t0  # the results' throughput: the bar's span too
+                finally:
+                    counter.close()
     finally:
         backend.close()
     return finish(cfg, samples_file, plan, {m: t for m, t in wall.items() if fresh[m]}, start, resolution)

@@ -176,7 +176,7 @@ class EvalClient:
 
     def __init__(self, replicas: list, router, method: str, recursion: RecursionConfig, grader: str,
                  format_retry: bool, timeout_s: float, max_batch_retries: int = 2, exit_after: int | None = None,
-                 fail_docs: dict | None = None, style=None):
+                 fail_docs: dict | None = None, style=None, progress: tuple | None = None):
         import ray
 
         self.replicas, self.router = replicas, router  # the orchestrator of each replica; the replica router
@@ -184,6 +184,7 @@ class EvalClient:
         self.method, self.recursion, self.grader = method, recursion, grader
         self.format_retry, self.timeout_s, self.max_batch_retries = format_retry, timeout_s, max_batch_retries
         self.fail_docs = fail_docs or {}
+        self.progress = progress  # (relay, scope): where final decodes report stopped rows (None: nowhere)
         with warnings.catch_warnings():  # the property warns about an internal deprecated call
             warnings.simplefilter("ignore")
             restarted = ray.get_runtime_context().was_current_actor_reconstructed
@@ -213,7 +214,14 @@ class EvalClient:
         attempt_id = f"{bid}#{next(self.attempts)}"  # a retry never shares an id with the attempt it replaces
         try:
             def solve(qs, ts, rc):
-                ref = orchestrator.solve.remote(qs, ts, rc, attempt_id)
+                stream = {}
+                if self.progress is not None and rc.adaptive_threshold is None:  # adaptive rounds do not stream
+                    from recmas_ray.decoding import RowsStopped
+                    from recmas_ray.distributed.progress import RelayReport
+
+                    relay, scope = self.progress
+                    stream["on_token"] = RowsStopped(RelayReport(relay, f"{scope}:{bid}"))
+                ref = orchestrator.solve.remote(qs, ts, rc, attempt_id, **stream)
                 try:
                     return self._get(ref, f"batch {bid} (replica {replica})")
                 except RuntimeError:  # timed out: stop its agent calls before the retry starts
@@ -303,22 +311,28 @@ def message_bytes(plan, recursion: RecursionConfig, batch_size: int) -> int:
     return len(plan.style.edges) * batch_size * recursion.latent_steps * width * 4
 
 
+def batch_key(method: str, rollout: int, items: list[dict]) -> str:
+    """A batch's name within a run (its first question's doc id), the same for every attempt of it."""
+    return f"{method}/r{rollout}/{items[0]['doc_id']}"
+
+
 def stream_samples(system, batches: list[tuple[list[dict], int]], method: str, recursion: RecursionConfig,
                    grader: str, format_retry: bool, cfg: StreamConfig, *, timeout_s: float,
-                   max_batch_retries: int = 2) -> Iterator[dict]:
+                   max_batch_retries: int = 2, progress: tuple | None = None) -> Iterator[dict]:
     """Yield graded sample records as client actors finish their batches (arrival order).
 
     `system`: a RaySystem or RayReplicas; `batches_in_flight` batches per replica are kept in flight by
-    client processes holding `batches_per_client` each.
+    client processes holding `batches_per_client` each. `progress`: (a `distributed.progress.DoneRelay`, a
+    scope): each batch's final decode reports its rows there as they stop, under "scope:`batch_key`".
     """
     import ray
 
-    from recmas_ray.distributed.driver import as_replicas
+    from recmas_ray.distributed.replicas import as_replicas
 
     if not batches:
         return
     replicas = as_replicas(system)
-    rows = [{"batch_id": f"{method}/r{r}/{b[0]['doc_id']}", "rollout": r,
+    rows = [{"batch_id": batch_key(method, r, b), "rollout": r,
              "items": json.dumps(b, ensure_ascii=False, default=str)} for b, r in batches]
     ctx = ray.data.DataContext.get_current()
     ctx.enable_progress_bars = False  # the driver shows its own bar (samples, accuracy, samples/s)
@@ -353,7 +367,8 @@ def stream_samples(system, batches: list[tuple[list[dict], int]], method: str, r
                                    "router": replicas.router, "method": method,
                                    "recursion": recursion, "grader": grader, "format_retry": format_retry,
                                    "timeout_s": timeout_s, "max_batch_retries": max_batch_retries,
-                                   "exit_after": FAULTS.client_exit_after, "fail_docs": FAULTS.fail_docs})
+                                   "exit_after": FAULTS.client_exit_after, "fail_docs": FAULTS.fail_docs,
+                                   "progress": progress})
     try:
         # No prefetch: iter_rows' one-block prefetch holds each output back until the next one
         # arrives, so a crash would also lose a finished batch that never reached the file.

@@ -78,7 +78,8 @@ class RecMASServer:
         system = {k: v for k, v in dataclasses.asdict(cfg.system).items() if k in system_fields(ServeConfig)}
         # verbose: a replica's output already goes where Ray puts its workers' (the serve job's log)
         self.system = System.build(**system, backend=cfg.backend, task=cfg.task, placement=cfg.placement,
-                                   timeout_s=cfg.timeout_s, torch_threads=cfg.torch_threads, verbose=True)
+                                   timeout_s=cfg.timeout_s, torch_threads=cfg.torch_threads, verbose=True,
+                                   progress=False)
         self.tokenizer = _tokenizer(self.system.role_models[self.system.plan.style.decoder])
         # In-process agents are not safe to drive from several threads at once; Ray agents are.
         self.lock = threading.Lock() if cfg.backend == "local" else None
@@ -207,7 +208,7 @@ class RecMASServer:
     # ------------------------------------------------------------------ one batch
     async def _run_batch(self, key: str, jobs: list) -> list:
         """Run the rows of every job as one batch; returns each job's choices (finish_reason set, stops cut)."""
-        from recmas_ray.api import finish
+        from recmas_ray.api_inputs import finish
 
         reqs = [job.payload.req for job in jobs]
         rc = reqs[0].recursion

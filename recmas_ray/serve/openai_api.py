@@ -19,7 +19,7 @@ import json
 from dataclasses import dataclass, field
 from typing import Any
 
-from recmas_ray.api import MAX_N, MAX_STOP_STRINGS
+from recmas_ray.api_inputs import MAX_N, MAX_STOP_STRINGS
 from recmas_ray.config.checks import ConfigError, check_tree
 from recmas_ray.config.recursion import METHODS, RecursionConfig
 from recmas_ray.eval.tasks import TASK_TYPES

@@ -13,7 +13,7 @@ import json
 import time
 import uuid
 
-from recmas_ray.api import cut_at_stop
+from recmas_ray.api_inputs import cut_at_stop
 from recmas_ray.serve.openai_api import GenRequest
 
 

@@ -36,7 +36,7 @@ sys.path.insert(0, ROOT)
 
 from recmas_ray.config.recursion import DecodeConfig  # noqa: E402
 from recmas_ray.distributed.actors import RayPool, from_wire  # noqa: E402
-from recmas_ray.distributed.driver import build_ray_system, build_replicas  # noqa: E402
+from recmas_ray.distributed.replicas import build_ray_system, build_replicas  # noqa: E402
 from recmas_ray.config.placement import PlacementConfig  # noqa: E402
 from recmas_ray.config.recursion import RecursionConfig
 from recmas_ray.runner import run_batch  # noqa: E402

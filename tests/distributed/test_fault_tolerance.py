@@ -85,7 +85,7 @@ def test_crashed_agent_restarts_reloads_and_its_calls_are_retried(ray_cluster, i
     import ray
 
     from recmas_ray.config.recursion import DecodeConfig, RecursionConfig
-    from recmas_ray.distributed.driver import build_ray_system
+    from recmas_ray.distributed.replicas import build_ray_system
     from recmas_ray.config.placement import PlacementConfig
     from recmas_ray.runner import run_batch
     from recmas_ray.system.launch import local_pool

@@ -5,7 +5,8 @@ import pytest
 import ray
 
 from recmas_ray.config.recursion import DecodeConfig, RecursionConfig
-from recmas_ray.distributed.driver import build_ray_system, build_replicas, role_copies
+from recmas_ray.distributed.pools import role_copies
+from recmas_ray.distributed.replicas import build_replicas
 from recmas_ray.config.placement import PlacementConfig
 from recmas_ray.distributed.placement import plan_placement
 from recmas_ray.distributed.pools import copies_from_costs, resolve_copies, role_costs

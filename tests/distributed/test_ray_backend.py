@@ -7,7 +7,7 @@ import ray
 import torch
 
 from recmas_ray.config.recursion import DecodeConfig
-from recmas_ray.distributed.driver import build_ray_system
+from recmas_ray.distributed.replicas import build_ray_system
 from recmas_ray.config.placement import PlacementConfig
 from recmas_ray.config.recursion import RecursionConfig
 from recmas_ray.runner import run_batch

@@ -11,7 +11,7 @@ import pytest
 import ray
 
 from recmas_ray.config.recursion import DecodeConfig, RecursionConfig
-from recmas_ray.distributed.driver import build_ray_system, build_replicas
+from recmas_ray.distributed.replicas import build_ray_system, build_replicas
 from recmas_ray.config.placement import PlacementConfig
 from recmas_ray.system.plan import simulated_plan
 

@@ -113,7 +113,7 @@ def test_ray_stream_two_methods_matches_local(ray_cluster, qfile, local_run, tmp
 @pytest.fixture(scope="module")
 def shared_system(ray_cluster, qfile):
     """One running system for the crash run and its --resume rerun (agents load once)."""
-    from recmas_ray.distributed.driver import build_ray_system
+    from recmas_ray.distributed.replicas import build_ray_system
     from recmas_ray.system.plan import plan_system
 
     cfg = config(qfile, "unused", "ray")

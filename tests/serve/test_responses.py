@@ -5,7 +5,7 @@ import json
 
 import pytest
 
-from recmas_ray.api import finish
+from recmas_ray.api_inputs import finish
 from recmas_ray.config.recursion import RecursionConfig
 from recmas_ray.runner import SampleResult
 from recmas_ray.serve.openai_api import parse_request

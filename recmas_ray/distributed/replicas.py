@@ -1,4 +1,5 @@
-"""Ray system: placement group + agent actors + the orchestrator actor that runs the recursion.
+"""Running Ray systems: one replica's placement group, agent actors and orchestrator (`RaySystem`), a set of
+replicas with their router (`RayReplicas`), and how they are built and awaited.
 
     job entrypoint (jobs/run.py)
         | build_replicas(plan, placement)        check resources for N replicas, then per replica:
@@ -35,108 +36,19 @@ from recmas_ray.config.placement import PlacementConfig
 from recmas_ray.config.recursion import RecursionConfig
 from recmas_ray.config.transport import OBJECT_STORE, Transport, get_transport
 from recmas_ray.distributed.actors import AGENT_EXIT_AFTER, AgentActor, RayPool, RDTAgentActor, when_done
-from recmas_ray.distributed.routing import ReplicaRouter, batch_work
+from recmas_ray.distributed.orchestrator import Orchestrator, start_router
+from recmas_ray.distributed.pools import role_copies
+from recmas_ray.distributed.progress import start_relay
+from recmas_ray.distributed.routing import batch_work
 from recmas_ray.distributed.placement import (ORCHESTRATOR_CPUS, ORCHESTRATOR_MAX_BATCHES, PlacementPlan,
                                               check_resources, create_placement, detect_autoscaling, gpu_count,
                                               plan_placement, replicas_that_fit)
-from recmas_ray.runner import run_batch
-from recmas_ray.styles import StyleSpec
 from recmas_ray.system.plan import SystemPlan
 
 log = logging.getLogger(__name__)
 
 AGENT_MAX_CALLS = 256
 """Calls an agent actor with continuous batching takes at once (each waits on its scheduler's steps)."""
-AGENT_ENV = {"TOKENIZERS_PARALLELISM": "false", "HF_HUB_DISABLE_PROGRESS_BARS": "1"}
-
-
-class _OrchestratorImpl:
-    """Runs batches through the recursion against the replica's role groups (one per replica).
-
-    Every agent call of every batch goes to the copy its `RoleGroup` picks at that step (least queued
-    work); format retries go through the same groups. `cancel(batch_id)` stops a batch: its queued
-    agent calls are cancelled and its next step fails, so a timed-out batch does not run on beside
-    its retry.
-    """
-
-    def __init__(self, style: StyleSpec, copies: dict, timeout_s: float, transport: str | Transport = OBJECT_STORE):
-        from recmas_ray.distributed.routing import RoleGroup
-
-        self.style = style  # the plan's style object: it carries the run's prompt set
-        self.timeout_s, self.transport = timeout_s, get_transport(transport)
-        # role -> its copies (one each without --role_replicas) and their routing
-        self.groups = {r: RoleGroup(r, list(h) if isinstance(h, (list, tuple)) else [h]) for r, h in copies.items()}
-        self._running: dict[str, RayPool] = {}
-        self._lock = threading.Lock()
-        if self.transport.direct:
-            # RDT checks the transport in the calling process, so the orchestrator creates the group.
-            from ray.experimental.collective import create_collective_group
-
-            actors = [h for g in self.groups.values() for h in g.copies]
-            create_collective_group(actors, backend=self.transport.collective_backend)
-
-    def ready(self) -> bool:
-        return True
-
-    def solve(self, questions: list[str], tasks: list[str], cfg: RecursionConfig, batch_id: str = "",
-              **run_options):
-        """One batch through `run_batch` (`run_options`: its keyword options, e.g. on_token, targets)."""
-        self.transport.check_ablation(cfg.latent_ablation)  # Python callers skip EvalConfig
-        self.transport.check_adaptive_rounds(cfg.adaptive_threshold)
-        pool = RayPool(self.groups, timeout_s=self.timeout_s,
-                       context=f", batch {batch_id}" if batch_id else "", transport=self.transport)
-        key = batch_id or pool.key_prefix
-        with self._lock:
-            self._running[key] = pool
-        try:
-            results = run_batch(pool, self.style, questions, tasks, cfg, **run_options)
-            if self.transport.direct:  # RDT messages are taken once: a retry continues the bare reply
-                for res in results:
-                    res.decoder_input = None
-            return results
-        except BaseException:
-            pool.release_kept()  # RDT: the failed batch's messages would stay in the agents otherwise
-            raise
-        finally:
-            with self._lock:
-                if self._running.get(key) is pool:
-                    del self._running[key]
-            pool.finish()
-
-    def cancel(self, batch_id: str) -> int:
-        """Cancel a running batch's unfinished agent calls; returns how many (0: not running here)."""
-        with self._lock:
-            pool = self._running.get(batch_id)
-        return pool.cancel() if pool is not None else 0
-
-    def retry_format(self, texts: list[str], suffixes: list[str], max_new_tokens: int, *, cfg, context=None):
-        """The answer-format retry on the decoder copy its group picks (see `AgentService.retry_format`)."""
-        pool = RayPool(self.groups, timeout_s=self.timeout_s, context=", format retry", transport=self.transport)
-        try:
-            return pool.get(pool.retry_format(self.style.decoder, texts, suffixes, max_new_tokens, cfg=cfg,
-                                              context=context), what="format retry")
-        finally:
-            pool.finish()
-
-    def group_stats(self) -> dict:
-        """Per role and copy: work queued now, calls and work served."""
-        return {r: g.stats() for r, g in self.groups.items()}
-
-
-Orchestrator = ray.remote(num_cpus=ORCHESTRATOR_CPUS, max_concurrency=ORCHESTRATOR_MAX_BATCHES)(_OrchestratorImpl)
-
-
-RouterActor = ray.remote(num_cpus=0, max_concurrency=64)(ReplicaRouter)
-
-
-def start_router(num_replicas: int, *, timeout_s: float):
-    """The replica router actor every client of these replicas asks (evaluation clients, API, Serve)."""
-    return RouterActor.remote(num_replicas, lease_s=lease_seconds(timeout_s))
-
-
-def lease_seconds(timeout_s: float) -> float:
-    """A batch's lease: its solve and its format retry may each take `timeout_s`."""
-    return 2 * timeout_s + 60.0
 
 
 @dataclass
@@ -205,6 +117,9 @@ class RayReplicas:
     router: object
     timeout_s: float
     placement: dict = field(default_factory=dict)
+    progress_relay: object = None
+    """Where final decodes report their stopped rows (`distributed.progress`), started with the agents so that
+    it is up before the first batch (None: each progress bar starts its own)."""
     _running: dict = field(default_factory=dict, repr=False)
     """ObjectRef of a submitted batch -> (replica, batch id), until it finishes."""
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
@@ -281,10 +196,12 @@ class RayReplicas:
     def shutdown(self) -> None:
         for s in self.systems:
             s.shutdown()
-        try:
-            ray.kill(self.router)
-        except Exception:
-            pass
+        for actor in (self.router, self.progress_relay):
+            try:
+                if actor is not None:
+                    ray.kill(actor)
+            except Exception:
+                pass
 
 
 def actor_options(transport: Transport, max_restarts: int, *, out_of_order: bool = True) -> dict:
@@ -325,10 +242,9 @@ def start_system(plan: SystemPlan, placement: PlacementConfig, *, timeout_s: flo
     pg = create_placement(pplan, preset=placement.preset, timeout_s=placement.ready_timeout_s, autoscaling=scaling,
                           placement_timeout_s=placement.placement_timeout_s, num_replicas=num_replicas,
                           name=f"recmas-replica{replica}-{os.urandom(4).hex()}")  # unique: Serve replicas build one each
-    env = dict(AGENT_ENV)
-    if torch_threads > 0:  # Ray pins OMP threads to floor(num_cpus) (>= 1) otherwise
-        env["OMP_NUM_THREADS"] = str(torch_threads)
-    env.update(extra_env or {})
+    # No runtime_env unless the caller adds variables: the agents then start in Ray's prestarted workers
+    # (AGENT_ENV is set in the actor; torch_threads by torch.set_num_threads there).
+    env = {"runtime_env": {"env_vars": dict(extra_env)}} if extra_env else {}
     opts = actor_options(transport, placement.agent_max_restarts, out_of_order=out_of_order)
     batching = {r: plan.service_args(r)[0].continuous_batching for r in roles}
     system = RaySystem(plan, {}, None, pg, {}, timeout_s, replica)
@@ -344,7 +260,7 @@ def start_system(plan: SystemPlan, placement: PlacementConfig, *, timeout_s: flo
                 strategy = PlacementGroupSchedulingStrategy(placement_group=pg, placement_group_bundle_index=bundle)
                 system.copies[role].append(actor_cls.options(
                     num_cpus=pplan.cpus[role], num_gpus=pplan.gpus[role], scheduling_strategy=strategy,
-                    runtime_env={"env_vars": env}, name=None, **opts,
+                    name=None, **env, **opts,
                     # continuous batching: calls of several batches run at once, their steps merged
                     **({"max_concurrency": AGENT_MAX_CALLS} if batching[role] else {}),
                 ).remote(spec, inner, outer, torch_threads, AGENT_EXIT_AFTER.get(role)))
@@ -356,8 +272,16 @@ def start_system(plan: SystemPlan, placement: PlacementConfig, *, timeout_s: flo
 
 
 def await_system(system: RaySystem, placement: PlacementConfig, *, transport: str | Transport) -> RaySystem:
-    """Second half of `build_ray_system`: every agent's `ready()` (with the timeout), then the orchestrator."""
-    transport = get_transport(transport)
+    """Second half of `build_ray_system`: the orchestrator started while the agents load (after them where the
+    transport's collective group needs them up), every agent's `ready()` (with the timeout), the orchestrator's."""
+    if not get_transport(transport).direct:
+        start_orchestrator(system, placement, transport=transport)
+    await_agents(system, placement)
+    return await_orchestrator(system, placement, transport=transport)
+
+
+def await_agents(system: RaySystem, placement: PlacementConfig) -> RaySystem:
+    """Wait for every agent actor's `ready()` (models loaded), within `placement.ready_timeout_s`."""
     plan, replica = system.plan, system.replica
     try:
         refs = {name: h.ready.remote() for name, h in system.actors().items()}
@@ -370,10 +294,28 @@ def await_system(system: RaySystem, placement: PlacementConfig, *, transport: st
                 raise RuntimeError(f"agent {role} ({model}) of replica {replica} failed to start "
                                    f"within {placement.ready_timeout_s:g}s: {e}") from e
             log.info("agent ready (replica %d): %s", replica, system.infos[role])
-        # The orchestrator sits in no bundle: it may land on any node with a free CPU.
-        restarts = actor_options(transport, placement.agent_max_restarts)["max_restarts"]
-        system.orchestrator = Orchestrator.options(max_restarts=restarts, max_concurrency=system.max_batches).remote(
-            plan.style, system.copies or system.handles, system.timeout_s, transport)
+    except BaseException:
+        system.shutdown()
+        raise
+    return system
+
+
+def start_orchestrator(system: RaySystem, placement: PlacementConfig, *, transport: str | Transport) -> None:
+    """Create the replica's orchestrator actor over its agents' handles (not awaited; once)."""
+    if system.orchestrator is not None:
+        return
+    transport = get_transport(transport)
+    # The orchestrator sits in no bundle: it may land on any node with a free CPU.
+    restarts = actor_options(transport, placement.agent_max_restarts)["max_restarts"]
+    system.orchestrator = Orchestrator.options(max_restarts=restarts, max_concurrency=system.max_batches).remote(
+        system.plan.style, system.copies or system.handles, system.timeout_s, transport)
+
+
+def await_orchestrator(system: RaySystem, placement: PlacementConfig, *, transport: str | Transport) -> RaySystem:
+    """Start the replica's orchestrator if it is not yet, and wait until it answers."""
+    replica = system.replica
+    try:
+        start_orchestrator(system, placement, transport=transport)
         if not ray.wait([system.orchestrator.ready.remote()], timeout=placement.ready_timeout_s)[0]:
             raise RuntimeError(f"orchestrator actor of replica {replica} ({ORCHESTRATOR_CPUS:g} CPU) not scheduled "
                                f"after {placement.ready_timeout_s:g}s; available resources: {ray.available_resources()}")
@@ -403,29 +345,18 @@ def _free_per_node() -> list[dict]:
     return [{k: v for k, v in res.items() if k in ("CPU", "GPU")} for res in available_resources_per_node().values()]
 
 
-def role_copies(plan: SystemPlan, placement: PlacementConfig, recursion: RecursionConfig | None = None) -> dict:
-    """Actor copies per role: `--role_replicas`, the rest sized from costs with `--auto_role_replicas`
-    (`recursion`: the run's R, m and decode budget; defaults otherwise)."""
-    from recmas_ray.distributed.pools import resolve_copies, role_costs
-
-    costs = None
-    if placement.auto_role_replicas:
-        rc = recursion or RecursionConfig()
-        costs = role_costs(plan.style, plan.role_models, rc.num_recursive_rounds, rc.latent_steps,
-                           rc.decode.max_new_tokens, decode_every_round=rc.decode_every_round)
-    return resolve_copies(placement.role_replicas, placement.auto_role_replicas, plan.style.roles, costs)
-
-
 def build_replicas(plan: SystemPlan, placement: PlacementConfig, *, timeout_s: float = 600.0,
                    torch_threads: int = 0, transport: str | Transport = OBJECT_STORE, client_cpus: float = 0.0,
                    out_of_order: bool = True, extra_env: dict | None = None,
-                   recursion: RecursionConfig | None = None, max_batches: int = 0) -> RayReplicas:
+                   recursion: RecursionConfig | None = None, max_batches: int = 0,
+                   progress_relay: bool = False) -> RayReplicas:
     """`placement.num_replicas` independent systems (0: as many as fit) and their router.
 
     On a cluster that cannot grow, the whole request is checked before any actor starts, so a
     shortfall fails at once naming it; `client_cpus` per replica are kept free for its clients
     when counting how many replicas fit (auto); `max_batches`: batches each replica's orchestrator must run
-    at once (its threads; at least `ORCHESTRATOR_MAX_BATCHES`).
+    at once (its threads; at least `ORCHESTRATOR_MAX_BATCHES`); `progress_relay`: start the relay per-question
+    progress bars read (`RayReplicas.progress_relay`), with the agents.
     """
     roles = list(plan.style.roles)
     copies = role_copies(plan, placement, recursion)
@@ -436,20 +367,28 @@ def build_replicas(plan: SystemPlan, placement: PlacementConfig, *, timeout_s: f
         nodes = [nd["Resources"] for nd in ray.nodes() if nd.get("Alive")]
         check_resources(pplan, ray.cluster_resources(), nodes, preset=placement.preset, num_replicas=n)
     systems: list[RaySystem] = []
+    relay = start_relay() if progress_relay else None  # no CPU: its process starts while the agents load
+    router = None
     try:
         for i in range(n):  # every replica's agents load their models at once, then all are awaited
             systems.append(start_system(plan, placement, timeout_s=timeout_s, torch_threads=torch_threads,
                                         transport=transport, replica=i, num_replicas=1, autoscaling=scaling,
                                         out_of_order=out_of_order, extra_env=extra_env, copies=copies))
+            systems[-1].max_batches = max(ORCHESTRATOR_MAX_BATCHES, int(max_batches))
+        router = start_router(n, timeout_s=timeout_s)  # it and the orchestrators start while the agents load
+        if not get_transport(transport).direct:
+            for system in systems:
+                start_orchestrator(system, placement, transport=transport)
         for system in systems:
-            system.max_batches = max(ORCHESTRATOR_MAX_BATCHES, int(max_batches))
             await_system(system, placement, transport=transport)
-        router = start_router(n, timeout_s=timeout_s)
     except BaseException:
         for s in systems:
             s.shutdown()
+        for actor in (router, relay):
+            if actor is not None:
+                ray.kill(actor)
         raise
-    return RayReplicas(plan, systems, router, timeout_s,
+    return RayReplicas(plan, systems, router, timeout_s, progress_relay=relay,
                        placement={"num_replicas": n, "autoscaling": scaling, "role_copies": copies})
 
 
