@@ -15,6 +15,18 @@ import asyncio
 import ray
 
 
+async def take_queued(queue: asyncio.Queue, timeout_s: float) -> list:
+    """Every item queued, waiting up to `timeout_s` for the first one ([] when none came): how the relays
+    (this one and `serve.streaming.TokenRelay`) hand their reports to a waiting caller."""
+    try:
+        items = [await asyncio.wait_for(queue.get(), timeout_s)]
+    except asyncio.TimeoutError:
+        return []
+    while not queue.empty():
+        items.append(queue.get_nowait())
+    return items
+
+
 @ray.remote(num_cpus=0)
 class DoneRelay:
     """Queues of (batch key, stopped rows) reports, one per open scope (a progress bar); a key is
@@ -37,16 +49,7 @@ class DoneRelay:
     async def take(self, scope: str, timeout_s: float) -> list[tuple[str, list[int]]]:
         """Every report of `scope` queued, waiting up to `timeout_s` for the first one."""
         queue = self.queues.get(scope)
-        if queue is None:
-            return []
-        items = []
-        try:
-            items.append(await asyncio.wait_for(queue.get(), timeout_s))
-        except asyncio.TimeoutError:
-            return []
-        while not queue.empty():
-            items.append(queue.get_nowait())
-        return items
+        return [] if queue is None else await take_queued(queue, timeout_s)
 
 
 class RelayReport:

@@ -12,6 +12,8 @@ import asyncio
 
 import ray
 
+from recmas_ray.distributed.progress import take_queued
+
 
 @ray.remote(num_cpus=0)
 class TokenRelay:
@@ -30,15 +32,7 @@ class TokenRelay:
 
     async def take(self, key: str, timeout_s: float) -> list:
         """Every step queued for `key`, waiting up to `timeout_s` for the first one; in step order."""
-        queue = self._queue(key)
-        items = []
-        try:
-            items.append(await asyncio.wait_for(queue.get(), timeout_s))
-        except asyncio.TimeoutError:
-            return []
-        while not queue.empty():
-            items.append(queue.get_nowait())
-        return sorted(items, key=lambda item: item[0])
+        return sorted(await take_queued(self._queue(key), timeout_s), key=lambda item: item[0])
 
     async def close(self, key: str) -> None:
         self.queues.pop(key, None)
