@@ -5,7 +5,8 @@ trained with the pipeline's own stage functions (`train.outer.encode_stage` / `e
 pipeline worker makes), then greedy decoding through `runner.run_batch` on training questions and both held-out
 splits. Prints the linear probe of x from the expert's rollout, the loss curve and the accuracies.
 `--state_bridge rollout` fits the outer link's ridge init on the expert's rollout latents -> the learner's
-embedding of the expert's own next-token argmax at each step (instead of token embedding pairs).
+embedding of the expert's own next-token argmax at each step (instead of token embedding pairs): the pipeline's
+`--outer_init state_bridge` (`train.bridge.rollout_state_pairs`).
 Figures of its runs: docs/learning_runs.md.
 
     PYTHONPATH=$PWD python -m jobs.experiments.fact_diag --m 4 --outer_steps 60 --num_eval 16
@@ -105,31 +106,19 @@ def main(argv=None) -> int:
     edge = "expert->learner"
     olink = expert.outer_links[edge]
     fresh_state = {k: v.detach().clone() for k, v in olink.state_dict().items()}  # the untrained links' row
-    if args.state_bridge != "none":
+    if args.state_bridge != "none":  # the pipeline's --outer_init state_bridge fit (train.bridge), on this link
         from recmas_ray.links import init_bridge
-        from recmas_ray.train.bridge import shared_token_pairs, vocabulary_strings
+        from recmas_ray.train.bridge import rollout_state_pairs, shared_token_pairs
 
-        zs = rollout_z(train).reshape(-1, z.shape[-1])  # memoised rollouts of every training question
+        users = [render_prompt(style, "expert", sched[0].variant, task, question_text(r)) for r in train]
+        x_ND, y_NE, num_states = rollout_state_pairs(expert, users, learner.tokenizer,
+                                                     learner.model.get_input_embeddings(), num_steps=args.m)
         with torch.no_grad():
-            # what the expert means at each rollout step: its own next-token argmax, read from h = the rollout state
-            hs = []
-            for k in range(0, len(train), 16):
-                ss_ = prepare_samples(train[k:k + 16], style, task)
-                users = [render_prompt(style, "expert", "base", task, q.question) for q in ss_]
-                e_, m_ = expert.embed_batch(users)
-                hs.append(expert.latent_rollout(e_, m_, args.m).reshape(-1, expert.hidden_size))
-            top = expert.logits(torch.cat(hs)).argmax(-1).tolist()
-            dst = vocabulary_strings(learner.tokenizer)
-            keep = [i for i, t in enumerate(top) if expert.tokenizer.decode([t]) in dst]
-            x_ND = zs[keep].float()
-            ids = [dst[expert.tokenizer.decode([top[i]])] for i in keep]
-            y_NE = learner.model.get_input_embeddings()(torch.tensor(ids)).float()
             if args.state_bridge == "rollout+tokens":
                 src_ids, dst_ids = shared_token_pairs(expert.tokenizer, learner.tokenizer, max_pairs=4000)
                 x_ND = torch.cat([x_ND, expert.model.get_input_embeddings()(torch.tensor(src_ids)).float()])
                 y_NE = torch.cat([y_NE, learner.model.get_input_embeddings()(torch.tensor(dst_ids)).float()])
-            print(f"[diag] state bridge on {len(keep)} rollout states of {len(top)}; e.g. "
-                  f"{[expert.tokenizer.decode([t]) for t in top[:args.m]]}", flush=True)
+            print(f"[diag] state bridge on {len(x_ND)} rollout states of {num_states}", flush=True)
             init_bridge(olink, x_ND, y_NE, ridge=1e-2)
     olink.float().requires_grad_(True)
     oopt = torch.optim.AdamW(olink.parameters(), lr=args.lr, betas=(0.9, 0.95), weight_decay=0.0)

@@ -1,10 +1,12 @@
-"""The ridge "bridge" initialisation of the outer links (non-reference, `--outer_init bridge`; docs/training.md).
+"""The ridge "bridge" initialisations of the outer links (non-reference, `--outer_init bridge` and
+`--outer_init state_bridge`; docs/training.md).
 
 An outer link receives the source's inner-link output, which the inner loop trains to sit in the source's
 input-embedding space, and must emit vectors in the target's input-embedding space. Tokens whose text is
 the same in both vocabularies give paired rows (source embedding, target embedding); the ridge regression
 between them is a linear map that already sends a source token's embedding near the target's embedding of
 the same text. `links.init_bridge` puts it into `residual_proj` (MLP ~0, output scale matched).
+`state_bridge_outer_links` fits the links of stages that send their rollout on rollout states instead (below).
 """
 
 from __future__ import annotations
@@ -65,6 +67,94 @@ def bridge_outer_links(plan, *, ridge: float, dtype: str = "float32", max_pairs:
         counts[edge] = len(src_ids)
         print(f"[outer] bridge init {edge}: ridge fit on {len(src_ids)} shared tokens", flush=True)
     loaded.clear()  # the training workers load their own models: free these before they start
+    import gc
+
+    gc.collect()
+    return counts
+
+
+# ----------------------------------------------------------------------------- rollout-state bridge
+# `--outer_init state_bridge` (non-reference): the token-pair bridge maps token embeddings, but what a first
+# stage sends at inference is inner(h) of its m-step latent rollout, which sits far from any token embedding
+# pair the fit saw. Fitting instead on (rollout latent z_t, target embedding of the source's own next-token
+# argmax at h_t) starts the link as "say in the target's vocabulary what the source would have said": this
+# one-hop init carried the fact where the token-pair bridge did not (docs/learning_runs.md, diag4-diag7).
+
+
+@torch.no_grad()
+def rollout_state_pairs(source, users: list[str], target_tokenizer, target_embeddings: torch.nn.Module, *,
+                        num_steps: int, batch_size: int = 16) -> tuple[torch.Tensor, torch.Tensor, int]:
+    """(x_ND, y_NE, num_states): x = inner(h_t) of `source`'s m-step rollout from each prompt in `users` (what
+    `train.outer.rollout_stage` and the service's rollout send), y = `target_embeddings` of the token whose
+    text is the source's argmax at h_t, for the states whose argmax text is also a target token (the others
+    are dropped; num_states counts all)."""
+    dst = vocabulary_strings(target_tokenizer)
+    xs, ids, num_states = [], [], 0
+    for k in range(0, len(users), batch_size):
+        e_BLD, mask_BL = source.embed_batch(users[k:k + batch_size])
+        h_ND = source.latent_rollout(e_BLD, mask_BL, num_steps).reshape(-1, source.hidden_size)
+        z_ND = source.inner_link(h_ND)
+        texts = [source.tokenizer.decode([t]) for t in source.logits(h_ND).argmax(-1).tolist()]
+        keep = [i for i, t in enumerate(texts) if t in dst]
+        xs.append(z_ND[keep].float())
+        ids += [dst[texts[i]] for i in keep]
+        num_states += len(texts)
+    if len(ids) < 16:
+        raise ValueError(f"only {len(ids)} of {num_states} rollout states have an argmax token the target's "
+                         "vocabulary holds: too few for a rollout-state bridge")
+    y_NE = target_embeddings(torch.tensor(ids, device=target_embeddings.weight.device)).float()
+    return torch.cat(xs), y_NE, num_states
+
+
+def first_stage_edges(style, num_rounds: int) -> dict[str, object]:
+    """Outer edge -> the schedule step that sends it without having received latents (round 1's first
+    stages: planner, expert, the mixture experts), i.e. the stages whose messages are their rollouts."""
+    from recmas_ray.styles import build_schedule
+
+    out = {}
+    for step in build_schedule(style, num_rounds):
+        if not step.inputs and step.role != style.decoder:
+            out.update({e: step for e in step.outputs if e not in out})
+    return out
+
+
+@torch.no_grad()
+def state_bridge_outer_links(plan, questions: list[str], *, task: str, num_steps: int, num_rounds: int,
+                             ridge: float, dtype: str = "float32", max_pairs: int = 20000) -> dict[str, int]:
+    """`--outer_init state_bridge`: every outer link whose source stage receives no latents is fitted on the
+    rollouts of `questions` (the training questions, each rolled out once); every other link gets the
+    token-pair bridge (`bridge_outer_links`). In place; returns edge -> number of fitted pairs."""
+    import copy
+
+    from recmas_ray.agent import Agent
+    from recmas_ray.models.loader import load_frozen_model, resolve_dtype
+    from recmas_ray.styles import render_prompt
+
+    counts = bridge_outer_links(plan, ridge=ridge, dtype=dtype, max_pairs=max_pairs)
+    style, loaded = plan.style, {}
+
+    def model_of(role):
+        name = plan.role_models[role]
+        if name not in loaded:
+            loaded[name] = load_frozen_model(name, dtype=resolve_dtype(dtype, torch.device("cpu")),
+                                             device=torch.device("cpu"))
+        return loaded[name]
+
+    for edge, step in first_stage_edges(style, num_rounds).items():
+        src, dst = edge.split("->")
+        model, tok = model_of(src)
+        # a copy of the inner link: Agent casts it to the model's dtype in place
+        source = Agent(model, tok, copy.deepcopy(plan.links.inner[src]), role=src, model_name=plan.role_models[src],
+                       system_prompt=style.system_prompt)
+        users = [render_prompt(style, src, step.variant, task, q) for q in questions]
+        dst_model, dst_tok = model_of(dst)
+        x_ND, y_NE, num_states = rollout_state_pairs(source, users, dst_tok, dst_model.get_input_embeddings(),
+                                                     num_steps=num_steps)
+        init_bridge(plan.links.outer[edge], x_ND, y_NE, ridge=ridge)
+        counts[edge] = len(x_ND)
+        print(f"[outer] state bridge init {edge}: ridge fit on {len(x_ND)} of {num_states} rollout states "
+              f"({len(questions)} questions x {num_steps} steps)", flush=True)
+    loaded.clear()
     import gc
 
     gc.collect()

@@ -31,7 +31,7 @@ SYNTHETIC = "synthetic"
 MAX_STEPS = 10**9
 """How spliced latents are scaled (`Agent.set_latent_norm`): none (the release) or embedding (each latent row
 rescaled to the receiving model's mean token-embedding norm, as LatentMAS does; non-reference)."""
-OUTER_INITS = ("default", "bridge")
+OUTER_INITS = ("default", "bridge", "state_bridge")
 ROLLOUT_STAGES = ("first", "all")
 """--rollout_stages: which stages send their latent rollout instead of hidden states over their gold turn."""
 ROLLOUT_FEEDBACK = ("graph", "detached")
@@ -270,8 +270,11 @@ class OuterTrainConfig(TrainConfig):
     outer_init: Annotated[str, OneOf(OUTER_INITS)] = "default"
     """default (the reference: PyTorch init) or bridge (non-reference, a third-party re-run's): residual_proj starts as
     the ridge regression from the source's to the target's token embeddings over their shared vocabulary
-    strings, the MLP branch ~0, and ln_target's gain at the target embeddings' scale. Ignored with
-    --ckpt_override outer=DIR or --resume (the links come from there)."""
+    strings, the MLP branch ~0, and ln_target's gain at the target embeddings' scale; or state_bridge (non-
+    reference, needs --rollout_latent_steps m): the links of stages that receive no latents (round 1's first
+    stage) are fitted instead on that stage's m-step rollout latents of the training questions -> the target's
+    embedding of the source's own next-token argmax at each rollout state (`train.bridge`; the other links get
+    the token bridge). Ignored with --ckpt_override outer=DIR or --resume (the links come from there)."""
     bridge_ridge: Annotated[float, Range(0, 1e6)] = 1e-2
     """--outer_init bridge: ridge strength (times the number of paired tokens) of the least-squares fit."""
     rollout_latent_steps: Annotated[int, Range(0, 4096)] = 0
@@ -307,6 +310,9 @@ class OuterTrainConfig(TrainConfig):
             raise ValueError(f"--num_microbatches {self.num_microbatches} exceeds --batch_size {self.batch_size}")
         if self.rollout_stages != "first" and not self.rollout_latent_steps:
             raise ValueError(f"--rollout_stages {self.rollout_stages}: needs --rollout_latent_steps m > 0")
+        if self.outer_init == "state_bridge" and not self.rollout_latent_steps:
+            raise ValueError("--outer_init state_bridge: needs --rollout_latent_steps m > 0 (it is fitted on the "
+                             "first stage's m-step rollouts)")
         if self.rollout_feedback != "graph" and self.rollout_stages != "all":
             raise ValueError(f"--rollout_feedback {self.rollout_feedback}: needs --rollout_stages all")
         if self.eval_every and not self.eval_dataset:

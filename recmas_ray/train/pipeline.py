@@ -225,10 +225,15 @@ def train_outer(cfg: OuterTrainConfig, *, faults: dict | None = None) -> OuterRu
     resume_from = core.start_or_resume(cfg, storage, "outer")
     if resume_from is not None:
         _check_resume(resume_from, manifest)
-    if cfg.outer_init == "bridge" and "outer" not in cfg.system.ckpt_override and resume_from is None:
-        from recmas_ray.train.bridge import bridge_outer_links
+    if cfg.outer_init != "default" and "outer" not in cfg.system.ckpt_override and resume_from is None:
+        from recmas_ray.train.bridge import bridge_outer_links, state_bridge_outer_links
 
-        bridge_outer_links(plan, ridge=cfg.bridge_ridge, dtype=cfg.system.dtype)
+        if cfg.outer_init == "state_bridge":  # first-stage links fitted on the training questions' rollouts
+            state_bridge_outer_links(plan, [s.question for s in samples], task=cfg.task,
+                                     num_steps=cfg.rollout_latent_steps, num_rounds=cfg.num_recursive_rounds,
+                                     ridge=cfg.bridge_ridge, dtype=cfg.system.dtype)
+        else:
+            bridge_outer_links(plan, ridge=cfg.bridge_ridge, dtype=cfg.system.dtype)
     if storage.exists(NAN_STOP):
         storage.fs.delete_file(storage.path(NAN_STOP))
     save_config(cfg, cfg.save_dir)  # next to the outputs, once every input has been checked

@@ -97,6 +97,8 @@ OUTER = [
     (["--ckpt_override", "judge={torn}"], "--ckpt_override"),
     (["--role_model", "planner=tiny:nope"], "tiny"),
     (["--style", "sequential", "--mas_design", "nope"], "--style"),
+    (["--outer_init", "rollout"], "--outer_init"),
+    (["--outer_init", "state_bridge"], "--outer_init state_bridge: needs --rollout_latent_steps"),
 ]
 
 
