@@ -30,6 +30,10 @@ flags) and the table to <out_dir>/summary.md. Recipes (`RECIPES`; --recipes pick
   rollout_r1      release_r1 with the first stage's latents from its m-step rollout, as inference sends them,
                   instead of hidden states over its gold text (non-reference; also rollout_bridge_r1,
                   rollout_bridge_value_r1, rollout_all_r1)
+  state_bridge_value_r1
+                  the one-hop setting that carries the fact (docs/learning_runs.md, diag7 at 64 + 64 held-out): R = 1,
+                  lr 1e-3 held constant, the first stage's m-step rollout as inference sends it, the rollout-state
+                  bridge init (`--outer_init state_bridge`), value tokens weighted 5x (all non-reference)
   full_*_r1       every stage sends its m-step rollout, graph kept through the agents that receive latents;
                   full_detached_* cuts each rollout step's fed-back inner(h) from the graph (non-reference)
 
@@ -86,6 +90,7 @@ RECIPES: dict[str, dict] = {
     "rollout_bridge_r1": {**R1, **ROLLOUT, **BRIDGE},
     "rollout_bridge_value_r1": {**R1, **ROLLOUT, **BRIDGE, **VALUE},
     "rollout_all_r1": {**R1, **ROLLOUT, **BRIDGE, **NORM, **VALUE},
+    "state_bridge_value_r1": {**R1, **ROLLOUT, "outer_init": "state_bridge", **VALUE, "lr_scheduler_type": "constant"},
     "full_r1": {**R1, **FULL},
     "full_bridge_r1": {**R1, **FULL, **BRIDGE},
     "full_bridge_value_r1": {**R1, **FULL, **BRIDGE, **VALUE},

@@ -81,13 +81,17 @@ def bridge_outer_links(plan, *, ridge: float, dtype: str = "float32", max_pairs:
 # one-hop init carried the fact where the token-pair bridge did not (docs/learning_runs.md, diag4-diag7).
 
 
+MIN_STATE_PAIRS = 16
+"""Fewest usable rollout states for a rollout-state fit (as for the token pairs); fewer keep the token bridge."""
+
+
 @torch.no_grad()
 def rollout_state_pairs(source, users: list[str], target_tokenizer, target_embeddings: torch.nn.Module, *,
                         num_steps: int, batch_size: int = 16) -> tuple[torch.Tensor, torch.Tensor, int]:
     """(x_ND, y_NE, num_states): x = inner(h_t) of `source`'s m-step rollout from each prompt in `users` (what
     `train.outer.rollout_stage` and the service's rollout send), y = `target_embeddings` of the token whose
     text is the source's argmax at h_t, for the states whose argmax text is also a target token (the others
-    are dropped; num_states counts all)."""
+    are dropped; num_states counts all; x may be empty)."""
     dst = vocabulary_strings(target_tokenizer)
     xs, ids, num_states = [], [], 0
     for k in range(0, len(users), batch_size):
@@ -99,10 +103,7 @@ def rollout_state_pairs(source, users: list[str], target_tokenizer, target_embed
         xs.append(z_ND[keep].float())
         ids += [dst[texts[i]] for i in keep]
         num_states += len(texts)
-    if len(ids) < 16:
-        raise ValueError(f"only {len(ids)} of {num_states} rollout states have an argmax token the target's "
-                         "vocabulary holds: too few for a rollout-state bridge")
-    y_NE = target_embeddings(torch.tensor(ids, device=target_embeddings.weight.device)).float()
+    y_NE = target_embeddings(torch.tensor(ids, dtype=torch.long, device=target_embeddings.weight.device)).float()
     return torch.cat(xs), y_NE, num_states
 
 
@@ -150,6 +151,10 @@ def state_bridge_outer_links(plan, questions: list[str], *, task: str, num_steps
         dst_model, dst_tok = model_of(dst)
         x_ND, y_NE, num_states = rollout_state_pairs(source, users, dst_tok, dst_model.get_input_embeddings(),
                                                      num_steps=num_steps)
+        if len(x_ND) < MIN_STATE_PAIRS:  # e.g. tiny random vocabularies sharing little text: keep the token bridge
+            print(f"[outer] state bridge init {edge}: only {len(x_ND)} of {num_states} rollout states have an "
+                  f"argmax token {dst} also holds; kept the token bridge", flush=True)
+            continue
         init_bridge(plan.links.outer[edge], x_ND, y_NE, ridge=ridge)
         counts[edge] = len(x_ND)
         print(f"[outer] state bridge init {edge}: ridge fit on {len(x_ND)} of {num_states} rollout states "
