@@ -72,11 +72,16 @@ def run(cfg: DemoConfig) -> int:
                 console.line(table)
         if "arithmetic" in cfg.tasks:
             console.line()
-            run_demo(cfg, console)
+            run_demo(cfg, console, lead_tasks=facts["tasks"] if facts else ())
             if facts:
                 console.line()
                 for line in facts["lines"]:
                     console.line(line)
+        elif facts:  # the PNG of the fact tasks alone: own vs shuffled vs fresh per style, task and split first
+            from jobs.experiments.demo import report
+
+            png = report.plot_tasks(facts["tasks"], out / "demo_results.png")
+            console.line(f"\nplot: {png}\nresults: {out / 'facts' / 'summary.json'}  (facts/, logs/ beside it)")
     return 0
 
 

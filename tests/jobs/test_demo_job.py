@@ -242,21 +242,25 @@ def test_demo_quick_on_tiny_preset(tmp_path, ray_cluster, capsys):
 @pytest.mark.integration
 @pytest.mark.timeout(1800)
 def test_demo_leads_with_the_fact_answer_on_tiny_preset(tmp_path, ray_cluster, capsys):
-    """The hidden-fact phase: its answer line per style, task and held-out split comes first, then the tables."""
+    """The hidden-fact phase: its answer line per style, task and held-out split comes first, then the tables;
+    the PNG leads with own vs shuffled vs fresh links of each split."""
     import re
 
     out = tmp_path / "demo"
     assert demo_job.main(["--preset", "tiny", "--quick", "--output_path", str(out), "--no_progress",
                           "--tasks", "distillation:recall,distillation:compare"]) == 0
     lines = [ln for ln in capsys.readouterr().out.splitlines() if ln.strip()]
-    answers = [ln for ln in lines if ln.startswith("distillation ") and "McNemar p" in ln]
-    assert len(answers) == 4, lines  # two tasks x (seen, unseen values)
-    assert re.match(r"distillation recall \(seen values\): trained links carry the fact: \d+/8 own vs \d+/8 shuffled "
-                    r"vs \d+/8 fresh \(McNemar p [\d.e+-]+ vs shuffled, [\d.e+-]+ vs fresh\)$", answers[0]), answers[0]
-    assert re.match(r"distillation compare \(unseen values\): trained RecursiveMAS \d+/4 vs single agent \d+/4 vs "
-                    r"TextMAS \d+/4 ", answers[3]), answers[3]
+    answers = [ln for ln in lines if ln.startswith("distillation / ") and "McNemar p" in ln]
+    assert len(answers) == 6, lines  # two tasks x (seen values, unseen values, all held-out)
+    assert re.match(r"distillation / recall \(seen values\), R=1: trained links (carry the fact|do not show the fact): "
+                    r"\d+/8 own vs \d+/8 shuffled vs \d+/8 fresh \(McNemar p [\d.e+-]+ vs shuffled, [\d.e+-]+ vs fresh; "
+                    r"Holm [\d.e+-]+, [\d.e+-]+; alpha 0.01\)$", answers[0]), answers[0]
+    assert re.match(r"distillation / recall \(all held-out\), R=1: .* \d+/12 own vs", answers[2]), answers[2]
+    assert re.match(r"distillation / compare \(unseen values\), R=1: trained RecursiveMAS \d+/4 vs single agent \d+/4 "
+                    r"vs TextMAS \d+/4 ", answers[4]), answers[4]
     first_table = next(i for i, ln in enumerate(lines) if ln.startswith("|"))
     assert first_table > lines.index(answers[-1])  # the answers come before every table
+    assert (out / "demo_results.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     summary = json.loads((out / "facts" / "summary.json").read_text())
     assert summary["lines"] == answers
 

@@ -2,14 +2,16 @@
 
 For each (style, task) of `DemoConfig.fact_tasks` (`train.synthetic_facts`: recall, two_fact, mixture, compare)
 one run of `jobs.experiments.sweep_recipe` with the demo's fact recipe: inner links, the decoder's baselines
-(alone without the fact = floor, told the fact in text = ceiling, TextMAS), outer links trained with every
-stage sending its latent rollout, then on the same held-out questions (seen-values and unseen-values splits)
-the trained links with their own latents, with latents shuffled between questions and fresh outer links.
-Its answer comes first: one line per style and task,
+(alone without the fact = floor, told the fact in text = ceiling, TextMAS), outer links trained with the
+recipe `FactsConfig.recipe`, then on the same held-out questions (seen-values and unseen-values splits) the
+trained links with their own latents, with latents shuffled between questions and fresh outer links.
+Its answer comes first: one line per style, task and split,
 
-    trained links carry the fact: X/N own vs Y/N shuffled vs Z/N fresh (McNemar p ...)
+    STYLE / TASK (SPLIT), R=1: trained links carry the fact: X/N own vs Y/N shuffled vs Z/N fresh (McNemar p ...)
 
-and for the collaboration task (compare) trained RecursiveMAS against the single agent and TextMAS.
+("do not show the fact" where either Holm-adjusted test fails alpha 0.01; `demo.verdicts.headline`), per split
+(seen values, unseen values, all held-out), and for the collaboration task (compare) trained RecursiveMAS
+against the single agent and TextMAS. The same rows feed the PNG's first panel (`demo.report`).
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from jobs.experiments.sweep_recipe_measure import mcnemar_exact, split_parts
+from jobs.experiments.sweep_recipe_measure import split_parts
 
 
 def sweep_config(cfg, style: str, task: str, out: Path):
@@ -37,47 +39,61 @@ def _count(xs: list[bool]) -> str:
     return f"{sum(xs)}/{len(xs)}"
 
 
-def lead_lines(style: str, task: str, sc, result: dict, baselines: dict) -> list[str]:
-    """The answer of one task, one line per held-out split."""
-    out = []
-    for split, part in split_parts(sc).items():
-        pick = lambda row: [row["correct"][i] for i in part]  # noqa: E731
-        own, shuf, fresh = pick(result["trained"]), pick(result["shuffled"]), pick(result["fresh"])
-        p_s, p_f = mcnemar_exact(own, shuf)["p"], mcnemar_exact(own, fresh)["p"]
-        head = f"{style} {task} ({split})"
-        if task == "compare":
-            single, text = pick(baselines["single_floor"]), pick(baselines["textmas"])
-            out.append(f"{head}: trained RecursiveMAS {_count(own)} vs single agent {_count(single)} vs TextMAS "
-                       f"{_count(text)} (McNemar p {mcnemar_exact(own, single)['p']:.2g} vs single, "
-                       f"{mcnemar_exact(own, text)['p']:.2g} vs TextMAS; shuffled {_count(shuf)}, p {p_s:.2g})")
-        else:
-            out.append(f"{head}: trained links carry the fact: {_count(own)} own vs {_count(shuf)} shuffled vs "
-                       f"{_count(fresh)} fresh (McNemar p {p_s:.2g} vs shuffled, {p_f:.2g} vs fresh)")
-    return out
+def parts_of(sc) -> dict[str, range]:
+    """Held-out positions per split (seen values, unseen values) and, with both, all held-out together."""
+    parts = dict(split_parts(sc))
+    if len(parts) > 1:
+        parts["all held-out"] = range(sc.num_eval + sc.num_unseen)
+    return parts
+
+
+def report_tasks(style: str, task: str, sc, result: dict, baselines: dict) -> list[dict]:
+    """One report task per held-out split (`demo.report` / `demo.verdicts` input): the measured rows of that
+    split; compare is the collaboration task."""
+    from jobs.experiments.demo.sweep_rows import rows_from_measure
+
+    return [{"style": style, "task": f"{task} ({split})", "collaboration": task == "compare",
+             "rows": rows_from_measure(result, baselines, positions=part, rounds=1)}
+            for split, part in parts_of(sc).items()]
+
+
+def lead_lines(tasks: list[dict]) -> list[str]:
+    """The answer of one fact task, one line per split: "trained links carry the fact: X/N own vs Y/N shuffled
+    vs Z/N fresh (McNemar p ...; Holm ...)" (or "do not show the fact"); for compare, trained RecursiveMAS against
+    the single agent and TextMAS."""
+    from jobs.experiments.demo import verdicts
+
+    return [line for t in tasks for line in (verdicts.collaboration([t]) if t["collaboration"] else verdicts.headline([t]))]
 
 
 def task_table(style: str, task: str, sc, result: dict, baselines: dict) -> str:
-    """Rows x splits: accuracy counts of the baselines and the link sets (strict grader)."""
-    rows = {"decoder alone, no fact (floor)": baselines["single_floor"],
-            "decoder told the fact in text (ceiling)": baselines["single_ceiling"], "TextMAS": baselines["textmas"],
-            "RecursiveMAS trained, own latents": result["trained"], "  latents shuffled between questions": result["shuffled"],
-            "  fresh outer links": result["fresh"]}
-    parts = split_parts(sc)
+    """Rows x splits: correct answers strict (lenient: the value stated as the final number) of the baselines
+    and the link sets."""
+    rows = {"decoder alone, no fact (floor)": "single_floor", "decoder told the fact in text (ceiling)": "single_ceiling",
+            "TextMAS": "textmas", "RecursiveMAS trained, own latents": "trained",
+            "  latents shuffled between questions": "shuffled", "  fresh outer links": "fresh"}
+    runs = {**baselines, **result}
+    parts = parts_of(sc)
     lines = [f"{style}, task {task}: {sc.num_train} training rows, outer {sc.outer_steps} steps x {sc.outer_batch_size}, "
-             f"m = {sc.latent_steps}, recipe {sc.recipes[0]}",
+             f"m = {sc.latent_steps}, recipe {sc.recipes[0]}; correct strict (lenient)",
              "| row | " + " | ".join(parts) + " |", "|---|" + "---|" * len(parts)]
-    for name, row in rows.items():
-        lines.append(f"| {name} | " + " | ".join(_count([row["correct"][i] for i in p]) for p in parts.values()) + " |")
+    for name, key in rows.items():
+        if key not in runs:
+            continue
+        strict, lenient = runs[key]["correct"], runs[key].get("correct_lenient") or runs[key]["correct"]
+        cells = [f"{_count([strict[i] for i in p])} ({sum(strict[i] or lenient[i] for i in p)})" for p in parts.values()]
+        lines.append(f"| {name} | " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
 
 def run_facts(cfg, out: Path, console) -> dict:
-    """Every fact task of the config; returns {"lines", "tables", "results"} (also in <out>/facts/summary.json)."""
+    """Every fact task of the config; returns {"lines", "tables", "tasks" (report tasks, one per split), "results"}
+    (also in <out>/facts/summary.json)."""
     import time
 
     from jobs.experiments.sweep_recipe import main_cfg
 
-    lines, tables, results = [], [], {}
+    lines, tables, tasks, results = [], [], [], {}
     for style, task in cfg.fact_task_pairs():
         sc = sweep_config(cfg, style, task, out)
         console.start(f"{style} {task}: train links on {sc.num_train} rows, measure {sc.num_eval} + {sc.num_unseen} held-out")
@@ -86,11 +102,14 @@ def run_facts(cfg, out: Path, console) -> dict:
         run = Path(sc.out_dir)
         result = json.loads((run / sc.recipes[0] / "result.json").read_text())
         baselines = json.loads((run / "baselines.json").read_text())
-        got = lead_lines(style, task, sc, result, baselines)
+        got_tasks = report_tasks(style, task, sc, result, baselines)
+        got = lead_lines(got_tasks)
         console.done(f"{time.perf_counter() - t0:.0f} s")
         lines += got
+        tasks += got_tasks
         tables.append(task_table(style, task, sc, result, baselines))
-        results[f"{style}:{task}"] = {"lines": got, "seconds": time.perf_counter() - t0, "out_dir": str(run)}
+        results[f"{style}:{task}"] = {"lines": got, "seconds": time.perf_counter() - t0, "out_dir": str(run),
+                                      "train_seconds": result.get("train_seconds")}
     (out / "facts").mkdir(parents=True, exist_ok=True)
     (out / "facts" / "summary.json").write_text(json.dumps({"lines": lines, "tables": tables, "runs": results}, indent=2))
-    return {"lines": lines, "tables": tables, "results": results}
+    return {"lines": lines, "tables": tables, "tasks": tasks, "results": results}

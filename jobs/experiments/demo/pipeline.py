@@ -117,8 +117,9 @@ def link_plans(cfg: DemoConfig, models: dict[str, str], trained: dict[str, str])
             for name, links in (("fresh", None), ("inner", inner_only), ("trained", trained))}
 
 
-def run_demo(cfg: DemoConfig, console: Console | None = None) -> dict:
-    """Run the whole pipeline; returns the rows, the table, and the paths written."""
+def run_demo(cfg: DemoConfig, console: Console | None = None, lead_tasks=()) -> dict:
+    """Run the whole pipeline; returns the rows, the table, and the paths written. `lead_tasks` (report tasks
+    of the hidden-fact runs, `demo.facts`) come first in the PNG."""
     from recmas_ray.models.loader import resolve_model_path
     from recmas_ray.system.presets import role_models
 
@@ -195,7 +196,7 @@ def run_demo(cfg: DemoConfig, console: Console | None = None) -> dict:
     first = verdicts.headline([task])
     lines = verdicts.channel_verdicts(rows, tests) + verdicts.paired_verdicts(tests) + verdicts.flow_verdicts(rows, tests)
     text = "\n\n".join(t for t in (report.table(rows), report.flow_table(rows), report.paired_table(tests)) if t)
-    png = report.plot_tasks([task], out / "demo_results.png")
+    png = report.plot_tasks([*lead_tasks, task], out / "demo_results.png")
     phases["total"] = time.perf_counter() - t_start
     results = {"headline": first, "rows": [compare.public_row(r) for r in rows], "verdicts": lines, "paired_tests": tests,
                "task_family": cfg.task_family, "hidden_facts": list(hidden),
