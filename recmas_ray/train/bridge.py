@@ -87,17 +87,22 @@ MIN_STATE_PAIRS = 16
 
 @torch.no_grad()
 def rollout_state_pairs(source, users: list[str], target_tokenizer, target_embeddings: torch.nn.Module, *,
-                        num_steps: int, batch_size: int = 16) -> tuple[torch.Tensor, torch.Tensor, int]:
+                        num_steps: int, batch_size: int = 16,
+                        cache: dict | None = None) -> tuple[torch.Tensor, torch.Tensor, int]:
     """(x_ND, y_NE, num_states): x = inner(h_t) of `source`'s m-step rollout from each prompt in `users` (what
     `train.outer.rollout_stage` and the service's rollout send), y = `target_embeddings` of the token whose
     text is the source's argmax at h_t, for the states whose argmax text is also a target token (the others
-    are dropped; num_states counts all; x may be empty)."""
+    are dropped; num_states counts all; x may be empty). `cache` receives every prompt's z [m, D] under the
+    key `train.outer.rollout_stage` uses, so training need not roll the same questions out again."""
     dst = vocabulary_strings(target_tokenizer)
     xs, ids, num_states = [], [], 0
     for k in range(0, len(users), batch_size):
         e_BLD, mask_BL = source.embed_batch(users[k:k + batch_size])
         h_ND = source.latent_rollout(e_BLD, mask_BL, num_steps).reshape(-1, source.hidden_size)
         z_ND = source.inner_link(h_ND)
+        if cache is not None:
+            cache.update({(source.role, num_steps, u): z for u, z in zip(users[k:k + batch_size],
+                                                                        z_ND.reshape(-1, num_steps, z_ND.shape[-1]))})
         texts = [source.tokenizer.decode([t]) for t in source.logits(h_ND).argmax(-1).tolist()]
         keep = [i for i, t in enumerate(texts) if t in dst]
         xs.append(z_ND[keep].float())
@@ -121,10 +126,12 @@ def first_stage_edges(style, num_rounds: int) -> dict[str, object]:
 
 @torch.no_grad()
 def state_bridge_outer_links(plan, questions: list[str], *, task: str, num_steps: int, num_rounds: int,
-                             ridge: float, dtype: str = "float32", max_pairs: int = 20000) -> dict[str, int]:
+                             ridge: float, dtype: str = "float32", max_pairs: int = 20000,
+                             rollouts: dict | None = None) -> dict[str, int]:
     """`--outer_init state_bridge`: every outer link whose source stage receives no latents is fitted on the
-    rollouts of `questions` (the training questions, each rolled out once); every other link gets the
-    token-pair bridge (`bridge_outer_links`). In place; returns edge -> number of fitted pairs."""
+    rollouts of `questions` (the training questions, each rolled out once; `rollouts` receives them in
+    `train.outer.rollout_stage`'s cache layout); every other link gets the token-pair bridge
+    (`bridge_outer_links`). In place; returns edge -> number of fitted pairs."""
     import copy
 
     from recmas_ray.agent import Agent
@@ -150,7 +157,7 @@ def state_bridge_outer_links(plan, questions: list[str], *, task: str, num_steps
         users = [render_prompt(style, src, step.variant, task, q) for q in questions]
         dst_model, dst_tok = model_of(dst)
         x_ND, y_NE, num_states = rollout_state_pairs(source, users, dst_tok, dst_model.get_input_embeddings(),
-                                                     num_steps=num_steps)
+                                                     num_steps=num_steps, cache=rollouts)
         if len(x_ND) < MIN_STATE_PAIRS:  # e.g. tiny random vocabularies sharing little text: keep the token bridge
             print(f"[outer] state bridge init {edge}: only {len(x_ND)} of {num_states} rollout states have an "
                   f"argmax token {dst} also holds; kept the token bridge", flush=True)

@@ -79,7 +79,7 @@ def evaluate_rows(stage: PipelineStage, rows: list[Sample], cfg: OuterTrainConfi
 def train_loop_per_worker(config: dict) -> None:
     """Ray Train entry. config = {"cfg", "system", "links": {role: ObjectRef}, "samples", "eval_samples",
     "storage": (storage_path, run name), "resume_from", "progress" (the driver's StepBoard queue or None),
-    "_faults"}."""
+    "rollout_cache" (first-stage rollouts the driver computed, `outer.rollout_stage`'s layout), "_faults"}."""
     import ray
     import ray.train
 
@@ -91,6 +91,7 @@ def train_loop_per_worker(config: dict) -> None:
     if device.type == "cuda":
         torch.cuda.set_device(device)  # NCCL object collectives use the current device
     stage = _build_stage(cfg, style, role, config["system"], ray.get(config["links"][role]), device)
+    stage.rollout_cache.update({k: z for k, z in (config.get("rollout_cache") or {}).items() if k[0] == role})
     samples = [Sample(**s) for s in config["samples"]]
     eval_samples = [Sample(**s) for s in config.get("eval_samples") or []]
     storage, faults = core.RunStorage(*config["storage"]), core.Faults.of(config)
@@ -225,13 +226,15 @@ def train_outer(cfg: OuterTrainConfig, *, faults: dict | None = None) -> OuterRu
     resume_from = core.start_or_resume(cfg, storage, "outer")
     if resume_from is not None:
         _check_resume(resume_from, manifest)
+    rollouts: dict = {}  # the state bridge's first-stage rollouts (same CPU dtype as the workers'): computed once
     if cfg.outer_init != "default" and "outer" not in cfg.system.ckpt_override and resume_from is None:
         from recmas_ray.train.bridge import bridge_outer_links, state_bridge_outer_links
 
         if cfg.outer_init == "state_bridge":  # first-stage links fitted on the training questions' rollouts
             state_bridge_outer_links(plan, [s.question for s in samples], task=cfg.task,
                                      num_steps=cfg.rollout_latent_steps, num_rounds=cfg.num_recursive_rounds,
-                                     ridge=cfg.bridge_ridge, dtype=cfg.system.dtype)
+                                     ridge=cfg.bridge_ridge, dtype=cfg.system.dtype,
+                                     rollouts=None if cfg.use_gpu else rollouts)
         else:
             bridge_outer_links(plan, ridge=cfg.bridge_ridge, dtype=cfg.system.dtype)
     if storage.exists(NAN_STOP):
@@ -247,7 +250,7 @@ def train_outer(cfg: OuterTrainConfig, *, faults: dict | None = None) -> OuterRu
     repo = str(Path(__file__).resolve().parents[2])
     loop_config = {"cfg": asdict(cfg), "system": system, "links": links, "storage": (storage.uri, storage.name),
                    "samples": [asdict(s) for s in samples], "eval_samples": [asdict(s) for s in eval_samples],
-                   "resume_from": resume_from, "_faults": faults}
+                   "resume_from": resume_from, "_faults": faults, "rollout_cache": rollouts}
     with history.tracked_run(cfg, f"outer-{cfg.system.style}") as tracker, \
             StepBoard(current(), enabled=cfg.progress) as board:
         loop_config["progress"] = board.queue

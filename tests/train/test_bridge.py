@@ -89,3 +89,30 @@ def test_pipeline_starts_from_the_state_bridge_and_runs_a_step(ray_cluster, tmp_
     for edge in ("expert->learner", "learner->expert"):  # one step at lr 1e-9 leaves the init in place
         for k, v in want.links.outer[edge].state_dict().items():
             assert torch.allclose(saved[edge].state_dict()[k], v, atol=1e-6), (edge, k)
+
+
+def test_state_bridge_rollouts_are_what_the_training_stage_would_send(tiny_cache):
+    """The rollouts the fit computes are handed to training (`rollout_cache`): the same z as `rollout_stage`."""
+    from recmas_ray.styles import build_schedule
+    from recmas_ray.train.outer import prepare_samples, rollout_stage
+
+    rows, _, _ = split_by_value("recall", "distillation", num_train=40, num_seen=2, num_unseen=0, seed=0)
+    plan = plan_system("distillation", preset="tiny", seed=0, task="qa")
+    from recmas_ray.train.data import question_text
+
+    cache: dict = {}
+    state_bridge_outer_links(plan, [question_text(r) for r in rows], task="qa", num_steps=M, num_rounds=1,
+                             ridge=1e-2, rollouts=cache)
+    assert len(cache) == len(rows) and {k[:2] for k in cache} == {("expert", M)}
+    from recmas_ray.agent import Agent
+    from recmas_ray.models.loader import load_frozen_model
+
+    model, tok = load_frozen_model(plan.role_models["expert"], dtype=torch.float32)
+    expert = Agent(model, tok, plan.links.inner["expert"], role="expert", model_name=plan.role_models["expert"],
+                   system_prompt=plan.style.system_prompt)
+    samples = prepare_samples(rows[:6], plan.style, "qa")
+    assert all(("expert", M, render_prompt(plan.style, "expert", "base", "qa", s.question)) in cache for s in samples)
+    fresh = rollout_stage(expert, plan.style, build_schedule(plan.style, 1)[0], samples, task="qa", num_steps=M)
+    cached = rollout_stage(expert, plan.style, build_schedule(plan.style, 1)[0], samples, task="qa", num_steps=M,
+                           cache=cache)
+    assert torch.allclose(cached.z, fresh.z, atol=1e-5), (cached.z - fresh.z).abs().max()
