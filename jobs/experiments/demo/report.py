@@ -135,16 +135,19 @@ def build_figure(tasks: list[dict]):
             x = 4 * k + j
             err = [[max(0.0, row["accuracy"] - row["ci_low"])], [max(0.0, row["ci_high"] - row["accuracy"])]]
             ax.bar([x], [row["accuracy"]], yerr=err, capsize=4, color=color, width=0.8)
-            ax.text(x, min(1.0, row["ci_high"]) + 0.02, f"{row['correct']}/{row['n']}", ha="center", fontsize=9)
+            test = (None, vs_shuf, vs_fresh)[j]  # McNemar p vs own above the bar, beside its count
+            ax.text(x, min(1.0, row["ci_high"]) + 0.02, f"{row['correct']}/{row['n']}" +
+                    (f"\np {test['p']:.2g}" if test else ""), ha="center", va="bottom", fontsize=8 if len(tasks) <= 3 else 6)
             ticks.append(x)
-            test = (None, vs_shuf, vs_fresh)[j]
-            labels.append(f"{what}\nMcNemar p {test['p']:.2g}" if test else f"own\n{_name(task)}, R={r}")
+            labels.append(what)
+        # the task's name above its three bars (tick labels this long would run into the neighbours')
+        ax.text(4 * k + 1, 1.04, f"{_name(task)}, R={r}".replace(" (", "\n("), ha="center", va="bottom", fontsize=8)
     ax.set_xticks(ticks)
-    ax.set_xticklabels(labels, fontsize=9)
-    ax.set_ylim(0, 1.12)
+    ax.set_xticklabels(labels, fontsize=9 if len(ticks) <= 9 else 7)
+    ax.set_ylim(0, 1.22)
     ax.set_ylabel("accuracy (strict)")
-    ax.set_title("Do trained links carry the question? Own latents vs another question's (shuffled) vs fresh links",
-                 fontsize=11)
+    ax.set_title("Do trained links carry the question? Own latents vs another question's (shuffled) vs fresh links\n"
+                 "(strict accuracy; X/N and McNemar p vs own above the bars)", fontsize=11)
     if not ticks:
         ax.text(0.5, 0.5, "no run with own, shuffled and fresh links at one R", ha="center", transform=ax.transAxes)
     ax.grid(alpha=0.3, axis="y")
