@@ -1,6 +1,8 @@
 """The main job: real heterogeneous language models collaborating in latent space, trained and compared.
 
-On a local Ray cluster (or the one `ray job submit` runs in), offline:
+On a local Ray cluster (or the one `ray job submit` runs in), offline: first the hidden-fact tasks of --tasks
+(`jobs.experiments.demo.facts`; by default distillation:recall, whose line "trained links carry the fact: X/N own
+vs Y/N shuffled vs Z/N fresh (McNemar p ...)" prints first), then, with --tasks ...,arithmetic or --full:
   1. generate arithmetic questions ("What is 17 - 8?"; train / held-out split, no question in both)
   2. train the sequential style's inner links (three roles at once), then its outer links
   3. compare on the same held-out questions: single agent, TextMAS, Recursive-TextMAS and RecursiveMAS
@@ -9,11 +11,11 @@ On a local Ray cluster (or the one `ray job submit` runs in), offline:
      token reduction; per edge: message cosine, variance ratio, held-out probes; paired tests: McNemar,
      NLL differences +- SE) and the verdicts, and write a PNG
 
-  python jobs/demo.py                    # the standard arithmetic task (real small models, R = 1)
-  python jobs/demo.py --tasks distillation:recall,sequential_light:recall,distillation:compare,arithmetic
-                                         # hidden-fact tasks first (about an hour more on 2 cores)
-  python jobs/demo.py --rounds 1,2       # also R = 2 (about 7 more minutes)
-  python jobs/demo.py --full             # 96 questions, R = 1, 2, more training, about 40 min
+  python jobs/demo.py                    # the one-hop hidden-fact task: does a trained link carry what only
+                                         # the expert was told? (real small models, 32 + 32 held-out)
+  python jobs/demo.py --tasks distillation:recall,arithmetic   # then the standard arithmetic task (+22 min)
+  python jobs/demo.py --tasks arithmetic --rounds 1,2           # arithmetic alone, also R = 2
+  python jobs/demo.py --full             # every fact task (128 + 128 held-out) and arithmetic, hours on 2 cores
   python jobs/demo.py --quick            # smoke run, a few minutes
   python jobs/demo.py --preset tiny --quick --backend local   # random tiny models, about a minute
   python jobs/demo.py --role_model critic=pkg:smollm2-135m-instruct   # any base model per role

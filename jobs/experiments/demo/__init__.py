@@ -1,10 +1,11 @@
 """The end-to-end demo behind `jobs/demo.py`: hidden-fact tasks first, then (--tasks arithmetic, or --full) the
 standard task: train a sequential system, then compare it with text on held-out questions.
 
-  fact tasks  `demo.facts`: per STYLE:TASK of --tasks (distillation and sequential recall, the compare
-              collaboration task by default; two_fact and mixture in --full), links trained with every stage
-              sending its latent rollout, measured on seen-values and unseen-values held-out splits; their
-              answer lines ("trained links carry the fact: X/N own vs Y/N shuffled vs Z/N fresh") print first
+  fact tasks  `demo.facts`: per STYLE:TASK of --tasks (distillation:recall by default; sequential, compare,
+              two_fact and mixture with --full), links trained with the recipe `FactsConfig.recipe` (first-stage
+              rollout, rollout-state bridge init), measured on seen-values and unseen-values held-out splits;
+              their answer lines ("trained links carry the fact: X/N own vs Y/N shuffled vs Z/N fresh") print
+              first and the PNG's first panel shows them
 
   data        one-step arithmetic word problems (`train.synthetic`, difficulty one_step), split into
               train / held-out; no held-out question is in training (checked, `check_disjoint`)

@@ -239,7 +239,8 @@ def quick() -> DemoConfig:
 
 
 def full() -> DemoConfig:
-    """the longer run (about 40 minutes on 2 idle cores): 96 held-out questions, R = 1, 2, more training"""
+    """the longer run (hours on 2 cores): every fact task at 128 + 128 held-out, then arithmetic (96 held-out
+    questions, R = 1, 2, more training; about 40 minutes of it)"""
     return DemoConfig(num_train=180, num_eval=96, rounds=[1, 2], inner_steps=48, outer_steps=24, outer_rounds=2,
                       tasks=["distillation:recall", "sequential_light:recall", "distillation:compare",
                              "sequential_light:two_fact", "mixture:mixture", "arithmetic"],
