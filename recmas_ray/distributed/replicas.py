@@ -7,8 +7,9 @@ replicas with their router (`RayReplicas`), and how they are built and awaited.
         |   router actor (routing.ReplicaRouter)  replica with the least queued work per batch (leases)
         v
     Orchestrator actor, one per replica (num_cpus=1, threaded: several batches in flight)
-        | run_batch(RayPool(role groups), ...)   the same runner and schedule as in-process; each call
-        |                                        to the copy of its role with the least queued work
+        | run_batch(RayPool(role groups), ...)   the same runner and schedule as in-process; each call,
+        |                                        once its inputs exist, to the copy of its role with the
+        |                                        least queued work
         v
     planner.rollout ──ref──> critic.rollout ──ref──> solver.decode          (sequential, one round)
         ^                                               |
@@ -35,7 +36,8 @@ from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 from recmas_ray.config.placement import PlacementConfig
 from recmas_ray.config.recursion import RecursionConfig
 from recmas_ray.config.transport import OBJECT_STORE, Transport, get_transport
-from recmas_ray.distributed.actors import AGENT_EXIT_AFTER, AgentActor, RayPool, RDTAgentActor, when_done
+from recmas_ray.distributed.actors import AGENT_EXIT_AFTER, AgentActor, RDTAgentActor
+from recmas_ray.distributed.ray_pool import RayPool, when_done
 from recmas_ray.distributed.orchestrator import Orchestrator, start_router
 from recmas_ray.distributed.pools import role_copies
 from recmas_ray.distributed.progress import start_relay

@@ -126,6 +126,44 @@ def test_solve_sends_a_batch_to_the_replica_with_the_least_queued_work(ray_clust
         replicas.shutdown()
 
 
+SLOW_UPSTREAM = {"planner": "sim:step_ms=50", "critic": "sim:step_ms=50", "solver": "sim:step_ms=1,token_ms=100,tokens=64"}
+
+
+def _one_round(latent_steps: int, tokens: int) -> RecursionConfig:
+    return RecursionConfig(method="recursive_mas", num_recursive_rounds=1, latent_steps=latent_steps,
+                           decode=DecodeConfig(max_new_tokens=tokens))
+
+
+def test_a_step_is_routed_by_the_queues_when_its_inputs_exist_not_when_its_batch_is_submitted(ray_cluster):
+    """Two copies per role. Batch A (4 s at the planner and critic, then a 1-token decode) is submitted first,
+    then B (fast, a 0.4 s decode) and C (fast, a 6 s decode). Routed at submission, A's decode took solver copy
+    0 (both idle), B's copy 1, C's copy 0 again (1 token queued there vs 4), so A's decode, ready at ~4 s,
+    waited behind C's until ~6 s. Routed when its inputs exist, it sees C's decode on one copy and the other
+    free, and runs there at once."""
+    plan = simulated_plan("sequential_light", SLOW_UPSTREAM)
+    placement = PlacementConfig(preset="cpu", cpus_per_agent=0.05, agent_max_restarts=0,
+                                role_replicas={"planner": 2, "critic": 2, "solver": 2})
+    replicas = build_replicas(plan, placement, timeout_s=60)
+    try:
+        refs = []
+        for name, cfg in (("A", _one_round(40, 1)), ("B", _one_round(1, 4)), ("C", _one_round(1, 60))):
+            refs.append(replicas.solve([f"Question {name}"], ["math"], cfg, batch_id=name))
+            time.sleep(0.3)  # the orchestrator takes them in this order
+        ray.get(refs, timeout=120)
+        logs = replicas.call_logs()[0]
+    finally:
+        replicas.shutdown()
+
+    def decode(name):
+        (copy, call), = [(c, x) for c in ("solver", "solver#1") for x in logs[c]
+                         if x["method"] == "decode" and f"Question {name}" in x["first_user"]]
+        return copy, call
+
+    (copy_a, a), (copy_c, c) = decode("A"), decode("C")
+    assert copy_a != copy_c, (a, c)
+    assert a["t0"] < c["t1"], (a, c)  # it did not wait for C's decode
+
+
 @pytest.mark.integration  # ~15 s of simulated agents
 def test_a_cancelled_batch_runs_none_of_its_remaining_steps(ray_cluster):
     plan = simulated_plan("sequential_light", SLOW_SOLVER)
