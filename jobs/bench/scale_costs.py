@@ -96,7 +96,7 @@ def targets(report: dict, args) -> dict:
         out["balance"][f"R{b['rounds']}"] = {
             "per_gpu_ratio": b["per_gpu_ratio"], "model_per_gpu_ratio": b["model_per_gpu_ratio"],
             "model_long_run_per_gpu_ratio": b["model_long_run_per_gpu_ratio"],
-            "model_long_run_routed_when_ready_per_gpu_ratio": b["model_long_run_routed_when_ready_per_gpu_ratio"],
+            "model_long_run_routed_when_submitted_per_gpu_ratio": b["model_long_run_routed_when_submitted_per_gpu_ratio"],
             "ideal_ratio_for_these_copies": b["ideal_ratio_for_these_copies"],
             "pools_min_role_busy_device": p["min_role_busy"], "pools_min_role_busy_host": p["min_role_host_busy"],
             "model_long_run_pools_min_role_busy": p["model_long_run"]["min_role_busy"],
@@ -148,7 +148,7 @@ def plot(report: dict, path: str) -> None:
     ax = fig.add_subplot(1, 3, 2)
     series = (("per_gpu_ratio", "Ray"), ("model_per_gpu_ratio", "model, same run"),
               ("model_long_run_per_gpu_ratio", "model, long run"),
-              ("model_long_run_routed_when_ready_per_gpu_ratio", "model, routed when ready"),
+              ("model_long_run_routed_when_submitted_per_gpu_ratio", "model, routed at submission (earlier)"),
               ("ideal_ratio_for_these_copies", "ideal, these copies"))
     w = 0.8 / len(series)
     for k, (key, label) in enumerate(series):
