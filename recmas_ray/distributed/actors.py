@@ -5,9 +5,9 @@ a `ready()` health check naming role, device, GPU ids and node, failure messages
 role, and a log of its own calls (start and end times) from which busy fractions and execution
 order are read. Model code lives in `agent.py` and knows nothing about Ray.
 
-Agents run calls out of order (`allow_out_of_order_execution=True`, set in replicas.py): a call
-starts as soon as its input latents exist, so batch B's ready round-1 step never waits behind
-batch A's round-2 step whose inputs are still being computed. A crashed agent is restarted by Ray
+The pool submits a call only once its input latents exist (`ray_pool.RayPool`); agents also run calls
+out of order (`allow_out_of_order_execution=True`, set in replicas.py), so a call whose arguments are
+still being fetched never holds up one behind it. A crashed agent is restarted by Ray
 (it reloads its model in `__init__`) and its idempotent calls (rollout, decode) are retried.
 """
 
