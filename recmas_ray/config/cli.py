@@ -220,8 +220,8 @@ def parse_config(cls, argv=None, *, recipes=None, start=None, **parser_kw):
 
 def run_job(main: Callable[[Any], int | None], cls, argv=None, **parse_kw) -> int:
     """Parse, check (`parse_config`'s keywords) and run one job; returns its exit status: 2 for the user's input
-    (ValueError, TypeError), 1 for a failed run (anything else), 0 done. Every error is one line on stderr
-    (`--debug` re-raises it with its traceback)."""
+    (ValueError, TypeError), 130 interrupted, 1 for a failed run (anything else), 0 done. Every error is one line
+    on stderr (`--debug` re-raises it with its traceback)."""
     argv = list(sys.argv[1:] if argv is None else argv)
     try:
         cfg, ns = parse_config(cls, argv, **parse_kw)
@@ -231,23 +231,20 @@ def run_job(main: Callable[[Any], int | None], cls, argv=None, **parse_kw) -> in
         return int(main(cfg) or 0)
     except SystemExit as e:  # --help, or a job that exits itself
         return int(e.code or 0) if not isinstance(e.code, str) else (print(e.code, file=sys.stderr) or 2)
-    except KeyboardInterrupt:
-        if "--debug" in argv:
-            raise
-        print("error: interrupted; whatever finished is on disk (rerun with --resume)", file=sys.stderr)
-        return 130
-    except Exception as e:  # noqa: BLE001 - the promise: one line, never a traceback without --debug
+    except (KeyboardInterrupt, Exception) as e:  # noqa: BLE001 - the promise: one line, no traceback without --debug
         if "--debug" in argv:
             raise
         print(f"error: {describe_error(e)}", file=sys.stderr)
-        return 2 if isinstance(e, (ValueError, TypeError)) else 1
+        return 130 if isinstance(e, KeyboardInterrupt) else 2 if isinstance(e, (ValueError, TypeError)) else 1
 
 
 def describe_error(e: BaseException) -> str:
-    """One line for any exception: user errors as they are, a full disk / missing memory / other OS error named
-    with its fix, anything else with its type and the `--debug` hint."""
+    """One line for any exception: user errors as they are, an interruption, a full disk / missing memory / other
+    OS error named with its fix, anything else with its type and the `--debug` hint."""
     import errno
 
+    if isinstance(e, KeyboardInterrupt):
+        return "interrupted; whatever finished is on disk (rerun with --resume)"
     cause = getattr(e, "cause", None)  # a Ray task/actor error: the user's exception inside it
     if isinstance(cause, BaseException) and cause is not e:
         return describe_error(cause)
