@@ -11,7 +11,7 @@ in, and the imports inside functions and methods. Floors, bottom to top:
                and the task families (``eval/tasks``: instructions, answer formats, graders, loaders; the code
                graders they run), plain Python the styles' prompts read
   system       what a system is: plan, presets, checkpoints, cards, hub (uses the engine, never Ray)
-  distributed  the thin Ray layer: actors, placement, pools, running systems and replicas (orchestrator, router)
+  distributed  the thin Ray layer: actors, placement, role copies, running systems and replicas (orchestrator, router)
   top          what people run: training, evaluation, serving, lm-eval, tracking, the public API
 
 ``jobs/`` lies outside the package and may import anything. The floor rule holds for both graphs with no

@@ -37,7 +37,7 @@ from recmas_ray.config.recursion import RecursionConfig
 from recmas_ray.config.transport import OBJECT_STORE, Transport, get_transport
 from recmas_ray.distributed.actors import AGENT_EXIT_AFTER, AgentActor, RayPool, RDTAgentActor, when_done
 from recmas_ray.distributed.orchestrator import Orchestrator, start_router
-from recmas_ray.distributed.pools import role_copies
+from recmas_ray.distributed.role_copies import role_copies
 from recmas_ray.distributed.progress import start_relay
 from recmas_ray.distributed.routing import batch_work
 from recmas_ray.distributed.placement import (ORCHESTRATOR_CPUS, ORCHESTRATOR_MAX_BATCHES, PlacementPlan,
