@@ -75,7 +75,7 @@ class RaySystem:
         return self.orchestrator.solve.remote(questions, tasks, cfg, batch_id, **run_options)
 
     def pool(self) -> RayPool:
-        """A `runner.AgentPool` over this replica's agents (every copy, routed per call), for runs driven here."""
+        """A `pool.AgentPool` over this replica's agents (every copy, routed per call), for runs driven here."""
         return RayPool(self.copies or self.handles, timeout_s=self.timeout_s)
 
     def call_logs(self, clear: bool = False) -> dict[str, list[dict]]:
@@ -187,7 +187,7 @@ class RayReplicas:
         return out
 
     def pool(self, replica: int = 0) -> RayPool:
-        """A `runner.AgentPool` over one replica's agents, for runs driven in this process."""
+        """A `pool.AgentPool` over one replica's agents, for runs driven in this process."""
         return self.systems[replica].pool()
 
     def call_logs(self, clear: bool = False) -> list[dict[str, list[dict]]]:
