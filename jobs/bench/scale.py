@@ -254,7 +254,7 @@ def paper_plan(args, scale: float = 1.0):
 def balance(plan, rounds: int, args, control: dict | None) -> dict:
     """Whole-system replicas vs one replica of per-role pools, both on `args.gpus` GPUs, each beside the
     model of the same run (devices only; with the measured host costs) and the model's long run."""
-    from recmas_ray.distributed.pools import copies_from_costs
+    from recmas_ray.distributed.role_copies import copies_from_costs
 
     style, params = plan.style, sim_params(plan)
     roles = list(style.roles)

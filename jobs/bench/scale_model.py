@@ -322,7 +322,7 @@ def model_balance(args) -> list[dict]:
     vs per-role pools at the production depth (two batches per agent actor) and twice it, routed when ready (as
     built) and at submission (the earlier build), long runs (`model_batches_per_depth`)."""
     from jobs.bench.scale import paper_plan
-    from recmas_ray.distributed.pools import copies_from_costs
+    from recmas_ray.distributed.role_copies import copies_from_costs
     from recmas_ray.models.sim import parse_sim_name
 
     plan = paper_plan(args)

@@ -42,7 +42,7 @@ def _run_done_calls() -> None:
 
 
 class RayPool:
-    """`runner.AgentPool` over actor copies: calls return ObjectRefs, latents never touch the caller.
+    """`pool.AgentPool` over actor copies: calls return ObjectRefs, latents never touch the caller.
 
     `handles`: role -> an actor handle, a list of copies, or a `RoleGroup`. A call is routed when its inputs
     exist (`routing.Dispatcher`): the runner chains a batch's calls at once, and each goes to the copy its role
@@ -143,7 +143,7 @@ class RayPool:
     def retry_format(self, role, texts, suffixes, max_new_tokens, *, cfg, context=None):
         """The answer-format retry on a copy of the role, routed and counted like every other call
         (see `AgentService.retry_format`)."""
-        from recmas_ray.runner import retry_context_args
+        from recmas_ray.pool import retry_context_args
 
         latents, kw = retry_context_args(context)
         work = len(texts) * max_new_tokens

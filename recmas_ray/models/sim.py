@@ -28,7 +28,7 @@ from recmas_ray.decoding import Decoded
 
 PREFILL_SPEEDUP = 20.0
 """How much cheaper a prompt token is than a sequential step (latent step or decoded token): the prompt
-runs as one parallel forward. The same figure prices real models in `distributed.pools.call_cost`."""
+runs as one parallel forward. The same figure prices real models in `distributed.role_copies.call_cost`."""
 
 DEFAULTS = {"hidden": 2048, "step_ms": 5.0, "token_ms": 5.0, "tokens": 32, "prefill_ms": 0.0, "row_share": 0.0,
             "eos_spread": 0.0, "prompt_tokens": 0, "prefill_token_ms": 0.0}

@@ -117,7 +117,7 @@ def test_steady_rate_is_the_true_rate_however_completions_bunch():
     t_a, t_b, done = steady_window(decodes, entries)
     assert (t_a, t_b) == (16.5, 80.5)  # the 12th end (the burst's last batch) to the last entry
     assert abs(done / (t_b - t_a) - 6 / 8) < 1e-9
-    # the same with the replicas out of step by 1 s each (a pool's copies)
+    # the same with the replicas out of step by 1 s each (a role's copies)
     decodes = [(8.0 * i + 0.5 + r, 8.0 * i + 8.5 + r) for i in range(12) for r in range(6)]
     entries = [(0.0 if i < 2 else 8.0 * (i - 2) + 8.5) + r for i in range(12) for r in range(6)]
     t_a, t_b, done = steady_window(decodes, entries)
