@@ -7,8 +7,9 @@ One runner serves RecursiveMAS and the text baselines:
   single_agent       the decoding role alone, no collaborators
 
 The pool (`pool.AgentPool`) hides where agents live. Its calls return handles (values in-process,
-ObjectRefs on Ray); the runner chains handles from step to step and only materialises texts (text methods)
-and small stats, never latents, so on Ray the latents move agent to agent through the object store.
+ObjectRefs on Ray, or handles of calls the Ray pool submits once their inputs exist); the runner chains
+handles from step to step and only materialises texts (text methods) and small stats, never latents, so on
+Ray the latents move agent to agent through the object store.
 """
 
 from __future__ import annotations
