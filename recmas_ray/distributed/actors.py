@@ -111,17 +111,21 @@ class _AgentActorImpl:
         if self._exit_after is not None and len(self._log) >= self._exit_after:
             os._exit(1)  # test hook: die like a killed process, mid-run
         t0 = time.time()
-        device0 = getattr(self.service.agent, "device_s_total", None)  # simulated agents count device time
+        agent = self.service.agent
+        device0 = getattr(agent, "device_s_total", None)  # simulated agents count device time and bytes read
+        read0 = getattr(agent, "bytes_read_total", None)
         try:
             return fn()
         finally:
             self._log.append({"method": method, "first_user": users[0] if users else "", "slots": list(slot_names),
                               "batch_size": len(users), "t0": t0, "t1": time.time(),
-                              "device_s": None if device0 is None else self.service.agent.device_s_total - device0})
+                              "device_s": None if device0 is None else agent.device_s_total - device0,
+                              "bytes_read": None if read0 is None else agent.bytes_read_total - read0})
 
     def call_log(self, clear: bool = False) -> list[dict]:
         """This actor's calls: method, first prompt, slot names, start and end (time.time()), and the simulated
-        device time (`device_s`, simulated agents only: the rest of t1 - t0 is host time)."""
+        device time (`device_s`, simulated agents only: the rest of t1 - t0 is host time) and bytes of received
+        latents read (`bytes_read`, simulated agents only)."""
         out = list(self._log)
         if clear:
             self._log.clear()

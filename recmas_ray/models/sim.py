@@ -94,14 +94,22 @@ class SimulatedAgent:
         self.outer_links: dict = {}
         self.device_s_total = 0.0
         """Simulated device time of every call so far (seconds)."""
+        self.bytes_read_total = 0
+        """Bytes of every latent message received so far, each read once (a real agent copies them into its
+        input embeddings), so a transport's figure includes reading what it delivered."""
+        self.latent_checksum = 0.0
+        """Sum of the last call's received latents (what reading them computed)."""
 
     def _run_device(self, ms: float) -> None:
         self.device_s_total += ms / 1000.0
         time.sleep(ms / 1000.0)
 
     def embed_batch(self, users: list[str], latents: dict | None = None):
-        """(E_BLD, mask_BL) placeholders: one position per sample (the latents are only received)."""
+        """(E_BLD, mask_BL) placeholders: one position per sample; every received latent is read once."""
         B = len(users)
+        blocks = list((latents or {}).values())
+        self.latent_checksum = sum(float(x.double().sum()) for x in blocks)
+        self.bytes_read_total += sum(x.numel() * x.element_size() for x in blocks)
         return torch.zeros(B, 1, 1), torch.ones(B, 1, dtype=torch.long)
 
     def latent_rollout(self, e_BLD, mask_BL, num_steps: int, *, seeds=None) -> torch.Tensor:
