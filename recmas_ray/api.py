@@ -246,7 +246,7 @@ class System:
         with self._quiet():
             from recmas_ray.console import current
             from recmas_ray.eval.progress import QuestionProgress
-            from recmas_ray.runner import LocalPool
+            from recmas_ray.pool import LocalPool
 
             bar = current().bar(len(rows), "generate", unit="question" if per_question == 1 else "answer",
                                 enabled=progress)
@@ -273,7 +273,8 @@ class System:
         """One checked batch through the agents (what `generate`, the server and lm-eval call); `run_options`
         are `run_batch`'s: `on_token(ids)` is called with the token id picked per question at every step of
         the final decode (streaming), `targets` + `score_continuation` score continuations (likelihoods)."""
-        from recmas_ray.runner import LocalPool, run_batch
+        from recmas_ray.pool import LocalPool
+        from recmas_ray.runner import run_batch
 
         self._check_open()
         if isinstance(self.agents, LocalPool):

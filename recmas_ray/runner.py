@@ -6,54 +6,22 @@ One runner serves RecursiveMAS and the text baselines:
   textmas            recursive_textmas with one round
   single_agent       the decoding role alone, no collaborators
 
-The pool hides where agents live. Its calls return handles (values in-process, ObjectRefs on Ray);
-the runner chains handles from step to step and only materialises texts (text methods) and small
-stats, never latents, so on Ray the latents move agent to agent through the object store.
+The pool (`pool.AgentPool`) hides where agents live. Its calls return handles (values in-process,
+ObjectRefs on Ray, or handles of calls the Ray pool submits once their inputs exist); the runner chains
+handles from step to step and only materialises texts (text methods) and small stats, never latents, so on
+Ray the latents move agent to agent through the object store.
 """
 
 from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
-from typing import Any, Callable, Protocol
+from typing import Any, Callable
 
 from recmas_ray.config.checks import check_tree
-from recmas_ray.config.recursion import DecodeConfig, RecursionConfig
+from recmas_ray.config.recursion import RecursionConfig
+from recmas_ray.pool import AgentPool, DecoderInput
 from recmas_ray.styles import StyleSpec, build_schedule, render_prompt, render_single_agent_prompt
-
-
-
-class AgentPool(Protocol):
-    """What the runner needs from a set of agents (see `service.AgentService` for the semantics)."""
-
-    def rollout(self, role: str, users: list[str], slot_names: list[str], num_steps: int,
-                edges: tuple[str, ...], latents: list[Any]) -> tuple[list[Any], Any]: ...
-
-    def decode(self, role: str, users: list[str], slot_names: list[str], cfg: DecodeConfig,
-               latents: list[Any]) -> Any: ...
-
-    def get(self, handle: Any, *, what: str) -> Any: ...
-
-    def score(self, role: str, users: list[str], slot_names: list[str], targets: list[str], latents: list[Any],
-              *, continuation: bool = False) -> Any:
-        """Only when `run_batch` gets `targets` (answer likelihood): handle of (per sample: mean NLL, or
-        (sum log p, greedy?) with continuation=True; stats)."""
-
-    def retry_format(self, role: str, texts: list[str], suffixes: list[str], max_new_tokens: int, *,
-                     cfg: DecodeConfig, context: tuple[DecoderInput, list[int]] | None = None) -> Any:
-        """Handle of the answer-format retry's continuations (see `AgentService.retry_format`); `context`: the
-        decoder's input of the batch and the rows retried, so each reply is continued after its own prompt."""
-
-    def set_links(self, role: str, inner_state: dict, outer_states: dict[str, dict]) -> Any:
-        """Handle of swapping a role's links in place, the model staying loaded (`AgentService.set_links`)."""
-
-    def select_rows(self, role: str, handle: Any, positions: list[int]) -> Any:
-        """Adaptive rounds only: handle of rows `positions` of a message, cut where `role` will read it."""
-
-    def latent_change(self, role: str, old_positions: list[int], old_handles: list[Any],
-                      new_handles: list[Any]) -> Any:
-        """Adaptive rounds only: handle of the per-question change between two rounds' latent inputs of `role`
-        (`AgentService.latent_change`)."""
 
 
 @dataclass
@@ -84,17 +52,6 @@ class SampleResult:
     round_changes: list[float] = field(default_factory=list)
     """Adaptive rounds only: the change of its decoder's latent input at each check, rounds 2, 3, ...
     (`RecursionConfig.adaptive_threshold`)."""
-
-
-@dataclass
-class DecoderInput:
-    """The final decode's input for one batch: the decoder's prompts and the latent blocks spliced into them
-    (pool handles: tensors in-process, ObjectRefs on Ray; after any ablation), in the order of its slots."""
-
-    role: str
-    users: list[str]
-    slot_names: list[str]
-    latents: list[Any]
 
 
 def run_batch(pool: AgentPool, style: StyleSpec, questions: list[str], tasks: list[str],
@@ -365,45 +322,3 @@ def _collect(pool, calls, batch_size, t0) -> list[SampleResult]:
     for res in results:  # each question's latency: its batch was submitted together and came back together
         res.seconds = elapsed
     return results
-
-
-def retry_context_args(context: tuple[DecoderInput, list[int]] | None) -> tuple[list, dict]:
-    """(latent handles, keyword arguments) of `AgentService.retry_format` for a retry `context` (none: the bare
-    continuation); the latents go positionally so Ray resolves them."""
-    if context is None:
-        return [], {}
-    inp, rows = context
-    return list(inp.latents), {"users": list(inp.users), "slot_names": list(inp.slot_names), "rows": list(rows)}
-
-
-class LocalPool:
-    """In-process pool: handles are plain values and every call runs immediately."""
-
-    def __init__(self, services: dict):
-        self.services = services
-
-    def rollout(self, role, users, slot_names, num_steps, edges, latents):
-        *msgs, stats = self.services[role].rollout(users, slot_names, num_steps, edges, *latents)
-        return msgs, stats
-
-    def decode(self, role, users, slot_names, cfg, latents, **stream):
-        return self.services[role].decode(users, slot_names, cfg, *latents, **stream)
-
-    def score(self, role, users, slot_names, targets, latents, **kw):
-        return self.services[role].score(users, slot_names, targets, *latents, **kw)
-
-    def retry_format(self, role, texts, suffixes, max_new_tokens, *, cfg, context=None):
-        latents, kw = retry_context_args(context)
-        return self.services[role].retry_format(texts, suffixes, max_new_tokens, *latents, cfg=cfg, **kw)
-
-    def set_links(self, role, inner_state, outer_states):
-        return self.services[role].set_links(inner_state, outer_states)
-
-    def select_rows(self, role, handle, positions):
-        return self.services[role].select_rows(handle, positions)
-
-    def latent_change(self, role, old_positions, old_handles, new_handles):
-        return self.services[role].latent_change(old_positions, len(old_handles), *old_handles, *new_handles)
-
-    def get(self, handle, *, what):
-        return handle

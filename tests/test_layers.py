@@ -7,11 +7,12 @@ its target at run time). Two graphs are built with ``ast``: the top-level ``impo
 in, and the imports inside functions and methods. Floors, bottom to top:
 
   ground       the config mechanism and leaf types (``config/``): flags, checks, file readers, shared choices
-  engine       plain torch, no Ray: links, KV cache, decoding, agent, models, styles, runner, service, tools, sandbox;
+  engine       plain torch, no Ray: links, KV cache, decoding, agent, models, styles, runner, agent pool, service,
+               tools, sandbox;
                and the task families (``eval/tasks``: instructions, answer formats, graders, loaders; the code
                graders they run), plain Python the styles' prompts read
   system       what a system is: plan, presets, checkpoints, cards, hub (uses the engine, never Ray)
-  distributed  the thin Ray layer: actors, placement, pools, running systems and replicas (orchestrator, router)
+  distributed  the thin Ray layer: actors, placement, role copies, running systems and replicas (orchestrator, router)
   top          what people run: training, evaluation, serving, lm-eval, tracking, the public API
 
 ``jobs/`` lies outside the package and may import anything. The floor rule holds for both graphs with no
@@ -32,7 +33,7 @@ PACKAGE = Path(__file__).resolve().parents[1] / "recmas_ray"
 FLOORS = [
     ("ground", ["recmas_ray.config", "recmas_ray.console"]),
     ("engine", ["recmas_ray.links", "recmas_ray.kv_cache", "recmas_ray.scheduler", "recmas_ray.decoding", "recmas_ray.scoring",
-                "recmas_ray.agent", "recmas_ray.models", "recmas_ray.styles", "recmas_ray.runner",
+                "recmas_ray.agent", "recmas_ray.models", "recmas_ray.styles", "recmas_ray.runner", "recmas_ray.pool",
                 "recmas_ray.service", "recmas_ray.tools", "recmas_ray.sandbox", "recmas_ray.eval.tasks",
                 "recmas_ray.eval.code_graders", "recmas_ray.eval.code_suites", "recmas_ray.eval.code_checks"]),
     ("system", ["recmas_ray.system"]),

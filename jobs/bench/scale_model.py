@@ -4,9 +4,11 @@ without Ray. Pure Python.
 What it models, as the production path does it (eval/stream.py, distributed/actors.py RayPool):
   clients   `depth` batches in flight per replica; a client takes the next batch when its last one ends
   router    `routing.ReplicaRouter.acquire(work)`: the replica with the least queued rows x steps
-  dispatch  the replica's orchestrator submits every call of the batch's schedule at once (latents travel
-            as ObjectRefs); each call is routed when submitted by `routing.RoleGroup.pick` (least queued
-            rows x steps, the batch's previous copy of the role within the affinity slack)
+  dispatch  the replica's orchestrator chains every call of the batch's schedule at once (latents travel
+            as ObjectRefs); each call is routed once its inputs exist (`routing.Dispatcher`) by
+            `routing.RoleGroup.pick` (least queued rows x steps, the batch's previous copy of the role
+            within the affinity slack); `route_when="submitted"` models the earlier build, which picked
+            every call's copy when the batch was submitted
   copies    one call at a time (one simulated device each); a call starts when its inputs exist and the
             copy is free, the earliest-ready first (out-of-order actors)
   costs     `models.sim.call_device_ms`; decode lengths drawn per row as `models.sim.row_tokens`
@@ -93,11 +95,11 @@ class _Call:
 def simulate(style: StyleSpec, params: dict, layout: list[dict[str, int]], *, rounds: int, latent_steps: int,
              max_new_tokens: int, batch_size: int, num_batches: int, depth: int, seed: int = 0,
              orchestrator_s_per_call: float = 0.0, router_s_per_batch: float = 0.0,
-             agent_host_s_per_call: float = 0.0, route_when: str = "submitted", num_orchestrators: int = 0) -> dict:
+             agent_host_s_per_call: float = 0.0, route_when: str = "ready", num_orchestrators: int = 0) -> dict:
     """Run `num_batches` through `layout` (one dict of copies per role per replica) with `depth` batches in
     flight per replica; returns {"logs": per replica {ROLE#K: calls}, "batches": {id: (entry, end)}}.
-    `route_when`: "submitted" (as built: every call of a batch is routed when the batch starts) or "ready"
-    (a call is routed when its inputs exist: what the production path would need a dispatcher for).
+    `route_when`: "ready" (as built: a call is routed when its inputs exist) or "submitted" (the earlier build:
+    every call of a batch routed when the batch starts, counting work that cannot run yet).
     `num_orchestrators`: 0, one per replica (as built); n, the replicas share n (replica i uses i mod n)."""
     if route_when not in ("submitted", "ready"):
         raise ValueError(f"route_when={route_when!r}; expected submitted or ready")
@@ -317,10 +319,10 @@ def project(style, params, copies: dict[str, int], gpus_list: list[int], *, dept
 
 def model_balance(args) -> list[dict]:
     """The balance series of `jobs.bench.scale` (a ScaleBenchConfig) in the model alone: whole-system replicas
-    vs per-role pools at the production depth (two batches per agent actor) and twice it, routed as built and
-    when ready, long runs (`model_batches_per_depth`)."""
+    vs per-role pools at the production depth (two batches per agent actor) and twice it, routed when ready (as
+    built) and at submission (the earlier build), long runs (`model_batches_per_depth`)."""
     from jobs.bench.scale import paper_plan
-    from recmas_ray.distributed.pools import copies_from_costs
+    from recmas_ray.distributed.role_copies import copies_from_costs
     from recmas_ray.models.sim import parse_sim_name
 
     plan = paper_plan(args)
@@ -337,7 +339,7 @@ def model_balance(args) -> list[dict]:
         row = {"rounds": rounds, "pool_copies": copies, "whole_system_busy": whole["busy_by_role"]}
         for depth_name, pool_depth in (("depth_2_per_actor", 2 * n_whole * len(roles)),
                                        ("depth_4_per_actor", 4 * n_whole * len(roles))):
-            for when in ("submitted", "ready"):
+            for when in ("ready", "submitted"):
                 pools = model_run(style, params, [copies], depth=pool_depth, route_when=when,
                                   num_batches=args.model_batches_per_depth * pool_depth, **kw)
                 row[f"{depth_name}_routed_when_{when}"] = {

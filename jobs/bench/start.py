@@ -120,6 +120,7 @@ def child_phases(style: str, preset: str) -> dict:
 
     phases.mark("import_ray")
     from recmas_ray.config.placement import PlacementConfig
+    from recmas_ray.config.transport import OBJECT_STORE
     from recmas_ray.distributed.cluster import start_ray
     from recmas_ray.distributed.replicas import (RayReplicas, await_agents, await_orchestrator, start_orchestrator,
                                                  start_system)
@@ -132,13 +133,13 @@ def child_phases(style: str, preset: str) -> dict:
     start_ray()  # retries a start-up that timed out (a busy machine), as the jobs do
     phases.mark("ray_start")
     placement = PlacementConfig()
-    system = start_system(plan, placement, timeout_s=600, torch_threads=0, transport="object_store", replica=0,
+    system = start_system(plan, placement, timeout_s=600, torch_threads=0, transport=OBJECT_STORE, replica=0,
                           num_replicas=1, autoscaling=False, out_of_order=True, extra_env=None)
     router = start_router(1, timeout_s=600)  # as `build_replicas`: both start while the agents load
-    start_orchestrator(system, placement, transport="object_store")
+    start_orchestrator(system, placement, transport=OBJECT_STORE)
     await_agents(system, placement)
     phases.mark("agents")
-    await_orchestrator(system, placement, transport="object_store")
+    await_orchestrator(system, placement, transport=OBJECT_STORE)
     replicas = RayReplicas(plan, [system], router, 600)
     ray.get(replicas.router.acquire.remote(1.0), timeout=600)
     phases.mark("orchestrator")

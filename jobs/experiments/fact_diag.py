@@ -45,7 +45,8 @@ def main(argv=None) -> int:
     from recmas_ray.config.recursion import DecodeConfig, RecursionConfig
     from recmas_ray.eval.graders import grade_lenient, grade_math_strict
     from recmas_ray.eval.stats import mcnemar_exact
-    from recmas_ray.runner import LocalPool, run_batch
+    from recmas_ray.pool import LocalPool
+    from recmas_ray.runner import run_batch
     from recmas_ray.system.launch import local_pool
     from recmas_ray.system.plan import plan_system
     from recmas_ray.train.bridge import bridge_outer_links

@@ -27,7 +27,7 @@ def main(argv=None) -> int:
     torch.manual_seed(0)
     torch.set_num_threads(2)
 
-    from recmas_ray.runner import LocalPool
+    from recmas_ray.pool import LocalPool
     from recmas_ray.styles import build_schedule
     from recmas_ray.system.launch import local_pool
     from recmas_ray.system.plan import plan_system

@@ -1,7 +1,7 @@
 """Measurements of `jobs/experiments/sweep_recipe.py` on the hidden-operand held-out set: accuracy, fact / result token NLL,
 a linear probe of the hidden x per edge, paired tests.
 
-In-process agents (`runner.LocalPool`) loaded once; link sets are swapped into them (`AgentService.set_links`)
+In-process agents (`pool.LocalPool`) loaded once; link sets are swapped into them (`AgentService.set_links`)
 and the measured quantities are taken from the very calls `run_batch` makes: `CapturePool` keeps every latent
 message it passes on and scores the decoder's gold answer token by token from the prompt it decodes from.
 """
@@ -13,7 +13,7 @@ import math
 import numpy as np
 import torch
 
-from recmas_ray.runner import LocalPool
+from recmas_ray.pool import LocalPool
 
 
 def mcnemar_exact(a: list[bool], b: list[bool]) -> dict:

@@ -32,10 +32,10 @@ class PlacementConfig:
     cpus_per_agent: Annotated[float, Range(0, 1024)] = 0.25
     """Logical CPUs per agent actor (fractions leave room for Ray Data read tasks)."""
     role_replicas: Annotated[dict[str, int], Range(1, 64)] = field(default_factory=dict)
-    """Actor copies of a role inside each replica (a per-role pool), e.g. {"solver": 3}: each batch's
-    steps for that role go to its least-loaded copy, and stay there (distributed/pools.py)."""
+    """Actor copies of a role inside each replica (role copies), e.g. {"solver": 3}: each batch's
+    steps for that role go to its least-loaded copy, and stay there (distributed/role_copies.py)."""
     auto_role_replicas: bool = False
-    """Size every role's pool (not named in role_replicas) from its cost per batch, parameters x
+    """Size every role's copies (roles not named in role_replicas) from its cost per batch, parameters x
     tokens (sim: agents: their configured times), the cheapest role one copy."""
     num_replicas: Annotated[int, Range(0, 1024)] = 1
     """Independent copies of the system (own placement group and orchestrator each); batches go to

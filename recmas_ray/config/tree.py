@@ -12,12 +12,6 @@ from recmas_ray.config.checks import ConfigError, field_hints, split_annotated
 from recmas_ray.config.inputs import read_data_file
 
 
-def _nested_type(tp):
-    """The dataclass type of a nested-config field, else None."""
-    base, _ = split_annotated(tp)
-    return base if isinstance(base, type) and dataclasses.is_dataclass(base) else None
-
-
 def to_dict(cfg) -> dict:
     """A config tree as plain JSON-able data."""
     return json.loads(json.dumps(dataclasses.asdict(cfg), default=str))
@@ -33,8 +27,8 @@ def from_dict(cls, data: dict, *, base=None, where: str = "config"):
         raise ConfigError(f"{where}: unknown setting(s) {unknown}; expected some of {sorted(f.name for f in fields)}")
     values, missing = {}, []
     for f in fields:
-        nested = _nested_type(hints[f.name])
-        if nested is not None:
+        nested = split_annotated(hints[f.name])[0]
+        if dataclasses.is_dataclass(nested):
             values[f.name] = from_dict(nested, data.get(f.name, {}), base=getattr(base, f.name, None),
                                        where=f"{where}.{f.name}")
         elif f.name in data or base is not None:
@@ -63,7 +57,8 @@ def load_config_file(path: str) -> dict:
     return data
 
 
-def _set_path(values: dict, path: str, value) -> None:
+def set_path(values: dict, path: str, value) -> None:
+    """Set `value` at the dotted `path` of nested settings (a --config file's, which may hold a scalar there)."""
     parts = path.split(".")
     for i, part in enumerate(parts[:-1]):
         inner = values.setdefault(part, {})

@@ -1,13 +1,13 @@
-"""Agent actors: one Ray actor per role around `AgentService`, plus the pool the runner talks to.
+"""Agent actors: one Ray actor per role around `AgentService` (the pool the runner talks to is in ray_pool.py).
 
 The actor adds only what Ray needs: device choice from torch (never from Ray's logical resources),
 a `ready()` health check naming role, device, GPU ids and node, failure messages that name the
 role, and a log of its own calls (start and end times) from which busy fractions and execution
 order are read. Model code lives in `agent.py` and knows nothing about Ray.
 
-Agents run calls out of order (`allow_out_of_order_execution=True`, set in replicas.py): a call
-starts as soon as its input latents exist, so batch B's ready round-1 step never waits behind
-batch A's round-2 step whose inputs are still being computed. A crashed agent is restarted by Ray
+The pool submits a call only once its input latents exist (`ray_pool.RayPool`); agents also run calls
+out of order (`allow_out_of_order_execution=True`, set in replicas.py), so a call whose arguments are
+still being fetched never holds up one behind it. A crashed agent is restarted by Ray
 (it reloads its model in `__init__`) and its idempotent calls (rollout, decode) are retried.
 """
 
@@ -16,16 +16,12 @@ from __future__ import annotations
 import collections
 import dataclasses
 import os
-import queue
 import socket
-import threading
 import time
-import uuid
 from typing import Any
 
 import ray
 
-from recmas_ray.config.transport import OBJECT_STORE, Transport, get_transport
 from recmas_ray.service import AgentService, AgentSpec
 
 AGENT_EXIT_AFTER: dict[str, int] = {}
@@ -115,17 +111,21 @@ class _AgentActorImpl:
         if self._exit_after is not None and len(self._log) >= self._exit_after:
             os._exit(1)  # test hook: die like a killed process, mid-run
         t0 = time.time()
-        device0 = getattr(self.service.agent, "device_s_total", None)  # simulated agents count device time
+        agent = self.service.agent
+        device0 = getattr(agent, "device_s_total", None)  # simulated agents count device time and bytes read
+        read0 = getattr(agent, "bytes_read_total", None)
         try:
             return fn()
         finally:
             self._log.append({"method": method, "first_user": users[0] if users else "", "slots": list(slot_names),
                               "batch_size": len(users), "t0": t0, "t1": time.time(),
-                              "device_s": None if device0 is None else self.service.agent.device_s_total - device0})
+                              "device_s": None if device0 is None else agent.device_s_total - device0,
+                              "bytes_read": None if read0 is None else agent.bytes_read_total - read0})
 
     def call_log(self, clear: bool = False) -> list[dict]:
         """This actor's calls: method, first prompt, slot names, start and end (time.time()), and the simulated
-        device time (`device_s`, simulated agents only: the rest of t1 - t0 is host time)."""
+        device time (`device_s`, simulated agents only: the rest of t1 - t0 is host time) and bytes of received
+        latents read (`bytes_read`, simulated agents only)."""
         out = list(self._log)
         if clear:
             self._log.clear()
@@ -214,186 +214,3 @@ def _reconstructed() -> bool:
 # Restarts and retries are set per system in replicas.py (`agent_max_restarts`).
 AgentActor = ray.remote(max_restarts=0)(_AgentActorImpl)
 RDTAgentActor = ray.remote(max_restarts=0, enable_tensor_transport=True)(_AgentActorImpl)
-
-
-_done_calls: queue.SimpleQueue = queue.SimpleQueue()
-_done_thread: list = []
-_done_lock = threading.Lock()
-
-
-def when_done(ref, fn) -> None:
-    """Call `fn(None)` once `ref` resolves (a value or an error), on one background thread of this
-    process: Ray's completion callbacks run on its own threads, where nothing that calls Ray may run."""
-    if not _done_thread:
-        with _done_lock:
-            if not _done_thread:
-                t = threading.Thread(target=_run_done_calls, name="recmas-when-done", daemon=True)
-                t.start()
-                _done_thread.append(t)
-    if isinstance(ref, ray.ObjectRef):  # (test doubles of actor handles return plain objects)
-        ref.future().add_done_callback(lambda _: _done_calls.put(fn))
-
-
-def _run_done_calls() -> None:
-    while True:
-        fn = _done_calls.get()
-        try:
-            fn(None)
-        except Exception:  # noqa: BLE001 - bookkeeping must never stop the thread
-            pass
-
-
-class RayPool:
-    """`runner.AgentPool` over actor copies: calls return ObjectRefs, latents never touch the caller.
-
-    `handles`: role -> an actor handle, a list of copies, or a `RoleGroup`. Every call goes to the copy
-    its role group picks (least queued work, this batch's previous copy as a near-tie break) and counts
-    as queued there until its result exists. `cancel()` cancels every call not yet finished and makes
-    later calls fail (a batch that timed out does not keep working while its retry runs).
-    """
-
-    def __init__(self, handles: dict, *, timeout_s: float = 600.0, context: str = "",
-                 transport: str | Transport = OBJECT_STORE):
-        from recmas_ray.distributed.routing import RoleGroup
-
-        self.groups = {r: h if isinstance(h, RoleGroup) else RoleGroup(r, list(h) if isinstance(h, (list, tuple))
-                                                                        else [h]) for r, h in handles.items()}
-        self.handles = {r: g.copies[0] for r, g in self.groups.items()}
-        self.timeout_s, self.context = timeout_s, context
-        self.transport = get_transport(transport)
-        self._num_calls = 0
-        # Keys of kept RDT messages: unique per pool (one pool per batch), whatever batch id the caller
-        # gave, so concurrent batches without one (the Python API, serving) never collide.
-        self.key_prefix = uuid.uuid4().hex
-        self._holders: set = set()  # (role, copy) that kept RDT messages of this batch
-        self._pending: dict = {}  # ObjectRef -> True, calls not finished yet (cancelled on `cancel`)
-        self._lock = threading.Lock()
-        self.cancelled = False
-
-    def _route(self, role: str, work: float):
-        """(copy index, handle) for one call of `work` rows x steps on `role`."""
-        if self.cancelled:
-            raise RuntimeError(f"role {role}{self.context}: batch cancelled")
-        group = self.groups[role]
-        k = group.pick(work, affinity=self.key_prefix)
-        return k, group.copies[k]
-
-    def _track(self, role: str, k: int, work: float, ref, others=()):
-        """Count `work` as queued on copy k of `role` until `ref` resolves; remember refs to cancel."""
-        group = self.groups[role]
-        with self._lock:
-            for r in (ref, *others):
-                self._pending[r] = True
-
-        def finished(_):
-            group.done(k, work)
-            with self._lock:
-                for r in (ref, *others):
-                    self._pending.pop(r, None)
-
-        when_done(ref, finished)
-        return ref
-
-    def rollout(self, role, users, slot_names, num_steps, edges, latents):
-        work = len(users) * num_steps
-        k, handle = self._route(role, work)
-        if self.transport.direct:
-            self._num_calls += 1
-            key = f"{self.key_prefix}:{self._num_calls}"
-            self._holders.add((role, k))
-            stats = self._track(role, k, work, handle.rollout_keep.remote(key, users, slot_names, num_steps,
-                                                                          tuple(edges), *latents))
-            take = handle.take_message.options(tensor_transport=self.transport.tensor_transport)
-            return [take.remote(key, e, stats) for e in edges], stats
-        refs = handle.rollout.options(num_returns=len(edges) + 1).remote(
-            users, slot_names, num_steps, tuple(edges), *latents)
-        self._track(role, k, work, refs[-1], refs[:-1])
-        return list(refs[:-1]), refs[-1]
-
-    def decode(self, role, users, slot_names, cfg, latents, **stream):  # stream: on_token (picklable)
-        work = len(users) * cfg.max_new_tokens
-        k, handle = self._route(role, work)
-        return self._track(role, k, work, handle.decode.remote(users, slot_names, cfg, *latents, **stream))
-
-    def score(self, role, users, slot_names, targets, latents, **kw):
-        """Answer likelihood in the agent that holds the prompt's latents (see `AgentService.score`)."""
-        work = len(users)  # one teacher-forced forward per row
-        k, handle = self._route(role, work)
-        return self._track(role, k, work, handle.score.remote(users, slot_names, targets, *latents, **kw))
-
-    def retry_format(self, role, texts, suffixes, max_new_tokens, *, cfg, context=None):
-        """The answer-format retry on a copy of the role, routed and counted like every other call
-        (see `AgentService.retry_format`)."""
-        from recmas_ray.runner import retry_context_args
-
-        latents, kw = retry_context_args(context)
-        work = len(texts) * max_new_tokens
-        k, handle = self._route(role, work)
-        return self._track(role, k, work, handle.retry_format.remote(texts, suffixes, max_new_tokens, *latents,
-                                                                     cfg=cfg, **kw))
-
-    def select_rows(self, role, handle, positions):
-        """Rows `positions` of a message, cut on a copy of the role that will read them (adaptive rounds)."""
-        work = len(positions)
-        k, copy = self._route(role, work)
-        return self._track(role, k, work, copy.select_rows.remote(list(positions), handle))
-
-    def latent_change(self, role, old_positions, old_handles, new_handles):
-        """Per-question change of the role's latent input between two rounds, computed on a copy of the role."""
-        work = len(old_positions)
-        k, copy = self._route(role, work)
-        return self._track(role, k, work, copy.latent_change.remote(list(old_positions), len(old_handles),
-                                                                    *old_handles, *new_handles))
-
-    def set_links(self, role, inner_state, outer_states):
-        """Swap the role's links in every copy, the models staying loaded (see `AgentService.set_links`);
-        one handle that resolves when all copies have them."""
-        refs = [h.set_links.remote(inner_state, outer_states) for h in self.groups[role].copies]
-        return refs[0] if len(refs) == 1 else _AllOf(refs)
-
-    def cancel(self) -> int:
-        """Cancel this batch's unfinished calls (queued ones never run); later calls raise. Returns how many."""
-        self.cancelled = True
-        with self._lock:
-            refs = list(self._pending)
-        for ref in refs:
-            try:
-                ray.cancel(ref)
-            except Exception:  # noqa: BLE001 - already finished, or its actor is gone
-                pass
-        self.release_kept()
-        return len(refs)
-
-    def finish(self) -> None:
-        """The batch ended: its copies no longer need to be preferred for it."""
-        for group in self.groups.values():
-            group.forget(self.key_prefix)
-
-    def release_kept(self) -> None:
-        """After a failed batch: every agent that kept RDT messages for it frees them (fire and forget)."""
-        for role, k in self._holders:
-            try:
-                self.groups[role].copies[k].drop_messages.remote(self.key_prefix)
-            except Exception:  # noqa: BLE001 - a dead agent holds nothing
-                pass
-
-    def get(self, handle, *, what):
-        try:
-            if isinstance(handle, _AllOf):
-                return [resolve_message(v) for v in ray.get(handle.refs, timeout=self.timeout_s)][0]
-            return resolve_message(ray.get(handle, timeout=self.timeout_s))
-        except ray.exceptions.GetTimeoutError as e:
-            raise RuntimeError(f"{what}{self.context}: no answer within {self.timeout_s:g}s") from e
-        except ray.exceptions.TaskCancelledError as e:
-            raise RuntimeError(f"{what}{self.context}: batch cancelled") from e
-        except ray.exceptions.RayActorError as e:
-            raise RuntimeError(f"{what}{self.context}: agent actor died ({type(e).__name__})") from e
-        except ray.exceptions.RayTaskError as e:
-            raise RuntimeError(f"{what}{self.context}: agent raised {e.cause!r}") from e
-
-
-@dataclasses.dataclass
-class _AllOf:
-    """A handle over several refs (a call made on every copy of a role)."""
-
-    refs: list

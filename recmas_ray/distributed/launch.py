@@ -4,7 +4,7 @@
     start_agents(plan, backend="ray")    -> RayReplicas        placement group, actors, orchestrators;
                                                                `.pool()` is an AgentPool over replica 0
 
-Both pools offer the whole `runner.AgentPool` protocol (rollout, decode, score, retry_format,
+Both pools offer the whole `pool.AgentPool` protocol (rollout, decode, score, retry_format,
 set_links, get), so code that drives a run itself works on either (`system.launch.set_plan_links`
 swaps another plan's link weights into running agents). Ray is imported only for the Ray backend (a heavy
 optional dependency: a local run never loads it).

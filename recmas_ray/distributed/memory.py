@@ -61,7 +61,7 @@ def cluster_plan(plan, placement: PlacementConfig, *, recursion, batch_size: int
     """The memory plan of `num_systems` x `placement.num_replicas` replicas of `plan` on the cluster's GPUs
     (`nodes`: the cluster's, by default); `calls_at_once` batches of `batch_size` rows share an agent with
     continuous batching, one otherwise."""
-    from recmas_ray.distributed.pools import role_copies
+    from recmas_ray.distributed.role_copies import role_copies
     from recmas_ray.distributed.placement import plan_placement, replica_strategy, replicas_that_fit
 
     nodes = cluster_nodes() if nodes is None else nodes

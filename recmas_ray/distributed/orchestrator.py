@@ -2,8 +2,9 @@
 replica router actor that every client of a set of replicas asks (`routing.ReplicaRouter`).
 
     Orchestrator actor (num_cpus=1, threaded: several batches in flight)
-        | run_batch(RayPool(role groups), ...)   the same runner and schedule as in-process; each call
-        |                                        to the copy of its role with the least queued work
+        | run_batch(RayPool(role groups), ...)   the same runner and schedule as in-process; each call,
+        |                                        once its inputs exist, to the copy of its role with the
+        |                                        least queued work
         v
     planner.rollout ──ref──> critic.rollout ──ref──> solver.decode          (sequential, one round)
 
@@ -19,7 +20,7 @@ import ray
 
 from recmas_ray.config.recursion import RecursionConfig
 from recmas_ray.config.transport import OBJECT_STORE, Transport, get_transport
-from recmas_ray.distributed.actors import RayPool
+from recmas_ray.distributed.ray_pool import RayPool
 from recmas_ray.distributed.placement import ORCHESTRATOR_CPUS, ORCHESTRATOR_MAX_BATCHES
 from recmas_ray.distributed.routing import ReplicaRouter
 from recmas_ray.runner import run_batch
@@ -28,8 +29,8 @@ from recmas_ray.styles import StyleSpec
 class _OrchestratorImpl:
     """Runs batches through the recursion against the replica's role groups (one per replica).
 
-    Every agent call of every batch goes to the copy its `RoleGroup` picks at that step (least queued
-    work); format retries go through the same groups. `cancel(batch_id)` stops a batch: its queued
+    Every agent call of every batch goes to the copy its `RoleGroup` picks once the call's inputs exist (least
+    queued work then); format retries go through the same groups. `cancel(batch_id)` stops a batch: its queued
     agent calls are cancelled and its next step fails, so a timed-out batch does not run on beside
     its retry.
     """

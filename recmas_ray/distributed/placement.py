@@ -52,7 +52,7 @@ class PlacementPlan:
 def plan_placement(cfg: PlacementConfig, roles, copies: dict[str, int] | None = None) -> PlacementPlan:
     """Translate a preset and overrides into bundles and per-actor resources (pure, no Ray calls).
 
-    `copies`: actor copies per role (per-role pools, default one each); every copy has its own
+    `copies`: actor copies per role (role copies, default one each); every copy has its own
     bundle, with the role's resources.
     """
     if cfg.preset not in PRESETS:

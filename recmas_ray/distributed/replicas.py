@@ -7,8 +7,9 @@ replicas with their router (`RayReplicas`), and how they are built and awaited.
         |   router actor (routing.ReplicaRouter)  replica with the least queued work per batch (leases)
         v
     Orchestrator actor, one per replica (num_cpus=1, threaded: several batches in flight)
-        | run_batch(RayPool(role groups), ...)   the same runner and schedule as in-process; each call
-        |                                        to the copy of its role with the least queued work
+        | run_batch(RayPool(role groups), ...)   the same runner and schedule as in-process; each call,
+        |                                        once its inputs exist, to the copy of its role with the
+        |                                        least queued work
         v
     planner.rollout ──ref──> critic.rollout ──ref──> solver.decode          (sequential, one round)
         ^                                               |
@@ -35,9 +36,10 @@ from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 from recmas_ray.config.placement import PlacementConfig
 from recmas_ray.config.recursion import RecursionConfig
 from recmas_ray.config.transport import OBJECT_STORE, Transport, get_transport
-from recmas_ray.distributed.actors import AGENT_EXIT_AFTER, AgentActor, RayPool, RDTAgentActor, when_done
+from recmas_ray.distributed.actors import AGENT_EXIT_AFTER, AgentActor, RDTAgentActor
+from recmas_ray.distributed.ray_pool import RayPool, when_done
 from recmas_ray.distributed.orchestrator import Orchestrator, start_router
-from recmas_ray.distributed.pools import role_copies
+from recmas_ray.distributed.role_copies import role_copies
 from recmas_ray.distributed.progress import start_relay
 from recmas_ray.distributed.routing import batch_work
 from recmas_ray.distributed.placement import (ORCHESTRATOR_CPUS, ORCHESTRATOR_MAX_BATCHES, PlacementPlan,
@@ -75,7 +77,7 @@ class RaySystem:
         return self.orchestrator.solve.remote(questions, tasks, cfg, batch_id, **run_options)
 
     def pool(self) -> RayPool:
-        """A `runner.AgentPool` over this replica's agents (every copy, routed per call), for runs driven here."""
+        """A `pool.AgentPool` over this replica's agents (every copy, routed per call), for runs driven here."""
         return RayPool(self.copies or self.handles, timeout_s=self.timeout_s)
 
     def call_logs(self, clear: bool = False) -> dict[str, list[dict]]:
@@ -187,7 +189,7 @@ class RayReplicas:
         return out
 
     def pool(self, replica: int = 0) -> RayPool:
-        """A `runner.AgentPool` over one replica's agents, for runs driven in this process."""
+        """A `pool.AgentPool` over one replica's agents, for runs driven in this process."""
         return self.systems[replica].pool()
 
     def call_logs(self, clear: bool = False) -> list[dict[str, list[dict]]]:

@@ -9,6 +9,9 @@ with a budget of T tokens is B * T (the same forward-per-step unit the cost mode
                                      the copy that ran the batch's previous step of this role (its prompt
                                      prefix KV) only breaks near-ties, within `affinity_slack` x work
     RoleGroup.done(copy, work)       when the call's result exists (or it failed / was cancelled)
+    Dispatcher.call(group, ...)      a call is picked for and submitted only once its inputs exist (the
+                                     upstream calls finished); until then its outputs are `Pending`
+                                     handles, so a call waiting upstream holds no queued work downstream
     ReplicaRouter.acquire(work)      per batch: the replica with the least queued work, as a lease that
                                      expires after `lease_s` unless renewed, so a killed client's share
                                      is freed; `release(lease)` when the batch ends
@@ -23,7 +26,7 @@ import itertools
 import threading
 import time
 from collections import OrderedDict
-from typing import Callable
+from typing import Any, Callable
 
 AFFINITY_SLACK = 0.5
 """A call stays on the copy that served its batch's previous step of the role while that copy's queued
@@ -79,6 +82,154 @@ class RoleGroup:
     def stats(self) -> dict:
         with self._lock:
             return {"queued": list(self.queued), "calls": list(self.calls), "work_served": list(self.work_served)}
+
+
+class DeferredCall:
+    """One agent call waiting for its inputs: submitted (`outputs`) or given up (`error`) exactly once."""
+
+    def __init__(self):
+        self.outputs: list | None = None
+        self.error: str | None = None
+        self._settled = threading.Event()
+        self._listeners: list[Callable[[], None]] = []
+        self._lock = threading.Lock()
+
+    def settle(self, outputs: list | None, error: str | None = None) -> bool:
+        """Record the submission's outputs (or why it was not submitted) and run the listeners; False when it
+        had already settled."""
+        with self._lock:
+            if self._settled.is_set():
+                return False
+            self.outputs, self.error = outputs, error
+            self._settled.set()
+            listeners, self._listeners = self._listeners, []
+        for fn in listeners:
+            fn()
+        return True
+
+    @property
+    def settled(self) -> bool:
+        return self._settled.is_set()
+
+    def on_settled(self, fn: Callable[[], None]) -> None:
+        """Call `fn()` once the call is submitted or given up (at once if it already is)."""
+        with self._lock:
+            if not self._settled.is_set():
+                self._listeners.append(fn)
+                return
+        fn()
+
+    def wait(self, timeout: float | None) -> list:
+        """The outputs once submitted; TimeoutError when not settled in time, RuntimeError when given up."""
+        if not self._settled.wait(timeout):
+            raise TimeoutError("its inputs did not arrive in time")
+        if self.error is not None:
+            raise RuntimeError(self.error)
+        return self.outputs
+
+
+class Pending:
+    """Output `index` of a call not submitted yet (its inputs do not exist yet); a pool's handle like any other.
+
+    Crossing a process (pickled into a result), it becomes the submitted call's own handle."""
+
+    __slots__ = ("call", "index")
+
+    def __init__(self, call: DeferredCall, index: int):
+        self.call, self.index = call, index
+
+    def value(self, timeout: float | None = None) -> Any:
+        return self.call.wait(timeout)[self.index]
+
+    def __reduce__(self):
+        if not self.call.settled or self.call.error is not None:
+            raise RuntimeError(f"a handle of an agent call that was never submitted ({self.call.error or 'waiting'}) "
+                               "cannot leave its process")
+        return _same, (self.call.outputs[self.index],)
+
+
+def _same(x):
+    return x
+
+
+class Dispatcher:
+    """Routes each call of a batch when its inputs exist, so a copy is chosen by the queued work at that time.
+
+    `is_waitable(x)`: whether an input is a handle whose value may not exist yet (an ObjectRef on Ray);
+    `when_ready(x, fn)`: call `fn()` once it exists (a value or an error). `Pending` inputs (calls of this or
+    another dispatcher not yet submitted) count as waiting until their call is submitted and its output exists.
+    Calls whose inputs all exist are picked and submitted at once, on the caller's thread; the others on the
+    thread `when_ready` calls back on. Thread-safe.
+    """
+
+    def __init__(self, is_waitable: Callable[[Any], bool], when_ready: Callable[[Any, Callable[[], None]], None]):
+        self.is_waitable, self.when_ready = is_waitable, when_ready
+        self.closed: str | None = None
+        self._waiting: set[DeferredCall] = set()
+        self._lock = threading.Lock()
+
+    def call(self, group: RoleGroup, work: float, affinity: str | None, inputs: list,
+             submit: Callable[[int, Any, list], list], num_outputs: int) -> list:
+        """Submit `submit(copy index, copy, inputs)` on the copy `group` picks once every input exists; returns
+        its `num_outputs` outputs (submitted now) or `Pending` handles of them. A failed submission undoes
+        its pick."""
+        if self.closed is not None:
+            raise RuntimeError(self.closed)
+        waits = [x for x in inputs if isinstance(x, Pending) or self.is_waitable(x)]
+        if not waits:
+            return self._submit(group, work, affinity, inputs, submit)
+        call = DeferredCall()
+        with self._lock:
+            self._waiting.add(call)
+        remaining = [len(waits)]
+        count = threading.Lock()
+
+        def arrived():
+            with count:
+                remaining[0] -= 1
+                if remaining[0]:
+                    return
+            with self._lock:
+                self._waiting.discard(call)
+                reason = self.closed
+            if reason is not None:
+                call.settle(None, reason)
+                return
+            upstream = next((x.call.error for x in inputs if isinstance(x, Pending) and x.call.error), None)
+            if upstream is not None:
+                call.settle(None, upstream)
+                return
+            args = [x.call.outputs[x.index] if isinstance(x, Pending) else x for x in inputs]
+            try:
+                call.settle(self._submit(group, work, affinity, args, submit))
+            except Exception as e:  # noqa: BLE001 - the caller reads it where it waits for this call
+                call.settle(None, f"submission failed: {e!r}")
+
+        for x in waits:
+            if isinstance(x, Pending):
+                x.call.on_settled(lambda x=x: arrived() if x.call.error is not None
+                                  else self.when_ready(x.call.outputs[x.index], arrived))
+            else:
+                self.when_ready(x, arrived)
+        return [Pending(call, i) for i in range(num_outputs)]
+
+    @staticmethod
+    def _submit(group: RoleGroup, work: float, affinity: str | None, args: list, submit) -> list:
+        k = group.pick(work, affinity)
+        try:
+            return list(submit(k, group.copies[k], args))
+        except BaseException:
+            group.done(k, work)
+            raise
+
+    def close(self, reason: str) -> int:
+        """Submit nothing more: calls still waiting give up with `reason`; returns how many."""
+        with self._lock:
+            self.closed = reason
+            waiting, self._waiting = list(self._waiting), set()
+        for call in waiting:
+            call.settle(None, reason)
+        return len(waiting)
 
 
 class ReplicaRouter:

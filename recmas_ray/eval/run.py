@@ -91,7 +91,7 @@ class BatchRunner:
     """Runs batches in-process or on a Ray system; `stream` yields graded sample records."""
 
     def __init__(self, cfg: EvalConfig, plan, system=None):
-        from recmas_ray.runner import LocalPool
+        from recmas_ray.pool import LocalPool
 
         self.cfg, self.plan, self.owned = cfg, plan, system is None
         self.system = self.pool = None

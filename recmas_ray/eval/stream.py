@@ -54,7 +54,7 @@ FAULTS = Faults()
 
 RetryFn = Callable[..., list]
 """(texts, suffixes, max_new_tokens, decode cfg, context) -> list[Decoded] of the continuations; `context` is
-(the batch's `runner.DecoderInput`, the rows retried) or None (pass it on to the pool's `retry_format`)."""
+(the batch's `pool.DecoderInput`, the rows retried) or None (pass it on to the pool's `retry_format`)."""
 
 
 def for_rollout(rc: RecursionConfig, rollout: int) -> RecursionConfig:

@@ -28,7 +28,7 @@ from recmas_ray.decoding import Decoded
 
 PREFILL_SPEEDUP = 20.0
 """How much cheaper a prompt token is than a sequential step (latent step or decoded token): the prompt
-runs as one parallel forward. The same figure prices real models in `distributed.pools.call_cost`."""
+runs as one parallel forward. The same figure prices real models in `distributed.role_copies.call_cost`."""
 
 DEFAULTS = {"hidden": 2048, "step_ms": 5.0, "token_ms": 5.0, "tokens": 32, "prefill_ms": 0.0, "row_share": 0.0,
             "eos_spread": 0.0, "prompt_tokens": 0, "prefill_token_ms": 0.0}
@@ -94,14 +94,22 @@ class SimulatedAgent:
         self.outer_links: dict = {}
         self.device_s_total = 0.0
         """Simulated device time of every call so far (seconds)."""
+        self.bytes_read_total = 0
+        """Bytes of every latent message received so far, each read once (a real agent copies them into its
+        input embeddings), so a transport's figure includes reading what it delivered."""
+        self.latent_checksum = 0.0
+        """Sum of the last call's received latents (what reading them computed)."""
 
     def _run_device(self, ms: float) -> None:
         self.device_s_total += ms / 1000.0
         time.sleep(ms / 1000.0)
 
     def embed_batch(self, users: list[str], latents: dict | None = None):
-        """(E_BLD, mask_BL) placeholders: one position per sample (the latents are only received)."""
+        """(E_BLD, mask_BL) placeholders: one position per sample; every received latent is read once."""
         B = len(users)
+        blocks = list((latents or {}).values())
+        self.latent_checksum = sum(float(x.double().sum()) for x in blocks)
+        self.bytes_read_total += sum(x.numel() * x.element_size() for x in blocks)
         return torch.zeros(B, 1, 1), torch.ones(B, 1, dtype=torch.long)
 
     def latent_rollout(self, e_BLD, mask_BL, num_steps: int, *, seeds=None) -> torch.Tensor:

@@ -34,6 +34,12 @@ from recmas_ray.serve.openai_api import GenRequest, RequestError, parse_request
 from recmas_ray.serve.security import (BodyTooLarge, authorized, read_body, too_large_body, unauthorized_body)
 
 log = logging.getLogger(__name__)
+
+RELAY_QUIET_S = 0.2
+"""After a streamed batch's result: the relay is drained once it has had nothing for this long."""
+RELAY_DRAIN_TIMEOUT_S = 30.0
+"""Longest wait for that drain (the relay actor's first start included) before the rest goes as one chunk."""
+
 # FastAPI's own /docs and /openapi.json would be served to anyone: the replica serves them itself, behind --api_key.
 api = FastAPI(title="recmas_ray", description="OpenAI-compatible completions of a RecursiveMAS system",
               docs_url=None, redoc_url=None, openapi_url=None)
@@ -216,13 +222,15 @@ class RecMASServer:
             rc = dataclasses.replace(rc, decode=dataclasses.replace(rc.decode, seed=random.getrandbits(63)))
         questions = [q for req in reqs for q in req.questions for _ in range(req.n if req.sampled else 1)]
         tasks = [req.task for req in reqs for _ in range(req.num_rows)]
-        on_token, pump = self._token_route(jobs)
+        on_token, stop_pump = self._token_route(jobs)
         self.metrics.batch_rows.observe(len(questions))
+        finished = False
         try:
             results = await asyncio.to_thread(self._run_rows, questions, tasks, rc, on_token)
+            finished = True
         finally:
-            if pump is not None:
-                pump.cancel()
+            if stop_pump is not None:
+                await stop_pump(drain=finished)
         out, k = [], 0
         for req in reqs:
             rows, k = results[k:k + req.num_rows], k + req.num_rows
@@ -232,7 +240,8 @@ class RecMASServer:
         return out
 
     def _token_route(self, jobs: list):
-        """(on_token for the engine, pump task) sending each step's ids to the streaming jobs' rows."""
+        """(on_token for the engine, `stop_pump(drain=...)` or None) sending each step's ids to the streaming
+        jobs' rows."""
         if not any(job.payload.on_rows for job in jobs):
             return None, None
         spans, k = [], 0
@@ -254,15 +263,36 @@ class RecMASServer:
             self.relay = TokenRelay.remote()
         key = uuid.uuid4().hex
 
+        finished = asyncio.Event()
+
         async def pump():
+            # The agent's puts are fire and forget: some may still be on their way (or queued behind the relay
+            # actor's own start) when the batch's result arrives, so after it the pump keeps taking until the
+            # relay stays quiet for RELAY_QUIET_S, instead of dropping the steps not yet taken.
             try:
                 while True:
-                    for _, ids in await self.relay.take.remote(key, 1.0):
+                    steps = await self.relay.take.remote(key, RELAY_QUIET_S if finished.is_set() else 1.0)
+                    for _, ids in steps:
                         dispatch(ids)
+                    if finished.is_set() and not steps:
+                        return
             finally:
                 self.relay.close.remote(key)
 
-        return RelaySink(self.relay, key), loop.create_task(pump())
+        task = loop.create_task(pump())
+
+        async def stop_pump(*, drain: bool) -> None:
+            finished.set()
+            if not drain:  # the batch failed: nothing more to stream
+                task.cancel()
+                return
+            try:
+                await asyncio.wait_for(task, RELAY_DRAIN_TIMEOUT_S)
+            except asyncio.TimeoutError:
+                log.warning("token relay still busy %.0f s after its batch finished; the rest comes as one chunk",
+                            RELAY_DRAIN_TIMEOUT_S)
+
+        return RelaySink(self.relay, key), stop_pump
 
     def _run_rows(self, questions, tasks, rc, on_token):
         if self.lock is None:

@@ -1,12 +1,12 @@
 """A system's agents in this process, no Ray: `local_pool(plan)` is a `LocalPool` (one `AgentService` per
 role), and `set_plan_links` swaps another plan's link weights into running agents (a local pool or Ray
-replica 0's pool: both offer the whole `runner.AgentPool` protocol). The launcher that picks the local
+replica 0's pool: both offer the whole `pool.AgentPool` protocol). The launcher that picks the local
 pool or Ray replicas is `distributed.launch.start_agents`.
 """
 
 from __future__ import annotations
 
-from recmas_ray.runner import LocalPool
+from recmas_ray.pool import LocalPool
 from recmas_ray.service import AgentService
 from recmas_ray.system.plan import SystemPlan
 

@@ -111,7 +111,7 @@ def test_ray_direct_transport_gloo_matches_object_store(ray_cluster):
         kept = ray.get([h.num_kept.remote() for h in system.handles.values()], timeout=60)
         assert kept == [0] * len(kept)  # every message was taken
         # a batch that fails after its rollout: the orchestrator's pool frees what the agents kept
-        from recmas_ray.distributed.actors import RayPool
+        from recmas_ray.distributed.ray_pool import RayPool
 
         pool = RayPool(system.handles, timeout_s=60, transport="rdt:gloo")
         role = plan.style.roles[0]
@@ -142,7 +142,7 @@ def test_rdt_agent_keeps_nothing_for_a_batch_already_dropped():
 
 def test_rdt_message_keys_differ_between_batches_without_a_batch_id():
     """api.py's generate submits no batch id: two pools (two batches) must still key their messages apart."""
-    from recmas_ray.distributed.actors import RayPool
+    from recmas_ray.distributed.ray_pool import RayPool
 
     keys = []
 

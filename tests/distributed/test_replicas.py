@@ -33,7 +33,7 @@ def _a_round2_and_b_round1(system):
     """Submit batch A, then (once A's calls are queued) batch B; return the planner's A round-2 call
     (it waits for A's solver) and B round-1 call (ready at once)."""
     a = system.solve(["Question A: what is 2 + 3?"], ["math"], CFG, batch_id="A")
-    time.sleep(0.4)  # the orchestrator has submitted all of A's steps by now (it never blocks on them)
+    time.sleep(0.4)  # the orchestrator has chained all of A's steps by now (it never blocks on them)
     b = system.solve(["Question B: what is 6 * 7?"], ["math"], CFG, batch_id="B")
     ray.get([a, b], timeout=120)
     calls_a, calls_b = _planner_calls(system, "Question A"), _planner_calls(system, "Question B")
@@ -42,18 +42,17 @@ def _a_round2_and_b_round1(system):
 
 
 @pytest.mark.parametrize("out_of_order", [True, pytest.param(False, marks=pytest.mark.integration)],
-                         ids=["out_of_order", "in_order_control"])
+                         ids=["out_of_order", "in_order"])
 def test_ready_step_of_batch_b_runs_before_waiting_round2_step_of_batch_a(ray_cluster, out_of_order):
+    """A's round-2 step is submitted only once its inputs exist, so B's ready round-1 step runs first even on
+    actors that execute calls in submission order (routed at submission, those made B wait behind A)."""
     system = build_ray_system(simulated_plan("sequential_light", SIM), CPU, timeout_s=60, out_of_order=out_of_order)
     try:
         a_round2, b_round1 = _a_round2_and_b_round1(system)
     finally:
         system.shutdown()
-    if out_of_order:
-        # B's first step ran while A's round-2 step still waited for A's solver
-        assert b_round1["t1"] <= a_round2["t0"], (b_round1, a_round2)
-    else:  # the control: Ray's default in-order execution makes B wait behind A
-        assert b_round1["t0"] >= a_round2["t1"], (b_round1, a_round2)
+    # B's first step ran while A's round-2 step still waited for A's solver
+    assert b_round1["t1"] <= a_round2["t0"], (b_round1, a_round2)
 
 
 @pytest.mark.integration
@@ -124,6 +123,44 @@ def test_solve_sends_a_batch_to_the_replica_with_the_least_queued_work(ray_clust
         assert _router_settles(replicas)["in_flight"] == [0, 0]
     finally:
         replicas.shutdown()
+
+
+SLOW_UPSTREAM = {"planner": "sim:step_ms=50", "critic": "sim:step_ms=50", "solver": "sim:step_ms=1,token_ms=100,tokens=64"}
+
+
+def _one_round(latent_steps: int, tokens: int) -> RecursionConfig:
+    return RecursionConfig(method="recursive_mas", num_recursive_rounds=1, latent_steps=latent_steps,
+                           decode=DecodeConfig(max_new_tokens=tokens))
+
+
+def test_a_step_is_routed_by_the_queues_when_its_inputs_exist_not_when_its_batch_is_submitted(ray_cluster):
+    """Two copies per role. Batch A (4 s at the planner and critic, then a 1-token decode) is submitted first,
+    then B (fast, a 0.4 s decode) and C (fast, a 6 s decode). Routed at submission, A's decode took solver copy
+    0 (both idle), B's copy 1, C's copy 0 again (1 token queued there vs 4), so A's decode, ready at ~4 s,
+    waited behind C's until ~6 s. Routed when its inputs exist, it sees C's decode on one copy and the other
+    free, and runs there at once."""
+    plan = simulated_plan("sequential_light", SLOW_UPSTREAM)
+    placement = PlacementConfig(preset="cpu", cpus_per_agent=0.05, agent_max_restarts=0,
+                                role_replicas={"planner": 2, "critic": 2, "solver": 2})
+    replicas = build_replicas(plan, placement, timeout_s=60)
+    try:
+        refs = []
+        for name, cfg in (("A", _one_round(40, 1)), ("B", _one_round(1, 4)), ("C", _one_round(1, 60))):
+            refs.append(replicas.solve([f"Question {name}"], ["math"], cfg, batch_id=name))
+            time.sleep(0.3)  # the orchestrator takes them in this order
+        ray.get(refs, timeout=120)
+        logs = replicas.call_logs()[0]
+    finally:
+        replicas.shutdown()
+
+    def decode(name):
+        (copy, call), = [(c, x) for c in ("solver", "solver#1") for x in logs[c]
+                         if x["method"] == "decode" and f"Question {name}" in x["first_user"]]
+        return copy, call
+
+    (copy_a, a), (copy_c, c) = decode("A"), decode("C")
+    assert copy_a != copy_c, (a, c)
+    assert a["t0"] < c["t1"], (a, c)  # it did not wait for C's decode
 
 
 @pytest.mark.integration  # ~15 s of simulated agents

@@ -6,7 +6,7 @@ import threading
 import pytest
 
 from recmas_ray.config.recursion import DecodeConfig, RecursionConfig
-from recmas_ray.distributed.routing import ReplicaRouter, RoleGroup, batch_work
+from recmas_ray.distributed.routing import Dispatcher, Pending, ReplicaRouter, RoleGroup, batch_work
 from recmas_ray.styles import get_style
 
 
@@ -60,6 +60,113 @@ def test_group_accounting_is_thread_safe():
     for t in threads:
         t.join()
     assert group.stats()["queued"] == [0.0, 0.0, 0.0] and sum(group.stats()["calls"]) == 1600
+
+
+class _Refs:
+    """Stand-ins for ObjectRefs: `ref()` makes one, `finish(ref)` makes it exist and runs its callbacks."""
+
+    def __init__(self):
+        self.callbacks: dict[int, list] = {}
+        self.done: set[int] = set()
+        self.count = 0
+
+    def ref(self) -> "_Ref":
+        self.count += 1
+        return _Ref(self.count)
+
+    def when_ready(self, ref, fn):
+        if ref.n in self.done:
+            fn()
+        else:
+            self.callbacks.setdefault(ref.n, []).append(fn)
+
+    def finish(self, ref):
+        self.done.add(ref.n)
+        for fn in self.callbacks.pop(ref.n, []):
+            fn()
+
+
+class _Ref:
+    def __init__(self, n):
+        self.n = n
+
+
+def _dispatcher(refs):
+    return Dispatcher(lambda x: isinstance(x, _Ref), refs.when_ready)
+
+
+def test_a_call_picks_its_copy_when_its_inputs_exist_not_when_it_is_chained():
+    """A batch whose upstream is slow: its decode, chained at once, is picked for only when the upstream message
+    exists, so it sees the solver copies' queues then (copy 0 busy with a long decode, copy 1 free), not the
+    queues of the moment it was chained (both idle, so copy 0)."""
+    refs, solver = _Refs(), RoleGroup("solver", ["s0", "s1"])
+    dispatcher, submitted = _dispatcher(refs), []
+
+    def submit(k, copy, args):
+        submitted.append((k, args))
+        out = refs.ref()
+        return [out]
+
+    upstream = refs.ref()  # the slow batch's critic message, not there yet
+    (slow_decode,) = dispatcher.call(solver, 8.0, "slow", [upstream], submit, 1)
+    assert isinstance(slow_decode, Pending) and submitted == [] and solver.queued == [0.0, 0.0]
+    (long_decode,) = dispatcher.call(solver, 100.0, "fast", ["a ready latent"], submit, 1)  # inputs exist: now
+    assert submitted == [(0, ["a ready latent"])]
+    refs.finish(upstream)
+    assert submitted[-1] == (1, [upstream])  # the free copy, with the upstream's own handle as its input
+    assert slow_decode.value(0) is not long_decode and solver.queued == [100.0, 8.0]
+
+
+def test_pending_handles_chain_and_a_closed_dispatcher_submits_nothing_more():
+    refs, planner, critic = _Refs(), RoleGroup("planner", ["p0"]), RoleGroup("critic", ["c0"])
+    dispatcher, order = _dispatcher(refs), []
+
+    def submit(name):
+        def run(k, copy, args):
+            order.append((name, args))
+            return [refs.ref()]
+        return run
+
+    first = refs.ref()
+    (planned,) = dispatcher.call(planner, 4.0, "b", [first], submit("planner"), 1)
+    (critiqued,) = dispatcher.call(critic, 4.0, "b", [planned], submit("critic"), 1)
+    assert order == []
+    refs.finish(first)
+    assert [n for n, _ in order] == ["planner"]  # the critic waits for the planner's output to exist
+    refs.finish(planned.value(0))
+    assert order[-1] == ("critic", [planned.value(0)])
+    # crossing a process, a pending handle becomes the submitted call's own
+    assert type(pickle_roundtrip(critiqued)) is _Ref and pickle_roundtrip(critiqued).n == critiqued.value(0).n
+    late = refs.ref()
+    (never,) = dispatcher.call(critic, 4.0, "b", [late], submit("critic"), 1)
+    assert dispatcher.close("batch cancelled") == 1
+    refs.finish(late)
+    assert len(order) == 2 and critic.queued == [4.0]  # nothing submitted after the close, nothing queued for it
+    with pytest.raises(RuntimeError, match="batch cancelled"):
+        never.value(0)
+    with pytest.raises(RuntimeError, match="batch cancelled"):
+        dispatcher.call(critic, 4.0, "b", [], submit("critic"), 1)
+
+
+def test_a_failed_submission_undoes_its_pick():
+    refs, solver = _Refs(), RoleGroup("solver", ["s0", "s1"])
+    dispatcher = _dispatcher(refs)
+
+    def broken(k, copy, args):
+        raise ValueError("actor gone")
+
+    upstream = refs.ref()
+    (out,) = dispatcher.call(solver, 8.0, "b", [upstream], broken, 1)
+    refs.finish(upstream)
+    with pytest.raises(RuntimeError, match="actor gone"):
+        out.value(0)
+    assert solver.queued == [0.0, 0.0]
+
+
+def pickle_roundtrip(x):
+    import pickle
+
+    return pickle.loads(pickle.dumps(x))
 
 
 class _Clock:

@@ -16,7 +16,7 @@ def test_auto_is_the_default_and_scales_with_the_agent_actors():
     auto = StreamConfig()
     assert auto.num_clients == 0
     assert clients_per_replica(auto, 3) == 3 * CLIENTS_PER_ACTOR == planned_depth(auto, 3)
-    assert clients_per_replica(auto, 5) == 5 * CLIENTS_PER_ACTOR  # a pool's copies are stages too
+    assert clients_per_replica(auto, 5) == 5 * CLIENTS_PER_ACTOR  # a role's copies are stages too
     assert clients_per_replica(StreamConfig(num_clients=3), 5, store_bytes=1, message_bytes_per_batch=10) == 3
 
 

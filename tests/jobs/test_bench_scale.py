@@ -59,3 +59,25 @@ def test_simulated_cluster_binds_to_loopback_only():
     seen = json.loads(proc.stdout.strip().splitlines()[-1])
     assert seen["gcs"].startswith("127.0.0.1:") and seen["driver"] == "127.0.0.1"
     assert seen["nodes"] and set(seen["nodes"]) == {"127.0.0.1"}, seen
+
+
+@pytest.mark.timeout(300)
+def test_the_ray_call_figure_reads_every_message_on_its_receiver(ray_cluster):
+    """Before, the receiving agents never touched the message (a mapped buffer), so the figure left out reading
+    what the transport delivered; now each call reads the whole message it was handed, and the figure says so."""
+    from types import SimpleNamespace
+
+    from jobs.bench.scale_costs import ray_call_cost
+    from recmas_ray.config.placement import PlacementConfig
+    from recmas_ray.distributed.launch import start_agents
+    from recmas_ray.system.plan import simulated_plan
+
+    plan = simulated_plan("sequential_light", "sim:hidden=2048,step_ms=0,token_ms=0,tokens=1")
+    agents = start_agents(plan, backend="ray", timeout_s=120,
+                          placement=PlacementConfig(preset="cpu", cpus_per_agent=0.05, agent_max_restarts=0))
+    try:
+        row = ray_call_cost(agents.systems[0].handles, SimpleNamespace(batch_size=2, timeout_s=120, call_chain=4),
+                            32 * 2**10, "fp32")
+    finally:
+        agents.shutdown()
+    assert row["message_bytes"] == 32 * 2**10 and row["bytes_read_per_call"] == row["message_bytes"]

@@ -117,7 +117,7 @@ def test_steady_rate_is_the_true_rate_however_completions_bunch():
     t_a, t_b, done = steady_window(decodes, entries)
     assert (t_a, t_b) == (16.5, 80.5)  # the 12th end (the burst's last batch) to the last entry
     assert abs(done / (t_b - t_a) - 6 / 8) < 1e-9
-    # the same with the replicas out of step by 1 s each (a pool's copies)
+    # the same with the replicas out of step by 1 s each (a role's copies)
     decodes = [(8.0 * i + 0.5 + r, 8.0 * i + 8.5 + r) for i in range(12) for r in range(6)]
     entries = [(0.0 if i < 2 else 8.0 * (i - 2) + 8.5) + r for i in range(12) for r in range(6)]
     t_a, t_b, done = steady_window(decodes, entries)
@@ -127,3 +127,17 @@ def test_steady_rate_is_the_true_rate_however_completions_bunch():
 def test_without_a_steady_state_the_whole_run_counts():
     decodes = [(0.0, 8.0), (0.0, 8.0)]  # both batches entered at once: no window
     assert steady_window(decodes, [0.0, 0.0]) == (0.0, 8.0, 2.0)
+
+
+def test_as_built_a_call_is_routed_when_its_inputs_exist_which_feeds_the_pools_at_r3():
+    """The default is the production path's routing (when a call's inputs exist). On the R = 3 pools of the
+    docs' table (5 / 3 / 10 copies, two batches per actor in flight) it keeps the least busy role above 0.8,
+    where picking every copy at submission counted work that could not run and left copies idle (< 0.76)."""
+    params = {r: parse_sim_name(m) for r, m in paper_sim_models("light").items()}
+    kw = dict(rounds=3, latent_steps=32, max_new_tokens=256, batch_size=4, num_batches=10 * 36, depth=36)
+    layout = [{"planner": 5, "critic": 3, "solver": 10}]
+    built, ready = model_run(STYLE, params, layout, **kw), model_run(STYLE, params, layout, route_when="ready", **kw)
+    earlier = model_run(STYLE, params, layout, route_when="submitted", **kw)
+    assert built == ready
+    assert built["min_role_busy"] > 0.8 > 0.76 > earlier["min_role_busy"]
+    assert built["throughput_batches_per_s"] > 1.05 * earlier["throughput_batches_per_s"]

@@ -53,3 +53,13 @@ def test_each_call_reports_its_device_time():
     counts = [d.num_tokens for d in out]
     assert agent.device_s_total - before == pytest.approx(
         call_device_ms(agent.params, "decode", 3, max(counts), counts) / 1000)
+
+
+def test_a_simulated_agent_reads_every_latent_it_receives():
+    """Before, the latents were only received (a mapped object-store buffer never touched), so a transport
+    figure measured with simulated agents left out reading what was delivered."""
+    agent = SimulatedAgent("sim:hidden=8", role="critic")
+    a, b = torch.arange(2 * 3 * 8, dtype=torch.float32).view(2, 3, 8), torch.full((2, 1, 8), 0.25).bfloat16()
+    agent.embed_batch(["q1", "q2"], {"<<A>>": a, "<<B>>": b})
+    assert agent.latent_checksum == pytest.approx(float(a.sum()) + 2 * 8 * 0.25)
+    assert agent.bytes_read_total == a.numel() * 4 + b.numel() * 2

@@ -1,9 +1,9 @@
-"""Per-role agent pools: several actor copies of a role inside one system replica, sized by cost.
+"""Role copies: several actor copies of a role inside one system replica, sized by cost.
 
 A system's stages cost what their models and their work cost: in the paper's mixture system a 7B
 expert sits beside 1.5B ones, and the light system's solver decodes hundreds of tokens while the
-planner and critic run a few dozen latent steps. Replicating whole systems keeps that imbalance; a
-pool gives each role as many copies as its share of the work (`--role_replicas solver=3`, or
+planner and critic run a few dozen latent steps. Replicating whole systems keeps that imbalance; role
+copies give each role as many copies as its share of the work (`--role_replicas solver=3`, or
 `--auto_role_replicas`: from `role_costs`, parameters x tokens per batch, the cheapest role one copy).
 
 Routing lives in `routing.RoleGroup`: every agent call goes to the copy of its role with the least

@@ -1,15 +1,15 @@
-"""Per-role agent pools: copies sized by cost, and the same greedy predictions as one copy per role with
+"""Role copies: copies sized by cost, and the same greedy predictions as one copy per role with
 every step routed to the least loaded copy."""
 
 import pytest
 import ray
 
 from recmas_ray.config.recursion import DecodeConfig, RecursionConfig
-from recmas_ray.distributed.pools import role_copies
+from recmas_ray.distributed.role_copies import role_copies
 from recmas_ray.distributed.replicas import build_replicas
 from recmas_ray.config.placement import PlacementConfig
 from recmas_ray.distributed.placement import plan_placement
-from recmas_ray.distributed.pools import copies_from_costs, resolve_copies, role_costs
+from recmas_ray.distributed.role_copies import copies_from_costs, resolve_copies, role_costs
 from recmas_ray.runner import run_batch
 from recmas_ray.system.launch import local_pool
 from recmas_ray.styles import get_style
@@ -23,7 +23,7 @@ CFG = RecursionConfig(method="recursive_mas", num_recursive_rounds=2, latent_ste
 
 # ----------------------------------------------------------------------------- pure
 
-def test_costs_follow_the_schedule_and_size_the_pools():
+def test_costs_follow_the_schedule_and_size_the_role_copies():
     style = get_style("sequential_light")
     sims = {"planner": "sim:step_ms=10,token_ms=10,tokens=256", "critic": "sim:step_ms=10,token_ms=10,tokens=256",
             "solver": "sim:step_ms=10,token_ms=10,tokens=256"}
@@ -49,7 +49,7 @@ def test_each_copy_gets_its_own_bundle():
 def test_auto_role_replicas_prices_prompts_as_one_forward_and_rollouts_without_the_lm_head(tiny_cache):
     """Equal models, R = 1, m = 32, 256 tokens: the solver's decode costs ~6-7 rollouts (as the simulator's
     table says: 1/1/6), not ~2 (prompt tokens priced like decoded ones, the LM head on latent steps)."""
-    from recmas_ray.distributed.pools import _params, call_cost
+    from recmas_ray.distributed.role_copies import _params, call_cost
     from recmas_ray.models.sim import paper_sim_models
 
     style = get_style("sequential_light")

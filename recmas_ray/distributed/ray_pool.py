@@ -1,0 +1,230 @@
+"""The pool the runner talks to on Ray (`RayPool`: a batch's calls over the agent actors' copies, each routed when
+its inputs exist) and `when_done`, the one place completion callbacks of ObjectRefs run in a process."""
+
+from __future__ import annotations
+
+import dataclasses
+import queue
+import threading
+import time
+import uuid
+
+import ray
+
+from recmas_ray.config.transport import OBJECT_STORE, Transport, get_transport
+from recmas_ray.distributed.actors import resolve_message
+
+_done_calls: queue.SimpleQueue = queue.SimpleQueue()
+_done_thread: list = []
+_done_lock = threading.Lock()
+
+
+def when_done(ref, fn) -> None:
+    """Call `fn(None)` once `ref` resolves (a value or an error), on one background thread of this
+    process: Ray's completion callbacks run on its own threads, where nothing that calls Ray may run."""
+    if not _done_thread:
+        with _done_lock:
+            if not _done_thread:
+                t = threading.Thread(target=_run_done_calls, name="recmas-when-done", daemon=True)
+                t.start()
+                _done_thread.append(t)
+    if isinstance(ref, ray.ObjectRef):  # (test doubles of actor handles return plain objects)
+        ref.future().add_done_callback(lambda _: _done_calls.put(fn))
+
+
+def _run_done_calls() -> None:
+    while True:
+        fn = _done_calls.get()
+        try:
+            fn(None)
+        except Exception:  # noqa: BLE001 - bookkeeping must never stop the thread
+            pass
+
+
+class RayPool:
+    """`pool.AgentPool` over actor copies: calls return ObjectRefs, latents never touch the caller.
+
+    `handles`: role -> an actor handle, a list of copies, or a `RoleGroup`. A call is routed when its inputs
+    exist (`routing.Dispatcher`): the runner chains a batch's calls at once, and each goes to the copy its role
+    group picks when its upstream calls have finished (least queued work, this batch's previous copy as a
+    near-tie break), counted as queued there until its result exists; until then its handles are `Pending`.
+    `cancel()` cancels every call not yet finished and makes later calls fail (a batch that timed out does
+    not keep working while its retry runs).
+    """
+
+    def __init__(self, handles: dict, *, timeout_s: float = 600.0, context: str = "",
+                 transport: str | Transport = OBJECT_STORE):
+        from recmas_ray.distributed.routing import Dispatcher, RoleGroup
+
+        self.groups = {r: h if isinstance(h, RoleGroup) else RoleGroup(r, list(h) if isinstance(h, (list, tuple))
+                                                                        else [h]) for r, h in handles.items()}
+        self.handles = {r: g.copies[0] for r, g in self.groups.items()}
+        self.timeout_s, self.context = timeout_s, context
+        self.transport = get_transport(transport)
+        self._num_calls = 0
+        # Keys of kept RDT messages: unique per pool (one pool per batch), whatever batch id the caller
+        # gave, so concurrent batches without one (the Python API, serving) never collide.
+        self.key_prefix = uuid.uuid4().hex
+        self._holders: set = set()  # (role, copy) that kept RDT messages of this batch
+        self._pending: dict = {}  # ObjectRef -> True, calls not finished yet (cancelled on `cancel`)
+        # output ref -> the ref whose completion says it exists: a call's returns all exist together, and an
+        # RDT message must not be fetched here to learn that (its rollout's stats say it)
+        self._ready_by: dict = {}
+        self._lock = threading.Lock()
+        self.cancelled = False
+        self.dispatcher = Dispatcher(lambda x: isinstance(x, ray.ObjectRef), self._when_ready)
+
+    def _when_ready(self, ref, fn) -> None:
+        with self._lock:
+            ref = self._ready_by.get(ref, ref)
+        when_done(ref, lambda _: fn())
+
+    def _call(self, role: str, work: float, inputs: list, submit, num_outputs: int = 1) -> list:
+        """`submit(copy index, copy, inputs)` on the copy of `role` picked once `inputs` exist (see `Dispatcher`)."""
+        if self.cancelled:
+            raise RuntimeError(f"role {role}{self.context}: batch cancelled")
+        return self.dispatcher.call(self.groups[role], work, self.key_prefix, list(inputs), submit, num_outputs)
+
+    def _track(self, role: str, k: int, work: float, ref, others=()):
+        """Count `work` as queued on copy k of `role` until `ref` resolves; remember refs to cancel."""
+        group = self.groups[role]
+        with self._lock:
+            for r in (ref, *others):
+                self._pending[r] = True
+                if r is not ref:
+                    self._ready_by[r] = ref
+
+        def finished(_):
+            group.done(k, work)
+            with self._lock:
+                for r in (ref, *others):
+                    self._pending.pop(r, None)
+
+        when_done(ref, finished)
+        return ref
+
+    def rollout(self, role, users, slot_names, num_steps, edges, latents):
+        work = len(users) * num_steps
+        edges = tuple(edges)
+        if self.transport.direct:
+            self._num_calls += 1
+            key = f"{self.key_prefix}:{self._num_calls}"
+
+            def submit(k, handle, args):
+                with self._lock:
+                    self._holders.add((role, k))
+                stats = self._track(role, k, work, handle.rollout_keep.remote(key, users, slot_names, num_steps,
+                                                                              edges, *args))
+                take = handle.take_message.options(tensor_transport=self.transport.tensor_transport)
+                takes = [take.remote(key, e, stats) for e in edges]
+                with self._lock:
+                    self._ready_by.update((t, stats) for t in takes)
+                return [*takes, stats]
+        else:
+            def submit(k, handle, args):
+                refs = handle.rollout.options(num_returns=len(edges) + 1).remote(users, slot_names, num_steps,
+                                                                                 edges, *args)
+                self._track(role, k, work, refs[-1], refs[:-1])
+                return list(refs)
+        *msgs, stats = self._call(role, work, latents, submit, len(edges) + 1)
+        return msgs, stats
+
+    def decode(self, role, users, slot_names, cfg, latents, **stream):  # stream: on_token (picklable)
+        work = len(users) * cfg.max_new_tokens
+        return self._call(role, work, latents, lambda k, h, args: [self._track(
+            role, k, work, h.decode.remote(users, slot_names, cfg, *args, **stream))])[0]
+
+    def score(self, role, users, slot_names, targets, latents, **kw):
+        """Answer likelihood in the agent that holds the prompt's latents (see `AgentService.score`)."""
+        work = len(users)  # one teacher-forced forward per row
+        return self._call(role, work, latents, lambda k, h, args: [self._track(
+            role, k, work, h.score.remote(users, slot_names, targets, *args, **kw))])[0]
+
+    def retry_format(self, role, texts, suffixes, max_new_tokens, *, cfg, context=None):
+        """The answer-format retry on a copy of the role, routed and counted like every other call
+        (see `AgentService.retry_format`)."""
+        from recmas_ray.pool import retry_context_args
+
+        latents, kw = retry_context_args(context)
+        work = len(texts) * max_new_tokens
+        return self._call(role, work, latents, lambda k, h, args: [self._track(
+            role, k, work, h.retry_format.remote(texts, suffixes, max_new_tokens, *args, cfg=cfg, **kw))])[0]
+
+    def select_rows(self, role, handle, positions):
+        """Rows `positions` of a message, cut on a copy of the role that will read them (adaptive rounds)."""
+        work = len(positions)
+        return self._call(role, work, [handle], lambda k, h, args: [self._track(
+            role, k, work, h.select_rows.remote(list(positions), *args))])[0]
+
+    def latent_change(self, role, old_positions, old_handles, new_handles):
+        """Per-question change of the role's latent input between two rounds, computed on a copy of the role."""
+        work = len(old_positions)
+        return self._call(role, work, [*old_handles, *new_handles], lambda k, h, args: [self._track(
+            role, k, work, h.latent_change.remote(list(old_positions), len(old_handles), *args))])[0]
+
+    def set_links(self, role, inner_state, outer_states):
+        """Swap the role's links in every copy, the models staying loaded (see `AgentService.set_links`);
+        one handle that resolves when all copies have them."""
+        refs = [h.set_links.remote(inner_state, outer_states) for h in self.groups[role].copies]
+        return refs[0] if len(refs) == 1 else _AllOf(refs)
+
+    def cancel(self) -> int:
+        """Cancel this batch's unfinished calls (queued ones never run, waiting ones are never submitted); later
+        calls raise. Returns how many."""
+        self.cancelled = True
+        waiting = self.dispatcher.close(f"batch cancelled{self.context}")
+        with self._lock:
+            refs = list(self._pending)
+        for ref in refs:
+            try:
+                ray.cancel(ref)
+            except Exception:  # noqa: BLE001 - already finished, or its actor is gone
+                pass
+        self.release_kept()
+        return len(refs) + waiting
+
+    def finish(self) -> None:
+        """The batch ended: calls still waiting for inputs are never submitted, and its copies no longer need to
+        be preferred for it."""
+        self.dispatcher.close(f"batch ended{self.context}")
+        for group in self.groups.values():
+            group.forget(self.key_prefix)
+
+    def release_kept(self) -> None:
+        """After a failed batch: every agent that kept RDT messages for it frees them (fire and forget)."""
+        with self._lock:
+            holders = list(self._holders)
+        for role, k in holders:
+            try:
+                self.groups[role].copies[k].drop_messages.remote(self.key_prefix)
+            except Exception:  # noqa: BLE001 - a dead agent holds nothing
+                pass
+
+    def get(self, handle, *, what):
+        from recmas_ray.distributed.routing import Pending
+
+        deadline = time.monotonic() + self.timeout_s
+        try:
+            if isinstance(handle, Pending):  # its call waits for its inputs: wait until it is submitted
+                handle = handle.value(self.timeout_s)
+            left = max(deadline - time.monotonic(), 0.001)
+            if isinstance(handle, _AllOf):
+                return [resolve_message(v) for v in ray.get(handle.refs, timeout=left)][0]
+            return resolve_message(ray.get(handle, timeout=left))
+        except (TimeoutError, ray.exceptions.GetTimeoutError) as e:
+            raise RuntimeError(f"{what}{self.context}: no answer within {self.timeout_s:g}s") from e
+        except ray.exceptions.TaskCancelledError as e:
+            raise RuntimeError(f"{what}{self.context}: batch cancelled") from e
+        except ray.exceptions.RayActorError as e:
+            raise RuntimeError(f"{what}{self.context}: agent actor died ({type(e).__name__})") from e
+        except ray.exceptions.RayTaskError as e:
+            raise RuntimeError(f"{what}{self.context}: agent raised {e.cause!r}") from e
+        except RuntimeError as e:  # a call never submitted (cancelled, or its upstream never was)
+            raise RuntimeError(f"{what}{self.context}: {e}") from e
+
+
+@dataclasses.dataclass
+class _AllOf:
+    """A handle over several refs (a call made on every copy of a role)."""
+
+    refs: list
