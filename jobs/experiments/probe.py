@@ -115,8 +115,9 @@ def _ridge_fit_predict(x_tr: np.ndarray, y_tr: np.ndarray, x_te: np.ndarray) -> 
     return (b @ a.T) @ dual + y_mean
 
 
-def probe_numeric(features: np.ndarray, y: Sequence[float], *, num_folds: int = 5, seed: int = 0) -> dict:
-    """Held-out R^2 of a ridge probe and of the constant (train-fold mean) baseline, pooled over folds."""
+def held_out_predictions(features: np.ndarray, y: Sequence[float], *, num_folds: int = 5,
+                         seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
+    """(ridge probe, train-fold mean) prediction of every row from the folds that hold it out."""
     y_arr = np.asarray(y, dtype=np.float64)
     n = len(y_arr)
     pred, const = np.empty(n), np.empty(n)
@@ -124,6 +125,14 @@ def probe_numeric(features: np.ndarray, y: Sequence[float], *, num_folds: int = 
         tr = np.setdiff1d(np.arange(n), te)
         pred[te] = _ridge_fit_predict(features[tr], y_arr[tr, None], features[te])[:, 0]
         const[te] = y_arr[tr].mean()
+    return pred, const
+
+
+def probe_numeric(features: np.ndarray, y: Sequence[float], *, num_folds: int = 5, seed: int = 0) -> dict:
+    """Held-out R^2 of a ridge probe and of the constant (train-fold mean) baseline, pooled over folds."""
+    y_arr = np.asarray(y, dtype=np.float64)
+    n = len(y_arr)
+    pred, const = held_out_predictions(features, y_arr, num_folds=num_folds, seed=seed)
     sst = float(((y_arr - y_arr.mean()) ** 2).sum())
     nan = float("nan")
     return {"kind": "r2", "n": n, "score": 1 - float(((y_arr - pred) ** 2).sum()) / sst if sst else nan,

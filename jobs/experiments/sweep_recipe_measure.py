@@ -35,16 +35,13 @@ def paired(a: list[float], b: list[float]) -> dict:
 
 
 def probe_x(features_NE: np.ndarray, x: list[float], seed: int = 0) -> dict:
-    """5-fold cross-validated ridge (penalty chosen inside each training fold) from features to x: held-out R^2
-    (0 = the constant baseline) and the share of questions whose rounded prediction equals x."""
-    from sklearn.linear_model import RidgeCV
-    from sklearn.model_selection import KFold, cross_val_predict
-    from sklearn.pipeline import make_pipeline
-    from sklearn.preprocessing import StandardScaler
+    """5-fold cross-validated ridge (penalty chosen inside each training fold, `probe.held_out_predictions`)
+    from features to x: held-out R^2 (0 = the constant baseline) and the share of questions whose rounded
+    prediction equals x."""
+    from jobs.experiments.probe import held_out_predictions
 
     y = np.asarray(x, dtype=np.float64)
-    model = make_pipeline(StandardScaler(), RidgeCV(alphas=np.logspace(-2, 6, 17)))
-    pred = cross_val_predict(model, features_NE, y, cv=KFold(5, shuffle=True, random_state=seed))
+    pred, _ = held_out_predictions(np.asarray(features_NE, dtype=np.float64), y, num_folds=5, seed=seed)
     r2 = 1.0 - float(((y - pred) ** 2).sum() / max(1e-12, ((y - y.mean()) ** 2).sum()))
     return {"r2": r2, "exact": float(np.mean(np.round(pred) == y))}
 
