@@ -23,6 +23,17 @@ def test_mcnemar_paired_and_probe_on_known_data():
     assert probe_x(rng.normal(size=(120, 21)), list(x))["r2"] < 0.2  # no information: near the constant
 
 
+def test_the_probe_of_x_needs_no_package_outside_the_demo_extra(monkeypatch):
+    import sys
+
+    monkeypatch.setitem(sys.modules, "sklearn", None)  # any `import sklearn...` now fails, as in a demo-only venv
+    from jobs.experiments.sweep_recipe_measure import probe_x
+
+    x = np.arange(40, dtype=float) % 17
+    got = probe_x(np.c_[x, np.ones(40)], list(x))
+    assert got["r2"] > 0.95 and got["exact"] > 0.9
+
+
 def test_token_classes_find_fact_and_result(tiny_cache):
     import torch
 
