@@ -38,6 +38,7 @@ from recmas_ray.config.recursion import DecodeConfig  # noqa: E402
 from recmas_ray.distributed.actors import from_wire  # noqa: E402
 from recmas_ray.distributed.ray_pool import RayPool  # noqa: E402
 from recmas_ray.distributed.replicas import build_ray_system, build_replicas  # noqa: E402
+from recmas_ray.distributed.routing import Pending  # noqa: E402
 from recmas_ray.config.placement import PlacementConfig  # noqa: E402
 from recmas_ray.config.recursion import RecursionConfig
 from recmas_ray.runner import run_batch  # noqa: E402
@@ -120,7 +121,10 @@ def check_spread_equivalence(system, plan, names, timeout_s: float) -> dict:
     rec_ray = RecordingPool(RayPool(system.handles, timeout_s=timeout_s, context=", batch spread-rec"))
     run_batch(rec_ray, plan.style, QUESTIONS, tasks, CFG)
     # Locations are read before the driver fetches anything, so they show agent-to-agent pulls only.
-    refs = ray.get([ref for _, _, ref in rec_ray.messages], timeout=timeout_s)  # each message's stored ref
+    # A message's handle is the call's ref, or a Pending for a call routed once its inputs existed (by now it
+    # is submitted: the batch finished); either resolves to the agent's reply, the message's stored ref.
+    handles = [ref.value(timeout_s) if isinstance(ref, Pending) else ref for _, _, ref in rec_ray.messages]
+    refs = ray.get(handles, timeout=timeout_s)
     locations = ray.experimental.get_object_locations(refs, timeout_ms=int(timeout_s * 1000))
     ray_msgs = [from_wire(m) for m in ray.get(refs, timeout=timeout_s)]
     rec_local = RecordingPool(local_pool(plan))
