@@ -1,0 +1,278 @@
+"""In-process two-hop fact training (sequential_light recall), one hop at a time: planner -> critic -> solver.
+
+The planner alone is told the fact ("x = 65."), the solver is asked "What is x?". Training the two outer
+links end to end through the solver's loss left the fact in the middle (docs/learning_runs.md: the critic's
+outgoing message did not hold x). Here each hop is trained as the one-hop recipe that carries the fact
+(`fact_diag`): rollout-state bridge init, value tokens weighted, constant lr.
+
+    hop 1  planner rollout (frozen, memoised) -> planner->critic [state-bridge init, trained] -> critic, whose
+           gold turn states the fact first ("x = 65. Write the value of x ..."). `--hop1_loss rollout`: the
+           critic's m-step latent rollout from the message (graph kept) is trained so that its state t predicts
+           gold token t, i.e. its latent thoughts walk "x = 65." as inference runs them; `teacher`: the
+           critic's teacher-forced loss over its whole gold turn (its rollout then need not say the value)
+    hop 2  critic rollout from the planner's message spliced into its prompt (what inference sends; frozen now,
+           memoised) -> critic->solver [state-bridge init on those rollout states, trained] -> solver's loss
+
+Then greedy decoding of the whole system through `runner.run_batch` (the inference path) on training questions
+and both held-out splits (values seen in training / never seen): own latents, latents shuffled between
+questions, and fresh links (as the plan built them). Also reports how often the critic's rollout "says" the
+value (its argmax tokens over the m steps contain it) and linear probes of x from each message.
+One process, no Ray; the pipeline's stage functions (`train.outer`) and bridge fit (`train.bridge`).
+
+    PYTHONPATH=$PWD python -m jobs.experiments.two_hop_diag --m 6 --outer_steps 200 --num_eval 32
+"""
+
+from __future__ import annotations
+
+import argparse
+import random
+import time
+
+import numpy as np
+import torch
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--m", type=int, default=6)
+    ap.add_argument("--inner_steps", type=int, default=48)
+    ap.add_argument("--outer_steps", type=int, default=200, help="per hop")
+    ap.add_argument("--batch", type=int, default=4)
+    ap.add_argument("--lr", type=float, default=1e-3)
+    ap.add_argument("--value_weight", type=float, default=5.0)
+    ap.add_argument("--num_train", type=int, default=512)
+    ap.add_argument("--num_eval", type=int, default=32)
+    ap.add_argument("--num_bridge", type=int, default=512, help="training questions the bridge fits read")
+    ap.add_argument("--hop1_loss", default="rollout", choices=("rollout", "teacher"),
+                    help="rollout: the critic's m-step rollout from the message is trained to walk the first m "
+                         "tokens of its gold turn; teacher: its teacher-forced loss over the whole gold turn")
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--threads", type=int, default=2)
+    args = ap.parse_args(argv)
+    torch.manual_seed(args.seed)
+    torch.set_num_threads(args.threads)
+
+    import dataclasses
+
+    from jobs.experiments.sweep_recipe_measure import probe_x
+    from recmas_ray.config.recursion import DecodeConfig, RecursionConfig
+    from recmas_ray.eval.graders import grade_math_strict
+    from recmas_ray.eval.stats import mcnemar_exact
+    from recmas_ray.links import init_bridge
+    from recmas_ray.pool import LocalPool
+    from recmas_ray.runner import run_batch
+    from recmas_ray.system.launch import local_pool
+    from recmas_ray.system.plan import plan_system
+    from recmas_ray.train.bridge import bridge_outer_links, vocabulary_strings
+    from recmas_ray.train.data import question_text, role_examples
+    from recmas_ray.train.inner import inner_loss
+    from recmas_ray.train.outer import Latent, emit_messages, encode_stage, prepare_samples
+    from recmas_ray.train.synthetic_facts import split_by_value
+    from recmas_ray.styles import build_schedule, render_prompt
+
+    t0 = time.perf_counter()
+    style_name, task, m = "sequential_light", "qa", args.m
+    train, seen, unseen = split_by_value("recall", style_name, num_train=args.num_train, num_seen=args.num_eval,
+                                         num_unseen=args.num_eval, seed=args.seed)
+    plan = plan_system(style_name, preset="demo", ckpt_override={}, seed=args.seed, task=task)
+    bridge_outer_links(plan, ridge=1e-2)  # the token bridge, as the pipeline's default init: the "fresh" links
+    pool = local_pool(plan, pool_cls=LocalPool)
+    style = plan.style
+    planner, critic, solver = (pool.services[r].agent for r in ("planner", "critic", "solver"))
+    sched = build_schedule(style, 1)
+    assert [s.role for s in sched] == ["planner", "critic", "solver"], sched
+    slot_critic, slot_solver = sched[1].inputs[0][0], sched[2].inputs[0][0]
+    e1, e2 = "planner->critic", "critic->solver"
+    link1, link2 = planner.outer_links[e1], critic.outer_links[e2]
+    fresh = {e: {k: v.detach().clone() for k, v in link.state_dict().items()} for e, link in ((e1, link1), (e2, link2))}
+    rng = random.Random(args.seed)
+    print(f"[2hop] loaded {time.perf_counter() - t0:.0f} s", flush=True)
+
+    for agent in (planner, critic):  # the solver's inner link is unused at R = 1
+        pairs = role_examples(train, style, agent.role, task)
+        link = agent.inner_link
+        link.requires_grad_(True)
+        opt = torch.optim.AdamW(link.parameters(), lr=3e-3)
+        for s in range(args.inner_steps):
+            loss = inner_loss(agent, rng.sample(pairs, 4))
+            opt.zero_grad()
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(link.parameters(), 1.0)
+            opt.step()
+        print(f"[2hop] inner {agent.role}: last loss {loss.item():.3f} ({time.perf_counter() - t0:.0f} s)", flush=True)
+        link.requires_grad_(False)
+
+    samples = prepare_samples(train, style, task)
+    kw = dict(task=task, num_rounds=1, max_latent_tokens=80, non_last_loss_weight=0.1)
+    planner_cache: dict = {}
+
+    def planner_z(batch):  # the planner's rollout (frozen, memoised per question)
+        return encode_stage(planner, style, sched[0], batch, {}, batch_size=len(batch), rollout_latent_steps=m,
+                            rollout_cache=planner_cache, **kw).z
+
+    @torch.no_grad()
+    def critic_rollout(batch):
+        """(z_ND, h_ND) of the critic's m-step rollout with the planner's message in its slot (inference's)."""
+        msg = emit_messages(planner, planner_z(batch), (e1,))[e1].reshape(len(batch), m, -1)
+        users = [render_prompt(style, "critic", sched[1].variant, task, s.question) for s in batch]
+        e_BLD, mask_BL = critic.embed_batch(users, {slot_critic: msg})
+        h_ND = critic.latent_rollout(e_BLD, mask_BL, m).reshape(-1, critic.hidden_size)
+        return critic.inner_link(h_ND), h_ND
+
+    def says_value(rows, chunk=16):
+        """How many rows' critic rollout argmax text (m tokens) contains the value, and one example."""
+        hits, example = 0, ""
+        for k in range(0, len(rows), chunk):
+            ss = prepare_samples(rows[k:k + chunk], style, task)
+            _, h_ND = critic_rollout(ss)
+            ids = critic.logits(h_ND).argmax(-1).reshape(len(ss), m).tolist()
+            for r, row_ids in zip(rows[k:k + chunk], ids):
+                text = critic.tokenizer.decode(row_ids)
+                hits += str(r["facts"]["fact"]) in text.replace(" ", "")
+                example = example or f"{r['facts']['fact']}: {text!r}"
+        return hits, example
+
+    def probe(rows):
+        ss = prepare_samples(rows, style, task)
+        x = [r["facts"]["fact"] for r in rows]
+        with torch.no_grad():
+            z1 = emit_messages(planner, planner_z(ss), (e1,))[e1].reshape(len(ss), m, -1)
+            z2 = emit_messages(critic, torch.cat([critic_rollout(ss[k:k + 16])[0] for k in range(0, len(ss), 16)]),
+                               (e2,))[e2].reshape(len(ss), m, -1)
+        return {e: probe_x(z.mean(1).float().numpy(), x) for e, z in ((e1, z1), (e2, z2))}
+
+    def train_link(link, name, step_loss):
+        link.float().requires_grad_(True)
+        opt = torch.optim.AdamW(link.parameters(), lr=args.lr, betas=(0.9, 0.95), weight_decay=0.0)
+        order, t1 = list(range(len(samples))), time.perf_counter()
+        per_epoch = len(order) // args.batch
+        for s in range(args.outer_steps):
+            if s % per_epoch == 0:
+                rng.shuffle(order)
+            batch = [samples[i] for i in order[(s % per_epoch) * args.batch:][:args.batch]]
+            enc = step_loss(batch)
+            opt.zero_grad()
+            enc.objective.backward()
+            gn = torch.nn.utils.clip_grad_norm_(link.parameters(), 1.0)
+            opt.step()
+            if s % 20 == 0 or s == args.outer_steps - 1:
+                print(f"[2hop] {name} {s} loss {np.mean(enc.sample_losses):.3f} weighted {enc.objective.item():.3f} "
+                      f"grad {gn:.2f} ({time.perf_counter() - t1:.0f} s)", flush=True)
+        link.requires_grad_(False)
+
+    def fit_state_bridge(link, name, states):
+        """Ridge fit of `link` on (rollout latent z_t, target embedding of the source's argmax text at h_t)."""
+        src, dst = name.split("->")
+        src_agent, dst_agent = pool.services[src].agent, pool.services[dst].agent
+        vocab = vocabulary_strings(dst_agent.tokenizer)
+        xs, ids, num = [], [], 0
+        for z_ND, h_ND in states:
+            texts = [src_agent.tokenizer.decode([t]) for t in src_agent.logits(h_ND).argmax(-1).tolist()]
+            keep = [i for i, t in enumerate(texts) if t in vocab]
+            xs.append(z_ND[keep].float())
+            ids += [vocab[texts[i]] for i in keep]
+            num += len(texts)
+        with torch.no_grad():
+            y_NE = dst_agent.model.get_input_embeddings()(torch.tensor(ids)).float()
+            init_bridge(link, torch.cat(xs), y_NE, ridge=1e-2)
+        print(f"[2hop] state bridge {name}: {len(ids)} of {num} rollout states", flush=True)
+
+    bridge_ss = samples[:args.num_bridge]
+
+    @torch.no_grad()
+    def planner_states():
+        for k in range(0, len(bridge_ss), 16):
+            ss = bridge_ss[k:k + 16]
+            users = [render_prompt(style, "planner", sched[0].variant, task, s.question) for s in ss]
+            e_BLD, mask_BL = planner.embed_batch(users)
+            h_ND = planner.latent_rollout(e_BLD, mask_BL, m).reshape(-1, planner.hidden_size)
+            yield planner.inner_link(h_ND), h_ND
+
+    print(f"[2hop] critic rollout says the value (fresh links): {says_value(seen[:32])}", flush=True)
+    # ---- hop 1: planner -> critic, on the critic's own teacher-forced loss over its gold turn
+    fit_state_bridge(link1, e1, planner_states())
+    as_decoder = dataclasses.replace(style, decoder="critic")
+
+    def hop1_rollout_loss(batch):
+        """CE of the critic's rollout logits at each of its m steps against its gold turn's first m tokens
+        (state t predicts gold token t: the inner link maps h_t to the embedding of token t + 1), value x w."""
+        from recmas_ray.train.outer import Encoded, value_token_weights
+
+        msg = emit_messages(planner, planner_z(batch), (e1,))[e1].reshape(len(batch), m, -1)
+        users = [render_prompt(style, "critic", sched[1].variant, task, s.question) for s in batch]
+        e_BLD, mask_BL = critic.embed_batch(users, {slot_critic: msg})
+        h_BMD = critic.latent_rollout_with_grad(e_BLD, mask_BL, m)
+        gold = [critic.tokenizer(s.targets["critic"], add_special_tokens=False).input_ids[:m] for s in batch]
+        n = min(len(g) for g in gold)
+        gold_BM = torch.tensor([g[:n] for g in gold])
+        nll_BM = torch.nn.functional.cross_entropy(critic.logits(h_BMD[:, :n]).float().flatten(0, 1),
+                                                   gold_BM.flatten(), reduction="none").reshape(len(batch), n)
+        w_BM = value_token_weights(critic.tokenizer, gold_BM.flatten().tolist(), args.value_weight).reshape(len(batch), n)
+        objective = (nll_BM * w_BM).sum() / w_BM.sum()
+        return Encoded(None, [], objective, [float(x) for x in nll_BM.mean(1).detach()], [False] * len(batch))
+
+    def hop1_loss(batch):
+        if args.hop1_loss == "rollout":
+            return hop1_rollout_loss(batch)
+        msg = emit_messages(planner, planner_z(batch), (e1,))[e1]
+        return encode_stage(critic, as_decoder, sched[1], batch, {slot_critic: Latent(msg, [m] * len(batch))},
+                            batch_size=len(batch), value_token_weight=args.value_weight, **kw)
+
+    print(f"[2hop] hop 1 trains on {args.hop1_loss}; critic gold tokens of one row: "
+          f"{[critic.tokenizer.decode([t]) for t in critic.tokenizer(samples[0].targets['critic'], add_special_tokens=False).input_ids[:m]]}",
+          flush=True)
+    train_link(link1, "hop1", hop1_loss)
+    print(f"[2hop] critic rollout says the value (after hop 1): seen {says_value(seen)}, unseen "
+          f"{says_value(unseen)}", flush=True)
+
+    # ---- hop 2: critic -> solver, on the solver's loss; the critic's rollout is frozen now: memoise it
+    critic_cache: dict[str, torch.Tensor] = {}
+
+    def critic_z(batch):
+        todo = [s for s in batch if s.sample_id not in critic_cache]
+        if todo:
+            z = critic_rollout(todo)[0].reshape(len(todo), m, -1)
+            critic_cache.update({s.sample_id: z[i] for i, s in enumerate(todo)})
+        return torch.cat([critic_cache[s.sample_id] for s in batch])
+
+    fit_state_bridge(link2, e2, (critic_rollout(bridge_ss[k:k + 16]) for k in range(0, len(bridge_ss), 16)))
+
+    def hop2_loss(batch):
+        msg = emit_messages(critic, critic_z(batch), (e2,))[e2]
+        return encode_stage(solver, style, sched[2], batch, {slot_solver: Latent(msg, [m] * len(batch))},
+                            batch_size=len(batch), value_token_weight=args.value_weight, **kw)
+
+    train_link(link2, "hop2", hop2_loss)
+    print(f"[2hop] probe R^2 of x from each message (128 training rows): {probe(train[:128])}", flush=True)
+
+    rc = RecursionConfig(method="recursive_mas", num_recursive_rounds=1, latent_steps=m,
+                         decode=DecodeConfig(max_new_tokens=16, seed=0))
+    correct: dict[tuple[str, str], list[bool]] = {}
+
+    def evaluate(split, rows, abl):  # abl: a latent ablation, or "fresh" (the links as loaded now, unablated)
+        res = run_batch(pool, style, [question_text(r) for r in rows], [task] * len(rows),
+                        RecursionConfig(**{**rc.__dict__, "latent_ablation": "none" if abl == "fresh" else abl}))
+        correct[split, abl] = [bool(grade_math_strict(r_.prediction, r["gold"])) for r_, r in zip(res, rows)]
+        print(f"[2hop] {split} {abl}: strict {sum(correct[split, abl])}/{len(rows)}; e.g. "
+              f"{[(r['gold'], r_.prediction) for r_, r in zip(res[:3], rows[:3])]}", flush=True)
+
+    splits = (("train", train[:16]), ("seen", seen), ("unseen", unseen))
+    for split, rows in splits:
+        for abl in ("none", "shuffle"):
+            evaluate(split, rows, abl)
+    link1.load_state_dict(fresh[e1])
+    link2.load_state_dict(fresh[e2])
+    for split, rows in splits[1:]:
+        evaluate(split, rows, "fresh")
+    for split in ("seen", "unseen", "held-out"):
+        def of(abl):
+            return (correct["seen", abl] + correct["unseen", abl]) if split == "held-out" else correct[split, abl]
+        vs = {other: mcnemar_exact(of("none"), of(other))["p"] for other in ("shuffle", "fresh")}
+        print(f"[2hop] {split}: own {sum(of('none'))}/{len(of('none'))} vs shuffled {sum(of('shuffle'))} vs fresh "
+              f"{sum(of('fresh'))} (McNemar p {vs['shuffle']:.2g} vs shuffled, {vs['fresh']:.2g} vs fresh)", flush=True)
+    print(f"[2hop] total {time.perf_counter() - t0:.0f} s", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
