@@ -42,11 +42,7 @@ def main(argv=None) -> int:
     torch.set_num_threads(args.threads)
 
     from jobs.experiments.sweep_recipe_measure import probe_x
-    from recmas_ray.config.recursion import DecodeConfig, RecursionConfig
-    from recmas_ray.eval.graders import grade_lenient, grade_math_strict
-    from recmas_ray.eval.stats import mcnemar_exact
     from recmas_ray.pool import LocalPool
-    from recmas_ray.runner import run_batch
     from recmas_ray.system.launch import local_pool
     from recmas_ray.system.plan import plan_system
     from recmas_ray.train.bridge import bridge_outer_links
@@ -144,7 +140,25 @@ def main(argv=None) -> int:
                   f"({time.perf_counter() - t1:.0f} s)", flush=True)
     olink.requires_grad_(False)
 
-    rc = RecursionConfig(method="recursive_mas", num_recursive_rounds=1, latent_steps=args.m,
+    splits = (("train", train[:16]), ("seen", seen), ("unseen", unseen))  # train: a check of fit, 16 are enough
+    own_shuffled_fresh(pool, style, task, args.m, splits, lambda: olink.load_state_dict(fresh_state), tag="diag")
+    print(f"[diag] total {time.perf_counter() - t0:.0f} s", flush=True)
+    return 0
+
+
+def own_shuffled_fresh(pool, style, task: str, m: int, splits, restore_fresh, *, tag: str) -> dict:
+    """Greedy decoding of the whole system (`runner.run_batch`, the inference path) on each (name, rows) split
+    with the trained links' own latents and latents shuffled between questions, then `restore_fresh()` and the
+    held-out splits ("seen", "unseen") again with the fresh links; prints strict accuracy per row and McNemar's
+    exact test of own vs shuffled and vs fresh per held-out split and together. Returns (split, ablation) ->
+    per-question correctness. Shared by the one-hop and two-hop diagnoses."""
+    from recmas_ray.config.recursion import DecodeConfig, RecursionConfig
+    from recmas_ray.eval.graders import grade_math_strict
+    from recmas_ray.eval.stats import mcnemar_exact
+    from recmas_ray.runner import run_batch
+    from recmas_ray.train.data import question_text
+
+    rc = RecursionConfig(method="recursive_mas", num_recursive_rounds=1, latent_steps=m,
                          decode=DecodeConfig(max_new_tokens=16, seed=0))
     correct: dict[tuple[str, str], list[bool]] = {}
 
@@ -152,24 +166,24 @@ def main(argv=None) -> int:
         res = run_batch(pool, style, [question_text(r) for r in rows], [task] * len(rows),
                         RecursionConfig(**{**rc.__dict__, "latent_ablation": "none" if abl == "fresh" else abl}))
         correct[split, abl] = [bool(grade_math_strict(r_.prediction, r["gold"])) for r_, r in zip(res, rows)]
-        print(f"[diag] {split} {abl}: strict {sum(correct[split, abl])}/{len(rows)}; e.g. "
+        print(f"[{tag}] {split} {abl}: strict {sum(correct[split, abl])}/{len(rows)}; e.g. "
               f"{[(r['gold'], r_.prediction) for r_, r in zip(res[:3], rows[:3])]}", flush=True)
 
-    splits = (("train", train[:16]), ("seen", seen), ("unseen", unseen))  # train: a check of fit, 16 are enough
     for split, rows in splits:
         for abl in ("none", "shuffle"):
             evaluate(split, rows, abl)
-    olink.load_state_dict(fresh_state)  # the same questions through the links as they were before training
-    for split, rows in splits[1:]:
-        evaluate(split, rows, "fresh")
+    restore_fresh()
+    for split, rows in splits:
+        if split in ("seen", "unseen"):
+            evaluate(split, rows, "fresh")
     for split in ("seen", "unseen", "held-out"):
         def of(abl):
             return (correct["seen", abl] + correct["unseen", abl]) if split == "held-out" else correct[split, abl]
         vs = {other: mcnemar_exact(of("none"), of(other))["p"] for other in ("shuffle", "fresh")}
-        print(f"[diag] {split}: own {sum(of('none'))}/{len(of('none'))} vs shuffled {sum(of('shuffle'))} vs fresh "
-              f"{sum(of('fresh'))} (McNemar p {vs['shuffle']:.2g} vs shuffled, {vs['fresh']:.2g} vs fresh)", flush=True)
-    print(f"[diag] total {time.perf_counter() - t0:.0f} s", flush=True)
-    return 0
+        print(f"[{tag}] {split}: own {sum(of('none'))}/{len(of('none'))} vs shuffled {sum(of('shuffle'))} vs fresh "
+              f"{sum(of('fresh'))} (McNemar p {vs['shuffle']:.2g} vs shuffled, {vs['fresh']:.2g} vs fresh)",
+              flush=True)
+    return correct
 
 
 if __name__ == "__main__":

@@ -54,17 +54,14 @@ def main(argv=None) -> int:
 
     import dataclasses
 
+    from jobs.experiments.fact_diag import own_shuffled_fresh
     from jobs.experiments.sweep_recipe_measure import probe_x
-    from recmas_ray.config.recursion import DecodeConfig, RecursionConfig
-    from recmas_ray.eval.graders import grade_math_strict
-    from recmas_ray.eval.stats import mcnemar_exact
     from recmas_ray.links import init_bridge
     from recmas_ray.pool import LocalPool
-    from recmas_ray.runner import run_batch
     from recmas_ray.system.launch import local_pool
     from recmas_ray.system.plan import plan_system
     from recmas_ray.train.bridge import bridge_outer_links, vocabulary_strings
-    from recmas_ray.train.data import question_text, role_examples
+    from recmas_ray.train.data import role_examples
     from recmas_ray.train.inner import inner_loss
     from recmas_ray.train.outer import Latent, emit_messages, encode_stage, prepare_samples
     from recmas_ray.train.synthetic_facts import split_by_value
@@ -245,31 +242,12 @@ def main(argv=None) -> int:
     train_link(link2, "hop2", hop2_loss)
     print(f"[2hop] probe R^2 of x from each message (128 training rows): {probe(train[:128])}", flush=True)
 
-    rc = RecursionConfig(method="recursive_mas", num_recursive_rounds=1, latent_steps=m,
-                         decode=DecodeConfig(max_new_tokens=16, seed=0))
-    correct: dict[tuple[str, str], list[bool]] = {}
+    def restore_fresh():
+        link1.load_state_dict(fresh[e1])
+        link2.load_state_dict(fresh[e2])
 
-    def evaluate(split, rows, abl):  # abl: a latent ablation, or "fresh" (the links as loaded now, unablated)
-        res = run_batch(pool, style, [question_text(r) for r in rows], [task] * len(rows),
-                        RecursionConfig(**{**rc.__dict__, "latent_ablation": "none" if abl == "fresh" else abl}))
-        correct[split, abl] = [bool(grade_math_strict(r_.prediction, r["gold"])) for r_, r in zip(res, rows)]
-        print(f"[2hop] {split} {abl}: strict {sum(correct[split, abl])}/{len(rows)}; e.g. "
-              f"{[(r['gold'], r_.prediction) for r_, r in zip(res[:3], rows[:3])]}", flush=True)
-
-    splits = (("train", train[:16]), ("seen", seen), ("unseen", unseen))
-    for split, rows in splits:
-        for abl in ("none", "shuffle"):
-            evaluate(split, rows, abl)
-    link1.load_state_dict(fresh[e1])
-    link2.load_state_dict(fresh[e2])
-    for split, rows in splits[1:]:
-        evaluate(split, rows, "fresh")
-    for split in ("seen", "unseen", "held-out"):
-        def of(abl):
-            return (correct["seen", abl] + correct["unseen", abl]) if split == "held-out" else correct[split, abl]
-        vs = {other: mcnemar_exact(of("none"), of(other))["p"] for other in ("shuffle", "fresh")}
-        print(f"[2hop] {split}: own {sum(of('none'))}/{len(of('none'))} vs shuffled {sum(of('shuffle'))} vs fresh "
-              f"{sum(of('fresh'))} (McNemar p {vs['shuffle']:.2g} vs shuffled, {vs['fresh']:.2g} vs fresh)", flush=True)
+    own_shuffled_fresh(pool, style, task, m, (("train", train[:16]), ("seen", seen), ("unseen", unseen)),
+                       restore_fresh, tag="2hop")
     print(f"[2hop] total {time.perf_counter() - t0:.0f} s", flush=True)
     return 0
 
