@@ -85,6 +85,15 @@ MIN_STATE_PAIRS = 16
 """Fewest usable rollout states for a rollout-state fit (as for the token pairs); fewer keep the token bridge."""
 
 
+def state_token_pairs(source, z_ND: torch.Tensor, h_ND: torch.Tensor,
+                      target_vocab: dict[str, int]) -> tuple[torch.Tensor, list[int]]:
+    """(x_KD, target ids): the rollout latents z_t of `source` whose argmax text at h_t is also a token of the
+    target (`target_vocab`, from `vocabulary_strings`), and that token's target id, row for row."""
+    texts = [source.tokenizer.decode([t]) for t in source.logits(h_ND).argmax(-1).tolist()]
+    keep = [i for i, t in enumerate(texts) if t in target_vocab]
+    return z_ND[keep].float(), [target_vocab[texts[i]] for i in keep]
+
+
 @torch.no_grad()
 def rollout_state_pairs(source, users: list[str], target_tokenizer, target_embeddings: torch.nn.Module, *,
                         num_steps: int, batch_size: int = 16,
@@ -103,11 +112,10 @@ def rollout_state_pairs(source, users: list[str], target_tokenizer, target_embed
         if cache is not None:
             cache.update({(source.role, num_steps, u): z for u, z in zip(users[k:k + batch_size],
                                                                         z_ND.reshape(-1, num_steps, z_ND.shape[-1]))})
-        texts = [source.tokenizer.decode([t]) for t in source.logits(h_ND).argmax(-1).tolist()]
-        keep = [i for i, t in enumerate(texts) if t in dst]
-        xs.append(z_ND[keep].float())
-        ids += [dst[texts[i]] for i in keep]
-        num_states += len(texts)
+        x_KD, keep_ids = state_token_pairs(source, z_ND, h_ND, dst)
+        xs.append(x_KD)
+        ids += keep_ids
+        num_states += len(h_ND)
     y_NE = target_embeddings(torch.tensor(ids, dtype=torch.long, device=target_embeddings.weight.device)).float()
     return torch.cat(xs), y_NE, num_states
 
