@@ -20,6 +20,11 @@ value (its argmax tokens over the m steps contain it) and linear probes of x fro
 One process, no Ray; the pipeline's stage functions (`train.outer`) and bridge fit (`train.bridge`).
 
     PYTHONPATH=$PWD python -m jobs.experiments.two_hop_diag --m 6 --outer_steps 200 --num_eval 32
+
+Diagnoses of hop 1 (each stops early): `--ceilings_only` (can the critic's rollout state the value at all: told
+it in text, or sent the planner's argmax tokens as exact embeddings), `--stop_after_hop1_fit` (with the fitted,
+untrained hop-1 link, and how close the link's output is to those exact embeddings on held-out questions).
+`--role_model planner=pkg:gemma3-270m` swaps the planner's family (SmolLM2's rollout never states the value).
 """
 
 from __future__ import annotations
@@ -46,6 +51,22 @@ def main(argv=None) -> int:
     ap.add_argument("--hop1_loss", default="rollout", choices=("rollout", "teacher"),
                     help="rollout: the critic's m-step rollout from the message is trained to walk the first m "
                          "tokens of its gold turn; teacher: its teacher-forced loss over the whole gold turn")
+    ap.add_argument("--role_model", action="append", default=[], metavar="ROLE=MODEL",
+                    help="base model of a role instead of the demo preset's (planner SmolLM2, critic Gemma, "
+                         "solver SmolLM2), e.g. --role_model planner=pkg:gemma3-270m")
+    ap.add_argument("--ceilings_only", action="store_true",
+                    help="after the inner links, print how often the critic's rollout states the value when the "
+                         "fact is in its prompt as text, and when its slot holds the critic's embeddings of the "
+                         "planner's rollout argmax tokens (a perfect hop-1 link), then stop")
+    ap.add_argument("--bridge_ce_steps", type=int, default=0,
+                    help="after each ridge state-bridge fit, this many full-batch steps on the fitted pairs with a "
+                         "token-classification loss (cosine to every target token the pairs name, temperature "
+                         "0.05) beside the regression, so digits stay apart (0: the ridge fit alone)")
+    ap.add_argument("--bridge_blanks", action="store_true",
+                    help="the state-bridge fits also pair states whose argmax text is blank (' ', '\\n'), which "
+                         "the package's vocabulary_strings leaves out")
+    ap.add_argument("--stop_after_hop1_fit", action="store_true",
+                    help="print how often the critic's rollout states the value with the fitted hop-1 link, then stop")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--threads", type=int, default=2)
     args = ap.parse_args(argv)
@@ -60,7 +81,7 @@ def main(argv=None) -> int:
     from recmas_ray.pool import LocalPool
     from recmas_ray.system.launch import local_pool
     from recmas_ray.system.plan import plan_system
-    from recmas_ray.train.bridge import bridge_outer_links, vocabulary_strings
+    from recmas_ray.train.bridge import bridge_outer_links, state_token_pairs, vocabulary_strings
     from recmas_ray.train.data import role_examples
     from recmas_ray.train.inner import inner_loss
     from recmas_ray.train.outer import Latent, emit_messages, encode_stage, prepare_samples
@@ -71,7 +92,10 @@ def main(argv=None) -> int:
     style_name, task, m = "sequential_light", "qa", args.m
     train, seen, unseen = split_by_value("recall", style_name, num_train=args.num_train, num_seen=args.num_eval,
                                          num_unseen=args.num_eval, seed=args.seed)
-    plan = plan_system(style_name, preset="demo", ckpt_override={}, seed=args.seed, task=task)
+    role_models = dict(kv.split("=", 1) for kv in args.role_model)
+    plan = plan_system(style_name, preset="demo", ckpt_override={}, seed=args.seed, task=task,
+                       role_models=role_models)
+    print(f"[2hop] models: {plan.role_models}", flush=True)
     bridge_outer_links(plan, ridge=1e-2)  # the token bridge, as the pipeline's default init: the "fresh" links
     pool = local_pool(plan, pool_cls=LocalPool)
     style = plan.style
@@ -162,17 +186,26 @@ def main(argv=None) -> int:
         src, dst = name.split("->")
         src_agent, dst_agent = pool.services[src].agent, pool.services[dst].agent
         vocab = vocabulary_strings(dst_agent.tokenizer)
+        if args.bridge_blanks:
+            tok = dst_agent.tokenizer
+            for i in range(len(tok)):
+                text = tok.decode([i])
+                if text and not text.strip() and i not in tok.all_special_ids and text not in vocab:
+                    vocab[text] = i
         xs, ids, num = [], [], 0
         for z_ND, h_ND in states:
-            texts = [src_agent.tokenizer.decode([t]) for t in src_agent.logits(h_ND).argmax(-1).tolist()]
-            keep = [i for i, t in enumerate(texts) if t in vocab]
-            xs.append(z_ND[keep].float())
-            ids += [vocab[texts[i]] for i in keep]
-            num += len(texts)
+            x_KD, keep_ids = state_token_pairs(src_agent, z_ND, h_ND, vocab)
+            xs.append(x_KD)
+            ids += keep_ids
+            num += len(h_ND)
+        emb = dst_agent.model.get_input_embeddings()
         with torch.no_grad():
-            y_NE = dst_agent.model.get_input_embeddings()(torch.tensor(ids)).float()
-            init_bridge(link, torch.cat(xs), y_NE, ridge=1e-2)
+            y_NE = emb(torch.tensor(ids)).float()
+            x_ND = torch.cat(xs)
+            init_bridge(link, x_ND, y_NE, ridge=1e-2)
         print(f"[2hop] state bridge {name}: {len(ids)} of {num} rollout states", flush=True)
+        if args.bridge_ce_steps:
+            token_classification_fit(link, x_ND, torch.tensor(ids), emb, args.bridge_ce_steps, name)
 
     bridge_ss = samples[:args.num_bridge]
 
@@ -185,9 +218,38 @@ def main(argv=None) -> int:
             h_ND = planner.latent_rollout(e_BLD, mask_BL, m).reshape(-1, planner.hidden_size)
             yield planner.inner_link(h_ND), h_ND
 
+    with torch.no_grad():  # does the planner's own rollout state the value (what hop 1 can pass on)?
+        rows = seen[:32]
+        ss = prepare_samples(rows, style, task)
+        users = [render_prompt(style, "planner", sched[0].variant, task, s.question) for s in ss]
+        h_ND = planner.latent_rollout(*planner.embed_batch(users), m).reshape(-1, planner.hidden_size)
+        texts = [planner.tokenizer.decode(ids) for ids in planner.logits(h_ND).argmax(-1).reshape(len(ss), m).tolist()]
+        hits = sum(str(r["facts"]["fact"]) in t.replace(" ", "") for r, t in zip(rows, texts))
+        print(f"[2hop] planner rollout says the value: {hits}/{len(rows)} ({rows[0]['facts']['fact']}: {texts[0]!r})",
+              flush=True)
     print(f"[2hop] critic rollout says the value (fresh links): {says_value(seen[:32])}", flush=True)
+    if args.ceilings_only:
+        print_ceilings(planner, critic, style, sched, task, m, seen[:32])
+        return 0
     # ---- hop 1: planner -> critic, on the critic's own teacher-forced loss over its gold turn
     fit_state_bridge(link1, e1, planner_states())
+    if args.stop_after_hop1_fit:
+        print(f"[2hop] critic rollout says the value (hop-1 link fitted, untrained): {says_value(seen[:32])}",
+              flush=True)
+        with torch.no_grad():  # held-out: the fitted link's output vs the critic's embedding of the planner's argmax
+            ss = prepare_samples(seen[:32], style, task)
+            users = [render_prompt(style, "planner", sched[0].variant, task, s.question) for s in ss]
+            h_ND = planner.latent_rollout(*planner.embed_batch(users), m).reshape(-1, planner.hidden_size)
+            z_ND = planner.inner_link(h_ND)
+            texts = [planner.tokenizer.decode([t]) for t in planner.logits(h_ND).argmax(-1).tolist()]
+            exact = critic.model.get_input_embeddings()(torch.tensor(
+                [(critic.tokenizer(t, add_special_tokens=False).input_ids or [0])[0] for t in texts])).float()
+            cos = {name: torch.nn.functional.cosine_similarity(v.float(), exact, dim=-1).reshape(len(ss), m).mean(0)
+                   for name, v in (("link(z)", link1(z_ND)), ("z itself", z_ND))}
+            print(f"[2hop] held-out cosine to the critic's embedding of the planner's argmax, per rollout step "
+                  f"({texts[:m]}): " + "; ".join(f"{k} {[round(float(c), 3) for c in v]}" for k, v in cos.items()),
+                  flush=True)
+        return 0
     as_decoder = dataclasses.replace(style, decoder="critic")
 
     def hop1_rollout_loss(batch):
@@ -250,6 +312,73 @@ def main(argv=None) -> int:
                        restore_fresh, tag="2hop")
     print(f"[2hop] total {time.perf_counter() - t0:.0f} s", flush=True)
     return 0
+
+
+def token_classification_fit(link, x_ND, ids_N, emb, num_steps: int, name: str, temperature: float = 0.05):
+    """Refine a ridge-fitted link on its pairs: cross-entropy over the cosines of link(x) to the embeddings of
+    every target token the pairs name (the right token must be the nearest, which a least-squares fit to
+    embeddings does not ask), plus the regression loss relative to the targets' scale."""
+    cands, index_N = torch.unique(ids_N, return_inverse=True)
+    with torch.no_grad():
+        e_CE = emb(cands).float()
+        y_NE = e_CE[index_N]
+
+    def nearest_accuracy():
+        """(share whose nearest candidate is right, mean cosine to the right embedding, mean norm ratio)"""
+        with torch.no_grad():
+            o_NE = link(x_ND)
+            out = torch.nn.functional.normalize(o_NE, dim=-1) @ torch.nn.functional.normalize(e_CE, dim=-1).T
+            cos = torch.nn.functional.cosine_similarity(o_NE, y_NE, dim=-1).mean()
+            ratio = (o_NE.norm(dim=-1) / y_NE.norm(dim=-1)).mean()
+            return f"{float((out.argmax(-1) == index_N).float().mean()):.3f} / cos {float(cos):.3f} / norm x{float(ratio):.2f}"
+
+    before = nearest_accuracy()
+    link.float().requires_grad_(True)
+    opt = torch.optim.AdamW(link.parameters(), lr=1e-3, weight_decay=0.0)
+    scale = float(y_NE.pow(2).mean())
+    for _ in range(num_steps):
+        out_NE = link(x_ND)
+        cos_NC = torch.nn.functional.normalize(out_NE, dim=-1) @ torch.nn.functional.normalize(e_CE, dim=-1).T
+        loss = torch.nn.functional.cross_entropy(cos_NC / temperature, index_N) + \
+            (out_NE - y_NE).pow(2).mean() / scale + \
+            (1 - torch.nn.functional.cosine_similarity(out_NE, y_NE, dim=-1)).mean()
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    link.requires_grad_(False)
+    print(f"[2hop] token-classification fit {name}: nearest target token right / cosine to it / norm "
+          f"ratio {before} -> {nearest_accuracy()} of {len(ids_N)} states ({len(cands)} tokens, {num_steps} steps)", flush=True)
+
+
+@torch.no_grad()
+def print_ceilings(planner, critic, style, sched, task: str, m: int, rows: list[dict]) -> None:
+    """How often the critic's m-step rollout states the value (a) told the fact in text before its question,
+    (b) with its slot holding its own embeddings of the planner's rollout argmax tokens: hop 1's upper bounds."""
+    from recmas_ray.styles import render_prompt
+    from recmas_ray.train.outer import prepare_samples
+
+    ss = prepare_samples(rows, style, task)
+    slot = sched[1].inputs[0][0]
+
+    def says(e_BLD, mask_BL):
+        h_ND = critic.latent_rollout(e_BLD, mask_BL, m).reshape(-1, critic.hidden_size)
+        texts = [critic.tokenizer.decode(ids) for ids in critic.logits(h_ND).argmax(-1).reshape(len(rows), m).tolist()]
+        hits = sum(str(r["facts"]["fact"]) in t.replace(" ", "") for r, t in zip(rows, texts))
+        return f"{hits}/{len(rows)} ({rows[0]['facts']['fact']}: {texts[0]!r})"
+
+    told = [render_prompt(style, "critic", sched[1].variant, task, f"{r['role_context']['planner']} {s.question}")
+            for r, s in zip(rows, ss)]
+    print(f"[2hop] ceiling: critic told the fact in text, its rollout says the value {says(*critic.embed_batch(told, {slot: torch.zeros(len(rows), 0, critic.hidden_size)}))}",
+          flush=True)
+    users = [render_prompt(style, "planner", sched[0].variant, task, s.question) for s in ss]
+    h_ND = planner.latent_rollout(*planner.embed_batch(users), m).reshape(-1, planner.hidden_size)
+    texts = [planner.tokenizer.decode([t]) for t in planner.logits(h_ND).argmax(-1).tolist()]
+    emb = critic.model.get_input_embeddings()
+    msg = torch.stack([emb(torch.tensor(critic.tokenizer(t, add_special_tokens=False).input_ids[:1] or [0]))[0]
+                       for t in texts]).reshape(len(rows), m, -1).to(emb.weight.dtype)
+    plain = [render_prompt(style, "critic", sched[1].variant, task, s.question) for s in ss]
+    print(f"[2hop] ceiling: slot holds the planner's argmax tokens ({texts[:m]}) as the critic's embeddings, its "
+          f"rollout says the value {says(*critic.embed_batch(plain, {slot: msg}))}", flush=True)
 
 
 if __name__ == "__main__":
