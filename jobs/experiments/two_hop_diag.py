@@ -223,10 +223,7 @@ def main(argv=None) -> int:
         ss = prepare_samples(rows, style, task)
         users = [render_prompt(style, "planner", sched[0].variant, task, s.question) for s in ss]
         h_ND = planner.latent_rollout(*planner.embed_batch(users), m).reshape(-1, planner.hidden_size)
-        texts = [planner.tokenizer.decode(ids) for ids in planner.logits(h_ND).argmax(-1).reshape(len(ss), m).tolist()]
-        hits = sum(str(r["facts"]["fact"]) in t.replace(" ", "") for r, t in zip(rows, texts))
-        print(f"[2hop] planner rollout says the value: {hits}/{len(rows)} ({rows[0]['facts']['fact']}: {texts[0]!r})",
-              flush=True)
+        print(f"[2hop] planner rollout says the value: {states_value(planner, h_ND, rows, m)}", flush=True)
     print(f"[2hop] critic rollout says the value (fresh links): {says_value(seen[:32])}", flush=True)
     if args.ceilings_only:
         print_ceilings(planner, critic, style, sched, task, m, seen[:32])
@@ -241,9 +238,8 @@ def main(argv=None) -> int:
             users = [render_prompt(style, "planner", sched[0].variant, task, s.question) for s in ss]
             h_ND = planner.latent_rollout(*planner.embed_batch(users), m).reshape(-1, planner.hidden_size)
             z_ND = planner.inner_link(h_ND)
-            texts = [planner.tokenizer.decode([t]) for t in planner.logits(h_ND).argmax(-1).tolist()]
-            exact = critic.model.get_input_embeddings()(torch.tensor(
-                [(critic.tokenizer(t, add_special_tokens=False).input_ids or [0])[0] for t in texts])).float()
+            exact, texts = exact_embeddings(planner, critic, h_ND)
+            exact = exact.float()
             cos = {name: torch.nn.functional.cosine_similarity(v.float(), exact, dim=-1).reshape(len(ss), m).mean(0)
                    for name, v in (("link(z)", link1(z_ND)), ("z itself", z_ND))}
             print(f"[2hop] held-out cosine to the critic's embedding of the planner's argmax, per rollout step "
@@ -314,6 +310,22 @@ def main(argv=None) -> int:
     return 0
 
 
+def states_value(agent, h_ND: torch.Tensor, rows: list[dict], m: int) -> str:
+    """"hits/N (value: first row's text)": rows whose m argmax tokens of `agent` at h_ND contain the fact value."""
+    texts = [agent.tokenizer.decode(ids) for ids in agent.logits(h_ND).argmax(-1).reshape(len(rows), m).tolist()]
+    hits = sum(str(r["facts"]["fact"]) in t.replace(" ", "") for r, t in zip(rows, texts))
+    return f"{hits}/{len(rows)} ({rows[0]['facts']['fact']}: {texts[0]!r})"
+
+
+def exact_embeddings(source, target, h_ND: torch.Tensor) -> tuple[torch.Tensor, list[str]]:
+    """`target`'s input embedding of the first token of `source`'s argmax text at each h_t (a perfect link's
+    output), and those texts."""
+    texts = [source.tokenizer.decode([t]) for t in source.logits(h_ND).argmax(-1).tolist()]
+    ids = [(target.tokenizer(t, add_special_tokens=False).input_ids or [0])[0] for t in texts]
+    emb = target.model.get_input_embeddings()
+    return emb(torch.tensor(ids)), texts
+
+
 def token_classification_fit(link, x_ND, ids_N, emb, num_steps: int, name: str, temperature: float = 0.05):
     """Refine a ridge-fitted link on its pairs: cross-entropy over the cosines of link(x) to the embeddings of
     every target token the pairs name (the right token must be the nearest, which a least-squares fit to
@@ -361,10 +373,7 @@ def print_ceilings(planner, critic, style, sched, task: str, m: int, rows: list[
     slot = sched[1].inputs[0][0]
 
     def says(e_BLD, mask_BL):
-        h_ND = critic.latent_rollout(e_BLD, mask_BL, m).reshape(-1, critic.hidden_size)
-        texts = [critic.tokenizer.decode(ids) for ids in critic.logits(h_ND).argmax(-1).reshape(len(rows), m).tolist()]
-        hits = sum(str(r["facts"]["fact"]) in t.replace(" ", "") for r, t in zip(rows, texts))
-        return f"{hits}/{len(rows)} ({rows[0]['facts']['fact']}: {texts[0]!r})"
+        return states_value(critic, critic.latent_rollout(e_BLD, mask_BL, m).reshape(-1, critic.hidden_size), rows, m)
 
     told = [render_prompt(style, "critic", sched[1].variant, task, f"{r['role_context']['planner']} {s.question}")
             for r, s in zip(rows, ss)]
@@ -372,10 +381,8 @@ def print_ceilings(planner, critic, style, sched, task: str, m: int, rows: list[
           flush=True)
     users = [render_prompt(style, "planner", sched[0].variant, task, s.question) for s in ss]
     h_ND = planner.latent_rollout(*planner.embed_batch(users), m).reshape(-1, planner.hidden_size)
-    texts = [planner.tokenizer.decode([t]) for t in planner.logits(h_ND).argmax(-1).tolist()]
-    emb = critic.model.get_input_embeddings()
-    msg = torch.stack([emb(torch.tensor(critic.tokenizer(t, add_special_tokens=False).input_ids[:1] or [0]))[0]
-                       for t in texts]).reshape(len(rows), m, -1).to(emb.weight.dtype)
+    exact, texts = exact_embeddings(planner, critic, h_ND)
+    msg = exact.reshape(len(rows), m, -1)
     plain = [render_prompt(style, "critic", sched[1].variant, task, s.question) for s in ss]
     print(f"[2hop] ceiling: slot holds the planner's argmax tokens ({texts[:m]}) as the critic's embeddings, its "
           f"rollout says the value {says(*critic.embed_batch(plain, {slot: msg}))}", flush=True)
