@@ -25,12 +25,20 @@ Diagnoses of hop 1 (each stops early): `--ceilings_only` (can the critic's rollo
 it in text, or sent the planner's argmax tokens as exact embeddings), `--stop_after_hop1_fit` (with the fitted,
 untrained hop-1 link, and how close the link's output is to those exact embeddings on held-out questions).
 `--role_model planner=pkg:gemma3-270m` swaps the planner's family (SmolLM2's rollout never states the value).
+`--hop1_snap TAU` snaps hop 1's message into the critic's token embeddings (`links.SnapLink`), `--hop1_init
+token_bridge` keeps the token bridge the plan built, `--hop1_steps 0` leaves hop 1 untrained, `--inner_cache`
+keeps the inner links between runs. The setting that carries the fact two hops (docs/learning_runs.md):
+
+    PYTHONPATH=$PWD python -m jobs.experiments.two_hop_diag --m 6 --role_model planner=pkg:gemma3-270m \
+        --inner_steps 300 --hop1_snap 0.02 --hop1_init token_bridge --hop1_steps 0 --outer_steps 200 --num_eval 32
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import random
+import sys
 import time
 
 import numpy as np
@@ -42,6 +50,7 @@ def main(argv=None) -> int:
     ap.add_argument("--m", type=int, default=6)
     ap.add_argument("--inner_steps", type=int, default=48)
     ap.add_argument("--outer_steps", type=int, default=200, help="per hop")
+    ap.add_argument("--hop1_steps", type=int, default=None, help="hop 1's training steps (default --outer_steps)")
     ap.add_argument("--batch", type=int, default=4)
     ap.add_argument("--lr", type=float, default=1e-3)
     ap.add_argument("--value_weight", type=float, default=5.0)
@@ -67,6 +76,14 @@ def main(argv=None) -> int:
                          "the package's vocabulary_strings leaves out")
     ap.add_argument("--stop_after_hop1_fit", action="store_true",
                     help="print how often the critic's rollout states the value with the fitted hop-1 link, then stop")
+    ap.add_argument("--hop1_snap", type=float, default=0.0, metavar="TAU",
+                    help="hop 1's message is snapped to the critic's token embeddings: softmax over the cosines of "
+                         "link(z) to every token's input embedding at temperature TAU, times that table (0: off)")
+    ap.add_argument("--hop1_init", default="state_bridge", choices=("state_bridge", "token_bridge"),
+                    help="hop 1's link before training: the rollout-state ridge fit, or the token bridge as built")
+    ap.add_argument("--inner_cache", default="", metavar="PATH",
+                    help="load the planner's and critic's inner links from PATH if it exists (trained with the same "
+                         "--seed, --inner_steps, --num_train and models, else refused), else save them there")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--threads", type=int, default=2)
     args = ap.parse_args(argv)
@@ -77,6 +94,7 @@ def main(argv=None) -> int:
 
     from jobs.experiments.fact_diag import own_shuffled_fresh
     from jobs.experiments.sweep_recipe_measure import probe_x
+    from jobs.experiments.two_hop_checks import exact_embeddings, print_ceilings, states_value, token_classification_fit
     from recmas_ray.links import init_bridge
     from recmas_ray.pool import LocalPool
     from recmas_ray.system.launch import local_pool
@@ -96,6 +114,16 @@ def main(argv=None) -> int:
     plan = plan_system(style_name, preset="demo", ckpt_override={}, seed=args.seed, task=task,
                        role_models=role_models)
     print(f"[2hop] models: {plan.role_models}", flush=True)
+    inner_key = {"seed": args.seed, "inner_steps": args.inner_steps, "num_train": args.num_train,
+                 "models": {r: plan.role_models[r] for r in ("planner", "critic")}}
+    cached = {}
+    if args.inner_cache and os.path.exists(args.inner_cache):
+        saved = torch.load(args.inner_cache, weights_only=True)
+        if saved.get("key") != inner_key:
+            print(f"--inner_cache {args.inner_cache}: its inner links were trained with {saved.get('key')}, "
+                  f"this run asks for {inner_key}; use another path", file=sys.stderr)
+            return 2
+        cached = saved["links"]
     bridge_outer_links(plan, ridge=1e-2)  # the token bridge, as the pipeline's default init: the "fresh" links
     pool = local_pool(plan, pool_cls=LocalPool)
     style = plan.style
@@ -107,9 +135,17 @@ def main(argv=None) -> int:
     link1, link2 = planner.outer_links[e1], critic.outer_links[e2]
     fresh = {e: {k: v.detach().clone() for k, v in link.state_dict().items()} for e, link in ((e1, link1), (e2, link2))}
     rng = random.Random(args.seed)
+    if args.hop1_snap:
+        from recmas_ray.links import SnapLink
+
+        planner.outer_links[e1] = SnapLink(link1, critic.model.get_input_embeddings(), args.hop1_snap)
     print(f"[2hop] loaded {time.perf_counter() - t0:.0f} s", flush=True)
 
     for agent in (planner, critic):  # the solver's inner link is unused at R = 1
+        if agent.role in cached:
+            agent.inner_link.load_state_dict(cached[agent.role])
+            print(f"[2hop] inner {agent.role}: loaded from {args.inner_cache}", flush=True)
+            continue
         pairs = role_examples(train, style, agent.role, task)
         link = agent.inner_link
         link.requires_grad_(True)
@@ -122,6 +158,9 @@ def main(argv=None) -> int:
             opt.step()
         print(f"[2hop] inner {agent.role}: last loss {loss.item():.3f} ({time.perf_counter() - t0:.0f} s)", flush=True)
         link.requires_grad_(False)
+    if args.inner_cache and not cached:
+        torch.save({"key": inner_key, "links": {a.role: a.inner_link.state_dict() for a in (planner, critic)}},
+                   args.inner_cache)
 
     samples = prepare_samples(train, style, task)
     kw = dict(task=task, num_rounds=1, max_latent_tokens=80, non_last_loss_weight=0.1)
@@ -162,12 +201,12 @@ def main(argv=None) -> int:
                                (e2,))[e2].reshape(len(ss), m, -1)
         return {e: probe_x(z.mean(1).float().numpy(), x) for e, z in ((e1, z1), (e2, z2))}
 
-    def train_link(link, name, step_loss):
+    def train_link(link, name, step_loss, num_steps):
         link.float().requires_grad_(True)
         opt = torch.optim.AdamW(link.parameters(), lr=args.lr, betas=(0.9, 0.95), weight_decay=0.0)
         order, t1 = list(range(len(samples))), time.perf_counter()
         per_epoch = len(order) // args.batch
-        for s in range(args.outer_steps):
+        for s in range(num_steps):
             if s % per_epoch == 0:
                 rng.shuffle(order)
             batch = [samples[i] for i in order[(s % per_epoch) * args.batch:][:args.batch]]
@@ -176,7 +215,7 @@ def main(argv=None) -> int:
             enc.objective.backward()
             gn = torch.nn.utils.clip_grad_norm_(link.parameters(), 1.0)
             opt.step()
-            if s % 20 == 0 or s == args.outer_steps - 1:
+            if s % 20 == 0 or s == num_steps - 1:
                 print(f"[2hop] {name} {s} loss {np.mean(enc.sample_losses):.3f} weighted {enc.objective.item():.3f} "
                       f"grad {gn:.2f} ({time.perf_counter() - t1:.0f} s)", flush=True)
         link.requires_grad_(False)
@@ -229,7 +268,8 @@ def main(argv=None) -> int:
         print_ceilings(planner, critic, style, sched, task, m, seen[:32])
         return 0
     # ---- hop 1: planner -> critic, on the critic's own teacher-forced loss over its gold turn
-    fit_state_bridge(link1, e1, planner_states())
+    if args.hop1_init == "state_bridge":
+        fit_state_bridge(link1, e1, planner_states())
     if args.stop_after_hop1_fit:
         print(f"[2hop] critic rollout says the value (hop-1 link fitted, untrained): {says_value(seen[:32])}",
               flush=True)
@@ -241,7 +281,15 @@ def main(argv=None) -> int:
             exact, texts = exact_embeddings(planner, critic, h_ND)
             exact = exact.float()
             cos = {name: torch.nn.functional.cosine_similarity(v.float(), exact, dim=-1).reshape(len(ss), m).mean(0)
-                   for name, v in (("link(z)", link1(z_ND)), ("z itself", z_ND))}
+                   for name, v in (("link(z)", link1(z_ND)), ("message", planner.outer_links[e1](z_ND)),
+                                   ("z itself", z_ND))}
+            unit = torch.nn.functional.normalize(critic.model.get_input_embeddings().weight.float(), dim=-1)
+            want = torch.nn.functional.normalize(exact, dim=-1) @ unit.T
+            for name, v in (("message", planner.outer_links[e1](z_ND)), ("z itself", z_ND)):
+                near = (torch.nn.functional.normalize(v.float(), dim=-1) @ unit.T).argmax(-1)
+                right = (near == want.argmax(-1)).float().reshape(len(ss), m).mean(0)
+                print(f"[2hop] held-out: {name}'s nearest critic token is the planner's argmax, per step: "
+                      f"{[round(float(r), 3) for r in right]}", flush=True)
             print(f"[2hop] held-out cosine to the critic's embedding of the planner's argmax, per rollout step "
                   f"({texts[:m]}): " + "; ".join(f"{k} {[round(float(c), 3) for c in v]}" for k, v in cos.items()),
                   flush=True)
@@ -276,7 +324,7 @@ def main(argv=None) -> int:
     print(f"[2hop] hop 1 trains on {args.hop1_loss}; critic gold tokens of one row: "
           f"{[critic.tokenizer.decode([t]) for t in critic.tokenizer(samples[0].targets['critic'], add_special_tokens=False).input_ids[:m]]}",
           flush=True)
-    train_link(link1, "hop1", hop1_loss)
+    train_link(link1, "hop1", hop1_loss, args.outer_steps if args.hop1_steps is None else args.hop1_steps)
     print(f"[2hop] critic rollout says the value (after hop 1): seen {says_value(seen)}, unseen "
           f"{says_value(unseen)}", flush=True)
 
@@ -297,7 +345,7 @@ def main(argv=None) -> int:
         return encode_stage(solver, style, sched[2], batch, {slot_solver: Latent(msg, [m] * len(batch))},
                             batch_size=len(batch), value_token_weight=args.value_weight, **kw)
 
-    train_link(link2, "hop2", hop2_loss)
+    train_link(link2, "hop2", hop2_loss, args.outer_steps)
     print(f"[2hop] probe R^2 of x from each message (128 training rows): {probe(train[:128])}", flush=True)
 
     def restore_fresh():
@@ -308,84 +356,6 @@ def main(argv=None) -> int:
                        restore_fresh, tag="2hop")
     print(f"[2hop] total {time.perf_counter() - t0:.0f} s", flush=True)
     return 0
-
-
-def states_value(agent, h_ND: torch.Tensor, rows: list[dict], m: int) -> str:
-    """"hits/N (value: first row's text)": rows whose m argmax tokens of `agent` at h_ND contain the fact value."""
-    texts = [agent.tokenizer.decode(ids) for ids in agent.logits(h_ND).argmax(-1).reshape(len(rows), m).tolist()]
-    hits = sum(str(r["facts"]["fact"]) in t.replace(" ", "") for r, t in zip(rows, texts))
-    return f"{hits}/{len(rows)} ({rows[0]['facts']['fact']}: {texts[0]!r})"
-
-
-def exact_embeddings(source, target, h_ND: torch.Tensor) -> tuple[torch.Tensor, list[str]]:
-    """`target`'s input embedding of the first token of `source`'s argmax text at each h_t (a perfect link's
-    output), and those texts."""
-    texts = [source.tokenizer.decode([t]) for t in source.logits(h_ND).argmax(-1).tolist()]
-    ids = [(target.tokenizer(t, add_special_tokens=False).input_ids or [0])[0] for t in texts]
-    emb = target.model.get_input_embeddings()
-    return emb(torch.tensor(ids)), texts
-
-
-def token_classification_fit(link, x_ND, ids_N, emb, num_steps: int, name: str, temperature: float = 0.05):
-    """Refine a ridge-fitted link on its pairs: cross-entropy over the cosines of link(x) to the embeddings of
-    every target token the pairs name (the right token must be the nearest, which a least-squares fit to
-    embeddings does not ask), plus the regression loss relative to the targets' scale."""
-    cands, index_N = torch.unique(ids_N, return_inverse=True)
-    with torch.no_grad():
-        e_CE = emb(cands).float()
-        y_NE = e_CE[index_N]
-
-    def nearest_accuracy():
-        """(share whose nearest candidate is right, mean cosine to the right embedding, mean norm ratio)"""
-        with torch.no_grad():
-            o_NE = link(x_ND)
-            out = torch.nn.functional.normalize(o_NE, dim=-1) @ torch.nn.functional.normalize(e_CE, dim=-1).T
-            cos = torch.nn.functional.cosine_similarity(o_NE, y_NE, dim=-1).mean()
-            ratio = (o_NE.norm(dim=-1) / y_NE.norm(dim=-1)).mean()
-            return f"{float((out.argmax(-1) == index_N).float().mean()):.3f} / cos {float(cos):.3f} / norm x{float(ratio):.2f}"
-
-    before = nearest_accuracy()
-    link.float().requires_grad_(True)
-    opt = torch.optim.AdamW(link.parameters(), lr=1e-3, weight_decay=0.0)
-    scale = float(y_NE.pow(2).mean())
-    for _ in range(num_steps):
-        out_NE = link(x_ND)
-        cos_NC = torch.nn.functional.normalize(out_NE, dim=-1) @ torch.nn.functional.normalize(e_CE, dim=-1).T
-        loss = torch.nn.functional.cross_entropy(cos_NC / temperature, index_N) + \
-            (out_NE - y_NE).pow(2).mean() / scale + \
-            (1 - torch.nn.functional.cosine_similarity(out_NE, y_NE, dim=-1)).mean()
-        opt.zero_grad()
-        loss.backward()
-        opt.step()
-    link.requires_grad_(False)
-    print(f"[2hop] token-classification fit {name}: nearest target token right / cosine to it / norm "
-          f"ratio {before} -> {nearest_accuracy()} of {len(ids_N)} states ({len(cands)} tokens, {num_steps} steps)", flush=True)
-
-
-@torch.no_grad()
-def print_ceilings(planner, critic, style, sched, task: str, m: int, rows: list[dict]) -> None:
-    """How often the critic's m-step rollout states the value (a) told the fact in text before its question,
-    (b) with its slot holding its own embeddings of the planner's rollout argmax tokens: hop 1's upper bounds."""
-    from recmas_ray.styles import render_prompt
-    from recmas_ray.train.outer import prepare_samples
-
-    ss = prepare_samples(rows, style, task)
-    slot = sched[1].inputs[0][0]
-
-    def says(e_BLD, mask_BL):
-        return states_value(critic, critic.latent_rollout(e_BLD, mask_BL, m).reshape(-1, critic.hidden_size), rows, m)
-
-    told = [render_prompt(style, "critic", sched[1].variant, task, f"{r['role_context']['planner']} {s.question}")
-            for r, s in zip(rows, ss)]
-    print(f"[2hop] ceiling: critic told the fact in text, its rollout says the value {says(*critic.embed_batch(told, {slot: torch.zeros(len(rows), 0, critic.hidden_size)}))}",
-          flush=True)
-    users = [render_prompt(style, "planner", sched[0].variant, task, s.question) for s in ss]
-    h_ND = planner.latent_rollout(*planner.embed_batch(users), m).reshape(-1, planner.hidden_size)
-    exact, texts = exact_embeddings(planner, critic, h_ND)
-    msg = exact.reshape(len(rows), m, -1)
-    plain = [render_prompt(style, "critic", sched[1].variant, task, s.question) for s in ss]
-    print(f"[2hop] ceiling: slot holds the planner's argmax tokens ({texts[:m]}) as the critic's embeddings, its "
-          f"rollout says the value {says(*critic.embed_batch(plain, {slot: msg}))}", flush=True)
 
 
 if __name__ == "__main__":
