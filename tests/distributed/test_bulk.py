@@ -136,6 +136,11 @@ def test_bulk_calls_of_continuous_batching_agents_give_each_batch_its_local_answ
     try:
         assert replicas.systems[0].bulk_roles == set(plan.style.roles)
         remote = replicas.solve_all(batches, cfg, in_flight_per_replica=3)
+        # the answer-format retry continues from the decoder's input, whose latents are parts of bulk calls
+        got = remote[2][1][1]
+        retried = ray.get(replicas.systems[0].orchestrator.retry_format.remote(
+            [got.prediction], ["\\boxed{"], 3, cfg=DecodeConfig(), context=(got.decoder_input, [got.decoder_row])),
+            timeout=120)
         # and one bulk call of two batches, run at once in the agent, against one call each
         planner, edges = replicas.systems[0].handles["planner"], ("planner->critic",)
         calls = [(qs, [], []) for qs, _ in batches[:2]]
@@ -146,6 +151,10 @@ def test_bulk_calls_of_continuous_batching_agents_give_each_batch_its_local_answ
         logs = replicas.call_logs()[0]
     finally:
         replicas.shutdown()
+    want = local[2][1]
+    local_retry = pool.retry_format(plan.style.decoder, [want.prediction], ["\\boxed{"], 3, cfg=DecodeConfig(),
+                                    context=(want.decoder_input, [want.decoder_row]))
+    assert [d.text for d in retried] == [d.text for d in local_retry] and len(retried) == 1
     for (_, got), want in zip(remote, local):
         assert [r.prediction for r in got] == [r.prediction for r in want]
         assert [r.num_latent_steps for r in got] == [r.num_latent_steps for r in want]
