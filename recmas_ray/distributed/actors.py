@@ -62,8 +62,8 @@ def to_wire(x):
 
 @dataclasses.dataclass(frozen=True)
 class Part:
-    """Output of one sub-call of a bulk call (`distributed.bulk`): message `edge` of sub-call `index` when `edge` is
-    set (`ref`: the call's stored messages, [index][edge]), else that sub-call's result (`ref`: the call's results)."""
+    """A message of one sub-call of a bulk call (`distributed.bulk`): `ref` is the call's stored messages, this is
+    [index][edge] of them (`edge` None: [index] of a list `ref` holds)."""
 
     ref: Any
     index: int
@@ -182,20 +182,23 @@ class _AgentActorImpl:
 
     def rollout_bulk(self, num_steps, edges, calls, *args):
         """Rollouts of several batches in one Ray call (`distributed.bulk`): `calls` = (users, slot_names, where) per
-        batch, each run as its own `rollout` (the same result as one call each); returns (the ref of every
-        batch's messages, stored once: [batch][edge], each batch's stats)."""
+        batch, each run as its own `rollout` (the same result as one call each); returns the ref of every batch's
+        messages, stored once ([batch][edge]), then each batch's stats as a return of its own (a batch reads
+        only its own)."""
         args = self._fetch(args)
         outs = self._each(calls, lambda users, slot_names, where: self._logged(
             "rollout", users, slot_names, lambda: self.service.rollout(users, slot_names, num_steps, edges,
                                                                        *bulk_inputs(args, where)), bulk=len(calls)))
-        return ray.put([[to_wire(m) for m in o[:-1]] for o in outs]), [o[-1] for o in outs]
+        return (ray.put([[to_wire(m) for m in o[:-1]] for o in outs]), *[o[-1] for o in outs])
 
     def decode_bulk(self, cfg, calls, *args):
-        """Decodes of several batches in one Ray call (see `rollout_bulk`); returns each batch's (decoded, stats)."""
+        """Decodes of several batches in one Ray call (see `rollout_bulk`); returns each batch's (decoded, stats), each
+        as a return of its own (one call: the value itself)."""
         args = self._fetch(args)
-        return self._each(calls, lambda users, slot_names, where: self._logged(
+        outs = self._each(calls, lambda users, slot_names, where: self._logged(
             "decode", users, slot_names, lambda: self.service.decode(users, slot_names, cfg, *bulk_inputs(args, where)),
             bulk=len(calls)))
+        return tuple(outs) if len(outs) > 1 else outs[0]
 
     @staticmethod
     def _fetch(args: tuple) -> list:

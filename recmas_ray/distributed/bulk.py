@@ -46,8 +46,8 @@ class _Entry:
     slot_names: list
     latents: list
     sent: Callable[[Any, list, list], None]
-    """sent(ref of its results, its other refs, each carried batch's `cancelled`): the pool's bookkeeping (queued
-    work until it finishes; cancelled only once every batch it carries is)."""
+    """sent(the ref that tells the call ended, its other refs, each carried batch's `cancelled`): the pool's
+    bookkeeping (queued work until it ends; cancelled only once every batch it carries is)."""
     failed: Callable[[], None]
     """Its pick is undone (it never left)."""
     cancelled: Callable[[], bool]
@@ -73,7 +73,7 @@ class Bulker:
     def add(self, key: tuple, handle, method: str, shared: tuple, num_outputs: int, users, slot_names, latents,
             *, sent, failed, cancelled) -> list:
         """Queue one batch's call of `handle.<method>_bulk(*shared, calls, *args)`; returns `Pending` handles of
-        its `num_outputs` outputs (`Part`s of the bulk call once it left)."""
+        its `num_outputs` outputs (once it left: `Part`s of the call's stored messages, then its own result's ref)."""
         call = DeferredCall()
         with self._lock:
             q = self._queues.get(key)
@@ -129,21 +129,21 @@ def _send(q: _Queue) -> int:
             where.append((index[k], j, edge))
         calls.append((e.users, e.slot_names, where))
     method = getattr(q.handle, f"{q.method}_bulk")
+    rollout = q.num_outputs > 1  # (stored messages, then one result per batch); a decode: one result per batch
     try:
-        if q.num_outputs > 1:  # rollout: (stored messages, results)
-            messages, results = method.options(num_returns=2).remote(*q.shared, calls, *args)
-        else:
-            messages, results = None, method.remote(*q.shared, calls, *args)
+        refs = method.options(num_returns=len(entries) + rollout).remote(*q.shared, calls, *args)
     except Exception as exc:  # noqa: BLE001 - each batch reads it where it waits for its call
         for e, _ in entries:
             e.failed()
             e.call.settle(None, f"submission failed: {exc!r}")
         return 0
+    refs = list(refs) if isinstance(refs, (list, tuple)) else [refs]
+    messages, results = (refs[0], refs[1:]) if rollout else (None, refs)
     members = [e.cancelled for e, _ in entries]
     for j, (e, _) in enumerate(entries):
-        outputs = [*(Part(messages, j, i) for i in range(q.num_outputs - 1)), Part(results, j)]
-        e.sent(results, [messages] if messages is not None else [], members)
-        e.call.settle(outputs)
+        # every return of a Ray call exists once the call ends: one of them tells every batch (one callback)
+        e.sent(refs[0], [r for r in (messages, results[j]) if r is not None and r is not refs[0]], members)
+        e.call.settle([*(Part(messages, j, i) for i in range(q.num_outputs - 1)), results[j]])
     return 1
 
 

@@ -53,7 +53,7 @@ def test_queued_calls_leave_as_one_call_and_each_batch_gets_its_own_outputs():
     assert calls == [(["qa"], [], [(0, 0, 0)]), (["qb"], [], [(0, 1, 0)])]
     for j, outs in enumerate((a, b)):
         message, stats = (p.value(0) for p in outs)
-        assert message == Part("rollout_bulk-out0", j, 0) and stats == Part("rollout_bulk-out1", j)
+        assert message == Part("rollout_bulk-out0", j, 0) and stats == f"rollout_bulk-out{j + 1}"  # its own return
     assert [e[:2] for e in log] == [("sent", "qa"), ("sent", "qb")] and log[0][3] == 2
 
 
@@ -72,7 +72,7 @@ def test_a_cancelled_or_orphaned_call_never_leaves_and_undoes_its_pick():
         gone[0].value(0)
     with pytest.raises(RuntimeError, match="batch cancelled"):
         orphan[0].value(0)
-    assert kept[1].value(0) == Part("rollout_bulk-out1", 0)
+    assert kept[1].value(0) == "rollout_bulk-out1"
 
 
 SIM = "sim:hidden=64,step_ms=2,token_ms=1,tokens=3"
@@ -144,7 +144,7 @@ def test_bulk_calls_of_continuous_batching_agents_give_each_batch_its_local_answ
         # and one bulk call of two batches, run at once in the agent, against one call each
         planner, edges = replicas.systems[0].handles["planner"], ("planner->critic",)
         calls = [(qs, [], []) for qs, _ in batches[:2]]
-        stored, stats = planner.rollout_bulk.options(num_returns=2).remote(4, edges, calls)
+        stored, *stats = planner.rollout_bulk.options(num_returns=3).remote(4, edges, calls)
         alone = [planner.rollout.options(num_returns=2).remote(qs, [], 4, edges)[0] for qs, _ in batches[:2]]
         bulk_msgs = [Part(stored, j, 0).value(60) for j in range(2)]
         alone_msgs = [from_wire(ray.get(ray.get(r, timeout=60), timeout=60)) for r in alone]
