@@ -9,7 +9,8 @@ replica router actor that every client of a set of replicas asks (`routing.Repli
     planner.rollout ──ref──> critic.rollout ──ref──> solver.decode          (sequential, one round)
 
 Latent messages go producer -> consumer through the object store as ObjectRefs, never through the
-orchestrator, which only materialises small stats and texts.
+orchestrator, which only materialises small stats and texts. Calls of several batches that reach the same copy
+at the same step together leave as one Ray call (`bulk.py`; by default for roles with continuous batching).
 """
 
 from __future__ import annotations

@@ -42,9 +42,9 @@ from recmas_ray.distributed.orchestrator import Orchestrator, start_router
 from recmas_ray.distributed.role_copies import role_copies
 from recmas_ray.distributed.progress import start_relay
 from recmas_ray.distributed.routing import batch_work
-from recmas_ray.distributed.placement import (ORCHESTRATOR_CPUS, ORCHESTRATOR_MAX_BATCHES, PlacementPlan,
-                                              check_resources, create_placement, detect_autoscaling, gpu_count,
-                                              plan_placement, replicas_that_fit)
+from recmas_ray.distributed.placement import (ORCHESTRATOR_CPUS, ORCHESTRATOR_MAX_BATCHES, check_resources,
+                                              create_placement, detect_autoscaling, gpu_count, plan_placement,
+                                              resolve_num_replicas)
 from recmas_ray.system.plan import SystemPlan
 
 log = logging.getLogger(__name__)
@@ -347,26 +347,6 @@ def await_orchestrator(system: RaySystem, placement: PlacementConfig, *, transpo
         system.shutdown()
         raise
     return system
-
-
-def resolve_num_replicas(placement: PlacementConfig, pplan: PlacementPlan, *, client_cpus: float = 0.0) -> int:
-    """`num_replicas`, or with 0 (auto) as many as the cluster's free resources hold now (at least 1),
-    each with `client_cpus` for its evaluation clients and one CPU left for Ray Data's reads."""
-    if placement.num_replicas > 0:
-        return placement.num_replicas
-    totals = [nd["Resources"] for nd in ray.nodes() if nd.get("Alive")]
-    n = replicas_that_fit(pplan, _free_per_node(), extra_cpus_per_replica=client_cpus, reserve_cpus=1.0,
-                          node_totals=totals)
-    if n < 1:  # let the resource check name the shortfall
-        return 1
-    log.info("num_replicas auto: %d replicas fit the cluster", n)
-    return n
-
-
-def _free_per_node() -> list[dict]:
-    from ray._private.state import available_resources_per_node
-
-    return [{k: v for k, v in res.items() if k in ("CPU", "GPU")} for res in available_resources_per_node().values()]
 
 
 def build_replicas(plan: SystemPlan, placement: PlacementConfig, *, timeout_s: float = 600.0,
