@@ -95,7 +95,15 @@ class Bulker:
         """Send every queue as one Ray call each; returns how many calls left."""
         with self._lock:
             queues, self._queues = list(self._queues.values()), {}
-        return sum(_send(q) for q in queues)
+        sent = 0
+        for q in queues:
+            try:
+                sent += _send(q)
+            except Exception as exc:  # noqa: BLE001 - a queue that fails fails its own batches, never hangs them
+                for e in q.entries:
+                    if e.call.settle(None, f"bulk dispatch failed: {exc!r}"):
+                        e.failed()
+        return sent
 
 
 def _send(q: _Queue) -> int:

@@ -75,6 +75,22 @@ def test_a_cancelled_or_orphaned_call_never_leaves_and_undoes_its_pick():
     assert kept[1].value(0) == "rollout_bulk-out1"
 
 
+def test_a_queue_that_cannot_be_sent_fails_its_batches_and_not_the_others():
+    class _Broken:
+        def __getattr__(self, name):
+            raise AttributeError(name)  # e.g. an agent class without bulk methods
+
+    bulker, handle, log = Bulker(), _Handle(), []
+    broken = bulker.add(("other", "decode"), _Broken(), "decode", (None,), 1, ["q-broken"], [], [],
+                        sent=lambda *a: log.append("sent"), failed=lambda: log.append("failed"),
+                        cancelled=lambda: False)
+    ok = _add(bulker, handle, ["q-ok"], [], log)
+    assert bulker.flush() == 1
+    with pytest.raises(RuntimeError, match="bulk dispatch failed"):
+        broken[0].value(0)
+    assert ok[1].value(0) == "rollout_bulk-out1" and log.count("failed") == 1
+
+
 SIM = "sim:hidden=64,step_ms=2,token_ms=1,tokens=3"
 CPU = PlacementConfig(preset="cpu", cpus_per_agent=0.1, agent_max_restarts=0)
 
