@@ -3,11 +3,15 @@ agents cost nothing (simulated agents with zero step, token and prefill time), s
 calls, the orchestrator's threads, routing and the object store, not models. Writes control.json.
 
     python -m jobs.bench.control                          # ~1 min: 48 batches at 16 in flight, R = 3
+    python -m jobs.bench.control --no_bulk_dispatch       # one Ray call per batch's agent call
     PYTHONPATH=/path/to/other/checkout python -m jobs.bench.control --output_path out/before   # another version
 
-Agent calls counted from the agents' own call logs; calls/s = calls / wall time of the batches. Also the
-router's acquire + release pairs per second (one per batch, one router for all replicas). `measure` runs on
-an existing Ray connection (jobs/bench/scale.py calls it on its simulated cluster).
+Agent calls counted from the agents' own call logs: each batch's call once (`agent_calls`, `calls_per_s`: the
+logical calls the issue's target counts), whether it reached its agent alone or with other batches' calls in one
+bulk Ray call (`distributed.bulk`, on here for every role: `ray_calls`, `ray_calls_per_s` count those Ray actor
+calls, from the size each logged call records); calls/s = calls / wall time of the batches. Also the router's
+acquire + release pairs per second (one per batch, one router for all replicas). `measure` runs on an existing
+Ray connection (jobs/bench/scale.py calls it on its simulated cluster).
 """
 
 from __future__ import annotations
@@ -42,6 +46,9 @@ class ControlBenchConfig:
     """R (sequential_light: 3 R calls per batch)."""
     repeats: Annotated[int, Range(1, 100)] = 3
     """Repetitions (the median is reported)."""
+    bulk_dispatch: bool = True
+    """Aligned calls of several batches to one agent leave as one Ray call (`distributed.bulk`); false: one Ray
+    call per batch's agent call, as before bulk dispatch (and as agents without continuous batching get by default)."""
     timeout_s: Annotated[float, Range(0, 86400, lo_open=True)] = 600.0
     """Timeout of every wait, in seconds."""
     output_path: Annotated[str, WritableDir()] = "out/bench_control"
@@ -67,7 +74,7 @@ def measure(cfg: ControlBenchConfig) -> dict:
                          decode=DecodeConfig(max_new_tokens=1))
     reps = build_replicas(plan, PlacementConfig(preset="cpu", cpus_per_agent=0.1, agent_max_restarts=0,
                                                 num_replicas=1, ready_timeout_s=cfg.timeout_s),
-                          timeout_s=cfg.timeout_s, max_batches=cfg.in_flight)
+                          timeout_s=cfg.timeout_s, max_batches=cfg.in_flight, bulk_dispatch=cfg.bulk_dispatch)
     runs = []
     try:
         batches = [([f"q{k}.{i}" for i in range(cfg.batch_size)], ["math"] * cfg.batch_size)
@@ -80,10 +87,13 @@ def measure(cfg: ControlBenchConfig) -> dict:
             wall = time.perf_counter() - t0
             logs = reps.call_logs()
             calls = sum(len(v) for log in logs for v in log.values())
+            # Ray actor calls the agents ran: a bulk call's batches each log their own call with its size
+            ray_calls = round(sum(1.0 / c.get("bulk", 1) for log in logs for v in log.values() for c in v))
             # time each agent spent inside its calls (host work: resolving input refs, storing messages): an
             # agent near 1 caps the rate; all well below 1 puts the cap in the orchestrator and Ray's calls
             busy = {name: round(sum(c["t1"] - c["t0"] for c in v) / wall, 3) for log in logs for name, v in log.items()}
-            runs.append({"seconds": wall, "agent_calls": calls, "calls_per_s": calls / wall,
+            runs.append({"seconds": wall, "agent_calls": calls, "calls_per_s": calls / wall, "ray_calls": ray_calls,
+                         "ray_calls_per_s": ray_calls / wall,
                          "agent_busy": busy, "ms_per_call_in_agent": round(
                              1000 * sum(c["t1"] - c["t0"] for log in logs for v in log.values() for c in v) / calls, 3),
                          "loadavg_1m": os.getloadavg()[0], "cpu_count": os.cpu_count()})

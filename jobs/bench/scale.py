@@ -339,7 +339,7 @@ def bench(args: ScaleBenchConfig) -> int:
         if args.control_batches:
             report["control"] = series("control", lambda: measure(ControlBenchConfig(
                 num_batches=args.control_batches, in_flight=min(16, args.control_batches), repeats=1,
-                timeout_s=args.timeout_s)))
+                timeout_s=args.timeout_s, bulk_dispatch=False)))  # as its simulated agents run: no bulk calls
         by_rounds = {}
         for r in sorted(set(args.balance_rounds) | set(args.dilation_rounds)):
             by_rounds[r] = series(f"balance_R{r}", lambda: balance(plan, r, args, report["control"]))

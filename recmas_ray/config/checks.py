@@ -10,6 +10,7 @@ rules), so one call checks a job's input before any model loads or file is writt
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 import os
 import types
@@ -122,8 +123,10 @@ def writable_dir_problem(path: str) -> str | None:
     return None if os.access(parent, os.W_OK | os.X_OK) else f"cannot be created ({parent} is not writable)"
 
 
+@functools.cache
 def field_hints(cls) -> dict[str, Any]:
-    """Resolved annotations of a dataclass, with `Annotated` extras kept."""
+    """Resolved annotations of a dataclass, with `Annotated` extras kept (resolved once per class: every batch an
+    orchestrator runs checks its config, and resolving string annotations costs more than the checks)."""
     return typing.get_type_hints(cls, include_extras=True)
 
 

@@ -31,6 +31,8 @@ AGENT_ENV = {"TOKENIZERS_PARALLELISM": "false", "HF_HUB_DISABLE_PROGRESS_BARS": 
 """Set in an agent's process before its model loads (not as a runtime_env: actors without one start in Ray's
 prestarted workers instead of fresh processes)."""
 CALL_LOG_SIZE = 100_000
+BULK_THREADS = 256
+"""Sub-calls of bulk calls a continuous-batching agent runs at once (their rows then share its steps)."""
 
 
 @dataclasses.dataclass
@@ -58,11 +60,41 @@ def to_wire(x):
     return WireMessage((x.view(torch.int16) if x.dtype == torch.bfloat16 else x).numpy(), name)
 
 
+@dataclasses.dataclass(frozen=True)
+class Part:
+    """A message of one sub-call of a bulk call (`distributed.bulk`): `ref` is the call's stored messages, this is
+    [index][edge] of them (`edge` None: [index] of a list `ref` holds)."""
+
+    ref: Any
+    index: int
+    edge: int | None = None
+
+    def value(self, timeout: float | None = None):
+        """The message (a tensor) or the result, fetched here."""
+        v = ray.get(self.ref, timeout=timeout)
+        if self.edge is None:
+            return v[self.index]
+        return from_wire(ray.get(v, timeout=timeout)[self.index][self.edge])
+
+
 def resolve_message(x):
     """A message as a caller or agent receives it: a stored message's ref is fetched, then `from_wire`."""
+    if isinstance(x, Part):
+        return x.value()
     if isinstance(x, ray.ObjectRef):
         x = ray.get(x)
     return from_wire(x)
+
+
+def bulk_inputs(args: tuple, where: list) -> list:
+    """The latent blocks of one sub-call of a bulk call: `where[i]` = (argument, sub-call, edge) locates block i
+    among the call's distinct arguments `args` (stored bulk messages: fetched once per call; sub-call None: a
+    whole message or a value)."""
+    out = []
+    for a, j, e in where:
+        v = args[a]
+        out.append(from_wire(v if j is None else v[j][e]))
+    return out
 
 
 def from_wire(x):
@@ -94,6 +126,7 @@ class _AgentActorImpl:
         self._log = collections.deque(maxlen=CALL_LOG_SIZE)
         self._kept: dict = {}  # (key, edge) -> message, Ray Direct Transport only
         self._dropped: set[str] = set()  # key prefixes of failed batches
+        self._threads = None  # bulk calls' sub-calls under continuous batching
         self._exit_after = None if exit_after is None or _reconstructed() else exit_after
         if spec.device == "auto":
             # Ray narrows CUDA_VISIBLE_DEVICES per actor; with fake GPUs torch still sees none -> CPU.
@@ -107,7 +140,7 @@ class _AgentActorImpl:
         return {**self.service.info(), "gpu_ids": [str(g) for g in ray.get_gpu_ids()], "node": ctx.get_node_id(),
                 "hostname": socket.gethostname(), "pid": os.getpid()}
 
-    def _logged(self, method, users, slot_names, fn):
+    def _logged(self, method, users, slot_names, fn, bulk: int = 1):
         if self._exit_after is not None and len(self._log) >= self._exit_after:
             os._exit(1)  # test hook: die like a killed process, mid-run
         t0 = time.time()
@@ -118,7 +151,7 @@ class _AgentActorImpl:
             return fn()
         finally:
             self._log.append({"method": method, "first_user": users[0] if users else "", "slots": list(slot_names),
-                              "batch_size": len(users), "t0": t0, "t1": time.time(),
+                              "batch_size": len(users), "t0": t0, "t1": time.time(), "bulk": bulk,
                               "device_s": None if device0 is None else agent.device_s_total - device0,
                               "bytes_read": None if read0 is None else agent.bytes_read_total - read0})
 
@@ -146,6 +179,46 @@ class _AgentActorImpl:
         latents = [resolve_message(x) for x in latents]
         return self._logged("decode", users, slot_names,
                             lambda: self.service.decode(users, slot_names, cfg, *latents, **stream))
+
+    def rollout_bulk(self, num_steps, edges, calls, *args):
+        """Rollouts of several batches in one Ray call (`distributed.bulk`): `calls` = (users, slot_names, where) per
+        batch, each run as its own `rollout` (the same result as one call each); returns the ref of every batch's
+        messages, stored once ([batch][edge]), then each batch's stats as a return of its own (a batch reads
+        only its own)."""
+        args = self._fetch(args)
+        outs = self._each(calls, lambda users, slot_names, where: self._logged(
+            "rollout", users, slot_names, lambda: self.service.rollout(users, slot_names, num_steps, edges,
+                                                                       *bulk_inputs(args, where)), bulk=len(calls)))
+        return (ray.put([[to_wire(m) for m in o[:-1]] for o in outs]), *[o[-1] for o in outs])
+
+    def decode_bulk(self, cfg, calls, *args):
+        """Decodes of several batches in one Ray call (see `rollout_bulk`); returns each batch's (decoded, stats), each
+        as a return of its own (one call: the value itself)."""
+        args = self._fetch(args)
+        outs = self._each(calls, lambda users, slot_names, where: self._logged(
+            "decode", users, slot_names, lambda: self.service.decode(users, slot_names, cfg, *bulk_inputs(args, where)),
+            bulk=len(calls)))
+        return tuple(outs) if len(outs) > 1 else outs[0]
+
+    @staticmethod
+    def _fetch(args: tuple) -> list:
+        """A bulk call's distinct arguments, stored ones fetched (each once, whatever number of batches read it)."""
+        refs = [i for i, a in enumerate(args) if isinstance(a, ray.ObjectRef)]
+        values = list(args)
+        for i, v in zip(refs, ray.get([args[i] for i in refs])):
+            values[i] = v
+        return values
+
+    def _each(self, calls, fn) -> list:
+        """fn(*call) for every sub-call: at once on threads where continuous batching merges their rows (as separate
+        Ray calls would run), one after another otherwise (one call at a time, as separate calls would)."""
+        if len(calls) == 1 or not self.service.spec.continuous_batching:
+            return [fn(*c) for c in calls]
+        if self._threads is None:
+            from concurrent.futures import ThreadPoolExecutor
+
+            self._threads = ThreadPoolExecutor(max_workers=BULK_THREADS, thread_name_prefix="bulk")
+        return [f.result() for f in [self._threads.submit(fn, *c) for c in calls]]
 
     def rollout_keep(self, key, users, slot_names, num_steps, edges, *latents):
         """Ray Direct Transport path: keep the messages here until `take_message` hands one out.

@@ -9,7 +9,8 @@ replica router actor that every client of a set of replicas asks (`routing.Repli
     planner.rollout ──ref──> critic.rollout ──ref──> solver.decode          (sequential, one round)
 
 Latent messages go producer -> consumer through the object store as ObjectRefs, never through the
-orchestrator, which only materialises small stats and texts.
+orchestrator, which only materialises small stats and texts. Calls of several batches that reach the same copy
+at the same step together leave as one Ray call (`bulk.py`; by default for roles with continuous batching).
 """
 
 from __future__ import annotations
@@ -35,11 +36,13 @@ class _OrchestratorImpl:
     its retry.
     """
 
-    def __init__(self, style: StyleSpec, copies: dict, timeout_s: float, transport: str | Transport = OBJECT_STORE):
+    def __init__(self, style: StyleSpec, copies: dict, timeout_s: float, transport: str | Transport = OBJECT_STORE,
+                 bulk_roles=()):
         from recmas_ray.distributed.routing import RoleGroup
 
         self.style = style  # the plan's style object: it carries the run's prompt set
         self.timeout_s, self.transport = timeout_s, get_transport(transport)
+        self.bulk_roles = frozenset(bulk_roles)  # roles whose aligned calls leave in bulk (`distributed.bulk`)
         # role -> its copies (one each without --role_replicas) and their routing
         self.groups = {r: RoleGroup(r, list(h) if isinstance(h, (list, tuple)) else [h]) for r, h in copies.items()}
         self._running: dict[str, RayPool] = {}
@@ -59,8 +62,8 @@ class _OrchestratorImpl:
         """One batch through `run_batch` (`run_options`: its keyword options, e.g. on_token, targets)."""
         self.transport.check_ablation(cfg.latent_ablation)  # Python callers skip EvalConfig
         self.transport.check_adaptive_rounds(cfg.adaptive_threshold)
-        pool = RayPool(self.groups, timeout_s=self.timeout_s,
-                       context=f", batch {batch_id}" if batch_id else "", transport=self.transport)
+        pool = RayPool(self.groups, timeout_s=self.timeout_s, context=f", batch {batch_id}" if batch_id else "",
+                       transport=self.transport, bulk_roles=self.bulk_roles)
         key = batch_id or pool.key_prefix
         with self._lock:
             self._running[key] = pool

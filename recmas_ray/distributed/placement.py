@@ -250,3 +250,25 @@ def create_placement(plan: PlacementPlan, *, preset: str, timeout_s: float, auto
 def gpu_count(gpus: float) -> int:
     """Devices a role's model is split over (1 for fractional or single GPUs)."""
     return max(1, int(math.floor(gpus + 1e-9)))
+
+
+def resolve_num_replicas(placement: PlacementConfig, pplan: PlacementPlan, *, client_cpus: float = 0.0) -> int:
+    """`num_replicas`, or with 0 (auto) as many as the cluster's free resources hold now (at least 1),
+    each with `client_cpus` for its evaluation clients and one CPU left for Ray Data's reads."""
+    if placement.num_replicas > 0:
+        return placement.num_replicas
+    import ray
+
+    totals = [nd["Resources"] for nd in ray.nodes() if nd.get("Alive")]
+    n = replicas_that_fit(pplan, _free_per_node(), extra_cpus_per_replica=client_cpus, reserve_cpus=1.0,
+                          node_totals=totals)
+    if n < 1:  # let the resource check name the shortfall
+        return 1
+    log.info("num_replicas auto: %d replicas fit the cluster", n)
+    return n
+
+
+def _free_per_node() -> list[dict]:
+    from ray._private.state import available_resources_per_node
+
+    return [{k: v for k, v in res.items() if k in ("CPU", "GPU")} for res in available_resources_per_node().values()]

@@ -12,24 +12,52 @@ import uuid
 import ray
 
 from recmas_ray.config.transport import OBJECT_STORE, Transport, get_transport
-from recmas_ray.distributed.actors import resolve_message
+from recmas_ray.distributed.actors import Part, resolve_message
+from recmas_ray.distributed.bulk import Bulker
+from recmas_ray.distributed.routing import Pending
 
 _done_calls: queue.SimpleQueue = queue.SimpleQueue()
 _done_thread: list = []
 _done_lock = threading.Lock()
+_watched: dict = {}
+"""ObjectRef -> the functions waiting for it: one Ray completion callback per ref, however many wait."""
+_watch_lock = threading.Lock()
+_bulker = Bulker()
+"""This process's bulk-dispatch queues, flushed by the completion thread (`distributed.bulk`)."""
 
 
 def when_done(ref, fn) -> None:
     """Call `fn(None)` once `ref` resolves (a value or an error), on one background thread of this
     process: Ray's completion callbacks run on its own threads, where nothing that calls Ray may run."""
+    _start_done_thread()
+    if not isinstance(ref, ray.ObjectRef):  # (test doubles of actor handles return plain objects)
+        return
+    with _watch_lock:
+        waiting = _watched.get(ref)
+        if waiting is not None:
+            waiting.append(fn)
+            return
+        _watched[ref] = [fn]
+    ref.future().add_done_callback(lambda _: _done_calls.put(lambda _: _fire(ref)))
+
+
+def _start_done_thread() -> None:
     if not _done_thread:
         with _done_lock:
             if not _done_thread:
                 t = threading.Thread(target=_run_done_calls, name="recmas-when-done", daemon=True)
                 t.start()
                 _done_thread.append(t)
-    if isinstance(ref, ray.ObjectRef):  # (test doubles of actor handles return plain objects)
-        ref.future().add_done_callback(lambda _: _done_calls.put(fn))
+
+
+def _fire(ref) -> None:
+    with _watch_lock:
+        fns = _watched.pop(ref, [])
+    for fn in fns:
+        try:
+            fn(None)
+        except Exception:  # noqa: BLE001 - bookkeeping must never stop the thread
+            pass
 
 
 def _run_done_calls() -> None:
@@ -39,6 +67,21 @@ def _run_done_calls() -> None:
             fn(None)
         except Exception:  # noqa: BLE001 - bookkeeping must never stop the thread
             pass
+        # bulk queues leave once nothing else is ready to run here: calls that became ready together go together
+        if _bulker and (_done_calls.empty() or _bulker.due()):
+            try:
+                _bulker.flush()
+            except Exception:  # noqa: BLE001 - each call's error is settled on it
+                pass
+
+
+def _queue_bulk(*args, **kw) -> list:
+    """`Bulker.add`, then the completion thread is woken (from any other thread) to flush it."""
+    outputs = _bulker.add(*args, **kw)
+    _start_done_thread()
+    if threading.current_thread() is not _done_thread[0]:
+        _done_calls.put(lambda _: None)
+    return outputs
 
 
 class RayPool:
@@ -49,11 +92,12 @@ class RayPool:
     group picks when its upstream calls have finished (least queued work, this batch's previous copy as a
     near-tie break), counted as queued there until its result exists; until then its handles are `Pending`.
     `cancel()` cancels every call not yet finished and makes later calls fail (a batch that timed out does
-    not keep working while its retry runs).
+    not keep working while its retry runs). Rollouts and decodes of `bulk_roles` leave in bulk with those of
+    other batches of this process at the same copy and step (`distributed.bulk`; object-store transport).
     """
 
     def __init__(self, handles: dict, *, timeout_s: float = 600.0, context: str = "",
-                 transport: str | Transport = OBJECT_STORE):
+                 transport: str | Transport = OBJECT_STORE, bulk_roles=()):
         from recmas_ray.distributed.routing import Dispatcher, RoleGroup
 
         self.groups = {r: h if isinstance(h, RoleGroup) else RoleGroup(r, list(h) if isinstance(h, (list, tuple))
@@ -61,6 +105,7 @@ class RayPool:
         self.handles = {r: g.copies[0] for r, g in self.groups.items()}
         self.timeout_s, self.context = timeout_s, context
         self.transport = get_transport(transport)
+        self.bulk_roles = frozenset(() if self.transport.direct else bulk_roles)
         self._num_calls = 0
         # Keys of kept RDT messages: unique per pool (one pool per batch), whatever batch id the caller
         # gave, so concurrent batches without one (the Python API, serving) never collide.
@@ -70,14 +115,37 @@ class RayPool:
         # output ref -> the ref whose completion says it exists: a call's returns all exist together, and an
         # RDT message must not be fetched here to learn that (its rollout's stats say it)
         self._ready_by: dict = {}
+        self._shared: dict = {}  # ref of a bulk call -> whether each batch it carries is cancelled (callables)
         self._lock = threading.Lock()
         self.cancelled = False
-        self.dispatcher = Dispatcher(lambda x: isinstance(x, ray.ObjectRef), self._when_ready)
+        self.dispatcher = Dispatcher(lambda x: isinstance(x, (ray.ObjectRef, Part)), self._when_ready)
 
     def _when_ready(self, ref, fn) -> None:
+        if isinstance(ref, Pending):  # a queued bulk call's output: once it left, once its output exists
+            ref.call.on_settled(lambda: fn() if ref.call.error is not None
+                                else self._when_ready(ref.call.outputs[ref.index], fn))
+            return
+        if isinstance(ref, Part):
+            ref = ref.ref
         with self._lock:
             ref = self._ready_by.get(ref, ref)
         when_done(ref, lambda _: fn())
+
+    def _bulk(self, role: str, work: float, method: str, shared: tuple, key: tuple, num_outputs: int,
+              users, slot_names):
+        """A `submit` that queues the call for bulk dispatch (`distributed.bulk`) on the copy picked."""
+        group = self.groups[role]
+
+        def submit(k, handle, args):
+            def sent(ref, others, members):
+                with self._lock:
+                    for r in (ref, *others):
+                        self._shared[r] = members
+                self._track(role, k, work, ref, others)
+
+            return _queue_bulk((id(handle), method, *key), handle, method, shared, num_outputs, users, slot_names,
+                               args, sent=sent, failed=lambda: group.done(k, work), cancelled=lambda: self.cancelled)
+        return submit
 
     def _call(self, role: str, work: float, inputs: list, submit, num_outputs: int = 1) -> list:
         """`submit(copy index, copy, inputs)` on the copy of `role` picked once `inputs` exist (see `Dispatcher`)."""
@@ -120,6 +188,9 @@ class RayPool:
                 with self._lock:
                     self._ready_by.update((t, stats) for t in takes)
                 return [*takes, stats]
+        elif role in self.bulk_roles:
+            submit = self._bulk(role, work, "rollout", (num_steps, edges), (num_steps, edges), len(edges) + 1,
+                                users, slot_names)
         else:
             def submit(k, handle, args):
                 refs = handle.rollout.options(num_returns=len(edges) + 1).remote(users, slot_names, num_steps,
@@ -131,6 +202,9 @@ class RayPool:
 
     def decode(self, role, users, slot_names, cfg, latents, **stream):  # stream: on_token (picklable)
         work = len(users) * cfg.max_new_tokens
+        if role in self.bulk_roles and not stream:  # (a streamed decode calls back per token: alone)
+            return self._call(role, work, latents, self._bulk(role, work, "decode", (cfg,), (repr(cfg),), 1, users,
+                                                              slot_names))[0]
         return self._call(role, work, latents, lambda k, h, args: [self._track(
             role, k, work, h.decode.remote(users, slot_names, cfg, *args, **stream))])[0]
 
@@ -175,7 +249,10 @@ class RayPool:
         waiting = self.dispatcher.close(f"batch cancelled{self.context}")
         with self._lock:
             refs = list(self._pending)
+            shared = dict(self._shared)
         for ref in refs:
+            if ref in shared and not all(c() for c in shared[ref]):
+                continue  # a bulk call that other batches still need
             try:
                 ray.cancel(ref)
             except Exception:  # noqa: BLE001 - already finished, or its actor is gone
@@ -201,13 +278,13 @@ class RayPool:
                 pass
 
     def get(self, handle, *, what):
-        from recmas_ray.distributed.routing import Pending
-
         deadline = time.monotonic() + self.timeout_s
         try:
             if isinstance(handle, Pending):  # its call waits for its inputs: wait until it is submitted
                 handle = handle.value(self.timeout_s)
             left = max(deadline - time.monotonic(), 0.001)
+            if isinstance(handle, Part):
+                return handle.value(left)
             if isinstance(handle, _AllOf):
                 return [resolve_message(v) for v in ray.get(handle.refs, timeout=left)][0]
             return resolve_message(ray.get(handle, timeout=left))

@@ -42,9 +42,9 @@ from recmas_ray.distributed.orchestrator import Orchestrator, start_router
 from recmas_ray.distributed.role_copies import role_copies
 from recmas_ray.distributed.progress import start_relay
 from recmas_ray.distributed.routing import batch_work
-from recmas_ray.distributed.placement import (ORCHESTRATOR_CPUS, ORCHESTRATOR_MAX_BATCHES, PlacementPlan,
-                                              check_resources, create_placement, detect_autoscaling, gpu_count,
-                                              plan_placement, replicas_that_fit)
+from recmas_ray.distributed.placement import (ORCHESTRATOR_CPUS, ORCHESTRATOR_MAX_BATCHES, check_resources,
+                                              create_placement, detect_autoscaling, gpu_count, plan_placement,
+                                              resolve_num_replicas)
 from recmas_ray.system.plan import SystemPlan
 
 log = logging.getLogger(__name__)
@@ -68,6 +68,8 @@ class RaySystem:
     """Batches its orchestrator runs at once."""
     copies: dict = field(default_factory=dict)
     """role -> every actor copy of the role (`handles[role]` is the first)."""
+    bulk_roles: frozenset = frozenset()
+    """Roles whose aligned calls of several batches leave the orchestrator as one Ray call (`distributed.bulk`)."""
     arg_refs: list = field(default_factory=list)
     """Object-store copies of the agents' constructor arguments, kept so a restarted agent can
     rebuild itself (Ray frees creation arguments otherwise, ray#53727)."""
@@ -134,24 +136,36 @@ class RayReplicas:
               replicas: int | None = None, **run_options):
         """Submit one batch to the replica the router names (among the first `replicas`); returns an
         ObjectRef of list[SampleResult]. The router's lease is released when the batch finishes."""
-        work = batch_work(self.plan.style, cfg, len(questions))
-        replica, lease = ray.get(self.router.acquire.remote(work, replicas), timeout=self.timeout_s)
-        bid = batch_id or f"api-{os.urandom(6).hex()}"
-        try:
-            ref = self.systems[replica].orchestrator.solve.remote(questions, tasks, cfg, bid, **run_options)
-        except BaseException:
-            self.router.release.remote(lease)
-            raise
-        with self._lock:
-            self._running[ref] = (replica, bid)
+        return self.submit([(questions, tasks, batch_id)], cfg, replicas=replicas, **run_options)[0]
 
+    def submit(self, batches: list[tuple[list[str], list[str], str]], cfg: RecursionConfig, *,
+               replicas: int | None = None, **run_options) -> list:
+        """`solve` for several (questions, tasks, batch id) at once: their leases are asked of the router together
+        (one round trip, not one each), so batches freed together also reach their orchestrators together."""
+        acquires = [self.router.acquire.remote(batch_work(self.plan.style, cfg, len(qs)), replicas)
+                    for qs, _, _ in batches]
+        leases = ray.get(acquires, timeout=self.timeout_s)
+        refs: list = []
+        for n, ((questions, tasks, batch_id), (replica, lease)) in enumerate(zip(batches, leases)):
+            bid = batch_id or f"api-{os.urandom(6).hex()}"
+            try:
+                ref = self.systems[replica].orchestrator.solve.remote(questions, tasks, cfg, bid, **run_options)
+            except BaseException:
+                for _, unsent in leases[n:]:
+                    self.router.release.remote(unsent)
+                raise
+            with self._lock:
+                self._running[ref] = (replica, bid)
+            when_done(ref, self._finished(ref, lease))
+            refs.append(ref)
+        return refs
+
+    def _finished(self, ref, lease):
         def finished(_):
             self.router.release.remote(lease)
             with self._lock:
                 self._running.pop(ref, None)
-
-        when_done(ref, finished)
-        return ref
+        return finished
 
     def replica_of(self, ref) -> int | None:
         """The replica running a batch `solve` returned (None once it finished)."""
@@ -173,19 +187,25 @@ class RayReplicas:
         n = min(replicas or len(self.systems), len(self.systems))
         pending: dict = {}
         out: list = [None] * len(batches)
-        todo = list(enumerate(batches))
+        todo = list(enumerate(batches))[::-1]  # popped from the end: input order
         while todo or pending:
-            while todo and len(pending) < in_flight_per_replica * n:
-                k, (qs, ts) = todo.pop(0)
-                ref = self.solve(qs, ts, cfg, batch_id=f"b{k}-{os.urandom(3).hex()}", replicas=n)
-                pending[ref] = (k, self.replica_of(ref))
-            done, _ = ray.wait(list(pending), num_returns=1, timeout=self.timeout_s)
+            room = in_flight_per_replica * n - len(pending)
+            if todo and room > 0:  # every freed slot refilled at once (their leases in one round trip)
+                take = [todo.pop() for _ in range(min(room, len(todo)))]
+                refs = self.submit([(qs, ts, f"b{k}-{os.urandom(3).hex()}") for k, (qs, ts) in take], cfg,
+                                   replicas=n)
+                for (k, _), ref in zip(take, refs):
+                    pending[ref] = (k, self.replica_of(ref))
+            done, rest = ray.wait(list(pending), num_returns=1, timeout=self.timeout_s)
             if not done:
                 for ref in pending:
                     self.cancel(ref)
                 raise RuntimeError(f"no batch finished within {self.timeout_s:g}s")
-            k, i = pending.pop(done[0])
-            out[k] = (i, ray.get(done[0], timeout=self.timeout_s))
+            if rest:  # every batch that finished by now, not just the first
+                done += ray.wait(rest, num_returns=len(rest), timeout=0)[0]
+            for ref in done:
+                k, i = pending.pop(ref)
+                out[k] = (i, ray.get(ref, timeout=self.timeout_s))
         return out
 
     def pool(self, replica: int = 0) -> RayPool:
@@ -231,9 +251,10 @@ def build_ray_system(plan: SystemPlan, placement: PlacementConfig, *, timeout_s:
 
 def start_system(plan: SystemPlan, placement: PlacementConfig, *, timeout_s: float, torch_threads: int,
                  transport: str | Transport, replica: int, num_replicas: int, autoscaling: bool | None, out_of_order: bool,
-                 extra_env: dict | None, copies: dict[str, int] | None = None) -> RaySystem:
+                 extra_env: dict | None, copies: dict[str, int] | None = None,
+                 bulk_dispatch: bool | None = None) -> RaySystem:
     """First half of `build_ray_system`: placement group and agent actors, not yet awaited (so the
-    agents of several replicas load their models at the same time)."""
+    agents of several replicas load their models at the same time). `bulk_dispatch`: see `build_replicas`."""
     transport = get_transport(transport)
     actor_cls = RDTAgentActor if transport.direct else AgentActor
     roles = list(plan.style.roles)
@@ -249,7 +270,8 @@ def start_system(plan: SystemPlan, placement: PlacementConfig, *, timeout_s: flo
     env = {"runtime_env": {"env_vars": dict(extra_env)}} if extra_env else {}
     opts = actor_options(transport, placement.agent_max_restarts, out_of_order=out_of_order)
     batching = {r: plan.service_args(r)[0].continuous_batching for r in roles}
-    system = RaySystem(plan, {}, None, pg, {}, timeout_s, replica)
+    system = RaySystem(plan, {}, None, pg, {}, timeout_s, replica, bulk_roles=frozenset(
+        r for r in roles if (batching[r] if bulk_dispatch is None else bulk_dispatch)))
     try:
         for role in roles:
             spec, inner, outer = plan.service_args(role)
@@ -310,7 +332,7 @@ def start_orchestrator(system: RaySystem, placement: PlacementConfig, *, transpo
     # The orchestrator sits in no bundle: it may land on any node with a free CPU.
     restarts = actor_options(transport, placement.agent_max_restarts)["max_restarts"]
     system.orchestrator = Orchestrator.options(max_restarts=restarts, max_concurrency=system.max_batches).remote(
-        system.plan.style, system.copies or system.handles, system.timeout_s, transport)
+        system.plan.style, system.copies or system.handles, system.timeout_s, transport, system.bulk_roles)
 
 
 def await_orchestrator(system: RaySystem, placement: PlacementConfig, *, transport: str | Transport) -> RaySystem:
@@ -327,38 +349,21 @@ def await_orchestrator(system: RaySystem, placement: PlacementConfig, *, transpo
     return system
 
 
-def resolve_num_replicas(placement: PlacementConfig, pplan: PlacementPlan, *, client_cpus: float = 0.0) -> int:
-    """`num_replicas`, or with 0 (auto) as many as the cluster's free resources hold now (at least 1),
-    each with `client_cpus` for its evaluation clients and one CPU left for Ray Data's reads."""
-    if placement.num_replicas > 0:
-        return placement.num_replicas
-    totals = [nd["Resources"] for nd in ray.nodes() if nd.get("Alive")]
-    n = replicas_that_fit(pplan, _free_per_node(), extra_cpus_per_replica=client_cpus, reserve_cpus=1.0,
-                          node_totals=totals)
-    if n < 1:  # let the resource check name the shortfall
-        return 1
-    log.info("num_replicas auto: %d replicas fit the cluster", n)
-    return n
-
-
-def _free_per_node() -> list[dict]:
-    from ray._private.state import available_resources_per_node
-
-    return [{k: v for k, v in res.items() if k in ("CPU", "GPU")} for res in available_resources_per_node().values()]
-
-
 def build_replicas(plan: SystemPlan, placement: PlacementConfig, *, timeout_s: float = 600.0,
                    torch_threads: int = 0, transport: str | Transport = OBJECT_STORE, client_cpus: float = 0.0,
                    out_of_order: bool = True, extra_env: dict | None = None,
                    recursion: RecursionConfig | None = None, max_batches: int = 0,
-                   progress_relay: bool = False) -> RayReplicas:
+                   progress_relay: bool = False, bulk_dispatch: bool | None = None) -> RayReplicas:
     """`placement.num_replicas` independent systems (0: as many as fit) and their router.
 
     On a cluster that cannot grow, the whole request is checked before any actor starts, so a
     shortfall fails at once naming it; `client_cpus` per replica are kept free for its clients
     when counting how many replicas fit (auto); `max_batches`: batches each replica's orchestrator must run
     at once (its threads; at least `ORCHESTRATOR_MAX_BATCHES`); `progress_relay`: start the relay per-question
-    progress bars read (`RayReplicas.progress_relay`), with the agents.
+    progress bars read (`RayReplicas.progress_relay`), with the agents; `bulk_dispatch`: whether the aligned calls
+    of several batches to one agent copy leave as one Ray call (`distributed.bulk`): None (default) for the roles
+    with continuous batching (their rows merge anyway), True for every role (agents without it then run a bulk
+    call's batches one after another and return them together), False for none.
     """
     roles = list(plan.style.roles)
     copies = role_copies(plan, placement, recursion)
@@ -375,7 +380,8 @@ def build_replicas(plan: SystemPlan, placement: PlacementConfig, *, timeout_s: f
         for i in range(n):  # every replica's agents load their models at once, then all are awaited
             systems.append(start_system(plan, placement, timeout_s=timeout_s, torch_threads=torch_threads,
                                         transport=transport, replica=i, num_replicas=1, autoscaling=scaling,
-                                        out_of_order=out_of_order, extra_env=extra_env, copies=copies))
+                                        out_of_order=out_of_order, extra_env=extra_env, copies=copies,
+                                        bulk_dispatch=bulk_dispatch))
             systems[-1].max_batches = max(ORCHESTRATOR_MAX_BATCHES, int(max_batches))
         router = start_router(n, timeout_s=timeout_s)  # it and the orchestrators start while the agents load
         if not get_transport(transport).direct:

@@ -139,7 +139,9 @@ class Pending:
         self.call, self.index = call, index
 
     def value(self, timeout: float | None = None) -> Any:
-        return self.call.wait(timeout)[self.index]
+        """The submitted call's output (through any `Pending` it was submitted as: a call queued for bulk dispatch)."""
+        out = self.call.wait(timeout)[self.index]
+        return out.value(timeout) if isinstance(out, Pending) else out
 
     def __reduce__(self):
         if not self.call.settled or self.call.error is not None:

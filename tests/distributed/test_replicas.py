@@ -164,11 +164,12 @@ def test_a_step_is_routed_by_the_queues_when_its_inputs_exist_not_when_its_batch
 
 
 @pytest.mark.integration  # ~15 s of simulated agents
-def test_a_cancelled_batch_runs_none_of_its_remaining_steps(ray_cluster):
+@pytest.mark.parametrize("bulk", [None, True], ids=["default", "bulk_dispatch"])
+def test_a_cancelled_batch_runs_none_of_its_remaining_steps(ray_cluster, bulk):
     plan = simulated_plan("sequential_light", SLOW_SOLVER)
     two = RecursionConfig(method="recursive_mas", num_recursive_rounds=2, latent_steps=2,
                           decode=DecodeConfig(max_new_tokens=4))
-    replicas = build_replicas(plan, CPU, timeout_s=60)
+    replicas = build_replicas(plan, CPU, timeout_s=60, bulk_dispatch=bulk)
     try:
         # R = 2: the solver's feedback rollout, then round 2, then its 2 s decode; cancelled during round 1
         blocker = replicas.solve(["blocker"], ["math"], RecursionConfig(
