@@ -79,6 +79,9 @@ def main(argv=None) -> int:
     ap.add_argument("--hop1_snap", type=float, default=0.0, metavar="TAU",
                     help="hop 1's message is snapped to the critic's token embeddings: softmax over the cosines of "
                          "link(z) to every token's input embedding at temperature TAU, times that table (0: off)")
+    ap.add_argument("--hop2_snap", type=float, default=0.0, metavar="TAU", help="the same for hop 2 (the solver's)")
+    ap.add_argument("--hop2_init", default="state_bridge", choices=("state_bridge", "token_bridge"),
+                    help="hop 2's link before training (as --hop1_init)")
     ap.add_argument("--hop1_init", default="state_bridge", choices=("state_bridge", "token_bridge"),
                     help="hop 1's link before training: the rollout-state ridge fit, or the token bridge as built")
     ap.add_argument("--inner_cache", default="", metavar="PATH",
@@ -95,7 +98,7 @@ def main(argv=None) -> int:
     from jobs.experiments.fact_diag import own_shuffled_fresh
     from jobs.experiments.sweep_recipe_measure import probe_x
     from jobs.experiments.two_hop_checks import exact_embeddings, print_ceilings, states_value, token_classification_fit
-    from recmas_ray.links import init_bridge
+    from recmas_ray.links import SnapLink, init_bridge
     from recmas_ray.pool import LocalPool
     from recmas_ray.system.launch import local_pool
     from recmas_ray.system.plan import plan_system
@@ -136,9 +139,9 @@ def main(argv=None) -> int:
     fresh = {e: {k: v.detach().clone() for k, v in link.state_dict().items()} for e, link in ((e1, link1), (e2, link2))}
     rng = random.Random(args.seed)
     if args.hop1_snap:
-        from recmas_ray.links import SnapLink
-
         planner.outer_links[e1] = SnapLink(link1, critic.model.get_input_embeddings(), args.hop1_snap)
+    if args.hop2_snap:
+        critic.outer_links[e2] = SnapLink(link2, solver.model.get_input_embeddings(), args.hop2_snap)
     print(f"[2hop] loaded {time.perf_counter() - t0:.0f} s", flush=True)
 
     for agent in (planner, critic):  # the solver's inner link is unused at R = 1
@@ -338,7 +341,8 @@ def main(argv=None) -> int:
             critic_cache.update({s.sample_id: z[i] for i, s in enumerate(todo)})
         return torch.cat([critic_cache[s.sample_id] for s in batch])
 
-    fit_state_bridge(link2, e2, (critic_rollout(bridge_ss[k:k + 16]) for k in range(0, len(bridge_ss), 16)))
+    if args.hop2_init == "state_bridge":
+        fit_state_bridge(link2, e2, (critic_rollout(bridge_ss[k:k + 16]) for k in range(0, len(bridge_ss), 16)))
 
     def hop2_loss(batch):
         msg = emit_messages(critic, critic_z(batch), (e2,))[e2]
