@@ -118,6 +118,40 @@ class SnapLink(nn.Module):
         return (p_BMV @ self.table_VE).to(x_BMD.dtype)
 
 
+class TokenLink(nn.Module):
+    """An outer link that re-says each latent as the target's embedding of the source token it is nearest to,
+    plus a trained residual (non-reference).
+
+    y = softmax(cos(x, e_src(s_k)) / tau over the K token pairs) @ [e_dst(t_k)] + W x + b, with (s_k, t_k) the
+    tokens that read the same in both vocabularies. A sender whose inner link was trained long enough emits
+    latents near its own next token's embedding (docs/learning_runs.md, two hops): this reads that token off in
+    the sender's vocabulary and writes it in the receiver's, where a regression across families
+    (`ridge_bridge`) picks the right digit for only 16-63% of rollout steps. W, b start at zero (the link
+    starts as the pure translation) and carry what the loss asks beyond it. Only W, b are parameters; the two
+    tables are frozen buffers, not saved.
+    """
+
+    def __init__(self, source_table_KD: torch.Tensor, target_table_KE: torch.Tensor, tau: float):
+        super().__init__()
+        if not tau > 0:
+            raise ValueError(f"TokenLink tau must be positive, got {tau}")
+        if source_table_KD.dim() != 2 or target_table_KE.dim() != 2 or len(source_table_KD) != len(target_table_KE):
+            raise ValueError(f"TokenLink: expected paired [K, D] and [K, E] tables, got {tuple(source_table_KD.shape)} "
+                             f"and {tuple(target_table_KE.shape)}")
+        self.tau = tau
+        self.register_buffer("source_unit_KD", nn.functional.normalize(source_table_KD.float(), dim=-1),
+                             persistent=False)
+        self.register_buffer("target_KE", target_table_KE.float(), persistent=False)
+        self.residual = nn.Linear(source_table_KD.shape[1], target_table_KE.shape[1])
+        nn.init.zeros_(self.residual.weight)
+        nn.init.zeros_(self.residual.bias)
+
+    def forward(self, x_BMD: torch.Tensor) -> torch.Tensor:
+        u_BMD = nn.functional.normalize(x_BMD.float(), dim=-1)
+        p_BMK = torch.softmax(u_BMD @ self.source_unit_KD.T / self.tau, dim=-1)
+        return (p_BMK @ self.target_KE + self.residual(x_BMD.float())).to(x_BMD.dtype)
+
+
 def ridge_bridge(x_ND: torch.Tensor, y_NE: torch.Tensor, ridge: float) -> tuple[torch.Tensor, torch.Tensor]:
     """(W_ED, b_E) minimising ||x W^T + b - y||^2 + ridge * N * ||W||^2 (the intercept unpenalised).
 

@@ -82,3 +82,43 @@ def print_ceilings(planner, critic, style, sched, task: str, m: int, rows: list[
     plain = [render_prompt(style, "critic", sched[1].variant, task, s.question) for s in ss]
     print(f"[2hop] ceiling: slot holds the planner's argmax tokens ({texts[:m]}) as the critic's embeddings, its "
           f"rollout says the value {says(*critic.embed_batch(plain, {slot: msg}))}", flush=True)
+
+
+@torch.no_grad()
+def print_hop2_ceilings(critic, solver, style, sched, task: str, m: int, rows: list[dict], critic_rollout,
+                        link2) -> None:
+    """Hop 2's upper bounds, on the solver's decoded reply (strict / lenient): its slot holding its own embeddings
+    of the critic's rollout argmax tokens (a perfect hop-2 link), and those tokens told in text before its
+    question; then how often the nearest solver token of link2(z) is that token, per rollout step."""
+    from recmas_ray.config.recursion import DecodeConfig
+    from recmas_ray.eval.graders import grade_lenient, grade_math_strict
+    from recmas_ray.styles import render_prompt
+    from recmas_ray.train.outer import prepare_samples
+
+    ss = prepare_samples(rows, style, task)
+    slot = sched[2].inputs[0][0]
+    z_ND, h_ND = critic_rollout(ss)
+    exact, texts = exact_embeddings(critic, solver, h_ND)
+    said = ["".join(texts[i * m:(i + 1) * m]) for i in range(len(rows))]
+    cfg = DecodeConfig(max_new_tokens=16, seed=0)
+
+    def graded(e_BLD, mask_BL, name):
+        replies = [d.text for d in solver.decode(e_BLD, mask_BL, cfg)]
+        strict = sum(bool(grade_math_strict(t, r["gold"])) for t, r in zip(replies, rows))
+        lenient = sum(grade_lenient(t, r["gold"]).correct for t, r in zip(replies, rows))
+        print(f"[2hop] hop-2 ceiling, {name}: strict {strict}/{len(rows)}, lenient {lenient}/{len(rows)}; e.g. "
+              f"{[(r['gold'], s, t) for r, s, t in list(zip(rows, said, replies))[:3]]}", flush=True)
+
+    plain = [render_prompt(style, "solver", sched[2].variant, task, s.question) for s in ss]
+    graded(*solver.embed_batch(plain, {slot: exact.reshape(len(rows), m, -1)}),
+           "slot holds the critic's argmax tokens as the solver's embeddings")
+    told = [render_prompt(style, "solver", sched[2].variant, task, f"{t.strip()} {s.question}")
+            for t, s in zip(said, ss)]
+    graded(*solver.embed_batch(told, {slot: torch.zeros(len(rows), 0, solver.hidden_size)}),
+           "told the critic's argmax text before its question")
+    unit = torch.nn.functional.normalize(solver.model.get_input_embeddings().weight.float(), dim=-1)
+    want = (torch.nn.functional.normalize(exact.float(), dim=-1) @ unit.T).argmax(-1)
+    near = (torch.nn.functional.normalize(link2(z_ND).float(), dim=-1) @ unit.T).argmax(-1)
+    right = (near == want).float().reshape(len(rows), m).mean(0)
+    print(f"[2hop] hop-2 link: its nearest solver token is the critic's argmax, per step ({texts[:m]}): "
+          f"{[round(float(r), 3) for r in right]}", flush=True)

@@ -76,10 +76,18 @@ def main(argv=None) -> int:
                          "the package's vocabulary_strings leaves out")
     ap.add_argument("--stop_after_hop1_fit", action="store_true",
                     help="print how often the critic's rollout states the value with the fitted hop-1 link, then stop")
+    ap.add_argument("--hop2_check", action="store_true",
+                    help="after hop 1 and hop 2's init, print hop 2's ceilings (the solver's reply with its slot "
+                         "holding the critic's rollout argmax tokens as its embeddings, and told them in text) and "
+                         "how often the hop-2 link's nearest solver token is that token, then stop")
     ap.add_argument("--hop1_snap", type=float, default=0.0, metavar="TAU",
                     help="hop 1's message is snapped to the critic's token embeddings: softmax over the cosines of "
                          "link(z) to every token's input embedding at temperature TAU, times that table (0: off)")
     ap.add_argument("--hop2_snap", type=float, default=0.0, metavar="TAU", help="the same for hop 2 (the solver's)")
+    ap.add_argument("--hop2_link", default="outer", choices=("outer", "token"),
+                    help="hop 2's link: the release's outer link (init by --hop2_init, snapped by --hop2_snap), or "
+                         "links.TokenLink (the critic's nearest token re-said in the solver's embeddings, plus a "
+                         "zero-initialised trained residual; --hop2_snap is its temperature, 0.02 when unset)")
     ap.add_argument("--hop2_init", default="state_bridge", choices=("state_bridge", "token_bridge"),
                     help="hop 2's link before training (as --hop1_init)")
     ap.add_argument("--hop1_init", default="state_bridge", choices=("state_bridge", "token_bridge"),
@@ -97,12 +105,13 @@ def main(argv=None) -> int:
 
     from jobs.experiments.fact_diag import own_shuffled_fresh
     from jobs.experiments.sweep_recipe_measure import probe_x
-    from jobs.experiments.two_hop_checks import exact_embeddings, print_ceilings, states_value, token_classification_fit
-    from recmas_ray.links import SnapLink, init_bridge
+    from jobs.experiments.two_hop_checks import (exact_embeddings, print_ceilings, print_hop2_ceilings, states_value,
+                                                 token_classification_fit)
+    from recmas_ray.links import SnapLink, TokenLink, init_bridge
     from recmas_ray.pool import LocalPool
     from recmas_ray.system.launch import local_pool
     from recmas_ray.system.plan import plan_system
-    from recmas_ray.train.bridge import bridge_outer_links, state_token_pairs, vocabulary_strings
+    from recmas_ray.train.bridge import bridge_outer_links, shared_token_pairs, state_token_pairs, vocabulary_strings
     from recmas_ray.train.data import role_examples
     from recmas_ray.train.inner import inner_loss
     from recmas_ray.train.outer import Latent, emit_messages, encode_stage, prepare_samples
@@ -140,7 +149,14 @@ def main(argv=None) -> int:
     rng = random.Random(args.seed)
     if args.hop1_snap:
         planner.outer_links[e1] = SnapLink(link1, critic.model.get_input_embeddings(), args.hop1_snap)
-    if args.hop2_snap:
+    if args.hop2_link == "token":
+        src_ids, dst_ids = shared_token_pairs(critic.tokenizer, solver.tokenizer, max_pairs=None, blanks=True)
+        with torch.no_grad():
+            critic.outer_links[e2] = TokenLink(critic.model.get_input_embeddings()(torch.tensor(src_ids)),
+                                               solver.model.get_input_embeddings()(torch.tensor(dst_ids)),
+                                               args.hop2_snap or 0.02)
+        print(f"[2hop] hop 2: TokenLink over {len(src_ids)} shared tokens", flush=True)
+    elif args.hop2_snap:
         critic.outer_links[e2] = SnapLink(link2, solver.model.get_input_embeddings(), args.hop2_snap)
     print(f"[2hop] loaded {time.perf_counter() - t0:.0f} s", flush=True)
 
@@ -341,20 +357,27 @@ def main(argv=None) -> int:
             critic_cache.update({s.sample_id: z[i] for i, s in enumerate(todo)})
         return torch.cat([critic_cache[s.sample_id] for s in batch])
 
-    if args.hop2_init == "state_bridge":
+    if args.hop2_init == "state_bridge" and args.hop2_link == "outer":
         fit_state_bridge(link2, e2, (critic_rollout(bridge_ss[k:k + 16]) for k in range(0, len(bridge_ss), 16)))
+    if args.hop2_check:
+        for split, rows in (("seen", seen), ("unseen", unseen)):
+            print(f"[2hop] {split}:", flush=True)
+            print_hop2_ceilings(critic, solver, style, sched, task, m, rows, critic_rollout, critic.outer_links[e2])
+        return 0
 
     def hop2_loss(batch):
         msg = emit_messages(critic, critic_z(batch), (e2,))[e2]
         return encode_stage(solver, style, sched[2], batch, {slot_solver: Latent(msg, [m] * len(batch))},
                             batch_size=len(batch), value_token_weight=args.value_weight, **kw)
 
-    train_link(link2, "hop2", hop2_loss, args.outer_steps)
+    hop2_sent = critic.outer_links[e2]
+    train_link(hop2_sent if args.hop2_link == "token" else link2, "hop2", hop2_loss, args.outer_steps)
     print(f"[2hop] probe R^2 of x from each message (128 training rows): {probe(train[:128])}", flush=True)
 
-    def restore_fresh():
+    def restore_fresh():  # the links as the plan built them (the token bridge), unsnapped
         link1.load_state_dict(fresh[e1])
         link2.load_state_dict(fresh[e2])
+        planner.outer_links[e1], critic.outer_links[e2] = link1, link2
 
     own_shuffled_fresh(pool, style, task, m, (("train", train[:16]), ("seen", seen), ("unseen", unseen)),
                        restore_fresh, tag="2hop")

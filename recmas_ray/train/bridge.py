@@ -16,23 +16,35 @@ import torch
 from recmas_ray.links import init_bridge
 
 
-def vocabulary_strings(tokenizer) -> dict[str, int]:
-    """Decoded text -> token id for every ordinary token (special tokens, blanks and duplicates left out)."""
+def vocabulary_strings(tokenizer, *, blanks: bool = False) -> dict[str, int]:
+    """Decoded text -> token id for every ordinary token (special tokens, duplicates and, unless `blanks`,
+    whitespace-only tokens left out). Where several tokens decode to one text, the one the tokenizer itself
+    writes for it wins: Gemma's byte-fallback tokens (<0x32>) decode like its digit tokens and come first by
+    id, but text never holds them, so pairing them would teach a bridge embeddings no prompt contains."""
     special = set(tokenizer.all_special_ids)
     out: dict[str, int] = {}
+    clashes: set[str] = set()
     for i in range(len(tokenizer)):
         if i in special:
             continue
         text = tokenizer.decode([i])
-        if text.strip() and "\ufffd" not in text and text not in out:
-            out[text] = i
+        if text and (blanks or text.strip()) and "\ufffd" not in text:
+            if text in out:
+                clashes.add(text)
+            else:
+                out[text] = i
+    for text in clashes:
+        own = tokenizer(text, add_special_tokens=False).input_ids
+        if len(own) == 1 and own[0] not in special:
+            out[text] = own[0]
     return out
 
 
-def shared_token_pairs(src_tokenizer, dst_tokenizer, *, max_pairs: int = 20000) -> tuple[list[int], list[int]]:
+def shared_token_pairs(src_tokenizer, dst_tokenizer, *, max_pairs: int | None = 20000,
+                       blanks: bool = False) -> tuple[list[int], list[int]]:
     """(source ids, target ids) of tokens with the same text in both vocabularies (at most `max_pairs`, the
-    lowest source ids first: byte-pair vocabularies put their frequent tokens there)."""
-    src, dst = vocabulary_strings(src_tokenizer), vocabulary_strings(dst_tokenizer)
+    lowest source ids first: byte-pair vocabularies put their frequent tokens there; None: all of them)."""
+    src, dst = vocabulary_strings(src_tokenizer, blanks=blanks), vocabulary_strings(dst_tokenizer, blanks=blanks)
     pairs = sorted((i, dst[t]) for t, i in src.items() if t in dst)[:max_pairs]
     if len(pairs) < 16:
         raise ValueError(f"only {len(pairs)} tokens have the same text in both vocabularies: too few for a bridge")

@@ -150,3 +150,24 @@ def test_snap_link_lands_on_the_nearest_token_embedding_and_trains_only_its_base
     assert embed.weight.grad is None
     with pytest.raises(ValueError, match="tau must be positive"):
         SnapLink(base, embed, tau=0.0)
+
+
+def test_token_link_resays_the_nearest_source_token_in_the_target_table_and_trains_only_its_residual():
+    from recmas_ray.links import TokenLink
+
+    torch.manual_seed(0)
+    src_KD, dst_KE = torch.randn(40, 8), torch.randn(40, 12)
+    link = TokenLink(src_KD, dst_KE, tau=1e-3)
+    assert set(link.state_dict()) == {"residual.weight", "residual.bias"}  # the tables are not saved
+    k_BM = torch.randint(0, 40, (3, 5))
+    x_BMD = src_KD[k_BM] * 3.0 + 0.01 * torch.randn(3, 5, 8)  # near a source token, at another scale
+    torch.testing.assert_close(link(x_BMD), dst_KE[k_BM], atol=1e-4, rtol=1e-4)  # zero residual: the translation
+    link(x_BMD).pow(2).sum().backward()
+    assert link.residual.weight.grad.abs().sum() > 0 and link.residual.bias.grad.abs().sum() > 0
+    with torch.no_grad():
+        link.residual.bias.fill_(1.0)
+    torch.testing.assert_close(link(x_BMD), dst_KE[k_BM] + 1.0, atol=1e-4, rtol=1e-4)
+    with pytest.raises(ValueError, match="tau must be positive"):
+        TokenLink(src_KD, dst_KE, tau=0.0)
+    with pytest.raises(ValueError, match="paired"):
+        TokenLink(src_KD, dst_KE[:30], tau=0.1)

@@ -116,3 +116,30 @@ def test_state_bridge_rollouts_are_what_the_training_stage_would_send(tiny_cache
     cached = rollout_stage(expert, plan.style, build_schedule(plan.style, 1)[0], samples, task="qa", num_steps=M,
                            cache=cache)
     assert torch.allclose(cached.z, fresh.z, atol=1e-5), (cached.z - fresh.z).abs().max()
+
+
+class _ByteFallbackTokenizer:
+    """Gemma's layout in six ids: byte-fallback tokens (<0x32>) decode like the digit tokens and come first by
+    id, but the tokenizer writes "2" with its own digit token."""
+
+    all_special_ids = [0]
+    _texts = ["<pad>", "2", "0", "2", "0", " ", "x"]  # 1, 2: <0x32>, <0x30>; 3, 4: the digits; 5: a blank
+
+    def __len__(self):
+        return len(self._texts)
+
+    def decode(self, ids):
+        return "".join(self._texts[i] for i in ids)
+
+    def __call__(self, text, add_special_tokens=False):
+        from types import SimpleNamespace
+
+        return SimpleNamespace(input_ids=[{"2": 3, "0": 4, " ": 5, "x": 6}[c] for c in text])
+
+
+def test_vocabulary_pairs_the_token_the_tokenizer_writes_not_a_byte_fallback_twin():
+    from recmas_ray.train.bridge import vocabulary_strings
+
+    tok = _ByteFallbackTokenizer()
+    assert vocabulary_strings(tok) == {"2": 3, "0": 4, "x": 6}
+    assert vocabulary_strings(tok, blanks=True) == {"2": 3, "0": 4, " ": 5, "x": 6}
