@@ -27,10 +27,14 @@ untrained hop-1 link, and how close the link's output is to those exact embeddin
 `--role_model planner=pkg:gemma3-270m` swaps the planner's family (SmolLM2's rollout never states the value).
 `--hop1_snap TAU` snaps hop 1's message into the critic's token embeddings (`links.SnapLink`), `--hop1_init
 token_bridge` keeps the token bridge the plan built, `--hop1_steps 0` leaves hop 1 untrained, `--inner_cache`
-keeps the inner links between runs. The setting that carries the fact two hops (docs/learning_runs.md):
+keeps the inner links between runs. `--hop2_check` prints hop 2's ceilings (the solver's reply when its slot holds
+the critic's rollout tokens exactly) and how often the hop-2 link picks those tokens, then stops; `--hop2_link
+token` makes hop 2 a `links.TokenLink` (the critic's nearest token re-said in SmolLM2's embeddings, plus a trained
+residual). The settings of the runs are in docs/learning_runs.md ("Two hops" sections), e.g. run F:
 
     PYTHONPATH=$PWD python -m jobs.experiments.two_hop_diag --m 6 --role_model planner=pkg:gemma3-270m \
-        --inner_steps 300 --hop1_snap 0.02 --hop1_init token_bridge --hop1_steps 0 --outer_steps 200 --num_eval 32
+        --inner_steps 300 --hop1_snap 0.02 --hop1_init token_bridge --hop1_steps 0 --hop2_link token \
+        --outer_steps 200 --num_eval 32
 """
 
 from __future__ import annotations
