@@ -14,7 +14,8 @@ with a budget of T tokens is B * T (the same forward-per-step unit the cost mode
                                      handles, so a call waiting upstream holds no queued work downstream
     ReplicaRouter.acquire(work)      per batch: the replica with the least queued work, as a lease that
                                      expires after `lease_s` unless renewed, so a killed client's share
-                                     is freed; `release(lease)` when the batch ends
+                                     is freed; `release(lease)` when the batch ends (`acquire_many`,
+                                     `release_many`: several batches in one call)
 
 A fresh copy needs no state from another: a prompt prefix it has not seen is prefilled again there
 (agents keep only a prefix cache, never a batch's messages, on the object store transport).
@@ -266,6 +267,17 @@ class ReplicaRouter:
             self.in_flight[i] += 1
             self.served[i] += 1
             return i, lease
+
+    def acquire_many(self, works: list[float], replicas: int | None = None) -> list[tuple[int, int]]:
+        """`acquire` for several batches in one call (one actor call for a client's whole refill), in order: each
+        sees the work of the ones before it, as separate calls in a row would."""
+        return [self.acquire(work, replicas) for work in works]
+
+    def release_many(self, leases: list[int]) -> None:
+        """`release` of several leases in one call (batches that finished together)."""
+        with self._lock:
+            for lease in leases:
+                self._drop(lease)
 
     def renew(self, lease: int) -> bool:
         """Extend a lease by `lease_s`; False when it had already expired (its work no longer counted)."""

@@ -203,6 +203,17 @@ def test_a_renewed_lease_survives_and_a_released_one_frees_at_once():
     assert router.stats()["in_flight"] == [0, 0] and router.stats()["queued"] == [0.0, 0.0]
 
 
+def test_many_leases_in_one_call_match_one_call_each():
+    """`acquire_many` / `release_many` (one router call for a client's refill, one for the batches that finished
+    together): the same replicas and leases as calls one after another, and everything freed."""
+    works = [100.0, 10.0, 10.0, 50.0, 1.0]
+    one_by_one, together = ReplicaRouter(3), ReplicaRouter(3)
+    assert together.acquire_many(works) == [one_by_one.acquire(w) for w in works]
+    assert [i for i, _ in together.acquire_many([5.0, 5.0], replicas=1)] == [0, 0]
+    together.release_many([lease for lease in range(1, 8)] + [7])  # (a lease twice: harmless)
+    assert together.stats()["in_flight"] == [0, 0, 0] and together.stats()["queued"] == [0.0, 0.0, 0.0]
+
+
 def test_the_replica_router_weighs_work_not_batch_counts_and_is_thread_safe():
     router = ReplicaRouter(2)
     big, _ = router.acquire(1000.0)
