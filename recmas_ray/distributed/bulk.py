@@ -19,6 +19,11 @@ in the agent, `bulk` = the number of calls its Ray call carried), with the same 
 ones it gets alone. Continuous-batching agents run a bulk call's batches at once (their rows merge, as separate
 calls' would); other agents one after another, so a bulk call's results all exist only when its last batch
 finishes: that is why bulk dispatch is on by default only for continuous-batching roles (`bulk_roles`).
+
+Where it is forced on for agents that run one call at a time (`serial_roles`), a copy's queue is also held while
+the copy has `SERIAL_WINDOW` bulk calls outstanding: such a copy would only queue a second call behind the one it
+runs, so holding it here costs the copy at most one round trip, and every call that became ready meanwhile then
+leaves in ONE Ray call. Aligned groups of batches then merge instead of only ever splitting.
 """
 
 from __future__ import annotations
@@ -35,10 +40,12 @@ from recmas_ray.distributed.routing import DeferredCall, Pending
 
 FLUSH_AFTER_S = 0.005
 """A queued call leaves after this long even while the completion thread still has work (it never starves)."""
-SERIAL_WINDOW = 2
+SERIAL_WINDOW = 1
 """Ray calls a copy that runs one call at a time (no continuous batching) may have outstanding; calls for it
-that become ready meanwhile wait in its queue and leave together when one of those ends. Two, not one: the copy
-then has its next call already at hand while the previous one's completion travels back here."""
+that become ready meanwhile wait in its queue and leave together when that one ends. One, not two: with two the
+copy has its next call at hand while a completion travels back here (it idles for that round trip with one),
+but bulk calls carry fewer batches: 725-849 Ray calls for 2160 agent calls against 515-552, and 2.4-3.6 ms of CPU
+per agent call against 2.2-2.5 (`jobs.bench.control` at 16 in flight, 240 batches, 3 runs each)."""
 
 
 @dataclass
