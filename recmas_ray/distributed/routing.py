@@ -91,7 +91,11 @@ class DeferredCall:
     def __init__(self):
         self.outputs: list | None = None
         self.error: str | None = None
-        self._settled = threading.Event()
+        self.settled = False
+        """Whether it was submitted or given up (`outputs` / `error` are then final)."""
+        # created by the first `wait` only: two per agent call (its dispatch and its bulk queue entry) are
+        # mostly settled before anyone waits, and an Event (a Condition and two locks) costs the orchestrator
+        self._event: threading.Event | None = None
         self._listeners: list[Callable[[], None]] = []
         self._lock = threading.Lock()
 
@@ -99,31 +103,35 @@ class DeferredCall:
         """Record the submission's outputs (or why it was not submitted) and run the listeners; False when it
         had already settled."""
         with self._lock:
-            if self._settled.is_set():
+            if self.settled:
                 return False
             self.outputs, self.error = outputs, error
-            self._settled.set()
+            self.settled = True
             listeners, self._listeners = self._listeners, []
+            event = self._event
+        if event is not None:
+            event.set()
         for fn in listeners:
             fn()
         return True
 
-    @property
-    def settled(self) -> bool:
-        return self._settled.is_set()
-
     def on_settled(self, fn: Callable[[], None]) -> None:
         """Call `fn()` once the call is submitted or given up (at once if it already is)."""
         with self._lock:
-            if not self._settled.is_set():
+            if not self.settled:
                 self._listeners.append(fn)
                 return
         fn()
 
     def wait(self, timeout: float | None) -> list:
         """The outputs once submitted; TimeoutError when not settled in time, RuntimeError when given up."""
-        if not self._settled.wait(timeout):
-            raise TimeoutError("its inputs did not arrive in time")
+        if not self.settled:
+            with self._lock:
+                if not self.settled and self._event is None:
+                    self._event = threading.Event()
+                event = self._event
+            if event is not None and not event.wait(timeout):
+                raise TimeoutError("its inputs did not arrive in time")
         if self.error is not None:
             raise RuntimeError(self.error)
         return self.outputs

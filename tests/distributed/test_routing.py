@@ -6,7 +6,8 @@ import threading
 import pytest
 
 from recmas_ray.config.recursion import DecodeConfig, RecursionConfig
-from recmas_ray.distributed.routing import Dispatcher, Pending, ReplicaRouter, RoleGroup, batch_work
+from recmas_ray.distributed.routing import (DeferredCall, Dispatcher, Pending, ReplicaRouter, RoleGroup,
+                                            batch_work)
 from recmas_ray.styles import get_style
 
 
@@ -201,6 +202,28 @@ def test_a_renewed_lease_survives_and_a_released_one_frees_at_once():
     router.release(lease)
     router.release(lease)  # twice: harmless
     assert router.stats()["in_flight"] == [0, 0] and router.stats()["queued"] == [0.0, 0.0]
+
+
+def test_a_deferred_call_makes_its_event_only_for_a_waiter():
+    """Most calls are settled before anyone waits (the orchestrator makes two per agent call): those never build
+    an Event; a waiter on another thread still wakes when the call settles, and a later waiter returns at once."""
+    quick = DeferredCall()
+    quick.settle(["out"])
+    assert quick.wait(0) == ["out"] and quick._event is None
+    slow, got = DeferredCall(), []
+    waiter = threading.Thread(target=lambda: got.append(slow.wait(10)))
+    waiter.start()
+    while slow._event is None:  # the waiter is in wait()
+        threading.Event().wait(0.001)
+    slow.settle(["late"])
+    waiter.join(10)
+    assert got == [["late"]] and slow.wait(0) == ["late"]
+    given_up = DeferredCall()
+    given_up.settle(None, "batch cancelled")
+    with pytest.raises(RuntimeError, match="batch cancelled"):
+        given_up.wait(0)
+    with pytest.raises(TimeoutError):
+        DeferredCall().wait(0.01)
 
 
 def test_many_leases_in_one_call_match_one_call_each():
