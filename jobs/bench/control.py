@@ -9,7 +9,8 @@ calls, the orchestrator's threads, routing and the object store, not models. Wri
 Agent calls counted from the agents' own call logs: each batch's call once (`agent_calls`, `calls_per_s`: the
 logical calls the issue's target counts), whether it reached its agent alone or with other batches' calls in one
 bulk Ray call (`distributed.bulk`, on here for every role: `ray_calls`, `ray_calls_per_s` count those Ray actor
-calls, from the size each logged call records); calls/s = calls / wall time of the batches. Also the router's
+calls, from the size each logged call records; the simulated agents run one call at a time, so a copy's calls also
+wait while it has a bulk call outstanding, `bulk.SERIAL_WINDOW`); calls/s = calls / wall time of the batches. Also the router's
 acquire + release pairs per second (one per batch, one router for all replicas). `measure` runs on an existing
 Ray connection (jobs/bench/scale.py calls it on its simulated cluster).
 """

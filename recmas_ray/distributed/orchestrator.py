@@ -37,12 +37,13 @@ class _OrchestratorImpl:
     """
 
     def __init__(self, style: StyleSpec, copies: dict, timeout_s: float, transport: str | Transport = OBJECT_STORE,
-                 bulk_roles=()):
+                 bulk_roles=(), serial_roles=()):
         from recmas_ray.distributed.routing import RoleGroup
 
         self.style = style  # the plan's style object: it carries the run's prompt set
         self.timeout_s, self.transport = timeout_s, get_transport(transport)
         self.bulk_roles = frozenset(bulk_roles)  # roles whose aligned calls leave in bulk (`distributed.bulk`)
+        self.serial_roles = frozenset(serial_roles)  # of those, agents that run one call at a time (`RayPool`)
         # role -> its copies (one each without --role_replicas) and their routing
         self.groups = {r: RoleGroup(r, list(h) if isinstance(h, (list, tuple)) else [h]) for r, h in copies.items()}
         self._running: dict[str, RayPool] = {}
@@ -63,7 +64,7 @@ class _OrchestratorImpl:
         self.transport.check_ablation(cfg.latent_ablation)  # Python callers skip EvalConfig
         self.transport.check_adaptive_rounds(cfg.adaptive_threshold)
         pool = RayPool(self.groups, timeout_s=self.timeout_s, context=f", batch {batch_id}" if batch_id else "",
-                       transport=self.transport, bulk_roles=self.bulk_roles)
+                       transport=self.transport, bulk_roles=self.bulk_roles, serial_roles=self.serial_roles)
         key = batch_id or pool.key_prefix
         with self._lock:
             self._running[key] = pool

@@ -13,7 +13,7 @@ import ray
 
 from recmas_ray.config.transport import OBJECT_STORE, Transport, get_transport
 from recmas_ray.distributed.actors import Part, resolve_message
-from recmas_ray.distributed.bulk import Bulker
+from recmas_ray.distributed.bulk import SERIAL_WINDOW, Bulker
 from recmas_ray.distributed.routing import Pending
 
 _done_calls: queue.SimpleQueue = queue.SimpleQueue()
@@ -22,7 +22,7 @@ _done_lock = threading.Lock()
 _watched: dict = {}
 """ObjectRef -> the functions waiting for it: one Ray completion callback per ref, however many wait."""
 _watch_lock = threading.Lock()
-_bulker = Bulker()
+_bulker = Bulker(watch=lambda ref, fn: when_done(ref, fn))
 """This process's bulk-dispatch queues, flushed by the completion thread (`distributed.bulk`)."""
 
 
@@ -75,6 +75,13 @@ def _run_done_calls() -> None:
                 pass
 
 
+def soon(fn) -> None:
+    """Call `fn()` on the completion thread after the completion callbacks already queued there (so it sees
+    what all of them did: e.g. one message for every batch that finished together)."""
+    _start_done_thread()
+    _done_calls.put(lambda _: fn())
+
+
 def _queue_bulk(*args, **kw) -> list:
     """`Bulker.add`, then the completion thread is woken (from any other thread) to flush it."""
     outputs = _bulker.add(*args, **kw)
@@ -93,11 +100,13 @@ class RayPool:
     near-tie break), counted as queued there until its result exists; until then its handles are `Pending`.
     `cancel()` cancels every call not yet finished and makes later calls fail (a batch that timed out does
     not keep working while its retry runs). Rollouts and decodes of `bulk_roles` leave in bulk with those of
-    other batches of this process at the same copy and step (`distributed.bulk`; object-store transport).
+    other batches of this process at the same copy and step (`distributed.bulk`; object-store transport); those of
+    `serial_roles` (bulk roles whose agents run one call at a time) also wait while their copy already has
+    `SERIAL_WINDOW` bulk calls outstanding, so that calls ready meanwhile leave together.
     """
 
     def __init__(self, handles: dict, *, timeout_s: float = 600.0, context: str = "",
-                 transport: str | Transport = OBJECT_STORE, bulk_roles=()):
+                 transport: str | Transport = OBJECT_STORE, bulk_roles=(), serial_roles=()):
         from recmas_ray.distributed.routing import Dispatcher, RoleGroup
 
         self.groups = {r: h if isinstance(h, RoleGroup) else RoleGroup(r, list(h) if isinstance(h, (list, tuple))
@@ -106,6 +115,7 @@ class RayPool:
         self.timeout_s, self.context = timeout_s, context
         self.transport = get_transport(transport)
         self.bulk_roles = frozenset(() if self.transport.direct else bulk_roles)
+        self.serial_roles = frozenset(serial_roles) & self.bulk_roles
         self._num_calls = 0
         # Keys of kept RDT messages: unique per pool (one pool per batch), whatever batch id the caller
         # gave, so concurrent batches without one (the Python API, serving) never collide.
@@ -144,7 +154,8 @@ class RayPool:
                 self._track(role, k, work, ref, others)
 
             return _queue_bulk((id(handle), method, *key), handle, method, shared, num_outputs, users, slot_names,
-                               args, sent=sent, failed=lambda: group.done(k, work), cancelled=lambda: self.cancelled)
+                               args, sent=sent, failed=lambda: group.done(k, work), cancelled=lambda: self.cancelled,
+                               window=SERIAL_WINDOW if role in self.serial_roles else 0)
         return submit
 
     def _call(self, role: str, work: float, inputs: list, submit, num_outputs: int = 1) -> list:

@@ -37,7 +37,7 @@ from recmas_ray.config.placement import PlacementConfig
 from recmas_ray.config.recursion import RecursionConfig
 from recmas_ray.config.transport import OBJECT_STORE, Transport, get_transport
 from recmas_ray.distributed.actors import AGENT_EXIT_AFTER, AgentActor, RDTAgentActor
-from recmas_ray.distributed.ray_pool import RayPool, when_done
+from recmas_ray.distributed.ray_pool import RayPool, soon, when_done
 from recmas_ray.distributed.orchestrator import Orchestrator, start_router
 from recmas_ray.distributed.role_copies import role_copies
 from recmas_ray.distributed.progress import start_relay
@@ -70,6 +70,9 @@ class RaySystem:
     """role -> every actor copy of the role (`handles[role]` is the first)."""
     bulk_roles: frozenset = frozenset()
     """Roles whose aligned calls of several batches leave the orchestrator as one Ray call (`distributed.bulk`)."""
+    serial_roles: frozenset = frozenset()
+    """Bulk roles whose agents run one call at a time (no continuous batching): their calls also wait while the
+    copy has `bulk.SERIAL_WINDOW` bulk calls outstanding, and leave together (`RayPool`)."""
     arg_refs: list = field(default_factory=list)
     """Object-store copies of the agents' constructor arguments, kept so a restarted agent can
     rebuild itself (Ray frees creation arguments otherwise, ray#53727)."""
@@ -126,6 +129,8 @@ class RayReplicas:
     it is up before the first batch (None: each progress bar starts its own)."""
     _running: dict = field(default_factory=dict, repr=False)
     """ObjectRef of a submitted batch -> (replica, batch id), until it finishes."""
+    _releases: list = field(default_factory=list, repr=False)
+    """Leases of finished batches not yet handed back to the router (`_finished`)."""
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
     @property
@@ -140,19 +145,18 @@ class RayReplicas:
 
     def submit(self, batches: list[tuple[list[str], list[str], str]], cfg: RecursionConfig, *,
                replicas: int | None = None, **run_options) -> list:
-        """`solve` for several (questions, tasks, batch id) at once: their leases are asked of the router together
-        (one round trip, not one each), so batches freed together also reach their orchestrators together."""
-        acquires = [self.router.acquire.remote(batch_work(self.plan.style, cfg, len(qs)), replicas)
-                    for qs, _, _ in batches]
-        leases = ray.get(acquires, timeout=self.timeout_s)
+        """`solve` for several (questions, tasks, batch id) at once: their leases are asked of the router in one
+        call, so batches freed together also reach their orchestrators together; leases of batches that finish
+        together go back in one call too."""
+        works = [batch_work(self.plan.style, cfg, len(qs)) for qs, _, _ in batches]
+        leases = ray.get(self.router.acquire_many.remote(works, replicas), timeout=self.timeout_s)
         refs: list = []
         for n, ((questions, tasks, batch_id), (replica, lease)) in enumerate(zip(batches, leases)):
             bid = batch_id or f"api-{os.urandom(6).hex()}"
             try:
                 ref = self.systems[replica].orchestrator.solve.remote(questions, tasks, cfg, bid, **run_options)
             except BaseException:
-                for _, unsent in leases[n:]:
-                    self.router.release.remote(unsent)
+                self.router.release_many.remote([unsent for _, unsent in leases[n:]])
                 raise
             with self._lock:
                 self._running[ref] = (replica, bid)
@@ -162,10 +166,19 @@ class RayReplicas:
 
     def _finished(self, ref, lease):
         def finished(_):
-            self.router.release.remote(lease)
             with self._lock:
                 self._running.pop(ref, None)
+                self._releases.append(lease)
+                first = len(self._releases) == 1
+            if first:  # one router call for every batch whose completion is queued now (`soon` runs after them)
+                soon(self._release)
         return finished
+
+    def _release(self) -> None:
+        with self._lock:
+            leases, self._releases = self._releases, []
+        if leases:
+            self.router.release_many.remote(leases)
 
     def replica_of(self, ref) -> int | None:
         """The replica running a batch `solve` returned (None once it finished)."""
@@ -270,8 +283,9 @@ def start_system(plan: SystemPlan, placement: PlacementConfig, *, timeout_s: flo
     env = {"runtime_env": {"env_vars": dict(extra_env)}} if extra_env else {}
     opts = actor_options(transport, placement.agent_max_restarts, out_of_order=out_of_order)
     batching = {r: plan.service_args(r)[0].continuous_batching for r in roles}
-    system = RaySystem(plan, {}, None, pg, {}, timeout_s, replica, bulk_roles=frozenset(
-        r for r in roles if (batching[r] if bulk_dispatch is None else bulk_dispatch)))
+    bulk = frozenset(r for r in roles if (batching[r] if bulk_dispatch is None else bulk_dispatch))
+    system = RaySystem(plan, {}, None, pg, {}, timeout_s, replica, bulk_roles=bulk,
+                       serial_roles=frozenset(r for r in bulk if not batching[r]))
     try:
         for role in roles:
             spec, inner, outer = plan.service_args(role)
@@ -332,7 +346,8 @@ def start_orchestrator(system: RaySystem, placement: PlacementConfig, *, transpo
     # The orchestrator sits in no bundle: it may land on any node with a free CPU.
     restarts = actor_options(transport, placement.agent_max_restarts)["max_restarts"]
     system.orchestrator = Orchestrator.options(max_restarts=restarts, max_concurrency=system.max_batches).remote(
-        system.plan.style, system.copies or system.handles, system.timeout_s, transport, system.bulk_roles)
+        system.plan.style, system.copies or system.handles, system.timeout_s, transport, system.bulk_roles,
+        system.serial_roles)
 
 
 def await_orchestrator(system: RaySystem, placement: PlacementConfig, *, transport: str | Transport) -> RaySystem:

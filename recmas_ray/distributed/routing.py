@@ -14,7 +14,8 @@ with a budget of T tokens is B * T (the same forward-per-step unit the cost mode
                                      handles, so a call waiting upstream holds no queued work downstream
     ReplicaRouter.acquire(work)      per batch: the replica with the least queued work, as a lease that
                                      expires after `lease_s` unless renewed, so a killed client's share
-                                     is freed; `release(lease)` when the batch ends
+                                     is freed; `release(lease)` when the batch ends (`acquire_many`,
+                                     `release_many`: several batches in one call)
 
 A fresh copy needs no state from another: a prompt prefix it has not seen is prefilled again there
 (agents keep only a prefix cache, never a batch's messages, on the object store transport).
@@ -90,7 +91,11 @@ class DeferredCall:
     def __init__(self):
         self.outputs: list | None = None
         self.error: str | None = None
-        self._settled = threading.Event()
+        self.settled = False
+        """Whether it was submitted or given up (`outputs` / `error` are then final)."""
+        # created by the first `wait` only: two per agent call (its dispatch and its bulk queue entry) are
+        # mostly settled before anyone waits, and an Event (a Condition and two locks) costs the orchestrator
+        self._event: threading.Event | None = None
         self._listeners: list[Callable[[], None]] = []
         self._lock = threading.Lock()
 
@@ -98,31 +103,35 @@ class DeferredCall:
         """Record the submission's outputs (or why it was not submitted) and run the listeners; False when it
         had already settled."""
         with self._lock:
-            if self._settled.is_set():
+            if self.settled:
                 return False
             self.outputs, self.error = outputs, error
-            self._settled.set()
+            self.settled = True
             listeners, self._listeners = self._listeners, []
+            event = self._event
+        if event is not None:
+            event.set()
         for fn in listeners:
             fn()
         return True
 
-    @property
-    def settled(self) -> bool:
-        return self._settled.is_set()
-
     def on_settled(self, fn: Callable[[], None]) -> None:
         """Call `fn()` once the call is submitted or given up (at once if it already is)."""
         with self._lock:
-            if not self._settled.is_set():
+            if not self.settled:
                 self._listeners.append(fn)
                 return
         fn()
 
     def wait(self, timeout: float | None) -> list:
         """The outputs once submitted; TimeoutError when not settled in time, RuntimeError when given up."""
-        if not self._settled.wait(timeout):
-            raise TimeoutError("its inputs did not arrive in time")
+        if not self.settled:
+            with self._lock:
+                if not self.settled and self._event is None:
+                    self._event = threading.Event()
+                event = self._event
+            if event is not None and not event.wait(timeout):
+                raise TimeoutError("its inputs did not arrive in time")
         if self.error is not None:
             raise RuntimeError(self.error)
         return self.outputs
@@ -266,6 +275,17 @@ class ReplicaRouter:
             self.in_flight[i] += 1
             self.served[i] += 1
             return i, lease
+
+    def acquire_many(self, works: list[float], replicas: int | None = None) -> list[tuple[int, int]]:
+        """`acquire` for several batches in one call (one actor call for a client's whole refill), in order: each
+        sees the work of the ones before it, as separate calls in a row would."""
+        return [self.acquire(work, replicas) for work in works]
+
+    def release_many(self, leases: list[int]) -> None:
+        """`release` of several leases in one call (batches that finished together)."""
+        with self._lock:
+            for lease in leases:
+                self._drop(lease)
 
     def renew(self, lease: int) -> bool:
         """Extend a lease by `lease_s`; False when it had already expired (its work no longer counted)."""

@@ -102,7 +102,8 @@ class SimulatedAgent:
 
     def _run_device(self, ms: float) -> None:
         self.device_s_total += ms / 1000.0
-        time.sleep(ms / 1000.0)
+        if ms > 0:  # sleep(0) still hands the GIL to Ray's threads and waits to get it back: zero cost means none
+            time.sleep(ms / 1000.0)
 
     def embed_batch(self, users: list[str], latents: dict | None = None):
         """(E_BLD, mask_BL) placeholders: one position per sample; every received latent is read once."""

@@ -91,6 +91,39 @@ def test_a_queue_that_cannot_be_sent_fails_its_batches_and_not_the_others():
     assert ok[1].value(0) == "rollout_bulk-out1" and log.count("failed") == 1
 
 
+def test_a_serial_copys_calls_wait_while_its_window_is_full_then_leave_together():
+    """A copy that runs one call at a time (window 1 here) gets no second bulk call while one is outstanding: the
+    calls ready meanwhile wait (a flush leaves them, however long they waited) and leave as ONE call when it ends;
+    an unwindowed queue of another copy leaves at once."""
+    import time
+
+    from recmas_ray.distributed import bulk
+
+    watched = []
+    bulker, handle, other, log = Bulker(watch=lambda ref, fn: watched.append((ref, fn))), _Handle(), _Handle(), []
+
+    def add(h, users, window):
+        return bulker.add((id(h), "rollout"), h, "rollout", (4, ("a->b",)), 2, users, [], [],
+                          sent=lambda *a: log.append(users[0]), failed=lambda: None, cancelled=lambda: False,
+                          window=window)
+
+    first = add(handle, ["q0"], 1)
+    assert bulker.flush() == 1 and first[1].call.settled and len(watched) == 1
+    later = [add(handle, [f"q{k}"], 1) for k in (1, 2)]
+    free = add(other, ["q-other"], 0)
+    time.sleep(bulk.FLUSH_AFTER_S)
+    assert bulker.flush() == 1 and free[1].call.settled  # only the other copy's call left
+    assert not bulker.due() and bulker.flush() == 0 and len(handle.sent) == 1
+    assert not any(p.call.settled for outs in later for p in outs)
+    ref, ended = watched.pop()
+    assert ref == "rollout_bulk-out0"
+    ended(None)  # its Ray call ended: the two waiting calls leave together
+    assert bulker.flush() == 1 and len(handle.sent) == 2 and not bulker
+    (_, args) = handle.sent[1]
+    assert [c[0] for c in args[2]] == [["q1"], ["q2"]] and log == ["q0", "q-other", "q1", "q2"]
+    assert [outs[1].value(0) for outs in later] == ["rollout_bulk-out1", "rollout_bulk-out2"]
+
+
 SIM = "sim:hidden=64,step_ms=2,token_ms=1,tokens=3"
 CPU = PlacementConfig(preset="cpu", cpus_per_agent=0.1, agent_max_restarts=0)
 
@@ -117,6 +150,8 @@ def test_bulk_dispatched_batches_match_one_call_each_and_none_is_lost(ray_cluste
         try:
             runs[bulk] = replicas.solve_all(batches, cfg, in_flight_per_replica=8)
             logs[bulk] = replicas.call_logs()[0]
+            # simulated agents run one call at a time: forced into bulk dispatch, their calls are windowed
+            assert replicas.systems[0].serial_roles == (set(plan.style.roles) if bulk else set())
             stats = ray.get(replicas.systems[0].orchestrator.group_stats.remote(), timeout=60)
         finally:
             replicas.shutdown()
@@ -150,7 +185,7 @@ def test_bulk_calls_of_continuous_batching_agents_give_each_batch_its_local_answ
         plan.specs[role] = dataclasses.replace(spec, continuous_batching=True)
     replicas = build_replicas(plan, dataclasses.replace(CPU, cpus_per_agent=0.25), timeout_s=120)
     try:
-        assert replicas.systems[0].bulk_roles == set(plan.style.roles)
+        assert replicas.systems[0].bulk_roles == set(plan.style.roles) and not replicas.systems[0].serial_roles
         remote = replicas.solve_all(batches, cfg, in_flight_per_replica=3)
         # the answer-format retry continues from the decoder's input, whose latents are parts of bulk calls
         got = remote[2][1][1]

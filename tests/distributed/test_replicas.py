@@ -97,6 +97,46 @@ def _router_settles(replicas, timeout_s: float = 30.0) -> dict:
         time.sleep(0.1)
 
 
+class _Recorder:
+    """A stand-in router / orchestrator: `<name>.remote(*args)` records the call; `solve` returns a stored ref."""
+
+    def __init__(self):
+        self.calls: list = []
+
+    def __getattr__(self, name):
+        recorder = self
+
+        class _Method:
+            @staticmethod
+            def remote(*args):
+                recorder.calls.append((name, args))
+                if name == "acquire_many":
+                    return ray.put([(0, 100 + k) for k in range(len(args[0]))])
+                return ray.put(f"{name}-{len(recorder.calls)}")
+        return _Method
+
+
+def test_leases_are_asked_in_one_router_call_and_handed_back_in_few(ray_cluster):
+    """Three batches submitted together: one `acquire_many` for the three (not one `acquire` each); once they
+    finished, every lease goes back through `release_many` (one call per wave of completions, at most one each)."""
+    from recmas_ray.distributed.replicas import RayReplicas, RaySystem
+
+    plan = simulated_plan("sequential_light", SIM)
+    router, orchestrator = _Recorder(), _Recorder()
+    system = RaySystem(plan, {}, orchestrator, None, {}, 30.0)
+    replicas = RayReplicas(plan, [system], router, 30.0)
+    refs = replicas.submit([([f"q{k}"], ["math"], f"b{k}") for k in range(3)], CFG)
+    assert ray.get(refs, timeout=30) == ["solve-1", "solve-2", "solve-3"]
+    assert [name for name, _ in router.calls[:1]] == ["acquire_many"] and len(router.calls[0][1][0]) == 3
+    deadline = time.monotonic() + 30
+    while sorted(lease for name, args in router.calls if name == "release_many" for lease in args[0]) != [
+            100, 101, 102]:
+        assert time.monotonic() < deadline, router.calls
+        time.sleep(0.01)
+    names = [name for name, _ in router.calls]
+    assert "acquire" not in names and "release" not in names and 1 <= names.count("release_many") <= 3
+
+
 SLOW_SOLVER = {"planner": "sim:step_ms=1", "critic": "sim:step_ms=1", "solver": "sim:step_ms=1,token_ms=500,tokens=4"}
 
 

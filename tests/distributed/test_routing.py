@@ -6,7 +6,8 @@ import threading
 import pytest
 
 from recmas_ray.config.recursion import DecodeConfig, RecursionConfig
-from recmas_ray.distributed.routing import Dispatcher, Pending, ReplicaRouter, RoleGroup, batch_work
+from recmas_ray.distributed.routing import (DeferredCall, Dispatcher, Pending, ReplicaRouter, RoleGroup,
+                                            batch_work)
 from recmas_ray.styles import get_style
 
 
@@ -201,6 +202,39 @@ def test_a_renewed_lease_survives_and_a_released_one_frees_at_once():
     router.release(lease)
     router.release(lease)  # twice: harmless
     assert router.stats()["in_flight"] == [0, 0] and router.stats()["queued"] == [0.0, 0.0]
+
+
+def test_a_deferred_call_makes_its_event_only_for_a_waiter():
+    """Most calls are settled before anyone waits (the orchestrator makes two per agent call): those never build
+    an Event; a waiter on another thread still wakes when the call settles, and a later waiter returns at once."""
+    quick = DeferredCall()
+    quick.settle(["out"])
+    assert quick.wait(0) == ["out"] and quick._event is None
+    slow, got = DeferredCall(), []
+    waiter = threading.Thread(target=lambda: got.append(slow.wait(10)))
+    waiter.start()
+    while slow._event is None:  # the waiter is in wait()
+        threading.Event().wait(0.001)
+    slow.settle(["late"])
+    waiter.join(10)
+    assert got == [["late"]] and slow.wait(0) == ["late"]
+    given_up = DeferredCall()
+    given_up.settle(None, "batch cancelled")
+    with pytest.raises(RuntimeError, match="batch cancelled"):
+        given_up.wait(0)
+    with pytest.raises(TimeoutError):
+        DeferredCall().wait(0.01)
+
+
+def test_many_leases_in_one_call_match_one_call_each():
+    """`acquire_many` / `release_many` (one router call for a client's refill, one for the batches that finished
+    together): the same replicas and leases as calls one after another, and everything freed."""
+    works = [100.0, 10.0, 10.0, 50.0, 1.0]
+    one_by_one, together = ReplicaRouter(3), ReplicaRouter(3)
+    assert together.acquire_many(works) == [one_by_one.acquire(w) for w in works]
+    assert [i for i, _ in together.acquire_many([5.0, 5.0], replicas=1)] == [0, 0]
+    together.release_many([lease for lease in range(1, 8)] + [7])  # (a lease twice: harmless)
+    assert together.stats()["in_flight"] == [0, 0, 0] and together.stats()["queued"] == [0.0, 0.0, 0.0]
 
 
 def test_the_replica_router_weighs_work_not_batch_counts_and_is_thread_safe():

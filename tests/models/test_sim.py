@@ -37,6 +37,20 @@ def test_rows_stop_at_different_tokens_and_the_call_lasts_for_the_longest():
     assert parse_sim_name("sim:")["row_share"] == 0.0 and parse_sim_name("sim:")["eos_spread"] == 0.0
 
 
+def test_a_zero_cost_call_does_not_wait_at_all(monkeypatch):
+    """Zero cost (the control-plane benchmark's agents) never sleeps: even sleep(0) hands the GIL to the actor's
+    other threads and waits to get it back."""
+    from recmas_ray.models import sim
+
+    def no_sleep(seconds):
+        raise AssertionError(f"slept {seconds}")
+
+    monkeypatch.setattr(sim.time, "sleep", no_sleep)
+    agent = SimulatedAgent("sim:hidden=8,step_ms=0,token_ms=0,tokens=2,prefill_ms=0", role="solver")
+    assert agent.latent_rollout(torch.zeros(2, 1, 1), None, 3).shape == (2, 3, 8)
+    assert [d.num_tokens for d in agent.decode(torch.zeros(2, 1, 1), None, DecodeConfig(max_new_tokens=4))] == [2, 2]
+
+
 def test_the_cost_table_prices_prefill_per_row_token_and_rows_leaving_at_eos():
     p = parse_sim_name("sim:token_ms=1,row_share=0.5,prefill_ms=1,prompt_tokens=10,prefill_token_ms=0.1")
     # prefill 1 + 10 x 0.1 x 2 rows = 3; tokens 0-1 with 2 rows at 1.5 each, tokens 2-3 with 1 row at 1
