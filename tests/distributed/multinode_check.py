@@ -125,7 +125,12 @@ def check_spread_equivalence(system, plan, names, timeout_s: float) -> dict:
     # is submitted: the batch finished); either resolves to the agent's reply, the message's stored ref.
     handles = [ref.value(timeout_s) if isinstance(ref, Pending) else ref for _, _, ref in rec_ray.messages]
     refs = ray.get(handles, timeout=timeout_s)
-    locations = ray.experimental.get_object_locations(refs, timeout_ms=int(timeout_s * 1000))
+    # One ref per call: with refs of several owners (each agent owns its messages) Ray sends one request per
+    # owner and can settle its promise twice when a reply lands while it still sends, aborting the driver
+    # (ray-project/ray#65523; seen in CI). A single owner is a single request.
+    locations = {}
+    for stored in refs:
+        locations.update(ray.experimental.get_object_locations([stored], timeout_ms=int(timeout_s * 1000)))
     ray_msgs = [from_wire(m) for m in ray.get(refs, timeout=timeout_s)]
     rec_local = RecordingPool(local_pool(plan))
     local = run_batch(rec_local, plan.style, QUESTIONS, tasks, CFG)
