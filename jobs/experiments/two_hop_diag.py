@@ -88,6 +88,9 @@ def main(argv=None) -> int:
                     help="hop 1's message is snapped to the critic's token embeddings: softmax over the cosines of "
                          "link(z) to every token's input embedding at temperature TAU, times that table (0: off)")
     ap.add_argument("--hop2_snap", type=float, default=0.0, metavar="TAU", help="the same for hop 2 (the solver's)")
+    ap.add_argument("--hop1_link", default="outer", choices=("outer", "token"),
+                    help="hop 1's link: the release's outer link (--hop1_init, --hop1_snap), or links.TokenLink "
+                         "(temperature --hop1_snap, 0.02 when unset)")
     ap.add_argument("--hop2_link", default="outer", choices=("outer", "token"),
                     help="hop 2's link: the release's outer link (init by --hop2_init, snapped by --hop2_snap), or "
                          "links.TokenLink (the critic's nearest token re-said in the solver's embeddings, plus a "
@@ -151,15 +154,20 @@ def main(argv=None) -> int:
     link1, link2 = planner.outer_links[e1], critic.outer_links[e2]
     fresh = {e: {k: v.detach().clone() for k, v in link.state_dict().items()} for e, link in ((e1, link1), (e2, link2))}
     rng = random.Random(args.seed)
-    if args.hop1_snap:
+    if args.hop1_snap and args.hop1_link == "outer":
         planner.outer_links[e1] = SnapLink(link1, critic.model.get_input_embeddings(), args.hop1_snap)
-    if args.hop2_link == "token":
-        src_ids, dst_ids = shared_token_pairs(critic.tokenizer, solver.tokenizer, max_pairs=None, blanks=True)
+    def token_link(src, dst, tau):
+        src_ids, dst_ids = shared_token_pairs(src.tokenizer, dst.tokenizer, max_pairs=None, blanks=True)
         with torch.no_grad():
-            critic.outer_links[e2] = TokenLink(critic.model.get_input_embeddings()(torch.tensor(src_ids)),
-                                               solver.model.get_input_embeddings()(torch.tensor(dst_ids)),
-                                               args.hop2_snap or 0.02)
-        print(f"[2hop] hop 2: TokenLink over {len(src_ids)} shared tokens", flush=True)
+            link = TokenLink(src.model.get_input_embeddings()(torch.tensor(src_ids)),
+                             dst.model.get_input_embeddings()(torch.tensor(dst_ids)), tau or 0.02)
+        print(f"[2hop] {src.role}->{dst.role}: TokenLink over {len(src_ids)} shared tokens", flush=True)
+        return link
+
+    if args.hop1_link == "token":
+        planner.outer_links[e1] = token_link(planner, critic, args.hop1_snap)
+    if args.hop2_link == "token":
+        critic.outer_links[e2] = token_link(critic, solver, args.hop2_snap)
     elif args.hop2_snap:
         critic.outer_links[e2] = SnapLink(link2, solver.model.get_input_embeddings(), args.hop2_snap)
     print(f"[2hop] loaded {time.perf_counter() - t0:.0f} s", flush=True)
@@ -347,7 +355,8 @@ def main(argv=None) -> int:
     print(f"[2hop] hop 1 trains on {args.hop1_loss}; critic gold tokens of one row: "
           f"{[critic.tokenizer.decode([t]) for t in critic.tokenizer(samples[0].targets['critic'], add_special_tokens=False).input_ids[:m]]}",
           flush=True)
-    train_link(link1, "hop1", hop1_loss, args.outer_steps if args.hop1_steps is None else args.hop1_steps)
+    train_link(planner.outer_links[e1] if args.hop1_link == "token" else link1, "hop1", hop1_loss,
+               args.outer_steps if args.hop1_steps is None else args.hop1_steps)
     print(f"[2hop] critic rollout says the value (after hop 1): seen {says_value(seen)}, unseen "
           f"{says_value(unseen)}", flush=True)
 
