@@ -22,6 +22,15 @@ def exact_embeddings(source, target, h_ND: torch.Tensor) -> tuple[torch.Tensor, 
     return emb(torch.tensor(ids)), texts
 
 
+def nearest_token_share(v_ND: torch.Tensor, exact_ND: torch.Tensor, embed, m: int) -> list[float]:
+    """Per rollout step, the share of rows whose nearest token of `embed` (by cosine) to v is the one nearest to
+    the exact embedding (rows of m steps each), rounded to 3 places."""
+    unit = torch.nn.functional.normalize(embed.weight.float(), dim=-1)
+    want = (torch.nn.functional.normalize(exact_ND.float(), dim=-1) @ unit.T).argmax(-1)
+    near = (torch.nn.functional.normalize(v_ND.float(), dim=-1) @ unit.T).argmax(-1)
+    return [round(float(r), 3) for r in (near == want).float().reshape(-1, m).mean(0)]
+
+
 def token_classification_fit(link, x_ND, ids_N, emb, num_steps: int, name: str, temperature: float = 0.05):
     """Refine a ridge-fitted link on its pairs: cross-entropy over the cosines of link(x) to the embeddings of
     every target token the pairs name (the right token must be the nearest, which a least-squares fit to
@@ -116,9 +125,5 @@ def print_hop2_ceilings(critic, solver, style, sched, task: str, m: int, rows: l
             for t, s in zip(said, ss)]
     graded(*solver.embed_batch(told, {slot: torch.zeros(len(rows), 0, solver.hidden_size)}),
            "told the critic's argmax text before its question")
-    unit = torch.nn.functional.normalize(solver.model.get_input_embeddings().weight.float(), dim=-1)
-    want = (torch.nn.functional.normalize(exact.float(), dim=-1) @ unit.T).argmax(-1)
-    near = (torch.nn.functional.normalize(link2(z_ND).float(), dim=-1) @ unit.T).argmax(-1)
-    right = (near == want).float().reshape(len(rows), m).mean(0)
     print(f"[2hop] hop-2 link: its nearest solver token is the critic's argmax, per step ({texts[:m]}): "
-          f"{[round(float(r), 3) for r in right]}", flush=True)
+          f"{nearest_token_share(link2(z_ND), exact, solver.model.get_input_embeddings(), m)}", flush=True)

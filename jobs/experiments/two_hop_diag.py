@@ -112,8 +112,8 @@ def main(argv=None) -> int:
 
     from jobs.experiments.fact_diag import own_shuffled_fresh
     from jobs.experiments.sweep_recipe_measure import probe_x
-    from jobs.experiments.two_hop_checks import (exact_embeddings, print_ceilings, print_hop2_ceilings, states_value,
-                                                 token_classification_fit)
+    from jobs.experiments.two_hop_checks import (exact_embeddings, nearest_token_share, print_ceilings,
+                                                 print_hop2_ceilings, states_value, token_classification_fit)
     from recmas_ray.links import SnapLink, TokenLink, init_bridge
     from recmas_ray.pool import LocalPool
     from recmas_ray.system.launch import local_pool
@@ -314,13 +314,9 @@ def main(argv=None) -> int:
             cos = {name: torch.nn.functional.cosine_similarity(v.float(), exact, dim=-1).reshape(len(ss), m).mean(0)
                    for name, v in (("link(z)", link1(z_ND)), ("message", planner.outer_links[e1](z_ND)),
                                    ("z itself", z_ND))}
-            unit = torch.nn.functional.normalize(critic.model.get_input_embeddings().weight.float(), dim=-1)
-            want = torch.nn.functional.normalize(exact, dim=-1) @ unit.T
             for name, v in (("message", planner.outer_links[e1](z_ND)), ("z itself", z_ND)):
-                near = (torch.nn.functional.normalize(v.float(), dim=-1) @ unit.T).argmax(-1)
-                right = (near == want.argmax(-1)).float().reshape(len(ss), m).mean(0)
                 print(f"[2hop] held-out: {name}'s nearest critic token is the planner's argmax, per step: "
-                      f"{[round(float(r), 3) for r in right]}", flush=True)
+                      f"{nearest_token_share(v, exact, critic.model.get_input_embeddings(), m)}", flush=True)
             print(f"[2hop] held-out cosine to the critic's embedding of the planner's argmax, per rollout step "
                   f"({texts[:m]}): " + "; ".join(f"{k} {[round(float(c), 3) for c in v]}" for k, v in cos.items()),
                   flush=True)
