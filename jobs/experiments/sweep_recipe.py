@@ -36,6 +36,10 @@ flags) and the table to <out_dir>/summary.md. Recipes (`RECIPES`; --recipes pick
                   bridge init (`--outer_init state_bridge`), value tokens weighted 5x (all non-reference)
   full_*_r1       every stage sends its m-step rollout, graph kept through the agents that receive latents;
                   full_detached_* cuts each rollout step's fed-back inner(h) from the graph (non-reference)
+  token_hop_by_hop_r1
+                  every hop a token link, only the last (into the decoder) trained, on the earlier stages' frozen
+                  rollouts as inference sends them (`jobs.experiments.hop_by_hop`; in-process, not Ray Train;
+                  non-reference): the two-hop setting that carries the fact (docs/learning_runs.md, run F)
 
 --style distillation runs the one-hop system (the Gemma-3-270M expert is told the fact, the SmolLM2-135M learner
 decodes): the value has to cross one link, where sequential_light's critic must carry it on through its own
@@ -61,6 +65,7 @@ from typing import Annotated
 
 from recmas_ray.config.checks import OneOf, Range, WritableDir
 from recmas_ray.config.cli import run_job
+from recmas_ray.train.config import SCHEDULES
 from recmas_ray.train.synthetic_facts import FACT_TASKS
 
 RELEASE = {"max_latent_tokens": 80, "num_recursive_rounds": 2, "lr": 5e-4, "warmup_steps": 1}
@@ -97,9 +102,12 @@ RECIPES: dict[str, dict] = {
     "full_bridge_value_r1_lr3e-3": {**R1, **FULL, **BRIDGE, **VALUE, "lr": 3e-3},
     "full_bridge_value_r2": {**RELEASE, "lr": 1e-3, **FULL, **BRIDGE, **VALUE},
     "full_detached_bridge_value_r1": {**R1, **FULL, **DETACHED, **BRIDGE, **VALUE},
+    "token_hop_by_hop_r1": {"trainer": "hop_by_hop", "num_recursive_rounds": 1, "lr": 1e-3, "token_tau": 0.02,
+                            "rollout_latent_steps": "m", **VALUE},
 }
 """Recipe name -> OuterTrainConfig fields (on top of the sweep's steps, batch size and seed); "m" stands for
-the sweep's --latent_steps."""
+the sweep's --latent_steps. A recipe with "trainer": "hop_by_hop" runs `hop_by_hop.train` instead, reading its
+lr, value_token_weight and token_tau (the token links' temperature, run F's 0.02)."""
 SWEEP_STYLES = ("sequential_light", "distillation", "mixture", "deliberation")
 
 
@@ -132,6 +140,12 @@ class SweepRecipeConfig:
     """Inner-loop steps per role (trained once, shared by every recipe)."""
     inner_lr: Annotated[float, Range(0, 1, lo_open=True)] = 3e-3
     """Inner-loop learning rate (the demo's)."""
+    inner_schedule: Annotated[str, OneOf(SCHEDULES)] = "cosine"
+    """Inner-loop lr after warmup: cosine (to 0, the reference), linear or constant (the two-hop runs': a
+    critic whose inner link stops short of a cosine loss near 0.003 never states the value)."""
+    role_models: dict[str, str] = field(default_factory=dict)
+    """Base model per role instead of the preset's, ROLE=MODEL (e.g. planner=pkg:gemma3-270m: SmolLM2's rollout
+    never states the value, docs/learning_runs.md)."""
     outer_steps: Annotated[int, Range(1, 1_000_000)] = 64
     """Outer-loop steps of every recipe."""
     outer_batch_size: Annotated[int, Range(1, 1024)] = 4
@@ -188,6 +202,7 @@ def _inner(cfg: SweepRecipeConfig, train_file: Path, out: Path) -> dict[str, str
     else:
         train_all_roles(with_system(
             InnerTrainConfig, style=cfg.style, mas_role="all", preset=cfg.preset, dataset_name=str(train_file),
+            role_models=dict(cfg.role_models), lr_scheduler_type=cfg.inner_schedule,
             save_dir=str(out / "inner"), max_steps=cfg.inner_steps, batch_size=4, lr=cfg.inner_lr, warmup_steps=2,
             save_every=cfg.inner_steps, seed=cfg.seed, num_workers=0, progress=False, max_length=512, task=cfg.task,
             log_every=max(1, cfg.inner_steps // 4)))
@@ -207,7 +222,7 @@ def _outer(cfg: SweepRecipeConfig, recipe: str, inner: dict, train_file: Path, e
 
     t0 = time.perf_counter()
     tc = with_system(
-        OuterTrainConfig, style=cfg.style, preset=cfg.preset, ckpt_override=dict(inner),
+        OuterTrainConfig, style=cfg.style, preset=cfg.preset, ckpt_override=dict(inner), role_models=dict(cfg.role_models),
         dataset_name=str(train_file),
         task=cfg.task, save_dir=str(out / recipe / "outer"), max_steps=cfg.outer_steps,
         batch_size=cfg.outer_batch_size, save_every=cfg.outer_steps, seed=cfg.seed, cpus_per_worker=0.5,
@@ -216,6 +231,33 @@ def _outer(cfg: SweepRecipeConfig, recipe: str, inner: dict, train_file: Path, e
         **recipe_settings(recipe, cfg))
     res = train_outer(tc)
     return str(res.save_dir), res.log, res.eval_log, time.perf_counter() - t0
+
+
+def _hop_by_hop(cfg: SweepRecipeConfig, recipe: str, inner: dict, train: list[dict], heldout: list[dict],
+                out: Path) -> dict:
+    """A hop_by_hop recipe: train its token links in-process on the measuring agents, then measure them."""
+    from jobs.experiments import hop_by_hop
+    from jobs.experiments.sweep_recipe_measure import Measurer
+    from recmas_ray.system.provenance import link_origin
+
+    settings = recipe_settings(recipe, cfg)
+    t0 = time.perf_counter()
+    measurer = Measurer(cfg, inner, heldout)
+    measurer._use(measurer.plan_of(inner), "none")
+    done = hop_by_hop.train(measurer.pool, measurer.style, train, task=cfg.task, m=cfg.latent_steps,
+                            steps=cfg.outer_steps, batch_size=cfg.outer_batch_size, lr=settings["lr"],
+                            value_weight=settings["value_token_weight"], tau=settings["token_tau"], seed=cfg.seed,
+                            save_dir=out / recipe / "outer", log=lambda line: print(line, flush=True))
+    secs, log = time.perf_counter() - t0, done["log"]
+    print(f"[sweep] {recipe}: hop-by-hop training {secs:.0f} s, loss {log[0]['loss']:.3f} -> {log[-1]['loss']:.3f}",
+          flush=True)
+    got = measurer.recipe(None, settings, rows=tuple(r for r in cfg.extra_rows if r != "bridge_init"),
+                          attach=lambda pool: hop_by_hop.attach(pool, done["links"]))
+    measurer.close()
+    got["link_origins"] = {r: link_origin(d) for r, d in inner.items()}
+    got.update(recipe=recipe, settings=settings, train_seconds=secs, loss_first=log[0]["loss"],
+               loss_last=log[-1]["loss"], eval_curve=[], outer_links=str(out / recipe / "outer" / hop_by_hop.LINKS_FILE))
+    return got
 
 
 def main_cfg(cfg: SweepRecipeConfig) -> int:
@@ -258,7 +300,9 @@ def main_cfg(cfg: SweepRecipeConfig) -> int:
         results["_baselines"] = json.loads(path.read_text())
     for recipe in cfg.recipes:
         path = out / recipe / "result.json"
-        if not path.exists():
+        if not path.exists() and recipe_settings(recipe, cfg).get("trainer") == "hop_by_hop":
+            path.write_text(json.dumps(_hop_by_hop(cfg, recipe, inner, train, heldout, out), indent=2))
+        elif not path.exists():
             save_dir, log, curve, secs = _outer(cfg, recipe, inner, train_file, eval_file, out)
             print(f"[sweep] {recipe}: outer training {secs:.0f} s, loss {log[0]['loss']:.3f} -> "
                   f"{log[-1]['loss']:.3f}", flush=True)

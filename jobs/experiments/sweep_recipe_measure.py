@@ -101,7 +101,8 @@ class Measurer:
         self.cfg, self.rows = cfg, heldout
         self.questions = [question_text(r) for r in heldout]
         self.plan_of = lambda overrides: plan_system(cfg.style, preset=cfg.preset, ckpt_override=overrides,
-                                                     seed=cfg.seed, task=cfg.task)
+                                                     seed=cfg.seed, task=cfg.task,
+                                                     role_models=dict(getattr(cfg, "role_models", {}) or {}))
         self.inner = dict(inner)
         base = self.plan_of(self.inner)
         self.style = base.style
@@ -166,11 +167,17 @@ class Measurer:
         return {"single_floor": self._run("single_agent", 1), "single_ceiling": self._run("single_agent", 1, questions=full),
                 "textmas": self._run("textmas", 1)}
 
-    def recipe(self, outer_dir: str, settings: dict, rows: tuple[str, ...] = ("zeroed", "bridge_init")) -> dict:
+    def recipe(self, outer_dir: str | None, settings: dict, rows: tuple[str, ...] = ("zeroed", "bridge_init"),
+               attach=None) -> dict:
         """Trained links (own, shuffled latents) and fresh outer links, at the recipe's R and latent norm; `rows`
-        adds zeroed latents and the untrained bridge init (a bridge recipe only)."""
+        adds zeroed latents and the untrained bridge init (a bridge recipe only). The trained links are the
+        checkpoint in `outer_dir`, or, with `attach(pool)`, what it attaches to the agents (`hop_by_hop`)."""
         rounds, norm = settings.get("num_recursive_rounds", 2), settings.get("latent_norm", "none")
-        self._use(self.plan_of({**self.inner, "outer": outer_dir}), norm)
+        if attach is None:
+            self._use(self.plan_of({**self.inner, "outer": outer_dir}), norm)
+        else:
+            self._use(self.plan_of(self.inner), norm)
+            attach(self.pool)
         got = {"trained": self._run("recursive_mas", rounds), "shuffled": self._run("recursive_mas", rounds, ablation="shuffle")}
         compared = ["shuffled", "fresh"]
         if "zeroed" in rows:

@@ -42,6 +42,24 @@ task) and arithmetic (the standard task: the sequential system on a + b / a - b,
 
 
 @dataclass(kw_only=True)
+class TwoHopFactsConfig:
+    """What the sequential (two-hop) fact tasks use instead of the one-hop recipe (docs/learning_runs.md, run F:
+    57/64 held-out own vs 4/64 shuffled vs 0/64 fresh)."""
+
+    recipe: str = "token_hop_by_hop_r1"
+    """Outer recipe (`jobs.experiments.sweep_recipe.RECIPES`): token links on both hops, the hop into the solver
+    trained on the critic's rollouts as inference sends them (`jobs.experiments.hop_by_hop`, non-reference)."""
+    inner_steps: Annotated[int, Range(1, 100_000)] = 300
+    """Inner-loop steps per role: the critic's rollout states the value at 300 steps (cosine loss ~0.003), not
+    at 120 (0/32)."""
+    inner_schedule: Annotated[str, OneOf(("cosine", "linear", "constant"))] = "constant"
+    """Inner-loop lr after warmup (run F's constant 3e-3)."""
+    role_models: dict[str, str] = field(default_factory=lambda: {"planner": "pkg:gemma3-270m"})
+    """Base models instead of the preset's: a Gemma-3-270M planner (SmolLM2's rollout never states the value),
+    so the fact crosses Gemma -> Gemma -> SmolLM2."""
+
+
+@dataclass(kw_only=True)
 class FactsConfig:
     """Sizes and recipe of the hidden-fact tasks (`jobs.experiments.demo.facts`)."""
 
@@ -70,6 +88,8 @@ class FactsConfig:
     """m: latent steps per agent, in training (the rollout and the bridge fit) and at evaluation (diag7's 6)."""
     max_new_tokens: Annotated[int, Range(1, 256)] = 16
     """Decoding budget of every text step (diag7's 16: "q = 72. \\boxed{72}" fits)."""
+    two_hop: TwoHopFactsConfig = field(default_factory=TwoHopFactsConfig)
+    """Recipe, inner training and models of the sequential_light tasks (two hops)."""
 
 
 @dataclass(kw_only=True)
@@ -89,11 +109,11 @@ class DemoConfig:
     role_models (e.g. --role_model critic=pkg:smollm2-135m-instruct; recorded in every checkpoint manifest and
     the results) and seed (of data, links and training; at most MAX_SEED)."""
     tasks: Annotated[list[str], OneOf(FACT_TASK_CHOICES), NonEmpty()] = field(
-        default_factory=lambda: ["distillation:recall"])
+        default_factory=lambda: ["distillation:recall", "sequential_light:recall"])
     """What runs, in order (FACT_TASK_CHOICES): hidden-fact tasks STYLE:TASK, whose answer lines come first, and
-    arithmetic, the standard task. The default is the one-hop fact task alone (docs/learning_runs.md: 38.7 min
-    at load average 3-54 with 64 + 64 held-out; the default's 32 + 32 fit the 20-minute budget, arithmetic
-    alone took another 22 min), so arithmetic runs with --full or --tasks distillation:recall,arithmetic."""
+    arithmetic, the standard task. The default is the one-hop and the two-hop fact task (32 + 32 held-out each;
+    the one-hop task took 20 min on 2 idle cores, the two-hop one adds its 300-step inner links and hop-by-hop
+    training), so arithmetic (another 22 min) runs with --full or --tasks ...,arithmetic."""
     facts: FactsConfig = field(default_factory=FactsConfig)
     """The hidden-fact tasks' sizes and recipe (--facts.outer_steps ...)."""
     difficulty: Annotated[str, OneOf(tuple(DIFFICULTIES))] = "arith"
@@ -195,8 +215,9 @@ class DemoConfig:
                                  f"{self.hidden_question} has only {DIFFICULTY_SIZES[family]} distinct questions")
         from jobs.experiments.sweep_recipe import RECIPES as FACT_RECIPES
 
-        if self.facts.recipe not in FACT_RECIPES:
-            raise ValueError(f"--facts.recipe {self.facts.recipe!r}: expected one of {', '.join(FACT_RECIPES)}")
+        for flag, recipe in (("--facts.recipe", self.facts.recipe), ("--facts.two_hop.recipe", self.facts.two_hop.recipe)):
+            if recipe not in FACT_RECIPES:
+                raise ValueError(f"{flag} {recipe!r}: expected one of {', '.join(FACT_RECIPES)}")
         self.typed_options()
         for flag, values in (("--ablation_rounds", self.ablation_rounds), ("--link_rounds", self.link_rounds)):
             bad = sorted(set(values) - set(self.rounds))

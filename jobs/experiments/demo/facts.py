@@ -27,10 +27,15 @@ def sweep_config(cfg, style: str, task: str, out: Path):
     from jobs.experiments.sweep_recipe import SweepRecipeConfig
 
     f = cfg.facts
+    two_hop = {"recipes": [f.two_hop.recipe], "inner_steps": f.two_hop.inner_steps,
+               "inner_schedule": f.two_hop.inner_schedule,
+               # real base models only with the real preset (tiny runs keep their random families)
+               "role_models": dict(f.two_hop.role_models) if cfg.system.preset == "demo" else {}}
     return SweepRecipeConfig(
         out_dir=str(out / "facts" / f"{style}-{task}"), style=style, preset=cfg.system.preset, fact_task=task,
-        task="qa", recipes=[f.recipe], num_train=f.num_train, num_eval=f.num_seen, num_unseen=f.num_unseen,
-        inner_steps=f.inner_steps, outer_steps=f.outer_steps, outer_batch_size=f.batch_size,
+        task="qa", num_train=f.num_train, num_eval=f.num_seen, num_unseen=f.num_unseen,
+        **({"recipes": [f.recipe], "inner_steps": f.inner_steps} | (two_hop if style == "sequential_light" else {})),
+        outer_steps=f.outer_steps, outer_batch_size=f.batch_size,
         latent_steps=f.latent_steps, max_new_tokens=f.max_new_tokens, eval_batch_size=cfg.batch_size,
         baselines=True, extra_rows=[], seed=cfg.system.seed)
 
