@@ -1,11 +1,12 @@
-"""Hop-by-hop training of a chain's links as token links: the recipe that carries a fact across two hops.
+"""Hop-by-hop training with token links: the recipe that carries a fact across two hops.
 
-A chain style (sequential_light: planner -> critic -> solver; distillation: expert -> learner) at R = 1. Every
-edge gets a `links.TokenLink` (the sender's latent read off as its nearest shared token, re-said in the
-receiver's embeddings, plus a residual that starts at zero). The edges before the last stay untrained (the pure
-translation); the last edge, into the decoder, is trained on the decoder's loss with value tokens weighted,
-given what inference sends it: every earlier stage's m-step latent rollout from the message it received,
-frozen and memoised per question (`chain_latents`). Non-reference throughout.
+Any style at R = 1 whose decoder decodes last and reads latents (sequential_light: planner -> critic -> solver;
+distillation: expert -> learner; mixture: three experts -> summarizer). Every edge gets a `links.TokenLink` (the
+sender's latent read off as its nearest shared token, re-said in the receiver's embeddings, plus a residual that
+starts at zero). Edges between earlier stages stay untrained (the pure translation); the edges into the decoder
+are trained on the decoder's loss with value tokens weighted, given what inference sends them: every earlier
+stage's m-step latent rollout from the messages it received, frozen and memoised per question
+(`sender_latents`). Non-reference throughout.
 
 Why (docs/learning_runs.md, "Hop 2 carries the fact"): training both outer links end to end through the solver's
 loss left the fact in the middle agent; a regression link across families picks the right digit for 16-63% of
@@ -29,17 +30,14 @@ import torch
 LINKS_FILE = "links.pt"
 
 
-def chain_edges(style, sched) -> list[str]:
-    """"sender->receiver" of each hop of a chain schedule (each stage after the first reads the one before it
-    through one slot; the last stage decodes); ValueError otherwise."""
-    edges = []
-    for prev, step in zip(sched, sched[1:]):
-        if len(step.inputs) != 1:
-            raise ValueError(f"hop-by-hop training needs a chain: stage {step.role} reads {len(step.inputs)} slots")
-        edges.append(f"{prev.role}->{step.role}")
-    if sched[-1].role != style.decoder:
-        raise ValueError(f"hop-by-hop training needs the decoder last, got {[s.role for s in sched]}")
-    return edges
+def decoder_edges(style, sched) -> list[str]:
+    """The edges into the decoder (the ones trained) of a one-round schedule (each role once) whose decoder is
+    its last step and reads latents; ValueError for anything else (e.g. R = 2)."""
+    roles = [s.role for s in sched]
+    if roles[-1] != style.decoder or len(set(roles)) != len(roles) or not sched[-1].inputs:
+        raise ValueError(f"hop-by-hop training needs one round with the decoder last and reading latents, got "
+                         f"steps {roles}")
+    return [edge for _, edge in sched[-1].inputs]
 
 
 def token_link(src, dst, tau: float, ids: tuple[list[int], list[int]] | None = None):
@@ -76,31 +74,34 @@ def load(path: Path) -> dict:
     return saved
 
 
-def chain_latents(agents: dict, style, sched, task: str, m: int, samples) -> torch.Tensor:
-    """[B * m, D] latents (after its inner link) of the stage before the decoder, for `samples`, as inference
-    computes them: each earlier stage's m-step latent rollout from its prompt with the message it received
-    spliced into its slot, sent on through the pool's outer link of that edge."""
+def sender_latents(agents: dict, style, sched, task: str, m: int, samples) -> dict[str, torch.Tensor]:
+    """edge into the decoder -> [B * m, D] latents (after its sender's inner link) for `samples`, as inference
+    computes them: each earlier stage's m-step latent rollout from its prompt with the messages it received
+    spliced into its slots, sent on through the agents' outer links."""
     from recmas_ray.styles import render_prompt
 
-    msg, edges = None, chain_edges(style, sched)
+    into_decoder, msgs, out = set(decoder_edges(style, sched)), {}, {}
     with torch.no_grad():
-        for k, step in enumerate(sched[:-1]):
+        for step in sched[:-1]:
             agent = agents[step.role]
             users = [render_prompt(style, step.role, step.variant, task, s.question) for s in samples]
-            e_BLD, mask_BL = agent.embed_batch(users, {step.inputs[0][0]: msg} if msg is not None else {})
+            e_BLD, mask_BL = agent.embed_batch(users, {slot: msgs[edge] for slot, edge in step.inputs})
             z_ND = agent.inner_link(agent.latent_rollout(e_BLD, mask_BL, m).reshape(-1, agent.hidden_size))
-            if k < len(sched) - 2:
-                msg = agent.outer_links[edges[k]](z_ND).reshape(len(samples), m, -1)
-    return z_ND
+            for edge in step.outputs:
+                if edge in into_decoder:
+                    out[edge] = z_ND
+                else:
+                    msgs[edge] = agent.outer_links[edge](z_ND).reshape(len(samples), m, -1)
+    return out
 
 
 def train(pool, style, train_rows: list[dict], *, task: str, m: int, steps: int, batch_size: int, lr: float,
           value_weight: float, tau: float, seed: int, save_dir: Path, log=print) -> dict:
-    """Token links on every hop, the last one trained; writes <save_dir>/links.pt and log.json, returns
+    """Token links on every edge, those into the decoder trained; writes <save_dir>/links.pt and log.json, returns
     {"links": (as `load`), "log": per-step losses}. With a links.pt already there (an earlier run that stopped
     before its measurement), that is loaded instead of training again."""
     from recmas_ray.styles import build_schedule
-    from recmas_ray.train.outer import Latent, emit_messages, encode_stage, prepare_samples
+    from recmas_ray.train.outer import Latent, encode_stage, prepare_samples
 
     save_dir = Path(save_dir)
     if (save_dir / LINKS_FILE).exists():
@@ -109,47 +110,55 @@ def train(pool, style, train_rows: list[dict], *, task: str, m: int, steps: int,
         return {"links": saved, "log": json.loads((save_dir / "log.json").read_text())}
     agents = {r: svc.agent for r, svc in pool.services.items()}
     sched = build_schedule(style, 1)
-    edges = chain_edges(style, sched)
+    trained = decoder_edges(style, sched)
+    edges = [e for step in sched[:-1] for e in step.outputs]
     ids = {}
     for edge in edges:
         src, dst = edge.split("->")
         agents[src].outer_links[edge], ids[edge] = token_link(agents[src], agents[dst], tau)
-        log(f"[hop-by-hop] {edge}: token link over {len(ids[edge][0])} shared tokens")
-    last, sender, decoder = edges[-1], agents[sched[-2].role], agents[sched[-1].role]
-    link = sender.outer_links[last]
+        agents[src].outer_links[edge].requires_grad_(False)  # frozen unless it feeds the decoder (below)
+        log(f"[hop-by-hop] {edge}: token link over {len(ids[edge][0])} shared tokens"
+            f"{', trained' if edge in trained else ', untrained (the pure translation)'}")
+    decoder = agents[style.decoder]
+    links = {e: agents[e.split("->")[0]].outer_links[e] for e in trained}
     samples = prepare_samples(train_rows, style, task)
-    memo: dict[str, torch.Tensor] = {}  # the frozen earlier stages' latents, per question
+    memo: dict[str, dict[str, torch.Tensor]] = {}  # the frozen earlier stages' latents, per question
 
-    def latents_of(batch):
+    def latents_of(batch) -> dict[str, torch.Tensor]:
         todo = [s for s in batch if s.sample_id not in memo]
         if todo:
-            z = chain_latents(agents, style, sched, task, m, todo).reshape(len(todo), m, -1)
-            memo.update({s.sample_id: z[i] for i, s in enumerate(todo)})
-        return torch.cat([memo[s.sample_id] for s in batch])
+            got = sender_latents(agents, style, sched, task, m, todo)
+            for i, s in enumerate(todo):
+                memo[s.sample_id] = {e: z.reshape(len(todo), m, -1)[i] for e, z in got.items()}
+        return {e: torch.cat([memo[s.sample_id][e] for s in batch]) for e in trained}
 
     torch.manual_seed(seed)
     rng = random.Random(seed)
-    link.float().requires_grad_(True)
-    opt = torch.optim.AdamW(link.parameters(), lr=lr, betas=(0.9, 0.95), weight_decay=0.0)
+    params = []
+    for link in links.values():
+        params += list(link.float().requires_grad_(True).parameters())
+    opt = torch.optim.AdamW(params, lr=lr, betas=(0.9, 0.95), weight_decay=0.0)
     order, per_epoch, t0, history = list(range(len(samples))), max(1, len(samples) // batch_size), time.perf_counter(), []
-    slot = sched[-1].inputs[0][0]
     for step in range(steps):
         if step % per_epoch == 0:
             rng.shuffle(order)
         batch = [samples[i] for i in order[(step % per_epoch) * batch_size:][:batch_size]]
-        msg = emit_messages(sender, latents_of(batch), (last,))[last]
-        enc = encode_stage(decoder, style, sched[-1], batch, {slot: Latent(msg, [m] * len(batch))},
-                           batch_size=len(batch), value_token_weight=value_weight, task=task, num_rounds=1,
+        z = latents_of(batch)
+        received = {slot: Latent(links[edge](z[edge]), [m] * len(batch)) for slot, edge in sched[-1].inputs}
+        enc = encode_stage(decoder, style, sched[-1], batch, received, batch_size=len(batch),
+                           value_token_weight=value_weight, task=task, num_rounds=1,
                            max_latent_tokens=max(80, m), non_last_loss_weight=0.1)
         opt.zero_grad()
         enc.objective.backward()
-        torch.nn.utils.clip_grad_norm_(link.parameters(), 1.0)
+        torch.nn.utils.clip_grad_norm_(params, 1.0)
         opt.step()
         history.append({"step": step, "loss": float(sum(enc.sample_losses) / len(enc.sample_losses)),
                         "objective": float(enc.objective.detach())})
         if step % max(1, steps // 8) == 0 or step == steps - 1:
-            log(f"[hop-by-hop] {last} step {step} loss {history[-1]['loss']:.3f} ({time.perf_counter() - t0:.0f} s)")
-    link.requires_grad_(False)
+            log(f"[hop-by-hop] {', '.join(trained)} step {step} loss {history[-1]['loss']:.3f} "
+                f"({time.perf_counter() - t0:.0f} s)")
+    for link in links.values():
+        link.requires_grad_(False)
     saved = {e: {"residual.weight": agents[e.split("->")[0]].outer_links[e].residual.weight.detach().cpu().clone(),
                  "residual.bias": agents[e.split("->")[0]].outer_links[e].residual.bias.detach().cpu().clone(),
                  "source_ids": torch.tensor(ids[e][0]), "target_ids": torch.tensor(ids[e][1]),
