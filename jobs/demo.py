@@ -1,8 +1,9 @@
 """The main job: real heterogeneous language models collaborating in latent space, trained and compared.
 
 On a local Ray cluster (or the one `ray job submit` runs in), offline: first the hidden-fact tasks of --tasks
-(`jobs.experiments.demo.facts`; by default distillation:recall, whose line "trained links carry the fact: X/N own
-vs Y/N shuffled vs Z/N fresh (McNemar p ...)" prints first), then, with --tasks ...,arithmetic or --full:
+(`jobs.experiments.demo.facts`; by default distillation:recall, one hop, and sequential_light:recall, two hops,
+whose lines "trained links carry the fact: X/N own vs Y/N shuffled vs Z/N fresh (McNemar p ...)" print first),
+then, with --tasks ...,arithmetic or --full:
   1. generate arithmetic questions ("What is 17 - 8?"; train / held-out split, no question in both)
   2. train the sequential style's inner links (three roles at once), then its outer links
   3. compare on the same held-out questions: single agent, TextMAS, Recursive-TextMAS and RecursiveMAS
@@ -11,9 +12,10 @@ vs Y/N shuffled vs Z/N fresh (McNemar p ...)" prints first), then, with --tasks 
      token reduction; per edge: message cosine, variance ratio, held-out probes; paired tests: McNemar,
      NLL differences +- SE) and the verdicts, and write a PNG
 
-  python jobs/demo.py                    # the one-hop hidden-fact task: does a trained link carry what only
-                                         # the expert was told? (real small models, 32 + 32 held-out)
-  python jobs/demo.py --tasks distillation:recall,arithmetic   # then the standard arithmetic task (+22 min)
+  python jobs/demo.py                    # the hidden-fact tasks: do trained links carry what only the first
+                                         # agent was told, across one hop and two? (real small models,
+                                         # 32 + 32 held-out each)
+  python jobs/demo.py --tasks distillation:recall,arithmetic   # one hop, then the standard arithmetic task
   python jobs/demo.py --tasks arithmetic --rounds 1,2           # arithmetic alone, also R = 2
   python jobs/demo.py --full             # every fact task (128 + 128 held-out) and arithmetic, hours on 2 cores
   python jobs/demo.py --quick            # smoke run, a few minutes

@@ -9,9 +9,13 @@ told it, about one fact ("What is x?"), so the decoder's answer can come only th
     mixture     math x, code y, science n (three letters)          one of them          mixture (the summarizer picks its slot)
     compare     the first stage (x = 65.)                          "Is x greater than   every style: the decoder combines what
                                                                     52?" yes / no         it sees (52) with what it is sent
+    choose      the first stage (x = 65.)                          "x is 56 or 65.      every style: the decoder sees two
+                                                                    What is x?"           candidates, the upstream agent knows
 
-`compare` is the collaboration task: the single agent without the fact answers by chance (about half),
-the channel can lift it; its gold is `yes` / `no`.
+`compare` and `choose` are the collaboration tasks (`COLLABORATION_TASKS`): the single agent without the fact
+is not at the floor (about half by picking), the channel can lift it. SmolLM2-135M told the fact does no better
+than chance on `compare` (it does not compare two-digit numbers, docs/learning_runs.md), so `choose` asks for
+what it can do, copying one of two values it sees, with the other agent's fact deciding which.
 
 `split_by_value` holds out a share of the fact values: the unseen-values held-out rows' facts (every fact
 of the row) never occur in any training row, the seen-values held-out rows are questions not in training
@@ -22,7 +26,9 @@ from __future__ import annotations
 
 import random
 
-FACT_TASKS = ("recall", "two_fact", "mixture", "compare")
+FACT_TASKS = ("recall", "two_fact", "mixture", "compare", "choose")
+COLLABORATION_TASKS = ("compare", "choose")
+"""Tasks the decoder can partly solve alone (its single-agent accuracy is neither floor nor ceiling)."""
 FACT_VALUES = (10, 99)
 """Fact values (inclusive): two digits, one token pattern for all, chance 1 in 90."""
 FACT_VARIABLES = ("x", "y", "n", "k", "a", "b", "m", "p", "q", "r", "s", "t")
@@ -31,7 +37,8 @@ FIRST_STAGE = {"sequential": "planner", "sequential_light": "planner", "sequenti
 MIXTURE_EXPERTS = ("math", "code", "science")
 TASK_STYLES = {"recall": ("sequential_light", "sequential", "distillation", "deliberation", "mixture"),
                "two_fact": ("sequential_light", "sequential"), "mixture": ("mixture",),
-               "compare": ("sequential_light", "sequential", "distillation", "deliberation", "mixture")}
+               "compare": ("sequential_light", "sequential", "distillation", "deliberation", "mixture"),
+               "choose": ("sequential_light", "sequential", "distillation", "deliberation", "mixture")}
 """Styles each task applies to (mixture's recall tells the math expert alone)."""
 
 
@@ -63,11 +70,15 @@ def _texts(told: dict[str, str], asked_var: str, value: int, gold: str, answer: 
 def fact_row(task: str, style: str, rng: random.Random, values: list[int]) -> dict:
     """One row of `task` for `style` with fact values drawn from `values`."""
     first = FIRST_STAGE[style]
-    if task in ("recall", "compare"):
+    if task in ("recall", "compare", "choose"):
         var, x = rng.choice(FACT_VARIABLES), rng.choice(values)
         told = {first: f"{var} = {x}."}
         if task == "recall":
             question, gold, answer = f"What is {var}?", str(x), f"{var} = {x}. \\boxed{{{x}}}"
+        elif task == "choose":  # the decoy from the same values (an unseen-values row holds no seen value)
+            c = rng.choice([v for v in values if v != x])
+            a, b = (x, c) if rng.random() < 0.5 else (c, x)
+            question, gold, answer = f"{var} is {a} or {b}. What is {var}?", str(x), f"{var} = {x}. \\boxed{{{x}}}"
         else:
             c = rng.choice([v for v in range(FACT_VALUES[0], FACT_VALUES[1] + 1) if v != x])
             gold = "yes" if x > c else "no"

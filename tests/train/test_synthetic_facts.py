@@ -13,7 +13,14 @@ def test_only_upstream_roles_are_told_and_the_gold_states_the_asked_fact(task):
         assert len({r["full_question"] for r in rows}) == 40
         for r in rows:
             told = " ".join(r["role_context"].values())
-            assert str(r["facts"]["fact"]) in told and str(r["facts"]["fact"]) not in r["question"]
+            assert str(r["facts"]["fact"]) in told
+            if task == "choose":  # the decoder sees the fact as one of two different candidates
+                assert r["question"].split(" is ")[1].split(".")[0].split(" or ") in (
+                    [str(r["facts"]["fact"]), r["question"].split(" or ")[1].split(".")[0]],
+                    [r["question"].split(" is ")[1].split(" or ")[0], str(r["facts"]["fact"])])
+                assert len(set(r["question"].split(" is ")[1].split(".")[0].split(" or "))) == 2
+            else:
+                assert str(r["facts"]["fact"]) not in r["question"]
             assert not {"solver", "learner", "summarizer", "toolcaller"} & set(r["role_context"])
             assert r["answer"].endswith(f"\\boxed{{{r['gold']}}}")
             if task != "compare":
@@ -62,3 +69,13 @@ def test_upstream_gold_texts_state_the_asked_fact_first(style):
         upstream = ["distill_expert"] if style == "distillation" else ["plan", "refined_plan"]
         for name in upstream:
             assert row[name].startswith(fact), (name, row[name], fact)
+
+
+def test_choose_puts_the_fact_first_or_second_and_unseen_rows_show_no_seen_value():
+    import re
+
+    train, seen, unseen = split_by_value("choose", "distillation", num_train=200, num_seen=20, num_unseen=40, seed=4)
+    first = [r["question"].split(" is ")[1].startswith(f"{r['facts']['fact']} ") for r in train]
+    assert 0.3 < sum(first) / len(first) < 0.7  # a decoder that always copies one position gets about half
+    train_values = {int(v) for r in train for v in re.findall(r"\d+", r["full_question"])}
+    assert not train_values & {int(v) for r in unseen for v in re.findall(r"\d+", r["full_question"])}

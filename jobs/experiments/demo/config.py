@@ -36,7 +36,8 @@ MIN_HELDOUT = 64
 
 
 FACT_TASK_CHOICES = ("distillation:recall", "sequential_light:recall", "sequential_light:two_fact",
-                     "mixture:mixture", "distillation:compare", "sequential_light:compare", "arithmetic")
+                     "mixture:mixture", "distillation:compare", "sequential_light:compare", "distillation:choose",
+                     "sequential_light:choose", "arithmetic")
 """What the demo can run: STYLE:TASK hidden-fact tasks (`train.synthetic_facts`; compare is the collaboration
 task) and arithmetic (the standard task: the sequential system on a + b / a - b, every agent sees it all)."""
 
@@ -109,11 +110,12 @@ class DemoConfig:
     role_models (e.g. --role_model critic=pkg:smollm2-135m-instruct; recorded in every checkpoint manifest and
     the results) and seed (of data, links and training; at most MAX_SEED)."""
     tasks: Annotated[list[str], OneOf(FACT_TASK_CHOICES), NonEmpty()] = field(
-        default_factory=lambda: ["distillation:recall", "sequential_light:recall"])
+        default_factory=lambda: ["distillation:recall", "sequential_light:recall", "distillation:choose"])
     """What runs, in order (FACT_TASK_CHOICES): hidden-fact tasks STYLE:TASK, whose answer lines come first, and
-    arithmetic, the standard task. The default is the one-hop and the two-hop fact task (32 + 32 held-out each;
-    the one-hop task took 20 min on 2 idle cores, the two-hop one adds its 300-step inner links and hop-by-hop
-    training), so arithmetic (another 22 min) runs with --full or --tasks ...,arithmetic."""
+    arithmetic, the standard task. The default: the one-hop and the two-hop recall tasks and the collaboration
+    task choose (the learner sees "x is 56 or 65", the expert knows x), 32 + 32 held-out each (the one-hop task
+    took 20 min on 2 idle cores, the two-hop one adds its 300-step inner links); arithmetic (another 22 min)
+    runs with --full or --tasks ...,arithmetic."""
     facts: FactsConfig = field(default_factory=FactsConfig)
     """The hidden-fact tasks' sizes and recipe (--facts.outer_steps ...)."""
     difficulty: Annotated[str, OneOf(tuple(DIFFICULTIES))] = "arith"
@@ -263,7 +265,7 @@ def full() -> DemoConfig:
     """the longer run (hours on 2 cores): every fact task at 128 + 128 held-out, then arithmetic (96 held-out
     questions, R = 1, 2, more training; about 40 minutes of it)"""
     return DemoConfig(num_train=180, num_eval=96, rounds=[1, 2], inner_steps=48, outer_steps=24, outer_rounds=2,
-                      tasks=["distillation:recall", "sequential_light:recall", "distillation:compare",
+                      tasks=["distillation:recall", "sequential_light:recall", "distillation:choose", "distillation:compare",
                              "sequential_light:two_fact", "mixture:mixture", "arithmetic"],
                       facts=FactsConfig(num_seen=128, num_unseen=128))
 

@@ -20,6 +20,7 @@ import json
 from pathlib import Path
 
 from jobs.experiments.sweep_recipe_measure import split_parts
+from recmas_ray.train.synthetic_facts import COLLABORATION_TASKS
 
 
 def sweep_config(cfg, style: str, task: str, out: Path):
@@ -57,7 +58,7 @@ def report_tasks(style: str, task: str, sc, result: dict, baselines: dict) -> li
     split; compare is the collaboration task."""
     from jobs.experiments.demo.sweep_rows import rows_from_measure
 
-    return [{"style": style, "task": f"{task} ({split})", "collaboration": task == "compare",
+    return [{"style": style, "task": f"{task} ({split})", "collaboration": task in COLLABORATION_TASKS,
              "rows": rows_from_measure(result, baselines, positions=part, rounds=1)}
             for split, part in parts_of(sc).items()]
 
