@@ -133,16 +133,27 @@ def start_cluster(args):
     cluster at --address, which must answer within 10 s)."""
     import ray
 
+    if args.address:
+        os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+        ray.init(address=args.address, log_to_driver=False)
+        return None
+    return simulated_cluster(args.nodes, cpus_per_node=args.cpus_per_node, gpus_per_node=args.gpus_per_node)
+
+
+def simulated_cluster(nodes: int, *, cpus_per_node: int, gpus_per_node: int = 0,
+                      object_store_memory: int = 384 * 2**20):
+    """Start a simulated cluster on 127.0.0.1 and connect this process to it: a 1-CPU head plus `nodes` nodes of
+    `cpus_per_node` logical CPUs, `gpus_per_node` fake GPUs and `object_store_memory` bytes of object store
+    each. Returns the `ray.cluster_utils.Cluster` (the caller shuts it down after `ray.shutdown()`)."""
+    import ray
+    from ray.cluster_utils import Cluster
+
     from recmas_ray.distributed.cluster import loopback_only
 
     os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
-    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    # The workers (they inherit this environment) import this checkout: the repository root, above jobs/.
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (root, os.environ.get("PYTHONPATH")) if p)
-    if args.address:
-        ray.init(address=args.address, log_to_driver=False)
-        return None
-    from ray.cluster_utils import Cluster
-
     # A private temp dir: the simulated cluster's address file must not replace the machine's own
     # (`ray.init()` / init_ray elsewhere would join it); short, for Ray's 108-byte socket paths.
     if "RAY_TMPDIR" not in os.environ:
@@ -151,15 +162,15 @@ def start_cluster(args):
         os.environ["RAY_TMPDIR"] = tempfile.mkdtemp(prefix="rbs", dir="/tmp")
     # Each simulated node gets its share of this host's free memory: left alone, every node would declare
     # the whole host's, and memory-aware sizing (the clients' auto depth) would plan for several hosts.
-    node_memory = int(0.7 * os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE") / (args.nodes + 1))
+    node_memory = int(0.7 * os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE") / (nodes + 1))
     with loopback_only():
         cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 1, "include_dashboard": False,
                                                                 "object_store_memory": 256 * 2**20,
                                                                 "memory": node_memory,
                                                                 "node_ip_address": "127.0.0.1"})
-        for _ in range(args.nodes):
-            cluster.add_node(num_cpus=args.cpus_per_node, num_gpus=args.gpus_per_node, memory=node_memory,
-                             object_store_memory=384 * 2**20, node_ip_address="127.0.0.1")
+        for _ in range(nodes):
+            cluster.add_node(num_cpus=cpus_per_node, num_gpus=gpus_per_node, memory=node_memory,
+                             object_store_memory=object_store_memory, node_ip_address="127.0.0.1")
         cluster.wait_for_nodes()
         ray.init(address=cluster.address, log_to_driver=False, configure_logging=False)
     return cluster
