@@ -173,8 +173,11 @@ class SweepRecipeConfig:
     """Seed of the data, the link init and the data order."""
 
     def validate(self) -> None:
-        """--inner_from must hold every role's inner link (checked before Ray or any model starts)."""
-        from recmas_ray.styles import get_style
+        """--role_models names roles of --style; --inner_from holds every role's inner link (checked before Ray
+        or any model starts)."""
+        from recmas_ray.styles import check_role_models, get_style
+
+        check_role_models("--role_models", dict(self.role_models), self.style)
 
         roles = get_style(self.style).roles
         if self.inner_from and not all((Path(self.inner_from) / r / "manifest.json").exists() for r in roles):

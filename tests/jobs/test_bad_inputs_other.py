@@ -32,6 +32,7 @@ ROWS = [
     ("demo", ["--bogus"], "unrecognized arguments: --bogus"),
     ("demo", ["--role_model", "judge=pkg:smollm2-135m-instruct"], "--role_model names ['judge']; expected roles"),
     ("demo", ["--role_model", "critic="], "--role_model critic=: empty value"),
+    ("demo", ["--facts.two_hop.role_models", "expert=pkg:gemma3-270m"], "--facts.two_hop.role_models names ['expert']"),
     ("bench.speed", ["--role_model", "judge=tiny:qwen3"], "--role_model names ['judge']"),
     ("bench.outer", ["--role_model", "boss=tiny:qwen3"], "--role_model names ['boss']"),
 ]

@@ -217,6 +217,9 @@ class DemoConfig:
                                  f"{self.hidden_question} has only {DIFFICULTY_SIZES[family]} distinct questions")
         from jobs.experiments.sweep_recipe import RECIPES as FACT_RECIPES
 
+        from recmas_ray.styles import check_role_models
+
+        check_role_models("--facts.two_hop.role_models", dict(self.facts.two_hop.role_models), "sequential_light")
         for flag, recipe in (("--facts.recipe", self.facts.recipe), ("--facts.two_hop.recipe", self.facts.two_hop.recipe)):
             if recipe not in FACT_RECIPES:
                 raise ValueError(f"{flag} {recipe!r}: expected one of {', '.join(FACT_RECIPES)}")
