@@ -110,15 +110,16 @@ def main(argv=None) -> int:
 
     import dataclasses
 
+    from jobs.experiments import hop_by_hop
     from jobs.experiments.fact_diag import own_shuffled_fresh
     from jobs.experiments.sweep_recipe_measure import probe_x
     from jobs.experiments.two_hop_checks import (exact_embeddings, nearest_token_share, print_ceilings,
                                                  print_hop2_ceilings, states_value, token_classification_fit)
-    from recmas_ray.links import SnapLink, TokenLink, init_bridge
+    from recmas_ray.links import SnapLink, init_bridge
     from recmas_ray.pool import LocalPool
     from recmas_ray.system.launch import local_pool
     from recmas_ray.system.plan import plan_system
-    from recmas_ray.train.bridge import bridge_outer_links, shared_token_pairs, state_token_pairs, vocabulary_strings
+    from recmas_ray.train.bridge import bridge_outer_links, state_token_pairs, vocabulary_strings
     from recmas_ray.train.data import role_examples
     from recmas_ray.train.inner import inner_loss
     from recmas_ray.train.outer import Latent, emit_messages, encode_stage, prepare_samples
@@ -157,10 +158,7 @@ def main(argv=None) -> int:
     if args.hop1_snap and args.hop1_link == "outer":
         planner.outer_links[e1] = SnapLink(link1, critic.model.get_input_embeddings(), args.hop1_snap)
     def token_link(src, dst, tau):
-        src_ids, dst_ids = shared_token_pairs(src.tokenizer, dst.tokenizer, max_pairs=None, blanks=True)
-        with torch.no_grad():
-            link = TokenLink(src.model.get_input_embeddings()(torch.tensor(src_ids)),
-                             dst.model.get_input_embeddings()(torch.tensor(dst_ids)), tau or 0.02)
+        link, (src_ids, _) = hop_by_hop.token_link(src, dst, tau or 0.02)
         print(f"[2hop] {src.role}->{dst.role}: TokenLink over {len(src_ids)} shared tokens", flush=True)
         return link
 
