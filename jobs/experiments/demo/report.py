@@ -121,7 +121,7 @@ def build_figure(tasks: list[dict]):
     from jobs.experiments.demo.verdicts import _channel
 
     heights = [max(2.0, 0.32 * len(t["rows"]) + 1.0) for t in tasks]
-    fig = Figure(figsize=(13, 3.6 + sum(heights)))
+    fig = Figure(figsize=(max(13.0, 2.3 * len(tasks)), 3.6 + sum(heights)))  # ~2.3 in per task's three bars
     FigureCanvasAgg(fig)
     grid = fig.add_gridspec(1 + len(tasks), 2, height_ratios=[3.2, *heights], width_ratios=[3, 2])
     ax = fig.add_subplot(grid[0, :])
@@ -141,10 +141,11 @@ def build_figure(tasks: list[dict]):
             ticks.append(x)
             labels.append(what)
         # the task's name above its three bars (tick labels this long would run into the neighbours')
-        ax.text(4 * k + 1, 1.04, f"{_name(task)}, R={r}".replace(" (", "\n("), ha="center", va="bottom", fontsize=8)
+        ax.text(4 * k + 1, 1.13, f"{_name(task)}, R={r}".replace(" / ", " /\n").replace(" (", "\n("), ha="center",
+                va="bottom", fontsize=8)
     ax.set_xticks(ticks)
     ax.set_xticklabels(labels, fontsize=9 if len(ticks) <= 9 else 7)
-    ax.set_ylim(0, 1.22)
+    ax.set_ylim(0, 1.45)  # room for the counts above full bars and the three-line task names
     ax.set_ylabel("accuracy (strict)")
     ax.set_title("Do trained links carry the question? Own latents vs another question's (shuffled) vs fresh links\n"
                  "(strict accuracy; X/N and McNemar p vs own above the bars)", fontsize=11)
