@@ -1,6 +1,7 @@
 """Ray backend: same greedy predictions as in-process for all styles, fail-fast placement, dead agents."""
 
 import dataclasses
+import time
 
 import pytest
 import ray
@@ -119,7 +120,10 @@ def test_ray_direct_transport_gloo_matches_object_store(ray_cluster):
         ray.get(system.handles[role].rollout_keep.remote(f"{pool.key_prefix}:1", ["x"], [], 2, (edge,)), timeout=60)
         pool._holders.add((role, 0))  # (role, copy) that kept messages
         assert ray.get(system.handles[role].num_kept.remote(), timeout=60) == 1
-        pool.release_kept()
+        pool.release_kept()  # fire and forget: the agent may answer num_kept first (it runs calls concurrently)
+        deadline = time.monotonic() + 60
+        while ray.get(system.handles[role].num_kept.remote(), timeout=60) and time.monotonic() < deadline:
+            time.sleep(0.05)
         assert ray.get(system.handles[role].num_kept.remote(), timeout=60) == 0
     finally:
         system.shutdown()
