@@ -27,6 +27,8 @@ from pathlib import Path
 
 import torch
 
+from recmas_ray.styles.base import split_edge
+
 LINKS_FILE = "links.pt"
 
 
@@ -57,7 +59,7 @@ def attach(pool, saved: dict) -> None:
     """Attach the token links of a `links.pt` (as `load`ed) to the pool's in-process agents."""
     agents = {r: svc.agent for r, svc in pool.services.items()}
     for edge, entry in saved.items():
-        src, dst = edge.split("->")
+        src, dst = split_edge(edge)
         link, _ = token_link(agents[src], agents[dst], float(entry["tau"]),
                              (entry["source_ids"].tolist(), entry["target_ids"].tolist()))
         link.residual.load_state_dict({"weight": entry["residual.weight"], "bias": entry["residual.bias"]})
@@ -114,13 +116,14 @@ def train(pool, style, train_rows: list[dict], *, task: str, m: int, steps: int,
     edges = [e for step in sched[:-1] for e in step.outputs]
     ids = {}
     for edge in edges:
-        src, dst = edge.split("->")
+        src, dst = split_edge(edge)
         agents[src].outer_links[edge], ids[edge] = token_link(agents[src], agents[dst], tau)
         agents[src].outer_links[edge].requires_grad_(False)  # frozen unless it feeds the decoder (below)
         log(f"[hop-by-hop] {edge}: token link over {len(ids[edge][0])} shared tokens"
             f"{', trained' if edge in trained else ', untrained (the pure translation)'}")
     decoder = agents[style.decoder]
-    links = {e: agents[e.split("->")[0]].outer_links[e] for e in trained}
+    sent = {e: agents[split_edge(e)[0]].outer_links[e] for e in edges}  # edge -> its token link
+    links = {e: sent[e] for e in trained}
     samples = prepare_samples(train_rows, style, task)
     memo: dict[str, dict[str, torch.Tensor]] = {}  # the frozen earlier stages' latents, per question
 
@@ -159,8 +162,8 @@ def train(pool, style, train_rows: list[dict], *, task: str, m: int, steps: int,
                 f"({time.perf_counter() - t0:.0f} s)")
     for link in links.values():
         link.requires_grad_(False)
-    saved = {e: {"residual.weight": agents[e.split("->")[0]].outer_links[e].residual.weight.detach().cpu().clone(),
-                 "residual.bias": agents[e.split("->")[0]].outer_links[e].residual.bias.detach().cpu().clone(),
+    saved = {e: {"residual.weight": sent[e].residual.weight.detach().cpu().clone(),
+                 "residual.bias": sent[e].residual.bias.detach().cpu().clone(),
                  "source_ids": torch.tensor(ids[e][0]), "target_ids": torch.tensor(ids[e][1]),
                  "tau": torch.tensor(float(tau))} for e in edges}
     save_dir.mkdir(parents=True, exist_ok=True)

@@ -245,8 +245,7 @@ def _hop_by_hop(cfg: SweepRecipeConfig, recipe: str, inner: dict, train: list[di
 
     settings = recipe_settings(recipe, cfg)
     t0 = time.perf_counter()
-    measurer = Measurer(cfg, inner, heldout)
-    measurer._use(measurer.plan_of(inner), "none")
+    measurer = Measurer(cfg, inner, heldout)  # its agents start with the plan's links, latent norm none
     done = hop_by_hop.train(measurer.pool, measurer.style, train, task=cfg.task, m=cfg.latent_steps,
                             steps=cfg.outer_steps, batch_size=cfg.outer_batch_size, lr=settings["lr"],
                             value_weight=settings["value_token_weight"], tau=settings["token_tau"], seed=cfg.seed,

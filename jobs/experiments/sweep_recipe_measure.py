@@ -102,7 +102,7 @@ class Measurer:
         self.questions = [question_text(r) for r in heldout]
         self.plan_of = lambda overrides: plan_system(cfg.style, preset=cfg.preset, ckpt_override=overrides,
                                                      seed=cfg.seed, task=cfg.task,
-                                                     role_models=dict(getattr(cfg, "role_models", {}) or {}))
+                                                     role_models=dict(cfg.role_models))
         self.inner = dict(inner)
         base = self.plan_of(self.inner)
         self.style = base.style
