@@ -23,7 +23,7 @@ Figures (targets in brackets), read in the steady state (`scale_model.steady_win
   ray_call     (--ray_call) Ray's cost per agent call passing a message on, 0 B / 32 KiB / 1 MiB
   real models  (--real) tiny random-weight models, 1 vs 2 replicas: identical predictions
 
-  python -m jobs.bench.scale                        # simulated 2-node cluster, 24 fake GPUs
+  python -m jobs.bench.scale                        # simulated 2-node cluster, 30 fake GPUs
   python -m jobs.bench.scale --quick                # fewer batches, R = 1 only, no dilation
   python -m jobs.bench.scale --address HOST:PORT    # on a running cluster (its own GPUs) instead
 
@@ -32,6 +32,7 @@ Writes <output_path>/bench_scale.json and bench_scale.png; the machine's load av
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import platform
@@ -42,7 +43,8 @@ from dataclasses import dataclass, field
 from typing import Annotated
 
 from jobs.bench.scale_costs import call_costs, plot, real_models, targets
-from jobs.bench.scale_model import dilation_check, expected_role_ms, model_run, project, rel, summarize
+from jobs.bench.scale_model import (dilation_check, expected_role_ms, model_run, pool_caps, project, rel,
+                                    summarize)
 from recmas_ray.config.checks import NonEmpty, OneOf, Range, WritableDir
 from recmas_ray.config.cli import run_job
 from recmas_ray.config.recursion import MAX_LATENT_STEPS, MAX_ROUNDS
@@ -59,9 +61,12 @@ class ScaleBenchConfig:
 
     system: Annotated[str, OneOf(SYSTEMS)] = "light"
     """Paper system whose per-role costs are simulated: light (sequential) or mixture."""
-    gpus: Annotated[int, Range(1, 1024)] = 18
-    """GPUs (one per agent actor) of the balance comparison, the same for both layouts (18: six light
-    systems, or one pool of 3 / 2 / 13 copies at R = 1, 5 / 3 / 10 at R = 3)."""
+    gpus: Annotated[int, Range(1, 1024)] = 27
+    """GPUs (one per agent actor) of the balance comparison, the same for both layouts (27: nine light
+    systems, or one pool of 4 / 3 / 20 copies at R = 1, 7 / 5 / 15 at R = 3). Whole copies round each
+    role's share: at 18 GPUs (5 / 3 / 10) they cap the pools at 1.606x at R = 3 with a perfect scheduler,
+    at 27 at 1.667x (any split of these costs: 1.72x); `python -m jobs.bench.scale_model --gpus N` lists
+    them."""
     balance_rounds: Annotated[list[int], Range(1, MAX_ROUNDS), NonEmpty()] = field(default_factory=lambda: [1, 3])
     """R of the balance comparison."""
     dilation: Annotated[float, Range(0, 100, lo_open=True)] = 0.5
@@ -73,17 +78,23 @@ class ScaleBenchConfig:
     """Largest relative change of a ratio under dilation before the run counts as host-bound."""
     model_tolerance: Annotated[float, Range(0, 1)] = 0.03
     """Largest relative difference of Ray's throughput from the model's (devices only) for a match."""
-    num_batches: Annotated[int, Range(1, 100_000)] = 18
-    """Batches per whole-system replica's share of the GPUs (18 x 6 = 108 at 18 GPUs). The steady window
-    needs more than twice the batches in flight (auto: 6 per light replica): 18 gives it a third of the run."""
+    num_batches: Annotated[int, Range(1, 100_000)] = 48
+    """Batches per whole-system replica's share of the GPUs (48 x 9 = 432 at 27 GPUs). The steady window
+    needs more than twice the batches in flight (6 per light replica by default); in the model the pools /
+    whole ratio of a run moves by up to 7% at 16 per share, ~2% from 32 on (window edges fall between bunched
+    completions)."""
     model_batches_per_depth: Annotated[int, Range(3, 10_000)] = 30
     """Batches per batch in flight of the model's long runs (the figures it gives beside Ray's) and of the
     projection (4 at most there: the largest runs are big)."""
     batch_size: Annotated[int, Range(1, 4096)] = 4
     """Questions per batch."""
     num_clients: Annotated[int, Range(0, 1024)] = 0
-    """Batches in flight in all (0: the production default, two per agent actor, the same total for both
-    layouts); the model is given the depth the run shows."""
+    """Batches in flight in all, the same total for both layouts (0: the production default, two per agent
+    actor, `eval.stream.CLIENTS_PER_ACTOR`; given explicitly, so the memory cap of auto depth, sized for
+    real models' clients on a real cluster, does not shrink it on one host); the model is given the depth
+    the run shows."""
+    batches_per_client: Annotated[int, Range(1, 64)] = 8
+    """Batches each client process holds (`--stream.batches_per_client`): fewer processes on one host."""
     latent_steps: Annotated[int, Range(0, MAX_LATENT_STEPS)] = 32
     """m."""
     tokens: Annotated[int, Range(1, 100_000)] = 256
@@ -104,8 +115,14 @@ class ScaleBenchConfig:
     """Batches of the zero-cost control-plane measurement (0: skip it and the projection)."""
     nodes: Annotated[int, Range(1, 64)] = 2
     """Simulated nodes (ignored with address)."""
-    gpus_per_node: Annotated[int, Range(0, 1024)] = 12
-    """Fake GPUs per simulated node."""
+    gpus_per_node: Annotated[int, Range(0, 1024)] = 15
+    """Fake GPUs per simulated node (15: a light system's three agents pack onto one node, five per node)."""
+    object_store_mib: Annotated[int, Range(64, 1 << 20)] = 6144
+    """Object store of each simulated node, MiB (pages are taken as messages are stored). The in-flight batches'
+    messages and their copies on the other node must fit with room: under pressure Ray asks every worker for a
+    Python `gc.collect()`, which on 2 cores stalled each agent for up to ~3 s at a time (simulated device time
+    then reads as host time). At 384 MiB host time per call was 0.1-0.17 s, at 2 GiB 29 ms in the R = 3 pools
+    (2 ms in the whole systems, whose messages stay on one node), at 6 GiB 2.5 ms. GPU nodes have tens of GiB."""
     cpus_per_node: Annotated[int, Range(1, 1024)] = 16
     """Logical CPUs per simulated node (agents, orchestrators and clients mostly wait)."""
     ray_call: bool = False
@@ -123,8 +140,8 @@ class ScaleBenchConfig:
 
 
 def quick() -> ScaleBenchConfig:
-    """Fewer batches; R = 1 only; no dilation, projection to 64 GPUs."""
-    return ScaleBenchConfig(balance_rounds=[1], dilation_rounds=[], num_batches=12, control_batches=16,
+    """9 GPUs, fewer batches; R = 1 only; no dilation, projection to 64 GPUs."""
+    return ScaleBenchConfig(balance_rounds=[1], dilation_rounds=[], gpus=9, num_batches=16, control_batches=16,
                             project_gpus=[64])
 
 
@@ -137,7 +154,8 @@ def start_cluster(args):
         os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
         ray.init(address=args.address, log_to_driver=False)
         return None
-    return simulated_cluster(args.nodes, cpus_per_node=args.cpus_per_node, gpus_per_node=args.gpus_per_node)
+    return simulated_cluster(args.nodes, cpus_per_node=args.cpus_per_node, gpus_per_node=args.gpus_per_node,
+                             object_store_memory=args.object_store_mib * 2**20)
 
 
 def simulated_cluster(nodes: int, *, cpus_per_node: int, gpus_per_node: int = 0,
@@ -201,7 +219,7 @@ def eval_run(replicas, n_replicas: int, n_batches: int, rounds: int, args, tag: 
     first `n_replicas` replicas, `clients` batches in flight per replica (0: the production default).
 
     Read from the agents' own call logs by `scale_model.summarize` (steady window; busy by device and by
-    host time); `depth` is the batches that entered before the first one finished (what the model is given);
+    host time); `depth` is the most batches in flight at once (what the model is given);
     `agent_host_s_per_call` the mean of each call's span minus its device time; `wall_s` adds Ray Data's
     start of the client actors."""
     import ray
@@ -214,7 +232,7 @@ def eval_run(replicas, n_replicas: int, n_batches: int, rounds: int, args, tag: 
     view = RayReplicas(replicas.plan, replicas.systems[:n_replicas], start_router(n_replicas, timeout_s=args.timeout_s),
                        args.timeout_s)
     view.call_logs(clear=True)
-    stream = StreamConfig(num_clients=clients, client_cpus=0.05)
+    stream = StreamConfig(num_clients=clients, client_cpus=0.05, batches_per_client=args.batches_per_client)
     t0 = time.time()
     records = list(stream_samples(view, question_batches(n_batches, args.batch_size, tag), "recursive_mas",
                                   recursion(rounds, args), "strict", False, stream, timeout_s=args.timeout_s))
@@ -236,8 +254,14 @@ def eval_run(replicas, n_replicas: int, n_batches: int, rounds: int, args, tag: 
         raise RuntimeError(f"{tag}: the call logs name {len(entries)} of {n_batches} batches")
     out = summarize(logs, list(entries.values()))
     first_end = min(c["t1"] for c in decodes)
+    ends = [c["t1"] for c in decodes]
+    # most batches ever in flight at once (entered, not yet decoded): the depth the clients reached, which the
+    # first finish may come before (R = 1 batches finish while the last clients still start)
+    events = sorted([(t, 1) for t in entries.values()] + [(t, -1) for t in ends])
+    in_flight = max(itertools.accumulate(d for _, d in events))
     out.update({"replicas": n_replicas, "rounds": rounds, "batches": n_batches, "wall_s": wall,
-                "depth": sum(1 for t in entries.values() if t < first_end), "graded": len(records),
+                "depth": in_flight, "depth_at_first_finish": sum(1 for t in entries.values() if t < first_end),
+                "graded": len(records),
                 "agent_calls": len(calls),
                 "agent_host_s_per_call": sum(c["t1"] - c["t0"] - c["device_s"] for c in calls) / len(calls)})
     return out
@@ -266,6 +290,7 @@ def balance(plan, rounds: int, args, control: dict | None) -> dict:
     """Whole-system replicas vs one replica of per-role pools, both on `args.gpus` GPUs, each beside the
     model of the same run (devices only; with the measured host costs) and the model's long run."""
     from recmas_ray.distributed.role_copies import copies_from_costs
+    from recmas_ray.eval.stream import CLIENTS_PER_ACTOR
 
     style, params = plan.style, sim_params(plan)
     roles = list(style.roles)
@@ -273,16 +298,13 @@ def balance(plan, rounds: int, args, control: dict | None) -> dict:
     costs = expected_role_ms(style, params, rounds, args.latent_steps, args.tokens, args.batch_size)
     copies = copies_from_costs(costs, budget=n_whole * len(roles))
     out = {"rounds": rounds, "role_device_ms_per_batch": costs, "pool_copies": copies, "gpus": n_whole * len(roles),
-           # the best any layout can do: every GPU busy, vs whole systems paced by their slowest role
-           "ideal_per_gpu_ratio": max(costs.values()) * len(roles) / sum(costs.values()),
-           # ... and with these whole copies: the pool's slowest role (copies / cost) against the whole systems'
-           "ideal_ratio_for_these_copies": min(copies[r] / costs[r] for r in roles) * max(costs.values()) / n_whole}
+           **pool_caps(costs, copies, n_whole)}
     n_batches = args.num_batches * n_whole
     kw = dict(rounds=rounds, latent_steps=args.latent_steps, max_new_tokens=args.tokens, batch_size=args.batch_size)
     for name, cps, n in (("whole_system", None, n_whole), ("per_role_pools", copies, 1)):
         layout = [cps or {r: 1 for r in roles}] * n
         reps = build(plan, cps, n, args)
-        clients = max(1, args.num_clients // n) if args.num_clients else 0  # the same in flight in both
+        clients = max(1, (args.num_clients or CLIENTS_PER_ACTOR * out["gpus"]) // n)  # the same in flight in both
         try:
             run = eval_run(reps, n, n_batches, rounds, args, f"{name}-{rounds}", clients)
         finally:
@@ -322,6 +344,9 @@ def bench(args: ScaleBenchConfig) -> int:
         check_reachable(args.address)  # a dead address: one line and exit 2 before anything is written
     if args.gpus < len(PAPER_ROLES[args.system]):
         raise ValueError(f"--gpus {args.gpus}: the {args.system} system needs at least {len(PAPER_ROLES[args.system])}")
+    if not args.address and args.gpus > args.nodes * args.gpus_per_node:
+        raise ValueError(f"--gpus {args.gpus}: the simulated cluster has {args.nodes} x {args.gpus_per_node} fake GPUs; "
+                         "expected at most that (or more --nodes / --gpus_per_node)")
     import ray
 
     from jobs.bench.control import ControlBenchConfig, measure

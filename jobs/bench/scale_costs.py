@@ -119,6 +119,12 @@ def targets(report: dict, args) -> dict:
                                                                                   "one_orchestrator")}
                          for r in proj.get("rows", [])}
     out["saturates_at_gpus"] = proj.get("saturates_at_gpus")
+    bal, dil = out["balance"], out["dilation"]
+    out["met"] = {  # each target of the issue against this run's Ray figures (not the model's)
+        "pools_ratio_at_R3": bal["R3"]["per_gpu_ratio"] >= out["target_pools_ratio_at_R3"] if "R3" in bal else None,
+        "min_role_busy": {r: b["pools_min_role_busy_device"] >= out["target_min_role_busy"] for r, b in bal.items()},
+        "ray_matches_model": {r: b["model_match"] for r, b in bal.items()},
+        "dilation": {r: not d["host_bound"] for r, d in dil.items()}}
     out["failed_series"] = sorted(report["errors"])
     out["loadavg_1min_before_after"] = [report["machine"]["loadavg_1_5_15_before"][0],
                                         report["machine"]["loadavg_1_5_15_after"][0]]

@@ -317,6 +317,15 @@ def project(style, params, copies: dict[str, int], gpus_list: list[int], *, dept
                 "one_orchestrator": per_replica / max(x1 * calls_per_batch * orchestrator_s_per_call, 1e-12)}}
 
 
+def pool_caps(costs: dict[str, float], copies: dict[str, int], n_whole: int) -> dict[str, float]:
+    """The best pools / whole-system ratio per GPU a perfect scheduler gets: from any split of the GPUs
+    (every GPU busy, against whole systems paced by their slowest role) and from these whole `copies` (the
+    slowest role per copy), given each role's device time per batch (`costs`) and `n_whole` whole systems."""
+    slowest = max(costs.values())
+    return {"ideal_per_gpu_ratio": slowest * len(costs) / sum(costs.values()),
+            "ideal_ratio_for_these_copies": min(copies[r] / costs[r] for r in costs) * slowest / n_whole}
+
+
 def model_balance(args) -> list[dict]:
     """The balance series of `jobs.bench.scale` (a ScaleBenchConfig) in the model alone: whole-system replicas
     vs per-role pools at the production depth (two batches per agent actor) and twice it, routed when ready (as
@@ -336,7 +345,8 @@ def model_balance(args) -> list[dict]:
         depth = 2 * len(roles)
         whole = model_run(style, params, [{r: 1 for r in roles}] * n_whole, depth=depth,
                           num_batches=args.model_batches_per_depth * depth * n_whole, **kw)
-        row = {"rounds": rounds, "pool_copies": copies, "whole_system_busy": whole["busy_by_role"]}
+        row = {"rounds": rounds, "pool_copies": copies, "whole_system_busy": whole["busy_by_role"],
+               **pool_caps(costs, copies, n_whole)}
         for depth_name, pool_depth in (("depth_2_per_actor", 2 * n_whole * len(roles)),
                                        ("depth_4_per_actor", 4 * n_whole * len(roles))):
             for when in ("ready", "submitted"):

@@ -17,6 +17,7 @@ ROWS = [
     ("bench.scale", ["--ms_per_gparam", "-5"], "--ms_per_gparam -5.0"),
     ("bench.scale", ["--system", "chain"], "--system 'chain'"),
     ("bench.scale", ["--gpus", "2"], "--gpus 2"),
+    ("bench.scale", ["--gpus", "40"], "--gpus 40: the simulated cluster has 2 x 15 fake GPUs"),
     ("bench.hop", ["--sizes_mib", "0"], "--sizes_mib 0.0"),
     ("bench.hop", ["--transports", "rdt:nccl"], "--transports 'rdt:nccl': expected one of object_store, rdt:gloo"),
     ("bench.hop", ["--pairs", "far"], "--pairs 'far'"),

@@ -141,3 +141,15 @@ def test_as_built_a_call_is_routed_when_its_inputs_exist_which_feeds_the_pools_a
     assert built == ready
     assert built["min_role_busy"] > 0.8 > 0.76 > earlier["min_role_busy"]
     assert built["throughput_batches_per_s"] > 1.05 * earlier["throughput_batches_per_s"]
+
+
+def test_pool_caps_are_what_a_perfect_scheduler_gets_from_the_copies_and_from_any_split():
+    """Two roles costing 1 and 3 per batch on 4 GPUs (2 whole systems, paced by the slow role): any split gives
+    4 / (1 + 3) batches per cost unit against 2 / 3, i.e. 1.5x; copies 1 / 3 reach it, 2 / 2 leave the slow role
+    short (2 copies / 3) and give 1.0x."""
+    from jobs.bench.scale_model import pool_caps
+
+    costs = {"fast": 1.0, "slow": 3.0}
+    assert pool_caps(costs, {"fast": 1, "slow": 3}, 2) == pytest.approx(
+        {"ideal_per_gpu_ratio": 1.5, "ideal_ratio_for_these_copies": 1.5})
+    assert pool_caps(costs, {"fast": 2, "slow": 2}, 2)["ideal_ratio_for_these_copies"] == pytest.approx(1.0)
