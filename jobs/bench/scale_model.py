@@ -359,12 +359,18 @@ def model_balance(args) -> list[dict]:
     return rows
 
 
-if __name__ == "__main__":  # python -m jobs.bench.scale_model [scale flags]: the balance in the model alone
+def main(argv=None) -> int:
+    """python -m jobs.bench.scale_model [scale flags]: the balance in the model alone, as JSON."""
     import json
-    import sys
 
     from jobs.bench.scale import ScaleBenchConfig
     from recmas_ray.config.cli import run_job
 
-    sys.exit(run_job(lambda a: print(json.dumps(model_balance(a), indent=1)) or 0, ScaleBenchConfig, None,
-                     prog="python -m jobs.bench.scale_model", description=model_balance.__doc__))
+    return run_job(lambda a: print(json.dumps(model_balance(a), indent=1)) or 0, ScaleBenchConfig, argv,
+                   prog="python -m jobs.bench.scale_model", description=model_balance.__doc__)
+
+
+if __name__ == "__main__":
+    import sys
+
+    sys.exit(main())
