@@ -253,8 +253,8 @@ def eval_run(replicas, n_replicas: int, n_batches: int, rounds: int, args, tag: 
     if len(entries) != n_batches:
         raise RuntimeError(f"{tag}: the call logs name {len(entries)} of {n_batches} batches")
     out = summarize(logs, list(entries.values()))
-    first_end = min(c["t1"] for c in decodes)
     ends = [c["t1"] for c in decodes]
+    first_end = min(ends)
     # most batches ever in flight at once (entered, not yet decoded): the depth the clients reached, which the
     # first finish may come before (R = 1 batches finish while the last clients still start)
     events = sorted([(t, 1) for t in entries.values()] + [(t, -1) for t in ends])
@@ -344,8 +344,12 @@ def bench(args: ScaleBenchConfig) -> int:
         check_reachable(args.address)  # a dead address: one line and exit 2 before anything is written
     if args.gpus < len(PAPER_ROLES[args.system]):
         raise ValueError(f"--gpus {args.gpus}: the {args.system} system needs at least {len(PAPER_ROLES[args.system])}")
-    if not args.address and args.gpus > args.nodes * args.gpus_per_node:
-        raise ValueError(f"--gpus {args.gpus}: the simulated cluster has {args.nodes} x {args.gpus_per_node} fake GPUs; "
+    num_roles = len(PAPER_ROLES[args.system])
+    # a whole system that fits one node is placed STRICT_PACK (distributed/placement.py), so GPUs left over on a
+    # node hold no system: count the systems each node holds, not its GPUs (27 on 2 x 14 waited forever)
+    if not args.address and args.gpus // num_roles > args.nodes * (args.gpus_per_node // num_roles):
+        raise ValueError(f"--gpus {args.gpus}: the simulated cluster has {args.nodes} x {args.gpus_per_node} fake GPUs, "
+                         f"{args.nodes * (args.gpus_per_node // num_roles)} whole {args.system} systems of {num_roles}; "
                          "expected at most that (or more --nodes / --gpus_per_node)")
     import ray
 
