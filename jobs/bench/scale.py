@@ -14,8 +14,8 @@ Figures (targets in brackets), read in the steady state (`scale_model.steady_win
   balance      the same GPUs (--gpus) as whole-system replicas vs one replica of per-role pools sized from
                the roles' mean device time per batch, for each R in --balance_rounds: throughput per GPU
                [pools >= 1.6x at R = 3], each role's busy fraction by device time [>= 0.75], and the model
-               (jobs/bench/scale_model.py) of the same run [Ray within 3%], devices only and with the
-               measured host costs, plus its long-run figures
+               (jobs/bench/scale_model.py) of the same run (its own decode times) [Ray within 3%], devices
+               only and with the measured host costs, plus its long-run figures
   dilation     the balance of --dilation_rounds again with every cost x --dilation: the same ratios within
                2%, else the run is host-bound (flagged in the JSON and the summary)
   projection   the model, with the measured control-plane costs, at --project_gpus GPUs of these pools:
@@ -78,11 +78,11 @@ class ScaleBenchConfig:
     """Largest relative change of a ratio under dilation before the run counts as host-bound."""
     model_tolerance: Annotated[float, Range(0, 1)] = 0.03
     """Largest relative difference of Ray's throughput from the model's (devices only) for a match."""
-    num_batches: Annotated[int, Range(1, 100_000)] = 48
-    """Batches per whole-system replica's share of the GPUs (48 x 9 = 432 at 27 GPUs). The steady window
-    needs more than twice the batches in flight (6 per light replica by default); in the model the pools /
-    whole ratio of a run moves by up to 7% at 16 per share, ~2% from 32 on (window edges fall between bunched
-    completions)."""
+    num_batches: Annotated[int, Range(1, 100_000)] = 96
+    """Batches per whole-system replica's share of the GPUs (96 x 9 = 864 at 27 GPUs). The steady window
+    needs more than twice the batches in flight (6 per light replica by default). In the model (10 seeds, R = 3)
+    one run's pools / whole ratio spreads by 1.0% (standard deviation) at 48 per share and 0.55% at 96: window
+    edges fall between bunched completions, and the window holds a draw of decode lengths."""
     model_batches_per_depth: Annotated[int, Range(3, 10_000)] = 30
     """Batches per batch in flight of the model's long runs (the figures it gives beside Ray's) and of the
     projection (4 at most there: the largest runs are big)."""
@@ -241,17 +241,20 @@ def eval_run(replicas, n_replicas: int, n_batches: int, rounds: int, args, tag: 
     ray.kill(view.router)
     calls = [c for log in logs for cs in log.values() for c in cs]
     decodes = [c for c in calls if c["method"] == "decode"]
-    entries = {}  # batch k's first call (its prompt names "question k.0:")
+    entries, decode_s = {}, {}  # batch k's first call and its decode's device time (its prompt names "question k.0:")
     for c in calls:
         m = re.search(r" question (\d+)\.0:", c["first_user"])
         if m:
             entries[m.group(1)] = min(entries.get(m.group(1), c["t0"]), c["t0"])
+            if c["method"] == "decode":
+                decode_s[m.group(1)] = c["device_s"]
     errors = sum(1 for r in records if r.get("error"))
     if errors or len(records) != n_batches * args.batch_size or len(decodes) != n_batches:
         raise RuntimeError(f"{tag}: {errors} errored samples, {len(records)} of {n_batches * args.batch_size} "
                            f"returned, {len(decodes)} of {n_batches} decode calls logged")
-    if len(entries) != n_batches:
-        raise RuntimeError(f"{tag}: the call logs name {len(entries)} of {n_batches} batches")
+    if len(entries) != n_batches or len(decode_s) != n_batches:
+        raise RuntimeError(f"{tag}: the call logs name {len(entries)} of {n_batches} batches, "
+                           f"{len(decode_s)} of their decodes")
     out = summarize(logs, list(entries.values()))
     ends = [c["t1"] for c in decodes]
     first_end = min(ends)
@@ -262,6 +265,7 @@ def eval_run(replicas, n_replicas: int, n_batches: int, rounds: int, args, tag: 
     out.update({"replicas": n_replicas, "rounds": rounds, "batches": n_batches, "wall_s": wall,
                 "depth": in_flight, "depth_at_first_finish": sum(1 for t in entries.values() if t < first_end),
                 "graded": len(records),
+                "decode_device_s_by_entry": [decode_s[k] for k in sorted(entries, key=entries.get)],
                 "agent_calls": len(calls),
                 "agent_host_s_per_call": sum(c["t1"] - c["t0"] - c["device_s"] for c in calls) / len(calls)})
     return out
@@ -306,15 +310,19 @@ def balance(plan, rounds: int, args, control: dict | None) -> dict:
         reps = build(plan, cps, n, args)
         clients = max(1, (args.num_clients or CLIENTS_PER_ACTOR * out["gpus"]) // n)  # the same in flight in both
         try:
-            run = eval_run(reps, n, n_batches, rounds, args, f"{name}-{rounds}", clients)
+            # both layouts get the same questions, so the same decode lengths (drawn per row from its prompt):
+            # the ratio compares schedules on the same work
+            run = eval_run(reps, n, n_batches, rounds, args, f"balance-{rounds}", clients)
         finally:
             reps.shutdown()
         depth = max(1, round(run["depth"] / n))
-        model = model_run(style, params, layout, num_batches=n_batches, depth=depth, **kw)
+        # the model of the same run: the same decode times, batch by batch in the order they entered
+        same_work = dict(num_batches=n_batches, depth=depth, decode_s=run.pop("decode_device_s_by_entry"), **kw)
+        model = model_run(style, params, layout, **same_work)
         host = dict(agent_host_s_per_call=run["agent_host_s_per_call"],
                     orchestrator_s_per_call=(control or {}).get("orchestrator_s_per_call", 0.0),
                     router_s_per_batch=(control or {}).get("router_s_per_batch", 0.0))
-        with_host = model_run(style, params, layout, num_batches=n_batches, depth=depth, **kw, **host)
+        with_host = model_run(style, params, layout, **same_work, **host)
         long = model_run(style, params, layout, num_batches=args.model_batches_per_depth * depth * n, depth=depth,
                          **kw)
         earlier = model_run(style, params, layout, num_batches=args.model_batches_per_depth * depth * n,

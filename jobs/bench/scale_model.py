@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import heapq
 import random
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from recmas_ray.distributed.routing import ReplicaRouter, RoleGroup
@@ -95,14 +96,19 @@ class _Call:
 def simulate(style: StyleSpec, params: dict, layout: list[dict[str, int]], *, rounds: int, latent_steps: int,
              max_new_tokens: int, batch_size: int, num_batches: int, depth: int, seed: int = 0,
              orchestrator_s_per_call: float = 0.0, router_s_per_batch: float = 0.0,
-             agent_host_s_per_call: float = 0.0, route_when: str = "ready", num_orchestrators: int = 0) -> dict:
+             agent_host_s_per_call: float = 0.0, route_when: str = "ready", num_orchestrators: int = 0,
+             decode_s: Sequence[float] | None = None) -> dict:
     """Run `num_batches` through `layout` (one dict of copies per role per replica) with `depth` batches in
     flight per replica; returns {"logs": per replica {ROLE#K: calls}, "batches": {id: (entry, end)}}.
     `route_when`: "ready" (as built: a call is routed when its inputs exist) or "submitted" (the earlier build:
     every call of a batch routed when the batch starts, counting work that cannot run yet).
-    `num_orchestrators`: 0, one per replica (as built); n, the replicas share n (replica i uses i mod n)."""
+    `num_orchestrators`: 0, one per replica (as built); n, the replicas share n (replica i uses i mod n).
+    `decode_s`: the k-th batch admitted decodes for decode_s[k] seconds (a Ray run's own, so the model of a
+    run has the same work), instead of drawing its rows' lengths."""
     if route_when not in ("submitted", "ready"):
         raise ValueError(f"route_when={route_when!r}; expected submitted or ready")
+    if decode_s is not None and len(decode_s) < num_batches:
+        raise ValueError(f"decode_s has {len(decode_s)} times; expected one per batch ({num_batches})")
     plan = batch_calls(style, rounds, latent_steps, max_new_tokens)
     work = float(sum(batch_size * c.steps for c in plan))
     router = ReplicaRouter(len(layout), clock=lambda: now)
@@ -158,7 +164,9 @@ def simulate(style: StyleSpec, params: dict, layout: list[dict[str, int]], *, ro
                 c.waiting = len(c.plan.inputs)
                 for j in c.plan.inputs:
                     calls[j].dependents.append(c)
-                if c.plan.kind == "decode":
+                if c.plan.kind == "decode" and decode_s is not None:
+                    c.device_s = decode_s[b]
+                elif c.plan.kind == "decode":
                     counts = [row_tokens(params[c.plan.role], c.plan.steps, rng.randrange(2**32))
                               for _ in range(batch_size)]
                     c.device_s = call_device_ms(params[c.plan.role], "decode", batch_size, max(counts), counts) / 1e3

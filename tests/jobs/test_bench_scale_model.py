@@ -153,3 +153,24 @@ def test_pool_caps_are_what_a_perfect_scheduler_gets_from_the_copies_and_from_an
     assert pool_caps(costs, {"fast": 1, "slow": 3}, 2) == pytest.approx(
         {"ideal_per_gpu_ratio": 1.5, "ideal_ratio_for_these_copies": 1.5})
     assert pool_caps(costs, {"fast": 2, "slow": 2}, 2)["ideal_ratio_for_these_copies"] == pytest.approx(1.0)
+
+
+def test_a_runs_own_decode_times_reproduce_it_and_a_short_list_is_refused():
+    """The model of a Ray run is given that run's decode times in the order its batches entered: fed a model
+    run's own, it must replay that run exactly (and differ from another draw's)."""
+    from jobs.bench.scale_model import simulate
+
+    params = {r: parse_sim_name(m) for r, m in paper_sim_models("light", ms_per_gparam=5, tokens=32,
+                                                                         eos_spread=0.5).items()}
+    kw = dict(rounds=3, latent_steps=8, max_new_tokens=32, batch_size=4, num_batches=40, depth=6)
+    layout = [{"planner": 1, "critic": 1, "solver": 1}]  # the solver paces: its decode times set the rate
+    sim = simulate(STYLE, params, layout, seed=3, **kw)
+    calls = [c for log in sim["logs"] for cs in log.values() for c in cs]
+    decode_by_batch = {c["batch"]: c["device_s"] for c in calls if c["method"] == "decode"}
+    entered = sorted(sim["batches"], key=lambda b: sim["batches"][b][0])
+    replay = model_run(STYLE, params, layout, decode_s=[decode_by_batch[b] for b in entered], **kw)
+    drawn, other = model_run(STYLE, params, layout, seed=3, **kw), model_run(STYLE, params, layout, seed=4, **kw)
+    assert replay["throughput_batches_per_s"] == pytest.approx(drawn["throughput_batches_per_s"], rel=1e-12)
+    assert other["throughput_batches_per_s"] != pytest.approx(drawn["throughput_batches_per_s"], rel=1e-6)
+    with pytest.raises(ValueError, match="decode_s has 39 times; expected one per batch"):
+        simulate(STYLE, params, layout, decode_s=[0.1] * 39, **kw)
