@@ -96,3 +96,10 @@ class LocalPool:
 
     def get(self, handle, *, what):
         return handle
+
+    def shutdown(self) -> None:
+        """End the agents' step threads (continuous batching), so the process exits with none inside a forward."""
+        for service in self.services.values():
+            sched = getattr(service.agent, "_scheduler", None)
+            if sched is not None:
+                sched.close()

@@ -79,6 +79,7 @@ class StepScheduler:
         self.num_steps = 0
         """Shared forwards run so far (with `rows_stepped`: rows per step, for measurements)."""
         self.rows_stepped = 0
+        self._closed = False
 
     # ----------------------------------------------------------------------------- submit
     def rollout(self, e_BLD, mask_BL, num_steps: int, *, prefix_ids=None) -> torch.Tensor:
@@ -96,11 +97,22 @@ class StepScheduler:
         return self._submit(_Request("decode", e_BLD, mask_BL, prefix_ids, Future(), cfg=cfg,
                                      gen=self.agent.make_generator(cfg), on_token=on_token))
 
+    def close(self, timeout_s: float = 30.0) -> None:
+        """End the step thread once the requests in flight are done (a later request starts it again). A process
+        should not exit with it inside a forward: torch's threads can then abort the interpreter's shutdown."""
+        with self._cond:
+            self._closed = True
+            thread = self._thread
+            self._cond.notify_all()
+        if thread is not None and thread is not threading.current_thread():
+            thread.join(timeout_s)
+
     def _submit(self, req: _Request):
         if req.e_BLD.shape[0] > self.max_rows:
             raise ValueError(f"a request of {req.e_BLD.shape[0]} rows; the scheduler holds {self.max_rows}")
         with self._cond:
             self._pending.append(req)
+            self._closed = False
             if self._thread is None or not self._thread.is_alive():
                 self._thread = threading.Thread(target=self._loop, name="recmas-step-scheduler", daemon=True)
                 self._thread.start()
@@ -112,7 +124,7 @@ class StepScheduler:
         while True:
             with self._cond:
                 while not self._pending and not self._rows:
-                    if not self._cond.wait(timeout=30.0):
+                    if self._closed or not self._cond.wait(timeout=30.0):
                         if not self._pending and not self._rows:
                             self._thread = None
                             return

@@ -9,6 +9,7 @@ forwards; 1 in flight is the same scheduler with one batch at a time (equal to t
 
     python -m jobs.bench.engine                               # SmolLM2-135M, CPU, a few minutes
     python -m jobs.bench.engine --model tiny:llama --num_batches 8 --in_flight 1 4   # seconds
+    python -m jobs.bench.engine --device cuda --dtype bfloat16 --in_flight 1 8 64     # a GPU (jobs/gpu_check.sh)
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Annotated
 
-from recmas_ray.config.checks import NonEmpty, Range, WritableDir
+from recmas_ray.config.checks import NonEmpty, OneOf, Range, WritableDir
 from recmas_ray.config.cli import run_job
 
 SLOT = "<<LATENT_PLANNER_SLOT>>"
@@ -45,6 +46,10 @@ class EngineBenchConfig:
     """Decode budget of each batch."""
     torch_threads: Annotated[int, Range(0, 1024)] = 2
     """torch threads (0: torch's default)."""
+    device: Annotated[str, OneOf(("cpu", "cuda"))] = "cpu"
+    """Where the agent runs."""
+    dtype: Annotated[str, OneOf(("float32", "bfloat16"))] = "float32"
+    """The model's dtype (bfloat16: as on a GPU in production)."""
     output_path: Annotated[str, WritableDir()] = "out/bench_engine"
 
 
@@ -99,6 +104,7 @@ def measure(agent, batches, depth: int, cfg) -> dict:
     for t in threads:
         t.join()
     seconds = time.perf_counter() - t0
+    sched.close()
     rows = sum(len(b) for b in batches)
     return {"in_flight": depth, "seconds": seconds, "questions_per_s": rows / seconds,
             "decoded_tokens": tokens[0], "shared_steps": sched.num_steps,
@@ -110,12 +116,15 @@ def bench(cfg: EngineBenchConfig) -> int:
     import torch
 
     from recmas_ray.agent import Agent
+    from recmas_ray.config.inputs import check_cuda
     from recmas_ray.links import InnerLink
     from recmas_ray.models.loader import load_frozen_model
 
+    if cfg.device == "cuda":
+        check_cuda("--device cuda")  # one line, exit 2, before the model loads
     if cfg.torch_threads:
         torch.set_num_threads(cfg.torch_threads)
-    model, tok = load_frozen_model(cfg.model, dtype=torch.float32)
+    model, tok = load_frozen_model(cfg.model, dtype=getattr(torch, cfg.dtype), device=cfg.device)
     torch.manual_seed(0)
     agent = Agent(model, tok, InnerLink(model.config.hidden_size), role="solver", model_name=cfg.model)
     batches = _questions(cfg.num_batches, cfg.rows)
@@ -128,6 +137,7 @@ def bench(cfg: EngineBenchConfig) -> int:
                   f"rows per shared step, load {run['loadavg_1m_before']:.1f}", flush=True)
     base = runs[0]
     report = {"config": {k: getattr(cfg, k) for k in cfg.__dataclass_fields__}, "cpu_count": os.cpu_count(),
+              "device_name": torch.cuda.get_device_name(0) if cfg.device == "cuda" else "cpu",
               "runs": [{k: v for k, v in r.items() if k != "outputs"} for r in runs],
               "identical_outputs": all(r["outputs"] == base["outputs"] for r in runs),
               "speedup_vs_first": {str(r["in_flight"]): r["questions_per_s"] / base["questions_per_s"] for r in runs},

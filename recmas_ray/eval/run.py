@@ -174,6 +174,8 @@ class BatchRunner:
     def close(self):
         if self.system is not None and self.owned:
             self.system.shutdown()
+        elif self.pool is not None and self.owned:
+            self.pool.shutdown()
 
 
 def prepare(cfg: EvalConfig) -> tuple[EvalConfig, Resolution, list[dict], object]:
