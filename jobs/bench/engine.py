@@ -9,7 +9,7 @@ forwards; 1 in flight is the same scheduler with one batch at a time (equal to t
 
     python -m jobs.bench.engine                               # SmolLM2-135M, CPU, a few minutes
     python -m jobs.bench.engine --model tiny:llama --num_batches 8 --in_flight 1 4   # seconds
-    python -m jobs.bench.engine --device cuda --dtype bfloat16 --in_flight 1 8 64     # a GPU (jobs/gpu_check.sh)
+    python -m jobs.bench.engine --device cuda --model tiny:llama --in_flight 1 8 64   # a GPU (jobs/gpu_check.sh)
 """
 
 from __future__ import annotations
@@ -49,7 +49,8 @@ class EngineBenchConfig:
     device: Annotated[str, OneOf(("cpu", "cuda"))] = "cpu"
     """Where the agent runs."""
     dtype: Annotated[str, OneOf(("float32", "bfloat16"))] = "float32"
-    """The model's dtype (bfloat16: as on a GPU in production)."""
+    """The model's dtype. In bfloat16 (as on a GPU in production) a merged batch's shape changes the rounding, so
+    greedy tokens may differ from one batch at a time: `identical_outputs` false, exit status 1."""
     output_path: Annotated[str, WritableDir()] = "out/bench_engine"
 
 
