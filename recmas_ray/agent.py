@@ -76,6 +76,11 @@ class Agent(TeacherForcing):
             self._scheduler = StepScheduler(self)
         return self._scheduler
 
+    def close(self) -> None:
+        """End the step scheduler's thread, if one was made (`StepScheduler.close`); a later call starts it again."""
+        if getattr(self, "_scheduler", None) is not None:
+            self._scheduler.close()
+
     # ----------------------------------------------------------------------------- links
     def attach_outer_link(self, edge: str, link: OuterLink) -> None:
         """Attach the outer link of an outgoing edge `role->target` (source dim must equal ours)."""

@@ -100,6 +100,6 @@ class LocalPool:
     def shutdown(self) -> None:
         """End the agents' step threads (continuous batching), so the process exits with none inside a forward."""
         for service in self.services.values():
-            sched = getattr(service.agent, "_scheduler", None)
-            if sched is not None:
-                sched.close()
+            close = getattr(service.agent, "close", None)  # (simulated agents have no scheduler)
+            if close is not None:
+                close()

@@ -350,9 +350,9 @@ def bench(args: ScaleBenchConfig) -> int:
 
     if args.address:
         check_reachable(args.address)  # a dead address: one line and exit 2 before anything is written
-    if args.gpus < len(PAPER_ROLES[args.system]):
-        raise ValueError(f"--gpus {args.gpus}: the {args.system} system needs at least {len(PAPER_ROLES[args.system])}")
     num_roles = len(PAPER_ROLES[args.system])
+    if args.gpus < num_roles:
+        raise ValueError(f"--gpus {args.gpus}: the {args.system} system needs at least {num_roles}")
     # a whole system that fits one node is placed STRICT_PACK (distributed/placement.py), so GPUs left over on a
     # node hold no system: count the systems each node holds, not its GPUs (27 on 2 x 14 waited forever)
     if not args.address and args.gpus // num_roles > args.nodes * (args.gpus_per_node // num_roles):

@@ -4,8 +4,8 @@ run whose ratios move; the steady window reads the true rate."""
 
 import pytest
 
-from jobs.bench.scale_model import (batch_calls, dilation_check, expected_role_ms, model_run, project,
-                                    steady_window, summarize)
+from jobs.bench.scale_model import (batch_calls, dilation_check, expected_role_ms, model_run, pool_caps, project,
+                                    simulate, steady_window, summarize)
 from recmas_ray.models.sim import call_device_ms, paper_sim_models, parse_sim_name
 from recmas_ray.styles import get_style
 
@@ -147,8 +147,6 @@ def test_pool_caps_are_what_a_perfect_scheduler_gets_from_the_copies_and_from_an
     """Two roles costing 1 and 3 per batch on 4 GPUs (2 whole systems, paced by the slow role): any split gives
     4 / (1 + 3) batches per cost unit against 2 / 3, i.e. 1.5x; copies 1 / 3 reach it, 2 / 2 leave the slow role
     short (2 copies / 3) and give 1.0x."""
-    from jobs.bench.scale_model import pool_caps
-
     costs = {"fast": 1.0, "slow": 3.0}
     assert pool_caps(costs, {"fast": 1, "slow": 3}, 2) == pytest.approx(
         {"ideal_per_gpu_ratio": 1.5, "ideal_ratio_for_these_copies": 1.5})
@@ -158,8 +156,6 @@ def test_pool_caps_are_what_a_perfect_scheduler_gets_from_the_copies_and_from_an
 def test_a_runs_own_decode_times_reproduce_it_and_a_short_list_is_refused():
     """The model of a Ray run is given that run's decode times in the order its batches entered: fed a model
     run's own, it must replay that run exactly (and differ from another draw's)."""
-    from jobs.bench.scale_model import simulate
-
     params = {r: parse_sim_name(m) for r, m in paper_sim_models("light", ms_per_gparam=5, tokens=32,
                                                                          eos_spread=0.5).items()}
     kw = dict(rounds=3, latent_steps=8, max_new_tokens=32, batch_size=4, num_batches=40, depth=6)
