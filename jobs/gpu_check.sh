@@ -12,8 +12,8 @@
 #   engine    continuous batching on the GPU: one agent at 1 / 8 / 64 batches in flight, identical outputs (fp32:
 #             in bf16 a merged batch's shape changes the rounding, so greedy tokens may differ from one at a time)
 #   speed     in-process bf16: the KV-cache rollout, one latent step vs one decoded token, prefix reuse, decode loop
-#   latent_step  one latent step of a random-weight model of Qwen2.5-1.5B's shapes, bf16, at 1 / 8 / 64 rows,
-#             against the HBM floor (weight bytes / 4.8 TB/s)
+#   latent_step  one latent step and one decoded token (`jobs.bench.perf.step_cost`) of a random-weight model of
+#             Qwen2.5-1.5B's shapes, bf16, at 1 / 8 / 64 rows, against the HBM floor (weight bytes / 4.8 TB/s)
 #   backend   Ray on the GPU (agents share it: placement colocated) vs in-process, same agents and batches
 #   replicas  the main job on Ray: two whole replicas and two solver copies on the GPU, predictions against the
 #             in-process backend
@@ -60,16 +60,18 @@ step engine 120 "$py" -m jobs.bench.engine --model tiny:llama --device "$device"
   --output_path "$out/engine"
 step speed 150 "$py" -m jobs.bench.speed --preset tiny --quick --no_ray --device "$device" --dtype "$dtype" \
   --output_path "$out/speed"
-step latent_step 150 "$py" - "$device" "$out/latent_step.json" <<'EOF'
-"""One latent step through `Agent.latent_rollout` (static KV cache, bf16) on a random-weight model of a real
-model's shapes (Qwen2.5-1.5B's config.json, built with no download), against the HBM floor: the bytes of the
-weights a step reads (its layers, not the embedding table or the LM head) / 4.8 TB/s (the H200's datasheet
-bandwidth). Per step: (rollout of 1 + m steps - rollout of 1 step) / m, median of 3. The CPU dry run takes 2 layers."""
-import json, statistics, sys, time
+step latent_step 240 "$py" - "$device" "$out/latent_step.json" <<'EOF'
+"""One latent step and one decoded token (`jobs.bench.perf.step_cost`, the speed figure (d)) at 1 / 8 / 64 rows,
+bf16, on a random-weight model of a real model's shapes (Qwen2.5-1.5B's config.json, built with no download),
+against the HBM floor: the bytes of the weights a latent step reads (its layers, not the embedding table or the
+LM head) / 4.8 TB/s (the H200's datasheet bandwidth). The CPU dry run takes 2 layers, 1 / 4 rows."""
+import json, sys
+from types import SimpleNamespace
 
 import torch
 from transformers import AutoModelForCausalLM, Qwen2Config
 
+from jobs.bench.perf import step_cost
 from recmas_ray.agent import Agent
 from recmas_ray.links import InnerLink
 from recmas_ray.models.loader import load_frozen_model
@@ -80,33 +82,21 @@ cfg = Qwen2Config(hidden_size=1536, intermediate_size=8960, num_hidden_layers=28
                   num_key_value_heads=2, vocab_size=151936, max_position_embeddings=32768, tie_word_embeddings=True)
 _, tok = load_frozen_model("tiny:qwen3", dtype=torch.float32)  # a byte-level tokenizer: ids fit any vocabulary
 torch.manual_seed(0)
-model = AutoModelForCausalLM.from_config(cfg, torch_dtype=torch.bfloat16).to(device).eval().requires_grad_(False)
+model = AutoModelForCausalLM.from_config(cfg, dtype=torch.bfloat16).to(device).eval().requires_grad_(False)
 agent = Agent(model, tok, InnerLink(cfg.hidden_size), role="planner", model_name="random:qwen2.5-1.5b-shapes")
 step_bytes = sum(p.numel() * p.element_size() for p in model.model.layers.parameters())
 floor_ms = step_bytes / 4.8e12 * 1e3
-m = 64 if cuda else 4
-
-
-def seconds(rows, steps):
-    e, mask = agent.embed_batch([f"Question {i}: what is {i} + 7? Make a short plan." for i in range(rows)])
-    if cuda:
-        torch.cuda.synchronize()
-    t0 = time.perf_counter()
-    with torch.no_grad():
-        agent.latent_rollout(e, mask, steps)
-    if cuda:
-        torch.cuda.synchronize()
-    return time.perf_counter() - t0
-
-
 report = {"device": torch.cuda.get_device_name(0) if cuda else "cpu", "layers": cfg.num_hidden_layers,
-          "step_weight_bytes": step_bytes, "hbm_floor_ms": floor_ms, "steps": m, "rows": {}}
-for rows in (1, 8, 64):
-    seconds(rows, 1 + m)  # warm-up
-    per_step = statistics.median((seconds(rows, 1 + m) - seconds(rows, 1)) / m for _ in range(3)) * 1e3
-    report["rows"][rows] = {"ms_per_step": per_step, "x_floor": per_step / floor_ms}
-    print(f"{rows:3d} rows: {per_step:.3f} ms per latent step, {per_step / floor_ms:.1f}x the HBM floor "
-          f"({floor_ms:.3f} ms for {step_bytes / 2**30:.2f} GiB)", flush=True)
+          "step_weight_bytes": step_bytes, "hbm_floor_ms": floor_ms, "rows": {}}
+with torch.no_grad():
+    for rows in (1, 8, 64) if cuda else (1, 4):
+        cost = step_cost(agent, [f"Question {i}: what is {i} + 7? Make a short plan." for i in range(rows)],
+                         SimpleNamespace(repeats=3))
+        step_ms = cost["latent_step_s"] * 1e3
+        report["rows"][rows] = {**cost, "latent_step_ms": step_ms, "x_floor": step_ms / floor_ms}
+        print(f"{rows:3d} rows: {step_ms:.3f} ms per latent step ({cost['decoded_token_s'] * 1e3:.3f} per decoded "
+              f"token), {step_ms / floor_ms:.1f}x the HBM floor ({floor_ms:.3f} ms for {step_bytes / 2**30:.2f} GiB)",
+              flush=True)
 json.dump(report, open(path, "w"), indent=1)
 EOF
 step backend 150 "$py" -m jobs.bench.backend --preset tiny --device "$device" --dtype "$dtype" \
@@ -117,17 +107,15 @@ step replicas_local 120 "$py" -m jobs.run "${replicas[@]}" --backend local --out
 step replicas_ray 180 "$py" -m jobs.run "${replicas[@]}" --backend ray --placement "$placement" --num_replicas 2 \
   --role_replicas solver=2 --output_path "$out/run_ray"
 step replicas_compare 30 "$py" - "$out/run_local" "$out/run_ray" <<'EOF'
-"""The two backends' predictions, question by question (every results file under each output folder)."""
-import glob, json, os, sys
+"""The two backends' predictions, sample by sample (the runs' samples files, read as a resume reads them)."""
+import glob, os, sys
+
+from recmas_ray.eval.samples import read_samples, sample_key
+
 
 def predictions(folder):
-    out = {}
-    for path in glob.glob(os.path.join(folder, "**", "*.jsonl"), recursive=True):
-        for line in open(path):
-            row = json.loads(line)
-            if "prediction" in row and "doc_id" in row:
-                out[(row.get("method"), str(row["doc_id"]))] = row["prediction"]
-    return out
+    return {sample_key(r): r["prediction"] for path in glob.glob(os.path.join(folder, "samples_*.jsonl"))
+            for r in read_samples(path)}
 
 local, ray = predictions(sys.argv[1]), predictions(sys.argv[2])
 same = sum(local[k] == ray.get(k) for k in local)
