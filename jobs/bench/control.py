@@ -11,8 +11,12 @@ logical calls the issue's target counts), whether it reached its agent alone or 
 bulk Ray call (`distributed.bulk`, on here for every role: `ray_calls`, `ray_calls_per_s` count those Ray actor
 calls, from the size each logged call records; the simulated agents run one call at a time, so a copy's calls also
 wait while it has a bulk call outstanding, `bulk.SERIAL_WINDOW`); calls/s = calls / wall time of the batches. Also the router's
-acquire + release pairs per second (one per batch, one router for all replicas). `measure` runs on an existing
-Ray connection (jobs/bench/scale.py calls it on its simulated cluster).
+acquire + release pairs per second (one per batch, one router for all replicas), and the CPU each process used
+during the timed runs, read inside it (`cores`: CPU seconds / wall seconds): on a machine whose cores the agents,
+raylet and driver share with the orchestrator, calls/s is the whole machine's rate, while the orchestrator's own
+CPU per agent call (`orchestrator_cpu_ms_per_call`; its inverse `calls_per_orchestrator_cpu_s`) is what one
+orchestrator on its own core sustains, its agents elsewhere (a cluster). `measure` runs on an existing Ray
+connection (jobs/bench/scale.py calls it on its simulated cluster).
 """
 
 from __future__ import annotations
@@ -81,11 +85,15 @@ def measure(cfg: ControlBenchConfig) -> dict:
         batches = [([f"q{k}.{i}" for i in range(cfg.batch_size)], ["math"] * cfg.batch_size)
                    for k in range(cfg.num_batches)]
         reps.solve_all(batches[:cfg.in_flight], rc, in_flight_per_replica=cfg.in_flight)  # warm
+        system = reps.systems[0]
+        processes = {"orchestrator": system.orchestrator, **system.actors(), "router": reps.router}
         for _ in range(cfg.repeats):
             reps.call_logs(clear=True)
+            cpu0 = _cpu_seconds(processes, cfg.timeout_s)
             t0 = time.perf_counter()
             reps.solve_all(batches, rc, in_flight_per_replica=cfg.in_flight)
             wall = time.perf_counter() - t0
+            cpu = {k: v - cpu0[k] for k, v in _cpu_seconds(processes, cfg.timeout_s).items()}
             logs = reps.call_logs()
             calls = sum(len(v) for log in logs for v in log.values())
             # Ray actor calls the agents ran: a bulk call's batches each log their own call with its size
@@ -94,6 +102,8 @@ def measure(cfg: ControlBenchConfig) -> dict:
             # agent near 1 caps the rate; all well below 1 puts the cap in the orchestrator and Ray's calls
             busy = {name: round(sum(c["t1"] - c["t0"] for c in v) / wall, 3) for log in logs for name, v in log.items()}
             runs.append({"seconds": wall, "agent_calls": calls, "calls_per_s": calls / wall, "ray_calls": ray_calls,
+                         "cores": {k: round(v / wall, 3) for k, v in cpu.items()},
+                         "orchestrator_cpu_ms_per_call": 1000 * cpu["orchestrator"] / calls,
                          "ray_calls_per_s": ray_calls / wall,
                          "agent_busy": busy, "ms_per_call_in_agent": round(
                              1000 * sum(c["t1"] - c["t0"] for log in logs for v in log.values() for c in v) / calls, 3),
@@ -111,9 +121,21 @@ def measure(cfg: ControlBenchConfig) -> dict:
     finally:
         ray.kill(router)
     calls_per_s = statistics.median(r["calls_per_s"] for r in runs)
+    cpu_ms = statistics.median(r["orchestrator_cpu_ms_per_call"] for r in runs)
     return {"config": {k: getattr(cfg, k) for k in cfg.__dataclass_fields__}, "runs": runs,
             "median_calls_per_s": calls_per_s, "orchestrator_s_per_call": 1.0 / calls_per_s,
+            "orchestrator_cpu_ms_per_call": cpu_ms, "calls_per_orchestrator_cpu_s": 1000.0 / cpu_ms,
             "router_pairs_per_s": router_pairs_per_s, "router_s_per_batch": 1.0 / router_pairs_per_s}
+
+
+def _cpu_seconds(actors: dict, timeout_s: float) -> dict:
+    """CPU seconds each actor's process has used so far, all its threads (read inside the process, so on any
+    node)."""
+    import ray
+
+    used = ray.get([h.__ray_call__.remote(lambda _self: time.process_time()) for h in actors.values()],
+                   timeout=timeout_s)
+    return dict(zip(actors, used))
 
 
 def bench(cfg: ControlBenchConfig) -> int:
@@ -130,7 +152,9 @@ def bench(cfg: ControlBenchConfig) -> int:
     path = os.path.join(cfg.output_path, "control.json")
     with open(path, "w") as f:
         json.dump(report, f, indent=2)
-    print(f"{report['median_calls_per_s']:.1f} agent calls/s (median of {cfg.repeats}), router "
+    print(f"{report['median_calls_per_s']:.1f} agent calls/s (median of {cfg.repeats}; the orchestrator "
+          f"{report['orchestrator_cpu_ms_per_call']:.3f} ms of CPU per call: "
+          f"{report['calls_per_orchestrator_cpu_s']:.0f} calls per CPU second), router "
           f"{report['router_pairs_per_s']:.1f} acquire+release/s; wrote {path}")
     return 0
 
