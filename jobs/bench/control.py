@@ -4,6 +4,7 @@ calls, the orchestrator's threads, routing and the object store, not models. Wri
 
     python -m jobs.bench.control                          # ~1 min: 48 batches at 16 in flight, R = 3
     python -m jobs.bench.control --no_bulk_dispatch       # one Ray call per batch's agent call
+    python -m jobs.bench.control --capacity_in_flight 16 64 128 256   # ~5 min: also the capacity (below)
     PYTHONPATH=/path/to/other/checkout python -m jobs.bench.control --output_path out/before   # another version
 
 Agent calls counted from the agents' own call logs: each batch's call once (`agent_calls`, `calls_per_s`: the
@@ -15,8 +16,14 @@ acquire + release pairs per second (one per batch, one router for all replicas),
 during the timed runs, read inside it (`cores`: CPU seconds / wall seconds): on a machine whose cores the agents,
 raylet and driver share with the orchestrator, calls/s is the whole machine's rate, while the orchestrator's own
 CPU per agent call (`orchestrator_cpu_ms_per_call`; its inverse `calls_per_orchestrator_cpu_s`) is what one
-orchestrator on its own core sustains, its agents elsewhere (a cluster). `measure` runs on an existing Ray
-connection (jobs/bench/scale.py calls it on its simulated cluster).
+orchestrator sustains when its agents run elsewhere (a cluster; Ray's own threads can take it past one core).
+`measure` runs on an existing Ray connection (jobs/bench/scale.py calls it on its simulated cluster).
+
+The capacity (`--capacity_in_flight`): the same measurement at each of those numbers of batches in flight
+(`capacity_batches_per_slot` batches per slot each), and the highest median calls/s of them. It is what the
+orchestrator sustains when it has enough work: before any control-plane change the rate stayed flat at 410-470
+calls/s from 16 to 256 in flight on this machine, while bulk dispatch carries more batches per Ray call the more
+are in flight, so the default 16 alone understates the change.
 """
 
 from __future__ import annotations
@@ -25,7 +32,7 @@ import json
 import os
 import sys
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 from typing import Annotated
 
 from recmas_ray.config.checks import Range, WritableDir
@@ -56,6 +63,11 @@ class ControlBenchConfig:
     call per batch's agent call, as before bulk dispatch (and as agents without continuous batching get by default)."""
     timeout_s: Annotated[float, Range(0, 86400, lo_open=True)] = 600.0
     """Timeout of every wait, in seconds."""
+    capacity_in_flight: Annotated[list[int], Range(1, 4096)] = field(default_factory=list)
+    """Also measure at each of these numbers in flight and report the capacity: the highest median calls/s
+    among them (empty: only `in_flight`)."""
+    capacity_batches_per_slot: Annotated[int, Range(1, 10_000)] = 15
+    """Batches per slot in flight in each capacity run (at 128 in flight: 1920 batches)."""
     output_path: Annotated[str, WritableDir()] = "out/bench_control"
     """Where control.json goes."""
 
@@ -146,6 +158,8 @@ def bench(cfg: ControlBenchConfig) -> int:
     start_ray(num_cpus=8, log_to_driver=False)  # (no dashboard) retries a start-up a busy machine delays
     try:
         report = measure(cfg)
+        if cfg.capacity_in_flight:
+            report["capacity"] = capacity(cfg)
     finally:
         ray.shutdown()
     os.makedirs(cfg.output_path, exist_ok=True)
@@ -156,7 +170,27 @@ def bench(cfg: ControlBenchConfig) -> int:
           f"{report['orchestrator_cpu_ms_per_call']:.3f} ms of CPU per call: "
           f"{report['calls_per_orchestrator_cpu_s']:.0f} calls per CPU second), router "
           f"{report['router_pairs_per_s']:.1f} acquire+release/s; wrote {path}")
+    if "capacity" in report:
+        cap = report["capacity"]
+        sweep = ", ".join(f"{r['in_flight']}: {r['median_calls_per_s']:.0f} ({r['orchestrator_cpu_ms_per_call']:.3f} ms)"
+                          for r in cap["sweep"])
+        print(f"capacity {cap['calls_per_s']:.1f} agent calls/s at {cap['in_flight']} in flight; calls/s (orchestrator "
+              f"CPU per call) by batches in flight: {sweep}")
     return 0
+
+
+def capacity(cfg: ControlBenchConfig) -> dict:
+    """`measure` at each of `cfg.capacity_in_flight` batches in flight; the capacity is the highest median calls/s
+    (on the Ray connection of this process)."""
+    sweep = []
+    for n in cfg.capacity_in_flight:
+        run = measure(replace(cfg, in_flight=n, num_batches=n * cfg.capacity_batches_per_slot))
+        sweep.append({"in_flight": n, "num_batches": n * cfg.capacity_batches_per_slot,
+                      **{k: run[k] for k in ("median_calls_per_s", "orchestrator_cpu_ms_per_call",
+                                             "calls_per_orchestrator_cpu_s")},
+                      "runs": run["runs"]})
+    best = max(sweep, key=lambda r: r["median_calls_per_s"])
+    return {"calls_per_s": best["median_calls_per_s"], "in_flight": best["in_flight"], "sweep": sweep}
 
 
 def main(argv=None) -> int:

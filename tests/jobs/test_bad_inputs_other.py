@@ -18,6 +18,8 @@ ROWS = [
     ("bench.scale", ["--system", "chain"], "--system 'chain'"),
     ("bench.scale", ["--gpus", "2"], "--gpus 2"),
     ("bench.scale", ["--gpus", "40"], "--gpus 40: the simulated cluster has 2 x 15 fake GPUs"),
+    ("bench.control", ["--capacity_in_flight", "16", "0"], "--capacity_in_flight 0"),
+    ("bench.control", ["--capacity_batches_per_slot", "0"], "--capacity_batches_per_slot 0"),
     ("bench.hop", ["--sizes_mib", "0"], "--sizes_mib 0.0"),
     ("bench.hop", ["--transports", "rdt:nccl"], "--transports 'rdt:nccl': expected one of object_store, rdt:gloo"),
     ("bench.hop", ["--pairs", "far"], "--pairs 'far'"),

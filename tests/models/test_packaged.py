@@ -7,6 +7,7 @@ and the tests convert that file.
 
 from __future__ import annotations
 
+import importlib.metadata
 import json
 from concurrent.futures import ThreadPoolExecutor
 
@@ -215,7 +216,16 @@ def test_ensure_pkg_model_registry(tiny_gguf, tmp_path, monkeypatch):
     monkeypatch.setenv("RECMAS_CACHE", str(tmp_path / "envcache"))
     out = pkg_models.ensure_pkg_model("tiny-test")
     assert out.parent == tmp_path / "envcache" / "packaged" and out.name.startswith("tiny-test-0-")
-    assert (out / MANIFEST_NAME).is_file()
+    manifest = json.loads((out / MANIFEST_NAME).read_text())
+    assert manifest["converted_by"] == pkg_models.converter_versions()
+    assert manifest["converted_by"]["transformers"] == importlib.metadata.version("transformers")
+
+    # another transformers (or gguf) converts again into its own folder: a cached conversion made by other
+    # converter versions is never served
+    monkeypatch.setattr(pkg_models, "converter_versions", lambda: {"transformers": "0.0.1", "gguf": "none"})
+    other = pkg_models.ensure_pkg_model("tiny-test")
+    assert other != out and other.name.endswith("-transformers0.0.1-ggufnone")
+    assert json.loads((other / MANIFEST_NAME).read_text())["converted_by"]["transformers"] == "0.0.1"
 
 
 @pytest.mark.slow  # assembles and reads the real GGUF files when their wheels are installed
