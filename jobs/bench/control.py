@@ -4,7 +4,7 @@ calls, the orchestrator's threads, routing and the object store, not models. Wri
 
     python -m jobs.bench.control                          # ~1 min: 48 batches at 16 in flight, R = 3
     python -m jobs.bench.control --no_bulk_dispatch       # one Ray call per batch's agent call
-    python -m jobs.bench.control --capacity_in_flight 16 64 128 256   # ~5 min: also the capacity (below)
+    python -m jobs.bench.control --capacity_in_flight 16 64 128 256   # ~2 min: also the capacity (below)
     PYTHONPATH=/path/to/other/checkout python -m jobs.bench.control --output_path out/before   # another version
 
 Agent calls counted from the agents' own call logs: each batch's call once (`agent_calls`, `calls_per_s`: the
