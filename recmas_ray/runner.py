@@ -298,14 +298,25 @@ def _await_last(pool, calls) -> None:
             raise
 
 
+def _read_calls(pool, calls) -> list:
+    """Every call's value, in order. A pool that waits for several handles at once (`get_all`: on Ray, one
+    `ray.get` for the batch) reads them together; otherwise the last call is awaited first (`_await_last`)."""
+    remote = [(c[3], f"role {c[1]}, round {c[0]} ({c[2]})") for c in calls if not isinstance(c[3], _Ready)]
+    get_all = getattr(pool, "get_all", None)
+    if get_all is not None and remote:
+        values = iter(get_all([h for h, _ in remote], whats=[w for _, w in remote]))
+    else:
+        _await_last(pool, calls)
+        values = (pool.get(h, what=w) for h, w in remote)
+    return [c[3].value if isinstance(c[3], _Ready) else next(values) for c in calls]
+
+
 def _collect(pool, calls, batch_size, t0) -> list[SampleResult]:
     """Results per question from the calls (round, role, action, handle, rows): `rows` names the questions a
     call served, in its order (None: the whole batch)."""
     results = [SampleResult("", 0, 0, 0.0) for _ in range(batch_size)]
     score_seconds = 0.0
-    _await_last(pool, calls)
-    for rnd, role, action, handle, rows in calls:
-        value = handle.value if isinstance(handle, _Ready) else pool.get(handle, what=f"role {role}, round {rnd} ({action})")
+    for (rnd, role, action, _, rows), value in zip(calls, _read_calls(pool, calls)):
         served = [results[b] for b in (range(batch_size) if rows is None else rows)]
         if action == "check":  # adaptive rounds: the change each question's decoder input showed
             for res, change in zip(served, value):

@@ -15,18 +15,6 @@ import asyncio
 import ray
 
 
-async def take_queued(queue: asyncio.Queue, timeout_s: float) -> list:
-    """Every item queued, waiting up to `timeout_s` for the first one ([] when none came): how the relays
-    (this one and `serve.streaming.TokenRelay`) hand their reports to a waiting caller."""
-    try:
-        items = [await asyncio.wait_for(queue.get(), timeout_s)]
-    except asyncio.TimeoutError:
-        return []
-    while not queue.empty():
-        items.append(queue.get_nowait())
-    return items
-
-
 @ray.remote(num_cpus=0)
 class DoneRelay:
     """Queues of (batch key, stopped rows) reports, one per open scope (a progress bar); a key is
@@ -49,7 +37,15 @@ class DoneRelay:
     async def take(self, scope: str, timeout_s: float) -> list[tuple[str, list[int]]]:
         """Every report of `scope` queued, waiting up to `timeout_s` for the first one."""
         queue = self.queues.get(scope)
-        return [] if queue is None else await take_queued(queue, timeout_s)
+        if queue is None:
+            return []
+        try:
+            reports = [await asyncio.wait_for(queue.get(), timeout_s)]
+        except asyncio.TimeoutError:
+            return []
+        while not queue.empty():  # their order does not matter: each names its rows
+            reports.append(queue.get_nowait())
+        return reports
 
 
 class RelayReport:

@@ -288,6 +288,25 @@ class RayPool:
             except Exception:  # noqa: BLE001 - a dead agent holds nothing
                 pass
 
+    def get_all(self, handles: list, *, whats: list[str]) -> list:
+        """`get` of every handle with ONE `ray.get` of their refs (a batch's results: not one wait and one
+        round of Ray's Python per call). A failure is read again handle by handle, in order, so the error names
+        the first call that failed, as `get` would; a timeout names the last handle."""
+        deadline = time.monotonic() + self.timeout_s
+        try:
+            # the last call first: once it is submitted its upstream calls are, so this thread wakes once here
+            refs = [h.value(max(deadline - time.monotonic(), 0.001)) if isinstance(h, Pending) else h
+                    for h in reversed(handles)][::-1]
+            plain = [i for i, r in enumerate(refs) if isinstance(r, ray.ObjectRef)]
+            left = max(deadline - time.monotonic(), 0.001)
+            got = dict(zip(plain, ray.get([refs[i] for i in plain], timeout=left)))
+        except (TimeoutError, ray.exceptions.GetTimeoutError) as e:
+            raise RuntimeError(f"{whats[-1]}{self.context}: no answer within {self.timeout_s:g}s") from e
+        except Exception:  # noqa: BLE001 - read in order: the first failed call is named
+            return [self.get(h, what=w) for h, w in zip(handles, whats)]
+        return [resolve_message(got[i]) if i in got else self.get(r, what=w)
+                for i, (r, w) in enumerate(zip(refs, whats))]
+
     def get(self, handle, *, what):
         deadline = time.monotonic() + self.timeout_s
         try:

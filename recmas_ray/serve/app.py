@@ -268,10 +268,13 @@ class RecMASServer:
         async def pump():
             # The agent's puts are fire and forget: some may still be on their way (or queued behind the relay
             # actor's own start) when the batch's result arrives, so after it the pump keeps taking until the
-            # relay stays quiet for RELAY_QUIET_S, instead of dropping the steps not yet taken.
+            # relay stays quiet for RELAY_QUIET_S, instead of dropping the steps not yet taken; then it flushes
+            # what the relay still holds past a gap (in step order), which should be nothing.
             try:
                 while True:
                     steps = await self.relay.take.remote(key, RELAY_QUIET_S if finished.is_set() else 1.0)
+                    if finished.is_set() and not steps:
+                        steps = await self.relay.take.remote(key, 0.0, flush=True)
                     for _, ids in steps:
                         dispatch(ids)
                     if finished.is_set() and not steps:
