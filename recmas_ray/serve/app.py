@@ -273,12 +273,12 @@ class RecMASServer:
             try:
                 while True:
                     steps = await self.relay.take.remote(key, RELAY_QUIET_S if finished.is_set() else 1.0)
-                    if finished.is_set() and not steps:
+                    if not steps and finished.is_set():
                         steps = await self.relay.take.remote(key, 0.0, flush=True)
+                        if not steps:
+                            return
                     for _, ids in steps:
                         dispatch(ids)
-                    if finished.is_set() and not steps:
-                        return
             finally:
                 self.relay.close.remote(key)
 
