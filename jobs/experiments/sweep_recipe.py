@@ -38,8 +38,9 @@ flags) and the table to <out_dir>/summary.md. Recipes (`RECIPES`; --recipes pick
                   full_detached_* cuts each rollout step's fed-back inner(h) from the graph (non-reference)
   token_hop_by_hop_r1
                   every hop a token link, only the last (into the decoder) trained, on the earlier stages' frozen
-                  rollouts as inference sends them (`jobs.experiments.hop_by_hop`; in-process, not Ray Train;
-                  non-reference): the two-hop setting that carries the fact (docs/learning_runs.md, run F)
+                  rollouts as inference sends them (`jobs.train_outer --schedule hop_by_hop` on Ray Train, via
+                  `jobs.experiments.hop_by_hop`; non-reference): the two-hop setting that carries the fact
+                  (docs/learning_runs.md, run F)
 
 --style distillation runs the one-hop system (the Gemma-3-270M expert is told the fact, the SmolLM2-135M learner
 decodes): the value has to cross one link, where sequential_light's critic must carry it on through its own
@@ -102,12 +103,13 @@ RECIPES: dict[str, dict] = {
     "full_bridge_value_r1_lr3e-3": {**R1, **FULL, **BRIDGE, **VALUE, "lr": 3e-3},
     "full_bridge_value_r2": {**RELEASE, "lr": 1e-3, **FULL, **BRIDGE, **VALUE},
     "full_detached_bridge_value_r1": {**R1, **FULL, **DETACHED, **BRIDGE, **VALUE},
-    "token_hop_by_hop_r1": {"trainer": "hop_by_hop", "num_recursive_rounds": 1, "lr": 1e-3, "token_tau": 0.02,
-                            "rollout_latent_steps": "m", **VALUE},
+    "token_hop_by_hop_r1": {"schedule": "hop_by_hop", "num_recursive_rounds": 1, "lr": 1e-3, "token_tau": 0.02,
+                            "rollout_latent_steps": "m", **VALUE, "lr_scheduler_type": "constant",
+                            "warmup_steps": 0},
 }
 """Recipe name -> OuterTrainConfig fields (on top of the sweep's steps, batch size and seed); "m" stands for
-the sweep's --latent_steps. A recipe with "trainer": "hop_by_hop" runs `hop_by_hop.train` instead, reading its
-lr, value_token_weight and token_tau (the token links' temperature, run F's 0.02)."""
+the sweep's --latent_steps. A recipe with "schedule": "hop_by_hop" trains through `hop_by_hop.train` (the
+product's schedule in the sweep's data order) and is measured with its links.pt attached."""
 SWEEP_STYLES = ("sequential_light", "distillation", "mixture", "deliberation")
 
 
@@ -217,14 +219,12 @@ def recipe_settings(recipe: str, cfg: SweepRecipeConfig) -> dict:
     return {k: cfg.latent_steps if v == "m" else v for k, v in RECIPES[recipe].items()}
 
 
-def _outer(cfg: SweepRecipeConfig, recipe: str, inner: dict, train_file: Path, eval_file: Path, out: Path):
-    """Train one recipe's outer links; returns (save_dir, per-step log, held-out curve, seconds)."""
+def _outer_config(cfg: SweepRecipeConfig, recipe: str, inner: dict, train_file: Path, eval_file: Path, out: Path):
+    """One recipe's OuterTrainConfig."""
     from recmas_ray.system.config import with_system
     from recmas_ray.train.config import OuterTrainConfig
-    from recmas_ray.train.pipeline import train_outer
 
-    t0 = time.perf_counter()
-    tc = with_system(
+    return with_system(
         OuterTrainConfig, style=cfg.style, preset=cfg.preset, ckpt_override=dict(inner), role_models=dict(cfg.role_models),
         dataset_name=str(train_file),
         task=cfg.task, save_dir=str(out / recipe / "outer"), max_steps=cfg.outer_steps,
@@ -232,27 +232,33 @@ def _outer(cfg: SweepRecipeConfig, recipe: str, inner: dict, train_file: Path, e
         max_failures=0, log_every=max(1, cfg.outer_steps // 8), progress=False,
         eval_every=cfg.eval_every, eval_dataset=str(eval_file) if cfg.eval_every else None,
         **recipe_settings(recipe, cfg))
-    res = train_outer(tc)
+
+
+def _outer(cfg: SweepRecipeConfig, recipe: str, inner: dict, train_file: Path, eval_file: Path, out: Path):
+    """Train one recipe's outer links; returns (save_dir, per-step log, held-out curve, seconds)."""
+    from recmas_ray.train.pipeline import train_outer
+
+    t0 = time.perf_counter()
+    res = train_outer(_outer_config(cfg, recipe, inner, train_file, eval_file, out))
     return str(res.save_dir), res.log, res.eval_log, time.perf_counter() - t0
 
 
 def _hop_by_hop(cfg: SweepRecipeConfig, recipe: str, inner: dict, train: list[dict], heldout: list[dict],
                 out: Path) -> dict:
-    """A hop_by_hop recipe: train its token links in-process on the measuring agents, then measure them."""
+    """A hop_by_hop recipe: train its token links with the product's schedule on Ray Train (the agents load
+    in its workers), then measure them attached to the measuring agents."""
     from jobs.experiments import hop_by_hop
     from jobs.experiments.sweep_recipe_measure import Measurer
     from recmas_ray.system.provenance import link_origin
 
     settings = recipe_settings(recipe, cfg)
     t0 = time.perf_counter()
-    measurer = Measurer(cfg, inner, heldout)  # its agents start with the plan's links, latent norm none
-    done = hop_by_hop.train(measurer.pool, measurer.style, train, task=cfg.task, m=cfg.latent_steps,
-                            steps=cfg.outer_steps, batch_size=cfg.outer_batch_size, lr=settings["lr"],
-                            value_weight=settings["value_token_weight"], tau=settings["token_tau"], seed=cfg.seed,
-                            save_dir=out / recipe / "outer", log=lambda line: print(line, flush=True))
+    done = hop_by_hop.train(_outer_config(cfg, recipe, inner, out / "train.jsonl", out / "heldout.jsonl", out),
+                            len(train))
     secs, log = time.perf_counter() - t0, done["log"]
     print(f"[sweep] {recipe}: hop-by-hop training {secs:.0f} s, loss {log[0]['loss']:.3f} -> {log[-1]['loss']:.3f}",
           flush=True)
+    measurer = Measurer(cfg, inner, heldout)  # its agents start with the plan's links, latent norm none
     got = measurer.recipe(None, settings, rows=tuple(r for r in cfg.extra_rows if r != "bridge_init"),
                           attach=lambda pool: hop_by_hop.attach(pool, done["links"]))
     measurer.close()
@@ -302,7 +308,7 @@ def main_cfg(cfg: SweepRecipeConfig) -> int:
         results["_baselines"] = json.loads(path.read_text())
     for recipe in cfg.recipes:
         path = out / recipe / "result.json"
-        if not path.exists() and recipe_settings(recipe, cfg).get("trainer") == "hop_by_hop":
+        if not path.exists() and recipe_settings(recipe, cfg).get("schedule") == "hop_by_hop":
             path.write_text(json.dumps(_hop_by_hop(cfg, recipe, inner, train, heldout, out), indent=2))
         elif not path.exists():
             save_dir, log, curve, secs = _outer(cfg, recipe, inner, train_file, eval_file, out)

@@ -44,7 +44,12 @@ def shared_token_pairs(src_tokenizer, dst_tokenizer, *, max_pairs: int | None = 
                        blanks: bool = False) -> tuple[list[int], list[int]]:
     """(source ids, target ids) of tokens with the same text in both vocabularies (at most `max_pairs`, the
     lowest source ids first: byte-pair vocabularies put their frequent tokens there; None: all of them)."""
-    src, dst = vocabulary_strings(src_tokenizer, blanks=blanks), vocabulary_strings(dst_tokenizer, blanks=blanks)
+    return shared_pairs(vocabulary_strings(src_tokenizer, blanks=blanks),
+                        vocabulary_strings(dst_tokenizer, blanks=blanks), max_pairs=max_pairs)
+
+
+def shared_pairs(src: dict[str, int], dst: dict[str, int], *, max_pairs: int | None) -> tuple[list[int], list[int]]:
+    """`shared_token_pairs` on two `vocabulary_strings` tables (workers that hold one tokenizer each trade these)."""
     pairs = sorted((i, dst[t]) for t, i in src.items() if t in dst)[:max_pairs]
     if len(pairs) < 16:
         raise ValueError(f"only {len(pairs)} tokens have the same text in both vocabularies: too few for a bridge")

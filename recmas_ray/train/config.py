@@ -34,6 +34,8 @@ rescaled to the receiving model's mean token-embedding norm, as LatentMAS does; 
 OUTER_INITS = ("default", "bridge", "state_bridge")
 ROLLOUT_STAGES = ("first", "all")
 """--rollout_stages: which stages send their latent rollout instead of hidden states over their gold turn."""
+OUTER_SCHEDULES = ("end_to_end", "hop_by_hop")
+"""--schedule: how the outer links train (OuterTrainConfig.schedule)."""
 ROLLOUT_FEEDBACK = ("graph", "detached")
 """--rollout_feedback: whether a rollout's fed-back inner(h) keeps its graph (exact) or is detached."""
 
@@ -299,6 +301,17 @@ class OuterTrainConfig(TrainConfig):
     the fixed wording; each sample's CE is the weighted mean. 1 is the reference (uniform); > 1 is non-
     reference and counters a loss dominated by the answer's template. Logged losses stay unweighted."""
 
+    schedule: Annotated[str, OneOf(OUTER_SCHEDULES)] = "end_to_end"
+    """end_to_end (the reference: every outer link trains through R unrolled rounds, one pipeline worker per
+    role) or hop_by_hop (non-reference, `train/hop_by_hop.py`: R = 1 with the decoder last; every edge a token
+    link, only the edges into the decoder trained, on the earlier stages' m-step rollouts (m =
+    --rollout_latent_steps) as inference sends them, computed once per question and memoised; a Ray Train
+    worker per role, stage-parallel). Writes <save_dir>/links.pt and log.json, saved once at the end."""
+    token_tau: Annotated[float, Range(0, 100, lo_open=True)] = 0.02
+    """--schedule hop_by_hop: temperature of the token links' softmax over cosine similarity to the source's
+    shared-token embeddings (run F's 0.02, docs/learning_runs.md: near one-hot, so each latent step is relayed
+    as its nearest token plus the trained residual)."""
+
     def checkpoint_keys(self) -> tuple[str, ...]:
         """Roles, plus outer=DIR: start from trained outer links instead of the seeded init."""
         return self.roles() + ("outer",)
@@ -319,8 +332,36 @@ class OuterTrainConfig(TrainConfig):
             raise ValueError("--eval_every needs --eval_dataset (held-out rows)")
         if self.eval_dataset:
             _check_dataset("--eval_dataset", self.eval_dataset)
+        if self.schedule == "hop_by_hop":
+            self._check_hop_by_hop()
         if self.use_gpu and self.gpus_per_worker != 1:
             # The role workers exchange activations over NCCL point to point: two ranks cannot share a
             # GPU, and a worker uses only one device (the pipeline does not split a model over GPUs).
             raise ValueError(f"--gpus_per_worker {self.gpus_per_worker:g}: the outer pipeline with --use_gpu needs "
                              "exactly 1 GPU per role worker (NCCL ranks cannot share a GPU, and a worker uses one)")
+
+    def _check_hop_by_hop(self) -> None:
+        """What --schedule hop_by_hop can train: one round, the decoder last reading latents, m > 0, and none of
+        the end-to-end options it would otherwise ignore."""
+        from recmas_ray.styles import build_schedule
+
+        style = get_style(self.system.style)
+        roles = [s.role for s in build_schedule(style, self.num_recursive_rounds)]
+        last = build_schedule(style, 1)[-1]
+        if self.num_recursive_rounds != 1 or roles[-1] != style.decoder or len(set(roles)) != len(roles) \
+                or not last.inputs:
+            raise ValueError(f"--schedule hop_by_hop trains one round whose decoder runs last and reads latents; "
+                             f"--style {style.name} with --num_recursive_rounds {self.num_recursive_rounds} runs "
+                             f"{' -> '.join(roles)} (decoder {style.decoder})")
+        if not self.rollout_latent_steps:
+            raise ValueError("--schedule hop_by_hop: needs --rollout_latent_steps m > 0 (the earlier stages' "
+                             "rollout length, as at inference)")
+        fixed = {"latent_norm": "none", "outer_init": "default", "rollout_stages": "first", "eval_every": 0,
+                 "num_microbatches": 1, "recompute": False, "profile_memory": False, "resume": False,
+                 "stop_at_step": 0}
+        for name, want in fixed.items():
+            if getattr(self, name) != want:
+                raise ValueError(f"--{name} {getattr(self, name)}: not available with --schedule hop_by_hop "
+                                 f"(expected {want})")
+        if "outer" in self.system.ckpt_override:
+            raise ValueError("--ckpt_override outer=DIR: --schedule hop_by_hop starts from fresh token links")

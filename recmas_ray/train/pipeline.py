@@ -200,12 +200,20 @@ class OuterRunResult:
 
 
 def train_outer(cfg: OuterTrainConfig, *, faults: dict | None = None) -> OuterRunResult:
-    """Run outer-loop training as one pipeline-parallel Ray Train job; returns the exported result.
+    """Run outer-loop training as one pipeline-parallel Ray Train job; returns the exported result
+    (`--schedule hop_by_hop`: `hop_by_hop_job.train_hop_by_hop`, links.pt in save_dir).
 
     `faults` is the test-only fault-injection dict (see `core.Faults`)."""
     import os
 
     import ray
+
+    if cfg.schedule == "hop_by_hop":
+        from recmas_ray.train.hop_by_hop_job import train_hop_by_hop
+
+        if faults:
+            raise ValueError("fault injection is for the end_to_end schedule only")
+        return train_hop_by_hop(cfg)
 
     from recmas_ray.config.checks import check_tree
     from recmas_ray.config.tree import save_config

@@ -261,12 +261,7 @@ class PipelineStage:
 
     def frozen_digest(self) -> str:
         """sha256 over the base model and inner link parameters (they must never change)."""
-        h = hashlib.sha256()
-        for mod in (self.agent.model, self.agent.inner_link):
-            for name, p in mod.state_dict().items():
-                h.update(name.encode())
-                h.update(p.detach().cpu().contiguous().view(torch.uint8).numpy().tobytes())
-        return h.hexdigest()
+        return frozen_digest(self.agent)
 
     def memory_stats(self) -> dict:
         """Peak saved-activation bytes (tape), peak RSS, CUDA peak (GPU runs)."""
@@ -275,3 +270,13 @@ class PipelineStage:
         if self.device.type == "cuda":
             out["cuda_max_allocated_bytes"] = torch.cuda.max_memory_allocated(self.device)
         return out
+
+
+def frozen_digest(agent: Agent) -> str:
+    """sha256 over an agent's base model and inner link parameters (training must never change them)."""
+    h = hashlib.sha256()
+    for mod in (agent.model, agent.inner_link):
+        for name, p in mod.state_dict().items():
+            h.update(name.encode())
+            h.update(p.detach().cpu().contiguous().view(torch.uint8).numpy().tobytes())
+    return h.hexdigest()
