@@ -351,7 +351,7 @@ class OuterTrainConfig(TrainConfig):
         if self.num_recursive_rounds != 1 or roles[-1] != style.decoder or len(set(roles)) != len(roles) \
                 or not last.inputs:
             raise ValueError(f"--schedule hop_by_hop trains one round whose decoder runs last and reads latents; "
-                             f"--style {style.name} with --num_recursive_rounds {self.num_recursive_rounds} runs "
+                             f"--style {self.system.style} with --num_recursive_rounds {self.num_recursive_rounds} runs "
                              f"{' -> '.join(roles)} (decoder {style.decoder})")
         if not self.rollout_latent_steps:
             raise ValueError("--schedule hop_by_hop: needs --rollout_latent_steps m > 0 (the earlier stages' "
