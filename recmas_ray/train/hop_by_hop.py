@@ -101,7 +101,7 @@ def attach(pool, saved: dict) -> None:
         link, _ = token_link(agents[src], agents[dst], float(entry["tau"]),
                              (entry["source_ids"].tolist(), entry["target_ids"].tolist()))
         link.residual.load_state_dict({"weight": entry["residual.weight"], "bias": entry["residual.bias"]})
-        agents[src].outer_links[edge] = link
+        agents[src].outer_links[edge] = link.requires_grad_(False)
 
 
 def load(path: Path) -> dict:

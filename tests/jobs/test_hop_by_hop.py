@@ -1,8 +1,12 @@
-"""jobs/experiments/hop_by_hop.py on tiny models: the hops into the decoder train on exactly what inference sends
-them, the earlier hops stay the pure translation, and the saved links come back identical (checked on load)."""
+"""jobs/experiments/hop_by_hop.py on tiny models: the sweep's hop-by-hop recipe trains through the product's
+`--schedule hop_by_hop` (Ray Train, the session cluster) in its own data order; the hops into the decoder train
+on exactly what inference sends them, the earlier hops stay the pure translation, and the saved links come back
+identical (checked on load)."""
 
 import pytest
 import torch
+
+pytestmark = pytest.mark.timeout(600)
 
 M = 3
 
@@ -20,14 +24,35 @@ def chain(tiny_cache):
     return plan, (lambda: local_pool(plan, pool_cls=CapturePool)), train, seen
 
 
+def _config(style, rows, save_dir, m=M, steps=3):
+    """The sweep's hop-by-hop OuterTrainConfig for the tiny plan of `style` (seed 0: the fixtures' plans)."""
+    from jobs.experiments.sweep_recipe import RECIPES
+    from recmas_ray.system.config import with_system
+    from recmas_ray.train.config import OuterTrainConfig
+    from recmas_ray.train.synthetic import write_jsonl
+
+    recipe = {k: m if v == "m" else v for k, v in RECIPES["token_hop_by_hop_r1"].items()}
+    return with_system(OuterTrainConfig, style=style, preset="tiny", seed=0, task="qa", save_dir=str(save_dir),
+                       dataset_name=str(write_jsonl(rows, save_dir.parent / f"{save_dir.name}.jsonl")),
+                       max_steps=steps, batch_size=2, progress=False, cpus_per_worker=0.5, max_failures=0,
+                       **{**recipe, "lr": 1e-2, "token_tau": 0.05})
+
+
+@pytest.fixture(scope="module")
+def shared_dir(tmp_path_factory):
+    """One training of the chain for the module: the second test finds its links.pt and reuses it."""
+    return tmp_path_factory.mktemp("chain") / "outer"
+
+
 def _train(pool, plan, rows, save_dir, steps=3):
     from jobs.experiments import hop_by_hop
 
-    return hop_by_hop.train(pool, plan.style, rows, task="qa", m=M, steps=steps, batch_size=2, lr=1e-2,
-                            value_weight=5.0, tau=0.05, seed=0, save_dir=save_dir, log=lambda _: None)
+    done = hop_by_hop.train(_config(plan.style_name, rows, save_dir, steps=steps), len(rows))
+    hop_by_hop.attach(pool, done["links"])
+    return done
 
 
-def test_the_last_hop_trains_on_the_message_inference_sends(chain, tmp_path):
+def test_the_last_hop_trains_on_the_message_inference_sends(ray_cluster, chain, shared_dir):
     from jobs.experiments import hop_by_hop
     from recmas_ray.config.recursion import DecodeConfig, RecursionConfig
     from recmas_ray.runner import run_batch
@@ -37,7 +62,7 @@ def test_the_last_hop_trains_on_the_message_inference_sends(chain, tmp_path):
 
     plan, make_pool, train, seen = chain
     pool = make_pool()
-    _train(pool, plan, train, tmp_path)
+    _train(pool, plan, train, shared_dir)
     agents = {r: s.agent for r, s in pool.services.items()}
     run_batch(pool, plan.style, [question_text(r) for r in seen], ["qa"] * len(seen),
               RecursionConfig(method="recursive_mas", num_recursive_rounds=1, latent_steps=M,
@@ -51,25 +76,26 @@ def test_the_last_hop_trains_on_the_message_inference_sends(chain, tmp_path):
     torch.testing.assert_close(trained_BME.float(), sent_BME, atol=1e-5, rtol=1e-5)
 
 
-def test_only_the_last_hop_changes_and_the_saved_links_reattach_identically(chain, tmp_path, monkeypatch):
+def test_only_the_last_hop_changes_and_the_saved_links_reattach_identically(ray_cluster, chain, shared_dir,
+                                                                           monkeypatch):
     from jobs.experiments import hop_by_hop
     from recmas_ray.styles import build_schedule
     from recmas_ray.train.outer import prepare_samples
 
     plan, make_pool, train, seen = chain
     pool = make_pool()
-    done = _train(pool, plan, train, tmp_path)
+    done = _train(pool, plan, train, shared_dir)
     hop1, hop2 = (pool.services[r].agent.outer_links[e] for r, e in (("planner", "planner->critic"),
                                                                       ("critic", "critic->solver")))
     assert float(hop1.residual.weight.abs().sum() + hop1.residual.bias.abs().sum()) == 0.0
     assert float(hop2.residual.weight.abs().sum()) > 0.0
     assert len(done["log"]) == 3
 
-    saved = hop_by_hop.load(tmp_path / hop_by_hop.LINKS_FILE)  # weights_only: tensors, no pickled objects
+    saved = hop_by_hop.load(shared_dir / hop_by_hop.LINKS_FILE)  # weights_only: tensors, no pickled objects
     assert set(saved) == {"planner->critic", "critic->solver"}
     again = make_pool()
-    monkeypatch.setattr("recmas_ray.train.outer.encode_stage", lambda *a, **k: pytest.fail("trained again"))
-    reloaded = _train(again, plan, train, tmp_path)  # a finished training is reused, not repeated
+    monkeypatch.setattr("recmas_ray.train.hop_by_hop_job.train_hop_by_hop", lambda *a, **k: pytest.fail("trained again"))
+    reloaded = _train(again, plan, train, shared_dir)  # a finished training is reused, not repeated
     assert reloaded["log"] == done["log"]
     samples = prepare_samples(seen, plan.style, "qa")
     sched = build_schedule(plan.style, 1)
@@ -119,7 +145,8 @@ def test_the_demo_runs_two_hop_tasks_with_the_two_hop_recipe(tmp_path):
     assert sweep_config(tiny, "sequential_light", "recall", tmp_path).role_models == {}  # tiny keeps random families
 
 
-def test_mixture_trains_every_expert_edge_into_the_summarizer(tiny_cache, tmp_path):
+@pytest.mark.integration
+def test_mixture_trains_every_expert_edge_into_the_summarizer(ray_cluster, tiny_cache, tmp_path):
     from jobs.experiments import hop_by_hop
     from recmas_ray.system.launch import local_pool
     from recmas_ray.system.plan import plan_system
@@ -129,10 +156,23 @@ def test_mixture_trains_every_expert_edge_into_the_summarizer(tiny_cache, tmp_pa
     plan = plan_system("mixture", preset="tiny", seed=0, task="qa")
     train, _, _ = split_by_value("mixture", "mixture", num_train=6, num_seen=2, num_unseen=0, seed=0)
     pool = local_pool(plan)
-    hop_by_hop.train(pool, plan.style, train, task="qa", m=2, steps=2, batch_size=2, lr=1e-2, value_weight=5.0,
-                     tau=0.05, seed=0, save_dir=tmp_path, log=lambda _: None)
+    hop_by_hop.attach(pool, hop_by_hop.train(_config("mixture", train, tmp_path / "out", m=2, steps=2), len(train))["links"])
     for expert in ("math", "code", "science"):
         link = pool.services[expert].agent.outer_links[f"{expert}->summarizer"]
         assert float(link.residual.weight.detach().abs().sum()) > 0.0, expert
-    assert set(hop_by_hop.load(tmp_path / hop_by_hop.LINKS_FILE)) == {"math->summarizer", "code->summarizer",
-                                                                      "science->summarizer"}
+    assert set(hop_by_hop.load(tmp_path / "out" / hop_by_hop.LINKS_FILE)) == {"math->summarizer", "code->summarizer",
+                                                                              "science->summarizer"}
+
+
+def test_the_sweep_keeps_its_data_order():
+    """The main job's two-hop links depend on it (pinned: what the in-process trainer drew before the move)."""
+    from jobs.experiments.hop_by_hop import legacy_batches
+
+    got = legacy_batches(5, 5, 2, 0)
+    assert got == PINNED_ORDER
+    for epoch in (got[0:2], got[2:4]):
+        assert len({i for b in epoch for i in b}) == 4  # no row twice within an epoch
+
+
+PINNED_ORDER = [[2, 1], [0, 4], [2, 0], [1, 4], [0, 2]]
+"""random.Random(0) shuffling range(5) in place each epoch of 2 steps, as the old in-process loop did."""

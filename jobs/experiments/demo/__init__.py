@@ -5,7 +5,8 @@ standard task: train a sequential system, then compare it with text on held-out 
               default; compare, two_fact and mixture with --full), links trained with the recipe
               `FactsConfig.recipe` (one hop: first-stage rollout, rollout-state bridge init) or, for the
               sequential tasks, `FactsConfig.two_hop.recipe` (token links on both hops, the hop into the solver
-              trained; `jobs.experiments.hop_by_hop`), measured on seen-values and unseen-values held-out splits;
+              trained; `jobs.train_outer --schedule hop_by_hop` via `jobs.experiments.hop_by_hop`), measured on
+              seen-values and unseen-values held-out splits;
               their answer lines ("trained links carry the fact: X/N own vs Y/N shuffled vs Z/N fresh") print
               first and the PNG's first panel shows them
 
