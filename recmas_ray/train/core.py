@@ -345,6 +345,27 @@ def fit(loop, loop_config: dict, cfg: TrainConfig, storage: RunStorage, *, num_w
     return trainer.fit()
 
 
+def role_worker_resources(cfg: TrainConfig, num_roles: int, local: bool) -> dict:
+    """Ray Train resources of one worker per role (outer training, either schedule)."""
+    # One worker per role must fit at once. CPU asks only steer placement: shrink them to fit the cluster
+    # (2-core laptops, CI). Missing GPUs fail early on a local cluster; a real one may still autoscale.
+    import ray
+
+    have = ray.cluster_resources()
+    cpus = cfg.cpus_per_worker
+    if num_roles * cpus > have.get("CPU", 0) > 0:
+        cpus = have["CPU"] / num_roles
+        print(f"[outer] {num_roles} role workers x {cfg.cpus_per_worker} CPU exceed the cluster's {have['CPU']:g} "
+              f"CPUs; asking {cpus:g} per worker", flush=True)
+    if cfg.use_gpu and num_roles * cfg.gpus_per_worker > have.get("GPU", 0):
+        msg = (f"--use_gpu needs {num_roles} role workers x {cfg.gpus_per_worker} GPU, the cluster has "
+               f"{have.get('GPU', 0):g}")
+        if local:
+            raise ValueError(msg + " (NCCL point-to-point needs one GPU per worker)")
+        print(f"[outer] {msg}; waiting for the autoscaler", flush=True)
+    return {"CPU": cpus, **({"GPU": cfg.gpus_per_worker} if cfg.use_gpu else {})}
+
+
 def config_from_dict(cls, data: dict):
     """A training config back from `dataclasses.asdict` (what a worker receives), nested sections included."""
     from recmas_ray.config.tree import from_dict

@@ -200,7 +200,7 @@ def train_loop_per_worker(config: dict) -> None:
 def train_hop_by_hop(cfg: OuterTrainConfig, *, batches: list[list[int]] | None = None,
                      capture_grads: tuple[int, ...] = ()):
     """Run `--schedule hop_by_hop` as one Ray Train job (a worker per role); writes <save_dir>/links.pt,
-    log.json and config.json and returns a `pipeline.OuterRunResult`. `batches` (row indices per step)
+    log.json and config.json and returns an `outer.OuterRunResult`. `batches` (row indices per step)
     replaces the data order of `core.step_indices` (e.g. an earlier run's, to reproduce it); `capture_grads`
     (1-based steps, for tests) returns those steps' pre-clip gradients in metrics["captured_grads"]."""
     import shutil
@@ -213,7 +213,7 @@ def train_hop_by_hop(cfg: OuterTrainConfig, *, batches: list[list[int]] | None =
     from recmas_ray.system.plan import plan_system
     from recmas_ray.train.data import load_rows
     from recmas_ray.train.outer import prepare_samples
-    from recmas_ray.train.pipeline import OuterRunResult, _worker_resources
+    from recmas_ray.train.outer import OuterRunResult
     from recmas_ray.train.progress import StepBoard
 
     check_tree(cfg)
@@ -250,7 +250,7 @@ def train_hop_by_hop(cfg: OuterTrainConfig, *, batches: list[list[int]] | None =
             StepBoard(current(), enabled=cfg.progress) as board:
         loop_config["progress"] = board.queue
         result = core.fit(train_loop_per_worker, loop_config, cfg, storage, num_workers=len(style.roles),
-                          resources=_worker_resources(cfg, len(style.roles), local), backend="gloo", tracker=tracker,
+                          resources=core.role_worker_resources(cfg, len(style.roles), local), backend="gloo", tracker=tracker,
                           env_vars={"PYTHONPATH": os.pathsep.join(filter(None, [repo, os.environ.get("PYTHONPATH")]))})
         if result.checkpoint is None:
             raise RuntimeError(f"hop-by-hop training finished without a checkpoint (run {storage.root})")

@@ -37,6 +37,22 @@ from recmas_ray.system.checkpoints import LinkSet, group_link_tensors, read_safe
 from recmas_ray.train.core import read_state
 from recmas_ray.train.data import question_text, role_target, validate_rows
 
+@dataclass
+class OuterRunResult:
+    """What `pipeline.train_outer` returns (either schedule)."""
+
+    save_dir: Path
+    """Final outer links in our format (links.safetensors + manifest.json; --schedule hop_by_hop: links.pt)."""
+    checkpoint_dir: str
+    """The Ray Train checkpoint they were exported from (a path on the storage filesystem)."""
+    metrics: dict
+    """Rank 0's last reported metrics (per-worker memory and frozen-weight checks under "workers")."""
+    log: list
+    """Per-step log: loss, round losses, grad norm, lr, step seconds, truncated samples."""
+    eval_log: list
+    """Held-out evaluations (--eval_every): step, eval_loss, eval_objective, num_eval_rows."""
+
+
 # ----------------------------------------------------------------------------- data
 @dataclass
 class Sample:

@@ -25,7 +25,7 @@ from __future__ import annotations
 import json
 import math
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict
 from pathlib import Path
 
 import torch
@@ -37,7 +37,7 @@ from recmas_ray.console import current
 from recmas_ray.links import inner_link_from_state_dict, outer_link_from_state_dict
 from recmas_ray.styles import StyleSpec, get_style
 from recmas_ray.train import core, history
-from recmas_ray.train.outer import Sample, export_checkpoint, round_loss_weight
+from recmas_ray.train.outer import OuterRunResult, Sample, export_checkpoint, round_loss_weight  # noqa: F401 (re-exported)
 from recmas_ray.train.progress import post_step, StepBoard
 from recmas_ray.train.stage import PipelineStage
 
@@ -183,22 +183,6 @@ class NaNLossError(RuntimeError):
     """The loss became NaN/Inf; the run stopped before stepping and the last good checkpoint is kept."""
 
 
-@dataclass
-class OuterRunResult:
-    """What `train_outer` returns."""
-
-    save_dir: Path
-    """Final outer links in our format (links.safetensors + manifest.json)."""
-    checkpoint_dir: str
-    """The Ray Train checkpoint they were exported from (a path on the storage filesystem)."""
-    metrics: dict
-    """Rank 0's last reported metrics (per-worker memory and frozen-weight checks under "workers")."""
-    log: list
-    """Per-step log: loss, round losses, grad norm, lr, step seconds, truncated samples."""
-    eval_log: list
-    """Held-out evaluations (--eval_every): step, eval_loss, eval_objective, num_eval_rows."""
-
-
 def train_outer(cfg: OuterTrainConfig, *, faults: dict | None = None) -> OuterRunResult:
     """Run outer-loop training as one pipeline-parallel Ray Train job; returns the exported result
     (`--schedule hop_by_hop`: `hop_by_hop_job.train_hop_by_hop`, links.pt in save_dir).
@@ -263,7 +247,7 @@ def train_outer(cfg: OuterTrainConfig, *, faults: dict | None = None) -> OuterRu
             StepBoard(current(), enabled=cfg.progress) as board:
         loop_config["progress"] = board.queue
         result = core.fit(train_loop_per_worker, loop_config, cfg, storage, num_workers=len(style.roles),
-                          resources=_worker_resources(cfg, len(style.roles), local),
+                          resources=core.role_worker_resources(cfg, len(style.roles), local),
                           backend="nccl" if cfg.use_gpu else "gloo", tracker=tracker,
                           env_vars={"PYTHONPATH": os.pathsep.join(filter(None, [repo, os.environ.get("PYTHONPATH")]))})
         if storage.exists(NAN_STOP):
@@ -317,23 +301,3 @@ def _check_resume(ckpt, manifest: dict) -> None:
         if old and (old.get("base_model"), old.get("hidden_size")) != (info["base_model"], info["hidden_size"]):
             raise ValueError(f"--resume: role {role} ran on {old.get('base_model')} (hidden {old.get('hidden_size')}) "
                              f"in {ckpt.path}, but now on {info['base_model']} (hidden {info['hidden_size']})")
-
-
-def _worker_resources(cfg: OuterTrainConfig, num_roles: int, local: bool) -> dict:
-    # One worker per role must fit at once. CPU asks only steer placement: shrink them to fit the cluster
-    # (2-core laptops, CI). Missing GPUs fail early on a local cluster; a real one may still autoscale.
-    import ray
-
-    have = ray.cluster_resources()
-    cpus = cfg.cpus_per_worker
-    if num_roles * cpus > have.get("CPU", 0) > 0:
-        cpus = have["CPU"] / num_roles
-        print(f"[outer] {num_roles} role workers x {cfg.cpus_per_worker} CPU exceed the cluster's {have['CPU']:g} "
-              f"CPUs; asking {cpus:g} per worker", flush=True)
-    if cfg.use_gpu and num_roles * cfg.gpus_per_worker > have.get("GPU", 0):
-        msg = (f"--use_gpu needs {num_roles} role workers x {cfg.gpus_per_worker} GPU, the cluster has "
-               f"{have.get('GPU', 0):g}")
-        if local:
-            raise ValueError(msg + " (NCCL point-to-point needs one GPU per worker)")
-        print(f"[outer] {msg}; waiting for the autoscaler", flush=True)
-    return {"CPU": cpus, **({"GPU": cfg.gpus_per_worker} if cfg.use_gpu else {})}
