@@ -227,7 +227,7 @@ def train_in_process(agents: dict, style, samples: list, cfg, batches: list[list
         if new:
             trainer.remember(new, sender_latents(agents, style, sched, cfg.task, m, [samples[i] for i in new]))
         got = trainer.step(samples, batch, keep_grads=step + 1 in capture_grads)
-        history.append({"step": step, **got["entry"]})
+        history.append({"step": step + 1, **got["entry"]})
         if got["grads"] is not None:
             grads[step + 1] = got["grads"]
         line = step_line(trained, step, len(batches), history[-1])
@@ -239,7 +239,8 @@ def train_in_process(agents: dict, style, samples: list, cfg, batches: list[list
 
 
 def step_line(trained: list[str], step: int, steps: int, entry: dict) -> str | None:
-    """The log line of a step (every eighth of the run and the last), else None."""
+    """The log line of 0-based `step` (every eighth of the run and the last), else None."""
     if step % max(1, steps // 8) == 0 or step == steps - 1:
-        return f"[hop-by-hop] {', '.join(trained)} step {step} loss {entry['loss']:.3f} grad_norm {entry['grad_norm']:.3f}"
+        return (f"[hop-by-hop] {', '.join(trained)} step {step + 1}/{steps} loss {entry['loss']:.3f} "
+                f"grad_norm {entry['grad_norm']:.3f}")
     return None

@@ -151,7 +151,7 @@ def train_loop_per_worker(config: dict) -> None:
             if not torch.isfinite(torch.tensor([got["entry"]["loss"], got["entry"]["grad_norm"]])).all():
                 raise FloatingPointError(f"hop-by-hop: non-finite loss or gradient norm at step {step + 1} "
                                          f"(rows {batch}); links.pt not written")
-            log.append({"step": step, **got["entry"]})
+            log.append({"step": step + 1, **got["entry"]})
             if got["grads"] is not None:
                 grads[step + 1] = got["grads"]
             post_step(config.get("progress"), f"outer {style.name} hop_by_hop", step + 1, len(batches))
