@@ -4,8 +4,9 @@ role), with the data order these runs have always used, so that their links stay
 
 Before the schedule moved into the product this file trained in-process with `random.Random(seed)` shuffling
 the rows at each epoch; `legacy_batches` is that order, handed to the product's trainer as its step batches
-(the product's own default is `core.step_indices`). On tiny models the links.pt of the sweep's three styles
-were bit-identical before and after the move (`tests/jobs/test_hop_by_hop.py` keeps the order checked).
+(the product's own default is `core.step_indices`). On tiny models every tensor of the links.pt of the sweep's
+three styles (sequential_light, distillation, mixture; the main job's fact-task path, 6 steps) was bit-identical
+before and after the move, and so were the losses (`tests/jobs/test_hop_by_hop.py` pins the order).
 
 The links.pt format, `load` and `attach` are the product's (`recmas_ray.train.hop_by_hop`), re-exported here
 for the sweep and the diagnostics.
