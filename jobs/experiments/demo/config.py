@@ -67,8 +67,8 @@ class FactsConfig:
     recipe: str = "state_bridge_value_r1"
     """Outer recipe (`jobs.experiments.sweep_recipe.RECIPES`): R = 1, lr 1e-3 held constant, the first stage's
     latent rollout as inference sends it, the rollout-state bridge init, value tokens weighted 5x (all
-    non-reference). It carried the fact one hop in `jobs.experiments.fact_diag`: 58/128 own vs 4/128 shuffled
-    vs 0/128 fresh links (diag7 at 64 + 64 held-out, docs/learning_runs.md)."""
+    non-reference). It carried the fact one hop in `jobs/experiments/fact_diag.py` (at eff057a, since removed):
+    58/128 own vs 4/128 shuffled vs 0/128 fresh links (diag7 at 64 + 64 held-out, docs/learning_runs.md)."""
     num_train: Annotated[int, Range(8, 900)] = 512
     """Training rows per task (fact values from the seen share only; diag7's 512)."""
     num_seen: Annotated[int, Range(1, 500)] = 32
