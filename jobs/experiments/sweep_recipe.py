@@ -105,7 +105,7 @@ RECIPES: dict[str, dict] = {
     "full_detached_bridge_value_r1": {**R1, **FULL, **DETACHED, **BRIDGE, **VALUE},
     "token_hop_by_hop_r1": {"schedule": "hop_by_hop", "num_recursive_rounds": 1, "lr": 1e-3, "token_tau": 0.02,
                             "rollout_latent_steps": "m", **VALUE, "lr_scheduler_type": "constant",
-                            "warmup_steps": 0},
+                            "warmup_steps": 0, "torch_threads": 2},
 }
 """Recipe name -> OuterTrainConfig fields (on top of the sweep's steps, batch size and seed); "m" stands for
 the sweep's --latent_steps. A recipe with "schedule": "hop_by_hop" trains through `hop_by_hop.train` (the

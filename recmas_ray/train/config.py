@@ -307,6 +307,10 @@ class OuterTrainConfig(TrainConfig):
     link, only the edges into the decoder trained, on the earlier stages' m-step rollouts (m =
     --rollout_latent_steps) as inference sends them, computed once per question and memoised; a Ray Train
     worker per role, stage-parallel). Writes <save_dir>/links.pt and log.json, saved once at the end."""
+    torch_threads: Annotated[int, Range(0, 1024)] = 0
+    """Torch intra-op threads of each role worker (0: Ray's default, from the worker's CPU share). With
+    --schedule hop_by_hop only the decoder's worker computes once every question has been rolled out, so it can
+    use the node's cores; equal thread counts also keep CPU float results equal to a run in one process."""
     token_tau: Annotated[float, Range(0, 100, lo_open=True)] = 0.02
     """--schedule hop_by_hop: temperature of the token links' softmax over cosine similarity to the source's
     shared-token embeddings (run F's 0.02, docs/learning_runs.md: near one-hot, so each latent step is relayed

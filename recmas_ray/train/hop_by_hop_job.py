@@ -122,6 +122,8 @@ def train_loop_per_worker(config: dict) -> None:
     from recmas_ray.train.stage import frozen_digest
 
     cfg = core.config_from_dict(OuterTrainConfig, config["cfg"])
+    if cfg.torch_threads:
+        torch.set_num_threads(cfg.torch_threads)
     style = get_style(cfg.system.style)
     rank = ray.train.get_context().get_world_rank()
     role = style.roles[rank]
