@@ -20,6 +20,7 @@ from recmas_ray.config.recursion import MAX_ROUNDS, METHODS, RecursionConfig, To
 from recmas_ray.config.tracking import TrackingConfig
 from recmas_ray.config.transport import OBJECT_STORE, TRANSPORT_NAMES, get_transport
 from recmas_ray.eval.benchmarks import BENCHMARKS, canonical_name
+from recmas_ray.eval.tasks import TASK_TYPES
 from recmas_ray.styles import get_style, tool_styles
 from recmas_ray.styles.prompts import load_prompt_set
 from recmas_ray.system.config import SystemConfig
@@ -52,8 +53,8 @@ class StreamConfig:
 class EvalConfig:
     """One evaluation run (saved, resolved, next to its results)."""
 
-    SYSTEM_FIELDS = ("style", "preset", "role_models", "ckpt_override",
-                     "allow_base_model_mismatch", "allow_style_mismatch", "prompt_set",
+    SYSTEM_FIELDS = ("style", "preset", "role_models", "ckpt_override", "links",
+                     "allow_base_model_mismatch", "allow_style_mismatch", "allow_task_mismatch", "prompt_set",
                      "device", "dtype",
                      "message_dtype", "seed")
     """System fields an evaluation reads (the others get no flag and are refused when set)."""
@@ -67,6 +68,9 @@ class EvalConfig:
     sampling: rollout r decodes with seed + r)."""
     dataset: Annotated[str, NonEmpty()]
     """Benchmark name (math500, gsm8k, ...) or a local .jsonl/.json question file."""
+    task: Annotated[str | None, OneOf(TASK_TYPES)] = None
+    """Task type (answer instruction and grader) of a local file's rows that carry no `task` field; unset: the
+    task the links were trained on (their manifests), else math. Named benchmarks bring their own."""
     dataset_path: str | None = None
     """Local copy of a named benchmark (else its RECMAS_<NAME>_PATH variable, else the Hub)."""
     dataset_json_field: str | None = None

@@ -29,8 +29,9 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import load_file, save_file
 
-from recmas_ray.links import (INNER_LINK_TYPE, OUTER_LINK_TYPE, InnerLink, OuterLink,
-                              inner_link_from_state_dict, outer_link_from_state_dict)
+from recmas_ray.links import (INNER_LINK_TYPE, LINK_KINDS, OUTER_LINK_TYPE, InnerLink, OuterLink,
+                              expected_shapes, inner_link_from_state_dict, link_args, link_from_state, link_kind,
+                              link_state, outer_link_from_state_dict)
 from recmas_ray.styles import StyleSpec
 from recmas_ray.system.untrusted import check_finite, opened_inside, read_bytes_inside
 
@@ -53,6 +54,7 @@ class LinkSet:
 
     inner: dict[str, InnerLink] = field(default_factory=dict)
     outer: dict[str, OuterLink] = field(default_factory=dict)
+    """Edge -> outer link of any registered kind (`links.LINK_KINDS`: the release's OuterLink, TokenLink)."""
     manifest: dict = field(default_factory=dict)
 
 
@@ -88,16 +90,24 @@ def read_safetensors(path: Path, root: Path | None = None) -> dict[str, torch.Te
 
 
 def save_links(path: str | os.PathLike, links: LinkSet, manifest: dict) -> Path:
-    """Write `links.safetensors` + `manifest.json` atomically (a crash never leaves half a checkpoint)."""
+    """Write `links.safetensors` + `manifest.json` atomically (a crash never leaves half a checkpoint).
+
+    The manifest names every link's kind and constructor arguments (`links.link_args`), e.g.
+    `"outer": {"critic->solver": {"kind": "token_link", "in_dim": 640, "out_dim": 576, "num_tokens": 9000,
+    "tau": 0.02}}`; loading checks each tensor's shape against them before the weights are read.
+    """
     path = Path(path)
     path.mkdir(parents=True, exist_ok=True)
-    tensors = {f"inner.{r}.{k}": v.detach().float().cpu().contiguous() for r, m in links.inner.items()
-               for k, v in m.state_dict().items()}
-    tensors |= {f"outer.{e}.{k}": v.detach().float().cpu().contiguous() for e, m in links.outer.items()
-                for k, v in m.state_dict().items()}
+
+    def stored(v: torch.Tensor) -> torch.Tensor:  # token ids stay integers, the temperature float64
+        v = v.detach().cpu()
+        return (v if not v.is_floating_point() or v.dtype == torch.float64 else v.float()).contiguous()
+
+    tensors = {f"{place}.{name}.{k}": stored(v) for place, table in (("inner", links.inner), ("outer", links.outer))
+               for name, m in table.items() for k, v in link_state(m).items()}
     full = {"format_version": 1, "inner_link_type": INNER_LINK_TYPE, "outer_link_type": OUTER_LINK_TYPE,
-            "inner": {r: {"hidden_size": m.hidden_size} for r, m in links.inner.items()},
-            "outer": {e: {"in_dim": m.in_dim, "out_dim": m.out_dim} for e, m in links.outer.items()},
+            "inner": {r: {"kind": link_kind(m), **link_args(m)} for r, m in links.inner.items()},
+            "outer": {e: {"kind": link_kind(m), **link_args(m)} for e, m in links.outer.items()},
             **manifest}
     for name, write in ((WEIGHTS, lambda p: save_file(tensors, p)),
                         (MANIFEST, lambda p: Path(p).write_text(json.dumps(full, indent=2, sort_keys=True)))):
@@ -236,6 +246,38 @@ def _outer_dims(shapes: dict, what: str) -> tuple[int, int]:
     return int(r[1]), int(b[0])  # d_s from residual_proj, d_t from proj2.bias as the reference does
 
 
+def declared_link(manifest: dict, place: str, name: str, shapes: dict, what: str) -> tuple[str, dict]:
+    """(kind, constructor arguments) of one link of our checkpoint: from its manifest entry, checked against the
+    registry of link kinds; a manifest without entries (older checkpoints) is read as the release's kinds."""
+    entry = (manifest.get(place) or {}).get(name) if isinstance(manifest.get(place), dict) else None
+    if entry is None:
+        kind = INNER_LINK_TYPE if place == "inner" else OUTER_LINK_TYPE
+        args = {"hidden_size": _inner_dim(shapes, what)} if place == "inner" else dict(
+            zip(("in_dim", "out_dim"), _outer_dims(shapes, what)))
+        return kind, args
+    if not isinstance(entry, dict):
+        raise TypeError(f"manifest entry of {place} link {name} is a {type(entry).__name__}, expected a mapping")
+    kind = entry.get("kind", INNER_LINK_TYPE if place == "inner" else OUTER_LINK_TYPE)
+    if kind not in LINK_KINDS or LINK_KINDS[kind] != place:
+        known = sorted(k for k, p in LINK_KINDS.items() if p == place)
+        raise ValueError(f"{what}: unknown {place} link kind {kind!r} in {MANIFEST}; expected one of {known}")
+    args = {k: v for k, v in entry.items() if k != "kind"}
+    for key, value in args.items():
+        if key != "tau" and (not isinstance(value, int) or isinstance(value, bool) or value <= 0):
+            raise ValueError(f"{what}: {MANIFEST} gives {key}={value!r}; expected a positive integer")
+    if kind == "token_link" and not (isinstance(args.get("tau"), (int, float)) and args["tau"] > 0):
+        raise ValueError(f"{what}: {MANIFEST} gives tau={args.get('tau')!r}; expected a positive number")
+    try:
+        want = expected_shapes(kind, args)
+    except KeyError as e:
+        raise ValueError(f"{what}: {MANIFEST} entry of kind {kind} lacks {e}") from None
+    if shapes != want:
+        bad = sorted(k for k in set(shapes) | set(want) if shapes.get(k) != want.get(k))
+        raise ValueError(f"{what}: tensors {', '.join(f'{k} {shapes.get(k)}' for k in bad[:3])} do not match a "
+                         f"{kind} link with {args} (expected {', '.join(f'{k} {want.get(k)}' for k in bad[:3])})")
+    return kind, args
+
+
 def _load_ours(path: Path, hidden: dict[str, int] | None) -> LinkSet:
     manifest = read_manifest(path)
     file = contained(path, WEIGHTS, what=str(path))
@@ -249,22 +291,22 @@ def _load_ours(path: Path, hidden: dict[str, int] | None) -> LinkSet:
     except Exception as e:  # noqa: BLE001 - safetensors raises its own error type for corrupt files
         raise ValueError(f"{file}: not a readable safetensors file ({str(e).splitlines()[0]})") from None
     groups = group_link_tensors(shapes, what=str(file))
-    if hidden:
-        for (kind, name), sh in groups.items():
-            what = f"{file}: {kind} link {name}"
-            if kind == "inner" and name in hidden:
-                _check_dims(what, (_inner_dim(sh, what),), (hidden[name],))
-            elif kind == "outer" and all(r in hidden for r in name.split("->")):
-                src, dst = name.split("->")
-                _check_dims(what, _outer_dims(sh, what), (hidden[src], hidden[dst]))
+    for (place, name), sh in groups.items():
+        what = f"{file}: {place} link {name}"
+        kind, args = declared_link(manifest, place, name, sh, what)
+        if not hidden:
+            continue
+        if place == "inner" and name in hidden:
+            _check_dims(what, (args["hidden_size"],), (hidden[name],))
+        elif place == "outer" and all(r in hidden for r in name.split("->")):
+            src, dst = name.split("->")
+            _check_dims(what, (args["in_dim"], args["out_dim"]), (hidden[src], hidden[dst]))
     tensors = read_safetensors(file, path)  # a file cut after its header fails here, naming it
     links = LinkSet(manifest=manifest)
-    for (kind, name), sh in groups.items():
-        sd = {param: tensors[f"{kind}.{name}.{param}"] for param in sh}
-        if kind == "inner":
-            links.inner[name] = inner_link_from_state_dict(sd, what=f"{path}: inner link of {name}")
-        else:
-            links.outer[name] = outer_link_from_state_dict(sd, what=f"{path}: outer link {name}")
+    for (place, name), sh in groups.items():
+        sd = {param: tensors[f"{place}.{name}.{param}"] for param in sh}
+        link = link_from_state(sd, place=place, what=f"{path}: {place} link {'of ' if place == 'inner' else ''}{name}")
+        (links.inner if place == "inner" else links.outer)[name] = link
     return links
 
 
