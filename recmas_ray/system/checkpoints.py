@@ -273,8 +273,8 @@ def declared_link(manifest: dict, place: str, name: str, shapes: dict, what: str
         raise ValueError(f"{what}: {MANIFEST} entry of kind {kind} lacks {e}") from None
     if shapes != want:
         bad = sorted(k for k in set(shapes) | set(want) if shapes.get(k) != want.get(k))
-        raise ValueError(f"{what}: tensors {', '.join(f'{k} {shapes.get(k)}' for k in bad[:3])} do not match a "
-                         f"{kind} link with {args} (expected {', '.join(f'{k} {want.get(k)}' for k in bad[:3])})")
+        raise ValueError(f"{what}: tensors {', '.join(f'{k} {shapes.get(k)}' for k in bad[:3])} do not match "
+                         f"a link of kind {kind} with {args} (expected {', '.join(f'{k} {want.get(k)}' for k in bad[:3])})")
     return kind, args
 
 

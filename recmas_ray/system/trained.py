@@ -63,8 +63,8 @@ def check_trained_task(overrides: dict[str, str], tasks, prompt_set_hash: str, *
         other = [t for t in tasks if rec.task and t != rec.task]
         if other:
             raise ValueError(f"links {rec.key}={rec.folder} were trained on task {rec.task!r}, but this run prompts "
-                             f"{other[0]!r} (the {'rows' if len(tasks) > 1 else 'run'}' task); run it as trained "
-                             f"({task_flag} {rec.task}, or a `task` field per row) or pass --allow_task_mismatch")
+                             f"{other[0]!r}; run it as trained ({task_flag} {rec.task}, or a `task` field per row) "
+                             "or pass --allow_task_mismatch")
         if rec.prompt_set_hash and rec.prompt_set_hash != prompt_set_hash:
             raise ValueError(f"links {rec.key}={rec.folder} were trained with prompts sha256 "
                              f"{rec.prompt_set_hash[:12]}, but this run's prompts hash to {prompt_set_hash[:12]} "

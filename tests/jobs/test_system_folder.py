@@ -1,0 +1,196 @@
+"""One system folder from training to serving, and every link kind through every way in.
+
+- docs/training.md's walkthrough, run as it stands (paths moved to a temp dir): train_inner -> train_outer ->
+  jobs.run -> jobs.serve -> one chat completion -> push_links --dry_run, all on the one folder, the jobs attached
+  to the session Ray cluster.
+- A folder holding every link kind (inner links, a bridged release outer link, a token link) gives the predictions of
+  the same links handed to the agents in memory, through the API, jobs.run and jobs.serve, on both backends.
+- A task other than the one the links record is refused before any model loads (exit 2, one line).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shlex
+import socket
+import subprocess
+import sys
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+from tests.system.link_folders import STYLE, TASK, make_links, write_system_folder
+
+ROOT = Path(__file__).resolve().parents[2]
+QUESTIONS = ["x = 41. What is x?", "y = 17. What is y?", "What is 7 * 8?"]
+FAST = ["--num_recursive_rounds", "1", "--latent_steps", "3", "--max_new_tokens", "6"]
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def walkthrough() -> list[list[str]]:
+    """The commands of docs/training.md's walkthrough block, each as argv after `python -m`."""
+    text = (ROOT / "docs" / "training.md").read_text()
+    block = text.split("<!-- walkthrough:", 1)[1].split("```bash\n", 1)[1].split("```", 1)[0]
+    return [shlex.split(line)[2:] for line in block.replace("\\\n", " ").splitlines() if line.strip()]
+
+
+def _chat(url: str, question: str, model: str, **extra) -> tuple[int, dict]:
+    body = json.dumps({"model": model, "messages": [{"role": "user", "content": question}], **extra}).encode()
+    req = urllib.request.Request(url + "/v1/chat/completions", data=body, method="POST",
+                                 headers={"Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(req, timeout=300) as resp:
+            return resp.status, json.loads(resp.read())
+    except urllib.error.HTTPError as e:
+        return e.code, json.loads(e.read())
+
+
+def _get(url: str, path: str) -> dict:
+    with urllib.request.urlopen(url + path, timeout=120) as resp:
+        return json.loads(resp.read())
+
+
+def _serve(argv: list[str]):
+    """Start jobs.serve's app on the session cluster (127.0.0.1, a free port); returns (cfg, base URL)."""
+    from jobs import serve as serve_job
+
+    cfg = serve_job.parse([*argv, "--host", "127.0.0.1", "--port", str(_free_port()), "--timeout_s", "300",
+                           "--app_name", f"recmas-folder-{os.getpid()}"])
+    return cfg, serve_job.start(cfg)
+
+
+def _stop(cfg) -> None:
+    from ray import serve
+
+    serve.delete(cfg.app_name)
+
+
+def _job(argv: list[str], env: dict, timeout: int = 900) -> subprocess.CompletedProcess:
+    done = subprocess.run([sys.executable, "-m", *argv], cwd=ROOT, env=env, capture_output=True, text=True,
+                          timeout=timeout)
+    assert done.returncode == 0, (done.stdout + done.stderr)[-3000:]
+    return done
+
+
+@pytest.mark.integration  # three Ray Train runs, an evaluation on Ray and a Serve app: ~5 min on 2 busy cores
+@pytest.mark.timeout(1800)
+def test_docs_walkthrough_trains_evaluates_serves_and_stages_one_folder(tmp_path, ray_cluster, tiny_cache):
+    import ray
+
+    env = {**os.environ, "RAY_ADDRESS": ray.get_runtime_context().gcs_address}
+    cmds = [[a.replace("ckpt/sys", str(tmp_path / "sys")).replace("/tmp/recmas-card", str(tmp_path / "card"))
+             for a in c] for c in walkthrough()]
+    assert [c[0] for c in cmds] == ["jobs.train_inner", "jobs.train_outer", "jobs.run", "jobs.serve",
+                                    "jobs.push_links"]
+    folder = tmp_path / "sys"
+    inner = _job(cmds[0], env)
+    for role in ("planner", "critic", "solver"):
+        assert (folder / role / "links.safetensors").is_file()
+        assert f"inner link of {role}: {folder / role} (step 4" in inner.stdout, inner.stdout
+    assert "python -m jobs.train_outer --style sequential_light --preset tiny --links " + str(folder) in inner.stdout
+    outer = _job(cmds[1], env)
+    assert (folder / "outer" / "links.safetensors").is_file() and "_ray_runs" not in str(folder / "outer")
+    assert f"outer links: {folder / 'outer'} (step 2, loss " in outer.stdout, outer.stdout
+    printed = [line.strip() for line in outer.stdout.splitlines() if line.strip().startswith("python -m jobs.")]
+    assert any(p.startswith(f"python -m jobs.run --style sequential_light --preset tiny --links {folder} --task math")
+               for p in printed), printed
+    serve_cmd = f"python -m jobs.serve --style sequential_light --preset tiny --links {folder} --task math --port 8000"
+    assert serve_cmd in printed, printed
+    _job(cmds[2], env)
+    results = json.loads(next((tmp_path / "sys_eval").glob("results_*.json")).read_text())
+    assert "recursive_mas" in json.dumps(results)
+    samples = [json.loads(line) for f in (tmp_path / "sys_eval").glob("samples_*.jsonl") for line in open(f)]
+    assert len(samples) == 4 and all(s.get("task_type", "math") == "math" for s in samples)
+    cfg, url = _serve(cmds[3][1:])
+    try:
+        models = _get(url, "/v1/models")["data"][0]
+        assert models["task"] == "math"
+        links = models["links"]
+        assert links["planner"]["inner"]["path"] == str(folder / "planner")
+        assert links["critic"]["outer"]["critic->solver"]["path"] == str(folder / "outer")
+        assert all(len(links[r]["inner"]["sha256"]) == 64 for r in ("planner", "critic", "solver"))
+        status, body = _chat(url, "What is 7 * 8?", cfg.served_name, max_tokens=6)
+        assert status == 200 and isinstance(body["choices"][0]["message"]["content"], str), body
+        status, body = _chat(url, "What is 7 * 8?", cfg.served_name, task="qa")
+        assert status == 400 and body["error"]["param"] == "task", body
+    finally:
+        _stop(cfg)
+    from jobs import push_links
+
+    assert push_links.main(cmds[4][1:]) == 0
+    assert (tmp_path / "card" / "outer" / "links.safetensors").is_file()
+
+
+def _reference(seed: int = 0) -> list[str]:
+    """Predictions of `make_links` handed to in-process agents directly (no checkpoint involved)."""
+    from recmas_ray.config.recursion import DecodeConfig, RecursionConfig
+    from recmas_ray.runner import run_batch
+    from recmas_ray.system.launch import local_pool
+
+    plan, links = make_links(seed)
+    plan.links.inner.update(links.inner)
+    plan.links.outer.update(links.outer)
+    pool = local_pool(plan)
+    out = run_batch(pool, plan.style, QUESTIONS, [TASK] * len(QUESTIONS),
+                    RecursionConfig(method="recursive_mas", num_recursive_rounds=1, latent_steps=3,
+                                    decode=DecodeConfig(max_new_tokens=6)))
+    return [r.prediction for r in out]
+
+
+@pytest.mark.integration  # a local and a Ray system through the API, jobs.run on both backends, a Serve app
+@pytest.mark.timeout(1800)
+@pytest.mark.parametrize("backend", ["local", "ray"])
+def test_every_link_kind_predicts_the_same_through_the_api_run_and_serve(backend, tmp_path, ray_cluster, tiny_cache):
+    import recmas_ray as rm
+    from jobs import run as run_job
+    from tests.conftest import write_jsonl
+
+    want = _reference()
+    folder = write_system_folder(tmp_path / "sys")
+    with rm.System.build(STYLE, preset="tiny", links=str(folder), backend=backend) as system:
+        assert system.task == TASK  # the links' recorded task, not math
+        got = system.generate(QUESTIONS, num_recursive_rounds=1, latent_steps=3, max_new_tokens=6)
+        assert [o[0].prediction for o in got] == want
+    data = tmp_path / "q.jsonl"
+    write_jsonl(data, [{"question": q, "answer": "0"} for q in QUESTIONS])
+    out = tmp_path / "eval"
+    assert run_job.main(["--style", STYLE, "--preset", "tiny", "--links", str(folder), "--dataset", str(data),
+                         "--backend", backend, "--output_path", str(out), "--no_format_retry", "--batch_size", "3",
+                         "--no_progress", *FAST]) == 0
+    rows = sorted((json.loads(line) for f in out.glob("samples_*.jsonl") for line in open(f)),
+                  key=lambda r: int(r["doc_id"]))
+    assert [r.get("raw_prediction", r["prediction"]) for r in rows] == want
+    cfg, url = _serve(["--style", STYLE, "--preset", "tiny", "--links", str(folder), "--backend", backend,
+                       "--max_batch_size", "1", *FAST])
+    try:
+        status, body = _chat(url, QUESTIONS[0], cfg.served_name, max_tokens=6)
+        assert status == 200 and body["recmas"]["task"] == TASK, body
+        assert body["choices"][0]["message"]["content"] == want[0], (body, want[0])
+    finally:
+        _stop(cfg)
+
+
+def test_a_task_other_than_the_links_record_is_refused_before_any_model(tmp_path, tiny_cache, capsys, nothing_heavy):
+    from jobs import run as run_job
+    from jobs import serve as serve_job
+
+    folder = write_system_folder(tmp_path / "sys")
+    args = ["--style", STYLE, "--preset", "tiny", "--links", str(folder), "--dataset",
+            str(ROOT / "jobs" / "examples" / "questions.jsonl"), "--backend", "local", "--output_path",
+            str(tmp_path / "out")]
+    assert run_job.main([*args, "--task", "math"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and re.search(r"trained on task 'qa', but this run prompts 'math'; run it as trained "
+                                       r"\(--task qa", err[0]), err
+    assert not (tmp_path / "out").exists()
+    assert serve_job.main(["--style", STYLE, "--preset", "tiny", "--links", str(folder), "--task", "math",
+                           "--log_dir", str(tmp_path / "logs")]) == 2
+    assert "trained on task 'qa'" in capsys.readouterr().err
