@@ -73,6 +73,7 @@ def summarize(cfg, dirs: dict, console) -> None:
         folder = str(cfg.save_dir)
         for line in next_commands(folder, style=cfg.system.style, preset=cfg.system.preset, task=cfg.task,
                                   role_models=cfg.system.role_models, outer_trained=False,
+                                  train_rows=cfg.dataset_name,
                                   dataset="jobs/examples/questions.jsonl" if cfg.task == "math" else None):
             console.line(line)
     else:

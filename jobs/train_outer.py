@@ -84,9 +84,16 @@ def summarize(cfg, result, console) -> None:
         return
     console.line(f"system folder: {folder} (inner links of {', '.join(inner)}; outer links in outer/)")
     for line in next_commands(str(folder), style=cfg.system.style, preset=cfg.system.preset, task=cfg.task,
-                              role_models=cfg.system.role_models, dataset=cfg.eval_dataset if cfg.eval_dataset and
-                              not cfg.eval_dataset.startswith("synthetic") else None):
+                              role_models=cfg.system.role_models, dataset=evaluation_file(cfg)):
         console.line(line)
+
+
+def evaluation_file(cfg) -> str | None:
+    """The question file the printed jobs.run command names: the held-out rows when they are a file, else the
+    example math questions for a math system (None: a placeholder)."""
+    if cfg.eval_dataset and not cfg.eval_dataset.startswith("synthetic"):
+        return cfg.eval_dataset
+    return "jobs/examples/questions.jsonl" if cfg.task == "math" else None
 
 
 def main(argv=None) -> int:

@@ -25,16 +25,17 @@ def command(job: str, *args: str) -> str:
 
 
 def next_commands(folder: str, *, style: str, preset: str, task: str, role_models: dict[str, str] | None = None,
-                  dataset: str | None = None, outer_trained: bool = True) -> list[str]:
+                  dataset: str | None = None, outer_trained: bool = True, train_rows: str | None = None) -> list[str]:
     """Console lines: the exact commands that evaluate, serve and publish `folder` (and, before its outer links
-    exist, the one that trains them into it). `dataset`: the evaluation file to name (a placeholder otherwise)."""
+    exist, the one that trains them into it, on `train_rows`). `dataset`: the evaluation file to name (a placeholder
+    otherwise)."""
     system = system_flags(style, preset, role_models)
     lines = []
     if not outer_trained:
         lines += ["train the outer links into the same folder:",
                   "  " + command("train_outer", *system, "--links", folder, "--task", task, "--dataset_name",
-                                 "TRAIN_ROWS.jsonl")]
-    lines += ["evaluate:", "  " + command("run", *system, "--links", folder, "--task", task, "--dataset",
+                                 train_rows or "TRAIN_ROWS.jsonl")]
+    lines += ["evaluate:" if outer_trained else "evaluate (fresh outer links until outer/ exists):", "  " + command("run", *system, "--links", folder, "--task", task, "--dataset",
                                           dataset or "QUESTIONS.jsonl", "--backend", "ray", "--output_path",
                                           f"{folder.rstrip('/')}_eval"),
               "serve:", "  " + command("serve", *system, "--links", folder, "--task", task, "--port", "8000"),
