@@ -108,7 +108,7 @@ def test_docs_walkthrough_trains_evaluates_serves_and_stages_one_folder(tmp_path
     results = json.loads(next((tmp_path / "sys_eval").glob("results_*.json")).read_text())
     assert "recursive_mas" in json.dumps(results)
     samples = [json.loads(line) for f in (tmp_path / "sys_eval").glob("samples_*.jsonl") for line in open(f)]
-    assert len(samples) == 4 and all(s.get("task_type", "math") == "math" for s in samples)
+    assert len(samples) == 4 and all(s["task"] == "math" for s in samples)
     cfg, url = _serve(cmds[3][1:])
     try:
         models = _get(url, "/v1/models")["data"][0]
@@ -129,9 +129,19 @@ def test_docs_walkthrough_trains_evaluates_serves_and_stages_one_folder(tmp_path
     assert (tmp_path / "card" / "outer" / "links.safetensors").is_file()
 
 
-def _reference(seed: int = 0) -> list[str]:
-    """Predictions of `make_links` handed to in-process agents directly (no checkpoint involved)."""
+TARGETS = ["41", "17", "56"]
+
+
+def _recursion():
     from recmas_ray.config.recursion import DecodeConfig, RecursionConfig
+
+    return RecursionConfig(method="recursive_mas", num_recursive_rounds=1, latent_steps=3,
+                           decode=DecodeConfig(max_new_tokens=6))
+
+
+def _reference(seed: int = 0) -> tuple[list[str], list[float]]:
+    """Predictions and the gold answers' NLL (a continuous function of every message, where random tiny models
+    write the same text whatever they receive) with `make_links` handed to in-process agents directly."""
     from recmas_ray.runner import run_batch
     from recmas_ray.system.launch import local_pool
 
@@ -139,43 +149,62 @@ def _reference(seed: int = 0) -> list[str]:
     plan.links.inner.update(links.inner)
     plan.links.outer.update(links.outer)
     pool = local_pool(plan)
-    out = run_batch(pool, plan.style, QUESTIONS, [TASK] * len(QUESTIONS),
-                    RecursionConfig(method="recursive_mas", num_recursive_rounds=1, latent_steps=3,
-                                    decode=DecodeConfig(max_new_tokens=6)))
-    return [r.prediction for r in out]
+    out = run_batch(pool, plan.style, QUESTIONS, [TASK] * len(QUESTIONS), _recursion())
+    scored = run_batch(pool, plan.style, QUESTIONS, [TASK] * len(QUESTIONS), _recursion(), targets=TARGETS)
+    return [r.prediction for r in out], [r.nll for r in scored]
 
 
-@pytest.mark.integration  # a local and a Ray system through the API, jobs.run on both backends, a Serve app
-@pytest.mark.timeout(1800)
-@pytest.mark.parametrize("backend", ["local", "ray"])
-def test_every_link_kind_predicts_the_same_through_the_api_run_and_serve(backend, tmp_path, ray_cluster, tiny_cache):
+def _api_and_run(backend: str, folder: Path, tmp_path: Path) -> tuple[list[str], list[float], list[str]]:
+    """Predictions and gold NLLs of the folder's system through `System.build(links=)`, and its predictions
+    through `jobs.run --links`."""
     import recmas_ray as rm
     from jobs import run as run_job
     from tests.conftest import write_jsonl
 
-    want = _reference()
-    folder = write_system_folder(tmp_path / "sys")
     with rm.System.build(STYLE, preset="tiny", links=str(folder), backend=backend) as system:
         assert system.task == TASK  # the links' recorded task, not math
-        got = system.generate(QUESTIONS, num_recursive_rounds=1, latent_steps=3, max_new_tokens=6)
-        assert [o[0].prediction for o in got] == want
-    data = tmp_path / "q.jsonl"
+        api = [o[0].prediction for o in system.generate(QUESTIONS, num_recursive_rounds=1, latent_steps=3,
+                                                        max_new_tokens=6)]
+        nlls = [r.nll for r in system.run(QUESTIONS, [TASK] * len(QUESTIONS), _recursion(), targets=TARGETS)]
+    data = tmp_path / f"q-{backend}.jsonl"
     write_jsonl(data, [{"question": q, "answer": "0"} for q in QUESTIONS])
-    out = tmp_path / "eval"
+    out = tmp_path / f"eval-{backend}"
     assert run_job.main(["--style", STYLE, "--preset", "tiny", "--links", str(folder), "--dataset", str(data),
                          "--backend", backend, "--output_path", str(out), "--no_format_retry", "--batch_size", "3",
                          "--no_progress", *FAST]) == 0
     rows = sorted((json.loads(line) for f in out.glob("samples_*.jsonl") for line in open(f)),
                   key=lambda r: int(r["doc_id"]))
-    assert [r.get("raw_prediction", r["prediction"]) for r in rows] == want
-    cfg, url = _serve(["--style", STYLE, "--preset", "tiny", "--links", str(folder), "--backend", backend,
-                       "--max_batch_size", "1", *FAST])
-    try:
-        status, body = _chat(url, QUESTIONS[0], cfg.served_name, max_tokens=6)
-        assert status == 200 and body["recmas"]["task"] == TASK, body
-        assert body["choices"][0]["message"]["content"] == want[0], (body, want[0])
-    finally:
-        _stop(cfg)
+    assert all(r["task"] == TASK for r in rows)  # each row prompted and graded as the links were trained
+    return api, nlls, [r["prediction"] for r in rows]
+
+
+def test_every_link_kind_predicts_the_same_through_the_api_and_run_in_process(tmp_path, tiny_cache):
+    want, want_nll = _reference()
+    api, nll, run = _api_and_run("local", write_system_folder(tmp_path / "sys"), tmp_path)
+    assert api == want and run == want and nll == want_nll
+    assert _reference(seed=1)[1] != want_nll  # the check can fail: other links, other likelihoods
+
+
+@pytest.mark.integration  # a Ray system through the API, jobs.run on Ray, Serve apps on both backends: ~3 min
+@pytest.mark.timeout(1800)
+def test_every_link_kind_predicts_the_same_on_ray_and_served(tmp_path, ray_cluster, tiny_cache):
+    want, want_nll = _reference()
+    folder = write_system_folder(tmp_path / "sys")
+    api, nll, run = _api_and_run("ray", folder, tmp_path)
+    assert api == want and run == want
+    assert nll == pytest.approx(want_nll, rel=1e-6, abs=1e-6)  # actors compute what this process does
+    for backend in ("local", "ray"):
+        cfg, url = _serve(["--style", STYLE, "--preset", "tiny", "--links", str(folder), "--backend", backend,
+                           "--max_batch_size", "1", *FAST])
+        try:
+            status, body = _chat(url, QUESTIONS[0], cfg.served_name, max_tokens=6)
+            assert status == 200 and body["recmas"]["task"] == TASK, body
+            assert body["choices"][0]["message"]["content"] == want[0], (backend, body, want[0])
+            kinds = {e: v["kind"] for r in _get(url, "/v1/models")["data"][0]["links"].values()
+                     for e, v in r["outer"].items()}
+            assert kinds == {"planner->critic": "outer_ln_res_adapter", "critic->solver": "token_link"}
+        finally:
+            _stop(cfg)
 
 
 def test_a_task_other_than_the_links_record_is_refused_before_any_model(tmp_path, tiny_cache, capsys, nothing_heavy):
