@@ -33,6 +33,7 @@ from recmas_ray.links import (INNER_LINK_TYPE, LINK_KINDS, OUTER_LINK_TYPE, Inne
                               expected_shapes, inner_link_from_state_dict, link_args, link_from_state, link_kind,
                               link_state, outer_link_from_state_dict)
 from recmas_ray.styles import StyleSpec
+from recmas_ray.system.token_links_pt import TOKEN_LINKS_PT, read_token_links_pt
 from recmas_ray.system.untrusted import check_finite, opened_inside, read_bytes_inside
 
 MANIFEST = "manifest.json"
@@ -223,7 +224,17 @@ def load_links(path: str | os.PathLike, *, role: str | None = None, style: Style
         return _load_release_inner(path, inner_file, role, task, hidden_sizes)
     if (path / "outerlink_config.json").exists() or list(path.glob("outer_*.pt")):
         return _load_release_outer(path, style, task, hidden_sizes)
-    raise ValueError(f"{path}: no {WEIGHTS}, adapter.pt or outer_*.pt found; not a link checkpoint")
+    if (path / TOKEN_LINKS_PT).exists():  # the hop-by-hop experiment's earlier file
+        file = contained(path, TOKEN_LINKS_PT, what=str(path))
+        links = LinkSet(outer=read_token_links_pt(path, file, style.edges if style else None),
+                        manifest={"source": TOKEN_LINKS_PT, "files": {str(file): _sha256(file, path)}})
+        for edge, link in links.outer.items():
+            src, dst = edge.split("->")
+            if hidden_sizes and src in hidden_sizes and dst in hidden_sizes:
+                _check_dims(f"{file}: {edge}", (link.in_dim, link.out_dim), (hidden_sizes[src], hidden_sizes[dst]))
+        return links
+    raise ValueError(f"{path}: no {WEIGHTS}, adapter.pt, outer_*.pt or {TOKEN_LINKS_PT} found; not a link "
+                     "checkpoint")
 
 
 def _check_dims(what: str, got: tuple[int, ...], want: tuple[int, ...]) -> None:

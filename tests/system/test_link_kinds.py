@@ -114,3 +114,20 @@ def test_plan_service_args_ship_token_links_with_their_receivers_model(tmp_path,
     with torch.no_grad():  # the target table is the receiver's own input embedding of the target ids
         want = solver.model.get_input_embeddings()(link.target_ids).float()
     assert torch.equal(link.target_KE, want)
+
+
+def test_the_experiments_earlier_links_pt_loads_as_token_links(tmp_path, tiny_cache):
+    from recmas_ray.links import link_state
+    from recmas_ray.system.plan import plan_system
+
+    _, links = make_links()
+    state = link_state(links.outer["critic->solver"])
+    (tmp_path / "old").mkdir()
+    torch.save({"critic->solver": state}, tmp_path / "old" / "links.pt")
+    plan = plan_system(STYLE, preset="tiny", task=TASK, ckpt_override={"outer": str(tmp_path / "old")},
+                       allow_style_mismatch=True)
+    got = link_state(plan.links.outer["critic->solver"])
+    assert all(torch.equal(got[k], state[k]) for k in state)
+    torch.save({"critic->solver": {**state, "tau": torch.tensor(float("nan"))}}, tmp_path / "old" / "links.pt")
+    with pytest.raises(ValueError, match="NaN"):
+        plan_system(STYLE, preset="tiny", task=TASK, ckpt_override={"outer": str(tmp_path / "old")})
