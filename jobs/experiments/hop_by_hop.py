@@ -183,8 +183,11 @@ def save_product_checkpoint(save_dir: Path, links: dict, agents: dict, style, *,
     from recmas_ray.styles.prompts import prompt_set_hash
     from recmas_ray.system.checkpoints import LinkSet, save_links
 
+    from recmas_ray.system.provenance import write_provenance
+
     roles = {r: {"base_model": a.model_name, "hidden_size": a.hidden_size} for r, a in agents.items()}
-    return save_links(save_dir, LinkSet(outer=dict(links)),
+    save_links(save_dir, LinkSet(outer=dict(links)),
                       {"kind": "outer", "style": style.name, "roles": roles, "edges": list(style.edges),
                        "task": task, "prompt_set_hash": prompt_set_hash(style),
                        "train_config": {"task": task, **settings}})
+    return write_provenance(save_dir, config={"task": task, **settings}, kind="outer").parent

@@ -202,7 +202,8 @@ def test_every_link_kind_predicts_the_same_on_ray_and_served(tmp_path, ray_clust
             assert body["choices"][0]["message"]["content"] == want[0], (backend, body, want[0])
             kinds = {e: v["kind"] for r in _get(url, "/v1/models")["data"][0]["links"].values()
                      for e, v in r["outer"].items()}
-            assert kinds == {"planner->critic": "outer_ln_res_adapter", "critic->solver": "token_link"}
+            assert kinds == {"planner->critic": "outer_ln_res_adapter", "critic->solver": "token_link",
+                             "solver->planner": "outer_ln_res_adapter"}
         finally:
             _stop(cfg)
 
@@ -223,3 +224,24 @@ def test_a_task_other_than_the_links_record_is_refused_before_any_model(tmp_path
     assert serve_job.main(["--style", STYLE, "--preset", "tiny", "--links", str(folder), "--task", "math",
                            "--log_dir", str(tmp_path / "logs")]) == 2
     assert "trained on task 'qa'" in capsys.readouterr().err
+
+
+def test_lm_eval_loads_the_folder_with_its_task_and_scores_as_the_api(tmp_path, tiny_cache):
+    from lm_eval.api.instance import Instance
+
+    from recmas_ray.lmeval import RecMASLM
+
+    folder = write_system_folder(tmp_path / "sys")
+    lm = RecMASLM(style=STYLE, pretrained=str(folder), backend="local", num_recursive_rounds=1, latent_steps=3,
+                  max_new_tokens=6)
+    try:
+        assert lm.task == TASK  # the links' recorded task
+        want, _ = _reference()
+        req = Instance(request_type="generate_until", doc={}, arguments=(QUESTIONS[0], {"max_gen_toks": 6}), idx=0)
+        assert lm.generate_until([req]) == want[:1]
+        kinds = {e: type(m).__name__ for e, m in lm.system.plan.links.outer.items()}
+        assert kinds == {"planner->critic": "OuterLink", "critic->solver": "TokenLink", "solver->planner": "OuterLink"}
+    finally:
+        lm.system.close()
+    with pytest.raises(ValueError, match="trained on task 'qa'"):
+        RecMASLM(style=STYLE, pretrained=str(folder), backend="local", task="math")

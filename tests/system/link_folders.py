@@ -36,6 +36,7 @@ def make_links(seed: int = 0):
         token.residual.weight.copy_(0.01 * torch.randn(d_s, d_c, generator=gen))
         token.residual.bias.copy_(0.01 * torch.randn(d_s, generator=gen))
     links.outer["critic->solver"] = token
+    links.outer["solver->planner"] = plan.links.outer["solver->planner"]  # round 2's feedback: the seeded default
     return plan, links
 
 
