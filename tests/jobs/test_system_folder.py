@@ -1,8 +1,8 @@
 """One system folder from training to serving, and every link kind through every way in.
 
 - docs/training.md's walkthrough, run as it stands (paths moved to a temp dir): train_inner -> train_outer ->
-  jobs.run -> jobs.serve -> one chat completion -> push_links --dry_run, all on the one folder, the jobs attached
-  to the session Ray cluster.
+  jobs.run -> jobs.serve -> one chat completion -> push_links --dry_run, all on the one folder, each job run in
+  this process on the session Ray cluster.
 - A folder holding every link kind (inner links, a bridged release outer link, a token link) gives the predictions of
   the same links handed to the agents in memory, through the API, jobs.run and jobs.serve, on both backends.
 - A task other than the one the links record is refused before any model loads (exit 2, one line).
@@ -15,8 +15,6 @@ import os
 import re
 import shlex
 import socket
-import subprocess
-import sys
 import urllib.request
 from pathlib import Path
 
@@ -73,38 +71,39 @@ def _stop(cfg) -> None:
     serve.delete(cfg.app_name)
 
 
-def _job(argv: list[str], env: dict, timeout: int = 900) -> subprocess.CompletedProcess:
-    done = subprocess.run([sys.executable, "-m", *argv], cwd=ROOT, env=env, capture_output=True, text=True,
-                          timeout=timeout)
-    assert done.returncode == 0, (done.stdout + done.stderr)[-3000:]
-    return done
+def _job(argv: list[str], capfd) -> str:
+    """Run `python -m <argv>` in this process (its Ray work on the session cluster); returns what it printed."""
+    import importlib
+
+    capfd.readouterr()
+    status = importlib.import_module(argv[0]).main(argv[1:])
+    out, err = capfd.readouterr()
+    assert status == 0, (out + err)[-3000:]
+    return out
 
 
 @pytest.mark.integration  # three Ray Train runs, an evaluation on Ray and a Serve app: ~5 min on 2 busy cores
 @pytest.mark.timeout(1800)
-def test_docs_walkthrough_trains_evaluates_serves_and_stages_one_folder(tmp_path, ray_cluster, tiny_cache):
-    import ray
-
-    env = {**os.environ, "RAY_ADDRESS": ray.get_runtime_context().gcs_address}
+def test_docs_walkthrough_trains_evaluates_serves_and_stages_one_folder(tmp_path, ray_cluster, tiny_cache, capfd):
     cmds = [[a.replace("ckpt/sys", str(tmp_path / "sys")).replace("/tmp/recmas-card", str(tmp_path / "card"))
              for a in c] for c in walkthrough()]
     assert [c[0] for c in cmds] == ["jobs.train_inner", "jobs.train_outer", "jobs.run", "jobs.serve",
                                     "jobs.push_links"]
     folder = tmp_path / "sys"
-    inner = _job(cmds[0], env)
+    inner = _job(cmds[0], capfd)
     for role in ("planner", "critic", "solver"):
         assert (folder / role / "links.safetensors").is_file()
-        assert f"inner link of {role}: {folder / role} (step 4" in inner.stdout, inner.stdout
-    assert "python -m jobs.train_outer --style sequential_light --preset tiny --links " + str(folder) in inner.stdout
-    outer = _job(cmds[1], env)
+        assert f"inner link of {role}: {folder / role} (step 4" in inner, inner
+    assert "python -m jobs.train_outer --style sequential_light --preset tiny --links " + str(folder) in inner
+    outer = _job(cmds[1], capfd)
     assert (folder / "outer" / "links.safetensors").is_file() and "_ray_runs" not in str(folder / "outer")
-    assert f"outer links: {folder / 'outer'} (step 2, loss " in outer.stdout, outer.stdout
-    printed = [line.strip() for line in outer.stdout.splitlines() if line.strip().startswith("python -m jobs.")]
+    assert f"outer links: {folder / 'outer'} (step 2, loss " in outer, outer
+    printed = [line.strip() for line in outer.splitlines() if line.strip().startswith("python -m jobs.")]
     assert any(p.startswith(f"python -m jobs.run --style sequential_light --preset tiny --links {folder} --task math")
                for p in printed), printed
     serve_cmd = f"python -m jobs.serve --style sequential_light --preset tiny --links {folder} --task math --port 8000"
     assert serve_cmd in printed, printed
-    _job(cmds[2], env)
+    _job(cmds[2], capfd)
     results = json.loads(next((tmp_path / "sys_eval").glob("results_*.json")).read_text())
     assert "recursive_mas" in json.dumps(results)
     samples = [json.loads(line) for f in (tmp_path / "sys_eval").glob("samples_*.jsonl") for line in open(f)]
