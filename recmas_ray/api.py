@@ -347,6 +347,7 @@ class System:
             ValueError: A bad argument (named as here), before anything is written.
         """
         self._check_open()
+        from recmas_ray.eval.benchmarks import BENCHMARKS, canonical_name
         from recmas_ray.eval.run import evaluate
 
         cfg = dataclasses.replace(
@@ -357,7 +358,8 @@ class System:
                                                                      max_new_tokens=max_new_tokens,
                                                                      do_sample=do_sample, temperature=temperature)),
             batch_size=batch_size, num_rollouts=num_rollouts, grader=grader, format_retry=format_retry,
-            output_path=str(output_path), resume=resume, progress=progress)
+            output_path=str(output_path), resume=resume, progress=progress,
+            task=None if canonical_name(dataset) in BENCHMARKS else self.cfg.task)  # a benchmark brings its own
         with self._quiet(), python_names():
             return evaluate(cfg, progress=progress, system=self.agents)
 

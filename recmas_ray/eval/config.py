@@ -165,6 +165,10 @@ class EvalConfig:
                 raise ValueError(f"--dataset {self.dataset!r} is no known benchmark, so --dataset_path has "
                                  f"nothing to be a copy of; expected one of {sorted(BENCHMARKS)}")
             check_data_path("--dataset_path", self.dataset_path)
+        named = BENCHMARKS.get(canonical_name(self.dataset))
+        if self.task is not None and named is not None and named.task_type != self.task:
+            raise ValueError(f"--task {self.task}: benchmark {self.dataset} is graded as {named.task_type}; --task sets "
+                             "the task of a local file's rows, drop it here")
         self.check_tools(style)
         if self.backend == "local" and self.placement.num_replicas != 1:
             raise ValueError(f"--num_replicas {self.placement.num_replicas} needs --backend ray (the local "
