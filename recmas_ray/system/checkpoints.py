@@ -29,14 +29,13 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import load_file, save_file
 
-from recmas_ray.links import (INNER_LINK_TYPE, LINK_KINDS, OUTER_LINK_TYPE, InnerLink, OuterLink,
-                              expected_shapes, inner_link_from_state_dict, link_args, link_from_state, link_kind,
-                              link_state, outer_link_from_state_dict)
+from recmas_ray.links import (INNER_LINK_TYPE, OUTER_LINK_TYPE, InnerLink, OuterLink, inner_link_from_state_dict,
+                              link_args, link_from_state, link_kind, link_state, outer_link_from_state_dict)
 from recmas_ray.styles import StyleSpec
+from recmas_ray.system.link_manifest import MANIFEST, check_dims, inner_dim, outer_dims, declared_link
 from recmas_ray.system.token_links_pt import TOKEN_LINKS_PT, read_token_links_pt
 from recmas_ray.system.untrusted import check_finite, opened_inside, read_bytes_inside
 
-MANIFEST = "manifest.json"
 WEIGHTS = "links.safetensors"
 
 # Reference numeric keys -> recmas_ray role-pair edges; the only place they appear.
@@ -231,62 +230,10 @@ def load_links(path: str | os.PathLike, *, role: str | None = None, style: Style
         for edge, link in links.outer.items():
             src, dst = edge.split("->")
             if hidden_sizes and src in hidden_sizes and dst in hidden_sizes:
-                _check_dims(f"{file}: {edge}", (link.in_dim, link.out_dim), (hidden_sizes[src], hidden_sizes[dst]))
+                check_dims(f"{file}: {edge}", (link.in_dim, link.out_dim), (hidden_sizes[src], hidden_sizes[dst]))
         return links
     raise ValueError(f"{path}: no {WEIGHTS}, adapter.pt, outer_*.pt or {TOKEN_LINKS_PT} found; not a link "
                      "checkpoint")
-
-
-def _check_dims(what: str, got: tuple[int, ...], want: tuple[int, ...]) -> None:
-    if got != want:
-        raise ValueError(f"{what}: link maps {'->'.join(map(str, got))}, but the models' config.json give "
-                         f"{'->'.join(map(str, want))} (hidden sizes)")
-
-
-def _inner_dim(shapes: dict, what: str) -> int:
-    w = shapes.get("proj1.weight")
-    if w is None or len(w) != 2 or w[0] != w[1]:
-        raise ValueError(f"{what}: proj1.weight has shape {w}; an inner link is square (d x d)")
-    return int(w[0])
-
-
-def _outer_dims(shapes: dict, what: str) -> tuple[int, int]:
-    r, b = shapes.get("residual_proj.weight"), shapes.get("proj2.bias")
-    if r is None or b is None or len(r) != 2:
-        raise ValueError(f"{what}: residual_proj.weight / proj2.bias missing or malformed")
-    return int(r[1]), int(b[0])  # d_s from residual_proj, d_t from proj2.bias as the reference does
-
-
-def declared_link(manifest: dict, place: str, name: str, shapes: dict, what: str) -> tuple[str, dict]:
-    """(kind, constructor arguments) of one link of our checkpoint: from its manifest entry, checked against the
-    registry of link kinds; a manifest without entries (older checkpoints) is read as the release's kinds."""
-    entry = (manifest.get(place) or {}).get(name) if isinstance(manifest.get(place), dict) else None
-    if entry is None:
-        kind = INNER_LINK_TYPE if place == "inner" else OUTER_LINK_TYPE
-        args = {"hidden_size": _inner_dim(shapes, what)} if place == "inner" else dict(
-            zip(("in_dim", "out_dim"), _outer_dims(shapes, what)))
-        return kind, args
-    if not isinstance(entry, dict):
-        raise TypeError(f"manifest entry of {place} link {name} is a {type(entry).__name__}, expected a mapping")
-    kind = entry.get("kind", INNER_LINK_TYPE if place == "inner" else OUTER_LINK_TYPE)
-    if kind not in LINK_KINDS or LINK_KINDS[kind] != place:
-        known = sorted(k for k, p in LINK_KINDS.items() if p == place)
-        raise ValueError(f"{what}: unknown {place} link kind {kind!r} in {MANIFEST}; expected one of {known}")
-    args = {k: v for k, v in entry.items() if k != "kind"}
-    for key, value in args.items():
-        if key != "tau" and (not isinstance(value, int) or isinstance(value, bool) or value <= 0):
-            raise ValueError(f"{what}: {MANIFEST} gives {key}={value!r}; expected a positive integer")
-    if kind == "token_link" and not (isinstance(args.get("tau"), (int, float)) and args["tau"] > 0):
-        raise ValueError(f"{what}: {MANIFEST} gives tau={args.get('tau')!r}; expected a positive number")
-    try:
-        want = expected_shapes(kind, args)
-    except KeyError as e:
-        raise ValueError(f"{what}: {MANIFEST} entry of kind {kind} lacks {e}") from None
-    if shapes != want:
-        bad = sorted(k for k in set(shapes) | set(want) if shapes.get(k) != want.get(k))
-        raise ValueError(f"{what}: tensors {', '.join(f'{k} {shapes.get(k)}' for k in bad[:3])} do not match "
-                         f"a link of kind {kind} with {args} (expected {', '.join(f'{k} {want.get(k)}' for k in bad[:3])})")
-    return kind, args
 
 
 def _load_ours(path: Path, hidden: dict[str, int] | None) -> LinkSet:
@@ -308,10 +255,10 @@ def _load_ours(path: Path, hidden: dict[str, int] | None) -> LinkSet:
         if not hidden:
             continue
         if place == "inner" and name in hidden:
-            _check_dims(what, (args["hidden_size"],), (hidden[name],))
+            check_dims(what, (args["hidden_size"],), (hidden[name],))
         elif place == "outer" and all(r in hidden for r in name.split("->")):
             src, dst = name.split("->")
-            _check_dims(what, (args["in_dim"], args["out_dim"]), (hidden[src], hidden[dst]))
+            check_dims(what, (args["in_dim"], args["out_dim"]), (hidden[src], hidden[dst]))
     tensors = read_safetensors(file, path)  # a file cut after its header fails here, naming it
     links = LinkSet(manifest=manifest)
     for (place, name), sh in groups.items():
@@ -378,17 +325,17 @@ def _load_release_inner(path: Path, file: Path, role: str, task: str, hidden: di
     if cfg["adapter_type"] != INNER_LINK_TYPE:
         raise ValueError(f"{file}: adapter_type {cfg['adapter_type']!r} is not supported; expected {INNER_LINK_TYPE}")
     sd = _torch_load(file, path)
-    d = _inner_dim({k: tuple(v.shape) for k, v in sd.items()}, str(file))
+    d = inner_dim({k: tuple(v.shape) for k, v in sd.items()}, str(file))
     if "hidden_size" in cfg:
-        _check_dims(f"{file} (hidden_size in its config)", (d,), (int(cfg["hidden_size"]),))
+        check_dims(f"{file} (hidden_size in its config)", (d,), (int(cfg["hidden_size"]),))
     model_cfg = path / "config.json"  # release inner dirs ship the full base model next to the adapter
     if model_cfg.exists():
         text = read_json(contained(path, "config.json", what=str(path)))
         model_d = (text.get("text_config") or {}).get("hidden_size", text.get("hidden_size"))
         if model_d is not None:
-            _check_dims(f"{file} vs {model_cfg}", (d,), (int(model_d),))
+            check_dims(f"{file} vs {model_cfg}", (d,), (int(model_d),))
     if hidden and role in hidden:
-        _check_dims(f"{file} (role {role})", (d,), (hidden[role],))
+        check_dims(f"{file} (role {role})", (d,), (hidden[role],))
     link = inner_link_from_state_dict(sd, what=str(file))
     manifest = {"source": "release", "files": {str(file): _sha256(file, path)}}
     if model_cfg.exists():
@@ -417,12 +364,12 @@ def _load_release_outer(path: Path, style: StyleSpec | None, task: str, hidden: 
         if style is not None and edge not in style.edges:
             continue
         sd = _torch_load(file, path)
-        dims = _outer_dims({k: tuple(v.shape) for k, v in sd.items()}, str(file))
+        dims = outer_dims({k: tuple(v.shape) for k, v in sd.items()}, str(file))
         if None not in declared:
-            _check_dims(f"{file} (in_dim/out_dim in {cfg_file.name})", dims, tuple(int(x) for x in declared))
+            check_dims(f"{file} (in_dim/out_dim in {cfg_file.name})", dims, tuple(int(x) for x in declared))
         src, dst = edge.split("->")
         if hidden and src in hidden and dst in hidden:
-            _check_dims(f"{file} ({edge})", dims, (hidden[src], hidden[dst]))
+            check_dims(f"{file} ({edge})", dims, (hidden[src], hidden[dst]))
         links.outer[edge] = outer_link_from_state_dict(sd, what=str(file))
         links.manifest["files"][str(file)] = _sha256(file, path)
     if not links.outer:
