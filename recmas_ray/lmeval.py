@@ -11,8 +11,8 @@ is the same command line with this module imported explicitly (for environments 
 model_args (comma-separated KEY=VALUE, lm-eval's format; `python -m recmas_ray.lmeval --help` lists them with
 their defaults; they are checked before lm-eval loads its tasks or any model loads): style (required),
 pretrained (trained links: a system folder or Hub id; lm-eval names its output folder after it), links,
-role_models, ckpt_override, preset, backend (ray|local), dtype, seed, task (unset: the links' own), allow_task_mismatch, method, num_recursive_rounds,
-latent_steps, max_new_tokens. lm-eval's own --device (cuda, cuda:N, cpu; cpu with a warning when torch sees
+role_models, ckpt_override, preset, backend (ray|local), dtype, seed, task (unset: the one the links were trained
+on), allow_task_mismatch, method, num_recursive_rounds, latent_steps, max_new_tokens. lm-eval's own --device (cuda, cuda:N, cpu; cpu with a warning when torch sees
 no GPU) and --batch_size (questions per agent call; "auto" means 8) apply as well.
 
 Requests:
