@@ -57,18 +57,24 @@ def _get(url: str, path: str) -> dict:
 
 
 def _serve(argv: list[str]):
-    """Start jobs.serve's app on the session cluster (127.0.0.1, a free port); returns (cfg, base URL)."""
+    """Start jobs.serve's app on the session cluster (127.0.0.1, a free port); returns (cfg, base URL, whether Serve
+    itself was started here: it keeps its first HTTP port, so `_stop` shuts down what this test started)."""
+    import ray
+
     from jobs import serve as serve_job
 
+    had_serve = any(a["name"] == "SERVE_CONTROLLER_ACTOR" for a in ray.util.list_named_actors(all_namespaces=True))
     cfg = serve_job.parse([*argv, "--host", "127.0.0.1", "--port", str(_free_port()), "--timeout_s", "300",
                            "--app_name", f"recmas-folder-{os.getpid()}"])
-    return cfg, serve_job.start(cfg)
+    return cfg, serve_job.start(cfg), not had_serve
 
 
-def _stop(cfg) -> None:
+def _stop(cfg, started: bool) -> None:
     from ray import serve
 
     serve.delete(cfg.app_name)
+    if started:
+        serve.shutdown()
 
 
 def _job(argv: list[str], capfd) -> str:
@@ -108,7 +114,7 @@ def test_docs_walkthrough_trains_evaluates_serves_and_stages_one_folder(tmp_path
     assert "recursive_mas" in json.dumps(results)
     samples = [json.loads(line) for f in (tmp_path / "sys_eval").glob("samples_*.jsonl") for line in open(f)]
     assert len(samples) == 4 and all(s["task"] == "math" for s in samples)
-    cfg, url = _serve(cmds[3][1:])
+    cfg, url, started = _serve(cmds[3][1:])
     try:
         models = _get(url, "/v1/models")["data"][0]
         assert models["task"] == "math"
@@ -121,7 +127,7 @@ def test_docs_walkthrough_trains_evaluates_serves_and_stages_one_folder(tmp_path
         status, body = _chat(url, "What is 7 * 8?", cfg.served_name, task="qa")
         assert status == 400 and body["error"]["param"] == "task", body
     finally:
-        _stop(cfg)
+        _stop(cfg, started)
     from jobs import push_links
 
     assert push_links.main(cmds[4][1:]) == 0
@@ -193,8 +199,8 @@ def test_every_link_kind_predicts_the_same_on_ray_and_served(tmp_path, ray_clust
     assert api == want and run == want
     assert nll == pytest.approx(want_nll, rel=1e-6, abs=1e-6)  # actors compute what this process does
     for backend in ("local", "ray"):
-        cfg, url = _serve(["--style", STYLE, "--preset", "tiny", "--links", str(folder), "--backend", backend,
-                           "--max_batch_size", "1", *FAST])
+        cfg, url, started = _serve(["--style", STYLE, "--preset", "tiny", "--links", str(folder), "--backend",
+                                    backend, "--max_batch_size", "1", *FAST])
         try:
             status, body = _chat(url, QUESTIONS[0], cfg.served_name, max_tokens=6)
             assert status == 200 and body["recmas"]["task"] == TASK, body
@@ -204,7 +210,7 @@ def test_every_link_kind_predicts_the_same_on_ray_and_served(tmp_path, ray_clust
             assert kinds == {"planner->critic": "outer_ln_res_adapter", "critic->solver": "token_link",
                              "solver->planner": "outer_ln_res_adapter"}
         finally:
-            _stop(cfg)
+            _stop(cfg, started)
 
 
 def test_a_task_other_than_the_links_record_is_refused_before_any_model(tmp_path, tiny_cache, capsys, nothing_heavy):
