@@ -250,3 +250,25 @@ def test_lm_eval_loads_the_folder_with_its_task_and_scores_as_the_api(tmp_path, 
         lm.system.close()
     with pytest.raises(ValueError, match="trained on task 'qa'"):
         RecMASLM(style=STYLE, pretrained=str(folder), backend="local", task="math")
+
+
+@pytest.mark.parametrize("entry, fragment", [({"kind": "pickle_link"}, "unknown outer link kind 'pickle_link'"),
+                                             ({"num_tokens": 7}, "do not match a link of kind token_link")])
+def test_a_folder_naming_an_unknown_kind_or_wrong_shapes_stops_every_job_in_one_line(
+        entry, fragment, tmp_path, tiny_cache, capsys, nothing_heavy):
+    from jobs import run as run_job
+    from jobs import serve as serve_job
+
+    folder = write_system_folder(tmp_path / "sys")
+    manifest = json.loads((folder / "outer" / "manifest.json").read_text())
+    manifest["outer"]["critic->solver"].update(entry)
+    (folder / "outer" / "manifest.json").write_text(json.dumps(manifest))
+    assert run_job.main(["--style", STYLE, "--preset", "tiny", "--links", str(folder), "--dataset",
+                         str(ROOT / "jobs" / "examples" / "questions.jsonl"), "--backend", "local",
+                         "--output_path", str(tmp_path / "out"), "--allow_unknown_links"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and fragment in err[0], err
+    assert not (tmp_path / "out").exists()
+    assert serve_job.main(["--style", STYLE, "--preset", "tiny", "--links", str(folder),
+                           "--log_dir", str(tmp_path / "logs")]) == 2
+    assert fragment in capsys.readouterr().err

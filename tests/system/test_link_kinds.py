@@ -17,7 +17,7 @@ def _states(links):
 
 
 def test_every_kind_round_trips_with_its_kind_and_arguments_named(tmp_path, tiny_cache):
-    from recmas_ray.system.checkpoints import LinkSet, load_links, save_links
+    from recmas_ray.system.checkpoints import load_links, save_links
 
     _, links = make_links()
     save_links(tmp_path / "all", links, {"style": STYLE})
@@ -36,7 +36,6 @@ def test_every_kind_round_trips_with_its_kind_and_arguments_named(tmp_path, tiny
             assert torch.equal(want[key][name].to(got[key][name].dtype), got[key][name]), (key, name)
     assert got["outer:critic->solver"]["source_ids"].dtype == torch.long  # ids stay integers on disk
     assert not back.outer["critic->solver"].bound  # its tables are the models' own, bound where they run
-    del LinkSet
 
 
 def _edit_manifest(folder, edit):
@@ -76,7 +75,6 @@ def test_links_for_other_hidden_sizes_are_refused_against_the_plan(tmp_path, tin
 
 def test_token_ids_outside_the_receivers_vocabulary_are_refused_where_the_link_binds(tmp_path, tiny_cache):
     from recmas_ray.service import AgentService
-    from recmas_ray.system.plan import plan_system
 
     plan, links = make_links()
     token = links.outer["critic->solver"]
@@ -84,7 +82,6 @@ def test_token_ids_outside_the_receivers_vocabulary_are_refused_where_the_link_b
     plan.links.outer["critic->solver"] = token
     with pytest.raises(ValueError, match="token id 5000 is outside tiny:gemma3's vocabulary of 272"):
         AgentService(*plan.service_args("critic"))
-    del plan_system
 
 
 def test_an_unbound_token_link_says_so_and_binds_to_the_same_function():
