@@ -77,7 +77,8 @@ def summarize(cfg, dirs: dict, console) -> None:
                                   dataset="jobs/examples/questions.jsonl" if cfg.task == "math" else None):
             console.line(line)
     else:
-        console.line("use with: python -m jobs.run --style " + cfg.system.style + " --task " + cfg.task
+        console.line("use with: python -m jobs.run --style " + cfg.system.style + " --preset " + cfg.system.preset
+                     + " --task " + cfg.task
                      + " --ckpt_override " + " ".join(f"{r}={p}" for r, p in dirs.items())
                      + " --dataset QUESTIONS.jsonl (or train every role: --mas_role all, one folder for --links)")
 

@@ -58,7 +58,7 @@ def _train(cfg, console) -> int:
 
 def summarize(cfg, result, console) -> None:
     """The end-of-job lines (where the links went, the last losses, the commands that reuse them); the same
-    figures as JSON in SAVE_DIR/train_summary.json."""
+    figures as JSON in SAVE_DIR/train_summary.json, with the run's own checkpoint (under _ray_runs, for --resume)."""
     from pathlib import Path
 
     from recmas_ray.system.next_steps import next_commands
@@ -71,14 +71,14 @@ def summarize(cfg, result, console) -> None:
     losses = f"loss {summary['loss']:.4f}" if isinstance(summary["loss"], float) else "no loss logged"
     if summary["eval_loss"] is not None:
         losses += f", held-out loss {summary['eval_loss']:.4f}"
-    console.line(f"outer links: {result.save_dir} (step {summary['step']}, {losses}; Ray Train's own run, for "
-                 f"--resume: {result.checkpoint_dir})")
+    console.line(f"outer links: {result.save_dir} (step {summary['step']}, {losses})")
     inner = {r: p for r, p in cfg.system.ckpt_override.items() if r != "outer"}
     save = Path(result.save_dir)
     folder = save.parent if save.name == "outer" and inner and all(
         Path(p).resolve() == (save.parent / r).resolve() for r, p in inner.items()) else None
     if folder is None:  # not one system folder: name every link folder
-        console.line("use with: python -m jobs.run --style " + cfg.system.style + " --task " + cfg.task
+        console.line("use with: python -m jobs.run --style " + cfg.system.style + " --preset " + cfg.system.preset
+                     + " --task " + cfg.task
                      + " --ckpt_override " + " ".join(f"{r}={p}" for r, p in {**inner, "outer": save}.items())
                      + " --dataset QUESTIONS.jsonl")
         return
