@@ -272,3 +272,18 @@ def test_a_folder_naming_an_unknown_kind_or_wrong_shapes_stops_every_job_in_one_
     assert serve_job.main(["--style", STYLE, "--preset", "tiny", "--links", str(folder),
                            "--log_dir", str(tmp_path / "logs")]) == 2
     assert fragment in capsys.readouterr().err
+
+
+def test_train_outer_links_reads_the_role_folders_and_writes_outer_next_to_them(tmp_path, tiny_cache):
+    from recmas_ray.config.cli import parse_config
+    from recmas_ray.train.config import OuterTrainConfig
+
+    folder = write_system_folder(tmp_path / "sys")
+    cfg = parse_config(OuterTrainConfig, ["--style", STYLE, "--links", str(folder), "--dataset_name", "synthetic:8",
+                                          "--ckpt_override", f"critic={folder / 'planner'}"])[0].with_links_folded()
+    assert cfg.save_dir == str(folder / "outer") and cfg.system.links is None
+    assert cfg.system.ckpt_override == {"planner": str(folder / "planner"), "critic": str(folder / "planner"),
+                                        "solver": str(folder / "solver")}  # given ones win; outer/ is what trains
+    kept = parse_config(OuterTrainConfig, ["--style", STYLE, "--links", str(folder), "--dataset_name", "synthetic:8",
+                                           "--save_dir", str(tmp_path / "elsewhere")])[0].with_links_folded()
+    assert kept.save_dir == str(tmp_path / "elsewhere")
