@@ -60,7 +60,7 @@ def token_link(src, dst, tau: float, ids: tuple[list[int], list[int]] | None = N
     from recmas_ray.train.bridge import shared_token_pairs
 
     src_ids, dst_ids = ids or shared_token_pairs(src.tokenizer, dst.tokenizer, max_pairs=None, blanks=True)
-    link = token_link_of(embedding_rows(src, src_ids), embedding_rows(dst, dst_ids), tau)
+    link = token_link_of(embedding_rows(src, src_ids), embedding_rows(dst, dst_ids), tau, (src_ids, dst_ids))
     return link.to(src.device), (list(src_ids), list(dst_ids))
 
 
@@ -70,11 +70,12 @@ def embedding_rows(agent, ids: list[int]) -> torch.Tensor:
         return agent.model.get_input_embeddings()(torch.tensor(ids, device=agent.device)).float().cpu()
 
 
-def token_link_of(source_rows_KD: torch.Tensor, target_rows_KE: torch.Tensor, tau: float):
-    """A fresh `TokenLink` (residual zero) over paired embedding rows."""
+def token_link_of(source_rows_KD: torch.Tensor, target_rows_KE: torch.Tensor, tau: float,
+                  ids: tuple[list[int], list[int]]):
+    """A fresh `TokenLink` (residual zero) over paired embedding rows of the token `ids` (source, target)."""
     from recmas_ray.links import TokenLink
 
-    return TokenLink(source_rows_KD, target_rows_KE, tau)
+    return TokenLink(source_rows_KD, target_rows_KE, tau, ids=ids)
 
 
 def links_entry(link, ids: tuple[list[int], list[int]], tau: float) -> dict:
@@ -91,6 +92,23 @@ def save_links_file(save_dir: Path, saved: dict, log: list) -> Path:
     (save_dir / LOG_FILE).write_text(json.dumps(log))
     torch.save(saved, save_dir / LINKS_FILE)
     return save_dir / LINKS_FILE
+
+
+def save_product_checkpoint(save_dir: Path, saved: dict, manifest: dict, hidden_sizes: dict[str, int]) -> Path:
+    """The `links.pt` entries as the product's outer checkpoint too (links.safetensors + manifest.json, each link's
+    kind and arguments named; the tables are never saved), so `--ckpt_override outer=SAVE_DIR` / `--links` load
+    them in jobs.run, jobs.serve and the API. `manifest`: the system's, with the task and training config."""
+    from recmas_ray.links import TokenLink
+    from recmas_ray.system.checkpoints import LinkSet, save_links
+
+    links = {}
+    for edge, entry in saved.items():
+        src, dst = split_edge(edge)
+        link = TokenLink(None, None, float(entry["tau"]), ids=(entry["source_ids"], entry["target_ids"]),
+                         dims=(hidden_sizes[src], hidden_sizes[dst]))
+        link.residual.load_state_dict({"weight": entry["residual.weight"], "bias": entry["residual.bias"]})
+        links[edge] = link
+    return save_links(save_dir, LinkSet(outer=links), {**manifest, "kind": "outer"})
 
 
 def attach(pool, saved: dict) -> None:

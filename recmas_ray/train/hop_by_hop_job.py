@@ -106,7 +106,7 @@ def _token_links(agent, role: str, edges: list[str], trained: set[str], peers: _
         else:
             rows = peers.recv((len(other_ids), peers.dims[other]), torch.float32, other, tag)
             pair = (rows, embedding_rows(agent, own_ids)) if owner == dst else (embedding_rows(agent, own_ids), rows)
-            link = token_link_of(*(p.cpu() for p in pair), tau).to(agent.device)
+            link = token_link_of(*(p.cpu() for p in pair), tau, ids).to(agent.device)
             link.requires_grad_(False)
             out[edge] = (link, ids)
     peers.flush()
@@ -203,7 +203,8 @@ def train_loop_per_worker(config: dict) -> None:
 # ----------------------------------------------------------------------------- driver
 def train_hop_by_hop(cfg: OuterTrainConfig, *, batches: list[list[int]] | None = None,
                      capture_grads: tuple[int, ...] = ()):
-    """Run `--schedule hop_by_hop` as one Ray Train job (a worker per role); writes <save_dir>/links.pt,
+    """Run `--schedule hop_by_hop` as one Ray Train job (a worker per role); writes <save_dir>/links.pt, the same
+    links as the product's checkpoint (links.safetensors + manifest.json, `--ckpt_override outer=SAVE_DIR`),
     log.json and config.json and returns an `outer.OuterRunResult`. `batches` (row indices per step)
     replaces the data order of `core.step_indices` (e.g. an earlier run's, to reproduce it); `capture_grads`
     (1-based steps, for tests) returns those steps' pre-clip gradients in metrics["captured_grads"]."""
@@ -217,6 +218,8 @@ def train_hop_by_hop(cfg: OuterTrainConfig, *, batches: list[list[int]] | None =
     from recmas_ray.system.plan import plan_system
     from recmas_ray.train.data import load_rows
     from recmas_ray.train.outer import prepare_samples
+    from recmas_ray.system.provenance import write_provenance
+    from recmas_ray.train.hop_by_hop import load, save_product_checkpoint
     from recmas_ray.train.outer import OuterRunResult
     from recmas_ray.train.progress import StepBoard
 
@@ -263,7 +266,10 @@ def train_hop_by_hop(cfg: OuterTrainConfig, *, batches: list[list[int]] | None =
             if (Path(d) / GRADS_FILE).exists():
                 metrics["captured_grads"] = torch.load(Path(d) / GRADS_FILE, weights_only=True)
             shutil.copyfile(Path(d) / LOG_FILE, save_dir / LOG_FILE)
+            log = json.loads((save_dir / LOG_FILE).read_text())
+            manifest = {**plan.manifest(), "task": cfg.task, "train_config": asdict(cfg), "step": len(log), "log": log}
+            save_product_checkpoint(save_dir, load(Path(d) / LINKS_FILE), manifest, plan.hidden_sizes)
+            write_provenance(save_dir, config=asdict(cfg), inputs=cfg.system.ckpt_override, kind="outer")
             shutil.copyfile(Path(d) / LINKS_FILE, save_dir / LINKS_FILE)  # last: its presence means finished
-        log = json.loads((save_dir / LOG_FILE).read_text())
-        history.log_history(tracker, log, save_dir=save_dir, files=("config.json", LOG_FILE))
+        history.log_history(tracker, log, save_dir=save_dir, files=("manifest.json", "config.json", LOG_FILE))
     return OuterRunResult(save_dir, result.checkpoint.path, metrics, log, [])

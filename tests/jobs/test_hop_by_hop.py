@@ -176,3 +176,28 @@ def test_the_sweep_keeps_its_data_order():
 
 PINNED_ORDER = [[2, 1], [0, 4], [2, 0], [1, 4], [0, 2]]
 """random.Random(0) shuffling range(5) in place each epoch of 2 steps, as the old in-process loop did."""
+
+
+def test_the_trained_token_links_load_in_the_product_as_they_ran(ray_cluster, chain, shared_dir):
+    """hop_by_hop saves through the product's checkpoint layout: a plan built from the folder gives each sender the
+    very link (kind, ids, tau, residual, tables) that trained, so jobs.run / jobs.serve / the API run it."""
+    from recmas_ray.links import link_state
+    from recmas_ray.service import AgentService
+    from recmas_ray.system.plan import plan_system
+    from recmas_ray.system.provenance import link_origin
+    from recmas_ray.system.trained import trained_task
+
+    plan, make_pool, train, _ = chain
+    pool = make_pool()
+    _train(pool, plan, train, shared_dir)
+    assert link_origin(str(shared_dir))["known"] and trained_task({"outer": str(shared_dir)}) == "qa"
+    loaded = plan_system("sequential_light", preset="tiny", seed=0, task="qa", ckpt_override={"outer": str(shared_dir)})
+    x = torch.randn(2, M, plan.hidden_sizes["critic"])
+    for edge in ("planner->critic", "critic->solver"):
+        src = edge.split("->")[0]
+        ran = pool.services[src].agent.outer_links[edge]
+        assert all(torch.equal(a, b) for a, b in zip(link_state(ran).values(), link_state(loaded.links.outer[edge]).values()))
+        rebuilt = AgentService(*loaded.service_args(src)).agent.outer_links[edge]
+        if src == "critic":
+            with torch.no_grad():
+                assert torch.equal(rebuilt(x), ran(x))
