@@ -53,11 +53,11 @@ def evaluate(cfg: EvalConfig) -> int:
     from recmas_ray.console import job_console
     from recmas_ray.eval.benchmarks import check_available
 
-    check_available(cfg.dataset, cfg.dataset_path)  # before torch is imported: an offline named benchmark says so
-    if cfg.dry_run:
+    if cfg.dry_run:  # a plan needs no questions: a named benchmark's task type is known without them
         from recmas_ray.eval.run import dry_run
 
         return dry_run(cfg)
+    check_available(cfg.dataset, cfg.dataset_path)  # before torch is imported: an offline named benchmark says so
     from recmas_ray.eval.run import evaluate_all
 
     with job_console(Path(cfg.output_path) / "logs", verbose=cfg.verbose, name="run",

@@ -40,6 +40,10 @@ def _train(cfg, console) -> int:
     from recmas_ray.train import inner_job
 
     roles = get_style(cfg.system.style).roles if cfg.mas_role == "all" else [cfg.mas_role]
+    if cfg.num_workers or cfg.mas_role == "all":  # Ray Train workers, or one Ray task per role
+        from recmas_ray.distributed.cluster import start_ray
+
+        start_ray()  # a phase line of its own, before the training's
     console.start(f"inner training: {', '.join(roles)}, {cfg.max_steps} steps")
     if cfg.mas_role == "all":
         dirs = inner_job.train_all_roles(cfg)

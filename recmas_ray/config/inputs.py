@@ -201,15 +201,21 @@ def cuda_available() -> bool:
     return bool(torch.cuda.is_available())
 
 
-def check_cuda(flag: str, why: str = "", *, on_cluster: bool = False) -> None:
-    """Refuse a setting that needs CUDA on a machine where torch sees no GPU. `on_cluster`: the GPUs are wanted
-    by Ray workers, which may run on other nodes; with a cluster named (RAY_ADDRESS, as `ray job submit` sets
-    it) this machine's GPUs say nothing, so only a local run is checked."""
+def check_cuda(flag: str, why: str = "", *, on_cluster: bool = False, plan_hint: bool = False,
+               cpu_flag: str = "") -> None:
+    """Refuse a setting that needs CUDA on a machine where torch sees no GPU, naming the flags that change it.
+    `on_cluster`: the GPUs are wanted by Ray workers, which may run on other nodes; with a cluster named
+    (RAY_ADDRESS, as `ray job submit` sets it) this machine's GPUs say nothing, so only a local run is checked.
+    `plan_hint`: a --dry_run, which can plan for another machine's GPUs instead. `cpu_flag`: the CPU setting."""
     if on_cluster and os.environ.get("RAY_ADDRESS", "").strip() not in ("", "local"):
         return
     if not cuda_available():
+        cpu = cpu_flag or ("--placement cpu" if flag.startswith(("--placement", "--role_gpus")) else
+                           "--no_use_gpu" if flag == "--use_gpu" else "--device cpu")
+        plan = (", or plan for a GPU machine from here with --placement.plan_node_gpus N (GPUs per node, e.g. 8) "
+                "and --placement.gpu_memory_gib GIB") if plan_hint else ""
         raise ConfigError(f"{flag}{' ' + why if why else ''}: torch sees no CUDA GPU on this machine; "
-                          "run where one is visible (CUDA_VISIBLE_DEVICES) or choose the CPU")
+                          f"run where one is visible (CUDA_VISIBLE_DEVICES) or choose the CPU ({cpu}){plan}")
 
 
 def check_ray_address(flag: str, address: str, *, timeout_s: float = 10.0) -> None:

@@ -165,8 +165,8 @@ class EvalConfig:
         if self.backend == "local" and self.placement.num_replicas != 1:
             raise ValueError(f"--num_replicas {self.placement.num_replicas} needs --backend ray (the local "
                              "backend runs one in-process system)")
-        if system.device == "cuda":
-            check_cuda("--device cuda", on_cluster=self.backend == "ray")
+        if system.device == "cuda" and not (self.dry_run and self.placement.plan_node_gpus):
+            check_cuda("--device cuda", on_cluster=self.backend == "ray", plan_hint=self.dry_run)
         system.check_tables("--models", ckpt_extra=("outer",))
         check_model_names("--models", system.role_models)
         system.check_link_folders()
@@ -181,4 +181,4 @@ class EvalConfig:
         transport.check_adaptive_rounds(self.recursion.adaptive_threshold)
         # what this machine has comes after what the configuration says of itself: a GPU plan that is wrong
         # anywhere is reported as such, not as a missing GPU
-        self.placement.check_gpus_visible(self.backend)
+        self.placement.check_gpus_visible(self.backend, dry_run=self.dry_run)

@@ -110,18 +110,23 @@ class BatchRunner:
 
             # agent actors of one replica: every role, plus the extra copies named (auto copies come later)
             num_actors = len(plan.style.roles) + sum(n - 1 for n in cfg.placement.role_replicas.values())
+            if cfg.backend == "ray":
+                from recmas_ray.distributed.cluster import start_ray
+
+                start_ray()  # a phase of its own on a job's console; retried where a busy machine timed it out
             if cfg.backend == "ray" and cfg.placement.wants_gpus():  # a plan that cannot fit stops before loading
-                from recmas_ray.distributed.cluster import init_ray
                 from recmas_ray.distributed.memory import check_memory
 
-                init_ray()
                 check_memory(plan, cfg.placement, **memory_args(cfg, plan))
+            current().start(f"starting agents ({'Ray actors' if cfg.backend == 'ray' else 'in-process'}): "
+                            + ", ".join(f"{r}={m}" for r, m in plan.role_models.items()))
             agents = start_agents(plan, backend=cfg.backend, placement=cfg.placement, timeout_s=cfg.timeout_s,
                                   torch_threads=cfg.torch_threads, transport=cfg.transport,
                                   client_cpus=planned_client_cpus(cfg.stream, num_actors),
                                   recursion=cfg.recursion, max_batches=planned_depth(cfg.stream, num_actors),
                                   progress_relay=cfg.progress)
             self.pool, self.system = (agents, None) if cfg.backend == "local" else (None, agents)
+            current().done("ready")
 
     def stream(self, batches, method, counter: QuestionProgress | None = None):
         """Yield graded sample records as batches finish (Ray: several in flight, arrival order); `counter`
@@ -208,10 +213,25 @@ def dry_run(cfg: EvalConfig, echo=print) -> int:
     from recmas_ray.distributed.cluster import init_ray
     from recmas_ray.distributed.memory import dry_run as print_plan
 
-    cfg, _, _, plan = prepare(cfg)
-    if cfg.backend == "ray" and cfg.placement.wants_gpus():
+    if _named_benchmark(cfg):  # the plan needs its task type, not its questions (no copy or Hub needed)
+        from recmas_ray.eval.benchmarks import task_type_for
+
+        check_tree(cfg)
+        overrides = resolve_overrides(cfg.system.ckpt_override)
+        plan = plan_system(cfg.system, task=get_task(task_type_for(cfg.dataset)).adapter, tools=cfg.tool_loop(),
+                           ckpt_override=overrides)
+    else:
+        cfg, _, _, plan = prepare(cfg)
+    if cfg.backend == "ray" and cfg.placement.wants_gpus() and not cfg.placement.plan_node_gpus:
         init_ray()  # the cluster's GPUs (a private local cluster: this machine's)
     return print_plan(plan, cfg.placement, echo=echo, **memory_args(cfg, plan))
+
+
+def _named_benchmark(cfg: EvalConfig) -> bool:
+    """`cfg.dataset` names a benchmark (not a local file)."""
+    from recmas_ray.eval.benchmarks import BENCHMARKS, canonical_name
+
+    return not os.path.exists(cfg.dataset) and canonical_name(cfg.dataset) in BENCHMARKS
 
 
 def evaluate(cfg: EvalConfig, *, progress: bool = True, system=None) -> dict:
