@@ -146,6 +146,16 @@ class EvalConfig:
             raise ValueError(f"{', '.join('--' + c for c in changed)}: tool settings apply to a style with tools "
                              f"({', '.join(tool_styles())}) only; style {self.system.style} has no tools, so drop them")
 
+    def check_section(self, name: str) -> None:
+        """Run by `check_tree` before section `name` is checked: tool settings for a style without tools are
+        refused as such before the tools section's own checks (a keys file's mode) could hide that."""
+        if name == "tools":
+            try:
+                style = get_style(self.system.style)
+            except ValueError:
+                return  # the system section's check names the style
+            self.check_tools(style)
+
     def validate(self) -> None:
         """Rules across fields and files (run before any model loads)."""
         system = self.system

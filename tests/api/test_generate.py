@@ -48,7 +48,7 @@ def test_generate_gives_one_list_per_question_for_any_n_and_nothing_for_no_quest
     assert [len(a) for a in system.generate("What is 1 + 1?", n=2, **GEN)] == [2]
     monkeypatch.setattr(system, "run", lambda *a, **k: pytest.fail("an agent ran"))
     assert system.generate([], **GEN) == [] and system.generate((), n=3, **GEN) == []
-    with pytest.raises(ValueError, match="n must be an integer"):  # arguments are still checked
+    with pytest.raises(ValueError, match="n=0: expected an integer in"):  # arguments are still checked
         system.generate([], n=0, **GEN)
 
 

@@ -38,7 +38,8 @@ def _cmd(job: str, out: Path) -> list[str]:
     return {
         "run": ["-m", "jobs.run", "--style", "sequential_light", *tiny, "--dataset", str(QUESTIONS),
                 "--output_path", str(out)],
-        "serve": ["-m", "jobs.serve", "--style", "sequential_light", *tiny, "--port", "0", "--log_dir", str(out)],
+        "serve": ["-m", "jobs.serve", "--style", "sequential_light", *tiny, "--port", str(_free_port()),
+                  "--log_dir", str(out)],
         "train_inner": ["-m", "jobs.train_inner", "--style", "sequential", "--mas_role", "planner", *tiny,
                         "--dataset_name", "synthetic:16", "--save_dir", str(out), "--max_steps", "5000",
                         "--save_every", "5"],
@@ -48,6 +49,14 @@ def _cmd(job: str, out: Path) -> list[str]:
         "push_links": ["-m", "jobs.push_links", str(out), "--repo", "org/name", "--dry_run"],
         "demo": [str(ROOT / "jobs" / "demo.py"), *tiny, "--quick", "--backend", "local", "--output_path", str(out)],
     }[job]
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
 
 
 def _interpreter_start_s() -> float:
