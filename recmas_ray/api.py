@@ -316,7 +316,8 @@ class System:
                 rate is the run's throughput (the table's and the results file's).
 
         Returns:
-            {"results": metrics per benchmark/method, "samples_path", "results_path", "table"}.
+            {"results": metrics per benchmark/method, "samples_path", "results_path", "table"}: the results
+            table is returned, not printed (`print(report["table"])` shows it).
 
         Raises:
             ValueError: A bad argument (named as here), before anything is written.
@@ -334,7 +335,7 @@ class System:
             batch_size=batch_size, num_rollouts=num_rollouts, grader=grader, format_retry=format_retry,
             output_path=str(output_path), resume=resume, progress=progress)
         with self._quiet(), python_names():
-            return evaluate(cfg, progress=progress, system=self.agents)
+            return evaluate(cfg, progress=progress, system=self.agents, echo=False)  # the caller prints the table
 
     # ------------------------------------------------------------------ lifetime
     def _check_open(self) -> None:

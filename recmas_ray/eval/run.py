@@ -234,11 +234,12 @@ def _named_benchmark(cfg: EvalConfig) -> bool:
     return not os.path.exists(cfg.dataset) and canonical_name(cfg.dataset) in BENCHMARKS
 
 
-def evaluate(cfg: EvalConfig, *, progress: bool = True, system=None) -> dict:
-    """Run every method on the same samples; returns {"results": ..., "samples_path", "results_path"}.
+def evaluate(cfg: EvalConfig, *, progress: bool = True, system=None, echo: bool = True) -> dict:
+    """Run every method on the same samples; returns {"results": ..., "samples_path", "results_path", "table"}.
 
     `system`: a running `RaySystem` built from the same plan, reused (and left running) instead of
-    starting new agents, e.g. across the runs of a sweep.
+    starting new agents, e.g. across the runs of a sweep. `echo`: print the results table (the job); the
+    Python API returns it instead, so a caller's `print(report["table"])` shows it once.
     """
     cfg, resolution, items, plan = prepare(cfg)
     for warning in run_warnings(cfg, plan):
@@ -250,11 +251,11 @@ def evaluate(cfg: EvalConfig, *, progress: bool = True, system=None) -> dict:
                                          **resolved_runtime(cfg, plan)})
     verify_resume(cfg, fingerprint)  # read-only: a refused resume writes nothing, not even the lock file
     with OutputLock(cfg.output_path):  # a second run into this folder stops here, naming this one's PID
-        return _evaluate_locked(cfg, plan, items, fingerprint, resolution, progress, system)
+        return _evaluate_locked(cfg, plan, items, fingerprint, resolution, progress, system, echo)
 
 
 def _evaluate_locked(cfg: EvalConfig, plan, items: list[dict], fingerprint: dict, resolution, progress: bool,
-                     system) -> dict:
+                     system, echo: bool = True) -> dict:
     """The writing half of `evaluate`, run while this process holds the output folder's lock."""
     samples_file = open_samples_file(cfg)
     check_fingerprint(samples_file, fingerprint, resume=cfg.resume)
@@ -295,7 +296,7 @@ def _evaluate_locked(cfg: EvalConfig, plan, items: list[dict], fingerprint: dict
                     counter.close()
     finally:
         backend.close()
-    return finish(cfg, samples_file, plan, {m: t for m, t in wall.items() if fresh[m]}, start, resolution)
+    return finish(cfg, samples_file, plan, {m: t for m, t in wall.items() if fresh[m]}, start, resolution, echo=echo)
 
 
 def evaluate_all(cfg: EvalConfig, *, progress: bool | None = None) -> list[dict]:
@@ -324,9 +325,26 @@ def headline(metrics: dict, metric: str, grader: str) -> dict:
     return out
 
 
+def adaptive_lines(cfg: EvalConfig, samples: list[dict]) -> list[str]:
+    """With adaptive rounds: per method, the rounds its questions ran (what each stop saved), one console line."""
+    if cfg.recursion.adaptive_threshold is None:
+        return []
+    out, most = [], cfg.recursion.num_recursive_rounds
+    for method in cfg.methods:
+        rounds = [int(s["rounds"]) for s in samples if s.get("method") == method and not s.get("error")
+                  and s.get("rounds") is not None]
+        if not rounds:
+            continue
+        counts = ", ".join(f"{r}: {rounds.count(r)}" for r in range(1, most + 1) if rounds.count(r))
+        out.append(f"adaptive rounds ({method}, threshold {cfg.recursion.adaptive_threshold:g}): mean "
+                   f"{sum(rounds) / len(rounds):.2f} of at most {most} per question (rounds: questions {counts})")
+    return out
+
+
 def finish(cfg: EvalConfig, samples_file: Path, plan, wall: dict, start: float,
-           resolution: Resolution | None = None) -> dict:
-    """Summarise the samples file per method, write results JSON (+ plot), print the table."""
+           resolution: Resolution | None = None, *, echo: bool = True) -> dict:
+    """Summarise the samples file per method, write results JSON (+ plot), print the table (unless not `echo`:
+    the Python API returns it; with adaptive rounds, also the rounds used per method)."""
     resolution = resolution or protocol_resolution(cfg)
     k = metric_k(resolution.metric)
     all_samples = [with_verdicts(s) for s in read_samples(samples_file)]
@@ -358,7 +376,10 @@ def finish(cfg: EvalConfig, samples_file: Path, plan, wall: dict, start: float,
     path = write_results(cfg.output_path, "", results, config, start_time=start, extra=extra)
     track_results(cfg, results, [path, samples_file])
     table = markdown_table(results, machine=machine)
-    current().line(table)
+    if echo:
+        current().line(table)
+    for line in adaptive_lines(cfg, all_samples):
+        current().line(line)
     if num_errored:
         current().line(f"{num_errored} sample(s) failed after {cfg.max_batch_retries} retries (field 'error' in "
                        f"{samples_file}); rerun with --resume to retry them")
