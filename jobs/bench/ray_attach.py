@@ -61,9 +61,17 @@ ray.shutdown()
 """
 
 
-def _child(address: str | None, timeout_s: float) -> dict:
+def _env() -> dict:
+    """This environment without a cluster address, this checkout first on the import path, and Ray's multi-node
+    mode off, so the head and the drivers keep 127.0.0.1 (as `init_local_ray` does for a private cluster)."""
     env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
     env["PYTHONPATH"] = os.pathsep.join(p for p in (str(HERE), env.get("PYTHONPATH")) if p)
+    env["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] = "0"
+    return env
+
+
+def _child(address: str | None, timeout_s: float) -> dict:
+    env = _env()
     done = subprocess.run([sys.executable, "-c", CHILD, *([address] if address else [])], capture_output=True,
                           text=True, timeout=timeout_s, env=env, cwd=HERE)
     lines = [ln for ln in done.stdout.splitlines() if ln.startswith("RESULT ")]
@@ -79,8 +87,7 @@ def _start_head(timeout_s: float) -> tuple[subprocess.Popen, str]:
         port = s.getsockname()[1]
     temp = tempfile.mkdtemp(prefix="rb-")  # short: Ray's socket paths are limited to 108 bytes
     ray_bin = Path(sys.executable).with_name("ray")
-    env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(HERE), env.get("PYTHONPATH")) if p)
+    env = _env()
     proc = subprocess.Popen([str(ray_bin), "start", "--head", "--block", f"--port={port}",
                              "--node-ip-address=127.0.0.1", "--num-cpus=8", "--include-dashboard=false",
                              f"--temp-dir={temp}", "--disable-usage-stats"], stdout=subprocess.DEVNULL,

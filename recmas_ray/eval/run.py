@@ -335,9 +335,10 @@ def adaptive_lines(cfg: EvalConfig, samples: list[dict]) -> list[str]:
                   and s.get("rounds") is not None]
         if not rounds:
             continue
-        counts = ", ".join(f"{r}: {rounds.count(r)}" for r in range(1, most + 1) if rounds.count(r))
-        out.append(f"adaptive rounds ({method}, threshold {cfg.recursion.adaptive_threshold:g}): mean "
-                   f"{sum(rounds) / len(rounds):.2f} of at most {most} per question (rounds: questions {counts})")
+        parts = [f"{rounds.count(r)} stopped after round {r}" for r in range(1, most) if rounds.count(r)]
+        out.append(f"adaptive rounds ({method}, threshold {cfg.recursion.adaptive_threshold:g}): "
+                   + ", ".join(parts + [f"{rounds.count(most)} ran all {most}"])
+                   + f" (mean {sum(rounds) / len(rounds):.2f} rounds per question)")
     return out
 
 
