@@ -39,7 +39,8 @@ from recmas_ray.eval.fingerprint import (bench_name, check_fingerprint, fingerpr
 from recmas_ray.eval.protocol import Resolution, metric_k, resolution as protocol_resolution
 from recmas_ray.eval.plots import plot_vs_rounds
 from recmas_ray.eval.progress import QuestionProgress
-from recmas_ray.eval.results import machine_load, markdown_table, read_results, summarize, write_results
+from recmas_ray.eval.results import (adaptive_lines, machine_load, markdown_table, read_results, summarize,
+                                     write_results)
 from recmas_ray.eval.samples import VERDICT_FIELDS, SampleWriter, read_samples, sample_key, timestamp, with_verdicts
 from recmas_ray.eval import stream
 from recmas_ray.eval.stream import for_rollout, solve_and_grade, with_batch_retries
@@ -325,23 +326,6 @@ def headline(metrics: dict, metric: str, grader: str) -> dict:
     return out
 
 
-def adaptive_lines(cfg: EvalConfig, samples: list[dict]) -> list[str]:
-    """With adaptive rounds: per method, the rounds its questions ran (what each stop saved), one console line."""
-    if cfg.recursion.adaptive_threshold is None:
-        return []
-    out, most = [], cfg.recursion.num_recursive_rounds
-    for method in cfg.methods:
-        rounds = [int(s["rounds"]) for s in samples if s.get("method") == method and not s.get("error")
-                  and s.get("rounds") is not None]
-        if not rounds:
-            continue
-        parts = [f"{rounds.count(r)} stopped after round {r}" for r in range(1, most) if rounds.count(r)]
-        out.append(f"adaptive rounds ({method}, threshold {cfg.recursion.adaptive_threshold:g}): "
-                   + ", ".join(parts + [f"{rounds.count(most)} ran all {most}"])
-                   + f" (mean {sum(rounds) / len(rounds):.2f} rounds per question)")
-    return out
-
-
 def finish(cfg: EvalConfig, samples_file: Path, plan, wall: dict, start: float,
            resolution: Resolution | None = None, *, echo: bool = True) -> dict:
     """Summarise the samples file per method, write results JSON (+ plot), print the table (unless not `echo`:
@@ -379,7 +363,8 @@ def finish(cfg: EvalConfig, samples_file: Path, plan, wall: dict, start: float,
     table = markdown_table(results, machine=machine)
     if echo:
         current().line(table)
-    for line in adaptive_lines(cfg, all_samples):
+    for line in adaptive_lines(cfg.methods, cfg.recursion.adaptive_threshold, cfg.recursion.num_recursive_rounds,
+                               all_samples):
         current().line(line)
     if num_errored:
         current().line(f"{num_errored} sample(s) failed after {cfg.max_batch_retries} retries (field 'error' in "

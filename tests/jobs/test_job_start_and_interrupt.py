@@ -173,3 +173,40 @@ def test_ctrl_c_before_the_job_starts_work_is_one_line_too(tmp_path):
     assert rc in (130, 2), err  # 2: the (missing) folder was refused before the signal arrived
     if rc == 130:
         _assert_one_interrupt_line(rc, stdout, err)
+
+
+def test_phase_lines_go_to_stderr_and_results_to_stdout(tmp_path, capfd):
+    """Off a terminal: each phase's start line at once and its final line; results on stdout; the announced first
+    phase is continued by the job's console; bad input takes the open phase back (the error is the one line)."""
+    from recmas_ray import console
+    from recmas_ray.console import job_console
+
+    console.announce(argv=[])
+    assert capfd.readouterr().err == "checking inputs ...\n"
+    with job_console(tmp_path / "logs", verbose=False, name="t") as con:
+        con.start("starting agents")
+        con.done("ready")
+        con.line("| table |")
+    out, err = capfd.readouterr()
+    assert out == "| table |\n"
+    assert err.splitlines()[0].startswith("checking inputs (") and err.splitlines()[1] == "starting agents ..."
+    assert err.splitlines()[2].startswith("starting agents: ready (")
+    console.announce(argv=[])
+    capfd.readouterr()
+    with pytest.raises(ValueError):
+        with job_console(tmp_path / "bad" / "logs", verbose=False, name="t"):
+            raise ValueError("--lr must be > 0")
+    assert capfd.readouterr().err == "" and not (tmp_path / "bad").exists()  # no "checking inputs: failed"
+    console.announce(argv=["--help"])  # --help and --print_config print nothing else
+    assert capfd.readouterr().err == "" and console._announced is None
+
+
+def test_adaptive_rounds_line_per_method():
+    from recmas_ray.eval.results import adaptive_lines
+
+    samples = [{"method": "recursive_mas", "rounds": 2}] * 6 + [{"method": "recursive_mas", "rounds": 3}] * 2 + \
+        [{"method": "recursive_mas", "rounds": 1, "error": "x"}]
+    assert adaptive_lines(["recursive_mas", "textmas"], 0.01, 3, samples) == [
+        "adaptive rounds (recursive_mas, threshold 0.01): 6 stopped after round 2, 2 ran all 3 (mean 2.25 rounds "
+        "per question)"]
+    assert adaptive_lines(["recursive_mas"], None, 3, samples) == []
