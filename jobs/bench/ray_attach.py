@@ -72,6 +72,8 @@ def _env() -> dict:
 
 def _child(address: str | None, timeout_s: float) -> dict:
     env = _env()
+    if address:  # joining by address: the driver sends this user's token only in token mode (Ray sets it for "auto")
+        env.setdefault("RAY_AUTH_MODE", "token")
     done = subprocess.run([sys.executable, "-c", CHILD, *([address] if address else [])], capture_output=True,
                           text=True, timeout=timeout_s, env=env, cwd=HERE)
     lines = [ln for ln in done.stdout.splitlines() if ln.startswith("RESULT ")]

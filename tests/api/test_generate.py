@@ -33,8 +33,8 @@ def test_bad_questions_are_refused_before_anything_runs(system, questions, error
 @pytest.mark.parametrize("kwargs, error, message", [
     ({"stop": 5}, TypeError, "stop must be a str or a list of str"),
     ({"stop": [""]}, ValueError, "non-empty strings"),
-    ({"n": 0}, ValueError, "n must be an integer"),
-    ({"n": True}, ValueError, "n must be an integer"),
+    ({"n": 0}, ValueError, "n=0: expected an integer in \\[1, "),
+    ({"n": True}, TypeError, "n: expected an integer, got bool True"),
     ({"task": ["math", 3]}, TypeError, r"task\[1\] must be a str"),
 ])
 def test_bad_stop_n_and_task_are_refused(system, kwargs, error, message):
