@@ -136,8 +136,11 @@ class Console:
                     return
                 with self._lock:
                     if self._open == what and not self._below:
-                        self.err.write(f"\r\033[K{what} ... {time.perf_counter() - t0:.0f} s")
-                        self.err.flush()
+                        try:
+                            self.err.write(f"\r\033[K{what} ... {time.perf_counter() - t0:.0f} s")
+                            self.err.flush()
+                        except (OSError, ValueError):  # the stream closed (the job ended): stop ticking
+                            return
 
         self._ticker = threading.Thread(target=tick, name="console-phase-ticker", daemon=True)
         self._ticker.start()

@@ -119,15 +119,20 @@ class BatchRunner:
                 from recmas_ray.distributed.memory import check_memory
 
                 check_memory(plan, cfg.placement, **memory_args(cfg, plan))
-            current().start(f"starting agents ({'Ray actors' if cfg.backend == 'ray' else 'in-process'}): "
-                            + ", ".join(f"{r}={m}" for r, m in plan.role_models.items()))
-            agents = start_agents(plan, backend=cfg.backend, placement=cfg.placement, timeout_s=cfg.timeout_s,
-                                  torch_threads=cfg.torch_threads, transport=cfg.transport,
-                                  client_cpus=planned_client_cpus(cfg.stream, num_actors),
-                                  recursion=cfg.recursion, max_batches=planned_depth(cfg.stream, num_actors),
-                                  progress_relay=cfg.progress)
+            console = current()  # one object for the phase's start and end (a Python caller's is made per call)
+            console.start(f"starting agents ({'Ray actors' if cfg.backend == 'ray' else 'in-process'}): "
+                          + ", ".join(f"{r}={m}" for r, m in plan.role_models.items()))
+            try:
+                agents = start_agents(plan, backend=cfg.backend, placement=cfg.placement, timeout_s=cfg.timeout_s,
+                                      torch_threads=cfg.torch_threads, transport=cfg.transport,
+                                      client_cpus=planned_client_cpus(cfg.stream, num_actors),
+                                      recursion=cfg.recursion, max_batches=planned_depth(cfg.stream, num_actors),
+                                      progress_relay=cfg.progress)
+            except BaseException as e:
+                console.finish_open(e)
+                raise
             self.pool, self.system = (agents, None) if cfg.backend == "local" else (None, agents)
-            current().done("ready")
+            console.done("ready")
 
     def stream(self, batches, method, counter: QuestionProgress | None = None):
         """Yield graded sample records as batches finish (Ray: several in flight, arrival order); `counter`
