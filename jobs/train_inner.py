@@ -12,8 +12,8 @@ Examples (CPU, offline, tiny random models and the generated arithmetic set):
       --dataset_name synthetic:256 --save_dir checkpoints/inner --max_steps 200 --lr 1e-3
   python -m jobs.run --style sequential --preset tiny --dataset questions.jsonl \
       --ckpt_override planner=checkpoints/inner/planner critic=checkpoints/inner/critic solver=checkpoints/inner/solver
-The console shows a per-step bar per role; Ray, Ray Train and worker output goes to SAVE_DIR/logs/train_inner.log
-(--verbose shows it).
+The console shows phase lines from the first second and a per-step bar per role; Ray, Ray Train and worker output
+goes to SAVE_DIR/logs/train_inner.log (--verbose shows it). Ctrl-C stops with one line (exit status 130).
 Resume a stopped run (same flags plus --resume; ends with the weights of an uninterrupted run):
   python -m jobs.train_inner ... --resume
 On a cluster (one GPU per role, shared storage for checkpoints):
