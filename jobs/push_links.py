@@ -8,7 +8,9 @@ FOLDER is a system folder (one sub-folder per role with its inner links, and `ou
 reads it. Only the link files, manifests, configs and held-out curves are published (never optimizer state, Ray
 run folders or base-model weights), with a README.md model card built from the manifests
 (`recmas_ray/system/card.py`). The token comes from `HF_TOKEN` or `huggingface-cli login`; it is never printed.
-Afterwards: `System.build(STYLE, links="ORG/NAME")`, or `--ckpt_override ROLE=ORG/NAME:ROLE` in any job.
+Afterwards: `System.build(STYLE, links="ORG/NAME")`, `--links ORG/NAME` in jobs.run and jobs.serve, or
+`--ckpt_override ROLE=ORG/NAME:ROLE`. Every link kind of the folder is published as it is saved (the manifests name
+each link's kind and arguments; a token link's tables are the base models' own embeddings, never uploaded).
 """
 
 from __future__ import annotations

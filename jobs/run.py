@@ -5,6 +5,9 @@ Examples (CPU, offline):
       --backend local --num_recursive_rounds 2 --latent_steps 8 --output_path out
   python -m jobs.run --style mixture --preset tiny --dataset jobs/examples/questions.jsonl --backend ray \
       --method recursive_mas,recursive_textmas --num_recursive_rounds 2
+  Trained links (the system folder train_inner + train_outer wrote; its rows prompted with the task the links
+  were trained on, or each row's `task` field, or --task; another task is refused unless --allow_task_mismatch):
+  python -m jobs.run --style sequential_light --preset tiny --links ckpt/sys --dataset jobs/examples/questions.jsonl
   A sweep over R (one sub-directory R<r> per value, one plot across them):
   python -m jobs.run --style sequential_light --dataset jobs/examples/questions.jsonl --sweep_rounds 1,2,3 --plot
 On a cluster (GPU agents, one per GPU):

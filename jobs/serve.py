@@ -4,6 +4,9 @@
   curl http://127.0.0.1:8000/v1/chat/completions -H 'Content-Type: application/json' \
       -d '{"model": "sequential_light", "messages": [{"role": "user", "content": "What is 7 * 8?"}],
            "num_recursive_rounds": 2, "latent_steps": 8, "max_tokens": 64}'
+The links a training run wrote (`train_inner --save_dir DIR`, `train_outer --links DIR`), prompted with the task
+they were trained on (their manifests'; a request naming another is refused unless --allow_task_mismatch):
+  python -m jobs.serve --style sequential_light --preset tiny --links DIR --port 8000
 Any model per role, trained links (a folder or a Hub id), GPU agents:
   python -m jobs.serve --style sequential_light --preset paper --links org/recmas-links@v1 \
       --role_model critic=meta-llama/Llama-3.2-1B-Instruct --placement one_gpu_per_agent --device cuda \
@@ -41,11 +44,12 @@ def start(cfg: ServeConfig) -> str:
     # The config holds only the key's digest (ServeConfig.validate); the key itself must not reach the
     # Ray processes started next, which inherit this environment.
     os.environ.pop(API_KEY_ENV, None)
+    plan = serve_plan(cfg)  # links, base models, task and prompts checked before Ray starts
     start_ray(cfg.address)
     if cfg.backend == "ray" and cfg.placement.wants_gpus():  # a plan that cannot fit stops before any replica loads
         from recmas_ray.distributed.memory import check_memory
 
-        check_memory(serve_plan(cfg), cfg.placement, **memory_args(cfg))
+        check_memory(plan, cfg.placement, **memory_args(cfg))
     serve.start(http_options={"host": cfg.host, "port": cfg.port})
     serve.run(build_app(cfg), name=cfg.app_name, route_prefix=cfg.route_prefix)
     host = "127.0.0.1" if cfg.host in ("0.0.0.0", "::") else cfg.host
@@ -53,10 +57,17 @@ def start(cfg: ServeConfig) -> str:
 
 
 def serve_plan(cfg: ServeConfig):
-    """The system plan every replica builds (model configs and links; no model loaded)."""
+    """The system plan every replica builds (model configs and links; no model loaded), checked against the task
+    and prompts its links were trained with (a mismatch is refused here, before Ray or a model starts)."""
+    from recmas_ray.styles.prompts import prompt_set_hash
     from recmas_ray.system.plan import plan_system
+    from recmas_ray.system.trained import check_trained_task, trained_task
 
-    return plan_system(cfg.system, task=cfg.task)
+    folders = cfg.system.link_folders()
+    task = cfg.task or trained_task(folders) or "math"
+    plan = plan_system(cfg.system, task=task, ckpt_override=folders)
+    check_trained_task(folders, [task], prompt_set_hash(plan.style), allow=cfg.system.allow_task_mismatch)
+    return plan
 
 
 def memory_args(cfg: ServeConfig) -> dict:

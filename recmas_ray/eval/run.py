@@ -47,7 +47,6 @@ from recmas_ray.eval.stream import for_rollout, solve_and_grade, with_batch_retr
 from recmas_ray.eval.tasks import get_task
 from recmas_ray.styles import question_with_interface
 from recmas_ray.styles.prompts import prompt_set_hash
-from recmas_ray.system.hub import resolve_overrides
 from recmas_ray.distributed.launch import start_agents
 from recmas_ray.system.plan import plan_system
 
@@ -193,13 +192,19 @@ def prepare(cfg: EvalConfig) -> tuple[EvalConfig, Resolution, list[dict], object
     """The checked config with its protocol resolved, the questions and the system plan (no model loaded)."""
     check_tree(cfg)
     resolution = protocol_resolution(cfg)
-    items = load_benchmark(cfg.dataset, path=cfg.dataset_path, num_samples=cfg.num_samples, seed=cfg.system.seed,
-                           json_field=cfg.dataset_json_field)
+    from recmas_ray.eval.benchmarks import BENCHMARKS, canonical_name
     from recmas_ray.system.provenance import require_known_links
+    from recmas_ray.system.trained import check_trained_task, trained_task
 
-    overrides = resolve_overrides(cfg.system.ckpt_override)
+    overrides = cfg.system.link_folders()  # --links' folders with --ckpt_override over them, Hub ids fetched
+    local = canonical_name(cfg.dataset) not in BENCHMARKS  # a local file's rows take the trained task by default
+    task = {"task_type": cfg.task or trained_task(overrides) or "math"} if local else {}
+    items = load_benchmark(cfg.dataset, path=cfg.dataset_path, num_samples=cfg.num_samples, seed=cfg.system.seed,
+                           json_field=cfg.dataset_json_field, **task)
     plan = plan_system(cfg.system, task=get_task(items[0]["task_type"]).adapter, tools=cfg.tool_loop(),
                        ckpt_override=overrides)
+    check_trained_task(overrides, [i["task_type"] for i in items], prompt_set_hash(plan.style),
+                       allow=cfg.system.allow_task_mismatch)
     # links well-formed (plan_system read them), no model loaded yet: refuse those of unknown origin here
     require_known_links(overrides, allow_unknown=cfg.allow_unknown_links)
     return cfg, resolution, items, plan
@@ -386,7 +391,7 @@ def _link_origins(cfg: EvalConfig) -> dict:
     the files, the command and config that made them, or why that is unknown)."""
     from recmas_ray.system.provenance import link_origin
 
-    return {r: link_origin(p) for r, p in resolve_overrides(cfg.system.ckpt_override).items()}
+    return {r: link_origin(p) for r, p in cfg.system.link_folders().items()}
 
 
 def plot_results(output_path: str, bench: str, style: str) -> Path:

@@ -139,10 +139,11 @@ def test_job_console_is_quiet_and_leaves_no_process(job, tmp_path, tiny_cache):
     assert library_lines(log), log[-2000:]
     assert len(started) >= 3, started  # at least Ray's GCS, raylet and a worker were seen (the watch works)
     assert alive == [], alive
-    if job == "train_outer":  # stdout stays one JSON document
+    if job == "train_outer":  # human lines on stdout, the same figures as JSON beside the links
         import json
 
-        assert json.loads(done.stdout)["step"] == 2
+        assert json.loads((out / "train_summary.json").read_text())["step"] == 2
+        assert f"outer links: {out} (step 2, loss " in done.stdout, done.stdout
     else:
         assert "%|" in done.stderr  # the progress bar (samples or steps) was drawn
 
