@@ -228,7 +228,7 @@ def dry_run(cfg: EvalConfig, echo=print) -> int:
         from recmas_ray.eval.benchmarks import task_type_for
 
         check_tree(cfg)
-        overrides = resolve_overrides(cfg.system.ckpt_override)
+        overrides = cfg.system.link_folders()  # --links' folders with --ckpt_override over them
         plan = plan_system(cfg.system, task=get_task(task_type_for(cfg.dataset)).adapter, tools=cfg.tool_loop(),
                            ckpt_override=overrides)
     else:
