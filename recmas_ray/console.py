@@ -404,6 +404,8 @@ def ray_starting(what: str = "starting Ray") -> dict:
         if not _ray_outlives and _current._open in (None, CHECKING):
             _current.start(what)
             _current._ray_phase = True
+        elif not _ray_outlives:  # inside a phase of the job's (training): its line says what it waits for
+            _current.update(what)
     if _log_handler is None:
         return {}
     return {"logging_level": logging.WARNING, **({"log_to_driver": False} if _ray_outlives else {})}
