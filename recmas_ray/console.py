@@ -68,6 +68,7 @@ class Console:
         self._ticker: threading.Thread | None = None
         self._ray_phase = False  # the open phase is Ray's start-up (`ray_starting`)
         self._below = False  # a bar was drawn below the open phase's line (terminal): it no longer ticks
+        self._status = ""  # the open phase's status (`update`), shown before its seconds
         if job and _announced is not None:  # a job's console continues the phase `announce` opened
             (self._open, self._t0), _announced = _announced, None
             self._tick_on()
@@ -89,12 +90,13 @@ class Console:
         self.settle_logs()
         if self._open is not None:
             self.done()
-        self._open, self._t0, self._below = what, time.perf_counter(), False
+        self._open, self._t0, self._below, self._status = what, time.perf_counter(), False, ""
         self._write(f"{what} ..." if self.progress else f"{what} ...\n", err=True)
         self._tick_on()
 
     def update(self, status: str) -> None:
         """Replace the running phase's status (terminal only)."""
+        self._status = status
         if self._open is not None and self.progress and not self._below:
             self._write(f"\r\033[K{self._open} ... {status}", err=True)
 
@@ -137,7 +139,8 @@ class Console:
                 with self._lock:
                     if self._open == what and not self._below:
                         try:
-                            self.err.write(f"\r\033[K{what} ... {time.perf_counter() - t0:.0f} s")
+                            status = f"{self._status}, " if self._status else ""
+                            self.err.write(f"\r\033[K{what} ... {status}{time.perf_counter() - t0:.0f} s")
                             self.err.flush()
                         except (OSError, ValueError):  # the stream closed (the job ended): stop ticking
                             return
@@ -417,6 +420,8 @@ def ray_started(result: str = "") -> None:
     if _current is not None and getattr(_current, "_ray_phase", False):
         _current._ray_phase = False
         _current.done(result)
+    elif _current is not None and not _ray_outlives and _current._open is not None:
+        _current._status = ""  # the training phase's line no longer says "starting Ray"
     if _log_handler is None:
         return
     route_loggers(_log_handler)
