@@ -36,11 +36,11 @@ from pathlib import Path
 if __package__ in (None, ""):  # `python jobs/demo.py` from a checkout: import this checkout's package
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-if __name__ == "__main__":  # the first line at once: the imports below take a second or more
-    from recmas_ray.console import announce  # noqa: E402
-
-    announce()
 try:
+    if __name__ == "__main__":  # the first line at once: the imports below take a second or more
+        from recmas_ray.console import announce  # noqa: E402
+
+        announce()
     from recmas_ray.config.cli import run_job  # noqa: E402
     from jobs.experiments.demo.config import RECIPES, DemoConfig  # noqa: E402
 except KeyboardInterrupt:  # Ctrl-C during those imports: the job's one line and status, as anywhere later
