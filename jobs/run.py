@@ -15,8 +15,10 @@ On a cluster (GPU agents, one per GPU):
       python -m jobs.run --style sequential_scaled --preset paper --dataset math500 \
       --placement one_gpu_per_agent --device cuda --output_path /mnt/shared/results
 Every setting below can also come from --config FILE (JSON/YAML, nested by section); the resolved
-config is saved as config.json next to the results. The console shows a per-sample progress bar and the
-results table; Ray, HF and grader output goes to OUTPUT_PATH/logs/run.log (--verbose shows it).
+config is saved as config.json next to the results. The console shows a phase line per step from the first second
+(checking inputs, starting Ray, starting agents) and a per-sample progress bar on stderr, the results table on
+stdout; Ray, HF and grader output goes to OUTPUT_PATH/logs/run.log (--verbose shows it). Ctrl-C stops with one line
+(exit status 130); rerun with --resume to continue.
 """
 
 from __future__ import annotations
@@ -56,11 +58,11 @@ def evaluate(cfg: EvalConfig) -> int:
     from recmas_ray.console import job_console
     from recmas_ray.eval.benchmarks import check_available
 
-    check_available(cfg.dataset, cfg.dataset_path)  # before torch is imported: an offline named benchmark says so
-    if cfg.dry_run:
+    if cfg.dry_run:  # a plan needs no questions: a named benchmark's task type is known without them
         from recmas_ray.eval.run import dry_run
 
         return dry_run(cfg)
+    check_available(cfg.dataset, cfg.dataset_path)  # before torch is imported: an offline named benchmark says so
     from recmas_ray.eval.run import evaluate_all
 
     with job_console(Path(cfg.output_path) / "logs", verbose=cfg.verbose, name="run",

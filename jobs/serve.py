@@ -13,6 +13,7 @@ Any model per role, trained links (a folder or a Hub id), GPU agents:
       --host 0.0.0.0 --num_replicas 2          # RECMAS_API_KEY=... in the environment: clients need the key
 Or with Serve's own tooling: `serve run cluster/serve.yaml`. Every setting can come from --config FILE.
 Ray and Ray Serve output goes to --log_dir/serve.log (default out/serve/logs; --verbose shows it).
+Ctrl-C stops serving: one line, exit status 130.
 """
 
 from __future__ import annotations
@@ -79,7 +80,7 @@ def dry_run(cfg: ServeConfig) -> int:
     """`--dry_run`: print the memory plan of the served systems and stop (no Serve, no model)."""
     from recmas_ray.distributed.memory import dry_run as print_plan
 
-    if cfg.backend == "ray" and cfg.placement.wants_gpus():
+    if cfg.backend == "ray" and cfg.placement.wants_gpus() and not cfg.placement.plan_node_gpus:
         from recmas_ray.distributed.cluster import init_ray
 
         init_ray(cfg.address)  # the cluster's GPUs (a private local cluster: this machine's)
@@ -87,32 +88,58 @@ def dry_run(cfg: ServeConfig) -> int:
 
 
 def serve_forever(cfg: ServeConfig) -> int:
-    """Start, print the URL, and keep serving until interrupted (then delete the application).
+    """Start, print the URL, and keep serving until interrupted (Ctrl-C, SIGINT: the application is deleted,
+    Ray shut down, one line, exit status 130).
 
     Ray, Ray Serve and HF output goes to --log_dir/serve.log (--verbose shows it)."""
-    from ray import serve
-
     from recmas_ray.console import job_console
 
     if cfg.dry_run:
         return dry_run(cfg)
     with job_console(cfg.log_dir, verbose=cfg.verbose, name="serve") as console:
+        import os
+
+        from recmas_ray.distributed.cluster import start_ray
+        from recmas_ray.serve.security import API_KEY_ENV
+
+        os.environ.pop(API_KEY_ENV, None)  # the key (its digest is in cfg) must not reach Ray's processes
+        start_ray(cfg.address)  # its own phase line
         console.start("starting Ray Serve and the agents")
-        url = start(cfg)
-        console.done()
-        auth = "API key required" if cfg.api_key else "no API key (--api_key or $RECMAS_API_KEY to require one)"
-        console.line(f"serving {cfg.served_name!r} at {url}/v1 (POST /chat/completions, /completions, GET /models; "
-                     f"{auth}); GET {url}/health, /metrics; Ctrl-C stops")
         try:
+            url = start(cfg)
+            console.done()
+            auth = "API key required" if cfg.api_key else "no API key (--api_key or $RECMAS_API_KEY to require one)"
+            console.line(f"serving {cfg.served_name!r} at {url}/v1 (POST /chat/completions, /completions, GET "
+                         f"/models; {auth}); GET {url}/health, /metrics; Ctrl-C stops")
             while True:
                 time.sleep(3600)
         except KeyboardInterrupt:
-            serve.delete(cfg.app_name)
+            console.finish_open(KeyboardInterrupt())
+            _delete_app(cfg.app_name)
+            raise
     return 0
 
 
+def _delete_app(name: str, timeout_s: float = 15.0) -> None:
+    """Delete the application (its replicas drain) within `timeout_s`; Ray's shutdown ends the rest."""
+    import threading
+
+    from ray import serve
+
+    def delete():
+        try:
+            serve.delete(name)
+        except Exception:  # noqa: BLE001 - Serve already gone (its processes got the same Ctrl-C)
+            pass
+
+    t = threading.Thread(target=delete, name="serve-delete", daemon=True)
+    t.start()
+    t.join(timeout_s)
+
+
 def main(argv=None) -> int:
-    return run_job(serve_forever, ServeConfig, argv, prog="python -m jobs.serve", description=__doc__)
+    return run_job(serve_forever, ServeConfig, argv, prog="python -m jobs.serve", description=__doc__,
+                   on_interrupt="stopped serving (the application deleted, Ray shut down)")
 
 
 if __name__ == "__main__":

@@ -14,8 +14,8 @@ Examples (CPU, offline, tiny random models and the generated arithmetic set):
   python -m jobs.run --style sequential --preset tiny --links checkpoints/inner --dataset questions.jsonl
 With --mas_role all, SAVE_DIR is one system folder (one sub-folder per role; train_outer --links SAVE_DIR adds
 outer/): the job ends with the exact jobs.train_outer, jobs.run and jobs.serve commands that use it.
-The console shows a per-step bar per role; Ray, Ray Train and worker output goes to SAVE_DIR/logs/train_inner.log
-(--verbose shows it).
+The console shows phase lines from the first second and a per-step bar per role; Ray, Ray Train and worker output
+goes to SAVE_DIR/logs/train_inner.log (--verbose shows it). Ctrl-C stops with one line (exit status 130).
 Resume a stopped run (same flags plus --resume; ends with the weights of an uninterrupted run):
   python -m jobs.train_inner ... --resume
 On a cluster (one GPU per role, shared storage for checkpoints):
@@ -42,6 +42,10 @@ def _train(cfg, console) -> int:
     from recmas_ray.train import inner_job
 
     roles = get_style(cfg.system.style).roles if cfg.mas_role == "all" else [cfg.mas_role]
+    if cfg.num_workers or cfg.mas_role == "all":  # Ray Train workers, or one Ray task per role
+        from recmas_ray.distributed.cluster import start_ray
+
+        start_ray()  # a phase line of its own, before the training's
     console.start(f"inner training: {', '.join(roles)}, {cfg.max_steps} steps")
     if cfg.mas_role == "all":
         dirs = inner_job.train_all_roles(cfg)

@@ -21,7 +21,8 @@ import os
 from pathlib import Path
 from typing import Sequence
 
-from recmas_ray.api_inputs import MAX_N, MAX_QUESTION_CHARS, check_questions, check_stop, finish, python_names, str_list
+from recmas_ray.api_inputs import (MAX_N, MAX_QUESTION_CHARS, check_int, check_questions, check_stop, finish,
+                                   python_names, str_list)
 from recmas_ray.config.checks import check_tree
 from recmas_ray.console import default_log_dir, quiet_calls
 from recmas_ray.eval.config import EvalConfig
@@ -146,8 +147,7 @@ class System:
 
         role_models, ckpt_override = check_text_table("role_models", role_models), check_text_table(
             "ckpt_override", ckpt_override)  # before any of them is resolved (Hub ids, link folders)
-        if not isinstance(num_replicas, int) or isinstance(num_replicas, bool) or num_replicas < 1:
-            raise ValueError(f"num_replicas must be a positive integer, got {num_replicas!r}")
+        check_int("num_replicas", num_replicas, 1)
         if backend == "local" and num_replicas != 1:
             raise ValueError(f"num_replicas={num_replicas} needs backend='ray' (the local backend runs one copy)")
         overrides = links_overrides(links, get_style(style).roles) if links else {}
@@ -244,15 +244,13 @@ class System:
         bad = sorted({t for t in tasks if t not in TASK_TYPES})
         if bad:
             raise ValueError(f"unknown task type(s) {bad}; expected one of {list(TASK_TYPES)}")
+        check_int("batch_size", batch_size, 1)
+        check_int("n", n, 1, MAX_N)
         from recmas_ray.styles.prompts import prompt_set_hash
         from recmas_ray.system.trained import check_trained_task
 
         check_trained_task(self.cfg.system.ckpt_override, tasks, prompt_set_hash(self.plan.style),
                            allow=self.cfg.system.allow_task_mismatch, task_flag="task=")
-        if not isinstance(batch_size, int) or isinstance(batch_size, bool) or batch_size < 1:
-            raise ValueError(f"batch_size must be a positive integer, got {batch_size!r}")
-        if not isinstance(n, int) or isinstance(n, bool) or not 1 <= n <= MAX_N:
-            raise ValueError(f"n must be an integer in [1, {MAX_N}], got {n!r}")
         stops = check_stop(stop)
         rc = RecursionConfig(method=method, num_recursive_rounds=num_recursive_rounds, latent_steps=latent_steps,
                              decode=DecodeConfig(max_new_tokens=max_new_tokens, do_sample=do_sample,
@@ -341,7 +339,8 @@ class System:
                 rate is the run's throughput (the table's and the results file's).
 
         Returns:
-            {"results": metrics per benchmark/method, "samples_path", "results_path", "table"}.
+            {"results": metrics per benchmark/method, "samples_path", "results_path", "table"}: the results
+            table is returned, not printed (`print(report["table"])` shows it).
 
         Raises:
             ValueError: A bad argument (named as here), before anything is written.
@@ -361,7 +360,7 @@ class System:
             output_path=str(output_path), resume=resume, progress=progress,
             task=None if canonical_name(dataset) in BENCHMARKS else self.cfg.task)  # a benchmark brings its own
         with self._quiet(), python_names():
-            return evaluate(cfg, progress=progress, system=self.agents)
+            return evaluate(cfg, progress=progress, system=self.agents, echo=False)  # the caller prints the table
 
     # ------------------------------------------------------------------ lifetime
     def _check_open(self) -> None:

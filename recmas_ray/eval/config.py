@@ -150,6 +150,16 @@ class EvalConfig:
             raise ValueError(f"{', '.join('--' + c for c in changed)}: tool settings apply to a style with tools "
                              f"({', '.join(tool_styles())}) only; style {self.system.style} has no tools, so drop them")
 
+    def check_section(self, name: str) -> None:
+        """Run by `check_tree` before section `name` is checked: tool settings for a style without tools are
+        refused as such before the tools section's own checks (a keys file's mode) could hide that."""
+        if name == "tools":
+            try:
+                style = get_style(self.system.style)
+            except ValueError:
+                return  # the system section's check names the style
+            self.check_tools(style)
+
     def validate(self) -> None:
         """Rules across fields and files (run before any model loads)."""
         system = self.system
@@ -173,8 +183,8 @@ class EvalConfig:
         if self.backend == "local" and self.placement.num_replicas != 1:
             raise ValueError(f"--num_replicas {self.placement.num_replicas} needs --backend ray (the local "
                              "backend runs one in-process system)")
-        if system.device == "cuda":
-            check_cuda("--device cuda", on_cluster=self.backend == "ray")
+        if system.device == "cuda" and not (self.dry_run and self.placement.plan_node_gpus):
+            check_cuda("--device cuda", on_cluster=self.backend == "ray", plan_hint=self.dry_run)
         system.check_tables("--models", ckpt_extra=("outer",))
         check_model_names("--models", system.role_models)
         system.check_link_folders()
@@ -189,4 +199,4 @@ class EvalConfig:
         transport.check_adaptive_rounds(self.recursion.adaptive_threshold)
         # what this machine has comes after what the configuration says of itself: a GPU plan that is wrong
         # anywhere is reported as such, not as a missing GPU
-        self.placement.check_gpus_visible(self.backend)
+        self.placement.check_gpus_visible(self.backend, dry_run=self.dry_run)

@@ -117,4 +117,4 @@ class ServeConfig:
             raise ValueError(f"--route_prefix {self.route_prefix!r} must start with '/'")
         system.check_link_folders()
         self.placement.check_roles(roles)
-        self.placement.check_gpus_visible(self.backend)
+        self.placement.check_gpus_visible(self.backend, dry_run=self.dry_run)

@@ -27,8 +27,13 @@ LIBRARY_LINE = re.compile(r"pid=\d+\)|\b(INFO|WARNING|ERROR)\b|\w*Warning\b|Trac
 """A line printed by Ray (driver, forwarded workers, daemons), Ray Train, HF or math-verify, or any log record."""
 
 
+OWN_PHASE = re.compile(r"^(checking inputs|starting Ray \(a private local cluster\)|joining the Ray cluster|"
+                       r"starting agents \(Ray actors\)|inner training|outer training)")
+"""The job's own phase lines (console.py), which name Ray as what they do."""
+
+
 def library_lines(text: str) -> list[str]:
-    return [ln for ln in text.replace("\r", "\n").splitlines() if LIBRARY_LINE.search(ln)]
+    return [ln for ln in text.replace("\r", "\n").splitlines() if LIBRARY_LINE.search(ln) and not OWN_PHASE.match(ln)]
 
 
 def _descendants(psutil, root: int) -> dict[int, float]:
