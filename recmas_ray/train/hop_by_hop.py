@@ -94,19 +94,17 @@ def save_links_file(save_dir: Path, saved: dict, log: list) -> Path:
     return save_dir / LINKS_FILE
 
 
-def save_product_checkpoint(save_dir: Path, saved: dict, manifest: dict, hidden_sizes: dict[str, int],
-                            tau: float) -> Path:
+def save_product_checkpoint(save_dir: Path, saved: dict, manifest: dict, hidden_sizes: dict[str, int]) -> Path:
     """The `links.pt` entries as the product's outer checkpoint too (links.safetensors + manifest.json, each link's
     kind and arguments named; the tables are never saved), so `--ckpt_override outer=SAVE_DIR` / `--links` load
-    them in jobs.run, jobs.serve and the API. `manifest`: the system's, with the task and training config; `tau`:
-    the temperature the links trained at (links.pt keeps it in float32 only)."""
+    them in jobs.run, jobs.serve and the API. `manifest`: the system's, with the task and training config."""
     from recmas_ray.links import TokenLink
     from recmas_ray.system.checkpoints import LinkSet, save_links
 
     links = {}
     for edge, entry in saved.items():
         src, dst = split_edge(edge)
-        link = TokenLink(None, None, tau, ids=(entry["source_ids"], entry["target_ids"]),
+        link = TokenLink(None, None, float(entry["tau"]), ids=(entry["source_ids"], entry["target_ids"]),
                          dims=(hidden_sizes[src], hidden_sizes[dst]))
         link.residual.load_state_dict({"weight": entry["residual.weight"], "bias": entry["residual.bias"]})
         links[edge] = link

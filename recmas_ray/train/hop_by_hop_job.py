@@ -268,7 +268,7 @@ def train_hop_by_hop(cfg: OuterTrainConfig, *, batches: list[list[int]] | None =
             shutil.copyfile(Path(d) / LOG_FILE, save_dir / LOG_FILE)
             log = json.loads((save_dir / LOG_FILE).read_text())
             manifest = {**plan.manifest(), "task": cfg.task, "train_config": asdict(cfg), "step": len(log), "log": log}
-            save_product_checkpoint(save_dir, load(Path(d) / LINKS_FILE), manifest, plan.hidden_sizes, cfg.token_tau)
+            save_product_checkpoint(save_dir, load(Path(d) / LINKS_FILE), manifest, plan.hidden_sizes)
             write_provenance(save_dir, config=asdict(cfg), inputs=cfg.system.ckpt_override, kind="outer")
             shutil.copyfile(Path(d) / LINKS_FILE, save_dir / LINKS_FILE)  # last: its presence means finished
         history.log_history(tracker, log, save_dir=save_dir, files=("manifest.json", "config.json", LOG_FILE))
