@@ -97,7 +97,9 @@ def save_links_file(save_dir: Path, saved: dict, log: list) -> Path:
 def save_product_checkpoint(save_dir: Path, saved: dict, manifest: dict, hidden_sizes: dict[str, int]) -> Path:
     """The `links.pt` entries as the product's outer checkpoint too (links.safetensors + manifest.json, each link's
     kind and arguments named; the tables are never saved), so `--ckpt_override outer=SAVE_DIR` / `--links` load
-    them in jobs.run, jobs.serve and the API. `manifest`: the system's, with the task and training config."""
+    them in jobs.run, jobs.serve and the API. `manifest`: the system's, with the task and training config. Each
+    link is the one `attach` builds (tau as links.pt holds it, in float32), so the checkpoint runs what the sweep
+    measured."""
     from recmas_ray.links import TokenLink
     from recmas_ray.system.checkpoints import LinkSet, save_links
 
