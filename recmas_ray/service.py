@@ -55,8 +55,9 @@ class AgentSpec:
     """CUDA devices the model is split over (a role given K > 1 GPUs; the Ray layer sets it)."""
     keep_messages_on_device: bool = False
     """Messages stay on the producer's device (NCCL transport) instead of moving to CPU."""
-    continuous_batching: bool = False
-    """Rollouts and decodes of every call in flight share forward passes (`config.engine.EngineConfig`)."""
+    continuous_batching: bool = True
+    """Rollouts and decodes of every call in flight share forward passes (`config.engine.EngineConfig`); the Ray
+    layer then also sends aligned calls of several batches as one Ray call (`distributed.bulk`)."""
     latent_norm: str = "none"
     """Non-reference: "embedding" rescales latents spliced into this agent's prompts to its token-embedding norm
     (set from the outer checkpoint's training config, config.choices.LATENT_NORMS); "none" as the release."""

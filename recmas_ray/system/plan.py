@@ -212,7 +212,8 @@ def plan_system(system: SystemConfig | str, *, task: str = "math", tools: ToolLo
     sources |= {f"outer:{e}": f"init(seed={seed})" for e in style.edges if f"outer:{e}" not in sources}
     specs = {r: AgentSpec(role=r, model_name=models[r], system_prompt=style.system_prompt, dtype=dtype,
                           device=device, message_dtype=message_dtype,
-                          tools=tools if r == style.decoder else None, latent_norm=latent_norm) for r in style.roles}
+                          tools=tools if r == style.decoder else None, latent_norm=latent_norm,
+                          continuous_batching=system.continuous_batching) for r in style.roles}
     return SystemPlan(style_name, style, models, hidden, links, specs, sources)
 
 
