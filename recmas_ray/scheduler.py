@@ -19,8 +19,8 @@ path, so causal and sliding-window masks see exactly what they see there. Active
 Room (`_make_room`): C advances one column per step. When the active rows' span plus their remaining steps
 no longer fits, the span is moved back to the left edge in place (compaction, at most once per width/2
 steps: amortised O(1) per row and step), and only when it would fill more than half the width is the cache
-reallocated, at least doubling its columns (slots double too): O(log n) reallocations for n arrivals
-(`num_rebuilds`; tests/engine/test_scheduler.py counts them).
+reallocated, with half again its columns at least and twice what it needs (slots double): O(log n)
+reallocations for n arrivals (`num_rebuilds`; tests/engine/test_scheduler.py counts them).
 
 Greedy outputs and latents equal the one-request-at-a-time path (`Agent.latent_rollout`/`decode`);
 sampled decoding draws per request from the request's own generator over all its rows, as there.
@@ -255,7 +255,7 @@ class StepScheduler:
     def _make_room(self, L: int, steps: int, num_rows: int) -> None:
         """Shared tensors with C >= L, `num_rows` slots and room for every active row's remaining steps: as they
         are when that fits; else the active columns moved in place to end at max(L, their span) when that needs
-        at most half the width; else reallocated with at least twice the columns (and slots doubled as needed)."""
+        at most half the width; else reallocated (columns x1.5 at least, slots doubled as needed)."""
         n = len(self._rows)
         remaining = max([steps] + [req.remaining(b) for req, b in self._rows])
         width = self._keys[0].shape[2] if self._keys else 0
@@ -271,7 +271,8 @@ class StepScheduler:
             self.num_compactions += 1
             return
         new_slots = max(slots, min(self.max_rows, 1 << max(0, num_rows - 1).bit_length()))
-        new_width = width if self._keys and 2 * need <= width else max(2 * need, 2 * width)
+        # columns grow by half at least (geometric: O(log) reallocations) and to twice the need (room to compact)
+        new_width = width if self._keys and 2 * need <= width else max(2 * need, width + width // 2)
         dev, keys, values = self._device(), [], []
         for i, (k_shape, v_shape, dtype, device) in enumerate(self._template()):
             keys.append(torch.zeros(new_slots, k_shape[0], new_width, k_shape[1], dtype=dtype, device=device))
