@@ -346,7 +346,8 @@ class StepScheduler:
         elif len(dec) == n:
             e_n1D = agent.model.get_input_embeddings()(self._last_id_R[:n]).to(agent.dtype)[:, None]
         else:
-            roll_t = torch.tensor([s for s in range(n) if s not in set(dec)], device=agent.device)
+            is_dec = set(dec)
+            roll_t = torch.tensor([s for s in range(n) if s not in is_dec], device=agent.device)
             e_n1D = torch.empty(n, 1, agent.hidden_size, dtype=agent.dtype, device=agent.device)
             e_n1D[roll_t, 0] = agent.inner_link(self._last_h_RD[roll_t]).to(agent.dtype)
             e_n1D[dec_t, 0] = agent.model.get_input_embeddings()(self._last_id_R[dec_t]).to(agent.dtype)
@@ -373,9 +374,9 @@ class StepScheduler:
                 leaving += ss
                 req.future.set_result(req.h_BMD)
         if dec_t is not None:
-            entries = [self._rows[s] for s in dec_t.tolist()]
+            entries = [self._rows[s] for s in dec]
             self._last_id_R[dec_t] = self._pick(entries, agent.logits(h_nD[dec_t]))
-            leaving += [s for s, (req, b) in zip(dec_t.tolist(), entries) if req.done[b]]
+            leaving += [s for s, (req, b) in zip(dec, entries) if req.done[b]]
         if leaving:
             self._leave(set(leaving))
 

@@ -9,8 +9,9 @@ gaps) at a rate above what the run can serve, and wait in a queue until one of t
     batched D    D batches in flight through the agent's `StepScheduler`: their steps share forwards, a batch
                  joins as soon as another leaves (staggered, not in waves)
 
-A run's throughput is read in its steady state: over the completions after the first D and before the last D
-(far more batches than in flight: `batches_per_in_flight` x D). Latency: p50 / p95 from a batch's admission to
+A run's throughput is read in its steady state: batches admitted per second from the moment all D places are
+taken to the last admission (each admission takes the place a completion freed; far more batches than in flight,
+`batches_per_in_flight` x D, so the window holds most of the run). Latency: p50 / p95 from a batch's admission to
 its result (service) and from its arrival (with the queue wait). Modes run interleaved, `repeats` rounds in a
 rotating order, so a change of the shared machine's load hits every mode alike; the report gives per-mode
 medians and spread, the ratio to the unbatched path within each round, and the 1-minute load average around
@@ -51,9 +52,9 @@ class EngineBenchConfig:
     """The agent's base model (packaged real model by default; tiny:FAMILY for a quick check)."""
     in_flight: Annotated[list[int], Range(1, 1024), NonEmpty()] = field(default_factory=lambda: [DEFAULT_DEPTH, 32])
     """Batches in flight of the batched runs (the default depth, 6, and 32)."""
-    num_batches: Annotated[int, Range(1, 100_000)] = 16
+    num_batches: Annotated[int, Range(1, 100_000)] = 6
     """Batches of the unbatched run, and the fewest of a batched run."""
-    batches_per_in_flight: Annotated[int, Range(3, 1000)] = 4
+    batches_per_in_flight: Annotated[int, Range(3, 1000)] = 3
     """A batched run at depth D runs max(num_batches, this x D) batches: its steady window is the middle ones."""
     repeats: Annotated[int, Range(1, 100)] = 3
     """Interleaved rounds (each runs every mode once, in a rotating order)."""
@@ -150,16 +151,18 @@ def measure(agent, batches, depth: int, batched: bool, rate: float, cfg, seed: i
     sched = agent._scheduler
     if sched is not None:
         sched.close()
-    ends = sorted(done_at.values())
-    window = ends[depth:len(ends) - depth] if len(ends) > 2 * depth + 1 else ends
+    ends, starts = sorted(done_at.values()), sorted(admitted_at.values())
+    # steady state: from the moment every place is taken (the D-th admission) to the last admission (then the
+    # places empty out); each admission in between took a place another batch's completion freed
+    steady = len(starts) - depth >= 2
     rows = sum(len(b) for b in batches) / len(batches)
     service = [done_at[k] - admitted_at[k] for k in done_at]
     sojourn = [done_at[k] - arrived_at[k] for k in done_at]
     return {"mode": f"batched_{depth}" if batched else "unbatched", "in_flight": depth, "batches": len(batches),
             "arrival_rate_per_s": rate, "seconds": ends[-1] - t0,
-            "steady_questions_per_s": (rows * (len(window) - 1) / (window[-1] - window[0]) if len(window) > 2
+            "steady_questions_per_s": (rows * (len(starts) - depth) / (starts[-1] - starts[depth - 1]) if steady
                                        else rows * len(ends) / (ends[-1] - t0)),
-            "steady_window_batches": len(window) - 1,
+            "steady_window_batches": len(starts) - depth if steady else 0,
             "latency_p50_s": _percentile(service, 0.5), "latency_p95_s": _percentile(service, 0.95),
             "latency_with_queue_p50_s": _percentile(sojourn, 0.5), "latency_with_queue_p95_s": _percentile(sojourn, 0.95),
             "shared_steps": sched.num_steps if sched else None,
@@ -182,10 +185,7 @@ def _spread(xs: list[float]) -> dict:
 
 
 def bench(cfg: EngineBenchConfig) -> int:
-    import platform
-
     import torch
-    import transformers
 
     from recmas_ray.agent import Agent
     from recmas_ray.config.inputs import check_cuda
@@ -223,6 +223,17 @@ def bench(cfg: EngineBenchConfig) -> int:
             run["throughput_ratio_vs_unbatched"] = (run["steady_questions_per_s"]
                                                     / runs["unbatched"]["steady_questions_per_s"])
         rounds.append({"order": [m[0] for m in order], "runs": runs})
+        identical = _write(cfg, modes, rounds, alone_s)  # after every round: a long run keeps what it finished
+    return 0 if identical else 1
+
+
+def _write(cfg: EngineBenchConfig, modes, rounds: list, alone_s: float) -> bool:
+    """engine.json from the rounds so far (per-mode medians and spread); returns whether every output matched."""
+    import platform
+
+    import torch
+    import transformers
+
     summary = {}
     for name, _, _ in modes:
         per = [rd["runs"][name] for rd in rounds]
@@ -235,15 +246,16 @@ def bench(cfg: EngineBenchConfig) -> int:
               "device_name": torch.cuda.get_device_name(0) if cfg.device == "cuda" else platform.processor() or "cpu",
               "versions": {"torch": torch.__version__, "transformers": transformers.__version__,
                            "python": platform.python_version()},
-              "one_batch_alone_s": alone_s, "identical_outputs": identical, "summary": summary, "rounds": rounds}
+              "one_batch_alone_s": alone_s, "rounds_done": len(rounds), "identical_outputs": identical,
+              "summary": summary, "rounds": rounds}
     os.makedirs(cfg.output_path, exist_ok=True)
     path = os.path.join(cfg.output_path, "engine.json")
     with open(path, "w") as f:
         json.dump(report, f, indent=2)
     print(json.dumps({"identical_outputs": identical, "throughput_ratio_median": {
         k: v["throughput_ratio_vs_unbatched"]["median"] for k, v in summary.items()}}))
-    print(f"wrote {path}")
-    return 0 if identical else 1
+    print(f"wrote {path}", flush=True)
+    return identical
 
 
 def main(argv=None) -> int:
