@@ -233,8 +233,9 @@ def simulated_plan(style_name: str, model_name: str | dict[str, str] = "sim:hidd
     links = LinkSet()
     links.inner.update({r: InnerLink(8) for r in style.roles})
     links.outer.update({e: OuterLink(8, 8) for e in style.edges})
+    # simulated agents run one call at a time (they sleep for their costs; no scheduler merges their steps)
     specs = {r: AgentSpec(role=r, model_name=models[r], system_prompt=style.system_prompt,
-                          message_dtype=message_dtype) for r in style.roles}
+                          message_dtype=message_dtype, continuous_batching=False) for r in style.roles}
     hidden = {r: int(parse_sim_name(models[r])["hidden"]) for r in style.roles}
     return SystemPlan(style_name, style, {r: models[r] for r in style.roles}, hidden, links, specs,
                       {"links": "placeholder (simulated agents)"})
