@@ -72,8 +72,9 @@ class EngineBenchConfig:
     """Largest latent difference from the unbatched run that counts as identical."""
     seed: int = 7
     """Seed of the questions and of the arrival times."""
-    torch_threads: Annotated[int, Range(0, 1024)] = 2
-    """torch threads (0: torch's default)."""
+    torch_threads: Annotated[int, Range(0, 1024)] = 1
+    """torch threads (0: torch's default). One by default: on the shared 2-core machine at load average ~35, two
+    intra-op threads stalled at their barriers (one SmolLM2 batch alone: 96-151 s wall against 6-9 s with one)."""
     device: Annotated[str, OneOf(("cpu", "cuda"))] = "cpu"
     """Where the agent runs."""
     dtype: Annotated[str, OneOf(("float32", "bfloat16"))] = "float32"
