@@ -166,7 +166,8 @@ def measure(agent, batches, depth: int, batched: bool, rate: float, cfg, seed: i
                                        else rows * len(ends) / (ends[-1] - t0)),
             "steady_window_batches": len(starts) - depth if steady else 0,
             "latency_p50_s": _percentile(service, 0.5), "latency_p95_s": _percentile(service, 0.95),
-            "latency_with_queue_p50_s": _percentile(sojourn, 0.5), "latency_with_queue_p95_s": _percentile(sojourn, 0.95),
+            "latency_with_queue_p50_s": _percentile(sojourn, 0.5),
+            "latency_with_queue_p95_s": _percentile(sojourn, 0.95),
             "shared_steps": sched.num_steps if sched else None,
             "rows_per_step": sched.rows_stepped / max(sched.num_steps, 1) if sched else 1.0,
             "prefills": sched.num_prefills if sched else len(batches) * 2,
@@ -243,7 +244,8 @@ def _write(cfg: EngineBenchConfig, modes, rounds: list, alone_s: float) -> bool:
                          ("steady_questions_per_s", "throughput_ratio_vs_unbatched", "latency_p50_s", "latency_p95_s",
                           "latency_with_queue_p95_s", "rows_per_step", "loadavg_1m_before")}
     identical = all(r["vs_unbatched"]["text_identical"] and r["vs_unbatched"]["max_latent_diff"]
-                    <= cfg.latent_rtol * r["vs_unbatched"]["max_latent_abs"] for rd in rounds for r in rd["runs"].values())
+                    <= cfg.latent_rtol * r["vs_unbatched"]["max_latent_abs"]
+                    for rd in rounds for r in rd["runs"].values())
     report = {"config": dataclasses.asdict(cfg), "cpu_count": os.cpu_count(),
               "device_name": torch.cuda.get_device_name(0) if cfg.device == "cuda" else platform.processor() or "cpu",
               "versions": {"torch": torch.__version__, "transformers": transformers.__version__,
