@@ -75,7 +75,8 @@ class System:
               torch_threads: int = 0, allow_base_model_mismatch: bool = False,
               allow_style_mismatch: bool = False, allow_task_mismatch: bool = False, prompt_set: str | None = None,
               verbose: bool = False,
-              log_dir: str | Path | None = None, progress: bool = True) -> System:
+              log_dir: str | Path | None = None, progress: bool = True,
+              continuous_batching: bool = True) -> System:
         """Plan the system, check it, and start its agents.
 
         Args:
@@ -114,6 +115,9 @@ class System:
             log_dir: Folder of that log (default: recmas_ray-<uid>/logs under the temp dir).
             progress: Ray backend: start the small actor through which agents report each question's end, so
                 that progress bars move per question (False for a system that never shows one, e.g. a server).
+            continuous_batching: Each agent merges the steps of every call in flight into shared forwards (and on
+                Ray, calls of several batches to one agent leave as one Ray call); same latents and greedy text.
+                False: one call at a time per agent.
 
         Returns:
             The running system.
@@ -129,14 +133,14 @@ class System:
                                 timeout_s=timeout_s, torch_threads=torch_threads,
                                 allow_base_model_mismatch=allow_base_model_mismatch,
                                 allow_style_mismatch=allow_style_mismatch, allow_task_mismatch=allow_task_mismatch,
-                                prompt_set=prompt_set, progress=progress)
+                                prompt_set=prompt_set, progress=progress, continuous_batching=continuous_batching)
         system.verbose, system.log_path = verbose, log_path
         return system
 
     @classmethod
     def _build(cls, style, *, role_models, links, preset, ckpt_override, backend, num_replicas, task, device, dtype,
                seed, placement, transport, timeout_s, torch_threads, allow_base_model_mismatch,
-               allow_style_mismatch, allow_task_mismatch, prompt_set, progress) -> System:
+               allow_style_mismatch, allow_task_mismatch, prompt_set, progress, continuous_batching=True) -> System:
         from recmas_ray.styles import get_style
         from recmas_ray.system.hub import links_overrides, resolve_overrides
         from recmas_ray.distributed.launch import start_agents
@@ -156,7 +160,8 @@ class System:
         system = SystemConfig(style=style, preset=preset, ckpt_override=overrides, role_models=dict(role_models or {}),
                               allow_base_model_mismatch=allow_base_model_mismatch,
                               allow_style_mismatch=allow_style_mismatch, allow_task_mismatch=allow_task_mismatch,
-                              prompt_set=prompt_set, device=device, dtype=dtype, seed=seed)
+                              prompt_set=prompt_set, device=device, dtype=dtype, seed=seed,
+                              continuous_batching=continuous_batching)
         task = task if task is not None else trained_task(overrides) or "math"
         cfg = EvalConfig(system=system, dataset=_NO_DATASET, backend=backend, placement=placement, transport=transport,
                          timeout_s=timeout_s, torch_threads=torch_threads, progress=False, task=task)

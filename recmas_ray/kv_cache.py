@@ -58,6 +58,24 @@ def left_pad(rows: list[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
     return e_BLD, mask_BL
 
 
+def pad_together(batches: list[tuple[torch.Tensor, torch.Tensor]]) -> tuple[torch.Tensor, torch.Tensor]:
+    """Left-padded batches (E_BLD, mask_BL) of different L stacked into one (more left padding where shorter):
+    positions ignore padding, so each row computes what it computes in its own batch."""
+    if len(batches) == 1:
+        return batches[0]
+    L = max(m.shape[1] for _, m in batches)
+    e0, m0 = batches[0]
+    N = sum(m.shape[0] for _, m in batches)
+    e_NLD = e0.new_zeros(N, L, e0.shape[-1])
+    mask_NL = m0.new_zeros(N, L)
+    o = 0
+    for e, m in batches:
+        e_NLD[o:o + m.shape[0], L - m.shape[1]:] = e
+        mask_NL[o:o + m.shape[0], L - m.shape[1]:] = m
+        o += m.shape[0]
+    return e_NLD, mask_NL
+
+
 def static_cache(model, max_len: int):
     """A transformers Cache of full-length static layers, one per decoder layer."""
     from transformers.cache_utils import Cache, StaticLayer

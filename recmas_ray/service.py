@@ -55,8 +55,9 @@ class AgentSpec:
     """CUDA devices the model is split over (a role given K > 1 GPUs; the Ray layer sets it)."""
     keep_messages_on_device: bool = False
     """Messages stay on the producer's device (NCCL transport) instead of moving to CPU."""
-    continuous_batching: bool = False
-    """Rollouts and decodes of every call in flight share forward passes (`config.engine.EngineConfig`)."""
+    continuous_batching: bool = True
+    """Rollouts and decodes of every call in flight share forward passes (`config.engine.EngineConfig`); the Ray
+    layer then also sends aligned calls of several batches as one Ray call (`distributed.bulk`)."""
     outer_targets: dict[str, str] = field(default_factory=dict)
     """Base model of each outgoing edge's receiver (edge -> model name): a token link's target table is that
     model's input embedding of its token ids (set by `plan_system`)."""

@@ -81,7 +81,9 @@ def end_to_end(pool, plan, questions, cfg: BenchConfig) -> list[dict]:
 
 @contextlib.contextmanager
 def engine(agents, **fields):
-    """Every agent runs with these EngineConfig fields and an empty prefix store; restored after."""
+    """Every agent runs with these EngineConfig fields and an empty prefix store; restored after. Continuous
+    batching is off unless asked for: these figures time one call's engine (cache kind, prefix reuse, syncs)."""
+    fields.setdefault("continuous_batching", False)
     saved = [(a, a.engine, a.prefix_store) for a in agents]
     for a in agents:
         a.engine = dataclasses.replace(a.engine, **fields)

@@ -25,10 +25,11 @@ class EngineConfig:
     compile_step: bool = False
     """torch.compile the one-position step of the rollout and decode. Off by default: measured by
     `jobs/bench/speed.py` (figure g) it does not pay on CPU for the small models here (docs/results.md)."""
-    continuous_batching: bool = False
+    continuous_batching: bool = True
     """Run static-cache rollouts and decodes through the agent's step scheduler (recmas_ray/scheduler.py):
     the one-position steps of every call in flight share forward passes, rows leaving at their last step
-    or EOS (agent actors then take several calls at once). Same latents and greedy tokens."""
+    or EOS (agent actors then take several calls at once). Same latents and greedy tokens; False: each call
+    runs alone on its own cache (`Agent._rollout_static` / `_decode_static`)."""
     decode_sync_every: Annotated[int, Range(1, 4096)] = 8
     """Decoded tokens between host checks of "every row reached EOS" (1: check every token, like the
     earlier loop). Tokens picked after the last row stopped are dropped, so outputs do not change."""

@@ -23,7 +23,7 @@ from recmas_ray.config.recursion import RecursionConfig
 from recmas_ray.config.transport import OBJECT_STORE, Transport, get_transport
 from recmas_ray.distributed.ray_pool import RayPool
 from recmas_ray.distributed.placement import ORCHESTRATOR_CPUS, ORCHESTRATOR_MAX_BATCHES
-from recmas_ray.distributed.routing import ReplicaRouter
+from recmas_ray.distributed.routing import LEASE_S, ReplicaRouter
 from recmas_ray.runner import run_batch
 from recmas_ray.styles import StyleSpec
 
@@ -111,9 +111,4 @@ RouterActor = ray.remote(num_cpus=0, max_concurrency=64)(ReplicaRouter)
 
 def start_router(num_replicas: int, *, timeout_s: float):
     """The replica router actor every client of these replicas asks (evaluation clients, API, Serve)."""
-    return RouterActor.remote(num_replicas, lease_s=lease_seconds(timeout_s))
-
-
-def lease_seconds(timeout_s: float) -> float:
-    """A batch's lease: its solve and its format retry may each take `timeout_s`."""
-    return 2 * timeout_s + 60.0
+    return RouterActor.remote(num_replicas, lease_s=LEASE_S)  # (clients renew their running batches' leases)

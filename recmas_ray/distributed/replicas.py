@@ -41,7 +41,7 @@ from recmas_ray.distributed.ray_pool import RayPool, soon, when_done
 from recmas_ray.distributed.orchestrator import Orchestrator, start_router
 from recmas_ray.distributed.role_copies import role_copies
 from recmas_ray.distributed.progress import start_relay
-from recmas_ray.distributed.routing import batch_work
+from recmas_ray.distributed.routing import LeaseKeeper, batch_work
 from recmas_ray.distributed.placement import (ORCHESTRATOR_CPUS, ORCHESTRATOR_MAX_BATCHES, check_resources,
                                               create_placement, detect_autoscaling, gpu_count, plan_placement,
                                               resolve_num_replicas)
@@ -132,6 +132,16 @@ class RayReplicas:
     _releases: list = field(default_factory=list, repr=False)
     """Leases of finished batches not yet handed back to the router (`_finished`)."""
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
+    _keeper: LeaseKeeper | None = field(default=None, repr=False)
+    """Renews the router leases of this client's running batches (`routing.LeaseKeeper`), made on first use."""
+
+    @property
+    def lease_keeper(self) -> LeaseKeeper:
+        with self._lock:
+            if self._keeper is None:
+                router = self.router
+                self._keeper = LeaseKeeper(lambda leases: router.renew_many.remote(leases))
+            return self._keeper
 
     @property
     def num_replicas(self) -> int:
@@ -160,12 +170,14 @@ class RayReplicas:
                 raise
             with self._lock:
                 self._running[ref] = (replica, bid)
+            self.lease_keeper.hold(lease)
             when_done(ref, self._finished(ref, lease))
             refs.append(ref)
         return refs
 
     def _finished(self, ref, lease):
         def finished(_):
+            self.lease_keeper.drop(lease)
             with self._lock:
                 self._running.pop(ref, None)
                 self._releases.append(lease)

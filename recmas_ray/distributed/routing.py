@@ -13,9 +13,10 @@ with a budget of T tokens is B * T (the same forward-per-step unit the cost mode
                                      upstream calls finished); until then its outputs are `Pending`
                                      handles, so a call waiting upstream holds no queued work downstream
     ReplicaRouter.acquire(work)      per batch: the replica with the least queued work, as a lease that
-                                     expires after `lease_s` unless renewed, so a killed client's share
-                                     is freed; `release(lease)` when the batch ends (`acquire_many`,
-                                     `release_many`: several batches in one call)
+                                     expires after `lease_s` (`LEASE_S`) unless renewed: the client's
+                                     `LeaseKeeper` renews its running batches' leases every few seconds, so a
+                                     dead client's share is freed within `LEASE_S`; `release(lease)` when the
+                                     batch ends (`acquire_many`, `release_many`: several batches in one call)
 
 A fresh copy needs no state from another: a prompt prefix it has not seen is prefilled again there
 (agents keep only a prefix cache, never a batch's messages, on the object store transport).
@@ -23,6 +24,7 @@ A fresh copy needs no state from another: a prompt prefix it has not seen is pre
 
 from __future__ import annotations
 
+import heapq
 import itertools
 import threading
 import time
@@ -34,6 +36,12 @@ AFFINITY_SLACK = 0.5
 work exceeds the least loaded copy's by at most this share of the call's own work."""
 AFFINITY_KEYS = 4096
 """Batches whose last copy per role is remembered (least recently used forgotten first)."""
+LEASE_S = 15.0
+"""How long the replica router counts a batch's work without hearing from its client. Clients renew the leases of
+their running batches every `LEASE_RENEW_S` (`LeaseKeeper`), however long a batch takes, so only a dead client's
+leases run out: its share of the routing is freed within this many seconds."""
+LEASE_RENEW_S = LEASE_S / 5
+"""A client's renewal period (a few missed renewals, e.g. a busy driver, do not lose a live batch's lease)."""
 
 
 class RoleGroup:
@@ -177,18 +185,22 @@ class Dispatcher:
         self.is_waitable, self.when_ready = is_waitable, when_ready
         self.closed: str | None = None
         self._waiting: set[DeferredCall] = set()
-        self._lock = threading.Lock()
+        # held while a call is checked and submitted, so that `close` (a cancel) either comes first and the call
+        # never runs, or waits until the submitted call is where its pool's cancel finds it (re-entrant: a submit
+        # may settle a call whose listeners submit another)
+        self._lock = threading.RLock()
 
     def call(self, group: RoleGroup, work: float, affinity: str | None, inputs: list,
              submit: Callable[[int, Any, list], list], num_outputs: int) -> list:
         """Submit `submit(copy index, copy, inputs)` on the copy `group` picks once every input exists; returns
         its `num_outputs` outputs (submitted now) or `Pending` handles of them. A failed submission undoes
         its pick."""
-        if self.closed is not None:
-            raise RuntimeError(self.closed)
         waits = [x for x in inputs if isinstance(x, Pending) or self.is_waitable(x)]
         if not waits:
-            return self._submit(group, work, affinity, inputs, submit)
+            with self._lock:
+                if self.closed is not None:
+                    raise RuntimeError(self.closed)
+                return self._submit(group, work, affinity, inputs, submit)
         call = DeferredCall()
         with self._lock:
             self._waiting.add(call)
@@ -200,28 +212,35 @@ class Dispatcher:
                 remaining[0] -= 1
                 if remaining[0]:
                     return
-            with self._lock:
-                self._waiting.discard(call)
-                reason = self.closed
-            if reason is not None:
-                call.settle(None, reason)
-                return
             upstream = next((x.call.error for x in inputs if isinstance(x, Pending) and x.call.error), None)
-            if upstream is not None:
-                call.settle(None, upstream)
-                return
-            args = [x.call.outputs[x.index] if isinstance(x, Pending) else x for x in inputs]
-            try:
-                call.settle(self._submit(group, work, affinity, args, submit))
-            except Exception as e:  # noqa: BLE001 - the caller reads it where it waits for this call
-                call.settle(None, f"submission failed: {e!r}")
+            outputs = None
+            with self._lock:  # checked and submitted at once: a `close` meanwhile waits (see __init__)
+                self._waiting.discard(call)
+                reason = self.closed or upstream
+                if reason is None:
+                    args = [x.call.outputs[x.index] if isinstance(x, Pending) else x for x in inputs]
+                    try:
+                        outputs = self._submit(group, work, affinity, args, submit)
+                    except Exception as e:  # noqa: BLE001 - the caller reads it where it waits for this call
+                        reason = f"submission failed: {e!r}"
+            call.settle(outputs, reason)
+
+        def guarded(fn):
+            """A completion callback whose exception fails this call with its message (instead of being lost
+            on the thread that ran it, and the call's reader waiting out its timeout)."""
+            def run(*_):
+                try:
+                    fn()
+                except Exception as e:  # noqa: BLE001
+                    call.settle(None, f"completion callback failed: {e!r}")
+            return run
 
         for x in waits:
             if isinstance(x, Pending):
-                x.call.on_settled(lambda x=x: arrived() if x.call.error is not None
-                                  else self.when_ready(x.call.outputs[x.index], arrived))
+                x.call.on_settled(guarded(lambda x=x: arrived() if x.call.error is not None
+                                          else self.when_ready(x.call.outputs[x.index], guarded(arrived))))
             else:
-                self.when_ready(x, arrived)
+                self.when_ready(x, guarded(arrived))
         return [Pending(call, i) for i in range(num_outputs)]
 
     @staticmethod
@@ -251,7 +270,7 @@ class ReplicaRouter:
     Thread-safe (Serve runs several batches of one process at once; the Ray actor several calls).
     """
 
-    def __init__(self, num_replicas: int, *, lease_s: float = 3600.0, clock: Callable[[], float] = time.monotonic):
+    def __init__(self, num_replicas: int, *, lease_s: float = LEASE_S, clock: Callable[[], float] = time.monotonic):
         if num_replicas < 1:
             raise ValueError(f"num_replicas={num_replicas}; expected >= 1")
         self.num_replicas, self.lease_s, self.clock = num_replicas, lease_s, clock
@@ -260,6 +279,7 @@ class ReplicaRouter:
         self.served = [0] * num_replicas
         self.expired = 0
         self._leases: dict[int, tuple[int, float, float]] = {}  # id -> (replica, work, deadline)
+        self._deadlines: list[tuple[float, int]] = []  # heap of (deadline, lease); stale after a renew or release
         self._ids = itertools.count(1)
         self._lock = threading.Lock()
 
@@ -271,6 +291,7 @@ class ReplicaRouter:
             i = min(range(n), key=lambda k: (self.queued[k], self.in_flight[k], self.served[k], k))
             lease = next(self._ids)
             self._leases[lease] = (i, float(work), self.clock() + self.lease_s)
+            heapq.heappush(self._deadlines, (self._leases[lease][2], lease))
             self.queued[i] += work
             self.in_flight[i] += 1
             self.served[i] += 1
@@ -288,14 +309,26 @@ class ReplicaRouter:
                 self._drop(lease)
 
     def renew(self, lease: int) -> bool:
-        """Extend a lease by `lease_s`; False when it had already expired (its work no longer counted)."""
+        """Extend a lease to `lease_s` from now; False when it had already expired (its work no longer counted)."""
+        return self.renew_many([lease])[0]
+
+    def renew_many(self, leases: list[int]) -> list[bool]:
+        """`renew` of several leases in one call (a client's `LeaseKeeper`)."""
         with self._lock:
             self._expire()
-            if lease not in self._leases:
-                return False
-            i, work, _ = self._leases[lease]
-            self._leases[lease] = (i, work, self.clock() + self.lease_s)
-            return True
+            out = []
+            for lease in leases:
+                entry = self._leases.get(lease)
+                if entry is not None:
+                    deadline = self.clock() + self.lease_s
+                    self._leases[lease] = (entry[0], entry[1], deadline)
+                    if len(self._deadlines) > 4 * len(self._leases) + 64:  # renewals left stale entries behind
+                        self._deadlines = [(d, k) for k, (_, _, d) in self._leases.items()]
+                        heapq.heapify(self._deadlines)
+                    else:
+                        heapq.heappush(self._deadlines, (deadline, lease))
+                out.append(entry is not None)
+            return out
 
     def release(self, lease: int) -> None:
         with self._lock:
@@ -309,16 +342,65 @@ class ReplicaRouter:
             self.in_flight[i] = max(0, self.in_flight[i] - 1)
 
     def _expire(self) -> None:
+        """Drop the leases past their deadline: the heap's earliest entries only (an entry is stale when its lease
+        was renewed or released since), not a scan of every lease."""
         now = self.clock()
-        for lease in [k for k, (_, _, deadline) in self._leases.items() if deadline <= now]:
-            self._drop(lease)
-            self.expired += 1
+        while self._deadlines and self._deadlines[0][0] <= now:
+            deadline, lease = heapq.heappop(self._deadlines)
+            entry = self._leases.get(lease)
+            if entry is not None and entry[2] == deadline:
+                self._drop(lease)
+                self.expired += 1
 
     def stats(self) -> dict:
         with self._lock:
             self._expire()
             return {"in_flight": list(self.in_flight), "queued": list(self.queued), "served": list(self.served),
                     "expired_leases": self.expired}
+
+
+class LeaseKeeper:
+    """A client's side of its leases: renews those of its running batches every `interval_s` (one
+    `renew(leases)` call for all of them) on a daemon thread that runs while it holds any. `hold(lease)` when a
+    batch starts, `drop(lease)` when it ends. A renewal that fails (the router restarting) is retried next time."""
+
+    def __init__(self, renew: Callable[[list[int]], Any], *, interval_s: float = LEASE_RENEW_S):
+        self.renew, self.interval_s = renew, interval_s
+        self._held: set[int] = set()
+        self._wake = threading.Condition()
+        self._thread: threading.Thread | None = None
+        self.renewals = 0
+
+    def hold(self, lease: int) -> None:
+        with self._wake:
+            self._held.add(lease)
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._run, name="recmas-lease-keeper", daemon=True)
+                self._thread.start()
+
+    def drop(self, lease: int) -> None:
+        with self._wake:
+            self._held.discard(lease)
+            if not self._held:
+                self._wake.notify_all()
+
+    def held(self) -> list[int]:
+        with self._wake:
+            return sorted(self._held)
+
+    def _run(self) -> None:
+        while True:
+            with self._wake:
+                self._wake.wait(self.interval_s)
+                leases = sorted(self._held)
+                if not leases:
+                    self._thread = None
+                    return
+            try:
+                self.renew(leases)
+                self.renewals += 1
+            except Exception:  # noqa: BLE001 - the next period tries again; the lease outlives a few misses
+                pass
 
 
 def batch_work(style, cfg, num_rows: int) -> float:

@@ -56,7 +56,7 @@ class EvalConfig:
     SYSTEM_FIELDS = ("style", "preset", "role_models", "ckpt_override", "links",
                      "allow_base_model_mismatch", "allow_style_mismatch", "allow_task_mismatch", "prompt_set",
                      "device", "dtype",
-                     "message_dtype", "seed")
+                     "message_dtype", "seed", "continuous_batching")
     """System fields an evaluation reads (the others get no flag and are refused when set)."""
     FLAG_ALIASES = {"models": "system.role_models", "role_model": "system.role_models", "method": "methods",
                     "placement": "placement.preset", "latent_length": "latent_steps",

@@ -191,6 +191,10 @@ class EvalClient:
         self.exit_after = None if restarted else exit_after
         self.calls = itertools.count(1)  # several batches run at once, on threads
         self.attempts = itertools.count(1)
+        from recmas_ray.distributed.routing import LeaseKeeper
+
+        # renews the router leases of this client's running batches (a dead client's expire within LEASE_S)
+        self.lease_keeper = LeaseKeeper(lambda leases: router.renew_many.remote(leases))
 
     def _get(self, ref, what: str):
         import ray
@@ -210,6 +214,7 @@ class EvalClient:
         rc = for_rollout(self.recursion, rollout)
         work = batch_work(self.style, rc, len(items)) if self.style is not None else float(len(items))
         replica, lease = self._get(self.router.acquire.remote(work), "router")
+        self.lease_keeper.hold(lease)  # renewed while the batch runs: the lease outlives a slow batch, not this client
         orchestrator = self.replicas[replica]
         attempt_id = f"{bid}#{next(self.attempts)}"  # a retry never shares an id with the attempt it replaces
         try:
@@ -240,6 +245,7 @@ class EvalClient:
             e.replica = replica
             raise
         finally:
+            self.lease_keeper.drop(lease)
             self.router.release.remote(lease)
 
     def __call__(self, batch: dict) -> dict:

@@ -25,7 +25,7 @@ class ServeConfig:
     SYSTEM_FIELDS = ("style", "preset", "role_models", "ckpt_override", "links",
                      "allow_base_model_mismatch", "allow_style_mismatch", "allow_task_mismatch", "prompt_set",
                      "device", "dtype",
-                     "seed")
+                     "seed", "continuous_batching")
     """System fields a served system reads (the others get no flag and are refused when set)."""
     FLAG_ALIASES = {"models": "system.role_models", "role_model": "system.role_models",
                     "placement": "placement.preset"}

@@ -30,7 +30,7 @@ class SystemConfig:
 
     SHORT_FLAGS = ("style", "preset", "ckpt_override", "links", "allow_base_model_mismatch", "allow_style_mismatch",
                    "allow_task_mismatch", "prompt_set",
-                   "device", "dtype", "message_dtype", "seed")
+                   "device", "dtype", "message_dtype", "seed", "continuous_batching")
     """Fields with a plain flag (`--name`) wherever this section is nested (config/cli.py); `role_models`
     gets the job's own spelling as an alias instead."""
 
@@ -73,6 +73,10 @@ class SystemConfig:
     bytes) or fp32; receivers compute in their own model dtype."""
     seed: Annotated[int, Range(0, 2**32 - 1)] = 42
     """Seed of fresh links (and, per job, of sampling or the data order)."""
+    continuous_batching: bool = True
+    """Each agent runs the rollouts and decodes of every call in flight together, one shared forward per step
+    (recmas_ray/scheduler.py), and on Ray the calls of several batches to one agent leave as one Ray call (bulk
+    dispatch); same latents and greedy text. --no_continuous_batching: one call at a time per agent."""
 
     def check_link_folders(self) -> None:
         """links and every ckpt_override name an existing folder or a Hub id (checked before Ray or a model

@@ -234,6 +234,7 @@ def plan_system(system: SystemConfig | str, *, task: str = "math", tools: ToolLo
     specs = {r: AgentSpec(role=r, model_name=models[r], system_prompt=style.system_prompt, dtype=dtype,
                           device=device, message_dtype=message_dtype,
                           tools=tools if r == style.decoder else None, latent_norm=latent_norm,
+                          continuous_batching=system.continuous_batching,
                           outer_targets={e: models[e.split("->")[1]] for e in style.edges if e.split("->")[0] == r})
              for r in style.roles}
     return SystemPlan(style_name, style, models, hidden, links, specs, sources)
@@ -255,8 +256,9 @@ def simulated_plan(style_name: str, model_name: str | dict[str, str] = "sim:hidd
     links = LinkSet()
     links.inner.update({r: InnerLink(8) for r in style.roles})
     links.outer.update({e: OuterLink(8, 8) for e in style.edges})
+    # simulated agents run one call at a time (they sleep for their costs; no scheduler merges their steps)
     specs = {r: AgentSpec(role=r, model_name=models[r], system_prompt=style.system_prompt,
-                          message_dtype=message_dtype) for r in style.roles}
+                          message_dtype=message_dtype, continuous_batching=False) for r in style.roles}
     hidden = {r: int(parse_sim_name(models[r])["hidden"]) for r in style.roles}
     return SystemPlan(style_name, style, {r: models[r] for r in style.roles}, hidden, links, specs,
                       {"links": "placeholder (simulated agents)"})

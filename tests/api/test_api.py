@@ -109,3 +109,23 @@ def test_named_benchmark_on_tiny_models_warns(tmp_path, tiny_cache, capsys):
 
 if __name__ == "__main__":
     pytest.main([__file__, "-v", "-x"])
+
+
+def test_continuous_batching_is_on_by_default_and_switched_off_by_build_and_by_the_jobs_flag(local_system, tiny_cache):
+    """The Python API's agents batch unless told not to; `continuous_batching=False` and jobs.run's
+    `--no_continuous_batching` reach every agent's engine (and the plan's specs, which Ray actors are built from)."""
+    from recmas_ray.config.cli import parse_config
+    from recmas_ray.eval.config import EvalConfig
+    from recmas_ray.system.plan import plan_system
+
+    assert all(s.agent.engine.continuous_batching for s in local_system.agents.services.values())
+    assert all(s.continuous_batching for s in local_system.plan.specs.values())
+    with rm.System.build("sequential_light", role_models=MODELS, backend="local", seed=3,
+                         continuous_batching=False) as system:
+        assert not any(s.agent.engine.continuous_batching for s in system.agents.services.values())
+        assert not any(s.continuous_batching for s in system.plan.specs.values())
+    for argv, on in ((["--style", "sequential_light", "--dataset", "gsm8k"], True),
+                     (["--style", "sequential_light", "--dataset", "gsm8k", "--no_continuous_batching"], False)):
+        cfg = parse_config(EvalConfig, argv)[0]
+        assert cfg.system.continuous_batching is on
+        assert all(s.continuous_batching is on for s in plan_system(cfg.system).specs.values())

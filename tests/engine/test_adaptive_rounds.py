@@ -18,6 +18,7 @@ from recmas_ray.system.plan import plan_system
 
 QUESTIONS = ["What is 2 + 3?", "Tom has 4 apples and buys 3 more. How many?", "What is 6 * 7?"]
 STYLE_NAMES = ["sequential_light", "mixture", "distillation", "deliberation"]
+ATOL = 1e-5
 
 
 def cfg(rounds: int, threshold: float | None = None) -> RecursionConfig:
@@ -58,7 +59,9 @@ def test_threshold_zero_checks_every_round_and_gives_the_fixed_rounds_outputs(po
     assert all(r.num_rounds == 4 and len(r.round_changes) == 2 and min(r.round_changes) > 0 for r in adaptive)
     assert len(adaptive_in) == 1 and "rows" not in adaptive_in[0]  # nothing stopped: one decode of all
     for x, y in zip(adaptive_in[0]["latents"], fixed_in[0]["latents"]):
-        assert torch.equal(x, y)  # the decoder received exactly the same latents
+        # the decoder received the same latents: to rounding, since continuous batching (the default) places a
+        # call's rows at other cache columns from one run to the next (~1e-7 here)
+        assert (x - y).abs().max() <= ATOL
 
 
 @pytest.mark.parametrize("name", ["sequential_light", "mixture"])
@@ -72,7 +75,7 @@ def test_a_large_threshold_stops_every_question_at_the_first_check(pools, name):
     assert same_outputs(stopped, fixed2)
     assert all(r.num_rounds == 2 and len(r.round_changes) == 1 for r in stopped)
     for x, y in zip(stopped_in[0]["latents"], fixed2_in[0]["latents"]):
-        assert torch.equal(x, y)
+        assert (x - y).abs().max() <= ATOL
 
 
 def test_questions_stop_each_at_their_own_round(pools):
@@ -81,7 +84,8 @@ def test_questions_stop_each_at_their_own_round(pools):
     at2 = [r.round_changes[0] for r in probe]
     assert len(set(at2)) == 3
     # stop the question(s) with the smallest change at round 2; the others go on to round 3's check
-    threshold = sorted(at2)[0] * 1.0000001
+    # (halfway to the next one: a rerun's changes move by ~1e-7 where continuous batching places rows elsewhere)
+    threshold = (sorted(at2)[0] + sorted(at2)[1]) / 2
     mixed, inputs = run(pool, plan, cfg(4, threshold))
     stop = [b for b, c in enumerate(at2) if c < threshold]
     assert stop and len(stop) < 3

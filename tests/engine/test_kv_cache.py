@@ -112,7 +112,7 @@ def test_decode_stops_at_eos_exactly_as_before(agents):
         calls["n"] = 0
         want = _with(agent, static_cache=False).decode(e, mask, cfg)
         calls["n"] = 0
-        got = _with(agent, decode_sync_every=4).decode(e, mask, cfg)
+        got = _with(agent, decode_sync_every=4, continuous_batching=False).decode(e, mask, cfg)  # the decode loop
     finally:
         hook.remove()
     assert got == want and want[1].num_tokens < want[0].num_tokens == 11

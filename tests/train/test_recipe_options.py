@@ -147,7 +147,8 @@ def test_rollout_latents_are_the_inference_paths_and_only_replace_stages_without
     # changing the gold text changes nothing in rollout mode (it is never read)
     other = [type(s)(s.sample_id, s.question, {**s.targets, "expert": "something else entirely"}) for s in samples]
     again = encode_stage(expert.agent, style, first, other, {}, rollout_latent_steps=m, **kw)
-    assert torch.equal(again.z, enc.z)
+    # (to rounding: continuous batching, the default, places a call's rows at other cache columns from run to run)
+    assert (again.z - enc.z).abs().max() <= 1e-5, (again.z - enc.z).abs().max()
     # the decoder, which has incoming latents, stays teacher-forced and trains the link through them
     lat = Latent(sent.detach().clone().requires_grad_(), enc.lengths)
     out = encode_stage(learner.agent, style, last, samples, {last.inputs[0][0]: lat}, rollout_latent_steps=m, **kw)
