@@ -144,17 +144,19 @@ def fit_model(measured: dict) -> dict:
     lines = {q: fit_line(rows, [p[q] for p in pts]) for q in QUANTITIES}
     prompt = statistics.median(p["prompt_tokens"] for p in pts)
 
-    def at_one(q):  # cost at one row and the share of it each further row adds (noise can tip a line below 0)
-        b = max(0.0, lines[q]["b"])
-        one = max(lines[q]["a"] + b, 1e-6)
-        return one, b / one
+    def at_one(q):  # cost at one row and the share of it each further row adds; a falling line is noise
+        if lines[q]["b"] < 0:  # (a cost cannot fall as rows grow): the flat line through the mean
+            return max(statistics.mean(p[q] for p in pts), 1e-6), 0.0
+        one = max(lines[q]["a"] + lines[q]["b"], 1e-6)
+        return one, lines[q]["b"] / one
 
     step_ms, step_share = at_one("latent_step_ms")
     token_ms, token_share = at_one("decoded_token_ms")
     pre = lines["prefill_ms"]
+    pre_a, pre_b = (pre["a"], pre["b"]) if pre["b"] >= 0 else (statistics.mean(p["prefill_ms"] for p in pts), 0.0)
     params = {"step_ms": step_ms, "row_share": step_share, "token_ms": token_ms, "token_row_share": token_share,
-              "prefill_ms": max(0.0, pre["a"]), "prompt_tokens": int(prompt),
-              "prefill_token_ms": max(0.0, pre["b"]) / max(prompt, 1)}
+              "prefill_ms": max(0.0, pre_a), "prompt_tokens": int(prompt),
+              "prefill_token_ms": max(0.0, pre_b) / max(prompt, 1)}
     return {"model": measured["model"], "lines": lines, "sim_params": params}
 
 

@@ -1,0 +1,192 @@
+"""Per-role pools vs whole-system replicas with REAL agents (SmolLM2-135M, Gemma-3-270M), beside the
+scaling model's prediction from the fitted cost table: a check of the model that is not the model's own table.
+
+    docs/scale_costs.json (jobs.bench.scale_fit: measured call costs of each demo model vs rows)
+        |                                   |
+        | pool sizes (pool_sizing)          | sim: parameters per role (scale_fit.fitted_sim_name)
+        v                                   v
+    Ray: the same number of agent actors    scale_model.model_run: the same layouts, batches, depth;
+    as whole systems and as per-role        all agents share this host's cores (`shared_devices`:
+    pools, real models, repetitions         agents on one CPU are not one device each)
+    interleaved (whole, pools, whole, ...)
+        |                                   |
+        +---- throughput (batches/s, steady window of the agents' call logs), per layout ----+
+                          -> scale_real.json: measured, modelled (marked), their ratio
+
+Every agent runs with one torch thread (as `start_agents(torch_threads=1)`), the fit's setting; on this host
+they share `--cores` cores (default: all), so the layouts differ in which calls wait, not in idle GPUs.
+The machine's load average is recorded before and after every run (other users' work takes cores too).
+
+    python -m jobs.bench.scale_real                  # 6 agents, 16 batches per run, 2 repetitions (~10 min here)
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import statistics
+import sys
+import time
+from dataclasses import dataclass
+from typing import Annotated
+
+from recmas_ray.config.checks import Range, WritableDir
+from recmas_ray.config.cli import run_job
+
+
+@dataclass(kw_only=True)
+class RealScaleConfig:
+    """What the real-agent comparison runs (see the module docstring)."""
+
+    style: str = "sequential_light"
+    """Style; its roles take the demo preset's real models (planner SmolLM2, critic Gemma, solver SmolLM2)."""
+    agents: Annotated[int, Range(2, 64)] = 6
+    """Agent actors of each layout (whole systems: agents // roles replicas)."""
+    rounds: Annotated[int, Range(1, 8)] = 1
+    """R."""
+    latent_steps: Annotated[int, Range(1, 256)] = 8
+    """m."""
+    max_new_tokens: Annotated[int, Range(1, 1024)] = 12
+    """Decode budget."""
+    batch_size: Annotated[int, Range(1, 64)] = 2
+    """Questions per batch."""
+    num_batches: Annotated[int, Range(1, 10_000)] = 16
+    """Batches per run (the steady window needs more than twice the batches in flight)."""
+    in_flight: Annotated[int, Range(1, 256)] = 4
+    """Batches in flight in all, the same for both layouts."""
+    repeats: Annotated[int, Range(1, 20)] = 2
+    """Runs per layout, interleaved; medians and spread are reported."""
+    costs: str = "docs/scale_costs.json"
+    """The fitted cost table (jobs.bench.scale_fit)."""
+    cores: Annotated[int, Range(0, 4096)] = 0
+    """Cores the agents share in the model (0: this host's)."""
+    timeout_s: Annotated[float, Range(0, 86400, lo_open=True)] = 900.0
+    """Timeout of every wait."""
+    output_path: Annotated[str, WritableDir()] = "docs"
+    """Where scale_real.json and config.json go."""
+
+
+def role_params(plan, fit: dict, max_new_tokens: int) -> dict:
+    """Each role's `models.sim` parameters from the fit of its model."""
+    from jobs.bench.scale_fit import fitted_sim_name
+    from recmas_ray.models.sim import parse_sim_name
+
+    missing = sorted({m for m in plan.role_models.values() if m not in fit})
+    if missing:
+        raise ValueError(f"the cost table has no fit for {missing}; expected one of {sorted(fit)} "
+                         "(python -m jobs.bench.scale_fit --models ...)")
+    return {r: parse_sim_name(fitted_sim_name(fit[m], hidden=64, tokens=max_new_tokens))
+            for r, m in plan.role_models.items()}
+
+
+def questions(n: int, size: int, tag: str) -> list:
+    return [([f"{tag} question {k}.{i}: what is {k} + {i} times 3?" for i in range(size)], ["math"] * size)
+            for k in range(n)]
+
+
+def real_run(plan, layout_copies: dict | None, replicas: int, cfg: RealScaleConfig, tag: str) -> dict:
+    """One run of `cfg.num_batches` on Ray: the agents' call logs read as the model's are (`summarize`)."""
+    from jobs.bench.scale_model import summarize
+    from recmas_ray.config.placement import PlacementConfig
+    from recmas_ray.config.recursion import DecodeConfig, RecursionConfig
+    from recmas_ray.distributed.launch import start_agents
+
+    rc = RecursionConfig(method="recursive_mas", num_recursive_rounds=cfg.rounds, latent_steps=cfg.latent_steps,
+                         decode=DecodeConfig(max_new_tokens=cfg.max_new_tokens))
+    placement = PlacementConfig(preset="cpu", cpus_per_agent=0.05, num_replicas=replicas, agent_max_restarts=0,
+                                role_replicas=layout_copies or {}, ready_timeout_s=cfg.timeout_s)
+    load0 = list(os.getloadavg())
+    reps = start_agents(plan, backend="ray", placement=placement, timeout_s=cfg.timeout_s, torch_threads=1)
+    try:
+        reps.solve_all(questions(replicas, cfg.batch_size, f"warm{tag}"), rc, in_flight_per_replica=1)
+        reps.call_logs(clear=True)
+        t0 = time.time()
+        out = reps.solve_all(questions(cfg.num_batches, cfg.batch_size, tag), rc,
+                             in_flight_per_replica=max(1, cfg.in_flight // replicas))
+        wall = time.time() - t0
+        logs = reps.call_logs()
+    finally:
+        reps.shutdown()
+    entries = {}
+    for log in logs:
+        for calls in log.values():
+            for c in calls:
+                m = re.search(r" question (\d+)\.0:", c["first_user"])
+                if m:
+                    entries[m.group(1)] = min(entries.get(m.group(1), c["t0"]), c["t0"])
+    tokens = [r.num_text_tokens for _, res in out for r in res]
+    run = summarize(logs, list(entries.values()))
+    return {"throughput_batches_per_s": run["throughput_batches_per_s"], "steady_s": run["steady_s"],
+            "steady_batches": run["steady_batches"], "throughput_whole_run": cfg.num_batches / wall,
+            "host_busy_by_role": run["host_busy_by_role"], "wall_s": wall, "mean_decoded_tokens": statistics.mean(tokens),
+            "loadavg_1_5_15_before": load0, "loadavg_1_5_15_after": list(os.getloadavg())}
+
+
+def bench(cfg: RealScaleConfig) -> int:
+    from jobs.bench.pool_sizing import resize_pools, size_pools
+    from jobs.bench.scale_fit import load_fit
+    from jobs.bench.scale_model import expected_role_ms, model_run
+    from recmas_ray.config.tree import save_config
+    from recmas_ray.system.plan import plan_system
+
+    fit = load_fit(cfg.costs)
+    plan = plan_system(cfg.style, preset="demo", seed=0, dtype="float32")
+    roles = list(plan.style.roles)
+    params = role_params(plan, fit, cfg.max_new_tokens)  # before anything is written: a missing fit is exit 2
+    if cfg.agents < len(roles):
+        raise ValueError(f"--agents {cfg.agents}: the {cfg.style} style has {len(roles)} roles; expected at least that")
+    save_config(cfg, cfg.output_path)
+    n_whole = cfg.agents // len(roles)
+    role_ms = expected_role_ms(plan.style, params, cfg.rounds, cfg.latent_steps, cfg.max_new_tokens, cfg.batch_size)
+    copies = size_pools(role_ms, n_whole * len(roles))
+    layouts = {"whole_system": (None, n_whole), "per_role_pools": (copies, 1)}
+    runs = {name: [] for name in layouts}
+    for rep in range(cfg.repeats):  # interleaved: one run of each layout per pass, alternating which goes first
+        for name in (list(layouts) if rep % 2 == 0 else list(layouts)[::-1]):
+            cps, n = layouts[name]
+            runs[name].append(real_run(plan, cps, n, cfg, f"r{rep}"))
+            print(json.dumps({name: {k: v for k, v in runs[name][-1].items() if not isinstance(v, dict)}}), flush=True)
+    cores = cfg.cores or os.cpu_count()
+    report = {"style": cfg.style, "role_models": plan.role_models, "fit_from": cfg.costs, "role_device_ms_per_batch":
+              role_ms, "pool_copies": copies, "whole_system_replicas": n_whole, "agents": n_whole * len(roles),
+              "cores": cores, "layouts": {}}
+    for name, (cps, n) in layouts.items():
+        tokens = statistics.median(r["mean_decoded_tokens"] for r in runs[name])
+        model_params = role_params(plan, fit, max(1, round(tokens)))  # the decode lengths the run had
+        layout = [cps or {r: 1 for r in roles}] * n
+        model = model_run(plan.style, model_params, layout, rounds=cfg.rounds, latent_steps=cfg.latent_steps,
+                          max_new_tokens=max(1, round(tokens)), batch_size=cfg.batch_size,
+                          num_batches=max(cfg.num_batches, 30 * cfg.in_flight), depth=max(1, cfg.in_flight // n),
+                          shared_devices=cores)
+        xs = [r["throughput_batches_per_s"] for r in runs[name]]
+        report["layouts"][name] = {
+            "measured_throughput_batches_per_s": statistics.median(xs), "measured_spread": [min(xs), max(xs)],
+            "modelled_throughput_batches_per_s": model["throughput_batches_per_s"],
+            "measured_vs_modelled": statistics.median(xs) / model["throughput_batches_per_s"] - 1,
+            "modelled_busy_by_role": model["busy_by_role"], "runs": runs[name]}
+    w, p = report["layouts"]["whole_system"], report["layouts"]["per_role_pools"]
+    report["pools_vs_whole"] = {
+        "measured": p["measured_throughput_batches_per_s"] / w["measured_throughput_batches_per_s"],
+        "modelled": p["modelled_throughput_batches_per_s"] / w["modelled_throughput_batches_per_s"]}
+    busy = statistics.median  # the online rule's decision from the pools' measured busy (median over runs)
+    pool_busy = {r: busy(run["host_busy_by_role"][r] for run in p["runs"]) for r in roles}
+    report["resize_rule_on_measured_busy"] = {"busy": pool_busy, "copies": resize_pools(copies, pool_busy)}
+    path = os.path.join(cfg.output_path, "scale_real.json")
+    with open(path, "w") as f:
+        json.dump(report, f, indent=1)
+    print(json.dumps({k: report[k] for k in ("pool_copies", "pools_vs_whole")}), flush=True)
+    for name, lay in report["layouts"].items():
+        print(f"{name}: measured {lay['measured_throughput_batches_per_s']:.3f} batches/s "
+              f"({lay['measured_spread'][0]:.3f}-{lay['measured_spread'][1]:.3f}), modelled "
+              f"{lay['modelled_throughput_batches_per_s']:.3f} ({lay['measured_vs_modelled']:+.1%})", flush=True)
+    print(f"wrote {path}")
+    return 0
+
+
+def main(argv=None) -> int:
+    return run_job(bench, RealScaleConfig, argv, prog="python -m jobs.bench.scale_real", description=__doc__)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
