@@ -91,12 +91,17 @@ step() {  # step NAME LIMIT RESULT_JSON COMMAND...: run under min(LIMIT, budget 
 }
 gc=("$py" -m jobs.bench.gpu_check)
 
-printf '{"device": "%s", "dry_run": %s, "budget_s": %s, "num_gpus": %s, "started": "%s", "plan_s": {"env": 30, "engine": 75, "speed": 60, "latent_step": 50, "costs": 70, "backend": 60, "replicas_local": 40, "replicas_ray": 80, "replicas_compare": 15, "nccl_run": 80, "outer_nccl": 80}}\n' \
-  "$device" "$([ $tiny = 1 ] && echo true || echo false)" "$budget" "$num_gpus" "$(date -u +%FT%TZ)" >"$work/plan.json"
+order=(env engine speed latent_step costs backend replicas_local replicas_ray replicas_compare nccl_run outer_nccl)
+declare -A limits=([env]=30 [engine]=75 [speed]=60 [latent_step]=50 [costs]=70 [backend]=60 [replicas_local]=40
+                   [replicas_ray]=80 [replicas_compare]=15 [nccl_run]=80 [outer_nccl]=80)  # seconds per step
+plan=$(for n in "${order[@]}"; do printf '"%s": %s, ' "$n" "${limits[$n]}"; done)
+printf '{"device": "%s", "dry_run": %s, "budget_s": %s, "num_gpus": %s, "started": "%s", "plan_s": {%s}}\n' \
+  "$device" "$([ $tiny = 1 ] && echo true || echo false)" "$budget" "$num_gpus" "$(date -u +%FT%TZ)" \
+  "${plan%, }" >"$work/plan.json"
 "$py" -m jobs.bench.gpu_check record "$out" plan 0 0 0 "$work/plan.json"
 
 t=(); [ $tiny = 1 ] && t=(--tiny)
-step env 30 "$out/env.part.json" "${gc[@]}" env "$out" "$device"
+step env "${limits[env]}" "$out/env.part.json" "${gc[@]}" env "$out" "$device"
 if [ $tiny = 1 ]; then
   engine=(--in_flight 1 4 --num_batches 4 --rows 1 --latent_steps 2 --tokens 4 --torch_threads 1)
   speed=(--num_questions 1 --rounds 1 --latent_steps 2 --rollout_steps 2 --max_new_tokens 2 --repeats 1)
@@ -109,24 +114,24 @@ else
   run=(--num_recursive_rounds 2 --latent_steps 8)
   copies=(--num_replicas 2 --role_replicas solver=2)
 fi
-step engine 75 "$work/engine/engine.json" "$py" -m jobs.bench.engine --model tiny:llama --device "$device" \
+step engine "${limits[engine]}" "$work/engine/engine.json" "$py" -m jobs.bench.engine --model tiny:llama --device "$device" \
   --dtype float32 "${engine[@]}" --output_path "$work/engine"
-step speed 60 "$work/speed/bench.json" "$py" -m jobs.bench.speed --preset tiny --quick --no_ray --device "$device" \
+step speed "${limits[speed]}" "$work/speed/bench.json" "$py" -m jobs.bench.speed --preset tiny --quick --no_ray --device "$device" \
   --dtype "$dtype" "${speed[@]}" --output_path "$work/speed"
-step latent_step 50 "$out/latent_step.part.json" "${gc[@]}" latent_step "$out" "$device" "${t[@]}"
-step costs 70 "$out/costs.part.json" "${gc[@]}" costs "$out" "$device" "${t[@]}"
-step backend 60 "$work/backend/bench_backend.json" "$py" -m jobs.bench.backend --preset tiny --device "$device" \
+step latent_step "${limits[latent_step]}" "$out/latent_step.part.json" "${gc[@]}" latent_step "$out" "$device" "${t[@]}"
+step costs "${limits[costs]}" "$out/costs.part.json" "${gc[@]}" costs "$out" "$device" "${t[@]}"
+step backend "${limits[backend]}" "$work/backend/bench_backend.json" "$py" -m jobs.bench.backend --preset tiny --device "$device" \
   --dtype "$dtype" --placement "$placement" "${small[@]}" --output_path "$work/backend"
 replicas=(--style sequential_light --preset tiny --dataset jobs/examples/questions.jsonl --method recursive_mas
           "${run[@]}" --device "$device" --dtype "$dtype")
-step replicas_local 40 "$work/run_local/results_*.json" "$py" -m jobs.run "${replicas[@]}" --backend local --output_path "$work/run_local"
-step replicas_ray 80 "$work/run_ray/results_*.json" "$py" -m jobs.run "${replicas[@]}" --backend ray --placement "$placement" "${copies[@]}" \
+step replicas_local "${limits[replicas_local]}" "$work/run_local/results_*.json" "$py" -m jobs.run "${replicas[@]}" --backend local --output_path "$work/run_local"
+step replicas_ray "${limits[replicas_ray]}" "$work/run_ray/results_*.json" "$py" -m jobs.run "${replicas[@]}" --backend ray --placement "$placement" "${copies[@]}" \
   --output_path "$work/run_ray"
-step replicas_compare 15 "$out/compare.part.json" "${gc[@]}" compare "$out" "$work/run_local" "$work/run_ray"
+step replicas_compare "${limits[replicas_compare]}" "$out/compare.part.json" "${gc[@]}" compare "$out" "$work/run_local" "$work/run_ray"
 if [ "$num_gpus" -ge 3 ]; then
-  step nccl_run 80 "" "$py" -m jobs.run "${replicas[@]}" --backend ray --placement one_gpu_per_agent \
+  step nccl_run "${limits[nccl_run]}" "" "$py" -m jobs.run "${replicas[@]}" --backend ray --placement one_gpu_per_agent \
     --transport rdt:nccl --output_path "$work/run_nccl"
-  step outer_nccl 80 "$work/outer/bench_outer.json" "$py" -m jobs.bench.outer --preset tiny --use_gpu --rounds 1 2 \
+  step outer_nccl "${limits[outer_nccl]}" "$work/outer/bench_outer.json" "$py" -m jobs.bench.outer --preset tiny --use_gpu --rounds 1 2 \
     --max_steps 4 --output_path "$work/outer"
 else
   echo "== nccl_run, outer_nccl skipped: $num_gpus GPU(s); a GPU per agent needs 3" | tee -a "$log"
