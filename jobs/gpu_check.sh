@@ -4,7 +4,7 @@
 #
 #   bash jobs/device_wheels.sh            # here, once: .whl/ holds Ray and what the device image lacks
 #   bash jobs/gpu_check.sh                # there: the device tool's run, carry [".whl"], timeout_s 540
-#   bash jobs/gpu_check.sh --dry_run      # every step on this CPU with tiny shapes (CI's default tier, ~1 min)
+#   bash jobs/gpu_check.sh --dry_run      # every step on this CPU, tiny shapes, 4x limits (CI's default tier)
 #   options: --device cpu|cuda, --out DIR (default $OUT, else out/gpu_check), --budget_s S (default 480)
 #
 # Writes two files under the output folder: gpu_check.json (every figure: each step's status, exit code, seconds,
@@ -69,11 +69,13 @@ num_gpus=$( (nvidia-smi -L 2>/dev/null || true) | grep -c '^GPU ')
 placement=colocated dtype=bfloat16
 [ "$device" = cpu ] && placement=cpu
 [ $tiny = 1 ] && dtype=float32  # tiny shapes on a CPU: bf16 kernels there are slower, and the dry run checks paths
-deadline=$(($(date +%s) + budget))
+scale=1
+[ $tiny = 1 ] && scale=4  # the limits are the GPU plan's; a dry run on a shared CPU gets 4x each (and the budget)
+deadline=$(($(date +%s) + budget * scale))
 failed=0
 
 step() {  # step NAME LIMIT RESULT_JSON COMMAND...: run under min(LIMIT, budget left), log, record in the JSON
-  local name=$1 limit=$2 part=$3 t0 rc left
+  local name=$1 limit=$(($2 * scale)) part=$3 t0 rc left
   shift 3
   left=$((deadline - $(date +%s)))
   [ "$left" -lt "$limit" ] && limit=$left
@@ -95,8 +97,8 @@ order=(env engine speed latent_step costs backend replicas_local replicas_ray re
 declare -A limits=([env]=30 [engine]=75 [speed]=60 [latent_step]=50 [costs]=70 [backend]=60 [replicas_local]=40
                    [replicas_ray]=80 [replicas_compare]=15 [nccl_run]=80 [outer_nccl]=80)  # seconds per step
 plan=$(for n in "${order[@]}"; do printf '"%s": %s, ' "$n" "${limits[$n]}"; done)
-printf '{"device": "%s", "dry_run": %s, "budget_s": %s, "num_gpus": %s, "started": "%s", "plan_s": {%s}}\n' \
-  "$device" "$([ $tiny = 1 ] && echo true || echo false)" "$budget" "$num_gpus" "$(date -u +%FT%TZ)" \
+printf '{"device": "%s", "dry_run": %s, "limit_scale": %s, "budget_s": %s, "num_gpus": %s, "started": "%s", "plan_s": {%s}}\n' \
+  "$device" "$([ $tiny = 1 ] && echo true || echo false)" "$scale" "$budget" "$num_gpus" "$(date -u +%FT%TZ)" \
   "${plan%, }" >"$work/plan.json"
 "$py" -m jobs.bench.gpu_check record "$out" plan 0 0 0 "$work/plan.json"
 

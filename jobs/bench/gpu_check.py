@@ -193,7 +193,8 @@ def costs(out: str, device: str, tiny: bool) -> dict:
     measurements = []
     for name, shapes in DEMO_SHAPES.items():
         agent = shaped_agent(shapes, device, dtype, tiny=tiny, name=name)
-        m = measure_agent(agent, rows, repeats=1 if tiny else 3, steps=2 if tiny else 16)
+        m = measure_agent(agent, rows, repeats=1 if tiny else 3, steps=2 if tiny else 16,
+                          clock="cpu" if device == "cpu" else "wall")
         m.update({"weights": "random", "dtype": str(dtype).removeprefix("torch."), "layers": len(agent.model.model.layers)})
         measurements.append(m)
         del agent

@@ -2,7 +2,8 @@
 
 Measures, through the `Agent` API the agent actors run (`embed_batch`, `latent_rollout`, `decode`), each
 model's call costs at several row counts B, interleaving the repetitions (every row count once per pass)
-and recording the load average:
+and recording the load average. On a CPU the times are the process's CPU time by default (`--clock cpu`: on a
+shared host wall time counts other users' work), on a GPU wall time:
 
     prefill_ms(B)        embed + the prompt's forward: a 1-step rollout minus one latent step
     latent_step_ms(B)    (rollout of N+1 steps - rollout of 1 step) / N
@@ -31,7 +32,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Annotated
 
-from recmas_ray.config.checks import NonEmpty, Range, WritableDir
+from recmas_ray.config.checks import NonEmpty, OneOf, Range, WritableDir
 from recmas_ray.config.cli import run_job
 
 QUANTITIES = ("prefill_ms", "latent_step_ms", "decoded_token_ms")
@@ -63,6 +64,9 @@ class FitConfig:
     """N latent steps / decoded tokens per timed call (the per-step time is a difference of two calls)."""
     dtype: str = "float32"
     """The models' dtype (float32: as the demo agents run on CPU)."""
+    clock: Annotated[str, OneOf(CLOCKS)] = "cpu"
+    """What a time is: this process's CPU time (cpu: on a shared host, so other users' work is not counted; the
+    real-agent check, jobs.bench.scale_real, counts its agents' CPU time alike) or wall time (wall: a GPU)."""
     torch_threads: Annotated[int, Range(0, 1024)] = 1
     """torch threads (1: as each agent actor runs, `start_agents(torch_threads=1)`; 0: torch's default)."""
     from_json: str | None = None
@@ -71,19 +75,25 @@ class FitConfig:
     """Where scale_costs.json and config.json go."""
 
 
-def _timed(fn) -> float:
+CLOCKS = ("cpu", "wall")
+
+
+def _timed(fn, clock: str = "wall") -> float:
+    """ms of fn(): wall time (a GPU's, synchronised), or this process's CPU time (on a shared host the wall
+    time counts other users' work; with one torch thread the CPU time is the call's compute and host work)."""
     import torch
 
-    t0 = time.perf_counter()
+    now = time.process_time if clock == "cpu" else time.perf_counter
+    t0 = now()
     fn()
     if torch.cuda.is_available():
         torch.cuda.synchronize()
-    return (time.perf_counter() - t0) * 1e3
+    return (now() - t0) * 1e3
 
 
-def measure_agent(agent, rows_list: list[int], *, repeats: int, steps: int, log=print) -> dict:
+def measure_agent(agent, rows_list: list[int], *, repeats: int, steps: int, clock: str = "wall", log=print) -> dict:
     """One agent's prefill / latent step / decoded token times (ms) at each row count, passes interleaved
-    (each pass times every row count once, in alternating order). Returns {"points": [{rows, prompt_tokens,
+    (each pass times every row count once, in alternating order) by `clock` (`_timed`). Returns {"points": [{rows, prompt_tokens,
     <quantity>: median, <quantity>_samples: [...]}], "loadavg_1_5_15_before"/"after"}."""
     import torch
 
@@ -101,10 +111,10 @@ def measure_agent(agent, rows_list: list[int], *, repeats: int, steps: int, log=
         for rep in range(repeats):
             for b in (rows_list if rep % 2 == 0 else rows_list[::-1]):
                 users = [PROMPT.format(i=i) for i in range(b)]
-                r1 = _timed(lambda: agent.latent_rollout(*agent.embed_batch(users), 1))
-                rn = _timed(lambda: agent.latent_rollout(*agent.embed_batch(users), steps + 1))
-                d1 = _timed(lambda: agent.decode(*agent.embed_batch(users), one))
-                dn = _timed(lambda: agent.decode(*agent.embed_batch(users), many))
+                r1 = _timed(lambda: agent.latent_rollout(*agent.embed_batch(users), 1), clock)
+                rn = _timed(lambda: agent.latent_rollout(*agent.embed_batch(users), steps + 1), clock)
+                d1 = _timed(lambda: agent.decode(*agent.embed_batch(users), one), clock)
+                dn = _timed(lambda: agent.decode(*agent.embed_batch(users), many), clock)
                 step = (rn - r1) / steps
                 s = samples[b]
                 s["latent_step_ms"].append(step)
@@ -118,7 +128,7 @@ def measure_agent(agent, rows_list: list[int], *, repeats: int, steps: int, log=
             point[q] = statistics.median(samples[b][q])
             point[f"{q}_samples"] = [round(x, 4) for x in samples[b][q]]
         points.append(point)
-    return {"model": agent.model_name, "steps": steps, "repeats": repeats, "points": points,
+    return {"model": agent.model_name, "steps": steps, "repeats": repeats, "clock": clock, "points": points,
             "loadavg_1_5_15_before": load0, "loadavg_1_5_15_after": list(os.getloadavg())}
 
 
@@ -227,7 +237,7 @@ def run(cfg: FitConfig) -> int:
         for name in cfg.models:
             print(f"timing {name} at rows {cfg.rows}", flush=True)
             measurements.append(measure_agent(_load_agent(name, cfg.dtype), list(cfg.rows), repeats=cfg.repeats,
-                                              steps=cfg.steps))
+                                              steps=cfg.steps, clock=cfg.clock))
     fit = fit_all(measurements)
     out = {"source": source, "versions": versions(), "fit": fit, "measurements": measurements,
            "measured_at": time.strftime("%Y-%m-%d %H:%M:%S %Z")}

@@ -13,9 +13,13 @@ scaling model's prediction from the fitted cost table: a check of the model that
         +---- throughput (batches/s, steady window of the agents' call logs), per layout ----+
                           -> scale_real.json: measured, modelled (marked), their ratio
 
-Every agent runs with one torch thread (as `start_agents(torch_threads=1)`), the fit's setting; on this host
-they share `--cores` cores (default: all), so the layouts differ in which calls wait, not in idle GPUs.
-The machine's load average is recorded before and after every run (other users' work takes cores too).
+Every agent runs with one torch thread (as `start_agents(torch_threads=1)`), the fit's setting, and the fit
+counts CPU time (`scale_fit --clock cpu`). On one host the agents share its cores, and other users' work takes
+some: each run counts its agents' CPU seconds (/proc) over its wall time, the cores it effectively had, and the
+model of that run shares that many processors among the agents (`model_run(shared_devices=...)`); the model at
+all the host's cores (`--cores`, default all) is given beside it. So the model predicts throughput from the
+fitted costs and the CPU the run got, and the measured CPU per batch checks the fitted table itself. The
+machine's load average is recorded before and after every run.
 
     python -m jobs.bench.scale_real                  # 6 agents, 16 batches per run, 2 repetitions (~10 min here)
 """
@@ -41,6 +45,8 @@ class RealScaleConfig:
 
     style: str = "sequential_light"
     """Style; its roles take the demo preset's real models (planner SmolLM2, critic Gemma, solver SmolLM2)."""
+    preset: str = "demo"
+    """Model preset of the roles (demo: the real small models; tiny: random-weight ones, for a quick check)."""
     agents: Annotated[int, Range(2, 64)] = 6
     """Agent actors of each layout (whole systems: agents // roles replicas)."""
     rounds: Annotated[int, Range(1, 8)] = 1
@@ -85,6 +91,23 @@ def questions(n: int, size: int, tag: str) -> list:
             for k in range(n)]
 
 
+def _cpu_s(pids: list[int]) -> float:
+    """CPU seconds (user + system) the processes have used so far (/proc/PID/stat; they run on this host)."""
+    tick, total = os.sysconf("SC_CLK_TCK"), 0.0
+    for pid in pids:
+        with open(f"/proc/{pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+        total += (int(fields[11]) + int(fields[12])) / tick  # utime, stime (fields 14, 15 of stat)
+    return total
+
+
+def agent_pids(reps) -> list[int]:
+    import ray
+
+    handles = [h for s in reps.systems for h in s.actors().values()]
+    return ray.get([h.__ray_call__.remote(lambda self: os.getpid()) for h in handles], timeout=60)
+
+
 def real_run(plan, layout_copies: dict | None, replicas: int, cfg: RealScaleConfig, tag: str) -> dict:
     """One run of `cfg.num_batches` on Ray: the agents' call logs read as the model's are (`summarize`)."""
     from jobs.bench.scale_model import summarize
@@ -101,10 +124,11 @@ def real_run(plan, layout_copies: dict | None, replicas: int, cfg: RealScaleConf
     try:
         reps.solve_all(questions(replicas, cfg.batch_size, f"warm{tag}"), rc, in_flight_per_replica=1)
         reps.call_logs(clear=True)
-        t0 = time.time()
+        pids = agent_pids(reps)
+        cpu0, t0 = _cpu_s(pids), time.time()
         out = reps.solve_all(questions(cfg.num_batches, cfg.batch_size, tag), rc,
                              in_flight_per_replica=max(1, cfg.in_flight // replicas))
-        wall = time.time() - t0
+        wall, cpu = time.time() - t0, _cpu_s(pids) - cpu0
         logs = reps.call_logs()
     finally:
         reps.shutdown()
@@ -120,6 +144,7 @@ def real_run(plan, layout_copies: dict | None, replicas: int, cfg: RealScaleConf
     return {"throughput_batches_per_s": run["throughput_batches_per_s"], "steady_s": run["steady_s"],
             "steady_batches": run["steady_batches"], "throughput_whole_run": cfg.num_batches / wall,
             "host_busy_by_role": run["host_busy_by_role"], "wall_s": wall, "mean_decoded_tokens": statistics.mean(tokens),
+            "agents_cpu_s": cpu, "agents_cpu_s_per_batch": cpu / cfg.num_batches, "effective_cores": cpu / wall,
             "loadavg_1_5_15_before": load0, "loadavg_1_5_15_after": list(os.getloadavg())}
 
 
@@ -131,7 +156,7 @@ def bench(cfg: RealScaleConfig) -> int:
     from recmas_ray.system.plan import plan_system
 
     fit = load_fit(cfg.costs)
-    plan = plan_system(cfg.style, preset="demo", seed=0, dtype="float32")
+    plan = plan_system(cfg.style, preset=cfg.preset, seed=0, dtype="float32")
     roles = list(plan.style.roles)
     params = role_params(plan, fit, cfg.max_new_tokens)  # before anything is written: a missing fit is exit 2
     if cfg.agents < len(roles):
@@ -152,19 +177,30 @@ def bench(cfg: RealScaleConfig) -> int:
               role_ms, "pool_copies": copies, "whole_system_replicas": n_whole, "agents": n_whole * len(roles),
               "cores": cores, "layouts": {}}
     for name, (cps, n) in layouts.items():
-        tokens = statistics.median(r["mean_decoded_tokens"] for r in runs[name])
-        model_params = role_params(plan, fit, max(1, round(tokens)))  # the decode lengths the run had
         layout = [cps or {r: 1 for r in roles}] * n
-        model = model_run(plan.style, model_params, layout, rounds=cfg.rounds, latent_steps=cfg.latent_steps,
-                          max_new_tokens=max(1, round(tokens)), batch_size=cfg.batch_size,
-                          num_batches=max(cfg.num_batches, 30 * cfg.in_flight), depth=max(1, cfg.in_flight // n),
-                          shared_devices=cores)
+        for run in runs[name]:  # the model of each run: the fit's costs, the run's decode lengths and CPU share
+            tokens = max(1, round(run["mean_decoded_tokens"]))
+            kw = dict(rounds=cfg.rounds, latent_steps=cfg.latent_steps, max_new_tokens=tokens,
+                      batch_size=cfg.batch_size, num_batches=max(cfg.num_batches, 30 * cfg.in_flight),
+                      depth=max(1, cfg.in_flight // n))
+            model_params = role_params(plan, fit, tokens)
+            run["modelled_cpu_s_per_batch"] = sum(expected_role_ms(
+                plan.style, model_params, cfg.rounds, cfg.latent_steps, tokens, cfg.batch_size).values()) / 1e3
+            run["modelled_throughput_batches_per_s"] = model_run(
+                plan.style, model_params, layout, shared_devices=run["effective_cores"], **kw)["throughput_batches_per_s"]
+            run["modelled_at_host_cores"] = model_run(plan.style, model_params, layout, shared_devices=cores,
+                                                      **kw)["throughput_batches_per_s"]
         xs = [r["throughput_batches_per_s"] for r in runs[name]]
+        ms = [r["modelled_throughput_batches_per_s"] for r in runs[name]]
         report["layouts"][name] = {
             "measured_throughput_batches_per_s": statistics.median(xs), "measured_spread": [min(xs), max(xs)],
-            "modelled_throughput_batches_per_s": model["throughput_batches_per_s"],
-            "measured_vs_modelled": statistics.median(xs) / model["throughput_batches_per_s"] - 1,
-            "modelled_busy_by_role": model["busy_by_role"], "runs": runs[name]}
+            "modelled_throughput_batches_per_s": statistics.median(ms), "modelled_spread": [min(ms), max(ms)],
+            "measured_vs_modelled": statistics.median(x / m - 1 for x, m in zip(xs, ms)),
+            "effective_cores": statistics.median(r["effective_cores"] for r in runs[name]),
+            "measured_cpu_s_per_batch": statistics.median(r["agents_cpu_s_per_batch"] for r in runs[name]),
+            "modelled_cpu_s_per_batch": statistics.median(r["modelled_cpu_s_per_batch"] for r in runs[name]),
+            "modelled_at_host_cores": statistics.median(r["modelled_at_host_cores"] for r in runs[name]),
+            "runs": runs[name]}
     w, p = report["layouts"]["whole_system"], report["layouts"]["per_role_pools"]
     report["pools_vs_whole"] = {
         "measured": p["measured_throughput_batches_per_s"] / w["measured_throughput_batches_per_s"],

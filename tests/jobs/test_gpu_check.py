@@ -23,16 +23,17 @@ def _run(*args, timeout=600):
                           text=True, timeout=timeout)
 
 
+@pytest.mark.timeout(2400)  # 4 x the 480 s plan at most; ~1-2 min on 2 idle cores
 def test_dry_run_exercises_every_step_into_one_json_and_one_log(tmp_path):
     out = tmp_path / "gc"
-    res = _run("--dry_run", "--out", str(out))
+    res = _run("--dry_run", "--out", str(out), timeout=2400)
     data = json.loads((out / "gpu_check.json").read_text())
     assert res.returncode == 0, (res.stdout[-3000:], (out / "gpu_check.log").read_text()[-3000:])
     assert sorted(os.listdir(out)) == ["gpu_check.json", "gpu_check.log"]
     steps = data["steps"]
     assert [s for s in SINGLE_GPU_STEPS if steps[s]["status"] != "ok"] == []
     plan = steps["plan"]["result"]
-    assert plan["dry_run"] is True and plan["device"] == "cpu"
+    assert plan["dry_run"] is True and plan["device"] == "cpu" and plan["limit_scale"] == 4
     # the single-GPU plan's limits fit the 9-minute slot with ~60 s for the wheels' install and start-up
     assert sum(plan["plan_s"][s] for s in SINGLE_GPU_STEPS) <= plan["budget_s"] <= 540 - 60
     env = steps["env"]["result"]
