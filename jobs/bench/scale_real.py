@@ -15,11 +15,13 @@ scaling model's prediction from the fitted cost table: a check of the model that
 
 Every agent runs with one torch thread (as `start_agents(torch_threads=1)`), the fit's setting, and the fit
 counts CPU time (`scale_fit --clock cpu`). On one host the agents share its cores, and other users' work takes
-some: each run counts its agents' CPU seconds (/proc) over its wall time, the cores it effectively had, and the
-model of that run shares that many processors among the agents (`model_run(shared_devices=...)`); the model at
-all the host's cores (`--cores`, default all) is given beside it. So the model predicts throughput from the
-fitted costs and the CPU the run got, and the measured CPU per batch checks the fitted table itself. The
-machine's load average is recorded before and after every run.
+some, so the model's devices are processors shared by all agents (`model_run(shared_devices=c)`). c is measured
+apart from the agents, like counting GPUs: before and after each run, as many busy processes as agents spin for
+2 s (`probe_cores`), and c is the mean of their CPU seconds / wall. The model is given the run's batches, depth
+and decode lengths, and both read throughput over the whole active run (first call to last; a short run's
+steady window holds a few batches). Beside it: the agents' own CPU seconds per batch (/proc) against the fitted
+table's (a check of the table), the cores the agents had (CPU seconds / wall), the model at those cores, and at
+all the host's cores (`--cores`, default all). The load average is recorded before and after every run.
 
     python -m jobs.bench.scale_real                  # 6 agents, 16 batches per run, 2 repetitions (~10 min here)
 """
@@ -101,6 +103,29 @@ def _cpu_s(pids: list[int]) -> float:
     return total
 
 
+def _spin(seconds: float, out) -> None:
+    cpu0, t0 = time.process_time(), time.perf_counter()
+    while time.perf_counter() - t0 < seconds:
+        pass
+    out.put(time.process_time() - cpu0)
+
+
+def probe_cores(processes: int, seconds: float = 2.0) -> float:
+    """Cores `processes` busy processes get now (their CPU seconds / wall): what this host gives as many
+    runnable agents while other users' work runs, measured apart from the agents themselves."""
+    import multiprocessing as mp
+
+    ctx = mp.get_context("spawn")  # not fork: the driver holds Ray's threads
+    out = ctx.Queue()
+    procs = [ctx.Process(target=_spin, args=(seconds, out)) for _ in range(processes)]
+    for p in procs:
+        p.start()
+    cpu = sum(out.get(timeout=seconds * 100) for _ in procs)
+    for p in procs:
+        p.join(timeout=60)
+    return cpu / seconds
+
+
 def agent_pids(reps) -> list[int]:
     import ray
 
@@ -120,6 +145,7 @@ def real_run(plan, layout_copies: dict | None, replicas: int, cfg: RealScaleConf
     placement = PlacementConfig(preset="cpu", cpus_per_agent=0.05, num_replicas=replicas, agent_max_restarts=0,
                                 role_replicas=layout_copies or {}, ready_timeout_s=cfg.timeout_s)
     load0 = list(os.getloadavg())
+    cores_before = probe_cores(cfg.agents)
     reps = start_agents(plan, backend="ray", placement=placement, timeout_s=cfg.timeout_s, torch_threads=1)
     try:
         reps.solve_all(questions(replicas, cfg.batch_size, f"warm{tag}"), rc, in_flight_per_replica=1)
@@ -141,8 +167,11 @@ def real_run(plan, layout_copies: dict | None, replicas: int, cfg: RealScaleConf
                     entries[m.group(1)] = min(entries.get(m.group(1), c["t0"]), c["t0"])
     tokens = [r.num_text_tokens for _, res in out for r in res]
     run = summarize(logs, list(entries.values()))
-    return {"throughput_batches_per_s": run["throughput_batches_per_s"], "steady_s": run["steady_s"],
-            "steady_batches": run["steady_batches"], "throughput_whole_run": cfg.num_batches / wall,
+    cores_after = probe_cores(cfg.agents)
+    return {"throughput_batches_per_s": run["throughput_active_window"],
+            "throughput_steady_window": run["throughput_batches_per_s"], "steady_s": run["steady_s"],
+            "steady_batches": run["steady_batches"], "throughput_wall": cfg.num_batches / wall,
+            "probed_cores_before_after": [cores_before, cores_after],
             "host_busy_by_role": run["host_busy_by_role"], "wall_s": wall, "mean_decoded_tokens": statistics.mean(tokens),
             "agents_cpu_s": cpu, "agents_cpu_s_per_batch": cpu / cfg.num_batches, "effective_cores": cpu / wall,
             "loadavg_1_5_15_before": load0, "loadavg_1_5_15_after": list(os.getloadavg())}
@@ -178,18 +207,20 @@ def bench(cfg: RealScaleConfig) -> int:
               "cores": cores, "layouts": {}}
     for name, (cps, n) in layouts.items():
         layout = [cps or {r: 1 for r in roles}] * n
-        for run in runs[name]:  # the model of each run: the fit's costs, the run's decode lengths and CPU share
+        for run in runs[name]:  # the model of each run: the fit's costs, the run's batches, depth, decode lengths
             tokens = max(1, round(run["mean_decoded_tokens"]))
             kw = dict(rounds=cfg.rounds, latent_steps=cfg.latent_steps, max_new_tokens=tokens,
-                      batch_size=cfg.batch_size, num_batches=max(cfg.num_batches, 30 * cfg.in_flight),
-                      depth=max(1, cfg.in_flight // n))
+                      batch_size=cfg.batch_size, num_batches=cfg.num_batches, depth=max(1, cfg.in_flight // n))
             model_params = role_params(plan, fit, tokens)
             run["modelled_cpu_s_per_batch"] = sum(expected_role_ms(
                 plan.style, model_params, cfg.rounds, cfg.latent_steps, tokens, cfg.batch_size).values()) / 1e3
+            probed = statistics.mean(run["probed_cores_before_after"])  # the host's cores as measured apart
             run["modelled_throughput_batches_per_s"] = model_run(
-                plan.style, model_params, layout, shared_devices=run["effective_cores"], **kw)["throughput_batches_per_s"]
+                plan.style, model_params, layout, shared_devices=probed, **kw)["throughput_active_window"]
+            run["modelled_at_run_cores"] = model_run(plan.style, model_params, layout,
+                                                     shared_devices=run["effective_cores"], **kw)["throughput_active_window"]
             run["modelled_at_host_cores"] = model_run(plan.style, model_params, layout, shared_devices=cores,
-                                                      **kw)["throughput_batches_per_s"]
+                                                      **kw)["throughput_active_window"]
         xs = [r["throughput_batches_per_s"] for r in runs[name]]
         ms = [r["modelled_throughput_batches_per_s"] for r in runs[name]]
         report["layouts"][name] = {
@@ -200,6 +231,8 @@ def bench(cfg: RealScaleConfig) -> int:
             "measured_cpu_s_per_batch": statistics.median(r["agents_cpu_s_per_batch"] for r in runs[name]),
             "modelled_cpu_s_per_batch": statistics.median(r["modelled_cpu_s_per_batch"] for r in runs[name]),
             "modelled_at_host_cores": statistics.median(r["modelled_at_host_cores"] for r in runs[name]),
+            "modelled_at_run_cores": statistics.median(r["modelled_at_run_cores"] for r in runs[name]),
+            "probed_cores": statistics.median(statistics.mean(r["probed_cores_before_after"]) for r in runs[name]),
             "runs": runs[name]}
     w, p = report["layouts"]["whole_system"], report["layouts"]["per_role_pools"]
     report["pools_vs_whole"] = {
