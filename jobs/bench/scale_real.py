@@ -23,7 +23,8 @@ steady window holds a few batches). Beside it: the agents' own CPU seconds per b
 table's (a check of the table), the cores the agents had (CPU seconds / wall), the model at those cores, and at
 all the host's cores (`--cores`, default all). The load average is recorded before and after every run.
 
-    python -m jobs.bench.scale_real                  # 6 agents, 16 batches per run, 2 repetitions (~10 min here)
+    python -m jobs.bench.scale_fit && python -m jobs.bench.scale_real && python -m jobs.bench.scale_tables
+                          # the fit, then 6 agents, 12 batches per run, 2 interleaved repetitions per layout
 """
 
 from __future__ import annotations
@@ -53,14 +54,14 @@ class RealScaleConfig:
     """Agent actors of each layout (whole systems: agents // roles replicas)."""
     rounds: Annotated[int, Range(1, 8)] = 1
     """R."""
-    latent_steps: Annotated[int, Range(1, 256)] = 8
+    latent_steps: Annotated[int, Range(1, 256)] = 4
     """m."""
-    max_new_tokens: Annotated[int, Range(1, 1024)] = 12
+    max_new_tokens: Annotated[int, Range(1, 1024)] = 8
     """Decode budget."""
-    batch_size: Annotated[int, Range(1, 64)] = 2
+    batch_size: Annotated[int, Range(1, 64)] = 1
     """Questions per batch."""
-    num_batches: Annotated[int, Range(1, 10_000)] = 16
-    """Batches per run (the steady window needs more than twice the batches in flight)."""
+    num_batches: Annotated[int, Range(1, 10_000)] = 12
+    """Batches per run (throughput is read over the whole active run, in the model alike)."""
     in_flight: Annotated[int, Range(1, 256)] = 4
     """Batches in flight in all, the same for both layouts."""
     repeats: Annotated[int, Range(1, 20)] = 2
