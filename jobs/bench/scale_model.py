@@ -97,7 +97,7 @@ def simulate(style: StyleSpec, params: dict, layout: list[dict[str, int]], *, ro
              max_new_tokens: int, batch_size: int, num_batches: int, depth: int, seed: int = 0,
              orchestrator_s_per_call: float = 0.0, router_s_per_batch: float = 0.0,
              agent_host_s_per_call: float = 0.0, route_when: str = "ready", num_orchestrators: int = 0,
-             decode_s: Sequence[float] | None = None, shared_devices: float = 0.0) -> dict:
+             decode_s: Sequence[float] | None = None, shared_devices: float = 0.0, other_load: float = 0.0) -> dict:
     """Run `num_batches` through `layout` (one dict of copies per role per replica) with `depth` batches in
     flight per replica; returns {"logs": per replica {ROLE#K: calls}, "batches": {id: (entry, end)}}.
     `route_when`: "ready" (as built: a call is routed when its inputs exist) or "submitted" (the earlier build:
@@ -106,7 +106,8 @@ def simulate(style: StyleSpec, params: dict, layout: list[dict[str, int]], *, ro
     `decode_s`: the k-th batch admitted decodes for decode_s[k] seconds (a Ray run's own, so the model of a
     run has the same work), instead of drawing its rows' lengths.
     `shared_devices`: 0, every copy its own device (GPUs); c > 0, all copies share c processors (agents on one
-    host's CPU cores): n calls running at once each progress at min(1, c / n) of their speed."""
+    host's CPU cores): n calls running at once each progress at min(1, c / (other_load + n)) of their speed,
+    `other_load` being the other runnable processes the host's scheduler shares the cores with fairly."""
     if route_when not in ("submitted", "ready"):
         raise ValueError(f"route_when={route_when!r}; expected submitted or ready")
     if decode_s is not None and len(decode_s) < num_batches:
@@ -130,8 +131,11 @@ def simulate(style: StyleSpec, params: dict, layout: list[dict[str, int]], *, ro
 
     running, shared = {}, {"t": 0.0, "version": 0}  # shared_devices: call -> [work left (s), copy, t0]
 
+    def share(n: int) -> float:  # each running call's speed under processor sharing
+        return min(1.0, shared_devices / (other_load + n)) if n else 1.0
+
     def advance(t: float):  # processor sharing: every running call progresses at the shared rate
-        rate = min(1.0, shared_devices / len(running)) if running else 1.0
+        rate = share(len(running))
         for entry in running.values():
             entry[0] -= (t - shared["t"]) * rate
         shared["t"] = t
@@ -139,7 +143,7 @@ def simulate(style: StyleSpec, params: dict, layout: list[dict[str, int]], *, ro
     def reschedule(t: float):  # the next finish under sharing (earlier predictions are superseded)
         shared["version"] += 1
         if running:
-            rate = min(1.0, shared_devices / len(running))
+            rate = share(len(running))
             push(t + max(0.0, min(e[0] for e in running.values())) / rate, "shared_finish", shared["version"])
 
     def try_start(copy: _Copy, t: float):

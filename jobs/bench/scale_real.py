@@ -15,9 +15,10 @@ scaling model's prediction from the fitted cost table: a check of the model that
 
 Every agent runs with one torch thread (as `start_agents(torch_threads=1)`), the fit's setting, and the fit
 counts CPU time (`scale_fit --clock cpu`). On one host the agents share its cores, and other users' work takes
-some, so the model's devices are processors shared by all agents (`model_run(shared_devices=c)`). c is measured
-apart from the agents, like counting GPUs: before and after each run, as many busy processes as agents spin for
-2 s (`probe_cores`), and c is the mean of their CPU seconds / wall. The model is given the run's batches, depth
+some, so the model's devices are processors shared by all agents (`model_run(shared_devices=cores, other_load=L)`: n calls running
+at once each progress at min(1, cores / (L + n)), the host's scheduler sharing the cores fairly among runnable
+processes). L is measured apart from the agents, like counting GPUs: before and after each run, as many busy
+processes as agents (k) spin for 2 s (`probe_cores`); each got r cores, so L = cores / r - k. The model is given the run's batches, depth
 and decode lengths, and both read throughput over the whole active run (first call to last; a short run's
 steady window holds a few batches). Beside it: the agents' own CPU seconds per batch (/proc) against the fitted
 table's (a check of the table), the cores the agents had (CPU seconds / wall), the model at those cores, and at
@@ -70,6 +71,9 @@ class RealScaleConfig:
     """The fitted cost table (jobs.bench.scale_fit)."""
     cores: Annotated[int, Range(0, 4096)] = 0
     """Cores the agents share in the model (0: this host's)."""
+    remodel: str | None = None
+    """Run no agents: model the runs of this saved scale_real.json again (its layouts and settings must be this
+    config's), e.g. after a new fit."""
     timeout_s: Annotated[float, Range(0, 86400, lo_open=True)] = 900.0
     """Timeout of every wait."""
     output_path: Annotated[str, WritableDir()] = "docs"
@@ -191,19 +195,32 @@ def bench(cfg: RealScaleConfig) -> int:
     params = role_params(plan, fit, cfg.max_new_tokens)  # before anything is written: a missing fit is exit 2
     if cfg.agents < len(roles):
         raise ValueError(f"--agents {cfg.agents}: the {cfg.style} style has {len(roles)} roles; expected at least that")
-    save_config(cfg, cfg.output_path)
     n_whole = cfg.agents // len(roles)
     role_ms = expected_role_ms(plan.style, params, cfg.rounds, cfg.latent_steps, cfg.max_new_tokens, cfg.batch_size)
     copies = size_pools(role_ms, n_whole * len(roles))
     layouts = {"whole_system": (None, n_whole), "per_role_pools": (copies, 1)}
-    runs = {name: [] for name in layouts}
-    for rep in range(cfg.repeats):  # interleaved: one run of each layout per pass, alternating which goes first
-        for name in (list(layouts) if rep % 2 == 0 else list(layouts)[::-1]):
-            cps, n = layouts[name]
-            runs[name].append(real_run(plan, cps, n, cfg, f"r{rep}"))
-            print(json.dumps({name: {k: v for k, v in runs[name][-1].items() if not isinstance(v, dict)}}), flush=True)
+    settings = {k: getattr(cfg, k) for k in ("style", "preset", "agents", "rounds", "latent_steps", "max_new_tokens",
+                                              "batch_size", "num_batches", "in_flight")}
+    if cfg.remodel:  # the runs of a saved report, modelled again (with this fit)
+        saved = json.load(open(cfg.remodel))
+        differ = {k: (v, saved.get("settings", {}).get(k)) for k, v in settings.items()
+                  if saved.get("settings", {}).get(k) != v}
+        if differ:
+            raise ValueError(f"--remodel {cfg.remodel}: its runs had other settings {differ} (this config's, "
+                             "the saved); expected the same")
+        copies, runs = saved["pool_copies"], {n: lay["runs"] for n, lay in saved["layouts"].items()}
+        layouts = {"whole_system": (None, saved["whole_system_replicas"]), "per_role_pools": (copies, 1)}
+    save_config(cfg, cfg.output_path)
+    if not cfg.remodel:
+        runs = {name: [] for name in layouts}
+        for rep in range(cfg.repeats):  # interleaved: one run of each layout per pass, alternating which goes first
+            for name in (list(layouts) if rep % 2 == 0 else list(layouts)[::-1]):
+                cps, n = layouts[name]
+                runs[name].append(real_run(plan, cps, n, cfg, f"r{rep}"))
+                print(json.dumps({name: {k: v for k, v in runs[name][-1].items() if not isinstance(v, dict)}}),
+                      flush=True)
     cores = cfg.cores or os.cpu_count()
-    report = {"style": cfg.style, "role_models": plan.role_models, "fit_from": cfg.costs, "role_device_ms_per_batch":
+    report = {"settings": settings, "role_models": plan.role_models, "fit_from": cfg.costs, "role_device_ms_per_batch":
               role_ms, "pool_copies": copies, "whole_system_replicas": n_whole, "agents": n_whole * len(roles),
               "cores": cores, "layouts": {}}
     for name, (cps, n) in layouts.items():
@@ -215,9 +232,13 @@ def bench(cfg: RealScaleConfig) -> int:
             model_params = role_params(plan, fit, tokens)
             run["modelled_cpu_s_per_batch"] = sum(expected_role_ms(
                 plan.style, model_params, cfg.rounds, cfg.latent_steps, tokens, cfg.batch_size).values()) / 1e3
-            probed = statistics.mean(run["probed_cores_before_after"])  # the host's cores as measured apart
+            # the other runnable load the probe saw: k spinners got r cores each of the host's, so the scheduler
+            # shared the cores among host / r runnable processes, k of them the probe's
+            probed = statistics.mean(run["probed_cores_before_after"])
+            run["other_load"] = max(0.0, cores / max(probed / cfg.agents, 1e-9) - cfg.agents)
             run["modelled_throughput_batches_per_s"] = model_run(
-                plan.style, model_params, layout, shared_devices=probed, **kw)["throughput_active_window"]
+                plan.style, model_params, layout, shared_devices=cores, other_load=run["other_load"],
+                **kw)["throughput_active_window"]
             run["modelled_at_run_cores"] = model_run(plan.style, model_params, layout,
                                                      shared_devices=run["effective_cores"], **kw)["throughput_active_window"]
             run["modelled_at_host_cores"] = model_run(plan.style, model_params, layout, shared_devices=cores,
@@ -234,6 +255,7 @@ def bench(cfg: RealScaleConfig) -> int:
             "modelled_at_host_cores": statistics.median(r["modelled_at_host_cores"] for r in runs[name]),
             "modelled_at_run_cores": statistics.median(r["modelled_at_run_cores"] for r in runs[name]),
             "probed_cores": statistics.median(statistics.mean(r["probed_cores_before_after"]) for r in runs[name]),
+            "other_load": statistics.median(r["other_load"] for r in runs[name]),
             "runs": runs[name]}
     w, p = report["layouts"]["whole_system"], report["layouts"]["per_role_pools"]
     report["pools_vs_whole"] = {

@@ -185,3 +185,12 @@ def test_shared_devices_serve_every_call_from_one_processor_pool():
     two = model_run(STYLE, params, [{"planner": 1, "critic": 1, "solver": 2}], num_batches=60, depth=4,
                     shared_devices=2, **KW)
     assert 1 / 0.090 < two["throughput_batches_per_s"] <= 2 / 0.090 + 1e-6
+
+
+def test_other_load_takes_its_fair_share_of_the_cores():
+    """One core shared with one other runnable process: a lone call runs at half speed, so one batch at a time
+    takes twice the sum of its calls."""
+    params = _params(1, 2, 3)  # 90 ms per batch
+    run = model_run(STYLE, params, [{"planner": 1, "critic": 1, "solver": 1}], num_batches=8, depth=1,
+                    shared_devices=1, other_load=1, **KW)
+    assert run["throughput_batches_per_s"] == pytest.approx(1 / 0.180, rel=1e-6)
