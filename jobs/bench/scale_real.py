@@ -15,10 +15,12 @@ scaling model's prediction from the fitted cost table: a check of the model that
 
 Every agent runs with one torch thread (as `start_agents(torch_threads=1)`), the fit's setting, and the fit
 counts CPU time (`scale_fit --clock cpu`). On one host the agents share its cores, and other users' work takes
-some, so the model's devices are processors shared by all agents (`model_run(shared_devices=cores, other_load=L)`: n calls running
-at once each progress at min(1, cores / (L + n)), the host's scheduler sharing the cores fairly among runnable
-processes). L is measured apart from the agents, like counting GPUs: before and after each run, as many busy
-processes as agents (k) spin for 2 s (`probe_cores`); each got r cores, so L = cores / r - k. The model is given the run's batches, depth
+some, so the model's devices are processors shared by all agents (`model_run(shared_devices=c)`: n calls running
+at once each progress at min(1, c / n)). c is measured apart from the agents, like counting GPUs: before and after
+each run, as many busy processes as agents spin for 2 s (`probe_cores`), and c is the mean of their CPU seconds /
+wall. (Linux's autogroup scheduling, on here, shares the cores per session, not per process, so c hardly depends
+on how many of the user's processes run; the per-process fair share, other load L = cores / (c / k) - k for k
+spinners and each call at min(1, cores / (L + n)), is modelled beside it.) The model is given the run's batches, depth
 and decode lengths, and both read throughput over the whole active run (first call to last; a short run's
 steady window holds a few batches). Beside it: the agents' own CPU seconds per batch (/proc) against the fitted
 table's (a check of the table), the cores the agents had (CPU seconds / wall), the model at those cores, and at
@@ -236,7 +238,11 @@ def bench(cfg: RealScaleConfig) -> int:
             # shared the cores among host / r runnable processes, k of them the probe's
             probed = statistics.mean(run["probed_cores_before_after"])
             run["other_load"] = max(0.0, cores / max(probed / cfg.agents, 1e-9) - cfg.agents)
+            # primary: the probed cores as the agents' capacity (autogroup: see the module docstring); the
+            # per-process fair share beside it
             run["modelled_throughput_batches_per_s"] = model_run(
+                plan.style, model_params, layout, shared_devices=probed, **kw)["throughput_active_window"]
+            run["modelled_per_process_share"] = model_run(
                 plan.style, model_params, layout, shared_devices=cores, other_load=run["other_load"],
                 **kw)["throughput_active_window"]
             run["modelled_at_run_cores"] = model_run(plan.style, model_params, layout,
@@ -256,6 +262,7 @@ def bench(cfg: RealScaleConfig) -> int:
             "modelled_at_run_cores": statistics.median(r["modelled_at_run_cores"] for r in runs[name]),
             "probed_cores": statistics.median(statistics.mean(r["probed_cores_before_after"]) for r in runs[name]),
             "other_load": statistics.median(r["other_load"] for r in runs[name]),
+            "modelled_per_process_share": statistics.median(r["modelled_per_process_share"] for r in runs[name]),
             "runs": runs[name]}
     w, p = report["layouts"]["whole_system"], report["layouts"]["per_role_pools"]
     report["pools_vs_whole"] = {

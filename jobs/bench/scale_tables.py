@@ -42,7 +42,7 @@ def fit_table(costs: dict) -> str:
 def real_table(real: dict) -> str:
     """Per layout: measured throughput, the model's (marked), CPU per batch and the cores the run had."""
     lines = ["| layout | agents | throughput, batches/s: measured median (min-max) | modelled at the probed cores | "
-             "measured vs modelled | probed cores (other runnable load) | CPU s per batch: measured / modelled | cores the agents had "
+             "measured vs modelled | probed cores | CPU s per batch: measured / modelled | cores the agents had "
              "(modelled at those) | modelled at all host cores |", "|---|---|---|---|---|---|---|---|---|"]
     for name, lay in real["layouts"].items():
         layout = (f"{real['whole_system_replicas']} whole systems" if name == "whole_system" else
@@ -51,7 +51,7 @@ def real_table(real: dict) -> str:
             f"| {layout} | {real['agents']} | {lay['measured_throughput_batches_per_s']:.3f} "
             f"({lay['measured_spread'][0]:.3f}-{lay['measured_spread'][1]:.3f}) | "
             f"{lay['modelled_throughput_batches_per_s']:.3f} (modelled) | {lay['measured_vs_modelled']:+.1%} | "
-            f"{lay['probed_cores']:.2f} ({lay['other_load']:.1f}) | "
+            f"{lay['probed_cores']:.2f} | "
             f"{lay['measured_cpu_s_per_batch']:.2f} / {lay['modelled_cpu_s_per_batch']:.2f} (modelled) | "
             f"{lay['effective_cores']:.2f} ({lay['modelled_at_run_cores']:.3f}, modelled) | "
             f"{lay['modelled_at_host_cores']:.3f} (modelled) |")
