@@ -13,8 +13,8 @@ question's facts, and the gold answer's NLL split by token class.
                 before it; "fact" where the number is a hidden fact), wording (everything else), so a
                 constant soft prompt that only wins the fixed wording shows up as such
 
-Numpy only (the feature counts are small: questions x 2E); the same code serves `jobs/experiments/probe_latents.py`,
-the demo's report and the tests.
+Numpy only (the feature counts are small: questions x 2E); the same code serves the demo's report and the
+tests.
 """
 
 from __future__ import annotations

@@ -150,12 +150,15 @@ def timings_unreliable(machine: Mapping[str, Any] | None) -> bool:
     return bool(load) and load[0] > (machine or {}).get("cpu_count", 1)
 
 
-def _versions() -> dict[str, str | None]:
+def library_versions() -> dict[str, str | None]:
+    """Python's and every figure-moving library's version (None where one is not installed)."""
     from importlib import metadata
     import platform
 
     out: dict[str, str | None] = {"python": platform.python_version()}
-    for pkg in ("recmas_ray", "torch", "transformers", "ray", "datasets", "math-verify"):
+    # Every library whose version can move a figure (constraints.txt pins them for the README's commands).
+    for pkg in ("recmas_ray", "torch", "transformers", "tokenizers", "ray", "datasets", "numpy", "safetensors",
+                "accelerate", "gguf", "math-verify"):
         try:
             out[pkg] = metadata.version(pkg)
         except metadata.PackageNotFoundError:
@@ -206,7 +209,7 @@ def write_results(output_dir: str | os.PathLike, run_name: str, results: Mapping
         "results": {k: metrics for k, (metrics, _) in split.items()},
         "metadata": {k: meta for k, (_, meta) in split.items()},
         "config": config,
-        "versions": {**_versions(), **{k: 1.0 for k in results}},
+        "versions": {**library_versions(), **{k: 1.0 for k in results}},
         "n-shot": {k: 0 for k in results},
         "higher_is_better": {k: _higher_is_better(v) for k, v in results.items()},
         "configs": {k: {"task": k, "dataset_path": str(v.get("benchmark", k)), "output_type": "generate_until",

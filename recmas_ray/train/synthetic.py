@@ -11,8 +11,11 @@ all short so CPU training is fast:
     template                                                         metadata: which word-problem template
 
 The hidden-operand family (`difficulty="hidden"`, dataset name `synthetic_hidden:N`) is in `synthetic_hidden.py`.
+Every row comes from one split (`train.splits`: train by default, or validation / test), fixed per question for
+every seed, so a training set made with any seed never holds a question a test set made with any seed holds.
 
-CLI: `python -m recmas_ray.train.synthetic --num_rows 200 --out data.jsonl [--json_field data] [--seed 0]`.
+CLI: `python -m recmas_ray.train.synthetic --num_rows 200 --out data.jsonl [--json_field data] [--seed 0]
+[--split test]`.
 """
 
 from __future__ import annotations
@@ -25,6 +28,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
+from recmas_ray.train.splits import SPLITS, check_split, split_of
 from recmas_ray.train.synthetic_hidden import HIDDEN_MAX_ROWS, make_hidden_operand_dataset
 
 FIELDS = ("question", "plan", "refined_plan", "answer", "gold", "hie_math_expert", "hie_code_expert",
@@ -205,9 +209,15 @@ it), one_step (one-operation word problems), multi (2-4 steps, the original fami
 and multi, rotating), hidden and hidden_recall (the hidden-operand rows of `make_hidden_operand_dataset`,
 arithmetic and recall questions, no templates)."""
 
-DIFFICULTY_SIZES = {"arith": 310, "hidden": HIDDEN_MAX_ROWS["arithmetic"],
-                    "hidden_recall": HIDDEN_MAX_ROWS["recall"]}
-"""How many rows a family can safely produce (arith has 315 distinct questions)."""
+def _arith_questions() -> list[str]:
+    """Every question `_arith` can draw (315)."""
+    return ([f"What is {a} + {b}?" for a in range(1, 21) for b in range(1, 10)] +
+            [f"What is {a} - {b}?" for a in range(2, 21) for b in range(1, min(9, a - 1) + 1)])
+
+
+DIFFICULTY_SIZES = {"arith": {s: sum(split_of(q) == s for q in _arith_questions()) for s in SPLITS},
+                    "hidden": HIDDEN_MAX_ROWS["arithmetic"], "hidden_recall": HIDDEN_MAX_ROWS["recall"]}
+"""Family -> split -> how many distinct rows it has (families missing here have far more than anyone asks)."""
 
 
 def _evaluate(steps: tuple[Step, ...]) -> list[tuple[str, int]]:
@@ -257,8 +267,9 @@ def _row(problem: Problem, short_answer: bool = False) -> dict:
 
 
 def make_arithmetic_dataset(num_rows: int, *, seed: int = 0, difficulty: str = "multi",
-                            short_answers: bool = False) -> list[dict]:
-    """`num_rows` distinct word problems with every style's fields; same seed, same rows.
+                            short_answers: bool = False, split: str = "train") -> list[dict]:
+    """`num_rows` distinct word problems of `split` (`train.splits`) with every style's fields; same seed, same
+    rows.
 
     `short_answers` (non-reference: the release's targets are worked solutions): the decoder's `answer` is
     the bare computation and the boxed value ("3 + 4 = 7. \\boxed{7}"), so fixed wording no longer
@@ -270,8 +281,9 @@ def make_arithmetic_dataset(num_rows: int, *, seed: int = 0, difficulty: str = "
     """
     if num_rows < 0:
         raise ValueError(f"num_rows must be >= 0, got {num_rows}")
+    check_split(split)
     if difficulty in ("hidden", "hidden_recall"):
-        return make_hidden_operand_dataset(num_rows, seed=seed,
+        return make_hidden_operand_dataset(num_rows, seed=seed, split=split,
                                            question_kind="recall" if difficulty == "hidden_recall" else "arithmetic")
     if difficulty not in DIFFICULTIES:
         raise ValueError(f"difficulty {difficulty!r}; expected one of {', '.join(DIFFICULTIES)}")
@@ -285,25 +297,14 @@ def make_arithmetic_dataset(num_rows: int, *, seed: int = 0, difficulty: str = "
     while len(rows) < num_rows:
         attempts += 1
         if attempts > 50 * num_rows + 1000:
-            raise ValueError(f"could not generate {num_rows} distinct questions; ask for fewer rows")
+            raise ValueError(f"could not generate {num_rows} distinct questions of the {split} split; ask for "
+                             "fewer rows")
         problem = templates[names[(offset + len(rows)) % len(names)]](rng)
-        if problem.question in seen:
+        if problem.question in seen or split_of(problem.question) != split:
             continue
         seen.add(problem.question)
         rows.append(_row(problem, short_answers))
     return rows
-
-
-def split_train_eval(rows: list[dict], num_eval: int, seed: int = 0) -> tuple[list[dict], list[dict]]:
-    """Deterministically shuffle and split into (train, eval) with `num_eval` eval rows."""
-    if not 0 <= num_eval <= len(rows):
-        raise ValueError(f"num_eval must be between 0 and the number of rows ({len(rows)}), got {num_eval}")
-    order = list(range(len(rows)))
-    random.Random(seed).shuffle(order)
-    eval_idx = set(order[:num_eval])
-    train = [r for i, r in enumerate(rows) if i not in eval_idx]
-    evals = [rows[i] for i in order[:num_eval]]
-    return train, evals
 
 
 def check_disjoint(train: list[dict], heldout: list[dict]) -> None:
@@ -345,12 +346,15 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--short_answers", action="store_true",
                         help="short answer targets, e.g. '3 + 4 = 7. \\boxed{7}' (non-reference)")
     parser.add_argument("--seed", type=int, default=0, help="random seed (same seed, same rows)")
+    parser.add_argument("--split", default="train", choices=list(SPLITS),
+                        help="which questions: train (default), validation or test; fixed per question for every "
+                             "seed, so no training file holds a test file's question")
     parser.add_argument("--difficulty", default="multi", choices=list(DIFFICULTIES),
                         help="task family: multi (2-4 steps), one_step, mixed, arith or hidden (the hidden "
                              "operand, only the planner told the fact; default: multi)")
     args = parser.parse_args(argv)
     rows = make_arithmetic_dataset(args.num_rows, seed=args.seed, difficulty=args.difficulty,
-                                   short_answers=args.short_answers)
+                                   short_answers=args.short_answers, split=args.split)
     if args.json_field:
         path = write_json(rows, args.out, json_field=args.json_field)
     else:

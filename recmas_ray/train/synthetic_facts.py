@@ -17,21 +17,22 @@ is not at the floor (about half by picking), the channel can lift it. SmolLM2-13
 than chance on `compare` (it does not compare two-digit numbers, docs/learning_runs.md), so `choose` asks for
 what it can do, copying one of two values it sees, with the other agent's fact deciding which.
 
-`split_by_value` holds out a share of the fact values: the unseen-values held-out rows' facts (every fact
-of the row) never occur in any training row, the seen-values held-out rows are questions not in training
-whose values do occur there. The gold texts state the fact first, so the outer loss needs the value.
+Rows come from one split of the facts (`train.splits`: the same for every seed): training rows state only
+training facts, whose values are never one of `UNSEEN_VALUES`; `split_by_value` draws the training rows and the
+test rows a job reports on: seen-values rows (test facts whose values training rows do state) and unseen-values
+rows (facts whose values no training row states). Validation rows (`split="validation"`) are for choosing
+settings. The gold texts state the fact first, so the outer loss needs the value.
 """
 
 from __future__ import annotations
 
 import random
 
+from recmas_ray.train.splits import FACT_VALUES, SEEN_VALUES, UNSEEN_VALUES, check_split, fact_pairs
+
 FACT_TASKS = ("recall", "two_fact", "mixture", "compare", "choose")
 COLLABORATION_TASKS = ("compare", "choose")
 """Tasks the decoder can partly solve alone (its single-agent accuracy is neither floor nor ceiling)."""
-FACT_VALUES = (10, 99)
-"""Fact values (inclusive): two digits, one token pattern for all, chance 1 in 90."""
-FACT_VARIABLES = ("x", "y", "n", "k", "a", "b", "m", "p", "q", "r", "s", "t")
 FIRST_STAGE = {"sequential": "planner", "sequential_light": "planner", "sequential_scaled": "planner",
                "distillation": "expert", "deliberation": "reflector", "mixture": "math"}
 MIXTURE_EXPERTS = ("math", "code", "science")
@@ -67,16 +68,16 @@ def _texts(told: dict[str, str], asked_var: str, value: int, gold: str, answer: 
     }
 
 
-def fact_row(task: str, style: str, rng: random.Random, values: list[int]) -> dict:
-    """One row of `task` for `style` with fact values drawn from `values`."""
+def fact_row(task: str, style: str, rng: random.Random, pairs: list[tuple[str, int]]) -> dict:
+    """One row of `task` for `style` whose facts are drawn from `pairs` ((variable, value), `splits.fact_pairs`)."""
     first = FIRST_STAGE[style]
     if task in ("recall", "compare", "choose"):
-        var, x = rng.choice(FACT_VARIABLES), rng.choice(values)
+        var, x = rng.choice(pairs)
         told = {first: f"{var} = {x}."}
         if task == "recall":
             question, gold, answer = f"What is {var}?", str(x), f"{var} = {x}. \\boxed{{{x}}}"
-        elif task == "choose":  # the decoy from the same values (an unseen-values row holds no seen value)
-            c = rng.choice([v for v in values if v != x])
+        elif task == "choose":  # the decoy from the fact's own side (an unseen-values row holds no seen value)
+            c = rng.choice([v for v in (sorted(UNSEEN_VALUES) if x in UNSEEN_VALUES else SEEN_VALUES) if v != x])
             a, b = (x, c) if rng.random() < 0.5 else (c, x)
             question, gold, answer = f"{var} is {a} or {b}. What is {var}?", str(x), f"{var} = {x}. \\boxed{{{x}}}"
         else:
@@ -88,8 +89,10 @@ def fact_row(task: str, style: str, rng: random.Random, values: list[int]) -> di
         asked = var
     else:
         roles = ("planner", "critic") if task == "two_fact" else MIXTURE_EXPERTS
-        names = rng.sample(FACT_VARIABLES, len(roles))
-        vals = [rng.choice(values) for _ in roles]
+        chosen = rng.sample(pairs, len(roles))
+        while len({var for var, _ in chosen}) < len(roles):  # different letters (12 of them: a few draws)
+            chosen = rng.sample(pairs, len(roles))
+        names, vals = [var for var, _ in chosen], [x for _, x in chosen]
         told = {r: f"{v} = {x}." for r, v, x in zip(roles, names, vals)}
         pick = rng.randrange(len(roles))
         asked, x = names[pick], vals[pick]
@@ -105,41 +108,38 @@ def fact_values_of(row: dict) -> set[int]:
     return {v for k, v in row["facts"].items() if k.startswith("fact") and isinstance(v, int)}
 
 
-def make_fact_dataset(task: str, style: str, num_rows: int, *, seed: int = 0,
-                      values: list[int] | None = None) -> list[dict]:
-    """`num_rows` distinct rows of `task` for `style` (same seed, same rows), facts from `values`."""
+def make_fact_dataset(task: str, style: str, num_rows: int, *, seed: int = 0, split: str = "train",
+                      values: str = "all") -> list[dict]:
+    """`num_rows` distinct rows of `task` for `style` (same seed, same rows), every fact of each row from
+    `split` (`train.splits`); `values`: all, seen or unseen fact values (training facts are all seen)."""
     if task not in FACT_TASKS:
         raise ValueError(f"task {task!r}; expected one of {', '.join(FACT_TASKS)}")
     if style not in TASK_STYLES[task]:
         raise ValueError(f"task {task} does not apply to style {style}; expected one of {', '.join(TASK_STYLES[task])}")
-    values = list(values or range(FACT_VALUES[0], FACT_VALUES[1] + 1))
+    pairs = fact_pairs(check_split(split), values)
     rng, rows, seen = random.Random(seed), [], set()
     for _ in range(200 * num_rows + 1000):
         if len(rows) == num_rows:
             return rows
-        row = fact_row(task, style, rng, values)
+        row = fact_row(task, style, rng, pairs)
         if row["full_question"] not in seen:
             seen.add(row["full_question"])
             rows.append(row)
-    raise ValueError(f"could not generate {num_rows} distinct {task} rows from {len(values)} values; ask for fewer")
+    raise ValueError(f"could not generate {num_rows} distinct {task} rows from the {len(pairs)} {values}-values "
+                     f"facts of the {split} split; ask for fewer")
 
 
-def split_by_value(task: str, style: str, *, num_train: int, num_seen: int, num_unseen: int, seed: int = 0,
-                   unseen_share: float = 0.2) -> tuple[list[dict], list[dict], list[dict]]:
-    """(train, seen-values held-out, unseen-values held-out): a seeded `unseen_share` of the fact values is
-    kept out of training entirely; no held-out question is a training question (both checked)."""
-    everything = list(range(FACT_VALUES[0], FACT_VALUES[1] + 1))
-    order = everything[:]
-    random.Random(seed).shuffle(order)
-    held = set(order[:max(1, round(unseen_share * len(order)))])
-    seen_values = [v for v in everything if v not in held]
-    rows = make_fact_dataset(task, style, num_train + num_seen, seed=seed, values=seen_values)
-    rng = random.Random(seed + 1)
-    rng.shuffle(rows)
-    train, seen = rows[num_seen:], rows[:num_seen]
-    unseen = make_fact_dataset(task, style, num_unseen, seed=seed + 2, values=sorted(held)) if num_unseen else []
+def split_by_value(task: str, style: str, *, num_train: int, num_seen: int, num_unseen: int,
+                   seed: int = 0) -> tuple[list[dict], list[dict], list[dict]]:
+    """(train, seen-values test, unseen-values test) rows: training rows from training facts only, test rows
+    from test facts, whose values training rows do state (seen) or never state (unseen). The splits are fixed
+    per fact, so no seed's training rows hold any seed's test question (both checked)."""
+    train = make_fact_dataset(task, style, num_train, seed=seed, split="train")
+    seen = make_fact_dataset(task, style, num_seen, seed=seed + 1, split="test", values="seen") if num_seen else []
+    unseen = (make_fact_dataset(task, style, num_unseen, seed=seed + 2, split="test", values="unseen")
+              if num_unseen else [])
     train_values = set().union(*(fact_values_of(r) for r in train)) if train else set()
-    assert not train_values & held and all(fact_values_of(r) <= held for r in unseen)
+    assert not train_values & UNSEEN_VALUES and all(fact_values_of(r) <= UNSEEN_VALUES for r in unseen)
     keys = {r["full_question"] for r in train}
     assert not any(r["full_question"] in keys for r in seen + unseen)
     return train, seen, unseen

@@ -8,19 +8,22 @@ planner -> critic link, not come back from the critic's teacher-forced text), th
 
 The recall variant (`question_kind="recall"`, `difficulty="hidden_recall"`, dataset `synthetic_recall:N`)
 asks the decoder for the fact itself ("What is x?", answer "x = 17. \\boxed{17}", facts {"fact": 17}).
+
+Rows come from one split (`train.splits`, fixed per question for every seed; `split="train"` by default, what the
+`synthetic_hidden:N` / `synthetic_recall:N` datasets hold): a recall question is split by its fact, as the
+hidden-fact tasks split it, so no training set of either generator holds a question either one tests on.
 """
 
 from __future__ import annotations
 
 import random
 
-HIDDEN_MAX_ROWS = {"arithmetic": 2000, "recall": 1050}
-"""Distinct rows each question kind can safely produce (recall: 12 variables x 90 values = 1080)."""
+from recmas_ray.train.splits import FACT_VARIABLES, SPLITS, check_split, fact_pairs, split_of
+
 HIDDEN_VARIABLES = ("x", "y", "n", "k")
 HIDDEN_VALUES = (2, 40)
 """Range of the hidden operand (inclusive): a decoder that cannot read it is near chance (1 in 39)."""
-HIDDEN_RECALL_VARIABLES = ("x", "y", "n", "k", "a", "b", "m", "p", "q", "r", "s", "t")
-HIDDEN_RECALL_VALUES = (10, 99)
+HIDDEN_RECALL_VARIABLES = FACT_VARIABLES
 """Recall rows: two-digit values (one tokenization for all, chance 1 in 90), 12 variables (1080 questions)."""
 HIDDEN_QUESTIONS = ("arithmetic", "recall")
 """What the decoder is asked about the hidden fact: arithmetic ("What is x - 8?") or recall ("What is x?").
@@ -32,9 +35,28 @@ HIDDEN_CONTEXT_ROLES = ("planner", "math", "code", "science", "expert", "reflect
 toolcaller never are)."""
 
 
-def _hidden_row(rng: random.Random, question_kind: str = "arithmetic") -> dict:
+def _arithmetic_questions() -> list[tuple[str, int, str, int]]:
+    """Every hidden-arithmetic question as (variable, x, operation, b), in the order `_hidden_row` can draw."""
+    out = []
+    for var in HIDDEN_VARIABLES:
+        for x in range(HIDDEN_VALUES[0], HIDDEN_VALUES[1] + 1):
+            out += [(var, x, "+", b) for b in range(1, 10)] + [(var, x, "-", b) for b in range(1, min(9, x - 1) + 1)]
+    return out
+
+
+def _arithmetic_key(var: str, x: int, op: str, b: int) -> str:
+    return f"{var} = {x}. What is {var} {op} {b}?"
+
+
+HIDDEN_MAX_ROWS = {
+    "arithmetic": {s: sum(split_of(_arithmetic_key(*q)) == s for q in _arithmetic_questions()) for s in SPLITS},
+    "recall": {s: len(fact_pairs(s)) for s in SPLITS}}
+"""Distinct rows each question kind has in each split (every question counted once)."""
+
+
+def _hidden_row(rng: random.Random, question_kind: str, pairs: list[tuple[str, int]]) -> dict:
     if question_kind == "recall":
-        var, x = rng.choice(HIDDEN_RECALL_VARIABLES), rng.randint(*HIDDEN_RECALL_VALUES)
+        var, x = rng.choice(pairs)
         b, op, value, template = 0, "=", x, "hidden_recall"
         question, plan = f"What is {var}?", f"{var} = {x}. Report the value of {var}."
         refined, expression, code = f"Write the value of {var} in \\boxed{{}}.", f"{var} = {x}", f"{var} = {x}\nprint({var})"
@@ -64,20 +86,23 @@ def _hidden_row(rng: random.Random, question_kind: str = "arithmetic") -> dict:
     }
 
 
-def make_hidden_operand_dataset(num_rows: int, *, seed: int = 0, question_kind: str = "arithmetic") -> list[dict]:
-    """`num_rows` distinct hidden-operand rows (see the module docstring); same seed, same rows.
+def make_hidden_operand_dataset(num_rows: int, *, seed: int = 0, question_kind: str = "arithmetic",
+                                split: str = "train") -> list[dict]:
+    """`num_rows` distinct hidden-operand rows of `split` (see the module docstring); same seed, same rows.
     `question_kind`: one of `HIDDEN_QUESTIONS`."""
     if question_kind not in HIDDEN_QUESTIONS:
         raise ValueError(f"question_kind {question_kind!r}; expected one of {', '.join(HIDDEN_QUESTIONS)}")
     if num_rows < 0:
         raise ValueError(f"num_rows must be >= 0, got {num_rows}")
-    if num_rows > HIDDEN_MAX_ROWS[question_kind]:
+    cap = HIDDEN_MAX_ROWS[question_kind][check_split(split)]
+    if num_rows > cap:
         family = "hidden_recall" if question_kind == "recall" else "hidden"
-        raise ValueError(f"at most {HIDDEN_MAX_ROWS[question_kind]} distinct {family} rows, got {num_rows}")
+        raise ValueError(f"at most {cap} distinct {family} rows in the {split} split, got {num_rows}")
+    pairs = fact_pairs(split) if question_kind == "recall" else []
     rng, rows, seen = random.Random(seed), [], set()
     while len(rows) < num_rows:
-        row = _hidden_row(rng, question_kind)
-        if row["full_question"] not in seen:
+        row = _hidden_row(rng, question_kind, pairs)
+        if row["full_question"] not in seen and (question_kind == "recall" or split_of(row["full_question"]) == split):
             seen.add(row["full_question"])
             rows.append(row)
     return rows

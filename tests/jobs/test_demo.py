@@ -8,7 +8,7 @@ import pytest
 
 from recmas_ray.config.recursion import DecodeConfig, RecursionConfig
 from jobs.experiments.demo.config import DemoConfig
-from recmas_ray.train.synthetic import check_disjoint, make_arithmetic_dataset, split_train_eval
+from recmas_ray.train.synthetic import check_disjoint, make_arithmetic_dataset
 
 QUESTIONS = ["Mia has 3 apples and gets 4 more. How many apples does Mia have now?",
              "Leo has 9 pens and gives away 2. How many pens does Leo have left?",
@@ -52,8 +52,7 @@ def test_one_step_family_is_distinct_checked_and_short():
     assert {r["template"] for r in rows} == {"more", "fewer", "groups"}
     for r in rows:
         assert r["answer"].endswith(f"\\boxed{{{r['gold']}}}.") and len(r["plan"].splitlines()) == 1
-    train, heldout = split_train_eval(rows, 64, seed=1)
-    check_disjoint(train, heldout)
+    check_disjoint(rows, make_arithmetic_dataset(64, seed=1, difficulty="one_step", split="test"))
     with pytest.raises(ValueError, match="difficulty"):
         make_arithmetic_dataset(3, difficulty="hard")
 
@@ -61,7 +60,8 @@ def test_one_step_family_is_distinct_checked_and_short():
 def test_arith_family_the_demo_default():
     from jobs.experiments.demo.config import full
 
-    rows = make_arithmetic_dataset(full().num_train + full().num_eval, seed=0, difficulty="arith")
+    rows = (make_arithmetic_dataset(full().num_train, seed=0, difficulty="arith") +
+            make_arithmetic_dataset(full().num_eval, seed=0, difficulty="arith", split="test"))
     assert len({r["question"] for r in rows}) == len(rows)
     for r in rows:
         a, op, b = r["question"].removeprefix("What is ").removesuffix("?").split()

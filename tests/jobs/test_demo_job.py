@@ -15,12 +15,12 @@ from recmas_ray.train.synthetic import make_arithmetic_dataset
 HIDDEN_FIELDS = ("question", "answer", "gold", "role_context", "facts")
 
 
-def _hidden_rows(n: int) -> list[dict]:
+def _hidden_rows(n: int, first_x: int = 10) -> list[dict]:
     """An in-test stand-in of hidden-operand rows (the generator lives in train.synthetic): only the
     planner's view holds x."""
     rows = []
     for i in range(n):
-        x, b = 10 + i, 1 + i % 7
+        x, b = first_x + i, 1 + i % 7
         rows.append({"question": f"What is x - {b}?", "role_context": {"planner": f"x = {x}."},
                      "answer": f"{x} - {b} = {x - b}. \\boxed{{{x - b}}}", "gold": str(x - b),
                      "facts": {"x": x, "b": b}})
@@ -142,9 +142,10 @@ def test_hidden_operand_family_checks_its_size_and_uses_every_view(tmp_path, cap
     assert demo_job.main(["--task_family", "hidden_operand", "--num_train", "1000", "--num_eval", "100",
                           "--output_path", str(tmp_path / "o")]) == 2
     err = capsys.readouterr().err
-    assert "--hidden_question recall has only" in err and not (tmp_path / "o").exists()
+    assert "--num_train 1000: the hidden_recall family has only" in err and not (tmp_path / "o").exists()
     # the split is checked on what the best-informed agent sees: "What is x - 3?" repeats
-    monkeypatch.setattr(pipeline, "make_hidden_operand_dataset", lambda n, seed=0, question_kind="": _hidden_rows(n))
+    monkeypatch.setattr(pipeline, "make_hidden_operand_dataset",  # test rows from other x values, as the splits do
+                        lambda n, seed=0, question_kind="", split="": _hidden_rows(n, 50 if split == "test" else 10))
     cfg = DemoConfig(task_family="hidden_operand", num_train=6, num_eval=4, output_path=str(tmp_path))
     cfg.validate()
     _, _, heldout = make_data(cfg, tmp_path)

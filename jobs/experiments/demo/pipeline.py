@@ -11,17 +11,19 @@ from jobs.experiments.demo import compare, report, verdicts
 from jobs.experiments.demo.config import DemoConfig
 from recmas_ray.console import Console
 from recmas_ray.train.synthetic import (check_disjoint, make_arithmetic_dataset, make_hidden_operand_dataset,
-                                        split_train_eval, write_jsonl)
+                                        write_jsonl)
 
 
 def make_data(cfg: DemoConfig, out: Path) -> tuple[Path, Path, list[dict]]:
-    """Generate, split (held-out questions never in training: checked) and write train / held-out files."""
-    if cfg.task_family == "hidden_operand":
-        rows = make_hidden_operand_dataset(cfg.num_train + cfg.num_eval, seed=cfg.system.seed,
-                                           question_kind=cfg.hidden_question)
-    else:
-        rows = make_arithmetic_dataset(cfg.num_train + cfg.num_eval, seed=cfg.system.seed, difficulty=cfg.difficulty)
-    train, heldout = split_train_eval(rows, cfg.num_eval, seed=cfg.system.seed)
+    """Generate the training rows from the train split and the held-out rows from the test split (fixed per
+    question for every seed, `train.splits`), check they share no question and write both files."""
+    def rows_of(num_rows: int, split: str) -> list[dict]:
+        if cfg.task_family == "hidden_operand":
+            return make_hidden_operand_dataset(num_rows, seed=cfg.system.seed, question_kind=cfg.hidden_question,
+                                               split=split)
+        return make_arithmetic_dataset(num_rows, seed=cfg.system.seed, difficulty=cfg.difficulty, split=split)
+
+    train, heldout = rows_of(cfg.num_train, "train"), rows_of(cfg.num_eval, "test")
     # a question is what its best-informed agent sees (the hidden fact included)
     check_disjoint([{"question": full_question(r)} for r in train], [{"question": full_question(r)} for r in heldout])
     return write_jsonl(train, out / "train.jsonl"), write_jsonl(heldout, out / "heldout.jsonl"), heldout
