@@ -56,7 +56,7 @@ class FitConfig:
 
     models: Annotated[list[str], NonEmpty()] = field(default_factory=lambda: list(DEMO_MODELS))
     """Models to time (packaged real models by default; tiny:FAMILY for a quick check)."""
-    rows: Annotated[list[int], Range(1, 4096), NonEmpty()] = field(default_factory=lambda: [1, 2, 4, 8])
+    rows: Annotated[list[int], Range(1, 4096), NonEmpty()] = field(default_factory=lambda: [1, 2, 4])
     """Row counts (questions per call) to time; at least two distinct ones for a fit."""
     repeats: Annotated[int, Range(1, 100)] = 3
     """Interleaved passes over the row counts; medians and spread are reported."""
@@ -72,7 +72,7 @@ class FitConfig:
     from_json: str | None = None
     """Fit these measurements instead of running models: a JSON of this job or of jobs/gpu_check.sh."""
     output_path: Annotated[str, WritableDir()] = "docs"
-    """Where scale_costs.json and config.json go."""
+    """Where scale_costs.json and its config (scale_costs.config.json) go."""
 
 
 CLOCKS = ("cpu", "wall")
@@ -224,7 +224,7 @@ def run(cfg: FitConfig) -> int:
         raise ValueError(f"--rows {cfg.rows}: expected at least two distinct row counts (a line needs two)")
     from recmas_ray.config.tree import save_config
 
-    save_config(cfg, cfg.output_path)
+    save_config(cfg, cfg.output_path, "scale_costs.config.json")
     if cfg.from_json:
         measurements, source = load_measurements(cfg.from_json), {"from_json": cfg.from_json}
     else:

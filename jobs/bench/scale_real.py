@@ -79,7 +79,7 @@ class RealScaleConfig:
     timeout_s: Annotated[float, Range(0, 86400, lo_open=True)] = 900.0
     """Timeout of every wait."""
     output_path: Annotated[str, WritableDir()] = "docs"
-    """Where scale_real.json and config.json go."""
+    """Where scale_real.json and its config (scale_real.config.json) go."""
 
 
 def role_params(plan, fit: dict, max_new_tokens: int) -> dict:
@@ -212,7 +212,7 @@ def bench(cfg: RealScaleConfig) -> int:
                              "the saved); expected the same")
         copies, runs = saved["pool_copies"], {n: lay["runs"] for n, lay in saved["layouts"].items()}
         layouts = {"whole_system": (None, saved["whole_system_replicas"]), "per_role_pools": (copies, 1)}
-    save_config(cfg, cfg.output_path)
+    save_config(cfg, cfg.output_path, "scale_real.config.json")
     if not cfg.remodel:
         runs = {name: [] for name in layouts}
         for rep in range(cfg.repeats):  # interleaved: one run of each layout per pass, alternating which goes first

@@ -16,7 +16,7 @@ def test_a_fit_without_the_roles_models_exits_2_before_writing(tmp_path, capsys)
     rc = scale_real.main(["--costs", str(costs), "--output_path", str(out)])
     err = capsys.readouterr().err
     assert rc == 2 and "no fit for ['pkg:gemma3-270m']" in err and err.count("\n") == 1, err
-    assert not (out / "config.json").exists()
+    assert not (out / "scale_real.config.json").exists()
 
 
 def test_the_probe_reads_cpu_seconds_per_second():
