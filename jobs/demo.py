@@ -36,8 +36,21 @@ from pathlib import Path
 if __package__ in (None, ""):  # `python jobs/demo.py` from a checkout: import this checkout's package
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from recmas_ray.config.cli import run_job  # noqa: E402
-from jobs.experiments.demo.config import RECIPES, DemoConfig  # noqa: E402
+try:
+    if __name__ == "__main__":  # the first line at once: the imports below take a second or more
+        from recmas_ray.console import announce  # noqa: E402
+
+        announce()
+    from recmas_ray.config.cli import run_job  # noqa: E402
+    from jobs.experiments.demo.config import RECIPES, DemoConfig  # noqa: E402
+except KeyboardInterrupt:  # Ctrl-C during those imports: the job's one line and status, as anywhere later
+    if __name__ != "__main__":
+        raise
+    from recmas_ray.console import retract  # noqa: E402
+
+    retract()
+    print("interrupted; nothing ran yet", file=sys.stderr)
+    sys.exit(130)
 
 SHORTCUTS = {"--quick": ["--recipe", "quick"], "--full": ["--recipe", "full"]}
 
@@ -90,13 +103,16 @@ def run(cfg: DemoConfig) -> int:
 
 
 def main(argv=None) -> int:
+    announce = argv is None
     argv = list(sys.argv[1:] if argv is None else argv)
     try:
         argv = expand(argv)
     except SystemExit as e:
         print(e.code, file=sys.stderr)
         return 2
-    return run_job(run, DemoConfig, argv, prog="python jobs/demo.py", description=__doc__, recipes=RECIPES)
+    return run_job(run, DemoConfig, argv, prog="python jobs/demo.py", description=__doc__, recipes=RECIPES,
+                   announce=announce, on_interrupt="the demo does not resume: rerun it (Ray was shut down; what "
+                   "finished is under --output_path)")
 
 
 if __name__ == "__main__":

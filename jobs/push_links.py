@@ -8,7 +8,9 @@ FOLDER is a system folder (one sub-folder per role with its inner links, and `ou
 reads it. Only the link files, manifests, configs and held-out curves are published (never optimizer state, Ray
 run folders or base-model weights), with a README.md model card built from the manifests
 (`recmas_ray/system/card.py`). The token comes from `HF_TOKEN` or `huggingface-cli login`; it is never printed.
-Afterwards: `System.build(STYLE, links="ORG/NAME")`, or `--ckpt_override ROLE=ORG/NAME:ROLE` in any job.
+Afterwards: `System.build(STYLE, links="ORG/NAME")`, `--links ORG/NAME` in jobs.run and jobs.serve, or
+`--ckpt_override ROLE=ORG/NAME:ROLE`. Every link kind of the folder is published as it is saved (the manifests name
+each link's kind and arguments; a token link's tables are the base models' own embeddings, never uploaded).
 """
 
 from __future__ import annotations
@@ -115,13 +117,33 @@ def push_links(cfg: PushLinksConfig, *, api=None) -> dict:
             "commit": str(getattr(info, "commit_url", info))}
 
 
+def run(cfg: PushLinksConfig) -> int:
+    """The job: its phase line on stderr (continuing "checking inputs ..."), the result as JSON on stdout."""
+    from recmas_ray.console import Console
+
+    console = Console(job=True)
+    console.start(f"staging {cfg.folder} for {cfg.repo}" if cfg.dry_run else f"uploading {cfg.folder} to {cfg.repo}")
+    try:
+        out = push_links(cfg)
+    except BaseException as e:
+        if isinstance(e, (ValueError, TypeError)):
+            console.drop_open()
+        console.finish_open(e)
+        raise
+    console.done(f"{len(out['files'])} files")
+    print(json.dumps(out, indent=2))
+    return 0
+
+
 def main(argv=None) -> int:
-    """`push_links FOLDER --repo ORG/NAME ...`; returns the exit status (2: bad input, nothing uploaded)."""
+    """`push_links FOLDER --repo ORG/NAME ...`; returns the exit status (2: bad input, nothing uploaded; 130
+    interrupted: an upload is one commit, so the Hub has all of it or nothing)."""
+    announce = argv is None
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv and not argv[0].startswith("-"):
         argv = ["--folder", argv[0], *argv[1:]]
-    return run_job(lambda cfg: print(json.dumps(push_links(cfg), indent=2)), PushLinksConfig, argv,
-                   prog="push_links", description=__doc__)
+    return run_job(run, PushLinksConfig, argv, prog="push_links", description=__doc__, announce=announce,
+                   on_interrupt="nothing more is uploaded (one upload is one commit: the repo has all of it or none)")
 
 
 if __name__ == "__main__":

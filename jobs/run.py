@@ -5,6 +5,9 @@ Examples (CPU, offline):
       --backend local --num_recursive_rounds 2 --latent_steps 8 --output_path out
   python -m jobs.run --style mixture --preset tiny --dataset jobs/examples/questions.jsonl --backend ray \
       --method recursive_mas,recursive_textmas --num_recursive_rounds 2
+  Trained links (the system folder train_inner + train_outer wrote; its rows prompted with the task the links
+  were trained on, or each row's `task` field, or --task; another task is refused unless --allow_task_mismatch):
+  python -m jobs.run --style sequential_light --preset tiny --links ckpt/sys --dataset jobs/examples/questions.jsonl
   A sweep over R (one sub-directory R<r> per value, one plot across them):
   python -m jobs.run --style sequential_light --dataset jobs/examples/questions.jsonl --sweep_rounds 1,2,3 --plot
 On a cluster (GPU agents, one per GPU):
@@ -12,8 +15,10 @@ On a cluster (GPU agents, one per GPU):
       python -m jobs.run --style sequential_scaled --preset paper --dataset math500 \
       --placement one_gpu_per_agent --device cuda --output_path /mnt/shared/results
 Every setting below can also come from --config FILE (JSON/YAML, nested by section); the resolved
-config is saved as config.json next to the results. The console shows a per-sample progress bar and the
-results table; Ray, HF and grader output goes to OUTPUT_PATH/logs/run.log (--verbose shows it).
+config is saved as config.json next to the results. The console shows a phase line per step from the first second
+(checking inputs, starting Ray, starting agents) and a per-sample progress bar on stderr, the results table on
+stdout; Ray, HF and grader output goes to OUTPUT_PATH/logs/run.log (--verbose shows it). Ctrl-C stops with one line
+(exit status 130); rerun with --resume to continue.
 """
 
 from __future__ import annotations
@@ -53,11 +58,11 @@ def evaluate(cfg: EvalConfig) -> int:
     from recmas_ray.console import job_console
     from recmas_ray.eval.benchmarks import check_available
 
-    check_available(cfg.dataset, cfg.dataset_path)  # before torch is imported: an offline named benchmark says so
-    if cfg.dry_run:
+    if cfg.dry_run:  # a plan needs no questions: a named benchmark's task type is known without them
         from recmas_ray.eval.run import dry_run
 
         return dry_run(cfg)
+    check_available(cfg.dataset, cfg.dataset_path)  # before torch is imported: an offline named benchmark says so
     from recmas_ray.eval.run import evaluate_all
 
     with job_console(Path(cfg.output_path) / "logs", verbose=cfg.verbose, name="run",

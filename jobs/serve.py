@@ -4,12 +4,16 @@
   curl http://127.0.0.1:8000/v1/chat/completions -H 'Content-Type: application/json' \
       -d '{"model": "sequential_light", "messages": [{"role": "user", "content": "What is 7 * 8?"}],
            "num_recursive_rounds": 2, "latent_steps": 8, "max_tokens": 64}'
+The links a training run wrote (`train_inner --save_dir DIR`, `train_outer --links DIR`), prompted with the task
+they were trained on (their manifests'; a request naming another is refused unless --allow_task_mismatch):
+  python -m jobs.serve --style sequential_light --preset tiny --links DIR --port 8000
 Any model per role, trained links (a folder or a Hub id), GPU agents:
   python -m jobs.serve --style sequential_light --preset paper --links org/recmas-links@v1 \
       --role_model critic=meta-llama/Llama-3.2-1B-Instruct --placement one_gpu_per_agent --device cuda \
       --host 0.0.0.0 --num_replicas 2          # RECMAS_API_KEY=... in the environment: clients need the key
 Or with Serve's own tooling: `serve run cluster/serve.yaml`. Every setting can come from --config FILE.
 Ray and Ray Serve output goes to --log_dir/serve.log (default out/serve/logs; --verbose shows it).
+Ctrl-C stops serving: one line, exit status 130.
 """
 
 from __future__ import annotations
@@ -40,11 +44,12 @@ def start(cfg: ServeConfig) -> str:
     # The config holds only the key's digest (ServeConfig.validate); the key itself must not reach the
     # Ray processes started next, which inherit this environment.
     os.environ.pop(API_KEY_ENV, None)
+    plan = serve_plan(cfg)  # links, base models, task and prompts checked before Ray starts
     start_ray(cfg.address)
     if cfg.backend == "ray" and cfg.placement.wants_gpus():  # a plan that cannot fit stops before any replica loads
         from recmas_ray.distributed.memory import check_memory
 
-        check_memory(serve_plan(cfg), cfg.placement, **memory_args(cfg))
+        check_memory(plan, cfg.placement, **memory_args(cfg))
     serve.start(http_options={"host": cfg.host, "port": cfg.port})
     serve.run(build_app(cfg), name=cfg.app_name, route_prefix=cfg.route_prefix)
     host = "127.0.0.1" if cfg.host in ("0.0.0.0", "::") else cfg.host
@@ -52,10 +57,17 @@ def start(cfg: ServeConfig) -> str:
 
 
 def serve_plan(cfg: ServeConfig):
-    """The system plan every replica builds (model configs and links; no model loaded)."""
+    """The system plan every replica builds (model configs and links; no model loaded), checked against the task
+    and prompts its links were trained with (a mismatch is refused here, before Ray or a model starts)."""
+    from recmas_ray.styles.prompts import prompt_set_hash
     from recmas_ray.system.plan import plan_system
+    from recmas_ray.system.trained import check_trained_task, trained_task
 
-    return plan_system(cfg.system, task=cfg.task)
+    folders = cfg.system.link_folders()
+    task = cfg.task or trained_task(folders) or "math"
+    plan = plan_system(cfg.system, task=task, ckpt_override=folders)
+    check_trained_task(folders, [task], prompt_set_hash(plan.style), allow=cfg.system.allow_task_mismatch)
+    return plan
 
 
 def memory_args(cfg: ServeConfig) -> dict:
@@ -68,7 +80,7 @@ def dry_run(cfg: ServeConfig) -> int:
     """`--dry_run`: print the memory plan of the served systems and stop (no Serve, no model)."""
     from recmas_ray.distributed.memory import dry_run as print_plan
 
-    if cfg.backend == "ray" and cfg.placement.wants_gpus():
+    if cfg.backend == "ray" and cfg.placement.wants_gpus() and not cfg.placement.plan_node_gpus:
         from recmas_ray.distributed.cluster import init_ray
 
         init_ray(cfg.address)  # the cluster's GPUs (a private local cluster: this machine's)
@@ -76,32 +88,58 @@ def dry_run(cfg: ServeConfig) -> int:
 
 
 def serve_forever(cfg: ServeConfig) -> int:
-    """Start, print the URL, and keep serving until interrupted (then delete the application).
+    """Start, print the URL, and keep serving until interrupted (Ctrl-C, SIGINT: the application is deleted,
+    Ray shut down, one line, exit status 130).
 
     Ray, Ray Serve and HF output goes to --log_dir/serve.log (--verbose shows it)."""
-    from ray import serve
-
     from recmas_ray.console import job_console
 
     if cfg.dry_run:
         return dry_run(cfg)
     with job_console(cfg.log_dir, verbose=cfg.verbose, name="serve") as console:
+        import os
+
+        from recmas_ray.distributed.cluster import start_ray
+        from recmas_ray.serve.security import API_KEY_ENV
+
+        os.environ.pop(API_KEY_ENV, None)  # the key (its digest is in cfg) must not reach Ray's processes
+        start_ray(cfg.address)  # its own phase line
         console.start("starting Ray Serve and the agents")
-        url = start(cfg)
-        console.done()
-        auth = "API key required" if cfg.api_key else "no API key (--api_key or $RECMAS_API_KEY to require one)"
-        console.line(f"serving {cfg.served_name!r} at {url}/v1 (POST /chat/completions, /completions, GET /models; "
-                     f"{auth}); GET {url}/health, /metrics; Ctrl-C stops")
         try:
+            url = start(cfg)
+            console.done()
+            auth = "API key required" if cfg.api_key else "no API key (--api_key or $RECMAS_API_KEY to require one)"
+            console.line(f"serving {cfg.served_name!r} at {url}/v1 (POST /chat/completions, /completions, GET "
+                         f"/models; {auth}); GET {url}/health, /metrics; Ctrl-C stops")
             while True:
                 time.sleep(3600)
         except KeyboardInterrupt:
-            serve.delete(cfg.app_name)
+            console.finish_open(KeyboardInterrupt())
+            _delete_app(cfg.app_name)
+            raise
     return 0
 
 
+def _delete_app(name: str, timeout_s: float = 15.0) -> None:
+    """Delete the application (its replicas drain) within `timeout_s`; Ray's shutdown ends the rest."""
+    import threading
+
+    from ray import serve
+
+    def delete():
+        try:
+            serve.delete(name)
+        except Exception:  # noqa: BLE001 - Serve already gone (its processes got the same Ctrl-C)
+            pass
+
+    t = threading.Thread(target=delete, name="serve-delete", daemon=True)
+    t.start()
+    t.join(timeout_s)
+
+
 def main(argv=None) -> int:
-    return run_job(serve_forever, ServeConfig, argv, prog="python -m jobs.serve", description=__doc__)
+    return run_job(serve_forever, ServeConfig, argv, prog="python -m jobs.serve", description=__doc__,
+                   on_interrupt="stopped serving (the application deleted, Ray shut down)")
 
 
 if __name__ == "__main__":

@@ -21,7 +21,8 @@ import os
 from pathlib import Path
 from typing import Sequence
 
-from recmas_ray.api_inputs import MAX_N, MAX_QUESTION_CHARS, check_questions, check_stop, finish, python_names, str_list
+from recmas_ray.api_inputs import (MAX_N, MAX_QUESTION_CHARS, check_int, check_questions, check_stop, finish,
+                                   python_names, str_list)
 from recmas_ray.config.checks import check_tree
 from recmas_ray.console import default_log_dir, quiet_calls
 from recmas_ray.eval.config import EvalConfig
@@ -69,10 +70,11 @@ class System:
     @classmethod
     def build(cls, style: str, *, role_models: dict[str, str] | None = None, links: str | None = None,
               preset: str = "tiny", ckpt_override: dict[str, str] | None = None, backend: str = "ray",
-              num_replicas: int = 1, task: str = "math", device: str = "auto", dtype: str = "auto", seed: int = 42,
+              num_replicas: int = 1, task: str | None = None, device: str = "auto", dtype: str = "auto", seed: int = 42,
               placement: str | PlacementConfig = "cpu", transport: str = OBJECT_STORE.name, timeout_s: float = 900.0,
               torch_threads: int = 0, allow_base_model_mismatch: bool = False,
-              allow_style_mismatch: bool = False, verbose: bool = False,
+              allow_style_mismatch: bool = False, allow_task_mismatch: bool = False, prompt_set: str | None = None,
+              verbose: bool = False,
               log_dir: str | Path | None = None, progress: bool = True) -> System:
         """Plan the system, check it, and start its agents.
 
@@ -89,7 +91,9 @@ class System:
             ckpt_override: Per-role link folders (or Hub ids), over the ones found in `links`.
             backend: "local" (in this process, no Ray) or "ray" (one actor per agent).
             num_replicas: Independent copies of the whole system (Ray backend), batches spread over them.
-            task: Task type whose release adapters load (`adapter(<task>).pt`): math, code, choice or qa.
+            task: Task type of the prompts (`generate`'s default) and of the release adapters that load
+                (`adapter(<task>).pt`): math, code, choice or qa; None: the task the links were trained on
+                (their manifests), else math. Another task than the links record is refused.
             device: auto (CUDA when torch sees one), cpu or cuda.
             dtype: auto, float32, bfloat16 or float16.
             seed: Seed of fresh links.
@@ -102,6 +106,8 @@ class System:
             allow_base_model_mismatch: Run `role_models` even where a role's checkpoint names another
                 base model (link sizes are still checked).
             allow_style_mismatch: Load links whose manifest records another style (refused otherwise).
+            allow_task_mismatch: Run links under another task or prompt set than they record (refused otherwise).
+            prompt_set: YAML or JSON prompt set replacing the style's prompts (the one the links were trained with).
             verbose: Show what Ray, Ray Data, HF and the graders print. By default it goes to
                 `system.log_path` (`log_dir`/api-<pid>.log) during this and every later call, and Ray's workers
                 keep their output in Ray's session folder (named in that log), as the CLI jobs do.
@@ -122,24 +128,26 @@ class System:
                                 device=device, dtype=dtype, seed=seed, placement=placement, transport=transport,
                                 timeout_s=timeout_s, torch_threads=torch_threads,
                                 allow_base_model_mismatch=allow_base_model_mismatch,
-                                allow_style_mismatch=allow_style_mismatch, progress=progress)
+                                allow_style_mismatch=allow_style_mismatch, allow_task_mismatch=allow_task_mismatch,
+                                prompt_set=prompt_set, progress=progress)
         system.verbose, system.log_path = verbose, log_path
         return system
 
     @classmethod
     def _build(cls, style, *, role_models, links, preset, ckpt_override, backend, num_replicas, task, device, dtype,
                seed, placement, transport, timeout_s, torch_threads, allow_base_model_mismatch,
-               allow_style_mismatch, progress) -> System:
+               allow_style_mismatch, allow_task_mismatch, prompt_set, progress) -> System:
         from recmas_ray.styles import get_style
         from recmas_ray.system.hub import links_overrides, resolve_overrides
         from recmas_ray.distributed.launch import start_agents
         from recmas_ray.system.plan import plan_system
+        from recmas_ray.system.trained import check_trained_task, trained_task
+        from recmas_ray.styles.prompts import prompt_set_hash
         from recmas_ray.config.inputs import check_text_table
 
         role_models, ckpt_override = check_text_table("role_models", role_models), check_text_table(
             "ckpt_override", ckpt_override)  # before any of them is resolved (Hub ids, link folders)
-        if not isinstance(num_replicas, int) or isinstance(num_replicas, bool) or num_replicas < 1:
-            raise ValueError(f"num_replicas must be a positive integer, got {num_replicas!r}")
+        check_int("num_replicas", num_replicas, 1)
         if backend == "local" and num_replicas != 1:
             raise ValueError(f"num_replicas={num_replicas} needs backend='ray' (the local backend runs one copy)")
         overrides = links_overrides(links, get_style(style).roles) if links else {}
@@ -147,12 +155,15 @@ class System:
         placement = placement if isinstance(placement, PlacementConfig) else PlacementConfig(preset=placement)
         system = SystemConfig(style=style, preset=preset, ckpt_override=overrides, role_models=dict(role_models or {}),
                               allow_base_model_mismatch=allow_base_model_mismatch,
-                              allow_style_mismatch=allow_style_mismatch, device=device, dtype=dtype,
-                              seed=seed)
+                              allow_style_mismatch=allow_style_mismatch, allow_task_mismatch=allow_task_mismatch,
+                              prompt_set=prompt_set, device=device, dtype=dtype, seed=seed)
+        task = task if task is not None else trained_task(overrides) or "math"
         cfg = EvalConfig(system=system, dataset=_NO_DATASET, backend=backend, placement=placement, transport=transport,
-                         timeout_s=timeout_s, torch_threads=torch_threads, progress=False)
+                         timeout_s=timeout_s, torch_threads=torch_threads, progress=False, task=task)
         check_tree(cfg, lambda path: path.removeprefix("system."))  # the keyword arguments' names
         plan = plan_system(cfg.system, task=task, tools=cfg.tool_loop())
+        check_trained_task(overrides, [task], prompt_set_hash(plan.style), allow=allow_task_mismatch,
+                           task_flag="task=")
         agents = start_agents(plan, backend=backend, placement=placement, timeout_s=timeout_s,
                               torch_threads=torch_threads, transport=transport, num_replicas=num_replicas,
                               progress_relay=progress)
@@ -165,6 +176,11 @@ class System:
         return self.plan.style_name
 
     @property
+    def task(self) -> str:
+        """The task type the system prompts by default (built with, or recorded by its links)."""
+        return self.cfg.task or "math"
+
+    @property
     def role_models(self) -> dict[str, str]:
         """Base model of each role."""
         return dict(self.plan.role_models)
@@ -173,7 +189,7 @@ class System:
         """What results and checkpoints record about this system (roles, base models, links' sources)."""
         return self.plan.manifest()
 
-    def generate(self, questions: str | Sequence[str], *, task: str | Sequence[str] = "math",
+    def generate(self, questions: str | Sequence[str], *, task: str | Sequence[str] | None = None,
                  method: str = "recursive_mas", num_recursive_rounds: int = 3, latent_steps: int = 32,
                  max_new_tokens: int = 256, do_sample: bool = False, temperature: float = 0.6, top_p: float = 0.95,
                  top_k: int = 0, seed: int | None = None, batch_size: int = 8, stop: str | Sequence[str] | None = None,
@@ -184,7 +200,8 @@ class System:
 
         Args:
             questions: A question or a list of them (the task's answer instruction is added by the style's prompts).
-            task: Task type of every question, or one per question: math, choice, code or qa.
+            task: Task type of every question, or one per question: math, choice, code or qa (None: the
+                system's, `System.task`).
             method: recursive_mas, recursive_textmas, textmas or single_agent.
             num_recursive_rounds: R, rounds of the agent loop.
             latent_steps: m, latent steps per agent and round (recursive_mas).
@@ -218,6 +235,7 @@ class System:
         """
         self._check_open()
         questions = check_questions(questions, max_question_chars=max_question_chars, allow_empty=True)
+        task = self.task if task is None else task
         tasks = [task] * len(questions) if isinstance(task, str) else str_list(task, "task")
         if len(tasks) != len(questions):
             raise ValueError(f"{len(questions)} questions but {len(tasks)} task types")
@@ -226,10 +244,13 @@ class System:
         bad = sorted({t for t in tasks if t not in TASK_TYPES})
         if bad:
             raise ValueError(f"unknown task type(s) {bad}; expected one of {list(TASK_TYPES)}")
-        if not isinstance(batch_size, int) or isinstance(batch_size, bool) or batch_size < 1:
-            raise ValueError(f"batch_size must be a positive integer, got {batch_size!r}")
-        if not isinstance(n, int) or isinstance(n, bool) or not 1 <= n <= MAX_N:
-            raise ValueError(f"n must be an integer in [1, {MAX_N}], got {n!r}")
+        check_int("batch_size", batch_size, 1)
+        check_int("n", n, 1, MAX_N)
+        from recmas_ray.styles.prompts import prompt_set_hash
+        from recmas_ray.system.trained import check_trained_task
+
+        check_trained_task(self.cfg.system.ckpt_override, tasks, prompt_set_hash(self.plan.style),
+                           allow=self.cfg.system.allow_task_mismatch, task_flag="task=")
         stops = check_stop(stop)
         rc = RecursionConfig(method=method, num_recursive_rounds=num_recursive_rounds, latent_steps=latent_steps,
                              decode=DecodeConfig(max_new_tokens=max_new_tokens, do_sample=do_sample,
@@ -318,12 +339,14 @@ class System:
                 rate is the run's throughput (the table's and the results file's).
 
         Returns:
-            {"results": metrics per benchmark/method, "samples_path", "results_path", "table"}.
+            {"results": metrics per benchmark/method, "samples_path", "results_path", "table"}: the results
+            table is returned, not printed (`print(report["table"])` shows it).
 
         Raises:
             ValueError: A bad argument (named as here), before anything is written.
         """
         self._check_open()
+        from recmas_ray.eval.benchmarks import BENCHMARKS, canonical_name
         from recmas_ray.eval.run import evaluate
 
         cfg = dataclasses.replace(
@@ -334,9 +357,10 @@ class System:
                                                                      max_new_tokens=max_new_tokens,
                                                                      do_sample=do_sample, temperature=temperature)),
             batch_size=batch_size, num_rollouts=num_rollouts, grader=grader, format_retry=format_retry,
-            output_path=str(output_path), resume=resume, progress=progress)
+            output_path=str(output_path), resume=resume, progress=progress,
+            task=None if canonical_name(dataset) in BENCHMARKS else self.cfg.task)  # a benchmark brings its own
         with self._quiet(), python_names():
-            return evaluate(cfg, progress=progress, system=self.agents)
+            return evaluate(cfg, progress=progress, system=self.agents, echo=False)  # the caller prints the table
 
     # ------------------------------------------------------------------ lifetime
     def _check_open(self) -> None:

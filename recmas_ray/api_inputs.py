@@ -10,6 +10,7 @@ import contextlib
 from pathlib import Path
 from typing import Sequence
 
+from recmas_ray.config.checks import ConfigTypeError
 from recmas_ray.runner import SampleResult
 
 MAX_QUESTION_CHARS = 32_000
@@ -45,10 +46,10 @@ def python_names():
 
 def str_list(values, name: str) -> list[str]:
     if isinstance(values, (str, bytes)) or not isinstance(values, (list, tuple)):
-        raise TypeError(f"{name} must be a str or a list of str, got {type(values).__name__}")
+        raise ConfigTypeError(f"{name} must be a str or a list of str, got {type(values).__name__}")
     bad = [i for i, v in enumerate(values) if not isinstance(v, str)]
     if bad:
-        raise TypeError(f"{name}[{bad[0]}] must be a str, got {type(values[bad[0]]).__name__}")
+        raise ConfigTypeError(f"{name}[{bad[0]}] must be a str, got {type(values[bad[0]]).__name__}")
     return list(values)
 
 
@@ -98,6 +99,16 @@ def finish(result: SampleResult, max_new_tokens: int, stops: Sequence[str]) -> S
     return result
 
 
+def check_int(name: str, value, lo: int, hi: int | None = None) -> int:
+    """An integer argument in [lo, hi]: another type is a `ConfigTypeError` (a TypeError and a ValueError, the
+    rule of every argument check: docs/usage.md), an integer out of range a ValueError; both name it."""
+    if not isinstance(value, int) or isinstance(value, bool):
+        raise ConfigTypeError(f"{name}: expected an integer, got {type(value).__name__} {value!r:.40}")
+    if value < lo or (hi is not None and value > hi):
+        raise ValueError(f"{name}={value}: expected an integer " + (f"in [{lo}, {hi}]" if hi is not None else f">= {lo}"))
+    return value
+
+
 def rows_file(rows: str | Path | Sequence[dict], directory: str | Path, name: str = "train.jsonl") -> str:
     """A dataset argument for training: a path or dataset name as is, rows in memory written as JSONL."""
     if isinstance(rows, (str, Path)):
@@ -106,7 +117,7 @@ def rows_file(rows: str | Path | Sequence[dict], directory: str | Path, name: st
 
     rows = list(rows)
     if not rows or not all(isinstance(r, dict) for r in rows):
-        raise ValueError("rows must be a path, a dataset name, or a non-empty list of dicts")
+        raise ConfigTypeError("rows must be a path, a dataset name, or a non-empty list of dicts")
     path = Path(directory) / name
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows), encoding="utf-8")

@@ -1,7 +1,8 @@
 """The console of every job (run, train_inner, train_outer, serve, demo): what the user reads, and where the rest goes.
 
     job_console(<output>/logs, verbose=False, name="run")
-        console stream (the stdout/stderr the job started with): phase lines, progress bars, tables, JSON
+        console streams (the stdout/stderr the job started with): on stderr what the job is doing (phase lines,
+                     progress bars, warnings, the error line), on stdout what it produced (tables, JSON, paths)
         <output>/logs/<name>.log: Python logging, warnings, stray prints, fd 2 (C code, child processes),
                                   Ray's driver and forwarded worker output, Ray Train, HF, math-verify
 
@@ -10,6 +11,12 @@ logging at WARNING; its workers' output is still forwarded to the driver, where 
 instead of the terminal), and the job shuts down a Ray it started before the streams are restored, so
 Ray's goodbye messages (PlacementGroupCleaner, raylet) land there too and none of its processes outlive
 the job. `--verbose` leaves everything on the console, as before (Ray still shut down at the end).
+
+Every job talks from its first second: `announce` (called by `config.cli.run_job` before the config is even
+parsed, before torch or Ray is imported) opens the first phase line, "checking inputs ...", which the job's console
+continues; Ray's start-up (`ray_starting` / `ray_started`) is a phase of its own. On a terminal an open phase
+shows its seconds so far, updated in place each second; elsewhere (a pipe, a file, `ray job logs`) each phase
+prints its start line at once and its final line (result and seconds) when it ends.
 
 Code deep inside a job writes through `current()`: the active job's console, or a plain one on
 sys.stdout / sys.stderr for Python callers, so library use prints exactly what it printed before.
@@ -24,6 +31,7 @@ import os
 import shutil
 import sys
 import tempfile
+import threading
 import time
 import warnings
 from pathlib import Path
@@ -42,23 +50,34 @@ _moved: list = []  # (logger, its handlers, its propagate) re-pointed at the log
 
 
 class Console:
-    """Phase lines, progress bars and results on the streams the job started with."""
+    """Phase lines and progress bars (stderr), results (stdout), on the streams the job started with."""
 
     def __init__(self, *, stream: TextIO | None = None, err: TextIO | None = None, progress: bool = True,
-                 on_work: Callable[[], None] | None = None):
+                 on_work: Callable[[], None] | None = None, job: bool = False):
+        global _announced
         self.stream = stream or sys.stdout
         self.err = err or sys.stderr
         self._on_work = on_work
         self.bars = progress
         """Progress bars (evaluation, training steps) drawn at all."""
-        self.progress = progress and getattr(self.stream, "isatty", lambda: False)()
-        """Phase lines updated in place (a terminal only; elsewhere only each phase's final line)."""
+        self.progress = progress and _isatty(self.err)
+        """Phase lines updated in place (a terminal only; elsewhere a start line and a final line per phase)."""
         self._open: str | None = None
         self._t0 = 0.0
+        self._lock = threading.Lock()
+        self._ticker: threading.Thread | None = None
+        self._ray_phase = False  # the open phase is Ray's start-up (`ray_starting`)
+        self._below = False  # a bar was drawn below the open phase's line (terminal): it no longer ticks
+        self._status = ""  # the open phase's status (`update`), shown before its seconds
+        if job and _announced is not None:  # a job's console continues the phase `announce` opened
+            (self._open, self._t0), _announced = _announced, None
+            self._tick_on()
 
-    def _write(self, text: str) -> None:
-        self.stream.write(text)
-        self.stream.flush()
+    def _write(self, text: str, *, err: bool = False) -> None:
+        out = self.err if err else self.stream
+        with self._lock:
+            out.write(text)
+            out.flush()
 
     def settle_logs(self) -> None:
         """The job's real work begins (its inputs are checked): make the log folder (see `job_console`)."""
@@ -66,30 +85,68 @@ class Console:
             self._on_work()
 
     def start(self, what: str) -> None:
-        """Begin a phase line (shown at once on a terminal, then updated in place)."""
+        """Begin a phase line on stderr (a phase still open ends first): on a terminal shown at once with its
+        seconds so far, updated in place; elsewhere its start line `what ...` at once."""
         self.settle_logs()
-        self.finish_open()
-        self._open, self._t0 = what, time.perf_counter()
-        if self.progress:
-            self._write(f"{what} ...")
+        if self._open is not None:
+            self.done()
+        self._open, self._t0, self._below, self._status = what, time.perf_counter(), False, ""
+        self._write(f"{what} ..." if self.progress else f"{what} ...\n", err=True)
+        self._tick_on()
 
     def update(self, status: str) -> None:
         """Replace the running phase's status (terminal only)."""
-        if self._open is not None and self.progress:
-            self._write(f"\r\033[K{self._open} ... {status}")
+        self._status = status
+        if self._open is not None and self.progress and not self._below:
+            self._write(f"\r\033[K{self._open} ... {status}", err=True)
 
     def done(self, result: str = "") -> float:
         """End the phase: one final line with its result and duration; returns the seconds it took."""
+        if self._open is None:
+            return 0.0
         dt = time.perf_counter() - self._t0
         line = f"{self._open}: {result} ({dt:.0f} s)" if result else f"{self._open} ({dt:.0f} s)"
-        self._write(("\r\033[K" if self.progress else "") + line + "\n")
         self._open = None
+        self._write(("\r\033[K" if self.progress and not self._below else "") + line + "\n", err=True)
         return dt
 
-    def finish_open(self) -> None:
+    def finish_open(self, error: BaseException | None = None) -> None:
         """Close a phase that never reached `done` (an error or interrupt stopped it)."""
+        if isinstance(error, KeyboardInterrupt):
+            self.drop_open()  # the job's one line says it was interrupted
+        elif self._open is not None:
+            self.done("failed" if error is not None else "interrupted")
+
+    def drop_open(self) -> None:
+        """Take back an open phase without a final line (bad input: the error line says it all); on a terminal
+        its line is erased."""
         if self._open is not None:
-            self.done("interrupted")
+            self._open = None
+            if self.progress and not self._below:
+                self._write("\r\033[K", err=True)
+
+    def _tick_on(self) -> None:
+        """On a terminal, a daemon thread rewrites the open phase's line each second with its seconds so far."""
+        if not self.progress or (self._ticker is not None and self._ticker.is_alive()):
+            return
+
+        def tick():
+            while self._open is not None:
+                time.sleep(1.0)
+                what, t0 = self._open, self._t0
+                if what is None:
+                    return
+                with self._lock:
+                    if self._open == what and not self._below:
+                        try:
+                            status = f"{self._status}, " if self._status else ""
+                            self.err.write(f"\r\033[K{what} ... {status}{time.perf_counter() - t0:.0f} s")
+                            self.err.flush()
+                        except (OSError, ValueError):  # the stream closed (the job ended): stop ticking
+                            return
+
+        self._ticker = threading.Thread(target=tick, name="console-phase-ticker", daemon=True)
+        self._ticker.start()
 
     def line(self, text: str = "") -> None:
         """One line of results (a table, JSON, where the outputs went) on the console's stdout."""
@@ -98,18 +155,71 @@ class Console:
 
     def warn(self, text: str) -> None:
         """`warning: text` on the console's stderr (user-facing, unlike library warnings)."""
-        self.err.write(f"warning: {text}\n")
-        self.err.flush()
+        if self._open is not None and self.progress and not self._below:  # not inside the open phase's line
+            self._write("\n", err=True)
+        self._write(f"warning: {text}\n", err=True)
 
     def bar(self, total: int | None, desc: str, *, unit: str = "it", initial: int = 0, enabled: bool = True):
-        """A tqdm bar (count, rate, ETA) on the console's stderr; a disabled one without progress bars."""
+        """A tqdm bar (count, rate, ETA) on the console's stderr, below an open phase's line (which ends with
+        its own final line); a disabled one without progress bars."""
         from tqdm.auto import tqdm
 
         self.settle_logs()
+        if self._open is not None and self.progress and not self._below:
+            self._below = True  # the bar goes below the open phase's line, which stops ticking until `done`
+            self._write("\n", err=True)
         # smoothing=0: the rate shown is count / seconds since the bar opened (the run's throughput), not a
         # moving average of the last updates
         return tqdm(total=total, initial=initial, desc=desc, unit=unit, file=self.err, smoothing=0,
                     disable=not (enabled and self.bars), dynamic_ncols=True)
+
+
+def _isatty(stream) -> bool:
+    try:
+        return bool(stream.isatty())
+    except (AttributeError, ValueError, OSError):
+        return False
+
+
+CHECKING = "checking inputs"
+"""The first phase of every command-line job (`announce`): its config, files and models' configs are read."""
+
+_announced: tuple[str, float] | None = None  # (phase, its start) printed by `announce`, before any Console
+
+
+def announce(what: str = CHECKING, argv: list[str] | None = None) -> None:
+    """A command-line job's first line, on stderr at once (before its config is parsed, before torch or Ray is
+    imported): the phase `what`, which the job's console continues (or `retract` takes back). Once per job;
+    nothing for --help and --print_config (`argv`: the job's arguments, default sys.argv's)."""
+    global _announced
+    if _announced is not None or {"-h", "--help", "--print_config"} & set(sys.argv[1:] if argv is None else argv):
+        return
+    tty = _isatty(sys.stderr)
+    sys.stderr.write(f"{what} ..." if tty else f"{what} ...\n")
+    sys.stderr.flush()
+    _announced = (what, time.perf_counter())
+
+
+def end_announced(result: str = "") -> None:
+    """End the phase `announce` opened with its final line, for a job that runs without a console (a dry run,
+    a quick tool)."""
+    global _announced
+    if _announced is not None:
+        what, t0 = _announced
+        _announced = None
+        sys.stderr.write(("\r\033[K" if _isatty(sys.stderr) else "")
+                         + (f"{what}: {result}" if result else what) + f" ({time.perf_counter() - t0:.0f} s)\n")
+        sys.stderr.flush()
+
+
+def retract() -> None:
+    """The job ends before its console took the announced phase (bad input, --help, --print_config): on a
+    terminal the phase line is erased, so the error is the one line left; elsewhere the start line stays."""
+    global _announced
+    if _announced is not None and _isatty(sys.stderr):
+        sys.stderr.write("\r\033[K")
+        sys.stderr.flush()
+    _announced = None
 
 
 def current() -> Console:
@@ -183,9 +293,15 @@ def job_console(log_dir: str | Path, *, verbose: bool, name: str, progress: bool
     ray_before = _ray_running() or keep_ray
     saved_current = _current
     if verbose:
-        _current = Console(progress=progress)
+        _current = Console(progress=progress, job=True)
         try:
             yield _current
+        except (ValueError, TypeError):
+            _current.drop_open()
+            raise
+        except BaseException as e:
+            _current.finish_open(e)
+            raise
         finally:
             _current = saved_current
             if not ray_before and _ray_running():
@@ -206,7 +322,8 @@ def job_console(log_dir: str | Path, *, verbose: bool, name: str, progress: bool
     handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
     saved_moved, saved_handler, saved_outlives = list(_moved), _log_handler, _ray_outlives
     _ray_outlives = keep_ray
-    _current, _log_handler = Console(stream=stdout, err=err, progress=progress, on_work=log.settle), handler
+    _current, _log_handler = Console(stream=stdout, err=err, progress=progress, on_work=log.settle,
+                                                  job=not keep_ray), handler
     keep = True
     try:
         if fd2 is not None:
@@ -225,8 +342,14 @@ def job_console(log_dir: str | Path, *, verbose: bool, name: str, progress: bool
             logging.captureWarnings(True)
             try:
                 yield _current
-            except (ValueError, TypeError):
+            except (ValueError, TypeError) as e:
                 keep = log.settled  # bad input found before any work: the output folder stays untouched
+                if not keep:
+                    _current.drop_open()  # the error line is the one line (no "checking inputs: failed")
+                _current.finish_open(e)
+                raise
+            except BaseException as e:
+                _current.finish_open(e)
                 raise
             finally:
                 _current.finish_open()
@@ -274,20 +397,31 @@ def quiet_calls(verbose: bool, log_file: Path):
         yield
 
 
-def ray_starting() -> dict:
-    """Called by `init_ray` before it starts or joins Ray: the job's real work begins (its log folder is made);
+def ray_starting(what: str = "starting Ray") -> dict:
+    """Called by `init_ray` before it starts or joins Ray: the job's real work begins (its log folder is made),
+    and a job's console shows the phase `what` (unless another phase than the checks is open: it stays);
     returns the `ray.init` settings of the console: Ray's own logging at WARNING in a quiet job (its workers'
     output still reaches this driver, whose streams go to the log), nothing otherwise."""
     if _current is not None:
         _current.settle_logs()
+        if not _ray_outlives and _current._open in (None, CHECKING):
+            _current.start(what)
+            _current._ray_phase = True
+        elif not _ray_outlives:  # inside a phase of the job's (training): its line says what it waits for
+            _current.update(what)
     if _log_handler is None:
         return {}
     return {"logging_level": logging.WARNING, **({"log_to_driver": False} if _ray_outlives else {})}
 
 
-def ray_started() -> None:
-    """Called by `init_ray` once Ray runs: in a quiet job the loggers Ray made go to the log as well, and the
-    log names Ray's session folder (the daemons' own logs)."""
+def ray_started(result: str = "") -> None:
+    """Called by `init_ray` once Ray runs: the Ray phase ends with `result`; in a quiet job the loggers Ray made
+    go to the log as well, and the log names Ray's session folder (the daemons' own logs)."""
+    if _current is not None and getattr(_current, "_ray_phase", False):
+        _current._ray_phase = False
+        _current.done(result)
+    elif _current is not None and not _ray_outlives and _current._open is not None:
+        _current._status = ""  # the training phase's line no longer says "starting Ray"
     if _log_handler is None:
         return
     route_loggers(_log_handler)

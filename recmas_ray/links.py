@@ -127,29 +127,75 @@ class TokenLink(nn.Module):
     latents near its own next token's embedding (docs/learning_runs.md, two hops): this reads that token off in
     the sender's vocabulary and writes it in the receiver's, where a regression across families
     (`ridge_bridge`) picks the right digit for only 16-63% of rollout steps. W, b start at zero (the link
-    starts as the pure translation) and carry what the loss asks beyond it. Only W, b are parameters; the two
-    tables are frozen buffers, not saved.
+    starts as the pure translation) and carry what the loss asks beyond it.
+
+    Only W, b are parameters. The token ids (`ids=`) are saved with them; the two tables are the models' own
+    input embeddings of those ids, frozen buffers that are never saved: a link read from a checkpoint is
+    built `unbound` and `bind`s them where its sender's model lives (`service.AgentService`).
     """
 
-    def __init__(self, source_table_KD: torch.Tensor, target_table_KE: torch.Tensor, tau: float):
+    link_type = "token_link"
+
+    def __init__(self, source_table_KD: torch.Tensor | None, target_table_KE: torch.Tensor | None, tau: float, *,
+                 ids: tuple | None = None, dims: tuple[int, int] | None = None):
         super().__init__()
-        if not tau > 0:
+        if not (isinstance(tau, (int, float)) and tau > 0):
             raise ValueError(f"TokenLink tau must be positive, got {tau}")
-        if source_table_KD.dim() != 2 or target_table_KE.dim() != 2 or len(source_table_KD) != len(target_table_KE):
-            raise ValueError(f"TokenLink: expected paired [K, D] and [K, E] tables, got {tuple(source_table_KD.shape)} "
-                             f"and {tuple(target_table_KE.shape)}")
-        self.tau = tau
-        self.register_buffer("source_unit_KD", nn.functional.normalize(source_table_KD.float(), dim=-1),
-                             persistent=False)
-        self.register_buffer("target_KE", target_table_KE.float(), persistent=False)
-        self.residual = nn.Linear(source_table_KD.shape[1], target_table_KE.shape[1])
+        self.tau = float(tau)
+        if ids is not None:
+            src, dst = (torch.as_tensor(i, dtype=torch.long).reshape(-1) for i in ids)
+            if len(src) != len(dst) or len(src) == 0:
+                raise ValueError(f"TokenLink: expected as many source as target token ids (> 0), got {len(src)} "
+                                 f"and {len(dst)}")
+            self.register_buffer("source_ids", src)
+            self.register_buffer("target_ids", dst)
+        if source_table_KD is None:  # unbound: sizes from `dims`, tables from `bind`
+            if dims is None or ids is None:
+                raise ValueError("TokenLink without tables needs ids= and dims=(in_dim, out_dim)")
+            self.in_dim, self.out_dim = int(dims[0]), int(dims[1])
+            self.register_buffer("source_unit_KD", None, persistent=False)
+            self.register_buffer("target_KE", None, persistent=False)
+        else:
+            self.in_dim, self.out_dim = int(source_table_KD.shape[-1]), int(target_table_KE.shape[-1])
+            self.register_buffer("source_unit_KD", None, persistent=False)
+            self.register_buffer("target_KE", None, persistent=False)
+            self.bind(source_table_KD, target_table_KE)
+        if self.in_dim <= 0 or self.out_dim <= 0:
+            raise ValueError(f"TokenLink dims must be positive, got {self.in_dim}->{self.out_dim}")
+        self.residual = nn.Linear(self.in_dim, self.out_dim)
         nn.init.zeros_(self.residual.weight)
         nn.init.zeros_(self.residual.bias)
 
+    @property
+    def num_tokens(self) -> int:
+        """K, the token pairs (from the ids, else the bound tables)."""
+        return int(len(self.source_ids) if hasattr(self, "source_ids") else len(self.target_KE))
+
+    @property
+    def bound(self) -> bool:
+        return self.target_KE is not None
+
+    @torch.no_grad()
+    def bind(self, source_table_KD: torch.Tensor, target_table_KE: torch.Tensor) -> "TokenLink":
+        """Set the two frozen tables (the sender's and the receiver's input embeddings of the token pairs)."""
+        if source_table_KD.dim() != 2 or target_table_KE.dim() != 2 or len(source_table_KD) != len(target_table_KE):
+            raise ValueError(f"TokenLink: expected paired [K, D] and [K, E] tables, got {tuple(source_table_KD.shape)} "
+                             f"and {tuple(target_table_KE.shape)}")
+        if hasattr(self, "residual") and (source_table_KD.shape[1], target_table_KE.shape[1]) != (self.in_dim,
+                                                                                                  self.out_dim):
+            raise ValueError(f"TokenLink maps {self.in_dim}->{self.out_dim}, but the tables are "
+                             f"{source_table_KD.shape[1]}- and {target_table_KE.shape[1]}-wide")
+        self.source_unit_KD = nn.functional.normalize(source_table_KD.detach().float(), dim=-1)
+        self.target_KE = target_table_KE.detach().float()
+        return self
+
     def forward(self, x_BMD: torch.Tensor) -> torch.Tensor:
+        if not self.bound:
+            raise RuntimeError("TokenLink is unbound: bind() the token tables of its two models first")
         u_BMD = nn.functional.normalize(x_BMD.float(), dim=-1)
-        p_BMK = torch.softmax(u_BMD @ self.source_unit_KD.T / self.tau, dim=-1)
-        return (p_BMK @ self.target_KE + self.residual(x_BMD.float())).to(x_BMD.dtype)
+        p_BMK = torch.softmax(u_BMD @ self.source_unit_KD.float().T / self.tau, dim=-1)
+        r_BME = nn.functional.linear(x_BMD.float(), self.residual.weight.float(), self.residual.bias.float())
+        return (p_BMK @ self.target_KE.float() + r_BME).to(x_BMD.dtype)
 
 
 def ridge_bridge(x_ND: torch.Tensor, y_NE: torch.Tensor, ridge: float) -> tuple[torch.Tensor, torch.Tensor]:
@@ -210,4 +256,86 @@ def outer_link_from_state_dict(state_dict: dict, *, what: str = "outer link") ->
     check_state_dict_keys(state_dict, OUTER_KEYS, what)
     link = OuterLink(int(state_dict["residual_proj.weight"].shape[1]), int(state_dict["proj2.bias"].shape[0]))
     link.load_state_dict({k: v.float() for k, v in state_dict.items()})
+    return link
+
+
+# ----------------------------------------------------------------------------- the registry of link kinds
+TOKEN_LINK_TYPE = TokenLink.link_type
+TOKEN_KEYS = frozenset({"residual.weight", "residual.bias", "source_ids", "target_ids", "tau"})
+LINK_KINDS = {INNER_LINK_TYPE: "inner", OUTER_LINK_TYPE: "outer", TOKEN_LINK_TYPE: "outer"}
+"""Every link kind a checkpoint may name (its manifest's `kind`) -> the place it takes (inner or outer)."""
+_KIND_KEYS = {INNER_LINK_TYPE: INNER_KEYS, OUTER_LINK_TYPE: OUTER_KEYS, TOKEN_LINK_TYPE: TOKEN_KEYS}
+
+
+def link_kind(link: nn.Module) -> str:
+    """The registered kind of a link module (ValueError for a module that is no registered link)."""
+    kind = getattr(link, "link_type", None)
+    if kind not in LINK_KINDS:
+        raise ValueError(f"{type(link).__name__} is not a saveable link kind; expected one of {sorted(LINK_KINDS)}")
+    return kind
+
+
+def link_args(link: nn.Module) -> dict:
+    """The constructor arguments of a link that a manifest records (JSON values), beside its kind."""
+    kind = link_kind(link)
+    if kind == INNER_LINK_TYPE:
+        return {"hidden_size": link.hidden_size}
+    args = {"in_dim": link.in_dim, "out_dim": link.out_dim}
+    return args | ({"num_tokens": link.num_tokens, "tau": link.tau} if kind == TOKEN_LINK_TYPE else {})
+
+
+def link_state(link: nn.Module) -> dict[str, torch.Tensor]:
+    """The tensors that rebuild a link anywhere (CPU; a token link's ids and temperature, never its tables)."""
+    sd = {k: v.detach().cpu() for k, v in link.state_dict().items()}
+    if link_kind(link) == TOKEN_LINK_TYPE:
+        sd["tau"] = torch.tensor(link.tau, dtype=torch.float64)
+    return sd
+
+
+def expected_shapes(kind: str, args: dict) -> dict[str, tuple[int, ...]]:
+    """The tensor shapes of a link of `kind` built with `args` (what a checkpoint's header must hold)."""
+    if kind == INNER_LINK_TYPE:
+        d = int(args["hidden_size"])
+        return {f"{layer}.{p}": ((d, d) if p == "weight" and layer.startswith("proj") else (d,))
+                for layer in ("proj1", "proj2", "pre_ln", "post_ln") for p in ("weight", "bias")}
+    d, e = int(args["in_dim"]), int(args["out_dim"])
+    if kind == OUTER_LINK_TYPE:
+        return {"ln_source.weight": (d,), "ln_source.bias": (d,), "proj1.weight": (2 * e, d), "proj1.bias": (2 * e,),
+                "proj2.weight": (e, 2 * e), "proj2.bias": (e,), "residual_proj.weight": (e, d),
+                "residual_proj.bias": (e,), "ln_target.weight": (e,), "ln_target.bias": (e,)}
+    if kind == TOKEN_LINK_TYPE:
+        k = int(args["num_tokens"])
+        return {"residual.weight": (e, d), "residual.bias": (e,), "source_ids": (k,), "target_ids": (k,), "tau": ()}
+    raise ValueError(f"unknown link kind {kind!r}; expected one of {sorted(LINK_KINDS)}")
+
+
+def kind_of_state(state_dict: dict, place: str, what: str) -> str:
+    """The kind whose tensors `state_dict` holds, among the kinds that take `place` (inner or outer)."""
+    keys = set(state_dict)
+    for kind, want in _KIND_KEYS.items():
+        if LINK_KINDS[kind] == place and keys == want:
+            return kind
+    expected = INNER_KEYS if place == "inner" else OUTER_KEYS
+    if place == "outer" and "source_ids" in keys:
+        expected = TOKEN_KEYS
+    missing, unexpected = sorted(expected - keys), sorted(keys - expected)
+    raise ValueError(f"{what}: state dict does not match the {place} link layout; missing keys {missing}, "
+                     f"unexpected keys {unexpected}")
+
+
+def link_from_state(state_dict: dict, *, place: str = "outer", what: str = "link") -> nn.Module:
+    """A link of whichever registered kind `state_dict` holds (token links come back unbound)."""
+    kind = kind_of_state(state_dict, place, what)
+    if kind == INNER_LINK_TYPE:
+        return inner_link_from_state_dict(state_dict, what=what)
+    if kind == OUTER_LINK_TYPE:
+        return outer_link_from_state_dict(state_dict, what=what)
+    w, ids = state_dict["residual.weight"], (state_dict["source_ids"], state_dict["target_ids"])
+    if w.dim() != 2 or any(i.dim() != 1 or i.is_floating_point() for i in ids) or state_dict["tau"].numel() != 1:
+        raise ValueError(f"{what}: token link tensors of unexpected shapes or types (residual.weight "
+                         f"{tuple(w.shape)}, ids {[tuple(i.shape) for i in ids]}, tau {tuple(state_dict['tau'].shape)})")
+    if min(int(ids[0].min()), int(ids[1].min())) < 0:
+        raise ValueError(f"{what}: negative token ids")
+    link = TokenLink(None, None, float(state_dict["tau"]), ids=ids, dims=(int(w.shape[1]), int(w.shape[0])))
+    link.residual.load_state_dict({"weight": w.float(), "bias": state_dict["residual.bias"].float()})
     return link

@@ -11,8 +11,8 @@ is the same command line with this module imported explicitly (for environments 
 model_args (comma-separated KEY=VALUE, lm-eval's format; `python -m recmas_ray.lmeval --help` lists them with
 their defaults; they are checked before lm-eval loads its tasks or any model loads): style (required),
 pretrained (trained links: a system folder or Hub id; lm-eval names its output folder after it), links,
-role_models, ckpt_override, preset, backend (ray|local), dtype, seed, task, method, num_recursive_rounds,
-latent_steps, max_new_tokens. lm-eval's own --device (cuda, cuda:N, cpu; cpu with a warning when torch sees
+role_models, ckpt_override, preset, backend (ray|local), dtype, seed, task (unset: the one the links were trained
+on), allow_task_mismatch, method, num_recursive_rounds, latent_steps, max_new_tokens. lm-eval's own --device (cuda, cuda:N, cpu; cpu with a warning when torch sees
 no GPU) and --batch_size (questions per agent call; "auto" means 8) apply as well.
 
 Requests:
@@ -69,8 +69,11 @@ class ModelArgs:
     """Model dtype (auto: bf16 on CUDA, fp32 on CPU)."""
     seed: Annotated[int, Range(0, 2**63 - 1)] = 42
     """Seed of fresh links and of sampling."""
-    task: Annotated[str, OneOf(TASK_TYPES)] = "math"
-    """Task type of the prompts: math, choice, code or qa."""
+    task: Annotated[str | None, OneOf(TASK_TYPES)] = None
+    """Task type of the prompts: math, choice, code or qa; unset: the task the links were trained on (their
+    manifests), else math."""
+    allow_task_mismatch: bool = False
+    """Run links under another task or prompt set than their manifests record (refused otherwise)."""
     method: Annotated[str, OneOf(METHODS)] = "recursive_mas"
     """recursive_mas, recursive_textmas, textmas or single_agent."""
     num_recursive_rounds: Annotated[int, Range(1, MAX_ROUNDS)] = 3
@@ -183,7 +186,9 @@ class RecMASLM(LM):
         self.system = system or System.build(
             args.style, role_models=parse_pairs(args.role_models, what="role_models"), links=args.links_source(),
             ckpt_override=parse_pairs(args.ckpt_override, what="ckpt_override"), preset=args.preset,
-            backend=args.backend, device=device, dtype=args.dtype, seed=args.seed, task=self.task)
+            backend=args.backend, device=device, dtype=args.dtype, seed=args.seed, task=self.task,
+            allow_task_mismatch=args.allow_task_mismatch)
+        self.task = self.system.task  # the one given, else the links' recorded task
 
     def get_model_info(self) -> dict:
         """Recorded by lm-eval in its results' `config`: the system's roles, base models and link sources."""

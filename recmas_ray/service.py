@@ -15,7 +15,7 @@ from __future__ import annotations
 import dataclasses
 import time
 import zlib
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 import torch
@@ -25,7 +25,7 @@ from recmas_ray.config.engine import EngineConfig
 from recmas_ray.decoding import Decoded
 from recmas_ray.kv_cache import left_pad
 from recmas_ray.config.recursion import DecodeConfig
-from recmas_ray.links import InnerLink, OuterLink
+from recmas_ray.links import InnerLink, OuterLink, TokenLink, link_from_state, link_state
 from recmas_ray.models.loader import load_frozen_model, resolve_dtype
 
 if TYPE_CHECKING:
@@ -57,6 +57,9 @@ class AgentSpec:
     """Messages stay on the producer's device (NCCL transport) instead of moving to CPU."""
     continuous_batching: bool = False
     """Rollouts and decodes of every call in flight share forward passes (`config.engine.EngineConfig`)."""
+    outer_targets: dict[str, str] = field(default_factory=dict)
+    """Base model of each outgoing edge's receiver (edge -> model name): a token link's target table is that
+    model's input embedding of its token ids (set by `plan_system`)."""
     latent_norm: str = "none"
     """Non-reference: "embedding" rescales latents spliced into this agent's prompts to its token-embedding norm
     (set from the outer checkpoint's training config, config.choices.LATENT_NORMS); "none" as the release."""
@@ -77,7 +80,7 @@ class AgentService:
     """Builds an Agent from a spec plus link weights and serves rollout/decode calls."""
 
     def __init__(self, spec: AgentSpec, inner_state: dict, outer_states: dict[str, dict]):
-        from recmas_ray.links import inner_link_from_state_dict, outer_link_from_state_dict
+        from recmas_ray.links import inner_link_from_state_dict
 
         self.spec = spec
         if spec.model_name.startswith("sim:"):  # cost-simulated agent (benchmarks): no model, no links
@@ -92,8 +95,7 @@ class AgentService:
                                inner_link_from_state_dict(inner_state, what=f"inner link of {spec.role}"),
                                role=spec.role, model_name=spec.model_name, system_prompt=spec.system_prompt,
                                engine=EngineConfig(continuous_batching=spec.continuous_batching))
-            for edge, sd in outer_states.items():
-                self.agent.attach_outer_link(edge, outer_link_from_state_dict(sd, what=f"outer link {edge}"))
+            self._attach_outer(outer_states)
             if spec.latent_norm != "none":
                 self.agent.set_latent_norm(spec.latent_norm)
         self.message_dtype = resolve_dtype(spec.message_dtype, self.agent.device)
@@ -182,8 +184,20 @@ class AgentService:
         link = inner_link_from_state_dict(inner_state, what=f"inner link of {self.spec.role}")
         self.agent.inner_link = link.to(self.agent.device, self.agent.dtype)
         self.agent.outer_links = {}
+        self._attach_outer(outer_states)
+
+    def _attach_outer(self, outer_states: dict[str, dict]) -> None:
+        """Build each outgoing edge's link from its tensors (any registered kind) and attach it; a token link
+        is bound to this model's embeddings and its receiver's (`token_tables`) first."""
         for edge, sd in outer_states.items():
-            self.agent.attach_outer_link(edge, outer_link_from_state_dict(sd, what=f"outer link {edge}"))
+            link = link_from_state(sd, place="outer", what=f"outer link {edge}")
+            if isinstance(link, TokenLink):
+                target = self.spec.outer_targets.get(edge)
+                if target is None:
+                    raise ValueError(f"outer link {edge} is a token link, but the spec of {self.spec.role} names no "
+                                     "receiver model for it (AgentSpec.outer_targets)")
+                link.bind(*token_tables(self.agent, target, link, what=f"token link {edge}"))
+            self.agent.attach_outer_link(edge, link)
 
     def retry_format(self, texts: list[str], suffixes: list[str], max_new_tokens: int, *latents,
                      cfg: DecodeConfig | None = None, users: list[str] | None = None, slot_names=(),
@@ -241,4 +255,31 @@ class AgentService:
 def link_states(inner: InnerLink, outer: dict[str, OuterLink]) -> tuple[dict, dict[str, dict]]:
     """CPU state dicts to ship to a service (small next to the model, sent once at creation)."""
     return ({k: v.detach().cpu() for k, v in inner.state_dict().items()},
-            {e: {k: v.detach().cpu() for k, v in m.state_dict().items()} for e, m in outer.items()})
+            {e: link_state(m) for e, m in outer.items()})
+
+
+_EMBEDDINGS: dict[str, torch.nn.Module] = {}  # receiver model -> its input embedding (CPU fp32), once per process
+
+
+@torch.no_grad()
+def token_tables(agent: Agent, target_model: str, link: TokenLink, *, what: str) -> tuple[torch.Tensor, torch.Tensor]:
+    """(source [K, D], target [K, E]) tables of a token link sent by `agent`: its own input embeddings of the
+    source ids and `target_model`'s of the target ids (this agent's model when the receiver runs the same one;
+    else that model's embedding layer, loaded once per process on the CPU, the rest of it dropped)."""
+    own = agent.model.get_input_embeddings()
+    if target_model == agent.model_name:
+        other = own
+    else:
+        other = _EMBEDDINGS.get(target_model)
+        if other is None:
+            model, _ = load_frozen_model(target_model, dtype=torch.float32, device="cpu")
+            other = _EMBEDDINGS[target_model] = model.get_input_embeddings()
+            del model
+    for ids, table, name in ((link.source_ids, own, agent.model_name), (link.target_ids, other, target_model)):
+        vocab = int(table.weight.shape[0])
+        if len(ids) and int(ids.max()) >= vocab:
+            raise ValueError(f"{what}: token id {int(ids.max())} is outside {name}'s vocabulary of {vocab} (links "
+                             "made for other models?)")
+    device = own.weight.device
+    return (own(link.source_ids.to(device)).float(),
+            other(link.target_ids.to(other.weight.device)).float().to(device))

@@ -16,6 +16,8 @@ import dataclasses
 from pathlib import Path
 from typing import Any, Sequence
 
+from recmas_ray.config.checks import ConfigTypeError
+
 __all__ = ["train_inner", "train_outer"]
 
 
@@ -84,7 +86,7 @@ def _config(cls, values: dict[str, Any], options: dict[str, Any], rows, rows_fil
     if in_memory:
         rows = list(rows) if isinstance(rows, (list, tuple)) else rows
         if not isinstance(rows, list) or not rows or not all(isinstance(r, dict) for r in rows):
-            raise TypeError("rows: expected a path, a dataset name, or a non-empty list of dicts, got "
+            raise ConfigTypeError("rows: expected a path, a dataset name, or a non-empty list of dicts, got "
                             f"{type(rows).__name__}")
     dataset = "synthetic:1" if in_memory else str(rows)  # stands in for the rows until they are accepted
     cfg = with_system(cls, **{k: v for k, v in values.items() if k in names}, **{"dataset_name": dataset, **options})
@@ -138,10 +140,10 @@ def train_inner(style: str, *, rows: str | Path | Sequence[dict], save_dir: str 
     from recmas_ray.train.inner_job import train_inner as train_one_role
 
     if not isinstance(save_dir, (str, Path)) or not str(save_dir).strip():
-        raise TypeError(f"save_dir: expected a folder path, got {save_dir!r}")
+        raise ConfigTypeError(f"save_dir: expected a folder path, got {save_dir!r}")
     save_dir = Path(save_dir)
     if role_models is not None and not isinstance(role_models, dict):
-        raise TypeError(f"role_models: expected a dict ROLE -> model name, got {type(role_models).__name__}")
+        raise ConfigTypeError(f"role_models: expected a dict ROLE -> model name, got {type(role_models).__name__}")
     cfg, mem = _config(InnerTrainConfig, {"style": style, "task": task, "preset": preset,
                                      "role_models": dict(role_models or {}), "save_dir": str(save_dir)},
                        options, rows, save_dir / "train.jsonl")
@@ -149,7 +151,7 @@ def train_inner(style: str, *, rows: str | Path | Sequence[dict], save_dir: str 
         from recmas_ray.styles import canonical_role, get_style
 
         if isinstance(roles, str) or not all(isinstance(r, str) for r in roles):
-            raise TypeError(f"roles: expected a list of role names, got {roles!r:.60}")
+            raise ConfigTypeError(f"roles: expected a list of role names, got {roles!r:.60}")
         for role in roles:
             canonical_role(get_style(style), role)
             if cfg.resume:

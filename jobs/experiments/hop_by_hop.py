@@ -51,7 +51,8 @@ def token_link(src, dst, tau: float, ids: tuple[list[int], list[int]] | None = N
     src_ids, dst_ids = ids or shared_token_pairs(src.tokenizer, dst.tokenizer, max_pairs=None, blanks=True)
     with torch.no_grad():
         link = TokenLink(src.model.get_input_embeddings()(torch.tensor(src_ids, device=src.device)),
-                         dst.model.get_input_embeddings()(torch.tensor(dst_ids, device=dst.device)), tau)
+                         dst.model.get_input_embeddings()(torch.tensor(dst_ids, device=dst.device)), tau,
+                         ids=(src_ids, dst_ids))
     return link.to(src.device), (list(src_ids), list(dst_ids))
 
 
@@ -168,5 +169,25 @@ def train(pool, style, train_rows: list[dict], *, task: str, m: int, steps: int,
                  "tau": torch.tensor(float(tau))} for e in edges}
     save_dir.mkdir(parents=True, exist_ok=True)
     (save_dir / "log.json").write_text(json.dumps(history))
+    save_product_checkpoint(save_dir, {e: sent[e] for e in edges}, agents, style, task=task,
+                            settings={"trainer": "hop_by_hop", "steps": steps, "batch_size": batch_size, "lr": lr,
+                                      "value_weight": value_weight, "tau": tau, "seed": seed, "latent_steps": m})
     torch.save(saved, save_dir / LINKS_FILE)  # last: its presence means the training finished
     return {"links": saved, "log": history}
+
+
+def save_product_checkpoint(save_dir: Path, links: dict, agents: dict, style, *, task: str, settings: dict) -> Path:
+    """The token links as the product's outer checkpoint (links.safetensors + manifest.json, each link's kind and
+    arguments named), so `--ckpt_override outer=SAVE_DIR` / `--links` load them in jobs.run, jobs.serve and the
+    API; the manifest records the task and prompts they were trained with."""
+    from recmas_ray.styles.prompts import prompt_set_hash
+    from recmas_ray.system.checkpoints import LinkSet, save_links
+
+    from recmas_ray.system.provenance import write_provenance
+
+    roles = {r: {"base_model": a.model_name, "hidden_size": a.hidden_size} for r, a in agents.items()}
+    save_links(save_dir, LinkSet(outer=dict(links)),
+                      {"kind": "outer", "style": style.name, "roles": roles, "edges": list(style.edges),
+                       "task": task, "prompt_set_hash": prompt_set_hash(style),
+                       "train_config": {"task": task, **settings}})
+    return write_provenance(save_dir, config={"task": task, **settings}, kind="outer").parent

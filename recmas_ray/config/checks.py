@@ -3,7 +3,7 @@
 A field states its range or choices in its annotation, next to its default and docstring:
 `latent_steps: Annotated[int, Range(0, MAX_LATENT_STEPS)] = 32`. `check_tree(cfg, flag_of)` checks the type and
 the annotated checks of every field of every nested config, then each config's own `validate()` (cross-field
-rules), so one call checks a job's input before any model loads or file is written. Errors are `ConfigError`s
+rules); a config's `check_section(name)` runs before its section `name` is checked (whether it applies), so one call checks a job's input before any model loads or file is written. Errors are `ConfigError`s
 (a `ValueError`) of one line naming the flag, the value and what was expected.
 """
 
@@ -159,6 +159,9 @@ def check_tree(cfg, flag_of: Callable[[str], str] = lambda path: "--" + path, pr
     for f in dataclasses.fields(cfg):
         value, path, (base, checks) = getattr(cfg, f.name), prefix + f.name, split_annotated(hints[f.name])
         if dataclasses.is_dataclass(value) and not isinstance(value, type):
+            # whether the section applies at all comes first: settings for a style without tools are reported
+            # as such, not as a problem of one of them (a keys file's mode)
+            getattr(cfg, "check_section", lambda name: None)(f.name)
             check_tree(value, flag_of, path + ".")
             continue
         _check_type(flag_of(path), value, base)

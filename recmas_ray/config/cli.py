@@ -218,24 +218,46 @@ def parse_config(cls, argv=None, *, recipes=None, start=None, **parser_kw):
     return cfg, ns
 
 
-def run_job(main: Callable[[Any], int | None], cls, argv=None, **parse_kw) -> int:
+def run_job(main: Callable[[Any], int | None], cls, argv=None, *, announce: bool | None = None,
+            on_interrupt: str = "", **parse_kw) -> int:
     """Parse, check (`parse_config`'s keywords) and run one job; returns its exit status: 2 for the user's input
-    (ValueError, TypeError), 130 interrupted, 1 for a failed run (anything else), 0 done. Every error is one line
-    on stderr (`--debug` re-raises it with its traceback)."""
+    (ValueError, TypeError), 130 interrupted (Ctrl-C, SIGINT), 1 for a failed run (anything else), 0 done. Every
+    error is one line on stderr (`--debug` re-raises it with its traceback).
+
+    `announce` (default: a command line, `argv` None): the job's first line, "checking inputs ...", goes to
+    stderr at once, before the config is parsed (`console.announce`). `on_interrupt`: what the interrupt's line
+    says after "interrupted; " (default: finished work is on disk, `--resume` continues)."""
+    from recmas_ray import console
+
+    if announce is None:
+        announce = argv is None
     argv = list(sys.argv[1:] if argv is None else argv)
     try:
+        if announce:
+            console.announce(argv=argv)
         cfg, ns = parse_config(cls, argv, **parse_kw)
         if ns.print_config:
             print(json.dumps(to_dict(cfg), indent=2, sort_keys=True))
             return 0
         return int(main(cfg) or 0)
     except SystemExit as e:  # --help, or a job that exits itself
+        console.retract()
         return int(e.code or 0) if not isinstance(e.code, str) else (print(e.code, file=sys.stderr) or 2)
     except (KeyboardInterrupt, Exception) as e:  # noqa: BLE001 - the promise: one line, no traceback without --debug
+        console.retract()
         if "--debug" in argv:
             raise
+        if isinstance(e, KeyboardInterrupt):
+            print(f"interrupted; {on_interrupt or RESUME_HINT}", file=sys.stderr)
+            return 130
         print(f"error: {describe_error(e)}", file=sys.stderr)
-        return 130 if isinstance(e, KeyboardInterrupt) else 2 if isinstance(e, (ValueError, TypeError)) else 1
+        return 2 if isinstance(e, (ValueError, TypeError)) else 1
+    finally:
+        console.retract()
+
+
+RESUME_HINT = "whatever finished is on disk (rerun with --resume)"
+"""The interrupt line's default second half (jobs that stream results or checkpoints to disk)."""
 
 
 def describe_error(e: BaseException) -> str:
@@ -244,7 +266,7 @@ def describe_error(e: BaseException) -> str:
     import errno
 
     if isinstance(e, KeyboardInterrupt):
-        return "interrupted; whatever finished is on disk (rerun with --resume)"
+        return f"interrupted; {RESUME_HINT}"
     cause = getattr(e, "cause", None)  # a Ray task/actor error: the user's exception inside it
     if isinstance(cause, BaseException) and cause is not e:
         return describe_error(cause)

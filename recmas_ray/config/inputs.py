@@ -23,7 +23,7 @@ import os
 import stat
 from pathlib import Path
 
-from recmas_ray.config.checks import ConfigError
+from recmas_ray.config.checks import ConfigError, ConfigTypeError
 
 MAX_QUESTION_CHARS = 100_000
 """Longest question accepted (characters). The longest in the shipped benchmarks (LiveCodeBench) is ~12k;
@@ -127,9 +127,30 @@ def load_yaml(text: str, where: str):
             event = self.peek_event()
             if isinstance(event, yaml.AliasEvent) or getattr(event, "anchor", None):
                 mark = event.start_mark
-                raise ConfigError(f"{where}: YAML anchors and aliases (&name, *name) are not accepted "
-                                  f"(line {mark.line + 1}); write the values out")
+                setting = f"setting {'.'.join(self._keys)!r}" if self._keys else "the top level"
+                kind = f"alias *{event.anchor}" if isinstance(event, yaml.AliasEvent) else f"anchor &{event.anchor}"
+                raise ConfigError(f"{where}: {setting} (line {mark.line + 1}) uses a YAML {kind}; anchors and "
+                                  "aliases are refused (a few hundred bytes of them expand to gigabytes): write "
+                                  "the value out")
             return super().compose_node(parent, index)
+
+        def compose_mapping_node(self, anchor):  # track the keys above the node being composed
+            node = yaml.MappingNode(self.resolve(yaml.MappingNode, None, True), [], None, None, None)
+            start = self.get_event()
+            node.tag = start.tag if start.tag not in (None, "!") else node.tag
+            node.start_mark, node.flow_style = start.start_mark, start.flow_style
+            while not self.check_event(yaml.MappingEndEvent):
+                key = self.compose_node(node, None)
+                self._keys.append(str(key.value) if isinstance(key, yaml.ScalarNode) else "?")
+                try:
+                    value = self.compose_node(node, key)
+                finally:
+                    self._keys.pop()
+                node.value.append((key, value))
+            node.end_mark = self.get_event().end_mark
+            return node
+
+    _NoAliasLoader._keys = []
 
     loader = _NoAliasLoader(text)
     try:
@@ -154,15 +175,41 @@ def read_data_file(path: str | Path, flag: str):
                           f"{str(e).splitlines()[0]}") from None
 
 
+def parse_json_lines(text: str, where: str) -> list:
+    """The records of a JSON Lines text (one JSON value per line). A file holding one JSON array instead (on one
+    line or pretty-printed), or one object spread over several lines, is named as what it is, with the fix."""
+    fix = "write one object per line, or name the file .json"
+    if text.lstrip().startswith(("[", "{")):
+        try:
+            whole = json.loads(text)
+        except json.JSONDecodeError:
+            whole = None  # several lines of JSON Lines, or broken: read line by line below
+        if isinstance(whole, list):
+            raise ConfigError(f"{where} holds one JSON array of {len(whole)} records, not JSON Lines (one JSON "
+                              f"object per line); {fix}")
+        if isinstance(whole, dict) and len(text.strip().splitlines()) > 1:
+            raise ConfigError(f"{where} holds one JSON object over {len(text.strip().splitlines())} lines, not JSON "
+                              f"Lines (one JSON object per line); {fix}")
+    rows = []
+    for i, line in enumerate(text.splitlines()):
+        if line.strip():
+            try:
+                rows.append(json.loads(line))
+            except json.JSONDecodeError as e:
+                raise ConfigError(f"{where}: line {i + 1} is not valid JSON ({e}); expected one JSON object per "
+                                  "line (JSON Lines)") from None
+    return rows
+
+
 def check_text_table(name: str, table) -> dict[str, str]:
     """A ROLE=TEXT argument of the Python API (role_models, ckpt_override): None or a dict of strings."""
     if table is None:
         return {}
     if not isinstance(table, dict):
-        raise TypeError(f"{name}: expected a dict ROLE -> text, got {type(table).__name__}")
+        raise ConfigTypeError(f"{name}: expected a dict ROLE -> text, got {type(table).__name__}")
     for key, value in table.items():
         if not isinstance(key, str) or not isinstance(value, str):
-            raise TypeError(f"{name} {key!s:.40}={value!r:.40}: expected ROLE -> text, got "
+            raise ConfigTypeError(f"{name} {key!s:.40}={value!r:.40}: expected ROLE -> text, got "
                             f"{type(key).__name__} -> {type(value).__name__}")
     return dict(table)
 
@@ -170,7 +217,7 @@ def check_text_table(name: str, table) -> dict[str, str]:
 def check_question(name: str, question, *, max_chars: int = MAX_QUESTION_CHARS) -> str:
     """A question must be a non-empty string of at most `max_chars` characters (TypeError / ValueError)."""
     if not isinstance(question, str):
-        raise TypeError(f"{name}: expected a string, got {type(question).__name__}")
+        raise ConfigTypeError(f"{name}: expected a string, got {type(question).__name__}")
     if not question.strip():
         raise ValueError(f"{name}: empty question")
     if len(question) > max_chars:
@@ -201,15 +248,21 @@ def cuda_available() -> bool:
     return bool(torch.cuda.is_available())
 
 
-def check_cuda(flag: str, why: str = "", *, on_cluster: bool = False) -> None:
-    """Refuse a setting that needs CUDA on a machine where torch sees no GPU. `on_cluster`: the GPUs are wanted
-    by Ray workers, which may run on other nodes; with a cluster named (RAY_ADDRESS, as `ray job submit` sets
-    it) this machine's GPUs say nothing, so only a local run is checked."""
+def check_cuda(flag: str, why: str = "", *, on_cluster: bool = False, plan_hint: bool = False,
+               cpu_flag: str = "") -> None:
+    """Refuse a setting that needs CUDA on a machine where torch sees no GPU, naming the flags that change it.
+    `on_cluster`: the GPUs are wanted by Ray workers, which may run on other nodes; with a cluster named
+    (RAY_ADDRESS, as `ray job submit` sets it) this machine's GPUs say nothing, so only a local run is checked.
+    `plan_hint`: a --dry_run, which can plan for another machine's GPUs instead. `cpu_flag`: the CPU setting."""
     if on_cluster and os.environ.get("RAY_ADDRESS", "").strip() not in ("", "local"):
         return
     if not cuda_available():
+        cpu = cpu_flag or ("--placement cpu" if flag.startswith(("--placement", "--role_gpus")) else
+                           "--no_use_gpu" if flag == "--use_gpu" else "--device cpu")
+        plan = (", or plan for a GPU machine from here with --placement.plan_node_gpus N (GPUs per node, e.g. 8) "
+                "and --placement.gpu_memory_gib GIB") if plan_hint else ""
         raise ConfigError(f"{flag}{' ' + why if why else ''}: torch sees no CUDA GPU on this machine; "
-                          "run where one is visible (CUDA_VISIBLE_DEVICES) or choose the CPU")
+                          f"run where one is visible (CUDA_VISIBLE_DEVICES) or choose the CPU ({cpu}){plan}")
 
 
 def check_ray_address(flag: str, address: str, *, timeout_s: float = 10.0) -> None:

@@ -51,6 +51,10 @@ class PlacementConfig:
     gpu_memory_gib: Annotated[float | None, Range(0, 1 << 20, lo_open=True)] = None
     """Memory of one GPU for the memory plan (`--dry_run`, and the check before agents load); unset: read from
     the GPUs (torch on this machine, else a short probe per GPU node)."""
+    plan_node_gpus: Annotated[list[int], Range(1, 1024)] = field(default_factory=list)
+    """The GPUs of each node of the machine(s) a `--dry_run` plans for, e.g. 8 (one node of 8 GPUs) or 8,8 (two
+    nodes), with their memory in --placement.gpu_memory_gib: the plan then needs no Ray and no GPU here (plan a GPU
+    deployment from a laptop). Empty: the connected Ray cluster's GPUs (a private local cluster: this machine's)."""
     plan_prompt_tokens: Annotated[int, Range(1, 10_000_000)] = 1024
     """Prompt tokens per question (template + question) the memory plan reserves KV for, besides the latent
     positions and the decode budget."""
@@ -60,6 +64,9 @@ class PlacementConfig:
 
     def validate(self) -> None:
         """Settings that do not depend on the style."""
+        if self.plan_node_gpus and not self.gpu_memory_gib:
+            raise ValueError(f"--placement.plan_node_gpus {','.join(map(str, self.plan_node_gpus))} plans for GPUs "
+                             "this machine may not have: give their memory with --placement.gpu_memory_gib GIB")
         if self.preset == "cpu" and any(v > 0 for v in self.role_gpus.values()):
             raise ValueError("--placement cpu cannot give GPUs to roles (--role_gpus); use one_gpu_per_agent "
                              "or colocated")
@@ -72,16 +79,24 @@ class PlacementConfig:
         """Whether this placement asks Ray for GPUs (a GPU preset, or a role given some)."""
         return self.preset != "cpu" or any(g > 0 for g in self.role_gpus.values())
 
-    def check_gpus_visible(self, backend: str) -> None:
+    def check_gpus_visible(self, backend: str, *, dry_run: bool = False) -> None:
         """A GPU placement on a local Ray cluster of a machine without CUDA is refused before Ray starts (on a
-        named cluster the GPUs live on other nodes: Ray's own resource check answers there)."""
+        named cluster the GPUs live on other nodes: Ray's own resource check answers there; a dry run with
+        --placement.plan_node_gpus plans for other machines' GPUs). `plan_node_gpus` outside a dry run is
+        refused: a real run places agents on the GPUs it finds."""
+        if self.plan_node_gpus and not dry_run:
+            raise ValueError(f"--placement.plan_node_gpus {','.join(map(str, self.plan_node_gpus))} is for --dry_run "
+                             "(a plan for other machines' GPUs); a real run uses the GPUs of its Ray cluster: drop it "
+                             "or add --dry_run")
+        if dry_run and self.plan_node_gpus:
+            return
         if backend == "ray" and self.wants_gpus():
             from recmas_ray.config.inputs import check_cuda
 
             gpus = {r: g for r, g in self.role_gpus.items() if g > 0}
             check_cuda(f"--placement {self.preset}" if self.preset != "cpu" else
                        "--role_gpus " + " ".join(f"{r}={g:g}" for r, g in gpus.items()),
-                       "places agents on GPUs", on_cluster=True)
+                       "places agents on GPUs", on_cluster=True, plan_hint=dry_run)
 
     def check_roles(self, roles) -> None:
         """Per-role overrides must name roles of the style."""

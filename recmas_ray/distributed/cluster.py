@@ -51,17 +51,27 @@ def init_ray(address: str | None = None, **kwargs) -> None:
 
     Nothing else picks the cluster: Ray's address file (/tmp/ray/ray_current_cluster, under a
     world-writable folder, so any local user can plant one) is never read, unless the caller asks for
-    it with address="auto" (Ray's explicit "the cluster `ray start` runs on this machine").
+    it with address="auto" (Ray's explicit "the cluster `ray start` runs on this machine";
+    `RAY_ADDRESS=auto python -m jobs.run ...` attaches every job to it and skips the private start-up: see
+    docs/cluster.md, "Attaching to a running local cluster"). A job's console shows the start-up as a phase.
     """
     if ray.is_initialized():
         return
-    kwargs = {**console.ray_starting(), **kwargs}  # a quiet job's Ray logs to its log file (console.py)
     os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
     address = address or os.environ.get("RAY_ADDRESS") or "local"
     if address != "local":
-        ray.init(address=address, **kwargs)
-        console.ray_started()
+        where = "the Ray cluster running on this machine" if address == "auto" else f"the Ray cluster at {address}"
+        kwargs = {**console.ray_starting(f"joining {where}"), **kwargs}  # a quiet job's Ray logs to its log file
+        try:
+            ray.init(address=address, **kwargs)
+        except ConnectionError as e:
+            if address != "auto":
+                raise
+            raise ValueError(f"RAY_ADDRESS=auto: no Ray cluster runs on this machine ({_one_line(e)}); start one "
+                             "with `ray start --head`, or unset RAY_ADDRESS for a private cluster") from None
+        console.ray_started(_resources())
         return
+    kwargs = {**console.ray_starting("starting Ray (a private local cluster)"), **kwargs}
     # A fresh local cluster: workers inherit this environment, so a checkout that is not
     # pip-installed still imports in every actor.
     root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -71,7 +81,21 @@ def init_ray(address: str | None = None, **kwargs) -> None:
     kwargs.setdefault("num_cpus", max(8, os.cpu_count() or 1))
     os.environ.pop("RAY_ADDRESS", None)
     init_local_ray(include_dashboard=False, **kwargs)
-    console.ray_started()
+    console.ray_started(_resources())
+
+
+def _resources() -> str:
+    """The cluster's size in a few words (the Ray phase's result)."""
+    try:
+        res = ray.cluster_resources()
+    except Exception:  # noqa: BLE001 - only informational
+        return ""
+    gpus = f", {res['GPU']:g} GPUs" if res.get("GPU") else ""
+    return f"{res.get('CPU', 0):g} CPUs{gpus}, {len(ray.nodes())} node(s)"
+
+
+def _one_line(e: BaseException) -> str:
+    return " ".join(str(e).split())[:200] or type(e).__name__
 
 
 def start_ray(address: str | None = None, **kwargs) -> None:

@@ -26,6 +26,14 @@ def cluster_nodes() -> list[dict]:
             for n in ray.nodes() if n.get("Alive")]
 
 
+def planned_nodes(placement: PlacementConfig) -> list[dict]:
+    """The nodes a plan is for: those --placement.plan_node_gpus describes (a dry run for other machines; CPUs
+    are not what limits a GPU plan, so each has plenty), else the connected cluster's."""
+    if placement.plan_node_gpus:
+        return [{"CPU": 1024.0, "GPU": float(g), "NodeID": f"planned-{i}"} for i, g in enumerate(placement.plan_node_gpus)]
+    return cluster_nodes()
+
+
 def gpu_memory_bytes(placement: PlacementConfig, nodes: list[dict]) -> int | None:
     """Bytes of one GPU: the configured value, this machine's smallest GPU, or the smallest a probe reads."""
     if placement.gpu_memory_gib:
@@ -64,7 +72,7 @@ def cluster_plan(plan, placement: PlacementConfig, *, recursion, batch_size: int
     from recmas_ray.distributed.role_copies import role_copies
     from recmas_ray.distributed.placement import plan_placement, replica_strategy, replicas_that_fit
 
-    nodes = cluster_nodes() if nodes is None else nodes
+    nodes = planned_nodes(placement) if nodes is None else nodes
     copies = role_copies(plan, placement, recursion)
     pplan = plan_placement(placement, list(plan.style.roles), copies)
     totals = [{k: v for k, v in n.items() if k in ("CPU", "GPU")} for n in nodes]
@@ -99,7 +107,11 @@ def check_memory(plan, placement: PlacementConfig, **kwargs) -> MemoryPlan | Non
 
 def dry_run(plan, placement: PlacementConfig, *, echo=print, **kwargs) -> int:
     """`--dry_run`: print the plan per GPU (or per role without GPUs) and return 0; a plan that does not fit is
-    printed, then refused (ValueError: one line, exit status 2). Nothing is loaded."""
+    printed, then refused (ValueError: one line, exit status 2). Nothing is loaded. With
+    --placement.plan_node_gpus the GPUs are those (no Ray, no GPU needed here)."""
+    from recmas_ray.console import end_announced
+
+    end_announced("planned")  # a command line's "checking inputs ..." line ends before the plan is printed
     if not placement.wants_gpus():
         from recmas_ray.system.memory import role_memory
 
@@ -111,8 +123,18 @@ def dry_run(plan, placement: PlacementConfig, *, echo=print, **kwargs) -> int:
         for line in MemoryPlan(roles=roles).lines():
             echo(line)
         return 0
-    mp = cluster_plan(plan, placement, **kwargs)
-    echo(f"memory plan: {len(mp.gpus)} GPUs used")
+    from recmas_ray.system.memory import GpuShortfall
+
+    try:
+        mp = cluster_plan(plan, placement, **kwargs)
+    except GpuShortfall as e:
+        where = ("--placement.plan_node_gpus" if placement.plan_node_gpus else
+                 "the cluster's GPUs (or plan for others with --placement.plan_node_gpus)")
+        raise ValueError(f"{e}: give more GPUs ({where}), fewer --num_replicas or --role_replicas, or fewer GPUs per "
+                         "role (--role_gpus)") from None
+    target = (f"{len(placement.plan_node_gpus)} planned node(s) with {','.join(map(str, placement.plan_node_gpus))} "
+              "GPUs (--placement.plan_node_gpus)" if placement.plan_node_gpus else "the connected cluster")
+    echo(f"memory plan: {len(mp.gpus)} GPUs used, on {target}")
     for line in mp.lines():
         echo(line)
     mp.check_fit()

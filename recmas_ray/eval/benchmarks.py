@@ -169,10 +169,20 @@ def _from_hub(name: str, spec: BenchmarkSpec) -> list[dict]:
     return [dict(r) for r in load_dataset(spec.hf_id, spec.hf_config, split=spec.split)]
 
 
+def row_task(r: dict, i: int, name: str, default: str) -> str:
+    """A local row's task type: its own `task` field (checked), else `default`."""
+    task = r.get("task", default) if isinstance(r, dict) else default
+    readable = [t.name for t in TASKS.values() if t.local_fields is not None]
+    if task not in readable:
+        raise ValueError(f"{name}: row {i} has task {task!r}; expected one of {', '.join(readable)}")
+    return task
+
+
 def _local(rows, name, *, task_type="math", **_):
-    local_fields = get_task(task_type).local_fields
     out = []
     for i, r in enumerate(rows):
+        task = row_task(r, i, name, task_type)
+        local_fields = get_task(task).local_fields
         q = _text(r, ("question", "problem"), i, name)
         if r.get("role_context"):  # facts told only to some roles (hidden-operand rows), see styles.prompts
             from recmas_ray.styles.role_context import with_role_context
@@ -183,7 +193,7 @@ def _local(rows, name, *, task_type="math", **_):
         m = re.search(r"####\s*(.+?)\s*$", gold, re.DOTALL)
         extra = local_fields(r, gold)
         out.append(_item(r.get("id", r.get("doc_id", i)), q, m[1].strip() if m else gold,
-                         task_type, name, q, **extra))
+                         task, name, q, **extra))
     return out
 
 

@@ -20,6 +20,7 @@ from recmas_ray.config.recursion import MAX_ROUNDS, METHODS, RecursionConfig, To
 from recmas_ray.config.tracking import TrackingConfig
 from recmas_ray.config.transport import OBJECT_STORE, TRANSPORT_NAMES, get_transport
 from recmas_ray.eval.benchmarks import BENCHMARKS, canonical_name
+from recmas_ray.eval.tasks import TASK_TYPES
 from recmas_ray.styles import get_style, tool_styles
 from recmas_ray.styles.prompts import load_prompt_set
 from recmas_ray.system.config import SystemConfig
@@ -52,8 +53,8 @@ class StreamConfig:
 class EvalConfig:
     """One evaluation run (saved, resolved, next to its results)."""
 
-    SYSTEM_FIELDS = ("style", "preset", "role_models", "ckpt_override",
-                     "allow_base_model_mismatch", "allow_style_mismatch", "prompt_set",
+    SYSTEM_FIELDS = ("style", "preset", "role_models", "ckpt_override", "links",
+                     "allow_base_model_mismatch", "allow_style_mismatch", "allow_task_mismatch", "prompt_set",
                      "device", "dtype",
                      "message_dtype", "seed")
     """System fields an evaluation reads (the others get no flag and are refused when set)."""
@@ -67,6 +68,9 @@ class EvalConfig:
     sampling: rollout r decodes with seed + r)."""
     dataset: Annotated[str, NonEmpty()]
     """Benchmark name (math500, gsm8k, ...) or a local .jsonl/.json question file."""
+    task: Annotated[str | None, OneOf(TASK_TYPES)] = None
+    """Task type (answer instruction and grader) of a local file's rows that carry no `task` field; unset: the
+    task the links were trained on (their manifests), else math. Named benchmarks bring their own."""
     dataset_path: str | None = None
     """Local copy of a named benchmark (else its RECMAS_<NAME>_PATH variable, else the Hub)."""
     dataset_json_field: str | None = None
@@ -146,6 +150,16 @@ class EvalConfig:
             raise ValueError(f"{', '.join('--' + c for c in changed)}: tool settings apply to a style with tools "
                              f"({', '.join(tool_styles())}) only; style {self.system.style} has no tools, so drop them")
 
+    def check_section(self, name: str) -> None:
+        """Run by `check_tree` before section `name` is checked: tool settings for a style without tools are
+        refused as such before the tools section's own checks (a keys file's mode) could hide that."""
+        if name == "tools":
+            try:
+                style = get_style(self.system.style)
+            except ValueError:
+                return  # the system section's check names the style
+            self.check_tools(style)
+
     def validate(self) -> None:
         """Rules across fields and files (run before any model loads)."""
         system = self.system
@@ -161,12 +175,16 @@ class EvalConfig:
                 raise ValueError(f"--dataset {self.dataset!r} is no known benchmark, so --dataset_path has "
                                  f"nothing to be a copy of; expected one of {sorted(BENCHMARKS)}")
             check_data_path("--dataset_path", self.dataset_path)
+        named = BENCHMARKS.get(canonical_name(self.dataset))
+        if self.task is not None and named is not None and named.task_type != self.task:
+            raise ValueError(f"--task {self.task}: benchmark {self.dataset} is graded as {named.task_type}; --task sets "
+                             "the task of a local file's rows, drop it here")
         self.check_tools(style)
         if self.backend == "local" and self.placement.num_replicas != 1:
             raise ValueError(f"--num_replicas {self.placement.num_replicas} needs --backend ray (the local "
                              "backend runs one in-process system)")
-        if system.device == "cuda":
-            check_cuda("--device cuda", on_cluster=self.backend == "ray")
+        if system.device == "cuda" and not (self.dry_run and self.placement.plan_node_gpus):
+            check_cuda("--device cuda", on_cluster=self.backend == "ray", plan_hint=self.dry_run)
         system.check_tables("--models", ckpt_extra=("outer",))
         check_model_names("--models", system.role_models)
         system.check_link_folders()
@@ -181,4 +199,4 @@ class EvalConfig:
         transport.check_adaptive_rounds(self.recursion.adaptive_threshold)
         # what this machine has comes after what the configuration says of itself: a GPU plan that is wrong
         # anywhere is reported as such, not as a missing GPU
-        self.placement.check_gpus_visible(self.backend)
+        self.placement.check_gpus_visible(self.backend, dry_run=self.dry_run)

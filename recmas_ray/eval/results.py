@@ -317,3 +317,20 @@ def markdown_table(results: Mapping[str, Mapping[str, Any]], baseline: str = BAS
         lines.append(f"* unreliable: load average {machine['load_avg'][0]:g} > {machine['cpu_count']} cores "
                      "(other work shared the CPUs)")
     return "\n".join(lines)
+
+
+def adaptive_lines(methods, threshold: float | None, most: int, samples: list[dict]) -> list[str]:
+    """With adaptive rounds (`threshold` set): per method, the rounds its questions ran, one console line."""
+    if threshold is None:
+        return []
+    out = []
+    for method in methods:
+        rounds = [int(s["rounds"]) for s in samples if s.get("method") == method and not s.get("error")
+                  and s.get("rounds") is not None]
+        if not rounds:
+            continue
+        parts = [f"{rounds.count(r)} stopped after round {r}" for r in range(1, most) if rounds.count(r)]
+        out.append(f"adaptive rounds ({method}, threshold {threshold:g}): "
+                   + ", ".join(parts + [f"{rounds.count(most)} ran all {most}"])
+                   + f" (mean {sum(rounds) / len(rounds):.2f} rounds per question)")
+    return out

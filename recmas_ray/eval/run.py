@@ -39,14 +39,14 @@ from recmas_ray.eval.fingerprint import (bench_name, check_fingerprint, fingerpr
 from recmas_ray.eval.protocol import Resolution, metric_k, resolution as protocol_resolution
 from recmas_ray.eval.plots import plot_vs_rounds
 from recmas_ray.eval.progress import QuestionProgress
-from recmas_ray.eval.results import machine_load, markdown_table, read_results, summarize, write_results
+from recmas_ray.eval.results import (adaptive_lines, machine_load, markdown_table, read_results, summarize,
+                                     write_results)
 from recmas_ray.eval.samples import VERDICT_FIELDS, SampleWriter, read_samples, sample_key, timestamp, with_verdicts
 from recmas_ray.eval import stream
 from recmas_ray.eval.stream import for_rollout, solve_and_grade, with_batch_retries
 from recmas_ray.eval.tasks import get_task
 from recmas_ray.styles import question_with_interface
 from recmas_ray.styles.prompts import prompt_set_hash
-from recmas_ray.system.hub import resolve_overrides
 from recmas_ray.distributed.launch import start_agents
 from recmas_ray.system.plan import plan_system
 
@@ -110,18 +110,28 @@ class BatchRunner:
 
             # agent actors of one replica: every role, plus the extra copies named (auto copies come later)
             num_actors = len(plan.style.roles) + sum(n - 1 for n in cfg.placement.role_replicas.values())
+            if cfg.backend == "ray":
+                from recmas_ray.distributed.cluster import start_ray
+
+                start_ray()  # a phase of its own on a job's console; retried where a busy machine timed it out
             if cfg.backend == "ray" and cfg.placement.wants_gpus():  # a plan that cannot fit stops before loading
-                from recmas_ray.distributed.cluster import init_ray
                 from recmas_ray.distributed.memory import check_memory
 
-                init_ray()
                 check_memory(plan, cfg.placement, **memory_args(cfg, plan))
-            agents = start_agents(plan, backend=cfg.backend, placement=cfg.placement, timeout_s=cfg.timeout_s,
-                                  torch_threads=cfg.torch_threads, transport=cfg.transport,
-                                  client_cpus=planned_client_cpus(cfg.stream, num_actors),
-                                  recursion=cfg.recursion, max_batches=planned_depth(cfg.stream, num_actors),
-                                  progress_relay=cfg.progress)
+            console = current()  # one object for the phase's start and end (a Python caller's is made per call)
+            console.start(f"starting agents ({'Ray actors' if cfg.backend == 'ray' else 'in-process'}): "
+                          + ", ".join(f"{r}={m}" for r, m in plan.role_models.items()))
+            try:
+                agents = start_agents(plan, backend=cfg.backend, placement=cfg.placement, timeout_s=cfg.timeout_s,
+                                      torch_threads=cfg.torch_threads, transport=cfg.transport,
+                                      client_cpus=planned_client_cpus(cfg.stream, num_actors),
+                                      recursion=cfg.recursion, max_batches=planned_depth(cfg.stream, num_actors),
+                                      progress_relay=cfg.progress)
+            except BaseException as e:
+                console.finish_open(e)
+                raise
             self.pool, self.system = (agents, None) if cfg.backend == "local" else (None, agents)
+            console.done("ready")
 
     def stream(self, batches, method, counter: QuestionProgress | None = None):
         """Yield graded sample records as batches finish (Ray: several in flight, arrival order); `counter`
@@ -182,13 +192,19 @@ def prepare(cfg: EvalConfig) -> tuple[EvalConfig, Resolution, list[dict], object
     """The checked config with its protocol resolved, the questions and the system plan (no model loaded)."""
     check_tree(cfg)
     resolution = protocol_resolution(cfg)
-    items = load_benchmark(cfg.dataset, path=cfg.dataset_path, num_samples=cfg.num_samples, seed=cfg.system.seed,
-                           json_field=cfg.dataset_json_field)
+    from recmas_ray.eval.benchmarks import BENCHMARKS, canonical_name
     from recmas_ray.system.provenance import require_known_links
+    from recmas_ray.system.trained import check_trained_task, trained_task
 
-    overrides = resolve_overrides(cfg.system.ckpt_override)
+    overrides = cfg.system.link_folders()  # --links' folders with --ckpt_override over them, Hub ids fetched
+    local = canonical_name(cfg.dataset) not in BENCHMARKS  # a local file's rows take the trained task by default
+    task = {"task_type": cfg.task or trained_task(overrides) or "math"} if local else {}
+    items = load_benchmark(cfg.dataset, path=cfg.dataset_path, num_samples=cfg.num_samples, seed=cfg.system.seed,
+                           json_field=cfg.dataset_json_field, **task)
     plan = plan_system(cfg.system, task=get_task(items[0]["task_type"]).adapter, tools=cfg.tool_loop(),
                        ckpt_override=overrides)
+    check_trained_task(overrides, [i["task_type"] for i in items], prompt_set_hash(plan.style),
+                       allow=cfg.system.allow_task_mismatch)
     # links well-formed (plan_system read them), no model loaded yet: refuse those of unknown origin here
     require_known_links(overrides, allow_unknown=cfg.allow_unknown_links)
     return cfg, resolution, items, plan
@@ -208,17 +224,33 @@ def dry_run(cfg: EvalConfig, echo=print) -> int:
     from recmas_ray.distributed.cluster import init_ray
     from recmas_ray.distributed.memory import dry_run as print_plan
 
-    cfg, _, _, plan = prepare(cfg)
-    if cfg.backend == "ray" and cfg.placement.wants_gpus():
+    if _named_benchmark(cfg):  # the plan needs its task type, not its questions (no copy or Hub needed)
+        from recmas_ray.eval.benchmarks import task_type_for
+
+        check_tree(cfg)
+        overrides = cfg.system.link_folders()  # --links' folders with --ckpt_override over them
+        plan = plan_system(cfg.system, task=get_task(task_type_for(cfg.dataset)).adapter, tools=cfg.tool_loop(),
+                           ckpt_override=overrides)
+    else:
+        cfg, _, _, plan = prepare(cfg)
+    if cfg.backend == "ray" and cfg.placement.wants_gpus() and not cfg.placement.plan_node_gpus:
         init_ray()  # the cluster's GPUs (a private local cluster: this machine's)
     return print_plan(plan, cfg.placement, echo=echo, **memory_args(cfg, plan))
 
 
-def evaluate(cfg: EvalConfig, *, progress: bool = True, system=None) -> dict:
-    """Run every method on the same samples; returns {"results": ..., "samples_path", "results_path"}.
+def _named_benchmark(cfg: EvalConfig) -> bool:
+    """`cfg.dataset` names a benchmark (not a local file)."""
+    from recmas_ray.eval.benchmarks import BENCHMARKS, canonical_name
+
+    return not os.path.exists(cfg.dataset) and canonical_name(cfg.dataset) in BENCHMARKS
+
+
+def evaluate(cfg: EvalConfig, *, progress: bool = True, system=None, echo: bool = True) -> dict:
+    """Run every method on the same samples; returns {"results": ..., "samples_path", "results_path", "table"}.
 
     `system`: a running `RaySystem` built from the same plan, reused (and left running) instead of
-    starting new agents, e.g. across the runs of a sweep.
+    starting new agents, e.g. across the runs of a sweep. `echo`: print the results table (the job); the
+    Python API returns it instead, so a caller's `print(report["table"])` shows it once.
     """
     cfg, resolution, items, plan = prepare(cfg)
     for warning in run_warnings(cfg, plan):
@@ -230,11 +262,11 @@ def evaluate(cfg: EvalConfig, *, progress: bool = True, system=None) -> dict:
                                          **resolved_runtime(cfg, plan)})
     verify_resume(cfg, fingerprint)  # read-only: a refused resume writes nothing, not even the lock file
     with OutputLock(cfg.output_path):  # a second run into this folder stops here, naming this one's PID
-        return _evaluate_locked(cfg, plan, items, fingerprint, resolution, progress, system)
+        return _evaluate_locked(cfg, plan, items, fingerprint, resolution, progress, system, echo)
 
 
 def _evaluate_locked(cfg: EvalConfig, plan, items: list[dict], fingerprint: dict, resolution, progress: bool,
-                     system) -> dict:
+                     system, echo: bool = True) -> dict:
     """The writing half of `evaluate`, run while this process holds the output folder's lock."""
     samples_file = open_samples_file(cfg)
     check_fingerprint(samples_file, fingerprint, resume=cfg.resume)
@@ -275,7 +307,7 @@ def _evaluate_locked(cfg: EvalConfig, plan, items: list[dict], fingerprint: dict
                     counter.close()
     finally:
         backend.close()
-    return finish(cfg, samples_file, plan, {m: t for m, t in wall.items() if fresh[m]}, start, resolution)
+    return finish(cfg, samples_file, plan, {m: t for m, t in wall.items() if fresh[m]}, start, resolution, echo=echo)
 
 
 def evaluate_all(cfg: EvalConfig, *, progress: bool | None = None) -> list[dict]:
@@ -305,8 +337,9 @@ def headline(metrics: dict, metric: str, grader: str) -> dict:
 
 
 def finish(cfg: EvalConfig, samples_file: Path, plan, wall: dict, start: float,
-           resolution: Resolution | None = None) -> dict:
-    """Summarise the samples file per method, write results JSON (+ plot), print the table."""
+           resolution: Resolution | None = None, *, echo: bool = True) -> dict:
+    """Summarise the samples file per method, write results JSON (+ plot), print the table (unless not `echo`:
+    the Python API returns it; with adaptive rounds, also the rounds used per method)."""
     resolution = resolution or protocol_resolution(cfg)
     k = metric_k(resolution.metric)
     all_samples = [with_verdicts(s) for s in read_samples(samples_file)]
@@ -338,7 +371,11 @@ def finish(cfg: EvalConfig, samples_file: Path, plan, wall: dict, start: float,
     path = write_results(cfg.output_path, "", results, config, start_time=start, extra=extra)
     track_results(cfg, results, [path, samples_file])
     table = markdown_table(results, machine=machine)
-    current().line(table)
+    if echo:
+        current().line(table)
+    for line in adaptive_lines(cfg.methods, cfg.recursion.adaptive_threshold, cfg.recursion.num_recursive_rounds,
+                               all_samples):
+        current().line(line)
     if num_errored:
         current().line(f"{num_errored} sample(s) failed after {cfg.max_batch_retries} retries (field 'error' in "
                        f"{samples_file}); rerun with --resume to retry them")
@@ -354,7 +391,7 @@ def _link_origins(cfg: EvalConfig) -> dict:
     the files, the command and config that made them, or why that is unknown)."""
     from recmas_ray.system.provenance import link_origin
 
-    return {r: link_origin(p) for r, p in resolve_overrides(cfg.system.ckpt_override).items()}
+    return {r: link_origin(p) for r, p in cfg.system.link_folders().items()}
 
 
 def plot_results(output_path: str, bench: str, style: str) -> Path:

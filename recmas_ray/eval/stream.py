@@ -108,7 +108,7 @@ def sample_record(item: dict, method: str, rollout: int, res: SampleResult, grad
     """One line of samples_<benchmark>_<time>.jsonl (`replica`: the system replica that ran it)."""
     g = grade(item["task_type"], item, res.prediction, mode=grader)
     rec = {"doc_id": item["doc_id"], "method": method, "rollout": rollout, "benchmark": item.get("benchmark"),
-           "rounds": rc.num_recursive_rounds if res.num_rounds is None else res.num_rounds, "question": item["question"], "gold": item["gold"],
+           "task": item["task_type"], "rounds": rc.num_recursive_rounds if res.num_rounds is None else res.num_rounds, "question": item["question"], "gold": item["gold"],
            "prediction": res.prediction, "extracted": g.extracted, "correct": g.correct,
            "parse_failed": g.parse_failed, "grade_detail": g.detail, "tokens": res.num_text_tokens,
            "latent_steps": res.num_latent_steps, "latency_s": res.seconds, "retry_used": retry is not None,

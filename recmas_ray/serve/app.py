@@ -87,6 +87,11 @@ class RecMASServer:
                                    timeout_s=cfg.timeout_s, torch_threads=cfg.torch_threads, verbose=True,
                                    progress=False)
         self.tokenizer = _tokenizer(self.system.role_models[self.system.plan.style.decoder])
+        from recmas_ray.system.plan import served_links
+        from recmas_ray.system.trained import trained_task
+
+        self.trained_task = trained_task(self.system.cfg.system.ckpt_override)
+        self.links_served = served_links(self.system.plan)  # /v1/models: each role's base model and links
         # In-process agents are not safe to drive from several threads at once; Ray agents are.
         self.lock = threading.Lock() if cfg.backend == "local" else None
         self.metrics = ServerMetrics()
@@ -127,7 +132,8 @@ class RecMASServer:
             return JSONResponse(unauthorized_body(), status_code=401)
         return {"object": "list", "data": [{"id": self.cfg.served_name, "object": "model",
                                             "created": int(time.time()), "owned_by": "recmas_ray",
-                                            "style": self.cfg.system.style, "role_models": self.system.role_models}]}
+                                            "style": self.cfg.system.style, "role_models": self.system.role_models,
+                                            "task": self.system.task, "links": self.links_served}]}
 
     @api.post("/v1/chat/completions")
     async def chat_completions(self, request: Request):
@@ -161,7 +167,10 @@ class RecMASServer:
             except ValueError:
                 raise RequestError("the request body is not valid JSON") from None
             req = parse_request(data, kind=kind, served_name=self.cfg.served_name, defaults=self.cfg.recursion,
-                                default_task=self.cfg.task, max_input_chars=self.cfg.max_input_chars)
+                                default_task=self.system.task, max_input_chars=self.cfg.max_input_chars)
+            if req.task != self.system.task and self.trained_task and not self.cfg.system.allow_task_mismatch:
+                raise RequestError(f"task {req.task!r}: the links served were trained on {self.trained_task!r}; "
+                                   f"leave task out (or start the server with --allow_task_mismatch)", param="task")
             request_id = uuid.uuid4().hex
             if req.stream:
                 return StreamingResponse(self._stream(req, request_id, t0, route), media_type="text/event-stream")

@@ -23,7 +23,8 @@ class ServeConfig:
     """One served system: `POST /v1/chat/completions` and `GET /v1/models` on Ray Serve."""
 
     SYSTEM_FIELDS = ("style", "preset", "role_models", "ckpt_override", "links",
-                     "allow_base_model_mismatch", "allow_style_mismatch", "device", "dtype",
+                     "allow_base_model_mismatch", "allow_style_mismatch", "allow_task_mismatch", "prompt_set",
+                     "device", "dtype",
                      "seed")
     """System fields a served system reads (the others get no flag and are refused when set)."""
     FLAG_ALIASES = {"models": "system.role_models", "role_model": "system.role_models",
@@ -44,8 +45,9 @@ class ServeConfig:
     """Timeout of one request's batch on Ray, in seconds."""
     torch_threads: Annotated[int, Range(0, 1024)] = 0
     """Torch threads per agent (0: the library default)."""
-    task: Annotated[str, OneOf(TASK_TYPES)] = "math"
-    """Task type of requests that name none (the extra body field `task`)."""
+    task: Annotated[str | None, OneOf(TASK_TYPES)] = None
+    """Task type of requests that name none (the extra body field `task`); unset: the task the links were
+    trained on (their manifests), else math."""
     recursion: RecursionConfig = field(default_factory=RecursionConfig)
     """Defaults of requests: method, R, m and decoding (a request's extra body fields override them)."""
     max_input_chars: Annotated[int, Range(1, 10_000_000)] = 16_000
@@ -115,4 +117,4 @@ class ServeConfig:
             raise ValueError(f"--route_prefix {self.route_prefix!r} must start with '/'")
         system.check_link_folders()
         self.placement.check_roles(roles)
-        self.placement.check_gpus_visible(self.backend)
+        self.placement.check_gpus_visible(self.backend, dry_run=self.dry_run)

@@ -190,6 +190,7 @@ def _stops(stop: Any) -> list[str]:
 def _recursion(body: dict, defaults: RecursionConfig, method: str) -> RecursionConfig:
     decode = defaults.decode
     max_tokens = body.get("max_completion_tokens", body.get("max_tokens"))
+    max_name = "max_completion_tokens" if "max_completion_tokens" in body else "max_tokens"
     try:
         if max_tokens is not None:
             decode = dataclasses.replace(decode, max_new_tokens=_int(max_tokens, "max_tokens"))
@@ -209,10 +210,16 @@ def _recursion(body: dict, defaults: RecursionConfig, method: str) -> RecursionC
             num_recursive_rounds=_int(body.get("num_recursive_rounds", defaults.num_recursive_rounds),
                                       "num_recursive_rounds"),
             latent_steps=_int(body.get("latent_steps", defaults.latent_steps), "latent_steps"))
-        check_tree(rc, lambda path: path.rsplit(".", 1)[-1].replace("max_new_tokens", "max_tokens"))
-    except ConfigError as e:
-        raise RequestError(str(e)) from None
+        check_tree(rc, lambda path: path.rsplit(".", 1)[-1].replace("max_new_tokens", max_name))
+    except ConfigError as e:  # a value out of range: the message starts with the request field it names
+        name = str(e).split(" ", 1)[0].rstrip(":")
+        raise RequestError(str(e), param=name if name in REQUEST_PARAMS else None) from None
     return rc
+
+
+REQUEST_PARAMS = ("num_recursive_rounds", "latent_steps", "max_tokens", "max_completion_tokens", "temperature",
+                  "top_p", "top_k", "seed")
+"""Request fields the recursion settings come from (a range error names its `param`)."""
 
 
 def _int(value, name) -> int:

@@ -66,7 +66,9 @@ def check_role_models(flag: str, table: dict[str, str], style_name: str, *, extr
         raise ValueError(f"{flag} names {bad}; expected {expected}")
     wrong = next(((k, v) for k, v in table.items() if not isinstance(k, str) or not isinstance(v, str)), None)
     if wrong is not None:  # a config file or Python caller; never str() a value that may be huge
-        raise TypeError(f"{flag} {wrong[0]!s:.40}=...: expected ROLE=TEXT with text values, got "
+        from recmas_ray.config.checks import ConfigTypeError
+
+        raise ConfigTypeError(f"{flag} {wrong[0]!s:.40}=...: expected ROLE=TEXT with text values, got "
                         f"{type(wrong[1]).__name__}")
     empty = sorted(k for k, v in table.items() if not v.strip())
     if empty:

@@ -28,7 +28,7 @@ SHIPPED_FILES = (WEIGHTS, MANIFEST, "config.json", "provenance.json", "eval_curv
 MAX_MANIFEST_BYTES = 4 * 2**20
 """A manifest is a few KiB; a larger file is not one of ours."""
 
-_SHOWN_SETTINGS = ("lr", "lr_scheduler_type", "warmup_steps", "max_steps", "batch_size", "num_recursive_rounds",
+_SHOWN_SETTINGS = ("task", "trainer", "outer_init", "tau", "lr", "lr_scheduler_type", "warmup_steps", "max_steps", "batch_size", "num_recursive_rounds",
                    "max_latent_tokens", "latent_steps", "weight_decay", "max_grad_norm", "seed", "dtype")
 """Training settings shown on the card (a whitelist: paths of the trainer's machine never appear)."""
 
@@ -134,7 +134,9 @@ def model_card(manifests: dict[str, dict], repo_id: str, *, folder: str | Path) 
     for name, data in manifests.items():
         kind = data.get("kind")
         links = sorted((data.get("inner") or {}) if kind == "inner" else (data.get("outer") or {}))
-        link_type = data.get("inner_link_type" if kind == "inner" else "outer_link_type", "?")
+        entries = (data.get("inner") if kind == "inner" else data.get("outer")) or {}
+        kinds = sorted({str(e.get("kind")) for e in entries.values() if isinstance(e, dict) and e.get("kind")})
+        link_type = ", ".join(kinds) or data.get("inner_link_type" if kind == "inner" else "outer_link_type", "?")
         metrics = ", ".join(f"{k} {v:.4g}" if isinstance(v, float) else f"{k} {v}"
                             for k, v in _final_metrics(Path(folder), name, data).items())
         lines.append(f"| `{name}/` | {kind} | {', '.join(links) or '-'} | {link_type} | {metrics or '-'} |")

@@ -29,12 +29,13 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import load_file, save_file
 
-from recmas_ray.links import (INNER_LINK_TYPE, OUTER_LINK_TYPE, InnerLink, OuterLink,
-                              inner_link_from_state_dict, outer_link_from_state_dict)
+from recmas_ray.links import (INNER_LINK_TYPE, OUTER_LINK_TYPE, InnerLink, OuterLink, inner_link_from_state_dict,
+                              link_args, link_from_state, link_kind, link_state, outer_link_from_state_dict)
 from recmas_ray.styles import StyleSpec
+from recmas_ray.system.link_manifest import MANIFEST, check_dims, inner_dim, outer_dims, declared_link
+from recmas_ray.system.token_links_pt import TOKEN_LINKS_PT, read_token_links_pt
 from recmas_ray.system.untrusted import check_finite, opened_inside, read_bytes_inside
 
-MANIFEST = "manifest.json"
 WEIGHTS = "links.safetensors"
 
 # Reference numeric keys -> recmas_ray role-pair edges; the only place they appear.
@@ -53,6 +54,7 @@ class LinkSet:
 
     inner: dict[str, InnerLink] = field(default_factory=dict)
     outer: dict[str, OuterLink] = field(default_factory=dict)
+    """Edge -> outer link of any registered kind (`links.LINK_KINDS`: the release's OuterLink, TokenLink)."""
     manifest: dict = field(default_factory=dict)
 
 
@@ -88,16 +90,24 @@ def read_safetensors(path: Path, root: Path | None = None) -> dict[str, torch.Te
 
 
 def save_links(path: str | os.PathLike, links: LinkSet, manifest: dict) -> Path:
-    """Write `links.safetensors` + `manifest.json` atomically (a crash never leaves half a checkpoint)."""
+    """Write `links.safetensors` + `manifest.json` atomically (a crash never leaves half a checkpoint).
+
+    The manifest names every link's kind and constructor arguments (`links.link_args`), e.g.
+    `"outer": {"critic->solver": {"kind": "token_link", "in_dim": 640, "out_dim": 576, "num_tokens": 9000,
+    "tau": 0.02}}`; loading checks each tensor's shape against them before the weights are read.
+    """
     path = Path(path)
     path.mkdir(parents=True, exist_ok=True)
-    tensors = {f"inner.{r}.{k}": v.detach().float().cpu().contiguous() for r, m in links.inner.items()
-               for k, v in m.state_dict().items()}
-    tensors |= {f"outer.{e}.{k}": v.detach().float().cpu().contiguous() for e, m in links.outer.items()
-                for k, v in m.state_dict().items()}
+
+    def stored(v: torch.Tensor) -> torch.Tensor:  # token ids stay integers, the temperature float64
+        v = v.detach().cpu()
+        return (v if not v.is_floating_point() or v.dtype == torch.float64 else v.float()).contiguous()
+
+    tensors = {f"{place}.{name}.{k}": stored(v) for place, table in (("inner", links.inner), ("outer", links.outer))
+               for name, m in table.items() for k, v in link_state(m).items()}
     full = {"format_version": 1, "inner_link_type": INNER_LINK_TYPE, "outer_link_type": OUTER_LINK_TYPE,
-            "inner": {r: {"hidden_size": m.hidden_size} for r, m in links.inner.items()},
-            "outer": {e: {"in_dim": m.in_dim, "out_dim": m.out_dim} for e, m in links.outer.items()},
+            "inner": {r: {"kind": link_kind(m), **link_args(m)} for r, m in links.inner.items()},
+            "outer": {e: {"kind": link_kind(m), **link_args(m)} for e, m in links.outer.items()},
             **manifest}
     for name, write in ((WEIGHTS, lambda p: save_file(tensors, p)),
                         (MANIFEST, lambda p: Path(p).write_text(json.dumps(full, indent=2, sort_keys=True)))):
@@ -213,27 +223,17 @@ def load_links(path: str | os.PathLike, *, role: str | None = None, style: Style
         return _load_release_inner(path, inner_file, role, task, hidden_sizes)
     if (path / "outerlink_config.json").exists() or list(path.glob("outer_*.pt")):
         return _load_release_outer(path, style, task, hidden_sizes)
-    raise ValueError(f"{path}: no {WEIGHTS}, adapter.pt or outer_*.pt found; not a link checkpoint")
-
-
-def _check_dims(what: str, got: tuple[int, ...], want: tuple[int, ...]) -> None:
-    if got != want:
-        raise ValueError(f"{what}: link maps {'->'.join(map(str, got))}, but the models' config.json give "
-                         f"{'->'.join(map(str, want))} (hidden sizes)")
-
-
-def _inner_dim(shapes: dict, what: str) -> int:
-    w = shapes.get("proj1.weight")
-    if w is None or len(w) != 2 or w[0] != w[1]:
-        raise ValueError(f"{what}: proj1.weight has shape {w}; an inner link is square (d x d)")
-    return int(w[0])
-
-
-def _outer_dims(shapes: dict, what: str) -> tuple[int, int]:
-    r, b = shapes.get("residual_proj.weight"), shapes.get("proj2.bias")
-    if r is None or b is None or len(r) != 2:
-        raise ValueError(f"{what}: residual_proj.weight / proj2.bias missing or malformed")
-    return int(r[1]), int(b[0])  # d_s from residual_proj, d_t from proj2.bias as the reference does
+    if (path / TOKEN_LINKS_PT).exists():  # the hop-by-hop experiment's earlier file
+        file = contained(path, TOKEN_LINKS_PT, what=str(path))
+        links = LinkSet(outer=read_token_links_pt(path, file, style.edges if style else None),
+                        manifest={"source": TOKEN_LINKS_PT, "files": {str(file): _sha256(file, path)}})
+        for edge, link in links.outer.items():
+            src, dst = edge.split("->")
+            if hidden_sizes and src in hidden_sizes and dst in hidden_sizes:
+                check_dims(f"{file}: {edge}", (link.in_dim, link.out_dim), (hidden_sizes[src], hidden_sizes[dst]))
+        return links
+    raise ValueError(f"{path}: no {WEIGHTS}, adapter.pt, outer_*.pt or {TOKEN_LINKS_PT} found; not a link "
+                     "checkpoint")
 
 
 def _load_ours(path: Path, hidden: dict[str, int] | None) -> LinkSet:
@@ -249,22 +249,22 @@ def _load_ours(path: Path, hidden: dict[str, int] | None) -> LinkSet:
     except Exception as e:  # noqa: BLE001 - safetensors raises its own error type for corrupt files
         raise ValueError(f"{file}: not a readable safetensors file ({str(e).splitlines()[0]})") from None
     groups = group_link_tensors(shapes, what=str(file))
-    if hidden:
-        for (kind, name), sh in groups.items():
-            what = f"{file}: {kind} link {name}"
-            if kind == "inner" and name in hidden:
-                _check_dims(what, (_inner_dim(sh, what),), (hidden[name],))
-            elif kind == "outer" and all(r in hidden for r in name.split("->")):
-                src, dst = name.split("->")
-                _check_dims(what, _outer_dims(sh, what), (hidden[src], hidden[dst]))
+    for (place, name), sh in groups.items():
+        what = f"{file}: {place} link {name}"
+        kind, args = declared_link(manifest, place, name, sh, what)
+        if not hidden:
+            continue
+        if place == "inner" and name in hidden:
+            check_dims(what, (args["hidden_size"],), (hidden[name],))
+        elif place == "outer" and all(r in hidden for r in name.split("->")):
+            src, dst = name.split("->")
+            check_dims(what, (args["in_dim"], args["out_dim"]), (hidden[src], hidden[dst]))
     tensors = read_safetensors(file, path)  # a file cut after its header fails here, naming it
     links = LinkSet(manifest=manifest)
-    for (kind, name), sh in groups.items():
-        sd = {param: tensors[f"{kind}.{name}.{param}"] for param in sh}
-        if kind == "inner":
-            links.inner[name] = inner_link_from_state_dict(sd, what=f"{path}: inner link of {name}")
-        else:
-            links.outer[name] = outer_link_from_state_dict(sd, what=f"{path}: outer link {name}")
+    for (place, name), sh in groups.items():
+        sd = {param: tensors[f"{place}.{name}.{param}"] for param in sh}
+        link = link_from_state(sd, place=place, what=f"{path}: {place} link {'of ' if place == 'inner' else ''}{name}")
+        (links.inner if place == "inner" else links.outer)[name] = link
     return links
 
 
@@ -325,17 +325,17 @@ def _load_release_inner(path: Path, file: Path, role: str, task: str, hidden: di
     if cfg["adapter_type"] != INNER_LINK_TYPE:
         raise ValueError(f"{file}: adapter_type {cfg['adapter_type']!r} is not supported; expected {INNER_LINK_TYPE}")
     sd = _torch_load(file, path)
-    d = _inner_dim({k: tuple(v.shape) for k, v in sd.items()}, str(file))
+    d = inner_dim({k: tuple(v.shape) for k, v in sd.items()}, str(file))
     if "hidden_size" in cfg:
-        _check_dims(f"{file} (hidden_size in its config)", (d,), (int(cfg["hidden_size"]),))
+        check_dims(f"{file} (hidden_size in its config)", (d,), (int(cfg["hidden_size"]),))
     model_cfg = path / "config.json"  # release inner dirs ship the full base model next to the adapter
     if model_cfg.exists():
         text = read_json(contained(path, "config.json", what=str(path)))
         model_d = (text.get("text_config") or {}).get("hidden_size", text.get("hidden_size"))
         if model_d is not None:
-            _check_dims(f"{file} vs {model_cfg}", (d,), (int(model_d),))
+            check_dims(f"{file} vs {model_cfg}", (d,), (int(model_d),))
     if hidden and role in hidden:
-        _check_dims(f"{file} (role {role})", (d,), (hidden[role],))
+        check_dims(f"{file} (role {role})", (d,), (hidden[role],))
     link = inner_link_from_state_dict(sd, what=str(file))
     manifest = {"source": "release", "files": {str(file): _sha256(file, path)}}
     if model_cfg.exists():
@@ -364,12 +364,12 @@ def _load_release_outer(path: Path, style: StyleSpec | None, task: str, hidden: 
         if style is not None and edge not in style.edges:
             continue
         sd = _torch_load(file, path)
-        dims = _outer_dims({k: tuple(v.shape) for k, v in sd.items()}, str(file))
+        dims = outer_dims({k: tuple(v.shape) for k, v in sd.items()}, str(file))
         if None not in declared:
-            _check_dims(f"{file} (in_dim/out_dim in {cfg_file.name})", dims, tuple(int(x) for x in declared))
+            check_dims(f"{file} (in_dim/out_dim in {cfg_file.name})", dims, tuple(int(x) for x in declared))
         src, dst = edge.split("->")
         if hidden and src in hidden and dst in hidden:
-            _check_dims(f"{file} ({edge})", dims, (hidden[src], hidden[dst]))
+            check_dims(f"{file} ({edge})", dims, (hidden[src], hidden[dst]))
         links.outer[edge] = outer_link_from_state_dict(sd, what=str(file))
         links.manifest["files"][str(file)] = _sha256(file, path)
     if not links.outer:

@@ -29,7 +29,7 @@ class SystemConfig:
     """Which system a job runs: style, base models, links, prompts, device, dtypes and seed."""
 
     SHORT_FLAGS = ("style", "preset", "ckpt_override", "links", "allow_base_model_mismatch", "allow_style_mismatch",
-                   "prompt_set",
+                   "allow_task_mismatch", "prompt_set",
                    "device", "dtype", "message_dtype", "seed")
     """Fields with a plain flag (`--name`) wherever this section is nested (config/cli.py); `role_models`
     gets the job's own spelling as an alias instead."""
@@ -50,13 +50,17 @@ class SystemConfig:
     where the job resolves those."""
     links: str | None = None
     """Folder of per-role link folders (planner/, ..., outer/) or a Hub id ORG/NAME[@REVISION][:SUBFOLDER];
-    ckpt_override wins over it per role."""
+    ckpt_override wins over it per role. The folder `train_inner --save_dir DIR` + `train_outer --links DIR` write.
+    """
     allow_base_model_mismatch: bool = False
     """Run the model given in role_models even where the role's checkpoint names another one (its link
     sizes are still checked)."""
     allow_style_mismatch: bool = False
     """Load links whose manifest records another style (e.g. trained for sequential, run as sequential_light);
     without it such links are refused."""
+    allow_task_mismatch: bool = False
+    """Run links under another task type or prompt set than their manifests record (refused otherwise: a link
+    learns the prompts it was trained under, `system/trained.py`)."""
     prompt_set: Annotated[str | None, ExistingPath()] = None
     """YAML or JSON prompt set (role -> variant -> task -> template), checked against the style's slots
     before any model loads; unset: the project's own prompts."""
@@ -91,6 +95,15 @@ class SystemConfig:
         text values only; errors name `role_models_flag`, the job's spelling of role_models."""
         check_role_models(role_models_flag, self.role_models, self.style)
         check_role_models("--ckpt_override", self.ckpt_override, self.style, extra=ckpt_extra)
+
+    def link_folders(self) -> dict[str, str]:
+        """ROLE/outer -> link folder: the folders of `links` (local or Hub, fetched) with ckpt_override over them
+        per role, every Hub id resolved to its local copy. What `plan_system(ckpt_override=...)` loads."""
+        from recmas_ray.system.hub import links_overrides, resolve_overrides
+        from recmas_ray.styles import get_style
+
+        found = links_overrides(self.links, get_style(self.style).roles) if self.links else {}
+        return resolve_overrides({**found, **self.ckpt_override})
 
 
 def system_fields(cls) -> frozenset[str]:

@@ -53,6 +53,27 @@ class SystemPlan:
                 "prompt_set_hash": prompt_set_hash(self.style)}
 
 
+def served_links(plan: SystemPlan) -> dict[str, dict]:
+    """Per role: its base model, and its inner link and outgoing outer links, each with its kind, the folder it
+    came from (None: fresh, seeded) and the sha256 of its tensors (what `GET /v1/models` lists)."""
+    import hashlib
+
+    from recmas_ray.links import link_kind, link_state
+
+    def entry(key: str, link) -> dict:
+        h = hashlib.sha256()
+        for name, t in sorted(link_state(link).items()):
+            h.update(name.encode())
+            h.update(t.detach().cpu().contiguous().numpy().tobytes())
+        source = plan.sources.get(key, "")
+        return {"kind": link_kind(link), "path": None if source.startswith("init(") else source,
+                "sha256": h.hexdigest()}
+
+    return {role: {"base_model": plan.role_models[role], "inner": entry(f"inner:{role}", plan.links.inner[role]),
+                   "outer": {e: entry(f"outer:{e}", m) for e, m in plan.links.outer.items() if e.split("->")[0] == role}}
+            for role in plan.style.roles}
+
+
 def model_hidden_size(name: str) -> int:
     """Hidden size from the model's config alone (no weights loaded; packaged models are not converted)."""
     from transformers import AutoConfig
@@ -212,7 +233,9 @@ def plan_system(system: SystemConfig | str, *, task: str = "math", tools: ToolLo
     sources |= {f"outer:{e}": f"init(seed={seed})" for e in style.edges if f"outer:{e}" not in sources}
     specs = {r: AgentSpec(role=r, model_name=models[r], system_prompt=style.system_prompt, dtype=dtype,
                           device=device, message_dtype=message_dtype,
-                          tools=tools if r == style.decoder else None, latent_norm=latent_norm) for r in style.roles}
+                          tools=tools if r == style.decoder else None, latent_norm=latent_norm,
+                          outer_targets={e: models[e.split("->")[1]] for e in style.edges if e.split("->")[0] == r})
+             for r in style.roles}
     return SystemPlan(style_name, style, models, hidden, links, specs, sources)
 
 

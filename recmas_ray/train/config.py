@@ -10,6 +10,7 @@ only (no torch), so `--help` is instant; every rule here runs before any model l
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from dataclasses import dataclass, field
 from typing import Annotated
@@ -235,6 +236,9 @@ class OuterTrainConfig(TrainConfig):
 
     FLAG_ALIASES = {**TrainConfig.FLAG_ALIASES, "mas_design": "style", "mas_task": "task"}
     """The release's flag names -> ours."""
+    SYSTEM_FIELDS = (*TrainConfig.SYSTEM_FIELDS, "links")
+    """Outer training also reads --links DIR: the system folder `train_inner --mas_role all --save_dir DIR` wrote
+    (its role folders are the inner links; the outer links go to DIR/outer unless --save_dir is given)."""
 
     save_dir: Annotated[str, WritableDir()] = "checkpoints/outer"
     """Output folder: the final outer links (links.safetensors + manifest.json; jobs/run.py --ckpt_override
@@ -303,8 +307,28 @@ class OuterTrainConfig(TrainConfig):
         """Roles, plus outer=DIR: start from trained outer links instead of the seeded init."""
         return self.roles() + ("outer",)
 
+    def with_links_folded(self) -> "OuterTrainConfig":
+        """This config with --links DIR folded in: DIR's role folders as --ckpt_override (given ones win), and
+        --save_dir DIR/outer where --save_dir kept its default; the config itself when --links is unset."""
+        if not self.system.links:
+            return self
+        from recmas_ray.system.hub import links_overrides
+
+        links = self.system.links
+        found = {r: p for r, p in links_overrides(links, self.roles()).items() if r != "outer"}
+        save_dir = self.save_dir
+        if save_dir == OuterTrainConfig.save_dir:
+            if not os.path.isdir(links):
+                raise ValueError(f"--links {links}: a Hub id; give --save_dir for the outer links")
+            save_dir = os.path.join(links, "outer")
+        system = dataclasses.replace(self.system, links=None, ckpt_override={**found, **self.system.ckpt_override})
+        return dataclasses.replace(self, system=system, save_dir=save_dir)
+
     def validate(self) -> None:
         """Microbatch and evaluation rules, after the shared ones."""
+        if self.system.links:
+            self.system.check_link_folders()
+            return self.with_links_folded().validate()
         super().validate()
         if self.num_microbatches > self.batch_size:
             raise ValueError(f"--num_microbatches {self.num_microbatches} exceeds --batch_size {self.batch_size}")

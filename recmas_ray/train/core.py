@@ -342,7 +342,33 @@ def fit(loop, loop_config: dict, cfg: TrainConfig, storage: RunStorage, *, num_w
                              worker_runtime_env={"env_vars": env_vars} if env_vars else None,
                              callbacks=[c for c in [tracker.callback() if tracker else None] if c] or None),
     )
-    return trainer.fit()
+    return fit_interruptibly(trainer)
+
+
+def fit_interruptibly(trainer):
+    """`trainer.fit()`, run from the main thread in a helper thread: Ray Train installs a SIGINT handler of its
+    own when fit() runs on the main thread (it aborts the run and the process exits 1 with no line), so there
+    Ctrl-C reaches this thread as KeyboardInterrupt instead; the job stops with one line and exit status 130, and
+    `--resume` continues from the last sealed checkpoint (a checkpoint cut short is never sealed)."""
+    import threading
+
+    if threading.current_thread() is not threading.main_thread():
+        return trainer.fit()
+    box: dict = {}
+
+    def run():
+        try:
+            box["result"] = trainer.fit()
+        except BaseException as e:  # noqa: BLE001 - re-raised on the caller's thread
+            box["error"] = e
+
+    t = threading.Thread(target=run, name="ray-train-fit", daemon=True)
+    t.start()
+    while t.is_alive():
+        t.join(0.5)  # short waits: SIGINT is handled between them
+    if "error" in box:
+        raise box["error"]
+    return box["result"]
 
 
 def config_from_dict(cls, data: dict):

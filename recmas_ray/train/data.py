@@ -66,10 +66,17 @@ def _synthetic_rows(name: str) -> list[dict]:
 
 
 def _json_rows(path: Path, json_field: str | None) -> list[dict]:
+    from recmas_ray.config.inputs import parse_json_lines, read_text_file
+
+    text = read_text_file("--dataset_name", path)
     if path.suffix == ".jsonl":
-        data = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+        data = parse_json_lines(text, str(path))
     else:
-        data = json.loads(path.read_text())
+        try:
+            data = json.loads(text)
+        except json.JSONDecodeError as e:
+            raise ValueError(f"{path} is not valid JSON ({e}); expected a list of row objects (or an object "
+                             "holding one, --dataset_json_field)") from None
     if json_field:
         if not isinstance(data, dict) or json_field not in data:
             keys = sorted(data) if isinstance(data, dict) else type(data).__name__
@@ -81,6 +88,14 @@ def _json_rows(path: Path, json_field: str | None) -> list[dict]:
     if not isinstance(data, list) or not all(isinstance(r, dict) for r in data):
         raise ValueError(f"{path}: expected a list of row objects")
     return data
+
+
+def _state(row: dict, field: str) -> str:
+    """Why a row's field gives no text: missing, or present but null / empty (never "missing" when it is there)."""
+    if field not in row:
+        return "missing"
+    value = row[field]
+    return "null" if value is None else f"empty ({json.dumps(value)})"
 
 
 def _present(row: dict, field: str) -> bool:
@@ -147,11 +162,12 @@ def validate_rows(rows: list[dict], style: StyleSpec, roles, *, task: str = "mat
         if not isinstance(row, dict):
             raise ValueError(f"row {i}: expected an object with fields, got {type(row).__name__}")
         if not _present(row, "question"):
-            raise ValueError(f"row {i}: missing or empty field 'question'")
+            raise ValueError(f"row {i}: field 'question' is {_state(row, 'question')}; expected the question text")
         for role, fields in needed.items():
             if not any(_present(row, f) for f in fields):
-                raise ValueError(f"row {i}: missing or empty target of role {role} (style {style.name}); "
-                                 f"accepted fields {list(fields)}")
+                states = ", ".join(f"{f!r} {_state(row, f)}" for f in fields)
+                raise ValueError(f"row {i}: no target text for role {role} (style {style.name}): {states}; expected "
+                                 "one of them non-empty")
 
 
 def role_examples(rows: list[dict], style: StyleSpec, role: str, task: str) -> list[tuple[str, str]]:

@@ -33,8 +33,8 @@ def test_bad_questions_are_refused_before_anything_runs(system, questions, error
 @pytest.mark.parametrize("kwargs, error, message", [
     ({"stop": 5}, TypeError, "stop must be a str or a list of str"),
     ({"stop": [""]}, ValueError, "non-empty strings"),
-    ({"n": 0}, ValueError, "n must be an integer"),
-    ({"n": True}, ValueError, "n must be an integer"),
+    ({"n": 0}, ValueError, "n=0: expected an integer in \\[1, "),
+    ({"n": True}, TypeError, "n: expected an integer, got bool True"),
     ({"task": ["math", 3]}, TypeError, r"task\[1\] must be a str"),
 ])
 def test_bad_stop_n_and_task_are_refused(system, kwargs, error, message):
@@ -48,7 +48,7 @@ def test_generate_gives_one_list_per_question_for_any_n_and_nothing_for_no_quest
     assert [len(a) for a in system.generate("What is 1 + 1?", n=2, **GEN)] == [2]
     monkeypatch.setattr(system, "run", lambda *a, **k: pytest.fail("an agent ran"))
     assert system.generate([], **GEN) == [] and system.generate((), n=3, **GEN) == []
-    with pytest.raises(ValueError, match="n must be an integer"):  # arguments are still checked
+    with pytest.raises(ValueError, match="n=0: expected an integer in"):  # arguments are still checked
         system.generate([], n=0, **GEN)
 
 

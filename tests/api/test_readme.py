@@ -44,6 +44,7 @@ def test_readme_python_api_block_runs_as_written(scratch, tiny_cache, capsys):
     exec(compile(code, "README.md", "exec"), {"__name__": "__readme__"})
     out = capsys.readouterr().out
     assert "planner 1 rollout 8 0" in out and "recursive_textmas" in out
+    assert out.count("|Tasks|Method|") == 1  # evaluate returns its table; the block's print shows it once
     assert list((scratch / "out" / "api").glob("results_*.json"))
 
 

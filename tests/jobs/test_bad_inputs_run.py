@@ -81,7 +81,8 @@ def _bad_rows(tmp):
         ("config_unknown_key", ["--config", str(tmp / "unknown_key.json")], "unknown setting(s) ['latent_stpes']"),
         ("unknown_flag", ["--frobnicate", "3"], "unrecognized arguments: --frobnicate"),
         ("tool_rounds", ["--style", "deliberation", "--max_tool_rounds", "-1"], "--max_tool_rounds -1"),
-        ("python_timeout", ["--python_timeout", "0"], "--python_timeout_s 0.0"),
+        # a style without tools: that the setting does not apply comes before its range (issue 47's check order)
+        ("python_timeout", ["--python_timeout", "0"], "--python_timeout_s: tool settings apply to a style with tools"),
         ("keys_file_missing", ["--style", "deliberation", "--tavily_keys_file", str(tmp / "keys.txt")],
          "keys.txt' does not exist"),
         ("keys_file_dir", ["--style", "deliberation", "--tavily_keys_file", str(tmp / "keys_dir")], "is a directory"),

@@ -59,3 +59,54 @@ def test_serve_dry_run_counts_every_serve_replica(gpu_cluster, capsys):
                          "--num_replicas", "1", "--placement.gpu_memory_gib", "24", "--dry_run"])
     text = capsys.readouterr().out
     assert rc == 0 and "memory plan: 3 GPUs used" in text and "(16 rows x" in text, text
+
+
+@pytest.fixture
+def cpu_machine(monkeypatch, tiny_cache):
+    """This machine as it is (no GPU), with Ray, agents and model loads failing the test if reached."""
+    import recmas_ray.config.inputs as inputs
+    import recmas_ray.distributed.cluster as cluster
+    import recmas_ray.eval.run as driver
+    import recmas_ray.models.loader as loader
+
+    def boom(*a, **k):
+        raise AssertionError("Ray started, a model loaded or agents started during a plan for other machines")
+
+    monkeypatch.setattr(inputs, "cuda_available", lambda: False)  # a CPU laptop, even where a GPU is present
+    for mod, name in ((cluster, "init_ray"), (cluster, "start_ray"), (loader, "load_frozen_model"),
+                      (driver, "start_agents")):
+        monkeypatch.setattr(mod, name, boom)
+
+
+PLAN = ["--placement.plan_node_gpus", "4", "--placement.gpu_memory_gib", "24", "--dry_run"]
+
+
+@pytest.mark.parametrize("dataset", ["jobs/examples/questions.jsonl", "math500"])  # math500: no local copy needed
+def test_a_gpu_plan_prints_on_a_cpu_machine_given_the_target_gpus(dataset, cpu_machine, tmp_path, capsys):
+    out = tmp_path / "out"
+    rc = run_job.main(["--style", "sequential_light", "--preset", "tiny", "--dataset", dataset, "--placement",
+                       "one_gpu_per_agent", "--role_replicas", "critic=2", "--output_path", str(out), *PLAN])
+    captured = capsys.readouterr()
+    assert rc == 0, captured.err
+    assert "memory plan: 4 GPUs used, on 1 planned node(s) with 4 GPUs (--placement.plan_node_gpus)" in captured.out
+    assert "node 0 GPU 3: " in captured.out and "of 24.0 GiB" in captured.out and not out.exists()
+    rc = serve_job.main(["--style", "sequential_light", "--preset", "tiny", "--placement", "colocated", *PLAN])
+    assert rc == 0 and "memory plan: 1 GPUs used, on 1 planned node(s)" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("args,flags", [
+    (["--placement", "colocated", "--dry_run"], ["--placement cpu", "--placement.plan_node_gpus", "--placement.gpu_memory_gib"]),
+    (["--placement", "colocated", "--placement.plan_node_gpus", "8", "--dry_run"], ["--placement.gpu_memory_gib"]),
+    (["--placement", "colocated", *PLAN[:4]], ["--placement.plan_node_gpus", "--dry_run"]),  # a real run
+    (["--placement", "one_gpu_per_agent", "--placement.plan_node_gpus", "2", "--placement.gpu_memory_gib", "24",
+      "--dry_run"], ["--placement.plan_node_gpus", "--num_replicas", "--role_gpus"]),  # 3 agents, 2 GPUs
+    (["--placement", "colocated", "--placement.plan_node_gpus", "1", "--placement.gpu_memory_gib", "0.5",
+      "--dry_run"], ["--role_gpus", "--batch_size"]),  # does not fit
+])
+def test_every_refusal_of_a_plan_names_the_flag_that_changes_it(args, flags, cpu_machine, tmp_path, capsys):
+    rc = run_job.main(["--style", "sequential_light", "--preset", "tiny", "--dataset", "jobs/examples/questions.jsonl",
+                       "--output_path", str(tmp_path / "out"), *args])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert rc == 2 and len(err) == 1, err
+    for flag in flags:
+        assert flag in err[0], (flag, err[0])

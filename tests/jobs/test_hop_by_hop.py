@@ -136,3 +136,28 @@ def test_mixture_trains_every_expert_edge_into_the_summarizer(tiny_cache, tmp_pa
         assert float(link.residual.weight.detach().abs().sum()) > 0.0, expert
     assert set(hop_by_hop.load(tmp_path / hop_by_hop.LINKS_FILE)) == {"math->summarizer", "code->summarizer",
                                                                       "science->summarizer"}
+
+
+def test_the_trained_token_links_load_in_the_product_as_they_ran(chain, tmp_path):
+    """hop_by_hop saves through the product's checkpoint layout: a plan built from the folder gives each sender the
+    very link (kind, ids, tau, residual, tables) that trained, so jobs.run / jobs.serve / the API run it."""
+    from recmas_ray.links import link_state
+    from recmas_ray.service import AgentService
+    from recmas_ray.system.plan import plan_system
+    from recmas_ray.system.provenance import link_origin
+    from recmas_ray.system.trained import trained_task
+
+    plan, make_pool, train, _ = chain
+    pool = make_pool()
+    _train(pool, plan, train, tmp_path)
+    assert link_origin(str(tmp_path))["known"] and trained_task({"outer": str(tmp_path)}) == "qa"
+    loaded = plan_system("sequential_light", preset="tiny", seed=0, task="qa", ckpt_override={"outer": str(tmp_path)})
+    x = torch.randn(2, M, plan.hidden_sizes["critic"])
+    for edge in ("planner->critic", "critic->solver"):
+        src = edge.split("->")[0]
+        ran = pool.services[src].agent.outer_links[edge]
+        assert all(torch.equal(a, b) for a, b in zip(link_state(ran).values(), link_state(loaded.links.outer[edge]).values()))
+        rebuilt = AgentService(*loaded.service_args(src)).agent.outer_links[edge]
+        if src == "critic":
+            with torch.no_grad():
+                assert torch.equal(rebuilt(x), ran(x))

@@ -100,8 +100,9 @@ def test_full_disk_is_one_line_and_resume_completes(tmp_path, tiny_cache, questi
     monkeypatch.setattr(sample_io, "write_whole", fill_disk)
     out = tmp_path / "out"
     assert run_job.main(base_args(question_file, out, "--batch_size", "1")) == 1
-    err = capsys.readouterr().err.strip().splitlines()
-    assert len(err) == 1 and "no space left on the device" in err[0] and "--resume" in err[0], err
+    err = capsys.readouterr().err.strip().splitlines()  # the phase lines (stderr), then the one error line
+    errors = [ln for ln in err if ln.startswith("error: ")]
+    assert errors == [err[-1]] and "no space left on the device" in err[-1] and "--resume" in err[-1], err
     files = glob.glob(f"{out}/samples_*.jsonl")
     assert [len(open(f).read().splitlines()) for f in files] == [2]
     assert all(json.loads(line) for line in open(files[0]))

@@ -18,7 +18,7 @@ def test_our_format_round_trip(tmp_path, tiny_cache):
     for e, m in plan.links.outer.items():
         assert all(torch.equal(a, b) for a, b in zip(m.state_dict().values(), back.outer[e].state_dict().values()))
     manifest = json.loads((tmp_path / "ck" / "manifest.json").read_text())
-    assert manifest["outer"]["math->summarizer"] == {"in_dim": 64, "out_dim": 128}
+    assert manifest["outer"]["math->summarizer"] == {"kind": "outer_ln_res_adapter", "in_dim": 64, "out_dim": 128}
 
 
 def test_release_layouts_import_with_identical_outputs(tmp_path, tiny_cache):

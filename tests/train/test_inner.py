@@ -190,7 +190,7 @@ def test_bad_input_fails_up_front(tmp_path, rows):
     bad = [dict(r) for r in rows]
     bad[5]["plan"] = ""
     path = str(write_jsonl(bad, tmp_path / "bad.jsonl"))
-    with pytest.raises(ValueError, match=r"row 5: .*role planner.*\['plan'\]"):
+    with pytest.raises(ValueError, match=r"row 5: .*role planner.*'plan' empty \(\"\"\)"):
         train_inner(_cfg(path, tmp_path / "out"))
     with pytest.raises(ValueError, match="unknown role 'judge'"):
         train_inner(_cfg(path, tmp_path / "out", mas_role="judge"))

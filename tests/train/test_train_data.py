@@ -79,14 +79,14 @@ def test_validate_rows_names_row_index_and_fields(rows):
     validate_rows(rows, SEQ, SEQ.roles)
     bad = [dict(r) for r in rows]
     del bad[3]["refined_plan"]
-    with pytest.raises(ValueError, match=r"row 3: .*role critic.*\['refined_plan'\]"):
+    with pytest.raises(ValueError, match=r"row 3: .*role critic.*'refined_plan' missing"):
         validate_rows(bad, SEQ, ["critic"])
     # the solver's prompt needs the critic's gold text as well
     with pytest.raises(ValueError, match=r"row 3: .*role critic"):
         validate_rows(bad, SEQ, ["solver"])
     validate_rows(bad, SEQ, ["planner"])
     bad[1]["question"] = ""
-    with pytest.raises(ValueError, match="row 1: missing or empty field 'question'"):
+    with pytest.raises(ValueError, match="row 1: field 'question' is empty \\(\"\"\\); expected the question text"):
         validate_rows(bad, SEQ, ["planner"])
     with pytest.raises(ValueError, match="no rows"):
         validate_rows([], SEQ, ["planner"])

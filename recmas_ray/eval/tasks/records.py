@@ -34,14 +34,9 @@ def _read_text(path: Path) -> str:
 def _read_file(path: Path, json_field: str | None = None) -> list[dict]:
     suffix = path.suffix.lower()
     if suffix == ".jsonl":
-        rows = []
-        for i, line in enumerate(_read_text(path).splitlines()):
-            if line.strip():
-                try:
-                    rows.append(json.loads(line))
-                except json.JSONDecodeError as exc:
-                    raise ValueError(f"{path}: line {i + 1} is not valid JSON ({exc})") from None
-        return rows
+        from recmas_ray.config.inputs import parse_json_lines
+
+        return parse_json_lines(_read_text(path), str(path))
     if suffix == ".json":
         try:
             data = json.loads(_read_text(path) or "null")
@@ -88,6 +83,11 @@ def _field(row: dict, keys: tuple[str, ...], i: int, name: str, *, required=True
         if v is not None and str(v).strip() != "":
             return v
     if required:
+        empty = [k for k in keys if k in row]
+        if empty:  # the field is there, but null or blank: say so, not that it is missing
+            raise ValueError(f"{name}: row {i} field {empty[0]!r} is {_preview(row[empty[0]])}; expected a non-empty "
+                             f"value" + (f" (or {' / '.join(repr(k) for k in keys if k != empty[0])})"
+                                         if len(keys) > 1 else ""))
         raise ValueError(f"{name}: row {i} has no {' / '.join(repr(k) for k in keys)} field "
                          f"(fields present: {sorted(row)[:12]})")
     return None
