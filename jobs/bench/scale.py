@@ -1,5 +1,12 @@
 """Scaling benchmark on the production path: Ray Data clients, router and grading over simulated agents,
-checked against a discrete-event model of the same cost table.
+beside a discrete-event model of the same cost table.
+
+What this measures and what it does not: the agents sleep the cost table's times, and the model
+(jobs/bench/scale_model.py) prices calls from the same table, so "Ray within x% of the model" measures Ray's
+own overhead (control plane, transport, scheduling) over that table, not the model's truth; the pools /
+whole ratios are the table's arithmetic (modelled). The table is the paper's (parameters x --ms_per_gparam,
+a guess) or, with --costs, fitted from measured times of real agents (jobs/bench/scale_fit.py). The model
+itself is checked against real agents in jobs/bench/scale_real.py.
 
 Agents are cost-simulated (`sim:` models, recmas_ray/models/sim.py) inside the SAME agent actors, pools,
 orchestrators, router, transport, Ray Data clients and grader as real models: each call's simulated device
@@ -109,6 +116,10 @@ class ScaleBenchConfig:
     """Share of a step one more row adds (models.sim.ROW_SHARE)."""
     eos_spread: Annotated[float, Range(0, 1)] = EOS_SPREAD
     """Rows stop uniformly in [1 - eos_spread, 1] x tokens (models.sim.EOS_SPREAD)."""
+    costs: str | None = None
+    """Price each role's simulated agent by this fitted cost table (jobs.bench.scale_fit: measured prefill, latent
+    step and decoded token times vs rows of the demo preset's model for the role) instead of the paper table
+    (parameters x ms_per_gparam, a tabulated guess: the figures are then modelled, not measured)."""
     project_gpus: Annotated[list[int], Range(1, 1_000_000)] = field(default_factory=lambda: [64, 256, 1024])
     """GPU counts of the projection (empty: none)."""
     control_batches: Annotated[int, Range(0, 100_000)] = 48
@@ -282,9 +293,27 @@ def build(plan, copies: dict | None, n: int, args):
 
 
 def paper_plan(args, scale: float = 1.0):
-    from recmas_ray.models.sim import PAPER_STYLES, paper_sim_models
+    """The simulated system: the paper table's costs, or with `costs` the fitted table of the demo preset's
+    model per role (every time x `scale`)."""
+    from recmas_ray.models.sim import PAPER_MODELS, PAPER_STYLES, paper_sim_models
     from recmas_ray.system.plan import simulated_plan
 
+    if getattr(args, "costs", None):
+        from jobs.bench.scale_fit import fitted_sim_name, load_fit
+        from recmas_ray.system.presets import role_models
+
+        fit, demo = load_fit(args.costs), role_models(PAPER_STYLES[args.system], "demo")
+        missing = sorted({m for m in demo.values() if m not in fit})
+        if missing:
+            raise ValueError(f"--costs {args.costs}: no fit for {missing}; expected the demo models' "
+                             "(python -m jobs.bench.scale_fit)")
+        models = {}
+        for role, model in demo.items():
+            f = {**fit[model], "sim_params": {k: v * scale if k.endswith("_ms") else v
+                                              for k, v in fit[model]["sim_params"].items()}}
+            models[role] = fitted_sim_name(f, hidden=PAPER_MODELS[args.system][role][1], tokens=args.tokens,
+                                           eos_spread=args.eos_spread)
+        return simulated_plan(PAPER_STYLES[args.system], models)
     models = paper_sim_models(args.system, ms_per_gparam=args.ms_per_gparam * scale, tokens=args.tokens,
                               prompt_tokens=args.prompt_tokens, row_share=args.row_share, eos_spread=args.eos_spread)
     return simulated_plan(PAPER_STYLES[args.system], models)
@@ -370,7 +399,7 @@ def bench(args: ScaleBenchConfig) -> int:
     plan = paper_plan(args)
     report = {"system": args.system, "style": plan.style_name, "models": plan.role_models, "tokens": args.tokens,
               "latent_steps": args.latent_steps, "batch_size": args.batch_size, "num_batches": args.num_batches,
-              "ms_per_gparam": args.ms_per_gparam, "num_clients": args.num_clients or "auto",
+              "ms_per_gparam": args.ms_per_gparam, "costs": args.costs or "paper table (modelled)", "num_clients": args.num_clients or "auto",
               "cluster": ray.cluster_resources(), "balance": [], "dilation": [], "control": None,
               "machine": {"platform": platform.platform(), "cpu_count": os.cpu_count(),
                           "loadavg_1_5_15_before": load_before, "ray": ray.__version__}, "errors": {}}

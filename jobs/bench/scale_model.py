@@ -97,14 +97,17 @@ def simulate(style: StyleSpec, params: dict, layout: list[dict[str, int]], *, ro
              max_new_tokens: int, batch_size: int, num_batches: int, depth: int, seed: int = 0,
              orchestrator_s_per_call: float = 0.0, router_s_per_batch: float = 0.0,
              agent_host_s_per_call: float = 0.0, route_when: str = "ready", num_orchestrators: int = 0,
-             decode_s: Sequence[float] | None = None) -> dict:
+             decode_s: Sequence[float] | None = None, shared_devices: float = 0.0, other_load: float = 0.0) -> dict:
     """Run `num_batches` through `layout` (one dict of copies per role per replica) with `depth` batches in
     flight per replica; returns {"logs": per replica {ROLE#K: calls}, "batches": {id: (entry, end)}}.
     `route_when`: "ready" (as built: a call is routed when its inputs exist) or "submitted" (the earlier build:
     every call of a batch routed when the batch starts, counting work that cannot run yet).
     `num_orchestrators`: 0, one per replica (as built); n, the replicas share n (replica i uses i mod n).
     `decode_s`: the k-th batch admitted decodes for decode_s[k] seconds (a Ray run's own, so the model of a
-    run has the same work), instead of drawing its rows' lengths."""
+    run has the same work), instead of drawing its rows' lengths.
+    `shared_devices`: 0, every copy its own device (GPUs); c > 0, all copies share c processors (agents on one
+    host's CPU cores): n calls running at once each progress at min(1, c / (other_load + n)) of their speed,
+    `other_load` being the other runnable processes the host's scheduler shares the cores with fairly."""
     if route_when not in ("submitted", "ready"):
         raise ValueError(f"route_when={route_when!r}; expected submitted or ready")
     if decode_s is not None and len(decode_s) < num_batches:
@@ -126,12 +129,34 @@ def simulate(style: StyleSpec, params: dict, layout: list[dict[str, int]], *, ro
         seq += 1
         heapq.heappush(events, (t, seq, kind, payload))
 
+    running, shared = {}, {"t": 0.0, "version": 0}  # shared_devices: call -> [work left (s), copy, t0]
+
+    def share(n: int) -> float:  # each running call's speed under processor sharing
+        return min(1.0, shared_devices / (other_load + n)) if n else 1.0
+
+    def advance(t: float):  # processor sharing: every running call progresses at the shared rate
+        rate = share(len(running))
+        for entry in running.values():
+            entry[0] -= (t - shared["t"]) * rate
+        shared["t"] = t
+
+    def reschedule(t: float):  # the next finish under sharing (earlier predictions are superseded)
+        shared["version"] += 1
+        if running:
+            rate = share(len(running))
+            push(t + max(0.0, min(e[0] for e in running.values())) / rate, "shared_finish", shared["version"])
+
     def try_start(copy: _Copy, t: float):
         if copy.running or not copy.ready:
             return
         _, _, call = heapq.heappop(copy.ready)
         copy.running = True
-        push(t + call.device_s + agent_host_s_per_call, "finish", (copy, call, t))
+        if shared_devices > 0:
+            advance(t)
+            running[id(call)] = [call.device_s + agent_host_s_per_call, copy, call, t]
+            reschedule(t)
+        else:
+            push(t + call.device_s + agent_host_s_per_call, "finish", (copy, call, t))
 
     def mark_ready(call: _Call, t: float):
         group = groups[call.replica][call.plan.role]
@@ -150,6 +175,27 @@ def simulate(style: StyleSpec, params: dict, layout: list[dict[str, int]], *, ro
         b, next_batch = next_batch, next_batch + 1
         router_free = max(router_free, t) + router_s_per_batch
         push(router_free, "admit", b)
+
+    def finish(copy: _Copy, c: _Call, t0: float):
+        copy.running = False
+        group = groups[c.replica][c.plan.role]
+        group.done(c.copy, batch_size * c.plan.steps)
+        copy.log.append({"method": c.plan.kind, "t0": t0, "t1": now, "device_s": c.device_s,
+                         "batch": c.batch, "batch_size": batch_size})
+        entry = batches[c.batch]
+        entry[0] = t0 if entry[0] is None else min(entry[0], t0)
+        for d in c.dependents:
+            d.waiting -= 1
+            d.inputs_t = max(d.inputs_t, now)
+            if d.waiting == 0 and d.submitted:
+                mark_ready(d, now)
+        if c.plan.kind == "decode":
+            entry[1] = now
+            router.release(leases.pop(c.batch)[1])
+            for g in groups[c.replica].values():
+                g.forget(str(c.batch))
+            start_batch(now)
+        try_start(copy, now)
 
     for _ in range(depth * len(layout)):
         start_batch(0.0)
@@ -182,27 +228,16 @@ def simulate(style: StyleSpec, params: dict, layout: list[dict[str, int]], *, ro
             c.submitted = True
             if c.waiting == 0:
                 mark_ready(c, now)
+        elif kind == "shared_finish":
+            if payload != shared["version"]:
+                continue
+            advance(now)
+            for key in [k for k, e in running.items() if e[0] <= 1e-9]:
+                _, copy, c, t0 = running.pop(key)
+                finish(copy, c, t0)
+            reschedule(now)
         elif kind == "finish":
-            copy, c, t0 = payload
-            copy.running = False
-            group = groups[c.replica][c.plan.role]
-            group.done(c.copy, batch_size * c.plan.steps)
-            copy.log.append({"method": c.plan.kind, "t0": t0, "t1": now, "device_s": c.device_s,
-                             "batch": c.batch, "batch_size": batch_size})
-            entry = batches[c.batch]
-            entry[0] = t0 if entry[0] is None else min(entry[0], t0)
-            for d in c.dependents:
-                d.waiting -= 1
-                d.inputs_t = max(d.inputs_t, now)
-                if d.waiting == 0 and d.submitted:
-                    mark_ready(d, now)
-            if c.plan.kind == "decode":
-                entry[1] = now
-                router.release(leases.pop(c.batch)[1])
-                for g in groups[c.replica].values():
-                    g.forget(str(c.batch))
-                start_batch(now)
-            try_start(copy, now)
+            finish(*payload)
     logs = [{cp.name: cp.log for g in rep.values() for cp in g.copies} for rep in groups]
     return {"logs": logs, "batches": {b: tuple(v) for b, v in batches.items()}}
 

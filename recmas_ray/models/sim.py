@@ -6,7 +6,10 @@ used by the discrete-event model in jobs/bench/scale_model.py):
 
     prefill   prefill_ms + prompt_tokens x prefill_token_ms x B     (one parallel forward, compute-bound)
     rollout   M x step_ms x (1 + row_share x (B - 1))               (every row runs every latent step)
-    decode    sum over t of token_ms x (1 + row_share x (b_t - 1))  (b_t: rows still before their EOS)
+    decode    sum over t of token_ms x (1 + token_row_share x (b_t - 1))  (b_t: rows still before their EOS)
+
+The table is either tabulated (`paper_sim_models`: costs proportional to parameters) or fitted from measured
+times of real agents (jobs/bench/scale_fit.py `fitted_sim_name`: each term is a measured a + b x rows).
 
 and the agent sleeps that long (on one "device" per agent: calls never overlap), so two CPU cores can host
 dozens of these agents. `device_s_total` counts the simulated device time; whatever else a call takes
@@ -31,10 +34,11 @@ PREFILL_SPEEDUP = 20.0
 runs as one parallel forward. The same figure prices real models in `distributed.role_copies.call_cost`."""
 
 DEFAULTS = {"hidden": 2048, "step_ms": 5.0, "token_ms": 5.0, "tokens": 32, "prefill_ms": 0.0, "row_share": 0.0,
-            "eos_spread": 0.0, "prompt_tokens": 0, "prefill_token_ms": 0.0}
+            "eos_spread": 0.0, "prompt_tokens": 0, "prefill_token_ms": 0.0, "token_row_share": -1.0}
 """prefill_ms: a fixed cost per call; prompt_tokens x prefill_token_ms: each row's prompt, prefilled in
 one parallel forward (linear in rows x tokens); row_share: each row beyond the first adds this share of a
-sequential step's time (a device's cost grows with the batch); eos_spread: each row stops after a number
+sequential step's time (a device's cost grows with the batch); token_row_share: the same for a decoded token
+(negative: row_share; a fit measures the two apart); eos_spread: each row stops after a number
 of tokens drawn from [tokens x (1 - eos_spread), tokens] (seeded by its prompt), leaves the batch then,
 and the call lasts until its longest row stops."""
 KINDS = ("rollout", "decode")
@@ -62,9 +66,13 @@ def row_tokens(params: dict, budget: int, seed: int) -> int:
     return max(1, min(n, budget))
 
 
-def step_factor(params: dict, rows: int) -> float:
-    """A sequential step's cost at `rows` rows relative to one row."""
-    return 1.0 + params["row_share"] * max(0, rows - 1)
+def step_factor(params: dict, rows: int, kind: str = "rollout") -> float:
+    """A sequential step's cost (`kind` rollout: a latent step; decode: a decoded token) at `rows` rows relative
+    to one row."""
+    share = params["row_share"]
+    if kind == "decode" and params.get("token_row_share", -1.0) >= 0:
+        share = params["token_row_share"]
+    return 1.0 + share * max(0, rows - 1)
 
 
 def call_device_ms(params: dict, kind: str, rows: int, steps: int, row_counts: list[int] | None = None) -> float:
@@ -78,7 +86,7 @@ def call_device_ms(params: dict, kind: str, rows: int, steps: int, row_counts: l
     counts = sorted(row_counts if row_counts is not None else [steps] * rows)
     active, t = len(counts), 0
     for n in counts:  # rows leave in order of their lengths: between two leavings `active` rows step together
-        ms += (n - t) * params["token_ms"] * step_factor(params, active)
+        ms += (n - t) * params["token_ms"] * step_factor(params, active, "decode")
         t, active = n, active - 1
     return ms
 

@@ -170,3 +170,27 @@ def test_a_runs_own_decode_times_reproduce_it_and_a_short_list_is_refused():
     assert other["throughput_batches_per_s"] != pytest.approx(drawn["throughput_batches_per_s"], rel=1e-6)
     with pytest.raises(ValueError, match="decode_s has 39 times; expected one per batch"):
         simulate(STYLE, params, layout, decode_s=[0.1] * 39, **kw)
+
+
+def test_shared_devices_serve_every_call_from_one_processor_pool():
+    """Agents on one host's cores: with one core a full pipeline runs at the sum of its calls (no overlap); with
+    as many cores as copies, as if each had its own device; with two cores, busy role time adds to 2 per unit."""
+    params = _params(1, 2, 3)  # 10 + 20 + 60 ms per batch
+    layout = [{"planner": 1, "critic": 1, "solver": 1}]
+    one = model_run(STYLE, params, layout, num_batches=40, depth=3, shared_devices=1, **KW)
+    assert one["throughput_batches_per_s"] == pytest.approx(1 / 0.090, rel=1e-6)
+    own = model_run(STYLE, params, layout, num_batches=40, depth=3, **KW)
+    wide = model_run(STYLE, params, layout, num_batches=40, depth=3, shared_devices=3, **KW)
+    assert wide["throughput_batches_per_s"] == pytest.approx(own["throughput_batches_per_s"], rel=1e-6)
+    two = model_run(STYLE, params, [{"planner": 1, "critic": 1, "solver": 2}], num_batches=60, depth=4,
+                    shared_devices=2, **KW)
+    assert 1 / 0.090 < two["throughput_batches_per_s"] <= 2 / 0.090 + 1e-6
+
+
+def test_other_load_takes_its_fair_share_of_the_cores():
+    """One core shared with one other runnable process: a lone call runs at half speed, so one batch at a time
+    takes twice the sum of its calls."""
+    params = _params(1, 2, 3)  # 90 ms per batch
+    run = model_run(STYLE, params, [{"planner": 1, "critic": 1, "solver": 1}], num_batches=8, depth=1,
+                    shared_devices=1, other_load=1, **KW)
+    assert run["throughput_batches_per_s"] == pytest.approx(1 / 0.180, rel=1e-6)
