@@ -31,8 +31,9 @@ def parse(argv) -> ServeConfig:
     return parse_config(ServeConfig, argv)[0]
 
 
-def start(cfg: ServeConfig) -> str:
-    """Start Serve (HTTP on cfg.host:cfg.port) and the application; returns its base URL once it answers."""
+def start(cfg: ServeConfig, plan=None) -> str:
+    """Start Serve (HTTP on cfg.host:cfg.port) and the application; returns its base URL once it answers.
+    `plan`: `serve_plan(cfg)` when the caller has checked it already."""
     import os
 
     from ray import serve
@@ -44,7 +45,7 @@ def start(cfg: ServeConfig) -> str:
     # The config holds only the key's digest (ServeConfig.validate); the key itself must not reach the
     # Ray processes started next, which inherit this environment.
     os.environ.pop(API_KEY_ENV, None)
-    plan = serve_plan(cfg)  # links, base models, task and prompts checked before Ray starts
+    plan = plan or serve_plan(cfg)  # links, base models, task and prompts checked before Ray starts
     start_ray(cfg.address)
     if cfg.backend == "ray" and cfg.placement.wants_gpus():  # a plan that cannot fit stops before any replica loads
         from recmas_ray.distributed.memory import check_memory
@@ -103,10 +104,11 @@ def serve_forever(cfg: ServeConfig) -> int:
         from recmas_ray.serve.security import API_KEY_ENV
 
         os.environ.pop(API_KEY_ENV, None)  # the key (its digest is in cfg) must not reach Ray's processes
+        plan = serve_plan(cfg)  # links, task and prompts refused here, before Ray or a model starts
         start_ray(cfg.address)  # its own phase line
         console.start("starting Ray Serve and the agents")
         try:
-            url = start(cfg)
+            url = start(cfg, plan)
             console.done()
             auth = "API key required" if cfg.api_key else "no API key (--api_key or $RECMAS_API_KEY to require one)"
             console.line(f"serving {cfg.served_name!r} at {url}/v1 (POST /chat/completions, /completions, GET "

@@ -37,7 +37,8 @@ def test_dry_run_prints_each_gpu_and_writes_nothing(gpu_cluster, tmp_path, capsy
     assert "memory plan: 4 GPUs used" in text
     for gpu, role in ((0, "planner#0"), (1, "critic#0"), (2, "critic#1"), (3, "solver#0")):
         assert f"node 0 GPU {gpu}: " in text and f"{role} r0 (weights" in text
-    assert "of 80.0 GiB" in text and "(8 rows x 1312 tokens)" in text  # batch 8; 1024 + 32 latents + 256 decoded
+    # batch 8 x 8 batches at once (continuous batching, the default); 1024 + 32 latents + 256 decoded tokens
+    assert "of 80.0 GiB" in text and "(64 rows x 1312 tokens)" in text
     assert not out.exists()
 
 
@@ -45,8 +46,8 @@ def test_a_plan_that_does_not_fit_is_refused_in_one_line(gpu_cluster, tmp_path, 
     args = [*TINY, "--placement", "colocated", "--placement.gpu_memory_gib", "2", "--output_path", str(tmp_path)]
     assert run_job.main([*args, "--dry_run"]) == 2
     captured = capsys.readouterr()
-    assert "node 0 GPU 0: 2.2" in captured.out and "DOES NOT FIT" in captured.out
-    assert captured.err.count("\n") == 1 and "memory plan: node 0 GPU 0 needs 2.2" in captured.err
+    assert "node 0 GPU 0: 2.3" in captured.out and "DOES NOT FIT" in captured.out  # 48-row caches (batching on)
+    assert captured.err.count("\n") == 1 and "memory plan: node 0 GPU 0 needs 2.3" in captured.err
     assert "but a GPU holds 2.00 GiB" in captured.err
     # the real run stops at the same check, before any agent starts (start_agents would fail the test)
     assert run_job.main(args) == 2
