@@ -34,6 +34,23 @@ CHECKPOINT_PREFIX = "checkpoint_"
 
 
 # ----------------------------------------------------------------------------- schedule and data order
+def role_worker_setup(config: dict, config_cls):
+    """A per-role Ray Train worker's start, shared by both outer schedules: its config (`config["cfg"]`, torch
+    threads set), its style, the role of its world rank and its device. Returns (cfg, style, role, device)."""
+    import ray.train
+    import ray.train.torch
+
+    from recmas_ray.styles import get_style
+
+    cfg = config_from_dict(config_cls, config["cfg"])
+    if cfg.torch_threads:
+        torch.set_num_threads(cfg.torch_threads)
+    style = get_style(cfg.system.style)
+    role = style.roles[ray.train.get_context().get_world_rank()]
+    device = ray.train.torch.get_device() if cfg.use_gpu else torch.device("cpu")
+    return cfg, style, role, device
+
+
 def lr_factor(step: int, *, warmup_steps: int, max_steps: int, kind: str = "cosine",
               warmup_from_zero: bool = False) -> float:
     """Multiplier of the peak LR at 0-based `step`: linear warmup, then HF's cosine (num_cycles 0.5), linear

@@ -123,13 +123,8 @@ def train_loop_per_worker(config: dict) -> None:
     from recmas_ray.train.progress import post_step
     from recmas_ray.train.stage import frozen_digest
 
-    cfg = core.config_from_dict(OuterTrainConfig, config["cfg"])
-    if cfg.torch_threads:
-        torch.set_num_threads(cfg.torch_threads)
-    style = get_style(cfg.system.style)
-    rank = ray.train.get_context().get_world_rank()
-    role = style.roles[rank]
-    device = ray.train.torch.get_device() if cfg.use_gpu else torch.device("cpu")
+    cfg, style, role, device = core.role_worker_setup(config, OuterTrainConfig)
+    rank = style.roles.index(role)
     agent = _load_agent(cfg, style, role, config["system"], ray.get(config["links"][role]), device)
     digest0 = frozen_digest(agent) if cfg.verify_frozen else None
     sched = build_schedule(style, 1)

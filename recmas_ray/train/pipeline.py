@@ -83,13 +83,8 @@ def train_loop_per_worker(config: dict) -> None:
     import ray
     import ray.train
 
-    cfg = core.config_from_dict(OuterTrainConfig, config["cfg"])
-    if cfg.torch_threads:
-        torch.set_num_threads(cfg.torch_threads)
-    style = get_style(cfg.system.style)
-    rank = ray.train.get_context().get_world_rank()
-    role = style.roles[rank]
-    device = ray.train.torch.get_device() if cfg.use_gpu else torch.device("cpu")
+    cfg, style, role, device = core.role_worker_setup(config, OuterTrainConfig)
+    rank = style.roles.index(role)
     if device.type == "cuda":
         torch.cuda.set_device(device)  # NCCL object collectives use the current device
     stage = _build_stage(cfg, style, role, config["system"], ray.get(config["links"][role]), device)
