@@ -49,7 +49,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Annotated
 
-from jobs.bench.scale_costs import call_costs, plot, real_models, targets
+from jobs.bench.scale_costs import PAPER_SYSTEMS, call_costs, plot, real_models, targets
 from jobs.bench.scale_model import (dilation_check, expected_role_ms, model_run, pool_caps, project, rel,
                                     summarize)
 from recmas_ray.config.checks import NonEmpty, OneOf, Range, WritableDir
@@ -58,8 +58,7 @@ from recmas_ray.config.recursion import MAX_LATENT_STEPS, MAX_ROUNDS
 from recmas_ray.config.tree import save_config
 from recmas_ray.models.sim import EOS_SPREAD, ROW_SHARE
 
-SYSTEMS = ("light", "mixture")
-PAPER_ROLES = {"light": ("planner", "critic", "solver"), "mixture": ("math", "code", "science", "summarizer")}
+SYSTEMS = tuple(PAPER_SYSTEMS)
 
 
 @dataclass(kw_only=True)
@@ -295,14 +294,16 @@ def build(plan, copies: dict | None, n: int, args):
 def paper_plan(args, scale: float = 1.0):
     """The simulated system: the paper table's costs, or with `costs` the fitted table of the demo preset's
     model per role (every time x `scale`)."""
-    from recmas_ray.models.sim import PAPER_MODELS, PAPER_STYLES, paper_sim_models
+    from recmas_ray.models.sim import PAPER_MODEL_SIZES, paper_sim_models
     from recmas_ray.system.plan import simulated_plan
+    from recmas_ray.system.presets import role_models
 
+    style = PAPER_SYSTEMS[args.system]
+    paper = role_models(style, "paper")
     if getattr(args, "costs", None):
         from jobs.bench.scale_fit import fitted_sim_name, load_fit
-        from recmas_ray.system.presets import role_models
 
-        fit, demo = load_fit(args.costs), role_models(PAPER_STYLES[args.system], "demo")
+        fit, demo = load_fit(args.costs), role_models(style, "demo")
         missing = sorted({m for m in demo.values() if m not in fit})
         if missing:
             raise ValueError(f"--costs {args.costs}: no fit for {missing}; expected the demo models' "
@@ -311,12 +312,12 @@ def paper_plan(args, scale: float = 1.0):
         for role, model in demo.items():
             f = {**fit[model], "sim_params": {k: v * scale if k.endswith("_ms") else v
                                               for k, v in fit[model]["sim_params"].items()}}
-            models[role] = fitted_sim_name(f, hidden=PAPER_MODELS[args.system][role][1], tokens=args.tokens,
+            models[role] = fitted_sim_name(f, hidden=PAPER_MODEL_SIZES[paper[role]][1], tokens=args.tokens,
                                            eos_spread=args.eos_spread)
-        return simulated_plan(PAPER_STYLES[args.system], models)
-    models = paper_sim_models(args.system, ms_per_gparam=args.ms_per_gparam * scale, tokens=args.tokens,
+        return simulated_plan(style, models)
+    models = paper_sim_models(paper, ms_per_gparam=args.ms_per_gparam * scale, tokens=args.tokens,
                               prompt_tokens=args.prompt_tokens, row_share=args.row_share, eos_spread=args.eos_spread)
-    return simulated_plan(PAPER_STYLES[args.system], models)
+    return simulated_plan(style, models)
 
 
 def balance(plan, rounds: int, args, control: dict | None) -> dict:
@@ -379,7 +380,9 @@ def bench(args: ScaleBenchConfig) -> int:
 
     if args.address:
         check_reachable(args.address)  # a dead address: one line and exit 2 before anything is written
-    num_roles = len(PAPER_ROLES[args.system])
+    from recmas_ray.styles import get_style
+
+    num_roles = len(get_style(PAPER_SYSTEMS[args.system]).roles)
     if args.gpus < num_roles:
         raise ValueError(f"--gpus {args.gpus}: the {args.system} system needs at least {num_roles}")
     # a whole system that fits one node is placed STRICT_PACK (distributed/placement.py), so GPUs left over on a

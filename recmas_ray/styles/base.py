@@ -16,6 +16,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from recmas_ray.config.choices import MODEL_PRESETS
 from recmas_ray.eval.tasks import TASK_TYPES, TASKS
 from recmas_ray.styles.role_context import question_for_role  # per-role context (hidden-operand rows)
 
@@ -86,10 +87,29 @@ class StyleSpec:
     decodes_each_round: bool = False
     """The release's decoder also decodes (and discards) text in non-final rounds; the reference protocol
     turns the runner's `decode_every_round` on for such a style."""
+    presets: dict[str, dict[str, str]] = field(default_factory=dict)
+    """Model preset (`config.choices.MODEL_PRESETS`: paper, tiny, demo) -> role -> base model (a name of any kind
+    in `models.registry`); `system.presets.role_models` reads it."""
+    experts: tuple[str, ...] = ()
+    """Roles that each stand for one domain and feed the decoder side by side (mixture's math, code and science);
+    the `mixture` hidden-fact task tells each its own fact."""
+    fact_tasks: tuple[str, ...] = ("recall", "compare", "choose")
+    """Hidden-fact tasks (`train.synthetic_facts`) that apply to this style: the single-fact ones tell `first_role`
+    a fact; `two_fact` (planner and critic) and `mixture` (`experts`) need the roles they tell."""
 
     @property
     def roles(self) -> tuple[str, ...]:
         return tuple(r for stage in self.stages for r in stage)
+
+    @property
+    def first_role(self) -> str:
+        """The first role of the first stage: the one a single hidden fact is told to."""
+        return self.stages[0][0]
+
+    @property
+    def num_hops(self) -> int:
+        """Links a first-stage message crosses on its way to the decoder (one per later stage)."""
+        return len(self.stages) - 1
 
     @property
     def edges(self) -> tuple[str, ...]:
@@ -113,6 +133,12 @@ class StyleSpec:
                             raise ValueError(f"style {self.name}: {variant} prompt of {role} ({task}) is missing its slot {marker}")
         if self.decoder not in roles:
             raise ValueError(f"style {self.name}: decoder {self.decoder!r} is not a role")
+        for preset, models in self.presets.items():
+            if preset not in MODEL_PRESETS or set(models) - roles:
+                raise ValueError(f"style {self.name}: preset {preset!r} names {sorted(models)}; expected a preset of "
+                                 f"{MODEL_PRESETS} naming roles of {sorted(roles)}")
+        if set(self.experts) - roles:
+            raise ValueError(f"style {self.name}: experts {list(self.experts)} are not all roles")
 
 
 @dataclass(frozen=True)

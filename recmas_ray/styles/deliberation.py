@@ -4,6 +4,7 @@ Both roles use the tool-use system prompt. The reflector only rolls out latents 
 latent mode); the toolcaller's final decode may call tools (see `recmas_ray.tools`).
 """
 
+from recmas_ray.models.registry import GEMMA3_270M, SMOLLM2_135M, TINY
 from recmas_ray.styles.base import RolePrompts, StyleSpec
 
 REFLECTOR_SLOT = "<<DELIBERATION_REFLECTOR_SLOT>>"
@@ -40,4 +41,9 @@ DELIBERATION = StyleSpec(
     system_prompt=TOOL_SYSTEM_PROMPT,
     teacher_text_in_slots=False,
     uses_tools=True,
+    presets={
+        "paper": {"reflector": "Qwen/Qwen3.5-4B", "toolcaller": "Qwen/Qwen3.5-4B"},
+        "tiny": {"reflector": TINY.name("llama"), "toolcaller": TINY.name("llama")},
+        "demo": {"reflector": GEMMA3_270M, "toolcaller": SMOLLM2_135M},
+    },
 )

@@ -3,6 +3,7 @@
 The large expert still runs at inference; "distillation" happens only through the trained links.
 """
 
+from recmas_ray.models.registry import GEMMA3_270M, SMOLLM2_135M, TINY
 from recmas_ray.styles.base import RolePrompts, StyleSpec
 
 EXPERT_SLOT = "<<DISTILL_EXPERT_SLOT>>"
@@ -32,4 +33,9 @@ DISTILLATION = StyleSpec(
     },
     target_fields={"expert": ("distill_expert", "refined_plan", "expert_plan"),
                    "learner": ("distill_learner", "answer", "learner_answer")},
+    presets={
+        "paper": {"expert": "Qwen/Qwen3.5-9B", "learner": "Qwen/Qwen3.5-4B"},
+        "tiny": {"expert": TINY.name("mistral"), "learner": TINY.name("qwen3")},
+        "demo": {"expert": GEMMA3_270M, "learner": SMOLLM2_135M},
+    },
 )

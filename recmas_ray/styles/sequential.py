@@ -5,6 +5,9 @@ prompt says "This is round 2" in every round >= 2, as the reference does (`fix_r
 to a future config switch).
 """
 
+import dataclasses
+
+from recmas_ray.models.registry import GEMMA3_270M, SMOLLM2_135M, TINY
 from recmas_ray.styles.base import RolePrompts, StyleSpec
 
 PLANNER_SLOT = "<<LATENT_PLANNER_SLOT>>"
@@ -61,4 +64,17 @@ SEQUENTIAL = StyleSpec(
     },
     prompts={"planner": PLANNER, "critic": CRITIC, "solver": SOLVER},
     target_fields={"planner": ("plan",), "critic": ("refined_plan",), "solver": ("answer",)},
+    fact_tasks=("recall", "two_fact", "compare", "choose"),
+    presets={
+        # the released RecursiveMAS light system's base models
+        "paper": {"planner": "Qwen/Qwen3-1.7B", "critic": "meta-llama/Llama-3.2-1B-Instruct",
+                  "solver": "Qwen/Qwen2.5-Math-1.5B-Instruct"},
+        "tiny": {"planner": TINY.name("qwen3"), "critic": TINY.name("llama"), "solver": TINY.name("gemma3")},
+        "demo": {"planner": SMOLLM2_135M, "critic": GEMMA3_270M, "solver": SMOLLM2_135M},
+    },
 )
+"""The light system (also registered as `sequential` and `sequential_light`)."""
+
+SEQUENTIAL_SCALED = dataclasses.replace(SEQUENTIAL, presets={**SEQUENTIAL.presets, "paper": {
+    "planner": "google/gemma-3-4b-it", "critic": "meta-llama/Llama-3.2-3B-Instruct", "solver": "Qwen/Qwen3.5-4B"}})
+"""The scaled system: the same declaration (and name) on larger base models."""

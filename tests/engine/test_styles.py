@@ -155,7 +155,6 @@ def test_prompt_set_with_a_missing_slot_fails_before_models_load(tmp_path, quest
     def no_models(*a, **k):
         raise AssertionError("a model was looked up")
 
-    monkeypatch.setattr(plan, "resolve_model_path", no_models)
     monkeypatch.setattr(plan, "model_hidden_size", no_models)
     bad = _edited(tmp_path, lambda d: d["roles"]["solver"]["base"].update(math="{question} {final}"))
     argv = ["--style", "sequential_light", "--preset", "tiny", "--dataset", str(question_file), "--backend", "local",
