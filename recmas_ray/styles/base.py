@@ -34,6 +34,27 @@ INTERFACE_LINES = {
 }
 
 
+JUNE, APRIL = "[Jun] recommendations", "[Apr] recommendations (R from the default 3)"
+"""Where a style's `reference_cells` come from (the two public releases, docs/reproducing.md#sources); June's
+recommendations override April's for the same cell."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class ReferenceCell:
+    """The release's recommendation for one (style, benchmark) pair (`eval.protocol`'s reference protocol)."""
+
+    latent_steps: int
+    """m."""
+    rounds: int
+    """R."""
+    batch_size: int | None = None
+    """Batch size where the table records one."""
+    temperature: float | None = None
+    """Per-pair temperature override (else the benchmark's or 0.6)."""
+    source: str
+    """Where the numbers come from."""
+
+
 @dataclass(frozen=True)
 class RolePrompts:
     """User-prompt templates of one role, keyed by (variant, task type).
@@ -96,6 +117,14 @@ class StyleSpec:
     fact_tasks: tuple[str, ...] = ("recall", "compare", "choose")
     """Hidden-fact tasks (`train.synthetic_facts`) that apply to this style: the single-fact ones tell `first_role`
     a fact; `two_fact` (planner and critic) and `mixture` (`experts`) need the roles they tell."""
+    reference_cells: dict[str, ReferenceCell] = field(default_factory=dict)
+    """Benchmark key -> the releases' recommended m and R (batch size, temperature) for this style, read by the
+    reference protocol (`eval.protocol`); other benchmarks take `reference_default`."""
+    reference_default: ReferenceCell | None = None
+    """m and R of the benchmarks `reference_cells` does not name (None: the runner defaults m=32, R=3)."""
+    reference_max_new_tokens: dict[str, int] = field(default_factory=lambda: {"math500": 2000})
+    """Benchmark key -> the release's decoding budget where it depends on the style ([Apr] run.py; every other
+    benchmark 4000)."""
 
     @property
     def roles(self) -> tuple[str, ...]:

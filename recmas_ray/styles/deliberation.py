@@ -5,7 +5,7 @@ latent mode); the toolcaller's final decode may call tools (see `recmas_ray.tool
 """
 
 from recmas_ray.models.registry import GEMMA3_270M, SMOLLM2_135M, TINY
-from recmas_ray.styles.base import RolePrompts, StyleSpec
+from recmas_ray.styles.base import JUNE, ReferenceCell, RolePrompts, StyleSpec
 
 REFLECTOR_SLOT = "<<DELIBERATION_REFLECTOR_SLOT>>"
 FEEDBACK_SLOT = "<<DELIBERATION_FEEDBACK_SLOT>>"
@@ -46,4 +46,8 @@ DELIBERATION = StyleSpec(
         "tiny": {"reflector": TINY.name("llama"), "toolcaller": TINY.name("llama")},
         "demo": {"reflector": GEMMA3_270M, "toolcaller": SMOLLM2_135M},
     },
+    reference_cells={"hotpotqa": ReferenceCell(latent_steps=32, rounds=2, source=JUNE),
+                     "bamboogle": ReferenceCell(latent_steps=16, rounds=3, batch_size=8, source=JUNE)},
+    # June: "m16 everywhere" (R from the default 3) except the cells above
+    reference_default=ReferenceCell(latent_steps=16, rounds=3, source=JUNE + " (m16 everywhere, R default 3)"),
 )

@@ -7,7 +7,7 @@ reference protocol to turn it on).
 """
 
 from recmas_ray.models.registry import GEMMA3_270M, SMOLLM2_135M, TINY
-from recmas_ray.styles.base import RolePrompts, StyleSpec
+from recmas_ray.styles.base import JUNE, ReferenceCell, RolePrompts, StyleSpec
 
 EXPERTS = ("math", "code", "science")
 EXPERT_SLOTS = {"math": "<<HIE_MATH_EXPERT_SLOT>>", "code": "<<HIE_CODE_EXPERT_SLOT>>",
@@ -56,4 +56,6 @@ MIXTURE = StyleSpec(
                  "summarizer": TINY.name("gemma3")},
         "demo": {"math": SMOLLM2_135M, "code": GEMMA3_270M, "science": SMOLLM2_135M, "summarizer": SMOLLM2_135M},
     },
+    reference_cells={"livecodebench_v6": ReferenceCell(latent_steps=16, rounds=3, temperature=0.2,
+                                                       source=JUNE + " (R not recorded: default 3)")},
 )
