@@ -35,8 +35,8 @@ FACT_TASKS = ("recall", "two_fact", "mixture", "compare", "choose")
 COLLABORATION_TASKS = ("compare", "choose")
 """Tasks the decoder can partly solve alone (its single-agent accuracy is neither floor nor ceiling)."""
 TASK_STYLES = {task: tuple(name for name, style in STYLES.items() if task in style.fact_tasks) for task in FACT_TASKS}
-"""Styles each task applies to, as their declarations say (`StyleSpec.fact_tasks`; mixture's recall tells the math
-expert alone)."""
+"""Registered styles each task applies to, as their declarations say (`StyleSpec.fact_tasks`; mixture's recall
+tells the math expert alone)."""
 
 
 def _texts(told: dict[str, str], asked_var: str, value: int, gold: str, answer: str) -> dict:
@@ -111,7 +111,7 @@ def make_fact_dataset(task: str, style: str, num_rows: int, *, seed: int = 0, sp
     `split` (`train.splits`); `values`: all, seen or unseen fact values (training facts are all seen)."""
     if task not in FACT_TASKS:
         raise ValueError(f"task {task!r}; expected one of {', '.join(FACT_TASKS)}")
-    if style not in TASK_STYLES[task]:
+    if task not in get_style(style).fact_tasks:
         raise ValueError(f"task {task} does not apply to style {style}; expected one of {', '.join(TASK_STYLES[task])}")
     pairs = fact_pairs(check_split(split), values)
     rng, rows, seen = random.Random(seed), [], set()
