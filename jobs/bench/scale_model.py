@@ -24,12 +24,16 @@ by device time (`device_s`).
 from __future__ import annotations
 
 import heapq
+import json
 import random
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
+from jobs.bench.scale_setup import ScaleBenchConfig, paper_plan
+from recmas_ray.config.cli import run_job
+from recmas_ray.distributed.role_copies import copies_from_costs
 from recmas_ray.distributed.routing import ReplicaRouter, RoleGroup
-from recmas_ray.models.sim import call_device_ms, row_tokens
+from recmas_ray.models.sim import call_device_ms, parse_sim_name, row_tokens
 from recmas_ray.styles import StyleSpec, build_schedule
 
 
@@ -373,10 +377,6 @@ def model_balance(args) -> list[dict]:
     """The balance series of `jobs.bench.scale` (a ScaleBenchConfig) in the model alone: whole-system replicas
     vs per-role pools at the production depth (two batches per agent actor) and twice it, routed when ready (as
     built) and at submission (the earlier build), long runs (`model_batches_per_depth`)."""
-    from jobs.bench.scale import paper_plan
-    from recmas_ray.distributed.role_copies import copies_from_costs
-    from recmas_ray.models.sim import parse_sim_name
-
     plan = paper_plan(args)
     style, params = plan.style, {r: parse_sim_name(m) for r, m in plan.role_models.items()}
     roles, rows = list(style.roles), []
@@ -404,11 +404,6 @@ def model_balance(args) -> list[dict]:
 
 def main(argv=None) -> int:
     """python -m jobs.bench.scale_model [scale flags]: the balance in the model alone, as JSON."""
-    import json
-
-    from jobs.bench.scale import ScaleBenchConfig
-    from recmas_ray.config.cli import run_job
-
     return run_job(lambda a: print(json.dumps(model_balance(a), indent=1)) or 0, ScaleBenchConfig, argv,
                    prog="python -m jobs.bench.scale_model", description=model_balance.__doc__)
 
