@@ -244,7 +244,7 @@ class System:
         tasks = [task] * len(questions) if isinstance(task, str) else str_list(task, "task")
         if len(tasks) != len(questions):
             raise ValueError(f"{len(questions)} questions but {len(tasks)} task types")
-        from recmas_ray.eval.tasks import TASK_TYPES
+        from recmas_ray.tasks import TASK_TYPES
 
         bad = sorted({t for t in tasks if t not in TASK_TYPES})
         if bad:
@@ -351,7 +351,7 @@ class System:
             ValueError: A bad argument (named as here), before anything is written.
         """
         self._check_open()
-        from recmas_ray.eval.benchmarks import BENCHMARKS, canonical_name
+        from recmas_ray.tasks.benchmarks import BENCHMARKS, canonical_name
         from recmas_ray.eval.run import evaluate
 
         cfg = dataclasses.replace(

@@ -36,7 +36,7 @@ from lm_eval.api.registry import register_model
 
 from recmas_ray.config.checks import ConfigError, OneOf, Range, check_tree, field_hints, split_annotated
 from recmas_ray.config.choices import BACKENDS, DTYPES, MODEL_PRESETS
-from recmas_ray.eval.tasks import TASK_TYPES
+from recmas_ray.tasks import TASK_TYPES
 from recmas_ray.config.recursion import MAX_LATENT_STEPS, MAX_NEW_TOKENS, MAX_ROUNDS, METHODS
 from recmas_ray.styles import check_role_models, style_names
 

@@ -118,7 +118,7 @@ class Measurer:
 
     def _run(self, method: str, rounds: int, *, ablation: str = "none", questions=None) -> dict:
         from recmas_ray.config.recursion import DecodeConfig, RecursionConfig
-        from recmas_ray.eval.graders import grade_lenient, grade_math_strict
+        from recmas_ray.tasks.math import grade_lenient, grade_math_strict
         from recmas_ray.eval.stream import format_retry
         from recmas_ray.runner import run_batch
 

@@ -111,7 +111,7 @@ def max_new_tokens(style: str, benchmark: str) -> int:
 
 def headline_metric(benchmark: str) -> str:
     """The benchmark's published metric (`BenchmarkSpec.metric`); local files report accuracy."""
-    from recmas_ray.eval.benchmarks import BENCHMARKS
+    from recmas_ray.tasks.benchmarks import BENCHMARKS
 
     spec = BENCHMARKS.get(benchmark)
     return spec.metric if spec is not None else "accuracy"
@@ -199,7 +199,7 @@ def _replace(cfg, path: str, value):
 
 def benchmark_key(dataset: str) -> str:
     """The tables' name of a dataset (release aliases resolved; a local file keeps its path)."""
-    from recmas_ray.eval.benchmarks import canonical_name
+    from recmas_ray.tasks.benchmarks import canonical_name
 
     return canonical_name(dataset)
 

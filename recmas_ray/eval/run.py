@@ -33,7 +33,7 @@ from recmas_ray.console import current
 from recmas_ray.config.inputs import OutputLock
 from recmas_ray.eval.config import EvalConfig
 from recmas_ray.config.recursion import RecursionConfig
-from recmas_ray.eval.benchmarks import load_benchmark
+from recmas_ray.tasks.benchmarks import load_benchmark
 from recmas_ray.eval.fingerprint import (bench_name, check_fingerprint, fingerprint_path, link_hashes,
                                          resolved_runtime, run_fingerprint, verify_resume)
 from recmas_ray.eval.protocol import Resolution, metric_k, resolution as protocol_resolution
@@ -44,7 +44,7 @@ from recmas_ray.eval.results import (adaptive_lines, machine_load, markdown_tabl
 from recmas_ray.eval.samples import VERDICT_FIELDS, SampleWriter, read_samples, sample_key, timestamp, with_verdicts
 from recmas_ray.eval import stream
 from recmas_ray.eval.stream import for_rollout, solve_and_grade, with_batch_retries
-from recmas_ray.eval.tasks import get_task
+from recmas_ray.tasks import get_task
 from recmas_ray.styles import question_with_interface
 from recmas_ray.styles.prompts import prompt_set_hash
 from recmas_ray.distributed.launch import start_agents
@@ -78,7 +78,7 @@ def done_keys(samples_file: Path) -> set[str]:
 
 def run_warnings(cfg: EvalConfig, plan) -> list[str]:
     """Warnings recorded in the results: a named benchmark run on random-weight (tiny:) models."""
-    from recmas_ray.eval.benchmarks import BENCHMARKS, canonical_name
+    from recmas_ray.tasks.benchmarks import BENCHMARKS, canonical_name
 
     tiny = sorted(r for r, m in plan.role_models.items() if m.startswith("tiny:"))
     if os.path.exists(cfg.dataset) or canonical_name(cfg.dataset) not in BENCHMARKS or not tiny:
@@ -192,7 +192,7 @@ def prepare(cfg: EvalConfig) -> tuple[EvalConfig, Resolution, list[dict], object
     """The checked config with its protocol resolved, the questions and the system plan (no model loaded)."""
     check_tree(cfg)
     resolution = protocol_resolution(cfg)
-    from recmas_ray.eval.benchmarks import BENCHMARKS, canonical_name
+    from recmas_ray.tasks.benchmarks import BENCHMARKS, canonical_name
     from recmas_ray.system.provenance import require_known_links
     from recmas_ray.system.trained import check_trained_task, trained_task
 
@@ -225,7 +225,7 @@ def dry_run(cfg: EvalConfig, echo=print) -> int:
     from recmas_ray.distributed.memory import dry_run as print_plan
 
     if _named_benchmark(cfg):  # the plan needs its task type, not its questions (no copy or Hub needed)
-        from recmas_ray.eval.benchmarks import task_type_for
+        from recmas_ray.tasks.benchmarks import task_type_for
 
         check_tree(cfg)
         overrides = cfg.system.link_folders()  # --links' folders with --ckpt_override over them
@@ -240,7 +240,7 @@ def dry_run(cfg: EvalConfig, echo=print) -> int:
 
 def _named_benchmark(cfg: EvalConfig) -> bool:
     """`cfg.dataset` names a benchmark (not a local file)."""
-    from recmas_ray.eval.benchmarks import BENCHMARKS, canonical_name
+    from recmas_ray.tasks.benchmarks import BENCHMARKS, canonical_name
 
     return not os.path.exists(cfg.dataset) and canonical_name(cfg.dataset) in BENCHMARKS
 

@@ -35,6 +35,14 @@ def with_verdicts(record: dict) -> dict:
     return record
 
 
+def own_reply(record: dict) -> str:
+    """The text a sample's agent wrote itself: its prediction before any answer-format retry was appended."""
+    retry = record.get("retry")
+    if isinstance(retry, dict) and retry.get("raw_prediction") is not None:
+        return str(retry["raw_prediction"])
+    return str(record.get("prediction") or "")
+
+
 def timestamp() -> str:
     """lm-eval style file timestamp: ISO time with ':' replaced, safe in file names."""
     return _dt.datetime.now().isoformat(timespec="microseconds").replace(":", "-")

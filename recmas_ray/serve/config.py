@@ -12,7 +12,7 @@ from typing import Annotated
 
 from recmas_ray.config.checks import NonEmpty, OneOf, Range
 from recmas_ray.config.choices import BACKENDS
-from recmas_ray.eval.tasks import TASK_TYPES
+from recmas_ray.tasks import TASK_TYPES
 from recmas_ray.config.recursion import RecursionConfig
 from recmas_ray.config.placement import PlacementConfig
 from recmas_ray.system.config import SystemConfig

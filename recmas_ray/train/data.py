@@ -18,7 +18,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from recmas_ray.eval.tasks import TASK_TYPES
+from recmas_ray.tasks import TASK_TYPES
 from recmas_ray.styles import StyleSpec, render_prompt, split_edge
 
 # Role names of the original training tool (`--mas_role`) -> recmas_ray role names.

@@ -36,7 +36,7 @@ from dataclasses import dataclass
 from decimal import Decimal, InvalidOperation
 from typing import Sequence
 
-from recmas_ray.eval.code_suites import Probe, SplitSuite, Unsplittable, split_suite
+from recmas_ray.tasks.code_suites import Probe, SplitSuite, Unsplittable, split_suite
 from recmas_ray.sandbox.values import PROBE_MARK, decode_value, encode_value
 
 # Star imports the release prepends to MBPP+ and LiveCodeBench functional programs; kept so that

@@ -7,9 +7,9 @@ import pytest
 
 from recmas_ray.eval.config import EvalConfig
 from recmas_ray.config.recursion import RecursionConfig
-from recmas_ray.eval import benchmarks as B
+from recmas_ray.tasks import benchmarks as B
 from recmas_ray.eval.run import finish
-from recmas_ray.eval.graders import grade
+from recmas_ray.tasks import grade
 from recmas_ray.eval.samples import SampleWriter, with_verdicts
 from recmas_ray.eval.stream import sample_record
 from recmas_ray.runner import SampleResult

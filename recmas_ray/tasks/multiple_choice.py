@@ -10,9 +10,9 @@ from __future__ import annotations
 import re
 from typing import Sequence
 
-from recmas_ray.eval.tasks.base import GradeResult, Task
-from recmas_ray.eval.tasks.math import extract_boxed
-from recmas_ray.eval.tasks.records import _field, _item, _text
+from recmas_ray.tasks.base import BenchmarkSpec, GradeResult, Task
+from recmas_ray.tasks.math import extract_boxed
+from recmas_ray.tasks.records import _field, _item, _text
 
 
 CHOICE_SUFFIX = "Choose the correct option (A/B/C/D)."
@@ -139,10 +139,13 @@ def grade(record: dict, response: str, mode: str) -> GradeResult:
     return GradeResult(verdicts[mode], chosen, letter is None, dict(verdicts))
 
 
-LOADERS = {"gpqa_diamond": _gpqa, "medqa": _medqa}
+BENCHMARKS = {
+    "gpqa_diamond": BenchmarkSpec("Idavidrein/gpqa", "gpqa_diamond", "train", _gpqa, aliases=("gpqa",)),
+    "medqa": BenchmarkSpec(None, None, "test", _medqa),
+}
 
 TASK = Task("choice", instruction="Reason step by step and put only the letter of the final choice within "
                                   "\\boxed{}, for example \\boxed{A}.",
             answer_found=lambda item, text: extract_choice(text, _letters(item)) is not None, grade=grade,
-            retry_suffix="\nFinal Choice: \\boxed{", loaders=LOADERS,
+            retry_suffix="\nFinal Choice: \\boxed{", benchmarks=BENCHMARKS,
             local_fields=lambda row, gold: {"options": row["options"]} if "options" in row else {})
