@@ -18,9 +18,11 @@ import dataclasses
 import json
 import math
 import os
+import platform
 import subprocess
 import time
 from collections import defaultdict
+from importlib import metadata
 from pathlib import Path
 from typing import Any, Iterable, Mapping, Sequence
 
@@ -161,9 +163,6 @@ def timings_unreliable(machine: Mapping[str, Any] | None) -> bool:
 
 def library_versions() -> dict[str, str | None]:
     """Python's and every figure-moving library's version (None where one is not installed)."""
-    from importlib import metadata
-    import platform
-
     out: dict[str, str | None] = {"python": platform.python_version()}
     # Every library whose version can move a figure (constraints.txt pins them for the README's commands).
     for pkg in ("recmas_ray", "torch", "transformers", "tokenizers", "ray", "datasets", "numpy", "safetensors",

@@ -64,7 +64,7 @@ def task_type_for(name: str) -> str:
 
 def _hub_dataset_cached(repo_id: str) -> bool:
     """Whether the Hub cache or the `datasets` cache holds anything of dataset `repo_id`."""
-    from huggingface_hub import constants
+    from huggingface_hub import constants  # the hub client (~0.3 s) loads only for a benchmark read from the hub
 
     org_name = repo_id.split("/")
     datasets_cache = Path(os.environ.get("HF_DATASETS_CACHE") or Path(constants.HF_HOME) / "datasets")
@@ -127,7 +127,7 @@ def _from_hub(name: str, spec: BenchmarkSpec) -> list[dict]:
     if spec.hf_id is None:
         raise ValueError(f"benchmark {name!r} has no hub copy; pass --dataset_path FILE or set "
                          f"{env_var_for(name)} to a local file")
-    from datasets import load_dataset
+    from datasets import load_dataset  # ~2 s with pyarrow and pandas: only a hub fallback needs it
 
     return [dict(r) for r in load_dataset(spec.hf_id, spec.hf_config, split=spec.split)]
 

@@ -7,6 +7,8 @@ family.
 
 from __future__ import annotations
 
+import hashlib
+import random
 import re
 from typing import Sequence
 
@@ -84,9 +86,6 @@ def shuffle_options(stem: str, options: Sequence[str], gold_index: int, seed: in
     Same permutation as the release: md5 of f"{seed}::{stem}" (first 16 hex digits) seeds
     `random.Random`, which shuffles the index list; position i shows option perm[i].
     """
-    import hashlib
-    import random
-
     if not 0 <= gold_index < len(options):
         raise ValueError(f"gold_index={gold_index} out of range for {len(options)} options")
     key = stem.strip() or "||".join(options)
