@@ -90,34 +90,6 @@ def mean_embedding_norm(embed: nn.Module, vocab_size: int, *, device=None, chunk
     return total / vocab_size
 
 
-class SnapLink(nn.Module):
-    """An outer link whose output is snapped into the target's token embeddings (non-reference).
-
-    y = softmax(cos(base(x), e_v) / tau over every token v) @ E, with E the target's input embedding of every
-    token (its own scaling included, e.g. Gemma-3's sqrt(d)). The message is a convex mix of real token
-    embeddings, near-one-hot for a small tau: a receiving agent that thinks freely in latent space reads near-exact
-    token embeddings, where a regression's output 0.9-cosine from the right token reads as noise
-    (docs/learning_runs.md, two hops). Only `base` has parameters; E is a frozen buffer, not saved.
-    """
-
-    def __init__(self, base: nn.Module, embed: nn.Module, tau: float, *, chunk: int = 65536):
-        super().__init__()
-        if not tau > 0:
-            raise ValueError(f"SnapLink tau must be positive, got {tau}")
-        self.base, self.tau = base, tau
-        with torch.no_grad():
-            num = embed.weight.shape[0]
-            table = torch.cat([embed(torch.arange(k, min(num, k + chunk), device=embed.weight.device)).float()
-                               for k in range(0, num, chunk)])
-        self.register_buffer("table_VE", table, persistent=False)
-        self.register_buffer("unit_VE", nn.functional.normalize(table, dim=-1), persistent=False)
-
-    def forward(self, x_BMD: torch.Tensor) -> torch.Tensor:
-        u_BME = nn.functional.normalize(self.base(x_BMD).float(), dim=-1)
-        p_BMV = torch.softmax(u_BME @ self.unit_VE.T / self.tau, dim=-1)
-        return (p_BMV @ self.table_VE).to(x_BMD.dtype)
-
-
 class TokenLink(nn.Module):
     """An outer link that re-says each latent as the target's embedding of the source token it is nearest to,
     plus a trained residual (non-reference).
