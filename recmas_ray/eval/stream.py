@@ -31,10 +31,10 @@ import time
 import warnings
 from typing import Callable, Iterator
 
-from recmas_ray.eval.config import StreamConfig
-from recmas_ray.tasks import get_task, grade
 from recmas_ray.config.recursion import RecursionConfig
+from recmas_ray.eval.config import StreamConfig
 from recmas_ray.runner import SampleResult
+from recmas_ray.tasks import get_task, grade
 
 
 

@@ -17,8 +17,8 @@ import re
 import zlib
 from typing import Any
 
-from recmas_ray.tasks.code_graders import CODE_PRELUDE, extract_code, grade_program
 from recmas_ray.tasks.base import BenchmarkSpec, GradeResult, Task
+from recmas_ray.tasks.code_graders import CODE_PRELUDE, extract_code, grade_program
 from recmas_ray.tasks.records import _field, _item, _text
 
 

@@ -36,9 +36,9 @@ from dataclasses import dataclass
 from decimal import Decimal, InvalidOperation
 from typing import Sequence
 
-from recmas_ray.tasks.code_suites import Probe, SplitSuite, Unsplittable, split_suite
 from recmas_ray.sandbox import SandboxConfig, run_python
 from recmas_ray.sandbox.values import PROBE_MARK, decode_value, encode_value
+from recmas_ray.tasks.code_suites import Probe, SplitSuite, Unsplittable, split_suite
 
 # Star imports the release prepends to MBPP+ and LiveCodeBench functional programs; kept so that
 # candidate code relying on them (e.g. `deque` without import) scores as in the paper.
