@@ -15,7 +15,7 @@ batch-size term, rows leaving at their EOS; the paper's light or mixture system,
 the agent sleeps it and logs it apart from the call's host time; messages have the real size
 [B, m, hidden]. So two CPU cores host dozens of agents on a simulated cluster of fake GPUs.
 
-Figures (targets in brackets), read in the steady state (`scale_model.steady_window`):
+Figures (targets in brackets), read in the steady state (`call_logs.steady_window`):
   control      zero-cost agents: agent calls/s one orchestrator sustains, router acquire+release/s
                (jobs/bench/control.py `measure`, on the same cluster)
   balance      the same GPUs (--gpus) as whole-system replicas vs one replica of per-role pools sized from
@@ -48,8 +48,8 @@ import sys
 import time
 
 from jobs.bench.scale_costs import call_costs, plot, real_models, targets
-from jobs.bench.scale_model import (dilation_check, expected_role_ms, model_run, pool_caps, project, rel,
-                                    summarize)
+from jobs.bench.call_logs import summarize
+from jobs.bench.scale_model import dilation_check, expected_role_ms, model_run, pool_caps, project, rel
 from jobs.bench.scale_setup import PAPER_ROLES, ScaleBenchConfig, paper_plan, quick, start_cluster
 from recmas_ray.config.cli import run_job
 from recmas_ray.config.placement import PlacementConfig
@@ -78,7 +78,7 @@ def eval_run(replicas, n_replicas: int, n_batches: int, rounds: int, args, tag: 
     """`n_batches` through the production evaluation stream (Ray Data clients, router, grading) on the
     first `n_replicas` replicas, `clients` batches in flight per replica (0: the production default).
 
-    Read from the agents' own call logs by `scale_model.summarize` (steady window; busy by device and by
+    Read from the agents' own call logs by `call_logs.summarize` (steady window; busy by device and by
     host time); `depth` is the most batches in flight at once (what the model is given);
     `agent_host_s_per_call` the mean of each call's span minus its device time; `wall_s` adds Ray Data's
     start of the client actors."""

@@ -212,8 +212,6 @@ def final_number(text: str | None) -> float | None:
     return float(found[-1].replace(",", "")) if found else None
 
 
-
-
 def grade_lenient(reply: str | None, gold: str, *, strict: bool | None = None) -> GradeResult:
     """Lenient grade of a numeric answer: correct when the reply's final number equals `gold` (numerically), or
     when it passes the strict grader (`strict`, computed here when not given). A non-numeric gold is graded
@@ -239,17 +237,18 @@ FORMAT_HELP_MODES = ("none", "instruction", "few_shot")
 """none: the question as it is; instruction: one sentence asking for the value alone in \\boxed{}; few_shot: the
 instruction plus two worked examples of the reply's form."""
 
-INSTRUCTION = "End your reply with the final value alone inside \\boxed{}, for example \\boxed{42}."
-FEW_SHOT = ("Examples of the reply's form:\n"
-            "Question: y = 12. What is y? Reply: y = 12. \\boxed{12}\n"
-            "Question: What is 7 + 5? Reply: 7 + 5 = 12. \\boxed{12}")
+FORMAT_HELP_INSTRUCTION = "End your reply with the final value alone inside \\boxed{}, for example \\boxed{42}."
+FORMAT_HELP_FEW_SHOT = ("Examples of the reply's form:\n"
+                        "Question: y = 12. What is y? Reply: y = 12. \\boxed{12}\n"
+                        "Question: What is 7 + 5? Reply: 7 + 5 = 12. \\boxed{12}")
 
 
 def format_help_text(mode: str) -> str:
     """The text `mode` appends ("" for none)."""
     if mode not in FORMAT_HELP_MODES:
         raise ValueError(f"format help {mode!r}; expected one of {', '.join(FORMAT_HELP_MODES)}")
-    return {"none": "", "instruction": INSTRUCTION, "few_shot": f"{INSTRUCTION}\n{FEW_SHOT}"}[mode]
+    return {"none": "", "instruction": FORMAT_HELP_INSTRUCTION,
+            "few_shot": f"{FORMAT_HELP_INSTRUCTION}\n{FORMAT_HELP_FEW_SHOT}"}[mode]
 
 
 def with_format_help(question: str, mode: str) -> str:
