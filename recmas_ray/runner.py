@@ -345,6 +345,8 @@ def _collect(pool, calls, batch_size, t0) -> list[SampleResult]:
                      "text_tokens": stats["text_tokens"][b], "seconds": stats["seconds"] / len(served)}
             if stats.get("prompt_tokens"):  # the prompt as this agent read it (latent positions not counted)
                 entry["prompt_tokens"] = stats["prompt_tokens"][b]
+            if stats.get("channel"):  # token links: what crossed each edge for this question (service._channel)
+                entry["channel"] = {e: {k: v[b] for k, v in c.items()} for e, c in stats["channel"].items()}
             if decoded is not None and action != "decode":
                 entry["text"] = decoded[b].text
             if decoded is not None and getattr(decoded[b], "tool_calls", None):

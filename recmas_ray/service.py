@@ -134,7 +134,28 @@ class AgentService:
         msgs = self.agent.messages(h_BMD, tuple(edges), device=None if self.spec.keep_messages_on_device else "cpu")
         stats = {"role": self.spec.role, "latent_steps": num_steps, "text_tokens": [0] * len(users),
                  "seconds": time.perf_counter() - t0, "prompt_tokens": self._prompt_tokens(mask_BL, latents)}
+        channel = self._channel(h_BMD, edges)
+        if channel:  # token links only: what crosses, per edge and question (the results' `channel`)
+            stats["channel"] = channel
         return (*[msgs[e].to(self.message_dtype) for e in edges], stats)
+
+    def _channel(self, h_BMD, edges) -> dict:
+        """Per token-link edge: each question's mean top-1 probability, mean residual share and the message's
+        nearest tokens as text (`links.token_channel` of inner(H)); {} when no edge has a token link."""
+        token_edges = [e for e in edges if isinstance(self.agent.outer_links.get(e), TokenLink)]
+        if not token_edges or h_BMD.shape[1] == 0:
+            return {}
+        from recmas_ray.links import token_channel
+
+        with torch.no_grad():
+            z_BMD = self.agent.inner_link(h_BMD)
+        out = {}
+        for e in token_edges:
+            c = token_channel(self.agent.outer_links[e], z_BMD)
+            out[e] = {"top1": c["top1_BM"].mean(dim=1).tolist(),
+                      "residual_share": c["residual_share_BM"].mean(dim=1).tolist(),
+                      "nearest": [self.agent.tokenizer.decode(row) for row in c["source_ids_BM"].tolist()]}
+        return out
 
     def rollout_text(self, users, slot_names, num_steps: int, *latents):
         """The rollout `rollout` computes, read out as text (the `rollout_as_text` method, `relay.py`): each of the

@@ -21,6 +21,15 @@ FEW_SHOT = ("Examples of the reply's form:\n"
             "Question: What is 7 + 5? Reply: 7 + 5 = 12. \\boxed{12}")
 
 
+ONE_EXAMPLE = "Example of the reply's form:\nQuestion: y = 12. What is y? Reply: y = 12. \\boxed{12}"
+"""The one worked example of the decoder's format help (`decoder_help_text`)."""
+
+
+def decoder_help_text() -> str:
+    """What `--format_help` appends to the decoder's prompt (`eval.rows`): the instruction and one example."""
+    return f"{INSTRUCTION}\n{ONE_EXAMPLE}"
+
+
 def format_help_text(mode: str) -> str:
     """The text `mode` appends ("" for none)."""
     if mode not in FORMAT_HELP_MODES:
@@ -46,4 +55,4 @@ def apply_format_help(items: list[dict], mode: str,
     return items, role_questions
 
 
-__all__ = ["FORMAT_HELP_MODES", "format_help_text", "with_format_help", "apply_format_help"]
+__all__ = ["FORMAT_HELP_MODES", "decoder_help_text", "format_help_text", "with_format_help", "apply_format_help"]
