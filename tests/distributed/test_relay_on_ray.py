@@ -31,4 +31,4 @@ def test_text_relay_and_rollout_as_text_match_local_on_ray(ray_cluster):
         assert [[(t["role"], t["action"], t.get("text")) for t in r.trace] for r in got] == \
             [[(t["role"], t["action"], t.get("text")) for t in r.trace] for r in want]
     readouts = [t for t in remote[1][0].trace if t["action"] == "rollout_text"]
-    assert len(readouts) == 4 and all(t["latent_steps"] == 4 for t in readouts)  # planner, critic, solver, planner
+    assert len(readouts) == 5 and all(t["latent_steps"] == 4 for t in readouts)  # every step but the final decode
