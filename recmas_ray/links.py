@@ -202,7 +202,7 @@ class TokenLink(nn.Module):
 def token_channel(link: TokenLink, x_BMD: torch.Tensor) -> dict[str, torch.Tensor]:
     """What a token link sends, per position of its input x (the sender's inner(h)): `top1_BM` the top-1
     probability of its softmax over the K token pairs, `source_ids_BM` the source token it picks (the message's
-    nearest token), `residual_share_BM` = ||r|| / (||p T|| + ||r||) of its output p T + r (0: the pure
+    nearest token; its row of the tables when the link holds no ids), `residual_share_BM` = ||r|| / (||p T|| + ||r||) of its output p T + r (0: the pure
     translation, 1: the residual alone). Same arithmetic as `TokenLink.forward`; all on the link's device."""
     if not link.bound:
         raise RuntimeError("TokenLink is unbound: bind() the token tables of its two models first")
@@ -212,7 +212,9 @@ def token_channel(link: TokenLink, x_BMD: torch.Tensor) -> dict[str, torch.Tenso
     t_norm, r_norm = (p_BMK @ link.target_KE.float()).norm(dim=-1), r_BME.norm(dim=-1)
     top1_BM, k_BM = p_BMK.max(dim=-1)
     share_BM = r_norm / (t_norm + r_norm).clamp_min(torch.finfo(torch.float32).tiny)
-    return {"top1_BM": top1_BM, "source_ids_BM": link.source_ids.to(k_BM.device)[k_BM], "residual_share_BM": share_BM}
+    ids = getattr(link, "source_ids", None)  # a link built from bare tables has none: the table's row
+    return {"top1_BM": top1_BM, "source_ids_BM": k_BM if ids is None else ids.to(k_BM.device)[k_BM],
+            "residual_share_BM": share_BM}
 
 
 def ridge_bridge(x_ND: torch.Tensor, y_NE: torch.Tensor, ridge: float) -> tuple[torch.Tensor, torch.Tensor]:
