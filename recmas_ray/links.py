@@ -202,8 +202,9 @@ class TokenLink(nn.Module):
 def token_channel(link: TokenLink, x_BMD: torch.Tensor) -> dict[str, torch.Tensor]:
     """What a token link sends, per position of its input x (the sender's inner(h)): `top1_BM` the top-1
     probability of its softmax over the K token pairs, `source_ids_BM` the source token it picks (the message's
-    nearest token; its row of the tables when the link holds no ids), `residual_share_BM` = ||r|| / (||p T|| + ||r||) of its output p T + r (0: the pure
-    translation, 1: the residual alone). Same arithmetic as `TokenLink.forward`; all on the link's device."""
+    nearest token; its row of the tables when the link holds no ids), `residual_share_BM` = ||r|| / (||p T|| +
+    ||r||) of its output p T + r (0: the pure translation, 1: the residual alone). Same arithmetic as
+    `TokenLink.forward`; all on the link's device."""
     if not link.bound:
         raise RuntimeError("TokenLink is unbound: bind() the token tables of its two models first")
     u_BMD = nn.functional.normalize(x_BMD.float(), dim=-1)

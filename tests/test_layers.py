@@ -33,7 +33,8 @@ PACKAGE = Path(__file__).resolve().parents[1] / "recmas_ray"
 FLOORS = [
     ("ground", ["recmas_ray.config", "recmas_ray.console"]),
     ("engine", ["recmas_ray.links", "recmas_ray.kv_cache", "recmas_ray.scheduler", "recmas_ray.decoding", "recmas_ray.scoring",
-                "recmas_ray.agent", "recmas_ray.models", "recmas_ray.styles", "recmas_ray.runner", "recmas_ray.pool",
+                "recmas_ray.agent", "recmas_ray.models", "recmas_ray.styles", "recmas_ray.runner",
+                "recmas_ray.relay", "recmas_ray.pool",
                 "recmas_ray.service", "recmas_ray.tools", "recmas_ray.sandbox", "recmas_ray.eval.tasks",
                 "recmas_ray.eval.code_graders", "recmas_ray.eval.code_suites", "recmas_ray.eval.code_checks"]),
     ("system", ["recmas_ray.system"]),

@@ -43,12 +43,14 @@ def row_fingerprint(cfg) -> dict:
             **({"outer_init": cfg.outer_init} if cfg.outer_init != "trained" else {})}
 
 
-def row_record(cfg) -> dict:
-    """What the results file records of the row options (always, off included)."""
+def row_record(cfg, samples: list[dict]) -> dict:
+    """What the results file records of the row options (always, off included) and, where a token-like link sent
+    messages, what crossed it (`eval.channel.channel_record` of the run's `samples`)."""
+    from recmas_ray.eval.channel import channel_record
     from recmas_ray.eval.format_help import decoder_help_text
 
     return {"row_options": {"format_help": cfg.format_help, "format_help_text": decoder_help_text()
-                            if cfg.format_help else "", "outer_init": cfg.outer_init}}
+                            if cfg.format_help else "", "outer_init": cfg.outer_init}, **channel_record(samples)}
 
 
 def with_decoder_format_help(style):

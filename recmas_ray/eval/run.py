@@ -40,7 +40,6 @@ from recmas_ray.eval.protocol import Resolution, metric_k, resolution as protoco
 from recmas_ray.eval.plots import plot_vs_rounds
 from recmas_ray.eval.progress import QuestionProgress
 from recmas_ray.eval.rows import apply_row_options, row_fingerprint, row_record
-from recmas_ray.eval.channel import channel_record
 from recmas_ray.eval.results import (adaptive_lines, machine_load, markdown_table, read_results, summarize,
                                      write_results)
 from recmas_ray.eval.samples import VERDICT_FIELDS, SampleWriter, read_samples, sample_key, timestamp, with_verdicts
@@ -369,8 +368,7 @@ def finish(cfg: EvalConfig, samples_file: Path, plan, wall: dict, start: float,
     machine = machine_load()
     extra = {"protocol": resolution.record(), "machine": machine,
              "prompt_set": {"path": cfg.system.prompt_set, "sha256": prompt_set_hash(plan.style)},
-             "warnings": run_warnings(cfg, plan), "link_origins": _link_origins(cfg), **row_record(cfg),
-             **channel_record(all_samples)}
+             "warnings": run_warnings(cfg, plan), "link_origins": _link_origins(cfg), **row_record(cfg, all_samples)}
     path = write_results(cfg.output_path, "", results, config, start_time=start, extra=extra)
     track_results(cfg, results, [path, samples_file])
     table = markdown_table(results, machine=machine)
