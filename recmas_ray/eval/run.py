@@ -97,9 +97,10 @@ class BatchRunner:
         self.cfg, self.plan, self.owned = cfg, plan, system is None
         self.system = self.pool = None
         if isinstance(system, LocalPool):  # the in-process agents of a Python API System: reused
-            if cfg.backend != "local" or {r: s.spec for r, s in system.services.items()} != plan.specs:
+            if cfg.backend != "local" or {r: s.spec for r, s in system.services.items()} != plan.specs \
+                    or cfg.outer_init != "trained":  # (their links are those they were built with)
                 raise ValueError(f"the given local agents do not match this run's {plan.manifest()} "
-                                 f"(backend {cfg.backend})")
+                                 f"(backend {cfg.backend}, outer_init {cfg.outer_init})")
             self.pool = system
         elif system is not None:  # a running system of the same plan (sweeps, tests): reused, not shut down
             if cfg.backend != "ray" or system.plan.manifest() != plan.manifest() or system.plan.specs != plan.specs:

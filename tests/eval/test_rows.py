@@ -128,3 +128,37 @@ def test_every_new_row_gives_the_same_predictions_on_ray(tmp_path, ray_cluster, 
         got = remote_results["channel"][edge]
         assert got["nearest"] == c["nearest"] and got["num_messages"] == c["num_messages"]
         assert got["mean_top1"] == pytest.approx(c["mean_top1"], abs=1e-6)
+
+
+@pytest.mark.parametrize("init", ["bridge", "state_bridge"])
+def test_untrained_release_links_restart_from_the_bridge_their_training_fitted(tmp_path, tiny_cache, init):
+    from types import SimpleNamespace
+
+    from recmas_ray.system.checkpoints import LinkSet
+    from recmas_ray.system.link_init import seeded_outer_link
+    from recmas_ray.system.plan import plan_system
+    from recmas_ray.train.bridge import bridge_outer_links, state_bridge_outer_links
+    from recmas_ray.train.data import load_rows
+    from recmas_ray.train.outer import prepare_samples
+
+    trained = {"outer_init": init, "bridge_ridge": 0.05, "system": {"seed": 5, "dtype": "float32"}, "task": "math",
+               "dataset_name": "synthetic:4", "rollout_latent_steps": 2, "num_recursive_rounds": 1}
+    folder = _folder_with_train_config(tmp_path / "sys", trained)
+    plan = plan_system(STYLE, preset="tiny", seed=0, task=TASK, ckpt_override={"outer": str(folder / "outer")})
+    got = untrained_outer_links(plan, str(folder / "outer")).links.outer
+    # the reference: the seeded links under the training seed, refit by the training job's own bridge functions
+    edges = ["planner->critic", "solver->planner"]
+    ref = LinkSet()
+    ref.inner.update(plan.links.inner)
+    ref.outer.update({e: seeded_outer_link(plan.links.outer[e].in_dim, plan.links.outer[e].out_dim, seed=5, edge=e)
+                      for e in edges})
+    view = SimpleNamespace(style=plan.style, role_models=plan.role_models, links=ref)
+    if init == "bridge":
+        bridge_outer_links(view, ridge=0.05)
+    else:
+        questions = [s.question for s in prepare_samples(load_rows("synthetic:4"), plan.style, "math")]
+        state_bridge_outer_links(view, questions, task="math", num_steps=2, num_rounds=1, ridge=0.05)
+    for e in edges:
+        assert all(torch.equal(a, b) for a, b in zip(got[e].state_dict().values(), ref.outer[e].state_dict().values()))
+        seeded = seeded_outer_link(ref.outer[e].in_dim, ref.outer[e].out_dim, seed=5, edge=e)
+        assert not torch.equal(got[e].residual_proj.weight, seeded.residual_proj.weight)  # the fit did happen
