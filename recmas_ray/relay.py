@@ -32,8 +32,8 @@ from recmas_ray.styles.role_context import question_for_role
 RELAY_METHODS = ("text_relay", "rollout_as_text")
 """The methods this module runs (`runner.run_batch` hands them here)."""
 
-STATE_PROMPT = ("You are the {role} agent in a multi-agent system. The {receiver} agent will answer the question "
-                "below using only what you write here.\n\n{messages}Question: {question}\n\n"
+STATE_PROMPT = ("You are the {role} agent in a multi-agent system. The {receiver} agent sees only what you write "
+                "here, not what you were told.\n\n{messages}Question: {question}\n\n"
                 "State what you know that answers it: every fact or value you were told, and the answer if you "
                 "know it. Be brief.")
 """The text relay's sender prompt: it lets the sender state what it knows (the fact it was told included)."""
