@@ -162,3 +162,18 @@ def test_untrained_release_links_restart_from_the_bridge_their_training_fitted(t
         assert all(torch.equal(a, b) for a, b in zip(got[e].state_dict().values(), ref.outer[e].state_dict().values()))
         seeded = seeded_outer_link(ref.outer[e].in_dim, ref.outer[e].out_dim, seed=5, edge=e)
         assert not torch.equal(got[e].residual_proj.weight, seeded.residual_proj.weight)  # the fit did happen
+
+
+def test_the_apis_evaluate_takes_format_help_and_the_new_methods(tmp_path, tiny_cache):
+    import recmas_ray as rm
+
+    data = write_jsonl(tmp_path / "q.jsonl", [{"question": q, "answer": "0"} for q in QUESTIONS[:2]])
+    with rm.System.build("distillation", preset="tiny", backend="local") as system:
+        report = system.evaluate(str(data), methods=["text_relay", "rollout_as_text"], num_recursive_rounds=1,
+                                 latent_steps=2, max_new_tokens=4, format_help=True, format_retry=False,
+                                 output_path=str(tmp_path / "api"), progress=False)
+    results = json.loads(open(report["results_path"]).read())
+    assert results["row_options"]["format_help"] is True
+    assert {v["method"] for v in report["results"].values()} == {"text_relay", "rollout_as_text"}
+    decoded = [json.loads(line) for line in open(report["samples_path"])]
+    assert len(decoded) == 4 and all(r["trace"][-1]["action"] == "decode" for r in decoded)
