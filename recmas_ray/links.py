@@ -170,6 +170,26 @@ class TokenLink(nn.Module):
         return (p_BMK @ self.target_KE.float() + r_BME).to(x_BMD.dtype)
 
 
+@torch.no_grad()
+def token_channel(link: TokenLink, x_BMD: torch.Tensor) -> dict[str, torch.Tensor]:
+    """What a token link sends, per position of its input x (the sender's inner(h)): `top1_BM` the top-1
+    probability of its softmax over the K token pairs, `source_ids_BM` the source token it picks (the message's
+    nearest token; its row of the tables when the link holds no ids), `residual_share_BM` = ||r|| / (||p T|| +
+    ||r||) of its output p T + r (0: the pure translation, 1: the residual alone). Same arithmetic as
+    `TokenLink.forward`; all on the link's device."""
+    if not link.bound:
+        raise RuntimeError("TokenLink is unbound: bind() the token tables of its two models first")
+    u_BMD = nn.functional.normalize(x_BMD.float(), dim=-1)
+    p_BMK = torch.softmax(u_BMD @ link.source_unit_KD.float().T / link.tau, dim=-1)
+    r_BME = nn.functional.linear(x_BMD.float(), link.residual.weight.float(), link.residual.bias.float())
+    t_norm, r_norm = (p_BMK @ link.target_KE.float()).norm(dim=-1), r_BME.norm(dim=-1)
+    top1_BM, k_BM = p_BMK.max(dim=-1)
+    share_BM = r_norm / (t_norm + r_norm).clamp_min(torch.finfo(torch.float32).tiny)
+    ids = getattr(link, "source_ids", None)  # a link built from bare tables has none: the table's row
+    return {"top1_BM": top1_BM, "source_ids_BM": k_BM if ids is None else ids.to(k_BM.device)[k_BM],
+            "residual_share_BM": share_BM}
+
+
 def ridge_bridge(x_ND: torch.Tensor, y_NE: torch.Tensor, ridge: float) -> tuple[torch.Tensor, torch.Tensor]:
     """(W_ED, b_E) minimising ||x W^T + b - y||^2 + ridge * N * ||W||^2 (the intercept unpenalised).
 

@@ -50,7 +50,7 @@ FOLDERS = {
 # The package root's own modules (no folder of their own).
 ROOT_MODULES = {
     "ground": ("console",),
-    "engine": ("links", "kv_cache", "scheduler", "decoding", "scoring", "agent", "runner", "pool", "service"),
+    "engine": ("links", "kv_cache", "scheduler", "decoding", "scoring", "agent", "runner", "relay", "pool", "service"),
     "top": ("__init__", "api", "api_inputs", "train_api", "lmeval", "_lmeval_hook", "tracking"),
 }
 _ROOT_FLOOR = {name: floor for floor, names in ROOT_MODULES.items() for name in names}

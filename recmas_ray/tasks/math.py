@@ -243,6 +243,15 @@ FORMAT_HELP_FEW_SHOT = ("Examples of the reply's form:\n"
                         "Question: What is 7 + 5? Reply: 7 + 5 = 12. \\boxed{12}")
 
 
+FORMAT_HELP_ONE_EXAMPLE = "Example of the reply's form:\nQuestion: y = 12. What is y? Reply: y = 12. \\boxed{12}"
+"""The one worked example of the decoder's format help (`decoder_help_text`)."""
+
+
+def decoder_help_text() -> str:
+    """What `--format_help` appends to the decoder's prompt (`eval.rows`): the instruction and one example."""
+    return f"{FORMAT_HELP_INSTRUCTION}\n{FORMAT_HELP_ONE_EXAMPLE}"
+
+
 def format_help_text(mode: str) -> str:
     """The text `mode` appends ("" for none)."""
     if mode not in FORMAT_HELP_MODES:
