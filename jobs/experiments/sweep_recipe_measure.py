@@ -205,6 +205,7 @@ class Measurer:
         import ctypes
         import gc
 
+        self.pool.shutdown()  # the step threads hold their agents (and models) until they end
         self.pool.services.clear()
         gc.collect()
         try:  # hand the freed heap back to the OS: the Ray Train workers that train next load models of their own
