@@ -7,8 +7,7 @@ from __future__ import annotations
 import statistics
 import time
 
-PAPER_SYSTEMS = {"light": "sequential_light", "mixture": "mixture"}
-"""The paper systems the scaling benchmark simulates (its --system choices) -> the style each runs."""
+from jobs.bench.scale_setup import PAPER_SYSTEMS
 
 
 def ray_call_cost(handles: dict, args, num_bytes: int, dtype: str) -> dict:

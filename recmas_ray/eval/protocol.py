@@ -30,6 +30,7 @@ from typing import Any
 
 from recmas_ray.styles import get_style
 from recmas_ray.styles.base import ReferenceCell
+from recmas_ray.tasks.benchmarks import BENCHMARKS, canonical_name
 
 RUNNER_DEFAULT_M, RUNNER_DEFAULT_R = 32, 3  # [Apr] runner defaults
 REFERENCE_SEEDS = 3  # >= 3 seeds against single-seed noise
@@ -63,8 +64,6 @@ def max_new_tokens(style: str, benchmark: str) -> int:
 
 def headline_metric(benchmark: str) -> str:
     """The benchmark's published metric (`BenchmarkSpec.metric`); local files report accuracy."""
-    from recmas_ray.eval.benchmarks import BENCHMARKS
-
     spec = BENCHMARKS.get(benchmark)
     return spec.metric if spec is not None else "accuracy"
 
@@ -151,8 +150,6 @@ def _replace(cfg, path: str, value):
 
 def benchmark_key(dataset: str) -> str:
     """The tables' name of a dataset (release aliases resolved; a local file keeps its path)."""
-    from recmas_ray.eval.benchmarks import canonical_name
-
     return canonical_name(dataset)
 
 
