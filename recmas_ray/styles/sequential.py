@@ -86,8 +86,8 @@ SEQUENTIAL = StyleSpec(
 
 SEQUENTIAL_SCALED = dataclasses.replace(
     SEQUENTIAL,
-    presets={**SEQUENTIAL.presets, "paper": {"planner": "google/gemma-3-4b-it",
-                                             "critic": "meta-llama/Llama-3.2-3B-Instruct", "solver": "Qwen/Qwen3.5-4B"}},
+    presets={**SEQUENTIAL.presets, "paper": {
+        "planner": "google/gemma-3-4b-it", "critic": "meta-llama/Llama-3.2-3B-Instruct", "solver": "Qwen/Qwen3.5-4B"}},
     reference_cells={
         "math500": ReferenceCell(latent_steps=64, rounds=2, source=JUNE),
         "medqa": ReferenceCell(latent_steps=48, rounds=3, source=APRIL),
