@@ -8,6 +8,8 @@ import re
 import shlex
 from pathlib import Path
 
+import pytest
+
 from jobs import demo as demo_job
 from jobs.experiments.demo import product, product_rows
 
@@ -21,6 +23,8 @@ def samples_of(folder: Path) -> dict[str, dict]:
     return {str(r["doc_id"]): r for r in map(json.loads, path.read_text().splitlines())}
 
 
+@pytest.mark.integration
+@pytest.mark.timeout(2400)  # a hang guard only: Ray Train start-ups and one jobs.run per row, minutes when loaded
 def test_product_pipeline_rows_come_from_the_samples_files(tmp_path, ray_cluster, capsys, monkeypatch):
     rows = tuple(r for r in product_rows.ROWS if r.name in ROWS_UNDER_TEST)
     monkeypatch.setattr(product_rows, "ROWS", rows)
