@@ -40,11 +40,12 @@ ROWS: tuple[Row, ...] = (
     Row("floor", ("--method", "single_agent"), measured_as="single_floor"),
     Row("ceiling", ("--method", "single_agent"), data="told", measured_as="single_ceiling"),
     Row("textmas", ("--method", "textmas"), measured_as="textmas"),
-    # ---- rows of branch `rows` go here, one line each (jobs.run methods and switches added there), e.g.
-    # Row("text_relay", ("--method", "text_relay")),
-    # Row("rollout_as_text", ("--method", "rollout_as_text")),
-    # Row("ceiling_format_help", ("--method", "single_agent", "--format_help"), data="told"),
-    # Row("untrained_links", ("--method", "recursive_mas", ...)),  # untrained links of the same kind
+    # ---- fair text rows and the untrained-link control (issue 48, item 3; jobs.run's methods and switches)
+    Row("text_relay", ("--method", "text_relay")),
+    Row("rollout_as_text", ("--method", "rollout_as_text")),
+    Row("ceiling_format_help", ("--method", "single_agent", "--format_help"), data="told"),
+    Row("untrained_links", ("--method", "recursive_mas", "--outer_init", "untrained")),
+    # ---- more rows: one line each here
 )
 """Every row the product pipeline runs, in order; the first is the reference of the paired tests."""
 
