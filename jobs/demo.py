@@ -79,6 +79,8 @@ def run(cfg: DemoConfig) -> int:
         from jobs.experiments.demo.facts import run_facts
         from jobs.experiments.demo.pipeline import run_demo
 
+        if cfg.facts.pipeline == "product":  # the jobs a user runs (`demo.product`); its commands come last
+            from jobs.experiments.demo.product import run_product_facts as run_facts
         facts = run_facts(cfg, out, console) if cfg.fact_task_pairs() else None
         if facts:  # the answer first: one line per style and task, then the tables
             console.line()
@@ -98,7 +100,10 @@ def run(cfg: DemoConfig) -> int:
             from jobs.experiments.demo import report
 
             png = report.plot_tasks(facts["tasks"], out / "demo_results.png")
-            console.line(f"\nplot: {png}\nresults: {out / 'facts' / 'summary.json'}  (facts/, logs/ beside it)")
+            summary = facts.get("summary") or out / "facts" / "summary.json"
+            console.line(f"\nplot: {png}\nresults: {summary}  ({Path(summary).parent.name}/, logs/ beside it)")
+        for line in (facts or {}).get("commands", []):
+            console.line(line)
     return 0
 
 

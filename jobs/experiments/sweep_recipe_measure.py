@@ -17,13 +17,12 @@ from recmas_ray.pool import LocalPool
 
 
 def mcnemar_exact(a: list[bool], b: list[bool]) -> dict:
-    """McNemar's exact test of paired outcomes: two-sided binomial test on the discordant pairs."""
-    from scipy.stats import binomtest
+    """McNemar's exact test (`eval.stats.mcnemar_exact`, the one definition) in the keys the sweep's result.json
+    has always used (only_a, only_b, p)."""
+    from recmas_ray.eval.stats import mcnemar_exact as exact
 
-    only_a = sum(x and not y for x, y in zip(a, b))
-    only_b = sum(y and not x for x, y in zip(a, b))
-    n = only_a + only_b
-    return {"only_a": only_a, "only_b": only_b, "p": float(binomtest(only_a, n, 0.5).pvalue) if n else 1.0}
+    t = exact(a, b)
+    return {"only_a": t["a_only"], "only_b": t["b_only"], "p": t["p"]}
 
 
 def paired(a: list[float], b: list[float]) -> dict:

@@ -114,6 +114,8 @@ def sample_record(item: dict, method: str, rollout: int, res: SampleResult, grad
            "trace": res.trace, "replica": replica}
     if retry is not None:
         rec["retry"] = retry
+    if item.get("split"):  # a local row's held-out split (seen / unseen values): `jobs.compare` counts per split
+        rec["split"] = item["split"]
     if res.round_changes:  # adaptive rounds: the latent change at each check (rounds 2, 3, ...)
         rec["round_changes"] = res.round_changes
     return rec

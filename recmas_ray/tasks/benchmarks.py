@@ -153,6 +153,8 @@ def _local(rows, name, *, task_type="math", **_):
         gold = _text(r, ("gold", "answer"), i, name).strip()
         m = re.search(r"####\s*(.+?)\s*$", gold, re.DOTALL)
         extra = local_fields(r, gold)
+        if isinstance(r.get("split"), str):  # which held-out split the row belongs to: kept on its sample record
+            extra["split"] = r["split"]
         out.append(_item(r.get("id", r.get("doc_id", i)), q, m[1].strip() if m else gold,
                          task, name, q, **extra))
     return out

@@ -43,6 +43,10 @@ FACT_TASK_CHOICES = ("distillation:recall", "sequential_light:recall", "sequenti
 task) and arithmetic (the standard task: the sequential system on a + b / a - b, every agent sees it all)."""
 
 
+FACT_PIPELINES = ("experiment", "product")
+"""How the fact tasks run: the experiment path (`demo.facts`) or the product's jobs (`demo.product`)."""
+
+
 @dataclass(kw_only=True)
 class TwoHopFactsConfig:
     """What the sequential (two-hop) fact tasks use instead of the one-hop recipe (docs/learning_runs.md, run F:
@@ -93,6 +97,13 @@ class FactsConfig:
     two_hop: TwoHopFactsConfig = field(default_factory=TwoHopFactsConfig)
     """Recipe, inner training and models of the two-hop tasks (a style whose facts cross two links,
     `StyleSpec.num_hops`: sequential_light)."""
+    pipeline: Annotated[str, OneOf(FACT_PIPELINES)] = "experiment"
+    """experiment (`demo.facts`: the recipe sweep's in-process trainer and measurer, the figures the README
+    shows) or product (`demo.product`: jobs.train_inner and jobs.train_outer on Ray Train, one jobs.run
+    --backend ray per row, the report read from the results files by jobs.compare's code)."""
+    num_validation: Annotated[int, Range(0, 64)] = 32
+    """product pipeline: validation questions written beside the train and test files (disjoint from both,
+    `train.splits`), for choosing recipe settings on questions the report never uses."""
 
 
 @dataclass(kw_only=True)

@@ -1,0 +1,198 @@
+"""The main job's hidden-fact tasks through the product (`--facts.pipeline product`): the jobs a user runs.
+
+For each (style, task) of the config, in the job's one Ray session, everything under
+OUTPUT/product/<style>-<task>/:
+
+    data/        train / validation / test question files (`train.synthetic_facts.split_by_value`, the split of
+                 every question fixed by `train.splits`; each test row carries `split` seen / unseen), and
+                 test_told.jsonl: the same rows, the question stating the fact (the ceiling row's)
+    system/      python -m jobs.train_inner --mas_role all --num_workers 1   (Ray Train, a worker per role, roles
+                 in parallel), then python -m jobs.train_outer --links system (Ray Train; the recipe's settings
+                 from `sweep_recipe.RECIPES`, --schedule hop_by_hop for the two-hop token recipe)
+    eval/<row>/  python -m jobs.run --backend ray --links system, one output folder per row (`product_rows.ROWS`)
+    compare/     `eval.compare` over those folders (compare.json, compare.md): the table and the lead lines,
+                 computed from the samples files only
+    commands.txt the jobs.run and jobs.serve commands that reuse system/
+
+Each job is called through its entry point (`main(argv)`) with the very arguments printed, so the printed
+`python -m jobs.run ...` command is what produced the own-latent row. A step whose output is there already
+(a rerun) is skipped. The experiment path (`demo.facts`) stays the default.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+from jobs.experiments.demo.product_rows import ROWS, lead_lines, report_tasks
+from recmas_ray.system.next_steps import command, system_flags
+
+
+def _call(job: str, argv: list[str]) -> None:
+    """Run `python -m jobs.<job> ARGV` in this process (this Ray session); a failure stops the task."""
+    import importlib
+
+    status = importlib.import_module(f"jobs.{job}").main(list(argv))
+    if status != 0:
+        raise RuntimeError(f"{command(job, *argv)} exited with status {status} (its log is under its output folder)")
+
+
+def _flags(settings: dict) -> list[str]:
+    """A recipe's OuterTrainConfig fields as jobs.train_outer flags."""
+    out: list[str] = []
+    for k, v in settings.items():
+        if isinstance(v, bool):
+            out.append(f"--{k}" if v else f"--no_{k}")
+        else:
+            out += [f"--{k}", str(v)]
+    return out
+
+
+def task_settings(cfg, style: str, task: str, out: Path) -> dict:
+    """What the experiment path's sweep would use for this task (`demo.facts.sweep_config`), as plain values."""
+    from jobs.experiments.demo.facts import sweep_config
+    from jobs.experiments.sweep_recipe import recipe_settings
+
+    sc = sweep_config(cfg, style, task, out)
+    return {"sweep": sc, "recipe": sc.recipes[0], "outer": recipe_settings(sc.recipes[0], sc),
+            "system": system_flags(style, sc.preset, dict(sc.role_models))}
+
+
+def write_data(cfg, style: str, task: str, folder: Path) -> dict[str, Path]:
+    """train / validation / test / test_told files of one task; test rows carry `id` and `split`."""
+    from recmas_ray.train.synthetic import check_disjoint, write_jsonl
+    from recmas_ray.train.synthetic_facts import make_fact_dataset, split_by_value
+
+    f, seed = cfg.facts, cfg.system.seed
+    train, seen, unseen = split_by_value(task, style, num_train=f.num_train, num_seen=f.num_seen,
+                                         num_unseen=f.num_unseen, seed=seed)
+    validation = make_fact_dataset(task, style, f.num_validation, seed=seed + 3, split="validation") \
+        if f.num_validation else []
+    test = [{**r, "id": i, "split": split} for i, (r, split) in
+            enumerate([(r, "seen") for r in seen] + [(r, "unseen") for r in unseen])]
+    check_disjoint(train, test)
+    check_disjoint(train, validation)
+    told = [{k: v for k, v in r.items() if k != "role_context"} | {"question": r["full_question"]} for r in test]
+    folder.mkdir(parents=True, exist_ok=True)
+    files = {"train": write_jsonl(train, folder / "train.jsonl"), "test": write_jsonl(test, folder / "test.jsonl"),
+             "told": write_jsonl(told, folder / "test_told.jsonl")}
+    if validation:
+        files["validation"] = write_jsonl(validation, folder / "validation.jsonl")
+    return files
+
+
+def train_argv(cfg, s: dict, files: dict, system: Path) -> tuple[list[str], list[str]]:
+    """(jobs.train_inner argv, jobs.train_outer argv) with the experiment path's settings."""
+    sc, quiet = s["sweep"], [] if cfg.progress else ["--no_progress"]
+    inner = [*s["system"], "--mas_role", "all", "--task", sc.task, "--dataset_name", str(files["train"]),
+             "--save_dir", str(system), "--max_steps", str(sc.inner_steps), "--batch_size", "4",
+             "--lr", str(sc.inner_lr), "--warmup_steps", "2", "--save_every", str(sc.inner_steps),
+             "--seed", str(sc.seed), "--num_workers", "1", "--max_length", "512",
+             "--lr_scheduler_type", sc.inner_schedule, "--log_every", str(max(1, sc.inner_steps // 4)), *quiet]
+    outer = [*s["system"], "--links", str(system), "--task", sc.task, "--dataset_name", str(files["train"]),
+             "--max_steps", str(sc.outer_steps), "--batch_size", str(sc.outer_batch_size),
+             "--save_every", str(sc.outer_steps), "--seed", str(sc.seed), "--cpus_per_worker", "0.5",
+             "--max_failures", "0", "--log_every", str(max(1, sc.outer_steps // 8)), *_flags(s["outer"]), *quiet]
+    return inner, outer
+
+
+def row_argv(cfg, s: dict, row, files: dict, system: Path, out: Path) -> list[str]:
+    """The jobs.run arguments of one row."""
+    from recmas_ray.styles import get_style
+
+    sc = s["sweep"]
+    if row.links == "trained":
+        links = ["--links", str(system)]
+    else:  # the inner links alone: fresh outer links of the seed
+        links = ["--ckpt_override", *[f"{r}={system / r}" for r in get_style(sc.style).roles]]
+    return [*s["system"], *links, "--task", sc.task, "--dataset", str(files[row.data]), "--backend", "ray",
+            "--num_recursive_rounds", str(s["outer"].get("num_recursive_rounds", 1)),
+            "--latent_steps", str(sc.latent_steps), "--max_new_tokens", str(sc.max_new_tokens),
+            "--batch_size", str(sc.eval_batch_size), "--seed", str(sc.seed), "--output_path", str(out),
+            *row.args, *([] if cfg.progress else ["--no_progress"])]
+
+
+def _done(folder: Path, pattern: str) -> bool:
+    return folder.is_dir() and any(folder.glob(pattern))
+
+
+def run_task(cfg, style: str, task: str, root: Path, console) -> dict:
+    """One fact task through the jobs; returns its lines, table, report tasks, commands and timings."""
+    from recmas_ray.eval.compare import compare_folders, markdown, write_table
+
+    folder = root / f"{style}-{task}"
+    s = task_settings(cfg, style, task, folder)
+    seconds: dict[str, float] = {}
+    t0 = time.perf_counter()
+    files = write_data(cfg, style, task, folder / "data")
+    system = folder / "system"
+    inner_argv, outer_argv = train_argv(cfg, s, files, system)
+    if not all(_done(system / r, "manifest.json") for r in _roles(style)):
+        console.line(f"{style} {task}: " + command("train_inner", *inner_argv))
+        _call("train_inner", inner_argv)
+    seconds["train_inner"] = time.perf_counter() - t0
+    t1 = time.perf_counter()
+    if not (_done(system / "outer", "links.pt") or _done(system / "outer", "manifest.json")):
+        console.line(f"{style} {task}: " + command("train_outer", *outer_argv))
+        _call("train_outer", outer_argv)
+    seconds["train_outer"] = time.perf_counter() - t1
+    argvs, folders = {}, []
+    for row in ROWS:
+        t2, out = time.perf_counter(), folder / "eval" / row.name
+        argvs[row.name] = row_argv(cfg, s, row, files, system, out)
+        if not _done(out, "results_*.json"):
+            _call("run", argvs[row.name])
+        seconds[f"eval/{row.name}"] = time.perf_counter() - t2
+        folders.append(str(out))
+    table = compare_folders(folders, [r.name for r in ROWS])
+    write_table(table, folder / "compare")
+    split_of = {str(r["id"]): r["split"] for r in map(json.loads, files["test"].read_text().splitlines())}
+    tasks = report_tasks(style, task, table, split_of)
+    lines = lead_lines(tasks)
+    commands = [f"{style} / {task}: the saved system, evaluated and served by the product's jobs:",
+                "  " + command("run", *argvs[ROWS[0].name]),
+                "  " + command("serve", *s["system"], "--links", str(system), "--task", s["sweep"].task,
+                               "--port", "8000")]
+    (folder / "commands.txt").write_text("\n".join(commands) + "\n")
+    seconds["total"] = time.perf_counter() - t0
+    head = (f"{style}, task {task} (product pipeline: jobs.train_inner, jobs.train_outer, jobs.run --backend ray); "
+            f"recipe {s['recipe']}; correct strict (lenient) / n")
+    return {"lines": lines, "table": head + "\n" + markdown(table), "tasks": tasks, "commands": commands,
+            "seconds": seconds, "folder": str(folder), "compare": str(folder / "compare" / "compare.json")}
+
+
+def _roles(style: str) -> tuple[str, ...]:
+    from recmas_ray.styles import get_style
+
+    return tuple(get_style(style).roles)
+
+
+def run_product_facts(cfg, out: Path, console) -> dict:
+    """Every fact task of the config through the product; returns {"lines", "tables", "tasks", "results",
+    "commands", "summary"} (also in <out>/product/summary.json)."""
+    from recmas_ray.eval.results import library_versions
+
+    root = out / "product"
+    lines, tables, tasks, commands, results = [], [], [], [], {}
+    for style, task in cfg.fact_task_pairs():
+        # phase lines, not an open phase: the jobs called inside open and close phases of their own
+        console.line(f"{style} {task} (product): jobs.train_inner, jobs.train_outer, {len(ROWS)} x jobs.run ...")
+        got = run_task(cfg, style, task, root, console)
+        console.line(f"{style} {task} (product): done ({got['seconds']['total']:.0f} s: " + ", ".join(
+            f"{k} {v:.0f} s" for k, v in got["seconds"].items() if k != "total") + ")")
+        lines += got["lines"]
+        tables.append(got["table"])
+        tasks += got["tasks"]
+        commands += got["commands"]
+        results[f"{style}:{task}"] = {k: got[k] for k in ("lines", "seconds", "folder", "compare", "commands")}
+    root.mkdir(parents=True, exist_ok=True)
+    summary = root / "summary.json"
+    summary.write_text(json.dumps({"pipeline": "product", "lines": lines, "tables": tables, "runs": results,
+                                   "rows": [r.name for r in ROWS], "seed": cfg.system.seed,
+                                   "versions": library_versions()}, indent=2))
+    return {"lines": lines, "tables": tables, "tasks": tasks, "results": results, "commands": commands,
+            "summary": str(summary)}
+
+
+__all__ = ["run_product_facts", "run_task", "write_data", "train_argv", "row_argv"]
