@@ -236,7 +236,7 @@ def eval_run(replicas, n_replicas: int, n_batches: int, rounds: int, args, tag: 
     import ray
 
     from recmas_ray.distributed.orchestrator import start_router
-    from recmas_ray.distributed.replicas import RayReplicas
+    from recmas_ray.distributed.systems import RayReplicas
     from recmas_ray.eval.config import StreamConfig
     from recmas_ray.eval.stream import stream_samples
 
