@@ -37,7 +37,8 @@ BULK_THREADS = 256
 
 
 class _AgentActorImpl:
-    """A GPU- (or CPU-) pinned agent holding its frozen model and links (wrapped by `ray.remote` below)."""
+    """A GPU- (or CPU-) pinned agent holding its frozen model and links; the one agent actor class, made remote
+    with the options its transport needs by `agent_actor` below (`transport`: how it hands out its messages)."""
 
     def __init__(self, spec: AgentSpec, inner_state: dict, outer_states: dict, torch_threads: int = 0,
                  exit_after: int | None = None, transport: str | Transport = OBJECT_STORE):

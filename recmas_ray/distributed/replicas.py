@@ -100,7 +100,7 @@ def start_system(plan: SystemPlan, placement: PlacementConfig, *, timeout_s: flo
     batching = {r: plan.service_args(r)[0].continuous_batching for r in roles}
     bulk = frozenset(r for r in roles if (batching[r] if bulk_dispatch is None else bulk_dispatch))
     system = RaySystem(plan, {}, None, pg, {}, timeout_s, replica, bulk_roles=bulk,
-                       serial_roles=frozenset(r for r in bulk if not batching[r]))
+                       serial_roles=frozenset(r for r in bulk if not batching[r]), transport=transport)
     try:
         for role in roles:
             spec, inner, outer = plan.service_args(role)

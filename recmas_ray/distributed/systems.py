@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 import ray
 
 from recmas_ray.config.recursion import RecursionConfig
+from recmas_ray.config.transport import OBJECT_STORE
 from recmas_ray.distributed.placement import ORCHESTRATOR_MAX_BATCHES
 from recmas_ray.distributed.ray_pool import RayPool, soon, when_done
 from recmas_ray.distributed.routing import LeaseKeeper, batch_work
@@ -39,6 +40,8 @@ class RaySystem:
     arg_refs: list = field(default_factory=list)
     """Object-store copies of the agents' constructor arguments, kept so a restarted agent can
     rebuild itself (Ray frees creation arguments otherwise, ray#53727)."""
+    transport: object = OBJECT_STORE
+    """How its agents move latents (a `config.transport.Transport` or its `distributed.transports` strategy)."""
 
     def solve(self, questions, tasks, cfg: RecursionConfig, batch_id: str = "", **run_options):
         """Submit one batch; returns an ObjectRef of list[SampleResult] (`run_options`: see `run_batch`)."""
@@ -46,7 +49,7 @@ class RaySystem:
 
     def pool(self) -> RayPool:
         """A `pool.AgentPool` over this replica's agents (every copy, routed per call), for runs driven here."""
-        return RayPool(self.copies or self.handles, timeout_s=self.timeout_s)
+        return RayPool(self.copies or self.handles, timeout_s=self.timeout_s, transport=self.transport)
 
     def call_logs(self, clear: bool = False) -> dict[str, list[dict]]:
         """Each agent's own call log (method, first prompt, slots, start and end times)."""
