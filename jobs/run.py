@@ -56,7 +56,7 @@ def evaluate(cfg: EvalConfig) -> int:
     from pathlib import Path
 
     from recmas_ray.console import job_console
-    from recmas_ray.eval.benchmarks import check_available
+    from recmas_ray.tasks.benchmarks import check_available
 
     if cfg.dry_run:  # a plan needs no questions: a named benchmark's task type is known without them
         from recmas_ray.eval.run import dry_run

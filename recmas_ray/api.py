@@ -207,7 +207,7 @@ class System:
             questions: A question or a list of them (the task's answer instruction is added by the style's prompts).
             task: Task type of every question, or one per question: math, choice, code or qa (None: the
                 system's, `System.task`).
-            method: recursive_mas, recursive_textmas, textmas or single_agent.
+            method: recursive_mas, recursive_textmas, textmas, single_agent, text_relay or rollout_as_text.
             num_recursive_rounds: R, rounds of the agent loop.
             latent_steps: m, latent steps per agent and round (recursive_mas).
             max_new_tokens: Decoding budget of the final (and, for text methods, every) text step.
@@ -244,7 +244,7 @@ class System:
         tasks = [task] * len(questions) if isinstance(task, str) else str_list(task, "task")
         if len(tasks) != len(questions):
             raise ValueError(f"{len(questions)} questions but {len(tasks)} task types")
-        from recmas_ray.eval.tasks import TASK_TYPES
+        from recmas_ray.tasks import TASK_TYPES
 
         bad = sorted({t for t in tasks if t not in TASK_TYPES})
         if bad:
@@ -319,8 +319,8 @@ class System:
                  num_samples: int | None = None, num_recursive_rounds: int = 3, latent_steps: int = 32,
                  max_new_tokens: int = 256, do_sample: bool = False, temperature: float = 0.6, batch_size: int = 8,
                  num_rollouts: int = 1, grader: str = "strict",
-                 format_retry: bool = True, output_path: str = "out", resume: bool = False,
-                 progress: bool = True) -> dict:
+                 format_retry: bool = True, format_help: bool = False, output_path: str = "out",
+                 resume: bool = False, progress: bool = True) -> dict:
         """Evaluate on a benchmark or a local question file with the running agents (as `jobs/run.py` does).
 
         Args:
@@ -337,6 +337,8 @@ class System:
             num_rollouts: Rollouts per question (pass@k; sampled rollouts differ).
             grader: Headline grader: strict or reference.
             format_retry: The release's answer-format retry.
+            format_help: The decoder's prompt ends with the answer-format instruction and one worked example
+                (`eval/rows.py`; recorded in the fingerprint and results).
             output_path: Where samples_*.jsonl, results_*.json and config.json go.
             resume: Skip samples already in the latest samples file.
             progress: A tqdm bar per method on stderr, counting each question when its final decode stops
@@ -351,7 +353,7 @@ class System:
             ValueError: A bad argument (named as here), before anything is written.
         """
         self._check_open()
-        from recmas_ray.eval.benchmarks import BENCHMARKS, canonical_name
+        from recmas_ray.tasks.benchmarks import BENCHMARKS, canonical_name
         from recmas_ray.eval.run import evaluate
 
         cfg = dataclasses.replace(
@@ -362,6 +364,7 @@ class System:
                                                                      max_new_tokens=max_new_tokens,
                                                                      do_sample=do_sample, temperature=temperature)),
             batch_size=batch_size, num_rollouts=num_rollouts, grader=grader, format_retry=format_retry,
+            format_help=format_help,
             output_path=str(output_path), resume=resume, progress=progress,
             task=None if canonical_name(dataset) in BENCHMARKS else self.cfg.task)  # a benchmark brings its own
         with self._quiet(), python_names():

@@ -90,34 +90,6 @@ def mean_embedding_norm(embed: nn.Module, vocab_size: int, *, device=None, chunk
     return total / vocab_size
 
 
-class SnapLink(nn.Module):
-    """An outer link whose output is snapped into the target's token embeddings (non-reference).
-
-    y = softmax(cos(base(x), e_v) / tau over every token v) @ E, with E the target's input embedding of every
-    token (its own scaling included, e.g. Gemma-3's sqrt(d)). The message is a convex mix of real token
-    embeddings, near-one-hot for a small tau: a receiving agent that thinks freely in latent space reads near-exact
-    token embeddings, where a regression's output 0.9-cosine from the right token reads as noise
-    (docs/learning_runs.md, two hops). Only `base` has parameters; E is a frozen buffer, not saved.
-    """
-
-    def __init__(self, base: nn.Module, embed: nn.Module, tau: float, *, chunk: int = 65536):
-        super().__init__()
-        if not tau > 0:
-            raise ValueError(f"SnapLink tau must be positive, got {tau}")
-        self.base, self.tau = base, tau
-        with torch.no_grad():
-            num = embed.weight.shape[0]
-            table = torch.cat([embed(torch.arange(k, min(num, k + chunk), device=embed.weight.device)).float()
-                               for k in range(0, num, chunk)])
-        self.register_buffer("table_VE", table, persistent=False)
-        self.register_buffer("unit_VE", nn.functional.normalize(table, dim=-1), persistent=False)
-
-    def forward(self, x_BMD: torch.Tensor) -> torch.Tensor:
-        u_BME = nn.functional.normalize(self.base(x_BMD).float(), dim=-1)
-        p_BMV = torch.softmax(u_BME @ self.unit_VE.T / self.tau, dim=-1)
-        return (p_BMV @ self.table_VE).to(x_BMD.dtype)
-
-
 class TokenLink(nn.Module):
     """An outer link that re-says each latent as the target's embedding of the source token it is nearest to,
     plus a trained residual (non-reference).
@@ -196,6 +168,26 @@ class TokenLink(nn.Module):
         p_BMK = torch.softmax(u_BMD @ self.source_unit_KD.float().T / self.tau, dim=-1)
         r_BME = nn.functional.linear(x_BMD.float(), self.residual.weight.float(), self.residual.bias.float())
         return (p_BMK @ self.target_KE.float() + r_BME).to(x_BMD.dtype)
+
+
+@torch.no_grad()
+def token_channel(link: TokenLink, x_BMD: torch.Tensor) -> dict[str, torch.Tensor]:
+    """What a token link sends, per position of its input x (the sender's inner(h)): `top1_BM` the top-1
+    probability of its softmax over the K token pairs, `source_ids_BM` the source token it picks (the message's
+    nearest token; its row of the tables when the link holds no ids), `residual_share_BM` = ||r|| / (||p T|| +
+    ||r||) of its output p T + r (0: the pure translation, 1: the residual alone). Same arithmetic as
+    `TokenLink.forward`; all on the link's device."""
+    if not link.bound:
+        raise RuntimeError("TokenLink is unbound: bind() the token tables of its two models first")
+    u_BMD = nn.functional.normalize(x_BMD.float(), dim=-1)
+    p_BMK = torch.softmax(u_BMD @ link.source_unit_KD.float().T / link.tau, dim=-1)
+    r_BME = nn.functional.linear(x_BMD.float(), link.residual.weight.float(), link.residual.bias.float())
+    t_norm, r_norm = (p_BMK @ link.target_KE.float()).norm(dim=-1), r_BME.norm(dim=-1)
+    top1_BM, k_BM = p_BMK.max(dim=-1)
+    share_BM = r_norm / (t_norm + r_norm).clamp_min(torch.finfo(torch.float32).tiny)
+    ids = getattr(link, "source_ids", None)  # a link built from bare tables has none: the table's row
+    return {"top1_BM": top1_BM, "source_ids_BM": k_BM if ids is None else ids.to(k_BM.device)[k_BM],
+            "residual_share_BM": share_BM}
 
 
 def ridge_bridge(x_ND: torch.Tensor, y_NE: torch.Tensor, ridge: float) -> tuple[torch.Tensor, torch.Tensor]:

@@ -36,9 +36,11 @@ from lm_eval.api.registry import register_model
 
 from recmas_ray.config.checks import ConfigError, OneOf, Range, check_tree, field_hints, split_annotated
 from recmas_ray.config.choices import BACKENDS, DTYPES, MODEL_PRESETS
-from recmas_ray.eval.tasks import TASK_TYPES
-from recmas_ray.config.recursion import MAX_LATENT_STEPS, MAX_NEW_TOKENS, MAX_ROUNDS, METHODS
+from recmas_ray.config.cli import field_docs, parse_text
+from recmas_ray.config.recursion import (MAX_LATENT_STEPS, MAX_NEW_TOKENS, MAX_ROUNDS, METHODS, DecodeConfig,
+                                         RecursionConfig)
 from recmas_ray.styles import check_role_models, style_names
+from recmas_ray.tasks import TASK_TYPES
 
 MODEL_NAME = "recmas_ray"
 LM_EVAL_SETTINGS = ("batch_size", "max_batch_size", "device", "trust_remote_code")
@@ -75,7 +77,7 @@ class ModelArgs:
     allow_task_mismatch: bool = False
     """Run links under another task or prompt set than their manifests record (refused otherwise)."""
     method: Annotated[str, OneOf(METHODS)] = "recursive_mas"
-    """recursive_mas, recursive_textmas, textmas or single_agent."""
+    """recursive_mas, recursive_textmas, textmas, single_agent, text_relay or rollout_as_text (recmas_ray/relay.py)."""
     num_recursive_rounds: Annotated[int, Range(1, MAX_ROUNDS)] = 3
     """R, rounds of the agent loop."""
     latent_steps: Annotated[int, Range(0, MAX_LATENT_STEPS)] = 32
@@ -113,8 +115,6 @@ def check_model_args(values: dict) -> ModelArgs:
 
     Raises ValueError naming the argument and what was expected (lm-eval's own settings pass through).
     """
-    from recmas_ray.config.cli import parse_text
-
     hints = field_hints(ModelArgs)
     names = [f.name for f in dataclasses.fields(ModelArgs)]
     unknown = sorted(set(values) - set(names) - set(LM_EVAL_SETTINGS))
@@ -146,8 +146,6 @@ def check_model_args(values: dict) -> ModelArgs:
 
 def model_args_help() -> str:
     """One line per model argument: name, docstring and default (for `--help`)."""
-    from recmas_ray.config.cli import field_docs
-
     docs, lines = field_docs(ModelArgs), ["recmas_ray model_args (--model_args KEY=VALUE,KEY=VALUE):"]
     for f in dataclasses.fields(ModelArgs):
         default = "required" if f.default is dataclasses.MISSING else f"default: {f.default}"
@@ -227,8 +225,6 @@ class RecMASLM(LM):
     def loglikelihood(self, requests, disable_tqdm: bool = False) -> list[tuple[float, bool]]:
         """log p(continuation) under the final agent, given its prompt after the system's rounds on the context
         (both backends: the decoder scores where its latents are, through the runner's scoring step)."""
-        from recmas_ray.config.recursion import DecodeConfig, RecursionConfig
-
         rc = RecursionConfig(method=self.method, num_recursive_rounds=self.rounds, latent_steps=self.latent_steps,
                              decode=DecodeConfig(max_new_tokens=1))
         out: list[tuple[float, bool]] = []

@@ -23,6 +23,10 @@ class AgentPool(Protocol):
 
     def get(self, handle: Any, *, what: str) -> Any: ...
 
+    def rollout_text(self, role: str, users: list[str], slot_names: list[str], num_steps: int,
+                     latents: list[Any]) -> Any:
+        """Only for `rollout_as_text`: handle of the rollout read out as text (`AgentService.rollout_text`)."""
+
     def score(self, role: str, users: list[str], slot_names: list[str], targets: list[str], latents: list[Any],
               *, continuation: bool = False) -> Any:
         """Only when `run_batch` gets `targets` (answer likelihood): handle of (per sample: mean NLL, or
@@ -77,6 +81,9 @@ class LocalPool:
 
     def decode(self, role, users, slot_names, cfg, latents, **stream):
         return self.services[role].decode(users, slot_names, cfg, *latents, **stream)
+
+    def rollout_text(self, role, users, slot_names, num_steps, latents):
+        return self.services[role].rollout_text(users, slot_names, num_steps, *latents)
 
     def score(self, role, users, slot_names, targets, latents, **kw):
         return self.services[role].score(users, slot_names, targets, *latents, **kw)

@@ -5,6 +5,8 @@ One runner serves RecursiveMAS and the text baselines:
   recursive_textmas  the same schedule with text in every slot (each non-final step decodes text)
   textmas            recursive_textmas with one round
   single_agent       the decoding role alone, no collaborators
+  text_relay         the senders state what they know as text (`relay.py`; how it differs from textmas there)
+  rollout_as_text    recursive_mas's rollouts read out as their argmax tokens and sent as text (`relay.py`)
 
 The pool (`pool.AgentPool`) hides where agents live. Its calls return handles (values in-process,
 ObjectRefs on Ray, or handles of calls the Ray pool submits once their inputs exist); the runner chains
@@ -99,6 +101,12 @@ def run_batch(pool: AgentPool, style: StyleSpec, questions: list[str], tasks: li
         _capture_input(capture, pool, style.decoder, users, [], [], received)
     elif cfg.method == "recursive_mas":
         calls = _run_latent(pool, style, asked, tasks, cfg, scoring, capture, stream, received)
+    elif cfg.method in ("text_relay", "rollout_as_text"):
+        from recmas_ray import relay
+
+        run = relay.run_text_relay if cfg.method == "text_relay" else relay.run_rollout_as_text
+        calls = run(pool, style, asked, tasks, cfg, scoring=scoring, score=_score, ready=_Ready, stream=stream,
+                    capture_input=lambda role, users: _capture_input(capture, pool, role, users, [], [], received))
     else:
         rounds = 1 if cfg.method == "textmas" else cfg.num_recursive_rounds
         calls = _run_text(pool, style, asked, tasks, cfg, rounds, scoring, capture, stream, received)
@@ -337,6 +345,8 @@ def _collect(pool, calls, batch_size, t0) -> list[SampleResult]:
                      "text_tokens": stats["text_tokens"][b], "seconds": stats["seconds"] / len(served)}
             if stats.get("prompt_tokens"):  # the prompt as this agent read it (latent positions not counted)
                 entry["prompt_tokens"] = stats["prompt_tokens"][b]
+            if stats.get("channel"):  # token links: what crossed each edge for this question (service._channel)
+                entry["channel"] = {e: {k: v[b] for k, v in c.items()} for e, c in stats["channel"].items()}
             if decoded is not None and action != "decode":
                 entry["text"] = decoded[b].text
             if decoded is not None and getattr(decoded[b], "tool_calls", None):

@@ -5,6 +5,7 @@ plain picklable values, so a Ray actor can wrap it unchanged and pass latents as
 
   rollout(users, slot_names, num_steps, edges, *latents) -> (*messages_per_edge, stats)
   decode(users, slot_names, cfg, *latents)               -> (list[Decoded], stats)
+  rollout_text(users, slot_names, num_steps, *latents)   -> (list[Decoded], stats)   (the rollout's argmax tokens)
 
 `latents[i]` is the [B, M, D] block for `slot_names[i]`; messages are detached CPU tensors [B, M, E]
 (on the producer's GPU when `keep_messages_on_device`, for the NCCL transport).
@@ -133,7 +134,45 @@ class AgentService:
         msgs = self.agent.messages(h_BMD, tuple(edges), device=None if self.spec.keep_messages_on_device else "cpu")
         stats = {"role": self.spec.role, "latent_steps": num_steps, "text_tokens": [0] * len(users),
                  "seconds": time.perf_counter() - t0, "prompt_tokens": self._prompt_tokens(mask_BL, latents)}
+        channel = self._channel(h_BMD, edges)
+        if channel:  # token links only: what crosses, per edge and question (the results' `channel`)
+            stats["channel"] = channel
         return (*[msgs[e].to(self.message_dtype) for e in edges], stats)
+
+    def _channel(self, h_BMD, edges) -> dict:
+        """Per token-link edge: each question's mean top-1 probability, mean residual share and the message's
+        nearest tokens as text (`links.token_channel` of inner(H)); {} when no edge has a token link."""
+        token_edges = [e for e in edges if isinstance(self.agent.outer_links.get(e), TokenLink)]
+        if not token_edges or h_BMD.shape[1] == 0:
+            return {}
+        from recmas_ray.links import token_channel
+
+        with torch.no_grad():
+            z_BMD = self.agent.inner_link(h_BMD)
+        out = {}
+        for e in token_edges:
+            c = token_channel(self.agent.outer_links[e], z_BMD)
+            out[e] = {"top1": c["top1_BM"].mean(dim=1).tolist(),
+                      "residual_share": c["residual_share_BM"].mean(dim=1).tolist(),
+                      "nearest": [self.agent.tokenizer.decode(row) for row in c["source_ids_BM"].tolist()]}
+        return out
+
+    def rollout_text(self, users, slot_names, num_steps: int, *latents):
+        """The rollout `rollout` computes, read out as text (the `rollout_as_text` method, `relay.py`): each of the
+        m steps' last hidden state h_t -> its argmax token through this agent's own LM head; returns
+        (list[Decoded] of those m tokens as text, stats with the token ids per row in `token_ids`)."""
+        if not isinstance(self.agent, Agent):
+            raise ValueError(f"role {self.spec.role}: rollout_as_text needs a model with an LM head "
+                             f"({self.spec.model_name} is simulated)")
+        t0 = time.perf_counter()
+        e_BLD, mask_BL, reuse = self._embed(users, slot_names, latents)
+        h_BMD = self.agent.latent_rollout(e_BLD, mask_BL, num_steps, **reuse)
+        ids_BM = readout_ids(self.agent, h_BMD)
+        out = [Decoded(self.agent.tokenizer.decode(row, skip_special_tokens=True), len(row)) for row in ids_BM]
+        stats = {"role": self.spec.role, "latent_steps": num_steps, "text_tokens": [num_steps] * len(users),
+                 "seconds": time.perf_counter() - t0, "prompt_tokens": self._prompt_tokens(mask_BL, latents),
+                 "token_ids": ids_BM}
+        return out, stats
 
     @staticmethod
     def _prompt_tokens(mask_BL, latents) -> list[int]:
@@ -251,6 +290,15 @@ class AgentService:
         change_B = torch.where(base_B > 0, diff_B / base_B.clamp_min(torch.finfo(torch.float32).tiny),
                                torch.where(diff_B > 0, torch.full_like(diff_B, float("inf")), torch.zeros_like(diff_B)))
         return [float(c) for c in change_B.tolist()]
+
+
+@torch.no_grad()
+def readout_ids(agent: Agent, h_BMD: torch.Tensor) -> list[list[int]]:
+    """Each latent step's nearest token: argmax of the agent's own LM head at its last hidden state h_t
+    (`Agent.logits`, final soft-capping included), as token ids per row."""
+    if h_BMD.shape[1] == 0:
+        return [[] for _ in range(h_BMD.shape[0])]
+    return agent.logits(h_BMD).argmax(dim=-1).tolist()
 
 
 def link_states(inner: InnerLink, outer: dict[str, OuterLink]) -> tuple[dict, dict[str, dict]]:

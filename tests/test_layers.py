@@ -1,70 +1,87 @@
-"""The package's floors, read from its own imports: at module level and inside functions.
+"""The tree's floors, read from its folders, and its imports: at module level and inside functions.
 
-Every module of ``recmas_ray`` sits on one floor; a module may import only from its own floor or the floors below,
-whether at module level or inside a function (an import deferred into a function still makes the module depend on
-its target at run time). Two graphs are built with ``ast``: the top-level ``import`` / ``from`` statements (those a
-``try`` at top level runs included; ``if TYPE_CHECKING:`` blocks left out), which is what importing a module pulls
-in, and the imports inside functions and methods. Floors, bottom to top:
+Every module of ``recmas_ray`` and ``jobs`` sits on the floor of its folder; a module may import only from its own
+floor or the floors below, whether at module level or inside a function (an import deferred into a function still
+makes the module depend on its target at run time). Floors, bottom to top, and the folders on each:
 
-  ground       the config mechanism and leaf types (``config/``): flags, checks, file readers, shared choices
-  engine       plain torch, no Ray: links, KV cache, decoding, agent, models, styles, runner, agent pool, service,
-               tools, sandbox;
-               and the task families (``eval/tasks``: instructions, answer formats, graders, loaders; the code
-               graders they run), plain Python the styles' prompts read
-  system       what a system is: plan, presets, checkpoints, cards, hub (uses the engine, never Ray)
-  distributed  the thin Ray layer: actors, placement, role copies, running systems and replicas (orchestrator, router)
-  top          what people run: training, evaluation, serving, lm-eval, tracking, the public API
+  ground       config/: the config mechanism and leaf types (flags, checks, file readers, shared choices)
+  engine       plain torch, no Ray: models/, styles/, tools/, sandbox/, tasks/ (the task families: instructions,
+               answer formats, graders, benchmark sources and loaders, plain Python the styles' prompts read)
+  system       system/: what a system is: plan, presets, checkpoints, cards, hub (uses the engine, never Ray)
+  distributed  distributed/: the thin Ray layer: actors, placement, role copies, running systems and replicas
+  top          train/, eval/, serve/: what people run: training, evaluation, serving
+  jobs         jobs/ (outside the package, run from the checkout): may import anything of the package
 
-``jobs/`` lies outside the package and may import anything. The floor rule holds for both graphs with no
-exception; cycles are checked over the module-level graph and over both graphs together (a function-level import
-that closes a circle is a circle all the same). A job config whose checks need styles, the system or the
-benchmarks lives with its job (``eval/config.py``, ``train/config.py``).
+The package root's own modules have no folder: ``ROOT_MODULES`` names their floors (the engine's core types,
+the console on the ground floor, the public entry points on top). Two graphs are built with ``ast``: the
+top-level ``import`` / ``from`` statements (those a ``try`` at top level runs included; ``if TYPE_CHECKING:``
+blocks left out), which is what importing a module pulls in, and the imports inside functions and methods. The
+floor rule holds for both graphs with no exception; cycles are checked over the module-level graph and over both
+graphs together (a function-level import that closes a circle is a circle all the same). A job config whose
+checks need styles, the system or the benchmarks lives with its job (``eval/config.py``, ``train/config.py``).
+
+``python tests/test_layers.py --imports`` prints the share of imports that sit inside functions.
 """
 from __future__ import annotations
 
 import ast
+import functools
+import sys
 from pathlib import Path
 
 import pytest
 
-PACKAGE = Path(__file__).resolve().parents[1] / "recmas_ray"
+ROOT = Path(__file__).resolve().parents[1]
+TREES = ("recmas_ray", "jobs")
 
-# (floor, module prefixes); a module belongs to the floor of its longest matching prefix.
-FLOORS = [
-    ("ground", ["recmas_ray.config", "recmas_ray.console"]),
-    ("engine", ["recmas_ray.links", "recmas_ray.kv_cache", "recmas_ray.scheduler", "recmas_ray.decoding", "recmas_ray.scoring",
-                "recmas_ray.agent", "recmas_ray.models", "recmas_ray.styles", "recmas_ray.runner", "recmas_ray.pool",
-                "recmas_ray.service", "recmas_ray.tools", "recmas_ray.sandbox", "recmas_ray.eval.tasks",
-                "recmas_ray.eval.code_graders", "recmas_ray.eval.code_suites", "recmas_ray.eval.code_checks"]),
-    ("system", ["recmas_ray.system"]),
-    ("distributed", ["recmas_ray.distributed"]),
-    ("top", ["recmas_ray", "recmas_ray.train", "recmas_ray.eval", "recmas_ray.serve",
-             "recmas_ray.api", "recmas_ray.train_api", "recmas_ray.lmeval", "recmas_ray._lmeval_hook",
-             "recmas_ray.tracking"]),
-]
-LEVEL = {name: i for i, (name, _) in enumerate(FLOORS)}
+FLOORS = ("ground", "engine", "system", "distributed", "top", "jobs")
+LEVEL = {name: i for i, name in enumerate(FLOORS)}
 
+# Folder (relative to the repository root) -> floor; a module's floor is its deepest listed folder's.
+FOLDERS = {
+    "recmas_ray/config": "ground",
+    "recmas_ray/models": "engine", "recmas_ray/styles": "engine", "recmas_ray/tools": "engine",
+    "recmas_ray/sandbox": "engine", "recmas_ray/tasks": "engine",
+    "recmas_ray/system": "system",
+    "recmas_ray/distributed": "distributed",
+    "recmas_ray/train": "top", "recmas_ray/eval": "top", "recmas_ray/serve": "top",
+    "jobs": "jobs",
+}
+# The package root's own modules (no folder of their own).
+ROOT_MODULES = {
+    "ground": ("console",),
+    "engine": ("links", "kv_cache", "scheduler", "decoding", "scoring", "agent", "runner", "relay", "pool", "service"),
+    "top": ("__init__", "api", "api_inputs", "train_api", "lmeval", "_lmeval_hook", "tracking"),
+}
+_ROOT_FLOOR = {name: floor for floor, names in ROOT_MODULES.items() for name in names}
 
+@functools.lru_cache(maxsize=1)
 def modules() -> dict[str, Path]:
-    """Dotted module name -> file, for every module of the package."""
+    """Dotted module name -> file, for every module of the package and of jobs/."""
     out = {}
-    for path in sorted(PACKAGE.rglob("*.py")):
-        parts = list(path.relative_to(PACKAGE.parent).with_suffix("").parts)
-        if parts[-1] == "__init__":
-            parts = parts[:-1]
-        out[".".join(parts)] = path
+    for tree in TREES:
+        for path in sorted((ROOT / tree).rglob("*.py")):
+            parts = list(path.relative_to(ROOT).with_suffix("").parts)
+            if parts[-1] == "__init__":
+                parts = parts[:-1]
+            out[".".join(parts)] = path
     return out
 
 
 def floor_of(module: str) -> str:
-    """The floor of ``module`` (longest matching prefix in FLOORS)."""
-    best, best_len = None, -1
-    for name, prefixes in FLOORS:
-        for prefix in prefixes:
-            if (module == prefix or module.startswith(prefix + ".")) and len(prefix) > best_len:
-                best, best_len = name, len(prefix)
-    assert best is not None, f"{module} is on no floor: add it to FLOORS"
-    return best
+    """The floor of ``module``: its folder's (deepest listed folder), or for a module of the package root, its
+    entry in ROOT_MODULES."""
+    path = modules().get(module)
+    assert path is not None, f"{module} is no module of the tree"
+    rel = path.relative_to(ROOT)
+    folder = rel.parent.as_posix()
+    if folder == "recmas_ray":
+        assert rel.stem in _ROOT_FLOOR, f"{module} is on no floor: add it to ROOT_MODULES (or put it in a folder)"
+        return _ROOT_FLOOR[rel.stem]
+    while folder not in FOLDERS and "/" in folder and folder != "recmas_ray":
+        folder = folder.rpartition("/")[0]
+    assert folder in FOLDERS, f"{module} is on no floor: add its folder to FOLDERS"
+    return FOLDERS[folder]
 
 
 def _top_level_imports(tree: ast.Module):
@@ -105,7 +122,7 @@ def _package_targets(mod: str, path: Path, node, mods: dict[str, Path]) -> set[s
         targets = [f"{source}.{a.name}" if f"{source}.{a.name}" in mods else source for a in node.names]
     out = set()
     for target in targets:
-        if target == "recmas_ray" or target.startswith("recmas_ray."):
+        if target.split(".")[0] in TREES:
             dep = resolve(target)
             if dep and dep != mod:
                 out.add(dep)
@@ -210,5 +227,24 @@ def test_engine_imports_no_ray_and_config_no_torch():
             assert not imported & {"torch", "transformers"}, f"{mod} imports {sorted(imported & {'torch', 'transformers'})}"
 
 
+def function_import_share(trees=TREES) -> tuple[int, int]:
+    """(import statements inside functions or methods, all import statements) over the modules of ``trees``."""
+    inner = total = 0
+    for mod, path in modules().items():
+        if mod.split(".")[0] not in trees:
+            continue
+        tree = ast.parse(path.read_text(), str(path))
+        total += sum(isinstance(n, (ast.Import, ast.ImportFrom)) for n in ast.walk(tree))
+        in_functions = {id(n) for f in ast.walk(tree) if isinstance(f, (ast.FunctionDef, ast.AsyncFunctionDef))
+                        for n in ast.walk(f) if isinstance(n, (ast.Import, ast.ImportFrom))}
+        inner += len(in_functions)
+    return inner, total
+
+
 if __name__ == "__main__":
+    if "--imports" in sys.argv:
+        for trees in (TREES, ("recmas_ray",), ("jobs",)):
+            inner, total = function_import_share(trees)
+            print(f"{' + '.join(trees)}: {inner} of {total} imports ({100 * inner / total:.1f}%) sit inside functions")
+        sys.exit(0)
     pytest.main([__file__, "-v", "-x"])

@@ -321,7 +321,7 @@ def bench(args: HopBenchConfig) -> int:
     import ray
 
     from jobs.bench.backend import machine
-    from jobs.bench.scale import simulated_cluster
+    from jobs.bench.scale_setup import simulated_cluster
 
     save_config(args, args.output_path)
     t_start = time.perf_counter()

@@ -13,7 +13,7 @@ is above `high` while another's is below `low`, copies move from the idlest role
 `max_moves` per decision, each role keeping one, the total unchanged; inside the band nothing moves
 (hysteresis: timing noise does not make copies flap). Repeated over windows it converges on the split
 `size_pools` would give from the true costs (a test runs it in the model). Busy can come from the agents'
-call logs (`scale_model.summarize`: host busy for real agents, device busy for simulated ones).
+call logs (`call_logs.summarize`: host busy for real agents, device busy for simulated ones).
 """
 
 from __future__ import annotations

@@ -16,20 +16,25 @@ Host costs are optional: `orchestrator_s_per_call` (one orchestrator per replica
 dispatch one after another; from jobs/bench/control.py), `router_s_per_batch` (one router for all) and
 `agent_host_s_per_call` (added to each call on its copy). With them all 0 it models the devices alone.
 
-The call logs it returns have the agents' format, so `summarize` reads a model run and a Ray run alike:
-throughput in the steady window (`steady_window`) and busy fractions by host time (the call's span) and
-by device time (`device_s`).
+The call logs it returns have the agents' format, so `summarize` (jobs/bench/call_logs.py) reads a model run and a
+Ray run alike: throughput in the steady window (`steady_window`) and busy fractions by host time (the call's span)
+and by device time (`device_s`).
 """
 
 from __future__ import annotations
 
 import heapq
+import json
 import random
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
+from jobs.bench.call_logs import summarize
+from jobs.bench.scale_setup import ScaleBenchConfig, paper_plan
+from recmas_ray.config.cli import run_job
+from recmas_ray.distributed.role_copies import copies_from_costs
 from recmas_ray.distributed.routing import ReplicaRouter, RoleGroup
-from recmas_ray.models.sim import call_device_ms, row_tokens
+from recmas_ray.models.sim import call_device_ms, parse_sim_name, row_tokens
 from recmas_ray.styles import StyleSpec, build_schedule
 
 
@@ -261,63 +266,6 @@ def dilation_check(base: dict, dilated: dict, factor: float, tolerance: float) -
             "host_bound": max(change.values()) > tolerance}
 
 
-def busy_by_role(logs: dict, t0: float, t1: float, *, device: bool = False) -> dict:
-    """Each role's busy time in [t0, t1] / (t1 - t0), averaged over its copies (call logs ROLE, ROLE#K):
-    host time (the calls' spans), or with `device` their simulated device time, spread over each span."""
-    wall, per = max(t1 - t0, 1e-9), {}
-    for name, calls in logs.items():
-        busy = 0.0
-        for c in calls:
-            overlap = max(0.0, min(c["t1"], t1) - max(c["t0"], t0))
-            if device:
-                overlap *= (c.get("device_s") or 0.0) / max(c["t1"] - c["t0"], 1e-12)
-            busy += overlap
-        per.setdefault(name.split("#")[0], []).append(busy / wall)
-    return {role: sum(v) / len(v) for role, v in per.items()}
-
-
-def steady_window(decodes: list[tuple[float, float]], entries: list[float]) -> tuple[float, float, float]:
-    """(t_a, t_b, batches done in [t_a, t_b]) in the steady state, given each batch's decode (its last call)
-    and each batch's first call (`entries`).
-
-    A run starts with a burst: the D batches in flight enter at once (D: those that entered before the first
-    one finished) and queue at the first roles. The window opens when the D-th batch finishes, so every
-    batch still in flight entered one at a time, as finished ones made room; it closes when the last batch
-    enters, after which the upstream roles run dry and the pipeline drains (or at the last decode end if
-    no batch waited). It holds N - 2D completions: a run needs N > 2D batches (3D gives a window of D).
-    Batches done count each decode by the share of it inside the window: whole systems started together
-    finish in bunches, and counting only whole completions would make the rate depend on where a bunch
-    falls at the window's edges. Without a window (N <= 2D) the whole active run is used."""
-    ends = sorted(t1 for _, t1 in decodes)
-    depth = sum(1 for t in entries if t < ends[0])
-    t_a, t_b = ends[max(depth, 1) - 1], max(entries)
-    if t_b - t_a <= 0:
-        t_a, t_b = min(t0 for t0, _ in decodes), ends[-1]
-    done = sum(max(0.0, min(t1, t_b) - max(t0, t_a)) / max(t1 - t0, 1e-9) for t0, t1 in decodes)
-    return t_a, t_b, done
-
-
-def summarize(logs: list[dict], entries: list[float]) -> dict:
-    """Throughput (batches/s) and per-role busy fractions (host and device time) in the steady window of
-    a run's call logs (one {ROLE#K: calls} per replica; `entries`: each batch's first call's start)."""
-    calls = [c for log in logs for cs in log.values() for c in cs]
-    done = [(c["t0"], c["t1"]) for c in calls if c["method"] == "decode"]
-    sa, sb, n_steady = steady_window(done, entries)
-    a, b = min(c["t0"] for c in calls), max(c["t1"] for c in calls)
-
-    def role_busy(t_a, t_b, device):
-        busy = [busy_by_role(log, t_a, t_b, device=device) for log in logs]
-        return {r: sum(x[r] for x in busy) / len(busy) for r in busy[0]}
-
-    host, dev = role_busy(sa, sb, False), role_busy(sa, sb, True)
-    return {"throughput_batches_per_s": n_steady / (sb - sa), "steady_s": sb - sa, "steady_batches": n_steady,
-            "active_s": b - a, "throughput_active_window": len(done) / (b - a),
-            "busy_by_role": dev, "min_role_busy": min(dev.values()),
-            "host_busy_by_role": host, "min_role_host_busy": min(host.values()),
-            "device_s": sum(c.get("device_s") or 0.0 for c in calls),
-            "host_s": sum(c["t1"] - c["t0"] for c in calls)}
-
-
 def model_run(style, params, layout, **kw) -> dict:
     """`simulate` then `summarize`."""
     sim = simulate(style, params, layout, **kw)
@@ -373,10 +321,6 @@ def model_balance(args) -> list[dict]:
     """The balance series of `jobs.bench.scale` (a ScaleBenchConfig) in the model alone: whole-system replicas
     vs per-role pools at the production depth (two batches per agent actor) and twice it, routed when ready (as
     built) and at submission (the earlier build), long runs (`model_batches_per_depth`)."""
-    from jobs.bench.scale import paper_plan
-    from recmas_ray.distributed.role_copies import copies_from_costs
-    from recmas_ray.models.sim import parse_sim_name
-
     plan = paper_plan(args)
     style, params = plan.style, {r: parse_sim_name(m) for r, m in plan.role_models.items()}
     roles, rows = list(style.roles), []
@@ -404,11 +348,6 @@ def model_balance(args) -> list[dict]:
 
 def main(argv=None) -> int:
     """python -m jobs.bench.scale_model [scale flags]: the balance in the model alone, as JSON."""
-    import json
-
-    from jobs.bench.scale import ScaleBenchConfig
-    from recmas_ray.config.cli import run_job
-
     return run_job(lambda a: print(json.dumps(model_balance(a), indent=1)) or 0, ScaleBenchConfig, argv,
                    prog="python -m jobs.bench.scale_model", description=model_balance.__doc__)
 

@@ -142,7 +142,7 @@ def agent_pids(reps) -> list[int]:
 
 def real_run(plan, layout_copies: dict | None, replicas: int, cfg: RealScaleConfig, tag: str) -> dict:
     """One run of `cfg.num_batches` on Ray: the agents' call logs read as the model's are (`summarize`)."""
-    from jobs.bench.scale_model import summarize
+    from jobs.bench.call_logs import summarize
     from recmas_ray.config.placement import PlacementConfig
     from recmas_ray.config.recursion import DecodeConfig, RecursionConfig
     from recmas_ray.distributed.launch import start_agents

@@ -118,7 +118,7 @@ class Measurer:
 
     def _run(self, method: str, rounds: int, *, ablation: str = "none", questions=None) -> dict:
         from recmas_ray.config.recursion import DecodeConfig, RecursionConfig
-        from recmas_ray.eval.graders import grade_lenient, grade_math_strict
+        from recmas_ray.tasks.math import grade_lenient, grade_math_strict
         from recmas_ray.eval.stream import format_retry
         from recmas_ray.runner import run_batch
 
@@ -205,6 +205,7 @@ class Measurer:
         import ctypes
         import gc
 
+        self.pool.shutdown()  # the step threads hold their agents (and models) until they end
         self.pool.services.clear()
         gc.collect()
         try:  # hand the freed heap back to the OS: the Ray Train workers that train next load models of their own

@@ -12,7 +12,7 @@ from typing import Annotated
 
 from recmas_ray.config.checks import OneOf, Range
 
-METHODS = ("recursive_mas", "recursive_textmas", "textmas", "single_agent")
+METHODS = ("recursive_mas", "recursive_textmas", "textmas", "single_agent", "text_relay", "rollout_as_text")
 LATENT_ABLATIONS = ("none", "shuffle", "zero")
 MAX_LATENT_STEPS = 4096
 MAX_ROUNDS = 32
@@ -50,7 +50,9 @@ class RecursionConfig:
 
     method: Annotated[str, OneOf(METHODS)] = "recursive_mas"
     """recursive_mas (latents between agents), recursive_textmas (the same loop with text),
-    textmas (one round of text) or single_agent (the decoder alone)."""
+    textmas (one round of text), single_agent (the decoder alone), text_relay (one round: each sender states
+    what it knows, as text) or rollout_as_text (recursive_mas's rollouts read out as their argmax tokens and sent
+    as text); see recmas_ray/relay.py."""
     num_recursive_rounds: Annotated[int, Range(1, MAX_ROUNDS)] = 3
     """R: rounds of the agent loop (textmas always runs one)."""
     latent_steps: Annotated[int, Range(0, MAX_LATENT_STEPS)] = 32

@@ -103,6 +103,12 @@ class _AgentActorImpl:
         return self._logged("decode", users, slot_names,
                             lambda: self.service.decode(users, slot_names, cfg, *latents, **stream))
 
+    def rollout_text(self, users, slot_names, num_steps, *latents):
+        """The rollout read out as its argmax tokens, as text (`AgentService.rollout_text`; rollout_as_text)."""
+        latents = [resolve_message(x) for x in latents]
+        return self._logged("rollout_text", users, slot_names,
+                            lambda: self.service.rollout_text(users, slot_names, num_steps, *latents))
+
     def rollout_bulk(self, num_steps, edges, calls, *args):
         """Rollouts of several batches in one Ray call (`distributed.bulk`): `calls` = (users, slot_names, where) per
         batch, each run as its own `rollout` (the same result as one call each); returns the ref of every batch's

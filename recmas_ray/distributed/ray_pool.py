@@ -210,6 +210,12 @@ class RayPool:
         return self._call(role, work, latents, lambda k, h, args: [self._track(
             role, k, work, h.decode.remote(users, slot_names, cfg, *args, **stream))])[0]
 
+    def rollout_text(self, role, users, slot_names, num_steps, latents):
+        """The rollout read out as text on a copy of the role, routed like a rollout (`AgentService.rollout_text`)."""
+        work = len(users) * max(num_steps, 1)
+        return self._call(role, work, latents, lambda k, h, args: [self._track(
+            role, k, work, h.rollout_text.remote(users, slot_names, num_steps, *args))])[0]
+
     def score(self, role, users, slot_names, targets, latents, **kw):
         """Answer likelihood in the agent that holds the prompt's latents (see `AgentService.score`)."""
         work = len(users)  # one teacher-forced forward per row

@@ -409,8 +409,8 @@ def batch_work(style, cfg, num_rows: int) -> float:
 
     if cfg.method == "single_agent":
         return float(num_rows * cfg.decode.max_new_tokens)
-    latent = cfg.method == "recursive_mas"
-    rounds = 1 if cfg.method == "textmas" else cfg.num_recursive_rounds
+    latent = cfg.method in ("recursive_mas", "rollout_as_text")
+    rounds = 1 if cfg.method in ("textmas", "text_relay") else cfg.num_recursive_rounds
     steps = 0
     for step in build_schedule(style, rounds, decode_every_round=latent and cfg.decode_every_round):
         if step.decode or step.discard_decode or not latent:

@@ -19,11 +19,12 @@ from recmas_ray.config.placement import PlacementConfig
 from recmas_ray.config.recursion import MAX_ROUNDS, METHODS, RecursionConfig, ToolLoopConfig
 from recmas_ray.config.tracking import TrackingConfig
 from recmas_ray.config.transport import OBJECT_STORE, TRANSPORT_NAMES, get_transport
-from recmas_ray.eval.benchmarks import BENCHMARKS, canonical_name
-from recmas_ray.eval.tasks import TASK_TYPES
+from recmas_ray.eval.rows import OUTER_INITS
 from recmas_ray.styles import get_style, tool_styles
 from recmas_ray.styles.prompts import load_prompt_set
 from recmas_ray.system.config import SystemConfig
+from recmas_ray.tasks import TASK_TYPES
+from recmas_ray.tasks.benchmarks import BENCHMARKS, canonical_name
 
 PROTOCOLS = ("greedy", "reference")  # what each one sets: recmas_ray.eval.protocol
 
@@ -93,6 +94,14 @@ class EvalConfig:
     format_retry: bool = True
     """The answer-format retry (recorded per sample as retry_used): a reply without the answer format is
     continued once after "Final Answer: \\boxed{" from the prompt the decoder read, latents included."""
+    format_help: bool = False
+    """The decoder's prompt (every method's, the single agent's too) ends with the answer-format instruction and one
+    worked example (`eval/rows.py`); no other role's prompt changes. Recorded in the fingerprint and results."""
+    outer_init: Annotated[str, OneOf(OUTER_INITS)] = "trained"
+    """trained: the loaded outer links; untrained: each loaded outer link in its kind's untrained initial state
+    (a token link's pure translation, a release OuterLink's init as its training started, bridge fit included;
+    `eval/rows.py`), so a "fresh" row compares like with like. Needs outer links (--links or
+    --ckpt_override outer=DIR)."""
     allow_unknown_links: bool = False
     """Use --ckpt_override link folders without a provenance.json matching their files (made outside this
     project's training jobs, or changed since); they are recorded as of unknown origin in the results."""

@@ -29,6 +29,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from recmas_ray.styles import get_style
+from recmas_ray.tasks.benchmarks import BENCHMARKS, canonical_name
 
 # Styles as the tables name them; "sequential" is this project's alias of sequential_light.
 STYLE_KEYS = {"sequential": "sequential_light", "hie": "mixture", "distill": "distillation"}
@@ -111,8 +112,6 @@ def max_new_tokens(style: str, benchmark: str) -> int:
 
 def headline_metric(benchmark: str) -> str:
     """The benchmark's published metric (`BenchmarkSpec.metric`); local files report accuracy."""
-    from recmas_ray.eval.benchmarks import BENCHMARKS
-
     spec = BENCHMARKS.get(benchmark)
     return spec.metric if spec is not None else "accuracy"
 
@@ -199,8 +198,6 @@ def _replace(cfg, path: str, value):
 
 def benchmark_key(dataset: str) -> str:
     """The tables' name of a dataset (release aliases resolved; a local file keeps its path)."""
-    from recmas_ray.eval.benchmarks import canonical_name
-
     return canonical_name(dataset)
 
 

@@ -18,16 +18,17 @@ import dataclasses
 import json
 import math
 import os
+import platform
 import subprocess
 import time
 from collections import defaultdict
+from importlib import metadata
 from pathlib import Path
 from typing import Any, Iterable, Mapping, Sequence
 
-from recmas_ray.eval.graders import pass_at_k
 from recmas_ray.eval.samples import json_default, timestamp
 
-__all__ = ["summarize", "write_results", "read_results", "split_metadata", "markdown_table"]
+__all__ = ["pass_at_k", "summarize", "write_results", "read_results", "split_metadata", "markdown_table"]
 
 BASELINE = "recursive_textmas"
 HIGHER_IS_BETTER = {"accuracy": True, "tokens_per_sample": False, "latent_steps_per_sample": False,
@@ -35,6 +36,16 @@ HIGHER_IS_BETTER = {"accuracy": True, "tokens_per_sample": False, "latent_steps_
                     "retry_rate": False, "rounds_per_sample": False,
                     "throughput_samples_per_s": True}
 # ----------------------------------------------------------------------------- summaries
+
+
+def pass_at_k(n: int, c: int, k: int) -> float:
+    """Unbiased pass@k estimate (Chen et al. 2021) from n samples of which c are correct."""
+    if not (0 <= c <= n and 1 <= k <= n):
+        raise ValueError(f"pass_at_k needs 0 <= c <= n and 1 <= k <= n, got n={n} c={c} k={k}")
+    if n - c < k:
+        return 1.0
+    return 1.0 - math.prod(1.0 - k / i for i in range(n - c + 1, n + 1))
+
 
 def _mean(xs: Sequence[float]) -> float | None:
     return sum(xs) / len(xs) if xs else None
@@ -152,9 +163,6 @@ def timings_unreliable(machine: Mapping[str, Any] | None) -> bool:
 
 def library_versions() -> dict[str, str | None]:
     """Python's and every figure-moving library's version (None where one is not installed)."""
-    from importlib import metadata
-    import platform
-
     out: dict[str, str | None] = {"python": platform.python_version()}
     # Every library whose version can move a figure (constraints.txt pins them for the README's commands).
     for pkg in ("recmas_ray", "torch", "transformers", "tokenizers", "ray", "datasets", "numpy", "safetensors",

@@ -33,18 +33,19 @@ from recmas_ray.console import current
 from recmas_ray.config.inputs import OutputLock
 from recmas_ray.eval.config import EvalConfig
 from recmas_ray.config.recursion import RecursionConfig
-from recmas_ray.eval.benchmarks import load_benchmark
+from recmas_ray.tasks.benchmarks import load_benchmark
 from recmas_ray.eval.fingerprint import (bench_name, check_fingerprint, fingerprint_path, link_hashes,
                                          resolved_runtime, run_fingerprint, verify_resume)
 from recmas_ray.eval.protocol import Resolution, metric_k, resolution as protocol_resolution
 from recmas_ray.eval.plots import plot_vs_rounds
 from recmas_ray.eval.progress import QuestionProgress
+from recmas_ray.eval.rows import apply_row_options, row_fingerprint, row_record
 from recmas_ray.eval.results import (adaptive_lines, machine_load, markdown_table, read_results, summarize,
                                      write_results)
 from recmas_ray.eval.samples import VERDICT_FIELDS, SampleWriter, read_samples, sample_key, timestamp, with_verdicts
 from recmas_ray.eval import stream
 from recmas_ray.eval.stream import for_rollout, solve_and_grade, with_batch_retries
-from recmas_ray.eval.tasks import get_task
+from recmas_ray.tasks import get_task
 from recmas_ray.styles import question_with_interface
 from recmas_ray.styles.prompts import prompt_set_hash
 from recmas_ray.distributed.launch import start_agents
@@ -78,7 +79,7 @@ def done_keys(samples_file: Path) -> set[str]:
 
 def run_warnings(cfg: EvalConfig, plan) -> list[str]:
     """Warnings recorded in the results: a named benchmark run on random-weight (tiny:) models."""
-    from recmas_ray.eval.benchmarks import BENCHMARKS, canonical_name
+    from recmas_ray.tasks.benchmarks import BENCHMARKS, canonical_name
 
     tiny = sorted(r for r, m in plan.role_models.items() if m.startswith("tiny:"))
     if os.path.exists(cfg.dataset) or canonical_name(cfg.dataset) not in BENCHMARKS or not tiny:
@@ -96,9 +97,10 @@ class BatchRunner:
         self.cfg, self.plan, self.owned = cfg, plan, system is None
         self.system = self.pool = None
         if isinstance(system, LocalPool):  # the in-process agents of a Python API System: reused
-            if cfg.backend != "local" or {r: s.spec for r, s in system.services.items()} != plan.specs:
+            if cfg.backend != "local" or {r: s.spec for r, s in system.services.items()} != plan.specs \
+                    or cfg.outer_init != "trained":  # (their links are those they were built with)
                 raise ValueError(f"the given local agents do not match this run's {plan.manifest()} "
-                                 f"(backend {cfg.backend})")
+                                 f"(backend {cfg.backend}, outer_init {cfg.outer_init})")
             self.pool = system
         elif system is not None:  # a running system of the same plan (sweeps, tests): reused, not shut down
             if cfg.backend != "ray" or system.plan.manifest() != plan.manifest() or system.plan.specs != plan.specs:
@@ -192,7 +194,7 @@ def prepare(cfg: EvalConfig) -> tuple[EvalConfig, Resolution, list[dict], object
     """The checked config with its protocol resolved, the questions and the system plan (no model loaded)."""
     check_tree(cfg)
     resolution = protocol_resolution(cfg)
-    from recmas_ray.eval.benchmarks import BENCHMARKS, canonical_name
+    from recmas_ray.tasks.benchmarks import BENCHMARKS, canonical_name
     from recmas_ray.system.provenance import require_known_links
     from recmas_ray.system.trained import check_trained_task, trained_task
 
@@ -207,7 +209,7 @@ def prepare(cfg: EvalConfig) -> tuple[EvalConfig, Resolution, list[dict], object
                        allow=cfg.system.allow_task_mismatch)
     # links well-formed (plan_system read them), no model loaded yet: refuse those of unknown origin here
     require_known_links(overrides, allow_unknown=cfg.allow_unknown_links)
-    return cfg, resolution, items, plan
+    return cfg, resolution, items, apply_row_options(cfg, plan)  # --outer_init, --format_help (eval/rows.py)
 
 
 def memory_args(cfg: EvalConfig, plan) -> dict:
@@ -225,7 +227,7 @@ def dry_run(cfg: EvalConfig, echo=print) -> int:
     from recmas_ray.distributed.memory import dry_run as print_plan
 
     if _named_benchmark(cfg):  # the plan needs its task type, not its questions (no copy or Hub needed)
-        from recmas_ray.eval.benchmarks import task_type_for
+        from recmas_ray.tasks.benchmarks import task_type_for
 
         check_tree(cfg)
         overrides = cfg.system.link_folders()  # --links' folders with --ckpt_override over them
@@ -240,7 +242,7 @@ def dry_run(cfg: EvalConfig, echo=print) -> int:
 
 def _named_benchmark(cfg: EvalConfig) -> bool:
     """`cfg.dataset` names a benchmark (not a local file)."""
-    from recmas_ray.eval.benchmarks import BENCHMARKS, canonical_name
+    from recmas_ray.tasks.benchmarks import BENCHMARKS, canonical_name
 
     return not os.path.exists(cfg.dataset) and canonical_name(cfg.dataset) in BENCHMARKS
 
@@ -259,7 +261,7 @@ def evaluate(cfg: EvalConfig, *, progress: bool = True, system=None, echo: bool 
              for i in items]
     fingerprint = run_fingerprint(cfg, {**plan.manifest(), "link_sha256": link_hashes(plan)},
                                   extra={"protocol": cfg.protocol, "prompt_set_sha256": prompt_set_hash(plan.style),
-                                         **resolved_runtime(cfg, plan)})
+                                         **resolved_runtime(cfg, plan), **row_fingerprint(cfg)})
     verify_resume(cfg, fingerprint)  # read-only: a refused resume writes nothing, not even the lock file
     with OutputLock(cfg.output_path):  # a second run into this folder stops here, naming this one's PID
         return _evaluate_locked(cfg, plan, items, fingerprint, resolution, progress, system, echo)
@@ -367,7 +369,7 @@ def finish(cfg: EvalConfig, samples_file: Path, plan, wall: dict, start: float,
     machine = machine_load()
     extra = {"protocol": resolution.record(), "machine": machine,
              "prompt_set": {"path": cfg.system.prompt_set, "sha256": prompt_set_hash(plan.style)},
-             "warnings": run_warnings(cfg, plan), "link_origins": _link_origins(cfg)}
+             "warnings": run_warnings(cfg, plan), "link_origins": _link_origins(cfg), **row_record(cfg, all_samples)}
     path = write_results(cfg.output_path, "", results, config, start_time=start, extra=extra)
     track_results(cfg, results, [path, samples_file])
     table = markdown_table(results, machine=machine)

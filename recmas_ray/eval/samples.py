@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import datetime as _dt
+import hashlib
 import json
 import os
 import threading
@@ -33,6 +34,14 @@ def with_verdicts(record: dict) -> dict:
     for mode, fld in VERDICT_FIELDS.items():
         record[fld] = bool(detail[mode]) if mode in detail else bool(record["correct"])
     return record
+
+
+def own_reply(record: dict) -> str:
+    """The text a sample's agent wrote itself: its prediction before any answer-format retry was appended."""
+    retry = record.get("retry")
+    if isinstance(retry, dict) and retry.get("raw_prediction") is not None:
+        return str(retry["raw_prediction"])
+    return str(record.get("prediction") or "")
 
 
 def timestamp() -> str:
@@ -103,8 +112,6 @@ def write_whole(fd: int, data: bytes) -> None:
 
 
 def _sha256(text: str) -> str:
-    import hashlib
-
     return hashlib.sha256(text.encode("utf-8")).hexdigest()
 
 

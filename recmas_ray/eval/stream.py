@@ -31,11 +31,10 @@ import time
 import warnings
 from typing import Callable, Iterator
 
-from recmas_ray.eval.config import StreamConfig
-from recmas_ray.eval.graders import grade
-from recmas_ray.eval.tasks import get_task
 from recmas_ray.config.recursion import RecursionConfig
+from recmas_ray.eval.config import StreamConfig
 from recmas_ray.runner import SampleResult
+from recmas_ray.tasks import get_task, grade
 
 
 

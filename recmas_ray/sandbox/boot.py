@@ -9,7 +9,7 @@ own prints go to stderr), one line ``PROBE_MARK`` + JSON with each call's value 
 type name. Nothing secret is in the child: the parent alone holds the expected values and judges the values it
 gets back, so what the program forges on any fd can only claim values, which pass only if they are right.
 
-Nonce mode (``tests`` set; graders use it only for suites `recmas_ray/eval/code_suites.py` cannot split): the
+Nonce mode (``tests`` set; graders use it only for suites `recmas_ray/tasks/code_suites.py` cannot split): the
 program runs as module ``solution``; the tests run afterwards in a namespace of their own (the solution's
 names, less those that shadow a builtin unless ``grading["program_names"]`` lists them, e.g. an entry point
 called ``sum``; a private copy of the builtins) through the trusted ``_HARNESS`` code object. Only when that

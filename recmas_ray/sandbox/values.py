@@ -3,7 +3,7 @@ as strict JSON of plain types) and `decode_value` (parent side: the inverse, whi
 
 Like `boot.py` this text also runs inside the child: `sandbox/__init__.py` puts it ahead of `boot.py`'s text in the
 one program the child compiles, so it must stay self-contained (standard library only, imported inside functions).
-The parent imports it as an ordinary module (`eval/code_graders.py`).
+The parent imports it as an ordinary module (`tasks/code_graders.py`).
 """
 
 PROBE_MARK = "RECMAS-PROBE-RESULTS "

@@ -12,10 +12,12 @@ from typing import Annotated
 
 from recmas_ray.config.checks import NonEmpty, OneOf, Range
 from recmas_ray.config.choices import BACKENDS
-from recmas_ray.eval.tasks import TASK_TYPES
-from recmas_ray.config.recursion import RecursionConfig
 from recmas_ray.config.placement import PlacementConfig
+from recmas_ray.config.recursion import RecursionConfig
+from recmas_ray.serve.security import API_KEY_ENV, key_digest
+from recmas_ray.styles import get_style
 from recmas_ray.system.config import SystemConfig
+from recmas_ray.tasks import TASK_TYPES
 
 
 @dataclass(kw_only=True)
@@ -98,9 +100,6 @@ class ServeConfig:
 
     def validate(self) -> None:
         """Roles named in models / ckpt_override must be roles of the style; the API key becomes its digest."""
-        from recmas_ray.serve.security import API_KEY_ENV, key_digest
-        from recmas_ray.styles import get_style
-
         if self.api_key is None and os.environ.get(API_KEY_ENV):
             self.api_key = os.environ[API_KEY_ENV]
         if self.api_key is not None:

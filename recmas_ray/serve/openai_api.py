@@ -22,7 +22,7 @@ from typing import Any
 from recmas_ray.api_inputs import MAX_N, MAX_STOP_STRINGS
 from recmas_ray.config.checks import ConfigError, check_tree
 from recmas_ray.config.recursion import METHODS, RecursionConfig
-from recmas_ray.eval.tasks import TASK_TYPES
+from recmas_ray.tasks import TASK_TYPES
 
 EXTRA_FIELDS = ("task", "method", "num_recursive_rounds", "latent_steps", "top_k")
 COMMON_FIELDS = ("model", "max_tokens", "temperature", "top_p", "seed", "n", "stop", "stream", "stream_options",

@@ -16,8 +16,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from recmas_ray.eval.tasks import TASK_TYPES, TASKS
 from recmas_ray.styles.role_context import question_for_role  # per-role context (hidden-operand rows)
+from recmas_ray.tasks import TASK_TYPES, TASKS
 
 VARIANTS = ("base", "feedback")
 SYSTEM_PROMPT = "You are a helpful assistant."

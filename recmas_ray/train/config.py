@@ -17,13 +17,13 @@ from typing import Annotated
 
 from recmas_ray.config.checks import ExistingPath, NonEmpty, OneOf, Range, WritableDir, writable_dir_problem
 from recmas_ray.config.choices import LATENT_NORMS
-from recmas_ray.eval.tasks import TASK_TYPES
 from recmas_ray.config.inputs import check_cuda, check_file, check_model_names
 from recmas_ray.config.recursion import MAX_ROUNDS
 from recmas_ray.config.resume import check_training_resume
 from recmas_ray.config.tracking import TrackingConfig
 from recmas_ray.styles import canonical_role, get_style
 from recmas_ray.system.config import SystemConfig
+from recmas_ray.tasks import TASK_TYPES
 
 SCHEDULES = ("cosine", "linear", "constant")
 STORAGE_SCHEMES = ("s3", "gs", "file")

@@ -18,8 +18,11 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from recmas_ray.eval.tasks import TASK_TYPES
+from recmas_ray.config.inputs import parse_json_lines, read_text_file
 from recmas_ray.styles import StyleSpec, render_prompt, split_edge
+from recmas_ray.styles.role_context import with_role_context
+from recmas_ray.tasks import TASK_TYPES
+from recmas_ray.train.synthetic import make_arithmetic_dataset
 
 # Role names of the original training tool (`--mas_role`) -> recmas_ray role names.
 SYNTHETIC_PREFIX = "synthetic"
@@ -43,7 +46,7 @@ def load_rows(dataset_name: str, json_field: str | None = None, *, split: str = 
         if not path.is_file():
             raise ValueError(f"dataset file {dataset_name!r} does not exist")
         return _json_rows(path, json_field)
-    from datasets import load_dataset
+    from datasets import load_dataset  # ~2 s with pyarrow and pandas: only a dataset id from the Hub needs it
 
     try:
         return [dict(r) for r in load_dataset(dataset_name, split=split)]
@@ -53,8 +56,6 @@ def load_rows(dataset_name: str, json_field: str | None = None, *, split: str = 
 
 
 def _synthetic_rows(name: str) -> list[dict]:
-    from recmas_ray.train.synthetic import make_arithmetic_dataset
-
     prefix, _, count = name.partition(":")
     try:
         num_rows = int(count) if count else DEFAULT_SYNTHETIC_ROWS
@@ -66,8 +67,6 @@ def _synthetic_rows(name: str) -> list[dict]:
 
 
 def _json_rows(path: Path, json_field: str | None) -> list[dict]:
-    from recmas_ray.config.inputs import parse_json_lines, read_text_file
-
     text = read_text_file("--dataset_name", path)
     if path.suffix == ".jsonl":
         data = parse_json_lines(text, str(path))
@@ -106,8 +105,6 @@ def _present(row: dict, field: str) -> bool:
 def question_text(row: dict) -> str:
     """The row's question, surrounding white space stripped (as every text field the trainers read), with its
     `role_context` attached (`styles.role_context.with_role_context`: each role's prompt shows its own part)."""
-    from recmas_ray.styles.role_context import with_role_context
-
     return with_role_context(str(row["question"]).strip(), row.get("role_context"))
 
 

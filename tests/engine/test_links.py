@@ -127,31 +127,6 @@ def test_init_bridge_makes_the_link_map_source_rows_near_their_targets():
     assert set(link.state_dict()) == OUTER_KEYS  # still the release's layout
 
 
-def test_snap_link_lands_on_the_nearest_token_embedding_and_trains_only_its_base():
-    from recmas_ray.links import SnapLink
-
-    torch.manual_seed(0)
-    embed = torch.nn.Embedding(50, 16)
-    base = OuterLink(8, 16)
-    snap = SnapLink(base, embed, tau=1e-3)
-    assert [n for n, _ in snap.named_parameters()] == [f"base.{k}" for k, _ in base.named_parameters()]
-    assert set(snap.state_dict()) == {f"base.{k}" for k in OUTER_KEYS}  # the table is not saved
-    x = torch.randn(3, 4, 8)
-    y = snap(x)
-    cos = torch.nn.functional.normalize(base(x), dim=-1) @ torch.nn.functional.normalize(embed.weight, dim=-1).T
-    top2 = cos.topk(2, dim=-1).values
-    clear = (top2[..., 0] - top2[..., 1]) > 0.02  # the runner-up weighs < e^-20 of the nearest
-    assert clear.sum() >= 8
-    torch.testing.assert_close(y[clear], embed.weight[cos.argmax(-1)][clear].detach(), atol=1e-4, rtol=1e-4)
-    # a large temperature gives the mean embedding: the output is a convex mix of the table's rows
-    torch.testing.assert_close(SnapLink(base, embed, tau=1e6)(x)[0, 0], embed.weight.mean(0).detach(), atol=1e-4, rtol=1e-4)
-    SnapLink(base, embed, tau=0.5)(x).pow(2).sum().backward()
-    assert all(p.grad is not None and p.grad.abs().sum() > 0 for p in base.parameters())
-    assert embed.weight.grad is None
-    with pytest.raises(ValueError, match="tau must be positive"):
-        SnapLink(base, embed, tau=0.0)
-
-
 def test_token_link_resays_the_nearest_source_token_in_the_target_table_and_trains_only_its_residual():
     from recmas_ray.links import TokenLink
 

@@ -5,17 +5,22 @@ joining while others run; arrivals are prefilled together and the shared cache i
 
 import contextlib
 import dataclasses
+import gc
 import math
 import threading
+import weakref
 
 import pytest
 import torch
 
 from tests.conftest import tiny_planner_agents
 
-from recmas_ray.config.recursion import DecodeConfig
+from recmas_ray.config.recursion import DecodeConfig, RecursionConfig
 from recmas_ray.models.tiny import TINY_FAMILIES
+from recmas_ray.runner import run_batch
 from recmas_ray.scheduler import StepScheduler
+from recmas_ray.system.launch import local_pool
+from recmas_ray.system.plan import plan_system
 
 SLOT = "<<LATENT_PLANNER_SLOT>>"
 LONG = ("a longer question about apples, oranges and pears, long enough to pass the sliding window of the tiny "
@@ -296,3 +301,23 @@ def test_a_long_stream_compacts_the_cache_in_place_and_keeps_every_output(agents
             assert got == w_tok
     assert sched.num_compactions >= 1 and sched.num_rebuilds <= math.log2(200) + 2
     assert sched.column < sched._keys[0].shape[2] < 8 * 200  # the width stayed bounded by what rows need
+
+
+def test_a_shut_down_pool_frees_its_models(tiny_cache):
+    """After `LocalPool.shutdown` and dropping the services, no agent's model stays alive: the step thread that
+    served the last call (and would wait 30 s for more) holds its agent only until shutdown ends it. The main
+    job measures with in-process agents between trainings, which need that memory back."""
+    plan = plan_system("distillation", preset="tiny", seed=3)
+    pool = local_pool(plan)
+    rc = RecursionConfig(method="recursive_mas", num_recursive_rounds=1, latent_steps=3,
+                         decode=DecodeConfig(max_new_tokens=4))
+    run_batch(pool, plan.style, ["What is x?", "What is y?"], ["qa", "qa"], rc)
+    threads = [s.agent._scheduler._thread for s in pool.services.values()]
+    assert any(t is not None and t.is_alive() for t in threads)  # the step threads wait for more work
+    models = [weakref.ref(s.agent.model) for s in pool.services.values()]
+    pool.shutdown()
+    pool.services.clear()
+    del pool, plan
+    gc.collect()
+    assert all(t is None or not t.is_alive() for t in threads)
+    assert [m() for m in models] == [None] * len(models)

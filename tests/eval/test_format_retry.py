@@ -7,9 +7,9 @@ import torch
 
 from recmas_ray.config.recursion import DecodeConfig, RecursionConfig
 from recmas_ray.eval.stream import format_retry, needs_format_retry
-from recmas_ray.eval.tasks import get_task
 from recmas_ray.pool import LocalPool
 from recmas_ray.runner import run_batch
+from recmas_ray.tasks import get_task
 
 QUESTIONS = ["What is 17 - 8?", "What is 4 + 5?", "What is 12 - 3?"]
 

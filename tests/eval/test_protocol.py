@@ -15,7 +15,7 @@ from recmas_ray.decoding import HF_DEFAULT_TOP_K, model_top_k
 from recmas_ray.eval.config import EvalConfig
 from recmas_ray.config.recursion import DecodeConfig
 from recmas_ray.eval import protocol as P
-from recmas_ray.eval.benchmarks import BENCHMARKS
+from recmas_ray.tasks.benchmarks import BENCHMARKS
 from recmas_ray.styles import STYLES
 from recmas_ray.system.config import SystemConfig
 

@@ -5,6 +5,7 @@ agent start-up replaced by failures, so a row that got past validation fails lou
 """
 
 import json
+from pathlib import Path
 
 import pytest
 
@@ -142,7 +143,9 @@ def test_help_and_print_config_load_nothing_heavy(question_file, capsys):
 
     code = ("import sys\nfrom jobs import run\ntry:\n    run.main(['--help'])\nexcept SystemExit:\n    pass\n"
             "print(sorted(m for m in ('torch', 'ray', 'transformers') if m in sys.modules))")
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    # from the checkout's root, as README runs the jobs (pip installs only recmas_ray)
+    out = subprocess.run([sys.executable, "-c", code], cwd=Path(__file__).resolve().parents[2], capture_output=True,
+                         text=True, timeout=120)
     assert out.stdout.strip().splitlines()[-1] == "[]", out.stdout[-500:]
     assert "--latent_steps" in out.stdout and "--latent_length" in out.stdout
     assert run_job.main(GOOD + ["--dataset", str(question_file), "--print_config", "--latent_length", "7"]) == 0

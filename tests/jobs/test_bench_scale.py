@@ -37,7 +37,7 @@ SCRIPT = """
 import json, sys
 from types import SimpleNamespace
 import ray
-from jobs.bench.scale import start_cluster
+from jobs.bench.scale_setup import start_cluster
 cluster = start_cluster(SimpleNamespace(address=None, nodes=1, cpus_per_node=1, gpus_per_node=1, object_store_mib=128))
 try:
     print(json.dumps({"gcs": cluster.address, "driver": ray.util.get_node_ip_address(),

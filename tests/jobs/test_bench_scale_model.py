@@ -4,8 +4,9 @@ run whose ratios move; the steady window reads the true rate."""
 
 import pytest
 
+from jobs.bench.call_logs import steady_window, summarize
 from jobs.bench.scale_model import (batch_calls, dilation_check, expected_role_ms, model_run, pool_caps, project,
-                                    simulate, steady_window, summarize)
+                                    simulate)
 from recmas_ray.models.sim import call_device_ms, paper_sim_models, parse_sim_name
 from recmas_ray.styles import get_style
 

@@ -34,8 +34,8 @@ def test_heldout_items_grade_against_the_final_number(tmp_path):
     # the held-out rows carry a worked solution in `answer` and the number in `gold`: the grader must get
     # the number (a regression once graded every prediction against the whole solution: 0% for everyone)
     from jobs.experiments.demo.pipeline import make_data
-    from recmas_ray.eval.benchmarks import load_benchmark
-    from recmas_ray.eval.graders import grade
+    from recmas_ray.tasks.benchmarks import load_benchmark
+    from recmas_ray.tasks import grade
 
     cfg = DemoConfig(num_train=8, num_eval=16, output_path=str(tmp_path))
     _, eval_file, heldout = make_data(cfg, tmp_path)

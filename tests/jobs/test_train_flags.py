@@ -3,6 +3,7 @@ fields reach the config, and --help answers without heavy imports."""
 
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -63,6 +64,8 @@ def test_help_does_not_import_torch_or_ray(job):
     code = (f"import sys; from jobs import {job} as j\n"
             "try:\n    j.main(['--help'])\nexcept SystemExit:\n    pass\n"
             "assert not {'torch', 'ray', 'transformers'} & set(sys.modules), sorted(sys.modules)")
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    # from the checkout's root, as README runs the jobs (pip installs only recmas_ray)
+    out = subprocess.run([sys.executable, "-c", code], cwd=Path(__file__).resolve().parents[2], capture_output=True,
+                         text=True, timeout=60)
     assert out.returncode == 0, out.stderr
     assert "--adapter_lr" in out.stdout or job == "train_outer"

@@ -11,7 +11,7 @@ import sys
 def main() -> None:
     req = json.load(sys.stdin)
     sys.path.insert(0, req.pop("root"))
-    from recmas_ray.eval.code_graders import grade_program
+    from recmas_ray.tasks.code_graders import grade_program
 
     res = grade_program(req.pop("program"), **req)
     print(json.dumps(dataclasses.asdict(res)))

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 from sandbox_parents import ROOT, SYSTEM_PYTHON, _setpriv_prefix, make_parent, parents
 
-from recmas_ray.eval.code_graders import CodeResult, grade_program
+from recmas_ray.tasks.code_graders import CodeResult, grade_program
 
 pytestmark = pytest.mark.sandbox  # every test here runs code in the bubblewrap sandbox
 

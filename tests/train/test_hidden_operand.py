@@ -141,7 +141,7 @@ def test_split_sees_the_fact_and_dataset_names_load(rows):
 
 
 def test_local_question_files_carry_the_role_context(tmp_path, rows):
-    from recmas_ray.eval.benchmarks import load_benchmark
+    from recmas_ray.tasks.benchmarks import load_benchmark
     from recmas_ray.train.synthetic import write_jsonl
 
     items = load_benchmark(str(write_jsonl(rows[:4], tmp_path / "heldout.jsonl")))

@@ -232,9 +232,10 @@ def summarize_run(variant: Variant, rounds: int, records: list[dict], *, wall_s:
 
 
 def graded_both_ways(rec: dict) -> dict:
-    """A sample's strict verdict (the graded format) and lenient one (`graders.grade_lenient`: the final number
+    """A sample's strict verdict (the graded format) and lenient one (`tasks.math.grade_lenient`: the final number
     of the reply the agent wrote itself, before any format retry) and that number."""
-    from recmas_ray.eval.graders import grade_lenient, own_reply
+    from recmas_ray.eval.samples import own_reply
+    from recmas_ray.tasks.math import grade_lenient
 
     g = grade_lenient(own_reply(rec), str(rec["gold"]), strict=bool(rec["correct"]))
     return {"correct_strict": bool(rec["correct"]), "correct_lenient": g.correct, "stated_value": g.extracted}

@@ -20,6 +20,7 @@ import json
 from pathlib import Path
 
 from jobs.experiments.sweep_recipe_measure import split_parts
+from recmas_ray.styles import get_style
 from recmas_ray.train.synthetic_facts import COLLABORATION_TASKS
 
 
@@ -100,7 +101,12 @@ def run_facts(cfg, out: Path, console) -> dict:
     from jobs.experiments.sweep_recipe import main_cfg
 
     lines, tables, tasks, results = [], [], [], {}
-    for style, task in cfg.fact_task_pairs():
+    pairs = cfg.fact_task_pairs()
+    # The systems with the most agents train and measure first, while this process holds nothing of an earlier
+    # task (its freed heap is not all handed back): the job's memory peak is the first task's, not a sum. Each
+    # task seeds its own draws, training and fresh links, so the order changes no figure; lines keep --tasks' order.
+    by_task = {}
+    for style, task in sorted(pairs, key=lambda p: -len(get_style(p[0]).roles)):
         sc = sweep_config(cfg, style, task, out)
         console.start(f"{style} {task}: train links on {sc.num_train} rows, measure {sc.num_eval} + {sc.num_unseen} held-out")
         t0 = time.perf_counter()
@@ -111,11 +117,15 @@ def run_facts(cfg, out: Path, console) -> dict:
         got_tasks = report_tasks(style, task, sc, result, baselines)
         got = lead_lines(got_tasks)
         console.done(f"{time.perf_counter() - t0:.0f} s")
-        lines += got
-        tasks += got_tasks
-        tables.append(task_table(style, task, sc, result, baselines))
+        by_task[(style, task)] = got, got_tasks, task_table(style, task, sc, result, baselines)
         results[f"{style}:{task}"] = {"lines": got, "seconds": time.perf_counter() - t0, "out_dir": str(run),
                                       "train_seconds": result.get("train_seconds")}
+    for pair in pairs:  # --tasks' order
+        got, got_tasks, table = by_task[pair]
+        lines += got
+        tasks += got_tasks
+        tables.append(table)
+    results = {f"{s}:{t}": results[f"{s}:{t}"] for s, t in pairs}
     (out / "facts").mkdir(parents=True, exist_ok=True)
     from recmas_ray.eval.results import library_versions
 

@@ -152,7 +152,7 @@ def run_demo(cfg: DemoConfig, console: Console | None = None, lead_tasks=()) -> 
     agents = compare.Agents(plans, cfg.backend, torch_threads=cfg.torch_threads)
     phases["start_agents"] = console.done()
 
-    from recmas_ray.eval.benchmarks import load_benchmark
+    from recmas_ray.tasks.benchmarks import load_benchmark
 
     from jobs.experiments.probe import question_facts
 

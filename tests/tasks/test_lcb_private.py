@@ -7,7 +7,7 @@ import zlib
 
 import pytest
 
-from recmas_ray.eval.tasks import code as B
+from recmas_ray.tasks import code as B
 
 
 def _blob(obj, protocol=pickle.DEFAULT_PROTOCOL) -> str:

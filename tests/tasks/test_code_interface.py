@@ -5,9 +5,9 @@ import json
 
 import pytest
 
-from recmas_ray.eval import benchmarks as B
-from recmas_ray.eval.graders import grade
 from recmas_ray.styles import get_style, question_with_interface, render_prompt
+from recmas_ray.tasks import benchmarks as B
+from recmas_ray.tasks import grade
 from tests.conftest import write_jsonl
 
 

@@ -8,9 +8,9 @@ import math
 
 import pytest
 
-from recmas_ray.eval import code_graders as G
-from recmas_ray.eval.code_suites import Probe, Unsplittable, split_suite
 from recmas_ray.sandbox.values import decode_value, encode_value
+from recmas_ray.tasks import code_graders as G
+from recmas_ray.tasks.code_suites import Probe, Unsplittable, split_suite
 
 _HUMANEVALPLUS = '''
 import numpy as np

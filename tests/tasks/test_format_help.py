@@ -3,9 +3,9 @@ multi-agent style, and the per-role views of a hidden-fact question."""
 
 import pytest
 
-from recmas_ray.eval.format_help import FORMAT_HELP_MODES, apply_format_help, format_help_text, with_format_help
 from recmas_ray.styles import get_style, render_prompt, render_single_agent_prompt
 from recmas_ray.styles.role_context import question_for_role, with_role_context
+from recmas_ray.tasks.math import FORMAT_HELP_MODES, apply_format_help, format_help_text, with_format_help
 
 
 @pytest.mark.parametrize("mode", FORMAT_HELP_MODES)

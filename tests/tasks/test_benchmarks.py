@@ -6,8 +6,8 @@ import json
 
 import pytest
 
-from recmas_ray.eval import benchmarks as B
-from recmas_ray.eval.graders import grade
+from recmas_ray.tasks import benchmarks as B
+from recmas_ray.tasks import grade
 
 
 @pytest.fixture(autouse=True)
@@ -16,7 +16,7 @@ def no_hub(monkeypatch):
     def _fail(*a, **k):
         raise AssertionError("tests must not fall back to the hub")
     monkeypatch.setattr(B, "_from_hub", _fail)
-    for name in B.KNOWN_BENCHMARKS:
+    for name in B.BENCHMARKS:
         monkeypatch.delenv(B.env_var_for(name), raising=False)
 
 

@@ -5,16 +5,16 @@ import json
 
 import pytest
 
-from recmas_ray.eval.config import EvalConfig
 from recmas_ray.config.recursion import RecursionConfig
-from recmas_ray.eval import benchmarks as B
+from recmas_ray.eval.config import EvalConfig
 from recmas_ray.eval.run import finish
-from recmas_ray.eval.graders import grade
 from recmas_ray.eval.samples import SampleWriter, with_verdicts
 from recmas_ray.eval.stream import sample_record
 from recmas_ray.runner import SampleResult
-from recmas_ray.system.plan import plan_system
 from recmas_ray.system.config import SystemConfig
+from recmas_ray.system.plan import plan_system
+from recmas_ray.tasks import benchmarks as B
+from recmas_ray.tasks import grade
 from tests.conftest import write_jsonl
 
 

@@ -2,7 +2,10 @@
 
 Prompt fields: the problem as the question, the final answer as `gold` (`solution` keeps the worked one);
 the style's math instruction asks for ``\\boxed{}``. Graded here: `grade_math_strict` (the
-paper's runner) or `grade_math_reference` (``--grader reference``); `TASK` is the family.
+paper's runner) or `grade_math_reference` (``--grader reference``); `grade_lenient` judges a reply by the
+final number it states, whatever its format; `with_format_help` / `apply_format_help` append the same
+answer-format help to every question of a comparison. `BENCHMARKS` are the family's sources and loaders,
+`TASK` is the family.
 """
 
 from __future__ import annotations
@@ -10,8 +13,8 @@ from __future__ import annotations
 import re
 import threading
 
-from recmas_ray.eval.tasks.base import GradeResult, Task
-from recmas_ray.eval.tasks.records import _field, _item, _text
+from recmas_ray.tasks.base import BenchmarkSpec, GradeResult, Task
+from recmas_ray.tasks.records import _field, _item, _text
 
 
 def _math500(rows, name, **_):
@@ -96,7 +99,7 @@ def grade_math_strict(pred_text: str | None, gold: str) -> bool:
     if pred is None or not str(gold).strip():
         return False
     try:
-        from math_verify import parse, verify
+        from math_verify import parse, verify  # loads sympy (~1 s): only strict math grading needs it
     except ImportError as exc:  # pragma: no cover - math-verify is a hard dependency
         raise ImportError("strict math grading needs `pip install math-verify`") from exc
     t = _mv_timeout()
@@ -196,10 +199,95 @@ def has_boxed_answer(item: dict, text: str) -> bool:
     return extract_boxed(text) is not None
 
 
-LOADERS = {"math500": _math500, "aime2025": _aime, "aime2026": _aime, "gsm8k": _gsm8k}
+# ----------------------------------------------------------------------------- lenient: the value stated
+# It separates "the reply holds the value" from "the reply is in the graded format" (a model told a fact in plain
+# text states it, often without \\boxed{}); the reply graded is the sample's own (eval.samples.own_reply).
+
+_NUMBER = re.compile(r"(?<![\w.])-?\d+(?:,\d{3})*(?:\.\d+)?")
+
+
+def final_number(text: str | None) -> float | None:
+    """The last number written in `text` ("so x = 65." -> 65.0; "17 - 8 = 9" -> 9.0; "1,250" -> 1250.0), or None."""
+    found = _NUMBER.findall(text or "")
+    return float(found[-1].replace(",", "")) if found else None
+
+
+def grade_lenient(reply: str | None, gold: str, *, strict: bool | None = None) -> GradeResult:
+    """Lenient grade of a numeric answer: correct when the reply's final number equals `gold` (numerically), or
+    when it passes the strict grader (`strict`, computed here when not given). A non-numeric gold is graded
+    strictly only. `extracted` is the final number as written (None when the reply has none)."""
+    strict_ok = grade_math_strict(reply or "", str(gold)) if strict is None else bool(strict)
+    value = final_number(reply)
+    gold_value = final_number(str(gold)) if _NUMBER.fullmatch(str(gold).strip()) else None
+    by_value = value is not None and gold_value is not None and value == gold_value
+    shown = None if value is None else (str(int(value)) if value.is_integer() else str(value))
+    return GradeResult(strict_ok or by_value, shown, value is None,
+                       {"strict": strict_ok, "final_number": value, "final_number_matches": by_value})
+
+
+# ----------------------------------------------------------------------------- format help
+# The same answer-format instruction or worked example appended to every row's question: a comparison between
+# methods says something about information only when every method had the same chance at the graded format
+# (trained links learn to end with \\boxed{value} from their gold answers, a text baseline may state the value
+# without it). Appended to the question every role sees (per-role context markers, `styles.role_context`, stay in
+# front), so the single agent, the text methods and the latent methods all read it; `grade_lenient` is the other
+# half.
+
+FORMAT_HELP_MODES = ("none", "instruction", "few_shot")
+"""none: the question as it is; instruction: one sentence asking for the value alone in \\boxed{}; few_shot: the
+instruction plus two worked examples of the reply's form."""
+
+FORMAT_HELP_INSTRUCTION = "End your reply with the final value alone inside \\boxed{}, for example \\boxed{42}."
+FORMAT_HELP_FEW_SHOT = ("Examples of the reply's form:\n"
+                        "Question: y = 12. What is y? Reply: y = 12. \\boxed{12}\n"
+                        "Question: What is 7 + 5? Reply: 7 + 5 = 12. \\boxed{12}")
+
+
+FORMAT_HELP_ONE_EXAMPLE = "Example of the reply's form:\nQuestion: y = 12. What is y? Reply: y = 12. \\boxed{12}"
+"""The one worked example of the decoder's format help (`decoder_help_text`)."""
+
+
+def decoder_help_text() -> str:
+    """What `--format_help` appends to the decoder's prompt (`eval.rows`): the instruction and one example."""
+    return f"{FORMAT_HELP_INSTRUCTION}\n{FORMAT_HELP_ONE_EXAMPLE}"
+
+
+def format_help_text(mode: str) -> str:
+    """The text `mode` appends ("" for none)."""
+    if mode not in FORMAT_HELP_MODES:
+        raise ValueError(f"format help {mode!r}; expected one of {', '.join(FORMAT_HELP_MODES)}")
+    return {"none": "", "instruction": FORMAT_HELP_INSTRUCTION,
+            "few_shot": f"{FORMAT_HELP_INSTRUCTION}\n{FORMAT_HELP_FEW_SHOT}"}[mode]
+
+
+def with_format_help(question: str, mode: str) -> str:
+    """`question` with the format help of `mode` after it (unchanged for none)."""
+    help_text = format_help_text(mode)
+    return f"{question}\n\n{help_text}" if help_text else question
+
+
+def apply_format_help(items: list[dict], mode: str,
+                      role_questions: dict[str, dict[str, str]] | None = None) -> tuple[list[dict], dict | None]:
+    """(items, role_questions) with the same help on every question and on every role's view of it (doc id ->
+    role -> text), so no method reads a different instruction; the inputs are not modified."""
+    format_help_text(mode)  # checks the mode before anything is built
+    items = [{**i, "question": with_format_help(i["question"], mode)} for i in items]
+    if role_questions is not None:
+        role_questions = {d: {r: with_format_help(q, mode) for r, q in views.items()}
+                          for d, views in role_questions.items()}
+    return items, role_questions
+
+
+BENCHMARKS = {
+    "math500": BenchmarkSpec("HuggingFaceH4/MATH-500", None, "test", _math500,
+                             aliases=("math-500", "huggingfaceh4/math-500")),
+    "aime2025": BenchmarkSpec("math-ai/aime25", None, "test", _aime, "pass@10", aliases=("aime25",)),
+    "aime2026": BenchmarkSpec("MathArena/aime_2026", None, "train", _aime, "pass@10", aliases=("aime26",)),
+    "gsm8k": BenchmarkSpec("openai/gsm8k", "main", "test", _gsm8k, aliases=("openai/gsm8k",)),
+}
 
 # The release's retry suffix (its answer-format retry, docs/reproducing.md).
 TASK = Task("math", instruction="Reason step by step and put the final answer within \\boxed{}, for example "
                                 "\\boxed{1}.",
-            answer_found=has_boxed_answer, grade=grade, retry_suffix="\nFinal Answer: \\boxed{", loaders=LOADERS,
+            answer_found=has_boxed_answer, grade=grade, retry_suffix="\nFinal Answer: \\boxed{", benchmarks=BENCHMARKS,
             local_fields=lambda row, gold: {})

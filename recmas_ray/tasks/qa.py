@@ -12,9 +12,9 @@ import string
 from collections import Counter
 from typing import Sequence
 
-from recmas_ray.eval.tasks.base import GradeResult, Task
-from recmas_ray.eval.tasks.math import _reference_extract, extract_math_answer, has_boxed_answer
-from recmas_ray.eval.tasks.records import _field, _item, _text
+from recmas_ray.tasks.base import BenchmarkSpec, GradeResult, Task
+from recmas_ray.tasks.math import _reference_extract, extract_math_answer, has_boxed_answer
+from recmas_ray.tasks.records import _field, _item, _text
 
 
 QA_INSTRUCTION = "Answer the question. You may use available tools if needed."
@@ -55,7 +55,7 @@ def normalize_date(text: str) -> str:
     if not (has_year or has_month):
         return ""
     try:
-        from dateutil import parser as date_parser
+        from dateutil import parser as date_parser  # ~50 ms on first use: only date-like golds need it
 
         parsed = date_parser.parse(text, fuzzy=False)
     except (ValueError, OverflowError, TypeError):
@@ -135,10 +135,13 @@ def grade(record: dict, response: str, mode: str) -> GradeResult:
     return GradeResult(verdicts[mode], extracted if mode == "strict" else ref_pred, extracted is None, detail)
 
 
-LOADERS = {"hotpotqa": _qa, "bamboogle": _qa}
+BENCHMARKS = {
+    "hotpotqa": BenchmarkSpec("hotpotqa/hotpot_qa", "distractor", "validation", _qa, "exact_match"),
+    "bamboogle": BenchmarkSpec("chiayewken/bamboogle", None, "test", _qa, "exact_match"),
+}
 
 # QA prompts ask for \boxed{} too, so the retry is math's.
 TASK = Task("qa", instruction="Answer the question. You may use available tools if needed. Put the final short "
                               "answer within \\boxed{}.",
-            answer_found=has_boxed_answer, grade=grade, retry_suffix="\nFinal Answer: \\boxed{", loaders=LOADERS,
+            answer_found=has_boxed_answer, grade=grade, retry_suffix="\nFinal Answer: \\boxed{", benchmarks=BENCHMARKS,
             local_fields=lambda row, gold: {"aliases": [gold]})

@@ -7,12 +7,14 @@ family.
 
 from __future__ import annotations
 
+import hashlib
+import random
 import re
 from typing import Sequence
 
-from recmas_ray.eval.tasks.base import GradeResult, Task
-from recmas_ray.eval.tasks.math import extract_boxed
-from recmas_ray.eval.tasks.records import _field, _item, _text
+from recmas_ray.tasks.base import BenchmarkSpec, GradeResult, Task
+from recmas_ray.tasks.math import extract_boxed
+from recmas_ray.tasks.records import _field, _item, _text
 
 
 CHOICE_SUFFIX = "Choose the correct option (A/B/C/D)."
@@ -84,9 +86,6 @@ def shuffle_options(stem: str, options: Sequence[str], gold_index: int, seed: in
     Same permutation as the release: md5 of f"{seed}::{stem}" (first 16 hex digits) seeds
     `random.Random`, which shuffles the index list; position i shows option perm[i].
     """
-    import hashlib
-    import random
-
     if not 0 <= gold_index < len(options):
         raise ValueError(f"gold_index={gold_index} out of range for {len(options)} options")
     key = stem.strip() or "||".join(options)
@@ -139,10 +138,13 @@ def grade(record: dict, response: str, mode: str) -> GradeResult:
     return GradeResult(verdicts[mode], chosen, letter is None, dict(verdicts))
 
 
-LOADERS = {"gpqa_diamond": _gpqa, "medqa": _medqa}
+BENCHMARKS = {
+    "gpqa_diamond": BenchmarkSpec("Idavidrein/gpqa", "gpqa_diamond", "train", _gpqa, aliases=("gpqa",)),
+    "medqa": BenchmarkSpec(None, None, "test", _medqa),
+}
 
 TASK = Task("choice", instruction="Reason step by step and put only the letter of the final choice within "
                                   "\\boxed{}, for example \\boxed{A}.",
             answer_found=lambda item, text: extract_choice(text, _letters(item)) is not None, grade=grade,
-            retry_suffix="\nFinal Choice: \\boxed{", loaders=LOADERS,
+            retry_suffix="\nFinal Choice: \\boxed{", benchmarks=BENCHMARKS,
             local_fields=lambda row, gold: {"options": row["options"]} if "options" in row else {})

@@ -19,7 +19,7 @@ from __future__ import annotations
 import ast
 from dataclasses import dataclass, field
 
-from recmas_ray.eval.code_checks import (_KNOWN_HELPERS, _MATH, Unsplittable, _Candidate, _CheckFailed, _Module,
+from recmas_ray.tasks.code_checks import (_KNOWN_HELPERS, _MATH, Unsplittable, _Candidate, _CheckFailed, _Module,
                                         _call_args, _callee, _eval, _shape, _static, evalplus_assertion)
 
 __all__ = ["Probe", "SplitSuite", "Unsplittable", "split_suite", "evalplus_assertion"]

