@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from recmas_ray.config.cli import run_job
+from recmas_ray.models.registry import model_kind
 
 
 @dataclass(kw_only=True)
@@ -77,10 +78,10 @@ def check_publishable(manifests: dict[str, dict], *, allow_incomplete: bool, all
                              f"{styles[0] if styles else '?'}: `links=` would run fresh random links there; train "
                              "them (train_inner / train_outer) or pass --allow_incomplete")
     if not allow_random_bases:
-        tiny = sorted({str((info or {}).get("base_model")) for m in manifests.values()
-                       for info in (m.get("roles") or {}).values() if isinstance(info, dict)
-                       and str(info.get("base_model", "")).startswith("tiny:")}
-                      | {m["base_model"] for m in manifests.values() if str(m.get("base_model", "")).startswith("tiny:")})
+        bases = {str(info.get("base_model", "")) for m in manifests.values()
+                 for info in (m.get("roles") or {}).values() if isinstance(info, dict)} \
+            | {str(m.get("base_model", "")) for m in manifests.values()}
+        tiny = sorted(b for b in bases if model_kind(b).random_weights)
         if tiny:
             raise ValueError(f"--folder: links trained on random-weight test models {tiny}, which mean nothing to "
                              "anyone else; train on real models (--preset demo|paper) or pass --allow_random_bases")

@@ -28,6 +28,7 @@ from recmas_ray.kv_cache import left_pad
 from recmas_ray.config.recursion import DecodeConfig
 from recmas_ray.links import InnerLink, OuterLink, TokenLink, link_from_state, link_state
 from recmas_ray.models.loader import load_frozen_model, resolve_dtype
+from recmas_ray.models.registry import model_kind
 
 if TYPE_CHECKING:
     from recmas_ray.tools.loop import ToolLoopConfig
@@ -40,7 +41,7 @@ class AgentSpec:
     role: str
     """Role name in its style, e.g. "planner"."""
     model_name: str
-    """tiny:<family>, pkg:<name>, a HF id or a local path."""
+    """A model name of any kind in `models.registry`: tiny:<family>, pkg:<name>, sim:..., a HF id or a local path."""
     system_prompt: str
     """The style's system prompt."""
     dtype: str = "auto"
@@ -85,10 +86,9 @@ class AgentService:
         from recmas_ray.links import inner_link_from_state_dict
 
         self.spec = spec
-        if spec.model_name.startswith("sim:"):  # cost-simulated agent (benchmarks): no model, no links
-            from recmas_ray.models.sim import SimulatedAgent
-
-            self.agent = SimulatedAgent(spec.model_name, role=spec.role)
+        kind = model_kind(spec.model_name)
+        if not kind.has_weights:  # a stand-in agent (cost-simulated, benchmarks): no model, no links
+            self.agent = kind.stand_in_agent(spec.model_name, role=spec.role)
         else:
             device = pick_device(spec.device)
             model, tokenizer = load_frozen_model(spec.model_name, dtype=resolve_dtype(spec.dtype, device),

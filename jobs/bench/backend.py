@@ -107,7 +107,7 @@ class BackendBenchConfig:
     """Where bench_backend.json and config.json go."""
 
     def validate(self) -> None:
-        from recmas_ray.config.inputs import check_model_names
+        from recmas_ray.models.registry import check_model_names
         from recmas_ray.config.inputs import check_cuda, check_ray_address
 
         check_role_models("--role_model", self.system.role_models, self.system.style, extra=("all",))

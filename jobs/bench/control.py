@@ -84,9 +84,10 @@ def measure(cfg: ControlBenchConfig) -> dict:
     from recmas_ray.config.recursion import DecodeConfig, RecursionConfig
     from recmas_ray.distributed.replicas import build_replicas
     from recmas_ray.distributed.orchestrator import start_router
+    from recmas_ray.models.registry import SIMULATED
     from recmas_ray.system.plan import simulated_plan
 
-    plan = simulated_plan("sequential_light", "sim:hidden=256,step_ms=0,token_ms=0,tokens=1,prefill_ms=0")
+    plan = simulated_plan("sequential_light", SIMULATED.name("hidden=256,step_ms=0,token_ms=0,tokens=1,prefill_ms=0"))
     rc = RecursionConfig(method="recursive_mas", num_recursive_rounds=cfg.rounds, latent_steps=4,
                          decode=DecodeConfig(max_new_tokens=1))
     reps = build_replicas(plan, PlacementConfig(preset="cpu", cpus_per_agent=0.1, agent_max_restarts=0,

@@ -38,6 +38,7 @@ from typing import Annotated
 
 from recmas_ray.config.checks import NonEmpty, OneOf, Range, WritableDir
 from recmas_ray.config.cli import run_job
+from recmas_ray.models.registry import SMOLLM2_135M
 
 SLOT = "<<LATENT_PLANNER_SLOT>>"
 DEFAULT_DEPTH = 6
@@ -48,7 +49,7 @@ DEFAULT_DEPTH = 6
 class EngineBenchConfig:
     """Steady-state continuous batching benchmark of one agent (see the module docstring)."""
 
-    model: str = "pkg:smollm2-135m-instruct"
+    model: str = SMOLLM2_135M
     """The agent's base model (packaged real model by default; tiny:FAMILY for a quick check)."""
     in_flight: Annotated[list[int], Range(1, 1024), NonEmpty()] = field(default_factory=lambda: [DEFAULT_DEPTH, 32])
     """Batches in flight of the batched runs (the default depth, 6, and 32)."""

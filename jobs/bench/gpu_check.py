@@ -53,8 +53,9 @@ def probe_internals() -> dict:
     out = {"ok": False, "missing": []}
     try:
         from recmas_ray.models.loader import load_frozen_model
+        from recmas_ray.models.registry import TINY
 
-        model, tok = load_frozen_model("tiny:llama", dtype=torch.float32)
+        model, tok = load_frozen_model(TINY.name("llama"), dtype=torch.float32)
         ids = tok(["probe"], return_tensors="pt")["input_ids"]
         res = model(input_ids=ids, use_cache=True)
         cache = getattr(res, "past_key_values", None) or getattr(res, "cache", None)
@@ -135,10 +136,11 @@ def shaped_agent(shapes: dict, device: str, dtype, *, tiny: bool = False, name: 
     from recmas_ray.agent import Agent
     from recmas_ray.links import InnerLink
     from recmas_ray.models.loader import load_frozen_model
+    from recmas_ray.models.registry import TINY
 
     kw = {k: v for k, v in shapes.items() if k != "family"} | (TINY_SHAPES if tiny else {})
     cls = {"llama": LlamaConfig, "gemma3": Gemma3TextConfig, "qwen2": Qwen2Config}[shapes["family"]]
-    _, tok = load_frozen_model("tiny:qwen3", dtype=torch.float32)
+    _, tok = load_frozen_model(TINY.name("qwen3"), dtype=torch.float32)
     torch.manual_seed(0)
     model = _from_config(cls(**kw), dtype).to(device).eval().requires_grad_(False)
     return Agent(model, tok, InnerLink(kw["hidden_size"]), role="planner", model_name=name)

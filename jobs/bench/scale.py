@@ -50,7 +50,7 @@ import time
 from jobs.bench.scale_costs import call_costs, plot, real_models, targets
 from jobs.bench.call_logs import summarize
 from jobs.bench.scale_model import dilation_check, expected_role_ms, model_run, pool_caps, project, rel
-from jobs.bench.scale_setup import PAPER_ROLES, ScaleBenchConfig, paper_plan, quick, start_cluster
+from jobs.bench.scale_setup import ScaleBenchConfig, paper_plan, paper_roles, quick, start_cluster
 from recmas_ray.config.cli import run_job
 from recmas_ray.config.placement import PlacementConfig
 from recmas_ray.config.recursion import DecodeConfig, RecursionConfig
@@ -200,7 +200,7 @@ def bench(args: ScaleBenchConfig) -> int:
 
     if args.address:
         check_reachable(args.address)  # a dead address: one line and exit 2 before anything is written
-    num_roles = len(PAPER_ROLES[args.system])
+    num_roles = len(paper_roles(args.system))
     if args.gpus < num_roles:
         raise ValueError(f"--gpus {args.gpus}: the {args.system} system needs at least {num_roles}")
     # a whole system that fits one node is placed STRICT_PACK (distributed/placement.py), so GPUs left over on a

@@ -7,6 +7,8 @@ from __future__ import annotations
 import statistics
 import time
 
+from jobs.bench.scale_setup import PAPER_SYSTEMS
+
 
 def ray_call_cost(handles: dict, args, num_bytes: int, dtype: str) -> dict:
     """ms per agent call: a chain of zero-cost rollouts, each taking the previous one's message of
@@ -42,11 +44,12 @@ def ray_call_cost(handles: dict, args, num_bytes: int, dtype: str) -> dict:
 
 def call_costs(args) -> dict:
     """`ray_call_cost` at 0 B, 32 KiB and 1 MiB for fp32 and bf16 messages, with ratios to the empty call."""
+    from recmas_ray.models.registry import SIMULATED
     from recmas_ray.system.plan import simulated_plan
 
     out = {}
     for dtype in ("fp32", "bf16"):
-        plan = simulated_plan("sequential_light", "sim:hidden=2048,step_ms=0,token_ms=0,tokens=1",
+        plan = simulated_plan("sequential_light", SIMULATED.name("hidden=2048,step_ms=0,token_ms=0,tokens=1"),
                               message_dtype=dtype)
         from recmas_ray.distributed.launch import start_agents
         from recmas_ray.config.placement import PlacementConfig
@@ -71,10 +74,9 @@ def real_models(args) -> dict:
     from recmas_ray.config.recursion import DecodeConfig, RecursionConfig
     from recmas_ray.distributed.launch import start_agents
     from recmas_ray.config.placement import PlacementConfig
-    from recmas_ray.models.sim import PAPER_STYLES
     from recmas_ray.system.plan import plan_system
 
-    plan = plan_system(PAPER_STYLES[args.system], preset="tiny", seed=0)
+    plan = plan_system(PAPER_SYSTEMS[args.system], preset="tiny", seed=0)
     cfg = RecursionConfig(method="recursive_mas", num_recursive_rounds=2, latent_steps=4,
                           decode=DecodeConfig(max_new_tokens=6))
     qs = [([f"real question {k}.{i}: what is {k} + {i}?" for i in range(2)], ["math"] * 2) for k in range(4)]

@@ -34,18 +34,19 @@ from typing import Annotated
 
 from recmas_ray.config.checks import NonEmpty, OneOf, Range, WritableDir
 from recmas_ray.config.cli import run_job
+from recmas_ray.models.registry import GEMMA3_270M, SIMULATED, SMOLLM2_135M
 
 QUANTITIES = ("prefill_ms", "latent_step_ms", "decoded_token_ms")
-DEMO_MODELS = ("pkg:smollm2-135m-instruct", "pkg:gemma3-270m")
+DEMO_MODELS = (SMOLLM2_135M, GEMMA3_270M)
 # The demo models' shapes (their converted config.json, recmas_ray/models/packaged.py; offline.md section 2.1):
 # a GPU machine reaches no hub and holds no packaged model, so gpu_check.sh times random weights of these shapes.
 DEMO_SHAPES = {
-    "pkg:smollm2-135m-instruct": {"family": "llama", "hidden_size": 576, "intermediate_size": 1536,
-                                  "num_hidden_layers": 30, "num_attention_heads": 9, "num_key_value_heads": 3,
-                                  "vocab_size": 49152, "tie_word_embeddings": True},
-    "pkg:gemma3-270m": {"family": "gemma3", "hidden_size": 640, "intermediate_size": 2048, "num_hidden_layers": 18,
-                        "num_attention_heads": 4, "num_key_value_heads": 1, "head_dim": 256, "vocab_size": 262144,
-                        "sliding_window": 512, "tie_word_embeddings": True},
+    SMOLLM2_135M: {"family": "llama", "hidden_size": 576, "intermediate_size": 1536,
+                   "num_hidden_layers": 30, "num_attention_heads": 9, "num_key_value_heads": 3,
+                   "vocab_size": 49152, "tie_word_embeddings": True},
+    GEMMA3_270M: {"family": "gemma3", "hidden_size": 640, "intermediate_size": 2048, "num_hidden_layers": 18,
+                  "num_attention_heads": 4, "num_key_value_heads": 1, "head_dim": 256, "vocab_size": 262144,
+                  "sliding_window": 512, "tie_word_embeddings": True},
 }
 PROMPT = "Question {i}: a farmer has {i} rows of 7 apple trees and sells 3 trees. How many trees are left?"
 
@@ -198,7 +199,7 @@ def fitted_sim_name(fit: dict, *, hidden: int, tokens: int, eos_spread: float = 
     """A `sim:` model name priced by a fit (`fit_model`'s output)."""
     p = fit["sim_params"]
     items = {"hidden": hidden, "tokens": tokens, "eos_spread": eos_spread, **p}
-    return "sim:" + ",".join(f"{k}={v:.6g}" if isinstance(v, float) else f"{k}={v}" for k, v in items.items())
+    return SIMULATED.name(",".join(f"{k}={v:.6g}" if isinstance(v, float) else f"{k}={v}" for k, v in items.items()))
 
 
 def _load_agent(name: str, dtype: str):

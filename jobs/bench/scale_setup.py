@@ -15,12 +15,19 @@ from typing import Annotated
 from jobs.bench.scale_fit import fitted_sim_name, load_fit
 from recmas_ray.config.checks import NonEmpty, OneOf, Range, WritableDir
 from recmas_ray.config.recursion import MAX_LATENT_STEPS, MAX_ROUNDS
-from recmas_ray.models.sim import EOS_SPREAD, PAPER_MODELS, PAPER_STYLES, ROW_SHARE, paper_sim_models
+from recmas_ray.models.sim import EOS_SPREAD, PAPER_MODEL_SIZES, ROW_SHARE, paper_sim_models
+from recmas_ray.styles import get_style
 from recmas_ray.system.plan import simulated_plan
 from recmas_ray.system.presets import role_models
 
-SYSTEMS = ("light", "mixture")
-PAPER_ROLES = {"light": ("planner", "critic", "solver"), "mixture": ("math", "code", "science", "summarizer")}
+PAPER_SYSTEMS = {"light": "sequential_light", "mixture": "mixture"}
+"""The paper systems the scaling benchmark simulates (its --system choices) -> the style each runs."""
+SYSTEMS = tuple(PAPER_SYSTEMS)
+
+
+def paper_roles(system: str) -> tuple[str, ...]:
+    """The roles of a paper system (its style's)."""
+    return get_style(PAPER_SYSTEMS[system]).roles
 
 
 @dataclass(kw_only=True)
@@ -167,8 +174,10 @@ def simulated_cluster(nodes: int, *, cpus_per_node: int, gpus_per_node: int = 0,
 def paper_plan(args, scale: float = 1.0):
     """The simulated system: the paper table's costs, or with `costs` the fitted table of the demo preset's
     model per role (every time x `scale`)."""
+    style = PAPER_SYSTEMS[args.system]
+    paper = role_models(style, "paper")
     if getattr(args, "costs", None):
-        fit, demo = load_fit(args.costs), role_models(PAPER_STYLES[args.system], "demo")
+        fit, demo = load_fit(args.costs), role_models(style, "demo")
         missing = sorted({m for m in demo.values() if m not in fit})
         if missing:
             raise ValueError(f"--costs {args.costs}: no fit for {missing}; expected the demo models' "
@@ -177,9 +186,9 @@ def paper_plan(args, scale: float = 1.0):
         for role, model in demo.items():
             f = {**fit[model], "sim_params": {k: v * scale if k.endswith("_ms") else v
                                               for k, v in fit[model]["sim_params"].items()}}
-            models[role] = fitted_sim_name(f, hidden=PAPER_MODELS[args.system][role][1], tokens=args.tokens,
+            models[role] = fitted_sim_name(f, hidden=PAPER_MODEL_SIZES[paper[role]][1], tokens=args.tokens,
                                            eos_spread=args.eos_spread)
-        return simulated_plan(PAPER_STYLES[args.system], models)
-    models = paper_sim_models(args.system, ms_per_gparam=args.ms_per_gparam * scale, tokens=args.tokens,
+        return simulated_plan(style, models)
+    models = paper_sim_models(paper, ms_per_gparam=args.ms_per_gparam * scale, tokens=args.tokens,
                               prompt_tokens=args.prompt_tokens, row_share=args.row_share, eos_spread=args.eos_spread)
-    return simulated_plan(PAPER_STYLES[args.system], models)
+    return simulated_plan(style, models)

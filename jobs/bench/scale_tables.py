@@ -13,6 +13,7 @@ import json
 import sys
 
 from jobs.bench.scale_fit import QUANTITIES
+from recmas_ray.models.registry import PACKAGED
 
 
 def fit_table(costs: dict) -> str:
@@ -29,7 +30,7 @@ def fit_table(costs: dict) -> str:
             for r in rows:
                 p = by_rows.get(r)
                 cells.append(f"{p[q]:.1f} ({min(p[q + '_samples']):.1f}-{max(p[q + '_samples']):.1f})" if p else "")
-            lines.append(f"| {m['model'].removeprefix('pkg:')} | {q.removesuffix('_ms').replace('_', ' ')} | "
+            lines.append(f"| {PACKAGED.key(m['model'])} | {q.removesuffix('_ms').replace('_', ' ')} | "
                          f"{fit[q]['a']:.2f} + {fit[q]['b']:.2f} x rows | {fit[q]['r2']:.2f} | " + " | ".join(cells) + " |")
     loads = [m["loadavg_1_5_15_before"][0] for m in costs["measurements"]] + \
             [m["loadavg_1_5_15_after"][0] for m in costs["measurements"]]

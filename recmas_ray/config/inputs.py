@@ -284,18 +284,16 @@ def check_ray_address(flag: str, address: str, *, timeout_s: float = 10.0) -> No
 
 
 def model_name_problem(name) -> str | None:
-    """Why a base-model name cannot load, checked without loading anything, or None.
+    """Why a Hugging Face id or local path cannot load, checked without loading anything, or None (the question
+    `models.registry` asks for names of that kind; its other kinds answer for themselves).
 
-    tiny:/pkg: names resolve offline; a name that looks like a path must be a model directory (config.json);
-    a Hub id must be in the local cache, or (not HF_HUB_OFFLINE) answer one request to the Hub
-    (`hub_model_problem`).
+    A name that looks like a path must be a model directory (config.json); a Hub id must be in the local cache, or
+    (not HF_HUB_OFFLINE) answer one request to the Hub (`hub_model_problem`).
     """
     if not isinstance(name, str):
         return f"expected a model name (string), got {type(name).__name__}"
     if not name.strip():
         return "is empty"
-    if name.startswith(("tiny:", "pkg:")):
-        return None  # offline names, checked by their own resolvers (known families and wheels)
     p = Path(name).expanduser()
     looks_local = name.startswith((".", "/", "~")) or p.exists() or name.count("/") > 1
     if looks_local:
@@ -345,14 +343,6 @@ def hub_model_problem(name: str) -> str | None:
         return (f"is not in the local Hugging Face cache and the Hub cannot be reached ({type(e).__name__}); "
                 "pass a local model directory, or set HF_HUB_OFFLINE=1 to use only the cache")
     return None
-
-
-def check_model_names(flag: str, table: dict[str, str]) -> None:
-    """Every ROLE=MODEL names a model that can load (without loading it): one line naming the role."""
-    for role, name in table.items():
-        problem = model_name_problem(name)
-        if problem:
-            raise ValueError(f"{flag} {role}={name}: {problem}")
 
 
 class OutputLock:

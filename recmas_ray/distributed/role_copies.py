@@ -37,12 +37,12 @@ def call_cost(model_name: str, kind: str, num_tokens: int) -> float:
     the blocks and a decoded token the blocks and the LM head (a rollout never runs the head); the
     prompt is one parallel forward, its tokens `PREFILL_SPEEDUP` times cheaper than a step each.
     """
-    from recmas_ray.models.sim import PREFILL_REF_ROWS, PREFILL_SPEEDUP, call_device_ms, parse_sim_name
+    from recmas_ray.models.registry import model_kind
+    from recmas_ray.models.sim import PREFILL_SPEEDUP
 
-    if model_name.startswith("sim:"):  # the simulator's own table at its reference batch, every row to the end
-        p = parse_sim_name(model_name)
-        steps = num_tokens if kind == "rollout" else min(num_tokens, int(p["tokens"]))
-        return call_device_ms(p, kind, PREFILL_REF_ROWS, steps)
+    own = model_kind(model_name).call_cost(model_name, kind, num_tokens)  # simulated agents: their own table
+    if own is not None:
+        return own
     blocks, head = _params(model_name)
     prefill = blocks * PROMPT_TOKENS / PREFILL_SPEEDUP
     if kind == "rollout":

@@ -14,7 +14,8 @@ from typing import Annotated
 
 from recmas_ray.config.checks import NonEmpty, OneOf, Range, WritableDir
 from recmas_ray.config.choices import BACKENDS, GRADERS
-from recmas_ray.config.inputs import check_cuda, check_data_path, check_file, check_model_names, read_data_file
+from recmas_ray.config.inputs import check_cuda, check_data_path, check_file, read_data_file
+from recmas_ray.models.registry import check_model_names
 from recmas_ray.config.placement import PlacementConfig
 from recmas_ray.config.recursion import MAX_ROUNDS, METHODS, RecursionConfig, ToolLoopConfig
 from recmas_ray.config.tracking import TrackingConfig

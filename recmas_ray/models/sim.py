@@ -91,6 +91,14 @@ def call_device_ms(params: dict, kind: str, rows: int, steps: int, row_counts: l
     return ms
 
 
+def sim_call_cost(name: str, kind: str, num_tokens: int) -> float:
+    """Relative cost of one call of a `sim:` model (`distributed.role_copies.call_cost`): its own table at its
+    reference batch (`PREFILL_REF_ROWS`), every row to the end."""
+    p = parse_sim_name(name)
+    steps = num_tokens if kind == "rollout" else min(num_tokens, int(p["tokens"]))
+    return call_device_ms(p, kind, PREFILL_REF_ROWS, steps)
+
+
 class SimulatedAgent:
     """Waits instead of computing; answers every question with \\boxed{0}."""
 
@@ -144,13 +152,14 @@ class SimulatedAgent:
 
 
 
-# Parameters (billions) of the paper systems' base models (recmas_ray/system/presets.py PAPER), from
+# (parameters in billions, hidden size) of the paper systems' base models (the styles' `paper` presets), from
 # their model cards; the hidden sizes are their configs' (the width of the messages they send).
-PAPER_MODELS = {
-    "light": {"planner": (1.72, 2048), "critic": (1.24, 2048), "solver": (1.54, 1536)},
-    "mixture": {"math": (1.78, 1536), "code": (3.09, 2048), "science": (7.24, 4096), "summarizer": (2.0, 2048)},
+PAPER_MODEL_SIZES = {
+    "Qwen/Qwen3-1.7B": (1.72, 2048), "meta-llama/Llama-3.2-1B-Instruct": (1.24, 2048),
+    "Qwen/Qwen2.5-Math-1.5B-Instruct": (1.54, 1536), "deepseek-ai/DeepSeek-R1-Distill-Qwen-1.5B": (1.78, 1536),
+    "Qwen/Qwen2.5-Coder-3B-Instruct": (3.09, 2048), "BioMistral/BioMistral-7B": (7.24, 4096),
+    "Qwen/Qwen3.5-2B": (2.0, 2048),
 }
-PAPER_STYLES = {"light": "sequential_light", "mixture": "mixture"}
 
 
 PREFILL_REF_ROWS = 4
@@ -165,17 +174,19 @@ EOS_SPREAD = 0.5
 the paper systems is in the repo)."""
 
 
-def paper_sim_models(system: str, *, ms_per_gparam: float = 1.0, tokens: int = 256, prompt_tokens: int = 200,
-                     prefill_speedup: float = PREFILL_SPEEDUP, row_share: float = ROW_SHARE,
+def paper_sim_models(models: dict[str, str], *, ms_per_gparam: float = 1.0, tokens: int = 256,
+                     prompt_tokens: int = 200, prefill_speedup: float = PREFILL_SPEEDUP, row_share: float = ROW_SHARE,
                      eos_spread: float = EOS_SPREAD) -> dict[str, str]:
-    """`sim:` names for each role of a paper system, costs proportional to parameters: a latent step or
-    a decoded token takes `ms_per_gparam` x parameters (B) ms at one row, `row_share` more per extra row;
-    each row's `prompt_tokens` are prefilled on every call (PREFILL_REF_ROWS); decoded rows stop at EOS
-    after `tokens` x [1 - eos_spread, 1]."""
-    if system not in PAPER_MODELS:
-        raise ValueError(f"unknown paper system {system!r}; expected one of {sorted(PAPER_MODELS)}")
+    """`sim:` names for each role of a paper system (`models`: role -> paper base model, a style's `paper`
+    preset), costs proportional to parameters: a latent step or a decoded token takes `ms_per_gparam` x parameters
+    (B) ms at one row, `row_share` more per extra row; each row's `prompt_tokens` are prefilled on every call
+    (PREFILL_REF_ROWS); decoded rows stop at EOS after `tokens` x [1 - eos_spread, 1]."""
+    unknown = sorted(m for m in models.values() if m not in PAPER_MODEL_SIZES)
+    if unknown:
+        raise ValueError(f"no parameter count for {unknown}; expected models of {sorted(PAPER_MODEL_SIZES)}")
     out = {}
-    for role, (params_b, hidden) in PAPER_MODELS[system].items():
+    for role, model in models.items():
+        params_b, hidden = PAPER_MODEL_SIZES[model]
         token_ms = ms_per_gparam * params_b
         out[role] = (f"sim:hidden={hidden},step_ms={token_ms:.4g},token_ms={token_ms:.4g},tokens={tokens},"
                      f"prompt_tokens={prompt_tokens},"

@@ -5,12 +5,12 @@ from recmas_ray.styles.base import (StyleSpec, Step, build_schedule, question_wi
 from recmas_ray.styles.deliberation import DELIBERATION
 from recmas_ray.styles.distillation import DISTILLATION
 from recmas_ray.styles.mixture import MIXTURE
-from recmas_ray.styles.sequential import SEQUENTIAL
+from recmas_ray.styles.sequential import SEQUENTIAL, SEQUENTIAL_SCALED
 
-# sequential_light / sequential_scaled share one declaration; they differ only in their base models
-# (see `recmas_ray.system.presets`). `mas_design` names of the original training tool are aliases.
+# sequential_light / sequential_scaled share one declaration; they differ only in their paper base models
+# (`StyleSpec.presets`). `mas_design` names of the original training tool are aliases.
 STYLES: dict[str, StyleSpec] = {
-    "sequential": SEQUENTIAL, "sequential_light": SEQUENTIAL, "sequential_scaled": SEQUENTIAL,
+    "sequential": SEQUENTIAL, "sequential_light": SEQUENTIAL, "sequential_scaled": SEQUENTIAL_SCALED,
     "mixture": MIXTURE, "distillation": DISTILLATION, "deliberation": DELIBERATION,
 }
 ALIASES = {"hie": "mixture", "distill": "distillation"}

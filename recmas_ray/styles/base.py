@@ -16,6 +16,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from recmas_ray.config.choices import MODEL_PRESETS
 from recmas_ray.styles.role_context import question_for_role  # per-role context (hidden-operand rows)
 from recmas_ray.tasks import TASK_TYPES, TASKS
 
@@ -31,6 +32,27 @@ INTERFACE_LINES = {
     "functional": "Interface: implement and return the function `{fn_name}` only.",
     "stdin": "Interface: write a complete program that reads from standard input and writes to standard output.",
 }
+
+
+JUNE, APRIL = "[Jun] recommendations", "[Apr] recommendations (R from the default 3)"
+"""Where a style's `reference_cells` come from (the two public releases, docs/reproducing.md#sources); June's
+recommendations override April's for the same cell."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class ReferenceCell:
+    """The release's recommendation for one (style, benchmark) pair (`eval.protocol`'s reference protocol)."""
+
+    latent_steps: int
+    """m."""
+    rounds: int
+    """R."""
+    batch_size: int | None = None
+    """Batch size where the table records one."""
+    temperature: float | None = None
+    """Per-pair temperature override (else the benchmark's or 0.6)."""
+    source: str
+    """Where the numbers come from."""
 
 
 @dataclass(frozen=True)
@@ -86,10 +108,37 @@ class StyleSpec:
     decodes_each_round: bool = False
     """The release's decoder also decodes (and discards) text in non-final rounds; the reference protocol
     turns the runner's `decode_every_round` on for such a style."""
+    presets: dict[str, dict[str, str]] = field(default_factory=dict)
+    """Model preset (`config.choices.MODEL_PRESETS`: paper, tiny, demo) -> role -> base model (a name of any kind
+    in `models.registry`); `system.presets.role_models` reads it."""
+    experts: tuple[str, ...] = ()
+    """Roles that each stand for one domain and feed the decoder side by side (mixture's math, code and science);
+    the `mixture` hidden-fact task tells each its own fact."""
+    fact_tasks: tuple[str, ...] = ("recall", "compare", "choose")
+    """Hidden-fact tasks (`train.synthetic_facts`) that apply to this style: the single-fact ones tell `first_role`
+    a fact; `two_fact` (planner and critic) and `mixture` (`experts`) need the roles they tell."""
+    reference_cells: dict[str, ReferenceCell] = field(default_factory=dict)
+    """Benchmark key -> the releases' recommended m and R (batch size, temperature) for this style, read by the
+    reference protocol (`eval.protocol`); other benchmarks take `reference_default`."""
+    reference_default: ReferenceCell | None = None
+    """m and R of the benchmarks `reference_cells` does not name (None: the runner defaults m=32, R=3)."""
+    reference_max_new_tokens: dict[str, int] = field(default_factory=lambda: {"math500": 2000})
+    """Benchmark key -> the release's decoding budget where it depends on the style ([Apr] run.py; every other
+    benchmark 4000)."""
 
     @property
     def roles(self) -> tuple[str, ...]:
         return tuple(r for stage in self.stages for r in stage)
+
+    @property
+    def first_role(self) -> str:
+        """The first role of the first stage: the one a single hidden fact is told to."""
+        return self.stages[0][0]
+
+    @property
+    def num_hops(self) -> int:
+        """Links a first-stage message crosses on its way to the decoder (one per later stage)."""
+        return len(self.stages) - 1
 
     @property
     def edges(self) -> tuple[str, ...]:
@@ -113,6 +162,12 @@ class StyleSpec:
                             raise ValueError(f"style {self.name}: {variant} prompt of {role} ({task}) is missing its slot {marker}")
         if self.decoder not in roles:
             raise ValueError(f"style {self.name}: decoder {self.decoder!r} is not a role")
+        for preset, models in self.presets.items():
+            if preset not in MODEL_PRESETS or set(models) - roles:
+                raise ValueError(f"style {self.name}: preset {preset!r} names {sorted(models)}; expected a preset of "
+                                 f"{MODEL_PRESETS} naming roles of {sorted(roles)}")
+        if set(self.experts) - roles:
+            raise ValueError(f"style {self.name}: experts {list(self.experts)} are not all roles")
 
 
 @dataclass(frozen=True)

@@ -4,7 +4,8 @@ Both roles use the tool-use system prompt. The reflector only rolls out latents 
 latent mode); the toolcaller's final decode may call tools (see `recmas_ray.tools`).
 """
 
-from recmas_ray.styles.base import RolePrompts, StyleSpec
+from recmas_ray.models.registry import GEMMA3_270M, SMOLLM2_135M, TINY
+from recmas_ray.styles.base import JUNE, ReferenceCell, RolePrompts, StyleSpec
 
 REFLECTOR_SLOT = "<<DELIBERATION_REFLECTOR_SLOT>>"
 FEEDBACK_SLOT = "<<DELIBERATION_FEEDBACK_SLOT>>"
@@ -40,4 +41,13 @@ DELIBERATION = StyleSpec(
     system_prompt=TOOL_SYSTEM_PROMPT,
     teacher_text_in_slots=False,
     uses_tools=True,
+    presets={
+        "paper": {"reflector": "Qwen/Qwen3.5-4B", "toolcaller": "Qwen/Qwen3.5-4B"},
+        "tiny": {"reflector": TINY.name("llama"), "toolcaller": TINY.name("llama")},
+        "demo": {"reflector": GEMMA3_270M, "toolcaller": SMOLLM2_135M},
+    },
+    reference_cells={"hotpotqa": ReferenceCell(latent_steps=32, rounds=2, source=JUNE),
+                     "bamboogle": ReferenceCell(latent_steps=16, rounds=3, batch_size=8, source=JUNE)},
+    # June: "m16 everywhere" (R from the default 3) except the cells above
+    reference_default=ReferenceCell(latent_steps=16, rounds=3, source=JUNE + " (m16 everywhere, R default 3)"),
 )

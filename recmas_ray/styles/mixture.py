@@ -6,7 +6,8 @@ here that is the runner's `decode_every_round` switch, off by default (`decodes_
 reference protocol to turn it on).
 """
 
-from recmas_ray.styles.base import RolePrompts, StyleSpec
+from recmas_ray.models.registry import GEMMA3_270M, SMOLLM2_135M, TINY
+from recmas_ray.styles.base import JUNE, ReferenceCell, RolePrompts, StyleSpec
 
 EXPERTS = ("math", "code", "science")
 EXPERT_SLOTS = {"math": "<<HIE_MATH_EXPERT_SLOT>>", "code": "<<HIE_CODE_EXPERT_SLOT>>",
@@ -46,4 +47,15 @@ MIXTURE = StyleSpec(
         "summarizer": ("hie_summarizer", "summary", "answer"),
     },
     decodes_each_round=True,
+    experts=EXPERTS,
+    fact_tasks=("recall", "mixture", "compare", "choose"),  # recall tells the math expert alone
+    presets={
+        "paper": {"math": "deepseek-ai/DeepSeek-R1-Distill-Qwen-1.5B", "code": "Qwen/Qwen2.5-Coder-3B-Instruct",
+                  "science": "BioMistral/BioMistral-7B", "summarizer": "Qwen/Qwen3.5-2B"},
+        "tiny": {"math": TINY.name("qwen3"), "code": TINY.name("llama"), "science": TINY.name("mistral"),
+                 "summarizer": TINY.name("gemma3")},
+        "demo": {"math": SMOLLM2_135M, "code": GEMMA3_270M, "science": SMOLLM2_135M, "summarizer": SMOLLM2_135M},
+    },
+    reference_cells={"livecodebench_v6": ReferenceCell(latent_steps=16, rounds=3, temperature=0.2,
+                                                       source=JUNE + " (R not recorded: default 3)")},
 )

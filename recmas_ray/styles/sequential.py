@@ -5,7 +5,10 @@ prompt says "This is round 2" in every round >= 2, as the reference does (`fix_r
 to a future config switch).
 """
 
-from recmas_ray.styles.base import RolePrompts, StyleSpec
+import dataclasses
+
+from recmas_ray.models.registry import GEMMA3_270M, SMOLLM2_135M, TINY
+from recmas_ray.styles.base import APRIL, JUNE, ReferenceCell, RolePrompts, StyleSpec
 
 PLANNER_SLOT = "<<LATENT_PLANNER_SLOT>>"
 REFINED_SLOT = "<<LATENT_REFINED_SLOT>>"
@@ -61,4 +64,38 @@ SEQUENTIAL = StyleSpec(
     },
     prompts={"planner": PLANNER, "critic": CRITIC, "solver": SOLVER},
     target_fields={"planner": ("plan",), "critic": ("refined_plan",), "solver": ("answer",)},
+    fact_tasks=("recall", "two_fact", "compare", "choose"),
+    presets={
+        # the released RecursiveMAS light system's base models
+        "paper": {"planner": "Qwen/Qwen3-1.7B", "critic": "meta-llama/Llama-3.2-1B-Instruct",
+                  "solver": "Qwen/Qwen2.5-Math-1.5B-Instruct"},
+        "tiny": {"planner": TINY.name("qwen3"), "critic": TINY.name("llama"), "solver": TINY.name("gemma3")},
+        "demo": {"planner": SMOLLM2_135M, "critic": GEMMA3_270M, "solver": SMOLLM2_135M},
+    },
+    reference_cells={
+        "math500": ReferenceCell(latent_steps=32, rounds=3, batch_size=32, source=JUNE + "; bs32 from April"),
+        "medqa": ReferenceCell(latent_steps=32, rounds=2, batch_size=16, source=JUNE + "; bs16 from April"),
+        "gpqa_diamond": ReferenceCell(latent_steps=48, rounds=3, batch_size=16, source=JUNE + "; bs16 from April"),
+        "mbppplus": ReferenceCell(latent_steps=16, rounds=3, batch_size=16, source=APRIL),
+        "aime2025": ReferenceCell(latent_steps=32, rounds=3, batch_size=15, source=JUNE),
+        "aime2026": ReferenceCell(latent_steps=32, rounds=2, source=JUNE),
+    },
+    reference_max_new_tokens={"math500": 1000},
 )
+"""The light system (also registered as `sequential` and `sequential_light`)."""
+
+SEQUENTIAL_SCALED = dataclasses.replace(
+    SEQUENTIAL,
+    presets={**SEQUENTIAL.presets, "paper": {
+        "planner": "google/gemma-3-4b-it", "critic": "meta-llama/Llama-3.2-3B-Instruct", "solver": "Qwen/Qwen3.5-4B"}},
+    reference_cells={
+        "math500": ReferenceCell(latent_steps=64, rounds=2, source=JUNE),
+        "medqa": ReferenceCell(latent_steps=48, rounds=3, source=APRIL),
+        "gpqa_diamond": ReferenceCell(latent_steps=48, rounds=3, source=APRIL),
+        "mbppplus": ReferenceCell(latent_steps=16, rounds=3, source=APRIL),
+        "aime2026": ReferenceCell(latent_steps=64, rounds=3, source=JUNE),
+        "livecodebench_v6": ReferenceCell(latent_steps=48, rounds=2, temperature=0.2, source=JUNE),
+    },
+    reference_max_new_tokens={"math500": 2000},
+)
+"""The scaled system: the same declaration (and name) on larger base models, with its own recommendations."""

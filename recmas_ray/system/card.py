@@ -19,6 +19,7 @@ import shutil
 import stat
 from pathlib import Path
 
+from recmas_ray.models.registry import model_kind
 from recmas_ray.system.checkpoints import MANIFEST, WEIGHTS
 
 SHIPPED_FILES = (WEIGHTS, MANIFEST, "config.json", "provenance.json", "eval_curve.jsonl", "eval_curve.png",
@@ -120,7 +121,7 @@ def model_card(manifests: dict[str, dict], repo_id: str, *, folder: str | Path) 
     system_style = next((str(m["style"]) for m in manifests.values() if m.get("kind") == "outer" and m.get("style")),
                         styles[0] if styles else "STYLE")
     bases = sorted({str(r["base_model"]) for r in roles.values() if r.get("base_model")})
-    hub_bases = [b for b in bases if "/" in b and not b.startswith(("tiny:", "pkg:"))]
+    hub_bases = [b for b in bases if "/" in b and model_kind(b).hub_id]
     lines = ["---", "library_name: recmas_ray", "tags:", "- recursivemas", "- multi-agent", "- latent-communication"]
     if hub_bases:
         lines += ["base_model:"] + [f"- {b}" for b in hub_bases]

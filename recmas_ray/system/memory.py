@@ -21,6 +21,7 @@ import math
 from dataclasses import dataclass, field
 
 from recmas_ray.config.engine import EngineConfig
+from recmas_ray.models.registry import model_kind
 
 GIB = 1 << 30
 CUDA_CONTEXT_BYTES = 512 << 20
@@ -119,14 +120,13 @@ class ModelShape:
 
 def model_shape(name: str) -> ModelShape:
     """From the model's config: the model is built on the meta device (no weights read) to count parameters."""
-    if name.startswith("sim:"):  # cost-simulated agents hold no model
+    kind = model_kind(name)
+    if not kind.has_weights:  # stand-in agents (cost-simulated) hold no model
         return ModelShape(0, 0)
     import torch
     from transformers import AutoConfig, AutoModelForCausalLM
 
-    from recmas_ray.models.loader import resolve_model_path
-
-    config = AutoConfig.from_pretrained(resolve_model_path(name))
+    config = AutoConfig.from_pretrained(kind.path(name))
     with torch.device("meta"):  # (accelerate's init_empty_weights unties tied embeddings: counted twice)
         model = AutoModelForCausalLM.from_config(config)
     num_params = sum(p.numel() for p in model.parameters())  # tied weights counted once

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING
 from recmas_ray.system.config import SystemConfig
 from recmas_ray.system.checkpoints import LinkSet, declared_base_model, load_links
 from recmas_ray.system.link_init import init_links
-from recmas_ray.models.loader import resolve_model_path
+from recmas_ray.models.registry import SIMULATED, model_kind
 from recmas_ray.system.presets import role_models
 from recmas_ray.service import AgentSpec, link_states
 from recmas_ray.styles import StyleSpec, get_style, tool_styles
@@ -76,15 +76,7 @@ def served_links(plan: SystemPlan) -> dict[str, dict]:
 
 def model_hidden_size(name: str) -> int:
     """Hidden size from the model's config alone (no weights loaded; packaged models are not converted)."""
-    from transformers import AutoConfig
-
-    if name.startswith("pkg:"):
-        from recmas_ray.models.packaged import PKG_MODELS
-
-        if name in PKG_MODELS:
-            return PKG_MODELS[name].hidden_size
-
-    return int(AutoConfig.from_pretrained(resolve_model_path(name)).get_text_config().hidden_size)
+    return model_kind(name).hidden_size(name)
 
 
 def same_model(a: str, b: str) -> bool:
@@ -240,25 +232,27 @@ def plan_system(system: SystemConfig | str, *, task: str = "math", tools: ToolLo
     return SystemPlan(style_name, style, models, hidden, links, specs, sources)
 
 
-def simulated_plan(style_name: str, model_name: str | dict[str, str] = "sim:hidden=2048", *,
+def simulated_plan(style_name: str, model_name: str | dict[str, str] = SIMULATED.name("hidden=2048"), *,
                    message_dtype: str = "auto") -> SystemPlan:
     """A SystemPlan of cost-simulated agents (`recmas_ray.models.sim`): `model_name` for every role, or a
     `sim:` name per role. Links are 8-wide placeholders (the simulated agents ignore them, so nothing
     large is shipped at start-up)."""
     from recmas_ray.links import InnerLink, OuterLink
-    from recmas_ray.models.sim import parse_sim_name
 
     style = get_style(style_name)
     models = dict(model_name) if isinstance(model_name, dict) else {r: model_name for r in style.roles}
     missing = [r for r in style.roles if r not in models]
     if missing:
         raise ValueError(f"simulated_plan: no sim: model for roles {missing} of {style_name}")
+    real = sorted(r for r in style.roles if model_kind(models[r]).has_weights)
+    if real:
+        raise ValueError(f"simulated_plan: roles {real} name models with weights; expected simulated (sim:) models")
     links = LinkSet()
     links.inner.update({r: InnerLink(8) for r in style.roles})
     links.outer.update({e: OuterLink(8, 8) for e in style.edges})
     # simulated agents run one call at a time (they sleep for their costs; no scheduler merges their steps)
     specs = {r: AgentSpec(role=r, model_name=models[r], system_prompt=style.system_prompt,
                           message_dtype=message_dtype, continuous_batching=False) for r in style.roles}
-    hidden = {r: int(parse_sim_name(models[r])["hidden"]) for r in style.roles}
+    hidden = {r: model_hidden_size(models[r]) for r in style.roles}
     return SystemPlan(style_name, style, {r: models[r] for r in style.roles}, hidden, links, specs,
                       {"links": "placeholder (simulated agents)"})

@@ -17,7 +17,8 @@ from typing import Annotated
 
 from recmas_ray.config.checks import ExistingPath, NonEmpty, OneOf, Range, WritableDir, writable_dir_problem
 from recmas_ray.config.choices import LATENT_NORMS
-from recmas_ray.config.inputs import check_cuda, check_file, check_model_names
+from recmas_ray.config.inputs import check_cuda, check_file
+from recmas_ray.models.registry import check_model_names
 from recmas_ray.config.recursion import MAX_ROUNDS
 from recmas_ray.config.resume import check_training_resume
 from recmas_ray.config.tracking import TrackingConfig

@@ -28,19 +28,15 @@ from __future__ import annotations
 
 import random
 
+from recmas_ray.styles import STYLES, get_style
 from recmas_ray.train.splits import FACT_VALUES, SEEN_VALUES, UNSEEN_VALUES, check_split, fact_pairs
 
 FACT_TASKS = ("recall", "two_fact", "mixture", "compare", "choose")
 COLLABORATION_TASKS = ("compare", "choose")
 """Tasks the decoder can partly solve alone (its single-agent accuracy is neither floor nor ceiling)."""
-FIRST_STAGE = {"sequential": "planner", "sequential_light": "planner", "sequential_scaled": "planner",
-               "distillation": "expert", "deliberation": "reflector", "mixture": "math"}
-MIXTURE_EXPERTS = ("math", "code", "science")
-TASK_STYLES = {"recall": ("sequential_light", "sequential", "distillation", "deliberation", "mixture"),
-               "two_fact": ("sequential_light", "sequential"), "mixture": ("mixture",),
-               "compare": ("sequential_light", "sequential", "distillation", "deliberation", "mixture"),
-               "choose": ("sequential_light", "sequential", "distillation", "deliberation", "mixture")}
-"""Styles each task applies to (mixture's recall tells the math expert alone)."""
+TASK_STYLES = {task: tuple(name for name, style in STYLES.items() if task in style.fact_tasks) for task in FACT_TASKS}
+"""Registered styles each task applies to, as their declarations say (`StyleSpec.fact_tasks`; mixture's recall
+tells the math expert alone)."""
 
 
 def _texts(told: dict[str, str], asked_var: str, value: int, gold: str, answer: str) -> dict:
@@ -70,7 +66,8 @@ def _texts(told: dict[str, str], asked_var: str, value: int, gold: str, answer: 
 
 def fact_row(task: str, style: str, rng: random.Random, pairs: list[tuple[str, int]]) -> dict:
     """One row of `task` for `style` whose facts are drawn from `pairs` ((variable, value), `splits.fact_pairs`)."""
-    first = FIRST_STAGE[style]
+    spec = get_style(style)
+    first = spec.first_role
     if task in ("recall", "compare", "choose"):
         var, x = rng.choice(pairs)
         told = {first: f"{var} = {x}."}
@@ -88,7 +85,7 @@ def fact_row(task: str, style: str, rng: random.Random, pairs: list[tuple[str, i
         facts = {"fact": x}
         asked = var
     else:
-        roles = ("planner", "critic") if task == "two_fact" else MIXTURE_EXPERTS
+        roles = ("planner", "critic") if task == "two_fact" else spec.experts
         chosen = rng.sample(pairs, len(roles))
         while len({var for var, _ in chosen}) < len(roles):  # different letters (12 of them: a few draws)
             chosen = rng.sample(pairs, len(roles))
@@ -114,7 +111,7 @@ def make_fact_dataset(task: str, style: str, num_rows: int, *, seed: int = 0, sp
     `split` (`train.splits`); `values`: all, seen or unseen fact values (training facts are all seen)."""
     if task not in FACT_TASKS:
         raise ValueError(f"task {task!r}; expected one of {', '.join(FACT_TASKS)}")
-    if style not in TASK_STYLES[task]:
+    if task not in get_style(style).fact_tasks:
         raise ValueError(f"task {task} does not apply to style {style}; expected one of {', '.join(TASK_STYLES[task])}")
     pairs = fact_pairs(check_split(split), values)
     rng, rows, seen = random.Random(seed), [], set()

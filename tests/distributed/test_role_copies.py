@@ -51,11 +51,13 @@ def test_auto_role_replicas_prices_prompts_as_one_forward_and_rollouts_without_t
     table says: 1/1/6), not ~2 (prompt tokens priced like decoded ones, the LM head on latent steps)."""
     from recmas_ray.distributed.role_copies import _params, call_cost
     from recmas_ray.models.sim import paper_sim_models
+    from recmas_ray.system.presets import role_models
 
     style = get_style("sequential_light")
     same = {r: "tiny:llama" for r in style.roles}
     real = copies_from_costs(role_costs(style, same, num_rounds=1, latent_steps=32, max_new_tokens=256))
-    sims = {r: paper_sim_models("light")["planner"] for r in style.roles}  # one model's table for every role
+    planner = paper_sim_models(role_models("sequential_light", "paper"))["planner"]
+    sims = {r: planner for r in style.roles}  # one model's table for every role
     table = copies_from_costs(role_costs(style, sims, num_rounds=1, latent_steps=32, max_new_tokens=256))
     assert table == {"planner": 1, "critic": 1, "solver": 6}
     assert real["planner"] == real["critic"] == 1 and abs(real["solver"] - table["solver"]) <= 1, real

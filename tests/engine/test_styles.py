@@ -155,7 +155,6 @@ def test_prompt_set_with_a_missing_slot_fails_before_models_load(tmp_path, quest
     def no_models(*a, **k):
         raise AssertionError("a model was looked up")
 
-    monkeypatch.setattr(plan, "resolve_model_path", no_models)
     monkeypatch.setattr(plan, "model_hidden_size", no_models)
     bad = _edited(tmp_path, lambda d: d["roles"]["solver"]["base"].update(math="{question} {final}"))
     argv = ["--style", "sequential_light", "--preset", "tiny", "--dataset", str(question_file), "--backend", "local",
@@ -164,3 +163,66 @@ def test_prompt_set_with_a_missing_slot_fails_before_models_load(tmp_path, quest
     err = capsys.readouterr().err
     assert "role solver, variant base, task math: missing slot <<LATENT_REFINED_SLOT>>" in err
     assert len(err.strip().splitlines()) == 1
+
+
+# The base models of the released systems and of the offline presets, written out apart from the declarations.
+PAPER_LIGHT = {"planner": "Qwen/Qwen3-1.7B", "critic": "meta-llama/Llama-3.2-1B-Instruct",
+               "solver": "Qwen/Qwen2.5-Math-1.5B-Instruct"}
+PAPER_SCALED = {"planner": "google/gemma-3-4b-it", "critic": "meta-llama/Llama-3.2-3B-Instruct",
+                "solver": "Qwen/Qwen3.5-4B"}
+TINY_MIXTURE = {"math": "tiny:qwen3", "code": "tiny:llama", "science": "tiny:mistral", "summarizer": "tiny:gemma3"}
+DEMO_DISTILLATION = {"expert": "pkg:gemma3-270m", "learner": "pkg:smollm2-135m-instruct"}
+
+
+def test_presets_first_roles_experts_and_fact_tasks_come_from_the_declarations():
+    from recmas_ray.system.presets import role_models
+    from recmas_ray.train.synthetic_facts import TASK_STYLES, make_fact_dataset
+
+    assert role_models("sequential_light", "paper") == role_models("sequential", "paper") == PAPER_LIGHT
+    assert role_models("sequential_scaled", "paper") == PAPER_SCALED
+    assert role_models("hie", "tiny") == TINY_MIXTURE and role_models("distill", "demo") == DEMO_DISTILLATION
+    assert {name: get_style(name).first_role for name in ("sequential_scaled", "mixture", "distillation",
+                                                          "deliberation")} == {
+        "sequential_scaled": "planner", "mixture": "math", "distillation": "expert", "deliberation": "reflector"}
+    assert TASK_STYLES["two_fact"] == ("sequential", "sequential_light", "sequential_scaled")
+    assert TASK_STYLES["mixture"] == ("mixture",)
+    row = make_fact_dataset("mixture", "mixture", 1)[0]
+    assert set(row["role_context"]) == {"math", "code", "science"} and row["facts"]["asked_role"] in row["role_context"]
+    with pytest.raises(ValueError, match="task two_fact does not apply to style distillation"):
+        make_fact_dataset("two_fact", "distillation", 1)
+
+
+def test_a_new_style_declares_what_the_system_the_facts_and_the_protocol_read():
+    from recmas_ray.eval import protocol
+    from recmas_ray.styles.base import ReferenceCell
+    from recmas_ray.system.presets import role_models
+    from recmas_ray.train.synthetic_facts import make_fact_dataset
+
+    relay = StyleSpec(
+        name="relay", stages=(("scout",), ("judge",)), forward_edges=("scout->judge",), feedback_edges=(),
+        decoder="judge", slots={"judge": {"<<RELAY_SLOT>>": "scout->judge"}},
+        prompts={"scout": RolePrompts(base={"math": "Look: {question}"}),
+                 "judge": RolePrompts(base={"math": "Given <<RELAY_SLOT>> answer {question} {final}"})},
+        target_fields={"scout": ("plan",), "judge": ("answer",)}, fact_tasks=("recall",),
+        presets={"tiny": {"scout": "tiny:llama", "judge": "tiny:qwen3"}},
+        reference_cells={"math500": ReferenceCell(latent_steps=8, rounds=2, source="toy")},
+        reference_max_new_tokens={"math500": 300})
+    STYLES["relay"] = relay
+    try:
+        assert role_models("relay", "tiny") == {"scout": "tiny:llama", "judge": "tiny:qwen3"}
+        with pytest.raises(ValueError, match=r"preset 'demo' has no base model for roles \['scout', 'judge'\]"):
+            role_models("relay", "demo")
+        assert list(make_fact_dataset("recall", "relay", 2)[0]["role_context"]) == ["scout"]
+        assert (protocol.recommended("relay", "math500").latent_steps, protocol.max_new_tokens("relay", "math500"),
+                protocol.max_new_tokens("relay", "medqa")) == (8, 300, 4000)
+        assert protocol.recommended("relay", "medqa") == protocol.RUNNER_DEFAULT
+    finally:
+        del STYLES["relay"]
+
+
+def test_a_preset_naming_a_role_the_style_lacks_is_rejected():
+    import dataclasses
+
+    bad = dataclasses.replace(get_style("distillation"), presets={"tiny": {"teacher": "tiny:qwen3"}})
+    with pytest.raises(ValueError, match="preset 'tiny' names \\['teacher'\\]"):
+        bad.validate()

@@ -35,10 +35,12 @@ EXPECTED = {
     ("deliberation", "hotpotqa"): (32, 2), ("deliberation", "bamboogle"): (16, 3),
 }
 TEMPERATURE = {("sequential_scaled", "livecodebench_v6"): 0.2, ("mixture", "livecodebench_v6"): 0.2}
+STYLE_KEYS = {"sequential": "sequential_light"}
+"""The tables name the light system sequential_light; this project also calls it sequential."""
 
 
 def expected(style, bench):
-    key = P.STYLE_KEYS.get(style, style)
+    key = STYLE_KEYS.get(style, style)
     m, r = EXPECTED.get((key, bench), (16, 3) if key == "deliberation" else (32, 3))
     temp = TEMPERATURE.get((key, bench), 0.2 if bench == "mbppplus" else 0.6)
     tokens = (1000 if key == "sequential_light" else 2000) if bench == "math500" else 4000
@@ -56,7 +58,7 @@ def test_reference_recipe_is_the_table(style, bench):
     assert (cfg.recursion.latent_steps, cfg.recursion.num_recursive_rounds) == (m, r)
     assert (d.do_sample, d.temperature, d.top_p, d.top_k, d.max_new_tokens) == (True, temp, 0.95, -1, tokens)
     assert (cfg.num_rollouts, cfg.grader, cfg.format_retry) == (rollouts, "reference", True)
-    assert cfg.recursion.decode_every_round is (P.STYLE_KEYS.get(style, style) == "mixture")
+    assert cfg.recursion.decode_every_round is (STYLE_KEYS.get(style, style) == "mixture")
     assert res.metric == BENCHMARKS[bench].metric
     assert all(s["source"] == "protocol" and s["cite"] for s in res.settings.values())
 

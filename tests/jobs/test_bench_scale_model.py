@@ -9,6 +9,10 @@ from jobs.bench.scale_model import (batch_calls, dilation_check, expected_role_m
                                     simulate)
 from recmas_ray.models.sim import call_device_ms, paper_sim_models, parse_sim_name
 from recmas_ray.styles import get_style
+from recmas_ray.system.presets import role_models
+
+LIGHT = role_models("sequential_light", "paper")
+"""The paper light system's base model per role (its costs are proportional to their parameters)."""
 
 STYLE = get_style("sequential_light")
 KW = dict(rounds=1, latent_steps=10, max_new_tokens=20, batch_size=1)
@@ -53,8 +57,8 @@ def test_host_time_is_not_counted_as_device_time():
 
 
 def test_costs_times_k_scale_time_and_keep_every_ratio():
-    params = {r: parse_sim_name(m) for r, m in paper_sim_models("light", ms_per_gparam=5).items()}
-    double = {r: parse_sim_name(m) for r, m in paper_sim_models("light", ms_per_gparam=10).items()}
+    params = {r: parse_sim_name(m) for r, m in paper_sim_models(LIGHT, ms_per_gparam=5).items()}
+    double = {r: parse_sim_name(m) for r, m in paper_sim_models(LIGHT, ms_per_gparam=10).items()}
     kw = dict(rounds=3, latent_steps=8, max_new_tokens=32, batch_size=4, num_batches=60, depth=12)
     layout = [{"planner": 2, "critic": 1, "solver": 3}]
     a, b = model_run(STYLE, params, layout, **kw), model_run(STYLE, double, layout, **kw)
@@ -70,7 +74,7 @@ def test_the_batch_walks_the_style_schedule_with_its_inputs():
 
 
 def test_expected_costs_are_the_cost_table_per_batch():
-    params = {r: parse_sim_name(m) for r, m in paper_sim_models("light", ms_per_gparam=10, eos_spread=0).items()}
+    params = {r: parse_sim_name(m) for r, m in paper_sim_models(LIGHT, ms_per_gparam=10, eos_spread=0).items()}
     costs = expected_role_ms(STYLE, params, 1, 8, 32, 4)
     assert costs["planner"] == pytest.approx(call_device_ms(params["planner"], "rollout", 4, 8))
     assert costs["solver"] == pytest.approx(call_device_ms(params["solver"], "decode", 4, 32))
@@ -134,7 +138,7 @@ def test_as_built_a_call_is_routed_when_its_inputs_exist_which_feeds_the_pools_a
     """The default is the production path's routing (when a call's inputs exist). On the R = 3 pools of the
     docs' table (5 / 3 / 10 copies, two batches per actor in flight) it keeps the least busy role above 0.8,
     where picking every copy at submission counted work that could not run and left copies idle (< 0.76)."""
-    params = {r: parse_sim_name(m) for r, m in paper_sim_models("light").items()}
+    params = {r: parse_sim_name(m) for r, m in paper_sim_models(LIGHT).items()}
     kw = dict(rounds=3, latent_steps=32, max_new_tokens=256, batch_size=4, num_batches=10 * 36, depth=36)
     layout = [{"planner": 5, "critic": 3, "solver": 10}]
     built, ready = model_run(STYLE, params, layout, **kw), model_run(STYLE, params, layout, route_when="ready", **kw)
@@ -157,7 +161,7 @@ def test_pool_caps_are_what_a_perfect_scheduler_gets_from_the_copies_and_from_an
 def test_a_runs_own_decode_times_reproduce_it_and_a_short_list_is_refused():
     """The model of a Ray run is given that run's decode times in the order its batches entered: fed a model
     run's own, it must replay that run exactly (and differ from another draw's)."""
-    params = {r: parse_sim_name(m) for r, m in paper_sim_models("light", ms_per_gparam=5, tokens=32,
+    params = {r: parse_sim_name(m) for r, m in paper_sim_models(LIGHT, ms_per_gparam=5, tokens=32,
                                                                          eos_spread=0.5).items()}
     kw = dict(rounds=3, latent_steps=8, max_new_tokens=32, batch_size=4, num_batches=40, depth=6)
     layout = [{"planner": 1, "critic": 1, "solver": 1}]  # the solver paces: its decode times set the rate

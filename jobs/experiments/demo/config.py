@@ -12,6 +12,7 @@ from typing import Annotated
 
 from recmas_ray.config.checks import NonEmpty, OneOf, Range, WritableDir
 from recmas_ray.config.recursion import MAX_ROUNDS
+from recmas_ray.models.registry import GEMMA3_270M
 from recmas_ray.system.config import SystemConfig
 from recmas_ray.train.synthetic import DIFFICULTIES, DIFFICULTY_SIZES
 from recmas_ray.train.synthetic_hidden import HIDDEN_QUESTIONS
@@ -55,7 +56,7 @@ class TwoHopFactsConfig:
     at 120 (0/32)."""
     inner_schedule: Annotated[str, OneOf(("cosine", "linear", "constant"))] = "constant"
     """Inner-loop lr after warmup (run F's constant 3e-3)."""
-    role_models: dict[str, str] = field(default_factory=lambda: {"planner": "pkg:gemma3-270m"})
+    role_models: dict[str, str] = field(default_factory=lambda: {"planner": GEMMA3_270M})
     """Base models instead of the preset's: a Gemma-3-270M planner (SmolLM2's rollout never states the value),
     so the fact crosses Gemma -> Gemma -> SmolLM2."""
 
@@ -90,7 +91,8 @@ class FactsConfig:
     max_new_tokens: Annotated[int, Range(1, 256)] = 16
     """Decoding budget of every text step (diag7's 16: "q = 72. \\boxed{72}" fits)."""
     two_hop: TwoHopFactsConfig = field(default_factory=TwoHopFactsConfig)
-    """Recipe, inner training and models of the sequential_light tasks (two hops)."""
+    """Recipe, inner training and models of the two-hop tasks (a style whose facts cross two links,
+    `StyleSpec.num_hops`: sequential_light)."""
 
 
 @dataclass(kw_only=True)
@@ -217,7 +219,8 @@ class DemoConfig:
 
         from recmas_ray.styles import check_role_models
 
-        check_role_models("--facts.two_hop.role_models", dict(self.facts.two_hop.role_models), "sequential_light")
+        # the two-hop tasks run the demo's planner -> critic -> solver style
+        check_role_models("--facts.two_hop.role_models", dict(self.facts.two_hop.role_models), DEMO_STYLES[0])
         for flag, recipe in (("--facts.recipe", self.facts.recipe), ("--facts.two_hop.recipe", self.facts.two_hop.recipe)):
             if recipe not in FACT_RECIPES:
                 raise ValueError(f"{flag} {recipe!r}: expected one of {', '.join(FACT_RECIPES)}")

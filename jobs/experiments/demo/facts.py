@@ -36,7 +36,7 @@ def sweep_config(cfg, style: str, task: str, out: Path):
     return SweepRecipeConfig(
         out_dir=str(out / "facts" / f"{style}-{task}"), style=style, preset=cfg.system.preset, fact_task=task,
         task="qa", num_train=f.num_train, num_eval=f.num_seen, num_unseen=f.num_unseen,
-        **({"recipes": [f.recipe], "inner_steps": f.inner_steps} | (two_hop if style == "sequential_light" else {})),
+        **({"recipes": [f.recipe], "inner_steps": f.inner_steps} | (two_hop if get_style(style).num_hops > 1 else {})),
         outer_steps=f.outer_steps, outer_batch_size=f.batch_size,
         latent_steps=f.latent_steps, max_new_tokens=f.max_new_tokens, eval_batch_size=cfg.batch_size,
         baselines=True, extra_rows=[], seed=cfg.system.seed)
