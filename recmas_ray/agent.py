@@ -206,7 +206,7 @@ class Agent(TeacherForcing):
             return e_BLD.new_zeros(B, 0, self.hidden_size)
         if use_cache and self.engine.static_cache:
             if self.engine.continuous_batching and not torch.is_grad_enabled():
-                return self.scheduler.rollout(e_BLD, mask_BL, num_steps, prefix_ids=prefix_ids)
+                return self.scheduler.merged_rollout(e_BLD, mask_BL, num_steps, prefix_ids=prefix_ids)
             return self._rollout_static(e_BLD, mask_BL, num_steps, prefix_ids)
         if use_cache:
             return self._rollout_dynamic(e_BLD, mask_BL, num_steps)
@@ -315,7 +315,7 @@ class Agent(TeacherForcing):
     def _decode_static(self, e_BLD, mask_BL, cfg: DecodeConfig, prefix_ids, *, on_token=None) -> list[list[int]]:
         """Decode on a preallocated cache (`decode_loop`: same picks as `generate`, fewer host syncs)."""
         if self.engine.continuous_batching:
-            return self.scheduler.decode(e_BLD, mask_BL, cfg, prefix_ids=prefix_ids, on_token=on_token)
+            return self.scheduler.merged_decode(e_BLD, mask_BL, cfg, prefix_ids=prefix_ids, on_token=on_token)
         if cfg.do_sample and cfg.top_k < 0:
             cfg = dataclasses.replace(cfg, top_k=model_top_k(self.model))
         logits_BV, pre = self._prefill_static(self._logits_run, e_BLD, mask_BL, cfg.max_new_tokens - 1, prefix_ids)

@@ -1,8 +1,8 @@
 """Continuous batching for one agent: the one-position steps of every request in flight (latent rollout
 steps and decode tokens) run together in shared forward passes.
 
-    submit  rollout(e_BLD, mask_BL, m) / decode(e_BLD, mask_BL, cfg), from any thread; blocks until done
-            (`rollout_async` / `decode_async`: a Future)
+    submit  merged_rollout(e_BLD, mask_BL, m) / merged_decode(e_BLD, mask_BL, cfg), from any thread; blocks
+            until done (`submit_rollout` / `submit_decode`: a Future)
     admit   every request that arrived since the last step is prefilled in ONE forward (their prompts left
             padded together; prefix KV reuse as `kv_cache.prefill`), then its rows take free slots
     step    one forward over every active row: rollout rows feed inner(h) of their last step, decode
@@ -107,18 +107,19 @@ class StepScheduler:
         self._closed = False
 
     # ----------------------------------------------------------------------------- submit
-    def rollout(self, e_BLD, mask_BL, num_steps: int, *, prefix_ids=None) -> torch.Tensor:
+    def merged_rollout(self, e_BLD, mask_BL, num_steps: int, *, prefix_ids=None) -> torch.Tensor:
         """H_BMD of `num_steps` latent steps, as `Agent.latent_rollout`."""
-        return self.rollout_async(e_BLD, mask_BL, num_steps, prefix_ids=prefix_ids).result()
+        return self.submit_rollout(e_BLD, mask_BL, num_steps, prefix_ids=prefix_ids).result()
 
-    def decode(self, e_BLD, mask_BL, cfg: DecodeConfig, *, prefix_ids=None, on_token=None) -> list[list[int]]:
+    def merged_decode(self, e_BLD, mask_BL, cfg: DecodeConfig, *, prefix_ids=None,
+                      on_token=None) -> list[list[int]]:
         """Token ids per row (EOS kept), as `Agent._decode_static`."""
-        return self.decode_async(e_BLD, mask_BL, cfg, prefix_ids=prefix_ids, on_token=on_token).result()
+        return self.submit_decode(e_BLD, mask_BL, cfg, prefix_ids=prefix_ids, on_token=on_token).result()
 
-    def rollout_async(self, e_BLD, mask_BL, num_steps: int, *, prefix_ids=None) -> Future:
+    def submit_rollout(self, e_BLD, mask_BL, num_steps: int, *, prefix_ids=None) -> Future:
         return self._submit(_Request("rollout", e_BLD, mask_BL, prefix_ids, Future(), num_steps=num_steps))
 
-    def decode_async(self, e_BLD, mask_BL, cfg: DecodeConfig, *, prefix_ids=None, on_token=None) -> Future:
+    def submit_decode(self, e_BLD, mask_BL, cfg: DecodeConfig, *, prefix_ids=None, on_token=None) -> Future:
         from recmas_ray.decoding import model_top_k
 
         if cfg.do_sample and cfg.top_k < 0:

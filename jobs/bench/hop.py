@@ -40,7 +40,7 @@ from typing import Annotated
 
 from recmas_ray.config.checks import NonEmpty, OneOf, Range, WritableDir
 from recmas_ray.config.cli import run_job
-from recmas_ray.config.transport import OBJECT_STORE, RDT_GLOO, get_transport
+from recmas_ray.config.transport import OBJECT_STORE, RDT_GLOO
 from recmas_ray.config.tree import save_config
 
 MIB = 2**20
@@ -123,32 +123,29 @@ class HopActor:
         self.messages[name] = msg
         return checksum(msg.numpy())
 
-    def put(self, name: str):
-        """object_store: the message into this node's object store, as an agent's rollout stores it."""
-        import ray
+    def hand_out(self, name: str, transport: str):
+        """The message as `transport` hands it out, as an agent's rollout does (`LatentTransport.hand_out`):
+        object_store: put into this node's object store, its ref returned; rdt:gloo (called with
+        tensor_transport="gloo"): the tensor, which stays here until a receiver's call takes it."""
+        from recmas_ray.distributed.transports import latent_transport
 
-        from recmas_ray.distributed.actors import to_wire
-
-        return ray.put(to_wire(self.messages[name]))
-
-    def hand_out(self, name: str):
-        """rdt:gloo (called with tensor_transport="gloo"): the tensor stays here until a receiver's call takes it."""
-        return self.messages[name]
+        return latent_transport(transport).hand_out(self.messages[name])
 
     def read(self, message) -> dict:
         """Take the message (a stored one's ref is fetched to this node) and read every byte of it."""
         import ray
 
-        from recmas_ray.distributed.actors import from_wire
+        from recmas_ray.distributed.transports import from_wire
 
         t0 = time.perf_counter()
-        if isinstance(message, ray.ObjectRef):
+        fetched = isinstance(message, ray.ObjectRef)  # a direct transport's tensor arrives before the call starts
+        if fetched:
             message = ray.get(message, timeout=self.timeout_s)
         t1 = time.perf_counter()
         tensor = from_wire(message)
         total = checksum(tensor.numpy())
         return {"checksum": total, "shape": list(tensor.shape), "dtype": str(tensor.dtype).removeprefix("torch."),
-                "fetch_s": t1 - t0, "read_s": time.perf_counter() - t1}
+                "fetch_s": t1 - t0 if fetched else None, "read_s": time.perf_counter() - t1}
 
 
 def start_actors(args: HopBenchConfig, loopback: bool) -> dict:
@@ -210,12 +207,11 @@ def hop(sender, receiver, name: str, transport: str, timeout_s: float) -> tuple[
     """One hop of message `name` from sender to receiver over `transport`: (seconds, the receiver's reply)."""
     import ray
 
-    t = get_transport(transport)
+    from recmas_ray.distributed.transports import latent_transport
+
+    t = latent_transport(transport)
     t0 = time.perf_counter()
-    if t.direct:
-        ref = sender.hand_out.options(tensor_transport=t.tensor_transport).remote(name)
-    else:
-        ref = sender.put.remote(name)  # resolves to the stored message's ref, which the receiver fetches
+    ref = t.fetch(sender.hand_out, name, transport)  # object_store: the stored message's ref, fetched by the receiver
     reply = ray.get(receiver.read.remote(ref), timeout=timeout_s)
     return time.perf_counter() - t0, reply
 
@@ -285,7 +281,7 @@ def figures(measured: dict) -> dict:
         row[transport] = {"s_per_hop": median, "mib_per_s": row["bytes"] / MIB / median,
                           "read_s": statistics.median(run["read_s"]), "times_s": run["times_s"],
                           "read_times_s": run["read_s"], "checksums_received": received}
-        if not get_transport(transport).direct:  # a direct transport's tensor arrives before the call starts
+        if None not in run["fetch_s"]:  # (a direct transport's tensor arrives before the call starts)
             row[transport].update(fetch_s=statistics.median(run["fetch_s"]), fetch_times_s=run["fetch_s"])
     for pair in out.values():
         for row in pair.values():

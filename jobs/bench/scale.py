@@ -85,7 +85,7 @@ def eval_run(replicas, n_replicas: int, n_batches: int, rounds: int, args, tag: 
     import ray  # Ray and the Ray layer load after the command line is read: --help stays instant
 
     from recmas_ray.distributed.orchestrator import start_router
-    from recmas_ray.distributed.replicas import RayReplicas
+    from recmas_ray.distributed.systems import RayReplicas
     from recmas_ray.eval.config import StreamConfig
     from recmas_ray.eval.stream import stream_samples
 

@@ -15,7 +15,7 @@ def ray_call_cost(handles: dict, args, num_bytes: int, dtype: str) -> dict:
     `num_bytes` (`dtype`) from the other actor (0 bytes: an empty message, Ray's bare call cost)."""
     import ray
 
-    from recmas_ray.distributed.actors import resolve_message
+    from recmas_ray.distributed.transports import resolve_message
 
     a, b = handles["planner"], handles["critic"]
     width = 2048

@@ -122,8 +122,8 @@ def child_phases(style: str, preset: str) -> dict:
     from recmas_ray.config.placement import PlacementConfig
     from recmas_ray.config.transport import OBJECT_STORE
     from recmas_ray.distributed.cluster import start_ray
-    from recmas_ray.distributed.replicas import (RayReplicas, await_agents, await_orchestrator, start_orchestrator,
-                                                 start_system)
+    from recmas_ray.distributed.replicas import await_agents, await_orchestrator, start_orchestrator, start_system
+    from recmas_ray.distributed.systems import RayReplicas
     from recmas_ray.distributed.orchestrator import start_router
     from recmas_ray.system.config import SystemConfig
     from recmas_ray.system.plan import plan_system

@@ -6,9 +6,10 @@
                   (a whole GPU per agent, cupy on every node)
 
 `get_transport(name)` is the one lookup (an unknown name fails with one line naming the choices). Code asks the
-object (`transport.direct`, `transport.check_placement(...)`) and never compares names; `TRANSPORT_NAMES` are the
-CLI's choices. No Ray import here: the Ray layer reads `collective_backend` and `tensor_transport` to build the
-agents' collective group and to fetch a kept message.
+object (`transport.check_placement(...)`) and never compares names; `TRANSPORT_NAMES` are the CLI's choices. No
+Ray import here: what each way does on Ray (keep, send, fetch, release messages) is its strategy object in
+`distributed/transports.py`, which reads `direct`, `on_gpu`, `collective_backend` and `tensor_transport`; nothing
+else tests them.
 """
 
 from __future__ import annotations

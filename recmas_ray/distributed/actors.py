@@ -14,14 +14,15 @@ still being fetched never holds up one behind it. A crashed agent is restarted b
 from __future__ import annotations
 
 import collections
-import dataclasses
 import os
 import socket
 import time
-from typing import Any
 
 import ray
 
+from recmas_ray.config.transport import OBJECT_STORE, Transport
+from recmas_ray.distributed.transports import (LatentTransport, MessageStore, bulk_inputs, latent_transport,
+                                               resolve_message, to_wire)
 from recmas_ray.service import AgentService, AgentSpec
 
 AGENT_EXIT_AFTER: dict[str, int] = {}
@@ -35,88 +36,12 @@ BULK_THREADS = 256
 """Sub-calls of bulk calls a continuous-batching agent runs at once (their rows then share its steps)."""
 
 
-@dataclasses.dataclass
-class WireMessage:
-    """A latent message as it crosses the object store: the tensor's bytes as a numpy array.
-
-    Ray ships numpy arrays as out-of-band pickle-5 buffers: the producer writes the bytes once into
-    shared memory and a consumer on the same node maps them without a copy (a torch tensor is
-    pickled through its storage instead, with copies on both sides). numpy has no bfloat16, so bf16
-    travels as its int16 bit pattern with the dtype named beside it.
-    """
-
-    array: Any
-    dtype: str
-
-
-def to_wire(x):
-    """A CPU tensor -> WireMessage (a view, no copy); anything else (CUDA tensors for NCCL) unchanged."""
-    import torch
-
-    if not isinstance(x, torch.Tensor) or x.device.type != "cpu":
-        return x
-    x = x.detach().contiguous()
-    name = str(x.dtype).removeprefix("torch.")
-    return WireMessage((x.view(torch.int16) if x.dtype == torch.bfloat16 else x).numpy(), name)
-
-
-@dataclasses.dataclass(frozen=True)
-class Part:
-    """A message of one sub-call of a bulk call (`distributed.bulk`): `ref` is the call's stored messages, this is
-    [index][edge] of them (`edge` None: [index] of a list `ref` holds)."""
-
-    ref: Any
-    index: int
-    edge: int | None = None
-
-    def value(self, timeout: float | None = None):
-        """The message (a tensor) or the result, fetched here."""
-        v = ray.get(self.ref, timeout=timeout)
-        if self.edge is None:
-            return v[self.index]
-        return from_wire(ray.get(v, timeout=timeout)[self.index][self.edge])
-
-
-def resolve_message(x):
-    """A message as a caller or agent receives it: a stored message's ref is fetched, then `from_wire`."""
-    if isinstance(x, Part):
-        return x.value()
-    if isinstance(x, ray.ObjectRef):
-        x = ray.get(x)
-    return from_wire(x)
-
-
-def bulk_inputs(args: tuple, where: list) -> list:
-    """The latent blocks of one sub-call of a bulk call: `where[i]` = (argument, sub-call, edge) locates block i
-    among the call's distinct arguments `args` (stored bulk messages: fetched once per call; sub-call None: a
-    whole message or a value)."""
-    out = []
-    for a, j, e in where:
-        v = args[a]
-        out.append(from_wire(v if j is None else v[j][e]))
-    return out
-
-
-def from_wire(x):
-    """WireMessage -> tensor over the same memory (read-only when mapped from the object store; agents
-    only read latents, converting them to their own dtype); anything else unchanged."""
-    if not isinstance(x, WireMessage):
-        return x
-    import warnings
-
-    import torch
-
-    with warnings.catch_warnings():  # read-only shared memory: torch warns, we never write into it
-        warnings.simplefilter("ignore", UserWarning)
-        t = torch.from_numpy(x.array)
-    return t.view(torch.bfloat16) if x.dtype == "bfloat16" else t
-
-
 class _AgentActorImpl:
-    """A GPU- (or CPU-) pinned agent holding its frozen model and links (wrapped by `ray.remote` below)."""
+    """A GPU- (or CPU-) pinned agent holding its frozen model and links; the one agent actor class, made remote
+    with the options its transport needs by `agent_actor` below (`transport`: how it hands out its messages)."""
 
     def __init__(self, spec: AgentSpec, inner_state: dict, outer_states: dict, torch_threads: int = 0,
-                 exit_after: int | None = None):
+                 exit_after: int | None = None, transport: str | Transport = OBJECT_STORE):
         for key, value in AGENT_ENV.items():
             os.environ.setdefault(key, value)
         import torch
@@ -124,8 +49,8 @@ class _AgentActorImpl:
         if torch_threads > 0:
             torch.set_num_threads(torch_threads)
         self._log = collections.deque(maxlen=CALL_LOG_SIZE)
-        self._kept: dict = {}  # (key, edge) -> message, Ray Direct Transport only
-        self._dropped: set[str] = set()  # key prefixes of failed batches
+        self.transport = latent_transport(transport)
+        self.messages = MessageStore()  # what the transport keeps here until a consumer fetches it
         self._threads = None  # bulk calls' sub-calls under continuous batching
         self._exit_after = None if exit_after is None or _reconstructed() else exit_after
         if spec.device == "auto":
@@ -164,16 +89,14 @@ class _AgentActorImpl:
             self._log.clear()
         return out
 
-    def rollout(self, users, slot_names, num_steps, edges, *latents):
-        """The service's rollout; each message is put into the object store here, whatever its size, and
-        leaves as the ref of a zero-copy `WireMessage` (a small return value would be inlined into the
-        caller's reply instead, so the orchestrator would carry it); latents arrive as refs or values.
-        This agent owns its stored messages: if it dies before a consumer read one, that consumer's call
-        fails and the batch is retried (a restart reruns only calls that had not finished)."""
+    def rollout(self, users, slot_names, num_steps, edges, *latents, key: str = ""):
+        """The service's rollout; its messages go where the transport keeps them (`LatentTransport.keep`: stored
+        in the object store, their refs returned with the stats; or kept here under the call key `key` until
+        `take_message`); latents arrive as refs or values."""
         latents = [resolve_message(x) for x in latents]
         *msgs, stats = self._logged("rollout", users, slot_names,
                                     lambda: self.service.rollout(users, slot_names, num_steps, edges, *latents))
-        return (*[ray.put(to_wire(m)) for m in msgs], stats)
+        return self.transport.keep(self.messages, key, edges, msgs, stats)
 
     def decode(self, users, slot_names, cfg, *latents, **stream):
         latents = [resolve_message(x) for x in latents]
@@ -226,37 +149,19 @@ class _AgentActorImpl:
             self._threads = ThreadPoolExecutor(max_workers=BULK_THREADS, thread_name_prefix="bulk")
         return [f.result() for f in [self._threads.submit(fn, *c) for c in calls]]
 
-    def rollout_keep(self, key, users, slot_names, num_steps, edges, *latents):
-        """Ray Direct Transport path: keep the messages here until `take_message` hands one out.
-
-        RDT methods have a single return value, so each edge's message is fetched by its own call;
-        the tensor then moves point to point (gloo / NCCL) and never enters the object store.
-        """
-        latents = [resolve_message(x) for x in latents]
-        *msgs, stats = self._logged("rollout", users, slot_names,
-                                    lambda: self.service.rollout(users, slot_names, num_steps, edges, *latents))
-        prefix = key.rsplit(":", 1)[0]
-        if prefix not in self._dropped:  # its batch failed while this call waited: keep nothing
-            self._kept.update({(key, e): m for e, m in zip(edges, msgs)})
-        return stats
-
     def take_message(self, key, edge, _after=None):
-        return self._kept.pop((key, edge))
+        """A kept message, handed out once (called with the transport's `tensor_transport` option; `_after`: the
+        rollout's stats, so the call waits for it)."""
+        return self.messages.take(key, edge)
 
     def drop_messages(self, prefix: str) -> int:
-        """Free the kept messages of one batch (`prefix` of its keys) after it failed, and keep none
-        that its still-running calls produce later; returns how many were freed."""
-        self._dropped.add(prefix)
-        if len(self._dropped) > CALL_LOG_SIZE:  # bounded: forget the oldest half
-            self._dropped = set(list(self._dropped)[CALL_LOG_SIZE // 2:])
-        gone = [k for k in self._kept if k[0].rsplit(":", 1)[0] == prefix]
-        for k in gone:
-            del self._kept[k]
-        return len(gone)
+        """Free the kept messages of one batch (`prefix` of its keys) after it failed, and keep none that its
+        still-running calls produce later; returns how many were freed."""
+        return self.messages.drop(prefix)
 
     def num_kept(self) -> int:
-        """Messages held for Ray Direct Transport, not yet taken (0 when no batch is in flight)."""
-        return len(self._kept)
+        """Messages kept here, not yet taken (0 when no batch is in flight)."""
+        return len(self.messages)
 
     def retry_format(self, texts, suffixes, num_tokens, *latents, cfg, **context):
         """The answer-format retry on this agent (see `AgentService.retry_format`; `context`: users,
@@ -290,6 +195,13 @@ def _reconstructed() -> bool:
         return ray.get_runtime_context().was_current_actor_reconstructed
 
 
-# Restarts and retries are set per system in replicas.py (`agent_max_restarts`).
-AgentActor = ray.remote(max_restarts=0)(_AgentActorImpl)
-RDTAgentActor = ray.remote(max_restarts=0, enable_tensor_transport=True)(_AgentActorImpl)
+_ACTOR_CLASSES: dict = {}
+
+
+def agent_actor(transport: str | Transport | LatentTransport):
+    """The agent actor class (one, `_AgentActorImpl`) made remote with the options `transport` needs; restarts and
+    retries are set per system in replicas.py (`agent_max_restarts`)."""
+    transport = latent_transport(transport)
+    if transport.name not in _ACTOR_CLASSES:
+        _ACTOR_CLASSES[transport.name] = ray.remote(max_restarts=0, **transport.actor_options)(_AgentActorImpl)
+    return _ACTOR_CLASSES[transport.name]

@@ -35,7 +35,7 @@ from typing import Any, Callable
 
 import ray
 
-from recmas_ray.distributed.actors import Part
+from recmas_ray.distributed.transports import Part
 from recmas_ray.distributed.routing import DeferredCall, Pending
 
 FLUSH_AFTER_S = 0.005

@@ -118,7 +118,7 @@ def dry_run(plan, placement: PlacementConfig, *, echo=print, **kwargs) -> int:
         rc = kwargs["recursion"]
         roles = role_memory(plan, rows=kwargs["batch_size"], prompt_tokens=placement.plan_prompt_tokens,
                             latent_steps=rc.latent_steps, max_new_tokens=rc.decode.max_new_tokens, gpus={},
-                            on_gpu=False)
+                            gpu=False)
         echo("memory plan: no GPUs asked for (--placement cpu); per agent, in CPU memory:")
         for line in MemoryPlan(roles=roles).lines():
             echo(line)

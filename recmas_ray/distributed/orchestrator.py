@@ -8,8 +8,8 @@ replica router actor that every client of a set of replicas asks (`routing.Repli
         v
     planner.rollout ──ref──> critic.rollout ──ref──> solver.decode          (sequential, one round)
 
-Latent messages go producer -> consumer through the object store as ObjectRefs, never through the
-orchestrator, which only materialises small stats and texts. Calls of several batches that reach the same copy
+Latent messages go producer -> consumer as the transport moves them (`distributed.transports`: through the object
+store as ObjectRefs, or point to point), never through the orchestrator, which only materialises small stats and texts. Calls of several batches that reach the same copy
 at the same step together leave as one Ray call (`bulk.py`; by default for roles with continuous batching).
 """
 
@@ -20,10 +20,11 @@ import threading
 import ray
 
 from recmas_ray.config.recursion import RecursionConfig
-from recmas_ray.config.transport import OBJECT_STORE, Transport, get_transport
+from recmas_ray.config.transport import OBJECT_STORE, Transport
 from recmas_ray.distributed.ray_pool import RayPool
 from recmas_ray.distributed.placement import ORCHESTRATOR_CPUS, ORCHESTRATOR_MAX_BATCHES
 from recmas_ray.distributed.routing import LEASE_S, ReplicaRouter
+from recmas_ray.distributed.transports import latent_transport
 from recmas_ray.runner import run_batch
 from recmas_ray.styles import StyleSpec
 
@@ -41,19 +42,14 @@ class _OrchestratorImpl:
         from recmas_ray.distributed.routing import RoleGroup
 
         self.style = style  # the plan's style object: it carries the run's prompt set
-        self.timeout_s, self.transport = timeout_s, get_transport(transport)
+        self.timeout_s, self.transport = timeout_s, latent_transport(transport)
         self.bulk_roles = frozenset(bulk_roles)  # roles whose aligned calls leave in bulk (`distributed.bulk`)
         self.serial_roles = frozenset(serial_roles)  # of those, agents that run one call at a time (`RayPool`)
         # role -> its copies (one each without --role_replicas) and their routing
         self.groups = {r: RoleGroup(r, list(h) if isinstance(h, (list, tuple)) else [h]) for r, h in copies.items()}
         self._running: dict[str, RayPool] = {}
         self._lock = threading.Lock()
-        if self.transport.direct:
-            # RDT checks the transport in the calling process, so the orchestrator creates the group.
-            from ray.experimental.collective import create_collective_group
-
-            actors = [h for g in self.groups.values() for h in g.copies]
-            create_collective_group(actors, backend=self.transport.collective_backend)
+        self.transport.connect([h for g in self.groups.values() for h in g.copies])  # (this process calls them)
 
     def ready(self) -> bool:
         return True
@@ -61,21 +57,17 @@ class _OrchestratorImpl:
     def solve(self, questions: list[str], tasks: list[str], cfg: RecursionConfig, batch_id: str = "",
               **run_options):
         """One batch through `run_batch` (`run_options`: its keyword options, e.g. on_token, targets)."""
-        self.transport.check_ablation(cfg.latent_ablation)  # Python callers skip EvalConfig
-        self.transport.check_adaptive_rounds(cfg.adaptive_threshold)
+        self.transport.config.check_ablation(cfg.latent_ablation)  # Python callers skip EvalConfig
+        self.transport.config.check_adaptive_rounds(cfg.adaptive_threshold)
         pool = RayPool(self.groups, timeout_s=self.timeout_s, context=f", batch {batch_id}" if batch_id else "",
                        transport=self.transport, bulk_roles=self.bulk_roles, serial_roles=self.serial_roles)
         key = batch_id or pool.key_prefix
         with self._lock:
             self._running[key] = pool
         try:
-            results = run_batch(pool, self.style, questions, tasks, cfg, **run_options)
-            if self.transport.direct:  # RDT messages are taken once: a retry continues the bare reply
-                for res in results:
-                    res.decoder_input = None
-            return results
+            return self.transport.strip_reply(run_batch(pool, self.style, questions, tasks, cfg, **run_options))
         except BaseException:
-            pool.release_kept()  # RDT: the failed batch's messages would stay in the agents otherwise
+            pool.release_kept()  # messages a transport keeps in the agents would stay there otherwise
             raise
         finally:
             with self._lock:

@@ -11,8 +11,8 @@ import uuid
 
 import ray
 
-from recmas_ray.config.transport import OBJECT_STORE, Transport, get_transport
-from recmas_ray.distributed.actors import Part, resolve_message
+from recmas_ray.config.transport import OBJECT_STORE, Transport
+from recmas_ray.distributed.transports import LatentTransport, Part, latent_transport, resolve_message
 from recmas_ray.distributed.bulk import SERIAL_WINDOW, Bulker
 from recmas_ray.distributed.routing import Pending
 
@@ -106,24 +106,25 @@ class RayPool:
     """
 
     def __init__(self, handles: dict, *, timeout_s: float = 600.0, context: str = "",
-                 transport: str | Transport = OBJECT_STORE, bulk_roles=(), serial_roles=()):
+                 transport: str | Transport | LatentTransport = OBJECT_STORE, bulk_roles=(), serial_roles=()):
         from recmas_ray.distributed.routing import Dispatcher, RoleGroup
 
         self.groups = {r: h if isinstance(h, RoleGroup) else RoleGroup(r, list(h) if isinstance(h, (list, tuple))
                                                                         else [h]) for r, h in handles.items()}
         self.handles = {r: g.copies[0] for r, g in self.groups.items()}
         self.timeout_s, self.context = timeout_s, context
-        self.transport = get_transport(transport)
-        self.bulk_roles = frozenset(() if self.transport.direct else bulk_roles)
+        self.transport = latent_transport(transport)
+        self.bulk_roles = frozenset(bulk_roles if self.transport.bulk else ())
         self.serial_roles = frozenset(serial_roles) & self.bulk_roles
         self._num_calls = 0
-        # Keys of kept RDT messages: unique per pool (one pool per batch), whatever batch id the caller
-        # gave, so concurrent batches without one (the Python API, serving) never collide.
+        # Keys of a batch's rollouts (messages a transport keeps in the agents): unique per pool (one pool per
+        # batch), whatever batch id the caller gave, so concurrent batches without one (the Python API, serving)
+        # never collide.
         self.key_prefix = uuid.uuid4().hex
-        self._holders: set = set()  # (role, copy) that kept RDT messages of this batch
+        self._holders: set = set()  # (role, copy) that ran rollouts of this batch (`release_kept`)
         self._pending: dict = {}  # ObjectRef -> True, calls not finished yet (cancelled on `cancel`)
-        # output ref -> the ref whose completion says it exists: a call's returns all exist together, and an
-        # RDT message must not be fetched here to learn that (its rollout's stats say it)
+        # output ref -> the ref whose completion says it exists: a call's returns all exist together, and a
+        # message a transport keeps in its agent must not be fetched here to learn that (its rollout's stats say it)
         self._ready_by: dict = {}
         self._shared: dict = {}  # ref of a bulk call -> whether each batch it carries is cancelled (callables)
         self._lock = threading.Lock()
@@ -185,29 +186,19 @@ class RayPool:
     def rollout(self, role, users, slot_names, num_steps, edges, latents):
         work = len(users) * num_steps
         edges = tuple(edges)
-        if self.transport.direct:
+        if role in self.bulk_roles:
+            submit = self._bulk(role, work, "rollout", (num_steps, edges), (num_steps, edges), len(edges) + 1,
+                                users, slot_names)
+        else:
             self._num_calls += 1
             key = f"{self.key_prefix}:{self._num_calls}"
 
             def submit(k, handle, args):
                 with self._lock:
                     self._holders.add((role, k))
-                stats = self._track(role, k, work, handle.rollout_keep.remote(key, users, slot_names, num_steps,
-                                                                              edges, *args))
-                take = handle.take_message.options(tensor_transport=self.transport.tensor_transport)
-                takes = [take.remote(key, e, stats) for e in edges]
-                with self._lock:
-                    self._ready_by.update((t, stats) for t in takes)
-                return [*takes, stats]
-        elif role in self.bulk_roles:
-            submit = self._bulk(role, work, "rollout", (num_steps, edges), (num_steps, edges), len(edges) + 1,
-                                users, slot_names)
-        else:
-            def submit(k, handle, args):
-                refs = handle.rollout.options(num_returns=len(edges) + 1).remote(users, slot_names, num_steps,
-                                                                                 edges, *args)
-                self._track(role, k, work, refs[-1], refs[:-1])
-                return list(refs)
+                msgs, stats = self.transport.send(handle, key, users, slot_names, num_steps, edges, args)
+                self._track(role, k, work, stats, msgs)
+                return [*msgs, stats]
         *msgs, stats = self._call(role, work, latents, submit, len(edges) + 1)
         return msgs, stats
 
@@ -285,12 +276,13 @@ class RayPool:
             group.forget(self.key_prefix)
 
     def release_kept(self) -> None:
-        """After a failed batch: every agent that kept RDT messages for it frees them (fire and forget)."""
+        """After a failed batch: every agent that ran its rollouts frees what the transport keeps there for it
+        (fire and forget)."""
         with self._lock:
             holders = list(self._holders)
         for role, k in holders:
             try:
-                self.groups[role].copies[k].drop_messages.remote(self.key_prefix)
+                self.transport.release(self.groups[role].copies[k], self.key_prefix)
             except Exception:  # noqa: BLE001 - a dead agent holds nothing
                 pass
 

@@ -139,7 +139,7 @@ def model_shape(name: str) -> ModelShape:
 
 def role_memory(plan, *, rows: int, prompt_tokens: int, latent_steps: int, max_new_tokens: int,
                 gpus: dict[str, float], shapes: dict[str, ModelShape] | None = None,
-                on_gpu: bool = True) -> dict[str, RoleMemory]:
+                gpu: bool = True) -> dict[str, RoleMemory]:
     """Estimated bytes of one copy of each role of `plan` (a `SystemPlan`): dtype auto is bf16 on GPUs, fp32 on
     CPUs (`models.loader.resolve_dtype`)."""
     shapes = shapes or {}
@@ -147,7 +147,7 @@ def role_memory(plan, *, rows: int, prompt_tokens: int, latent_steps: int, max_n
     for role in plan.style.roles:
         spec = plan.specs[role]
         shape = shapes.get(role) or model_shape(spec.model_name)
-        per_value = DTYPE_BYTES.get(spec.dtype, 2 if on_gpu else 4)
+        per_value = DTYPE_BYTES.get(spec.dtype, 2 if gpu else 4)
         links = sum(p.numel() for p in plan.links.inner[role].parameters())
         links += sum(p.numel() for e, m in plan.links.outer.items() if e.split("->")[0] == role
                      for p in m.parameters())

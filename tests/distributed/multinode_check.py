@@ -35,7 +35,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 sys.path.insert(0, ROOT)
 
 from recmas_ray.config.recursion import DecodeConfig  # noqa: E402
-from recmas_ray.distributed.actors import from_wire  # noqa: E402
+from recmas_ray.distributed.transports import from_wire  # noqa: E402
 from recmas_ray.distributed.ray_pool import RayPool  # noqa: E402
 from recmas_ray.distributed.replicas import build_ray_system, build_replicas  # noqa: E402
 from recmas_ray.distributed.routing import Pending  # noqa: E402

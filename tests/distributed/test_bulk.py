@@ -7,7 +7,7 @@ import torch
 
 from recmas_ray.config.placement import PlacementConfig
 from recmas_ray.config.recursion import DecodeConfig, RecursionConfig
-from recmas_ray.distributed.actors import Part, from_wire
+from recmas_ray.distributed.transports import Part, from_wire
 from recmas_ray.distributed.bulk import Bulker
 from recmas_ray.distributed.routing import DeferredCall, Pending
 

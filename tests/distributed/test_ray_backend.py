@@ -62,7 +62,7 @@ def test_latents_travel_through_the_store_whatever_their_size_and_match_local(se
     planner = system.handles["planner"]
     msg_ref, stats_ref = planner.rollout.options(num_returns=2).remote(QUESTIONS, [], 5, ("planner->critic",))
     local_msg, _ = AgentService(*plan.service_args("planner")).rollout(QUESTIONS, [], 5, ("planner->critic",))
-    from recmas_ray.distributed.actors import WireMessage, from_wire
+    from recmas_ray.distributed.transports import WireMessage, from_wire
 
     stored = ray.get(msg_ref, timeout=60)
     # 5.6 KB: a return value that small would be inlined into the caller's reply (so through the
@@ -117,7 +117,7 @@ def test_ray_direct_transport_gloo_matches_object_store(ray_cluster):
         pool = RayPool(system.handles, timeout_s=60, transport="rdt:gloo")
         role = plan.style.roles[0]
         edge = next(e for e in plan.style.edges if e.split("->")[0] == role)
-        ray.get(system.handles[role].rollout_keep.remote(f"{pool.key_prefix}:1", ["x"], [], 2, (edge,)), timeout=60)
+        ray.get(system.handles[role].rollout.remote(["x"], [], 2, (edge,), key=f"{pool.key_prefix}:1"), timeout=60)
         pool._holders.add((role, 0))  # (role, copy) that kept messages
         assert ray.get(system.handles[role].num_kept.remote(), timeout=60) == 1
         pool.release_kept()  # fire and forget: the agent may answer num_kept first (it runs calls concurrently)
@@ -135,11 +135,11 @@ def test_rdt_agent_keeps_nothing_for_a_batch_already_dropped():
     from recmas_ray.service import AgentSpec
 
     impl = _AgentActorImpl(AgentSpec(role="planner", model_name="sim:hidden=8,step_ms=0", system_prompt="",
-                                     device="cpu"), {}, {})
-    impl.rollout_keep("a:1", ["q"], [], 2, ("planner->critic",))
-    impl.rollout_keep("b:1", ["q"], [], 2, ("planner->critic",))
+                                     device="cpu"), {}, {}, transport="rdt:gloo")
+    impl.rollout(["q"], [], 2, ("planner->critic",), key="a:1")
+    impl.rollout(["q"], [], 2, ("planner->critic",), key="b:1")
     assert impl.drop_messages("a") == 1 and impl.num_kept() == 1
-    impl.rollout_keep("a:2", ["q"], [], 2, ("planner->critic",))  # late call of the dropped batch
+    impl.rollout(["q"], [], 2, ("planner->critic",), key="a:2")  # late call of the dropped batch
     assert impl.num_kept() == 1
     assert impl.take_message("b:1", "planner->critic").shape == (1, 2, 8)
 
@@ -157,9 +157,9 @@ def test_rdt_message_keys_differ_between_batches_without_a_batch_id():
         def options(self, **_):
             return self
 
-        def remote(self, *args):
-            if self.name == "rollout_keep":
-                keys.append(args[0])
+        def remote(self, *args, **kw):
+            if self.name == "rollout":
+                keys.append(kw["key"])
             return object()
 
     class _Handle:
@@ -174,7 +174,7 @@ def test_rdt_message_keys_differ_between_batches_without_a_batch_id():
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_messages_cross_the_object_store_as_zero_copy_buffers(ray_cluster, dtype):
     """fp32 and bf16 messages: a numpy view out (no copy), the same bits back, mapped read-only on get."""
-    from recmas_ray.distributed.actors import WireMessage, from_wire, to_wire
+    from recmas_ray.distributed.transports import WireMessage, from_wire, to_wire
 
     x = torch.randn(2, 64, 256).to(dtype)
     wire = to_wire(x)

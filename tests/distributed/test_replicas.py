@@ -119,7 +119,7 @@ class _Recorder:
 def test_leases_are_asked_in_one_router_call_and_handed_back_in_few(ray_cluster):
     """Three batches submitted together: one `acquire_many` for the three (not one `acquire` each); once they
     finished, every lease goes back through `release_many` (one call per wave of completions, at most one each)."""
-    from recmas_ray.distributed.replicas import RayReplicas, RaySystem
+    from recmas_ray.distributed.systems import RayReplicas, RaySystem
 
     plan = simulated_plan("sequential_light", SIM)
     router, orchestrator = _Recorder(), _Recorder()

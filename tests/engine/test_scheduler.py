@@ -93,8 +93,8 @@ def test_merged_rollouts_and_decodes_equal_one_request_at_a_time(agents, family)
     cfgs = [DecodeConfig(max_new_tokens=n) for n in (12, 5, 8)]
     want_tok = [_alone_decode(agent, e, m, c) for (e, m, _), c in zip(reqs, cfgs)]
     sched = StepScheduler(agent)
-    fns = [lambda r=r, k=k: sched.rollout(r[0], r[1], k) for r, k in zip(reqs, steps)]
-    fns += [lambda r=r, c=c: sched.decode(r[0], r[1], c) for r, c in zip(reqs, cfgs)]
+    fns = [lambda r=r, k=k: sched.merged_rollout(r[0], r[1], k) for r, k in zip(reqs, steps)]
+    fns += [lambda r=r, c=c: sched.merged_decode(r[0], r[1], c) for r, c in zip(reqs, cfgs)]
     got = _concurrently(fns)
     for g, w in zip(got[:3], want_h):
         assert g.shape == w.shape and (g - w).abs().max() <= ATOL
@@ -113,11 +113,11 @@ def test_a_request_joining_mid_flight_and_prefix_reuse_keep_outputs(agents):
 
     def first():
         started.set()
-        return sched.decode(reqs[0][0], reqs[0][1], long_cfg, prefix_ids=reqs[0][2])
+        return sched.merged_decode(reqs[0][0], reqs[0][1], long_cfg, prefix_ids=reqs[0][2])
 
     def later(i, k):
         started.wait(10)
-        return sched.rollout(reqs[i][0], reqs[i][1], k, prefix_ids=reqs[i][2])
+        return sched.merged_rollout(reqs[i][0], reqs[i][1], k, prefix_ids=reqs[i][2])
 
     got = _concurrently([first, lambda: later(1, 7), lambda: later(2, 2)])
     assert got[0] == want[0]
@@ -131,13 +131,13 @@ def test_close_ends_the_step_thread_after_the_requests_in_flight_and_a_later_req
     reqs = _requests(agent, seed=2)
     want = _alone_rollout(agent, reqs[1][0], reqs[1][1], 5)
     sched = StepScheduler(agent)
-    _concurrently([lambda: sched.rollout(reqs[1][0], reqs[1][1], 5, prefix_ids=reqs[1][2]),
-                   lambda: sched.decode(reqs[0][0], reqs[0][1], DecodeConfig(max_new_tokens=6), prefix_ids=reqs[0][2])])
+    _concurrently([lambda: sched.merged_rollout(reqs[1][0], reqs[1][1], 5, prefix_ids=reqs[1][2]),
+                   lambda: sched.merged_decode(reqs[0][0], reqs[0][1], DecodeConfig(max_new_tokens=6), prefix_ids=reqs[0][2])])
     thread = sched._thread
     assert thread is not None and thread.is_alive()  # it idles for 30 s after the last request otherwise
     sched.close(timeout_s=60)
     assert not thread.is_alive() and sched._thread is None
-    got = sched.rollout(reqs[1][0], reqs[1][1], 5, prefix_ids=reqs[1][2])  # a new thread serves it
+    got = sched.merged_rollout(reqs[1][0], reqs[1][1], 5, prefix_ids=reqs[1][2])  # a new thread serves it
     assert (got - want).abs().max() <= ATOL
     sched.close(timeout_s=60)
     assert sched._thread is None
@@ -174,9 +174,9 @@ def _drive(sched, arrivals):
     while todo or sched._rows or sched._pending:
         while todo and todo[0]["at"] <= step:
             a = todo.pop(0)
-            futures.append(sched.rollout_async(a["e"], a["m"], a["steps"], prefix_ids=a["prefix"])
+            futures.append(sched.submit_rollout(a["e"], a["m"], a["steps"], prefix_ids=a["prefix"])
                            if a["kind"] == "rollout" else
-                           sched.decode_async(a["e"], a["m"], a["cfg"], prefix_ids=a["prefix"]))
+                           sched.submit_decode(a["e"], a["m"], a["cfg"], prefix_ids=a["prefix"]))
         sched.run_once()
         step += 1
     return [f.result(timeout=0) for f in futures]
@@ -216,7 +216,7 @@ def test_the_shared_cache_is_reallocated_o_log_n_times_for_n_arrivals(agents):
     futures = []
     for i in range(n):
         e, m, _ = prompts[i % 3]
-        futures.append((i, sched.rollout_async(e, m, 8 + (i * 7) % 24)))
+        futures.append((i, sched.submit_rollout(e, m, 8 + (i * 7) % 24)))
         sched.run_once()
     while sched.run_once():
         pass
@@ -288,7 +288,7 @@ def test_a_long_stream_compacts_the_cache_in_place_and_keeps_every_output(agents
     futures = []
     for i in range(200):
         e, m, _ = prompts[i % 3]
-        futures.append((i, sched.rollout_async(e, m, 6) if i % 2 else sched.decode_async(e, m, cfg)))
+        futures.append((i, sched.submit_rollout(e, m, 6) if i % 2 else sched.submit_decode(e, m, cfg)))
         sched.run_once()
     while sched.run_once():
         pass

@@ -47,12 +47,13 @@ def test_a_reply_counts_only_with_the_senders_checksum_shape_and_dtype():
 
 
 def test_figures_give_medians_rates_and_the_ratio_within_the_run():
-    def run(times):
-        return {"times_s": times, "fetch_s": [0.0] * len(times), "read_s": [0.001] * len(times), "received": {5}}
+    def run(times, fetched=True):  # the receiver's fetch time: None where the tensor arrived with the call
+        return {"times_s": times, "fetch_s": [0.0 if fetched else None] * len(times), "read_s": [0.001] * len(times),
+                "received": {5}}
 
     measured = {"sizes": {"1MiB": [4, 32, 2048]},
                 "runs": {("cross_node", "1MiB", "object_store"): run([0.2, 0.1, 0.3]),
-                         ("cross_node", "1MiB", "rdt:gloo"): run([0.1, 0.05, 0.3])}}
+                         ("cross_node", "1MiB", "rdt:gloo"): run([0.1, 0.05, 0.3], fetched=False)}}
     row = figures(measured)["cross_node"]["1MiB"]
     assert row["bytes"] == 2**20
     assert row["object_store"]["s_per_hop"] == 0.2 and row["object_store"]["mib_per_s"] == pytest.approx(5.0)

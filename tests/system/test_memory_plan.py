@@ -51,7 +51,7 @@ def test_role_bytes_are_weights_plus_links_and_kv_at_the_batch_and_lengths(tiny_
     assert mem["critic"].tokens_per_row == 512 + 32 + 32 and mem["critic"].kv_bytes == 8 * 576 * 1000 * 2
     # the decoder holds its decode budget instead of m steps
     assert mem["solver"].tokens_per_row == 512 + 32 + 256
-    assert role_memory(tiny_plan, gpus={}, shapes=shapes, on_gpu=False, **LENGTHS)["critic"].kv_bytes == 8 * 576 * 1000 * 4
+    assert role_memory(tiny_plan, gpus={}, shapes=shapes, gpu=False, **LENGTHS)["critic"].kv_bytes == 8 * 576 * 1000 * 4
 
 
 def test_one_gpu_per_agent_puts_each_copy_on_its_own_gpu_and_splits_a_big_role(tiny_plan):
