@@ -46,6 +46,23 @@ def state_prompt(role: str, receivers: list[str], question: str, messages: dict[
             .replace("{messages}", heard).replace("{question}", question_for_role(question, role)))
 
 
+def _slot_prompts(style, step, asked, tasks, texts: dict[str, list[str]]) -> list[str]:
+    """`step`'s prompt per question, the texts received on its input edges in its slots."""
+    return [render_prompt(style, step.role, step.variant, t, q, {m: texts[e][b] for m, e in step.inputs})
+            for b, (q, t) in enumerate(zip(asked.of(step.role), tasks))]
+
+
+def _decoder_calls(pool, style, step, asked, tasks, texts, cfg, *, scoring, score, capture_input, stream):
+    """The decoder's step of both methods: its answer from its own prompt with the texts in its slots, scored,
+    its input recorded (the runner's call entries)."""
+    users = _slot_prompts(style, step, asked, tasks, texts)
+    calls = [(step.round, step.role, "decode", pool.decode(step.role, users, [], cfg.decode, [], **(stream or {})),
+              None)]
+    calls += score(pool, step.role, users, [], [], scoring)
+    capture_input(step.role, users)
+    return calls
+
+
 def run_text_relay(pool, style, asked, tasks, cfg, *, scoring, score, capture_input, ready, stream=None):
     """One round: each sender decodes from `state_prompt`; the decoder decodes from its own prompt with the
     senders' texts in its slots. Returns the runner's call list (round, role, action, handle, rows); `score`,
@@ -56,12 +73,8 @@ def run_text_relay(pool, style, asked, tasks, cfg, *, scoring, score, capture_in
     for step in build_schedule(style, 1):
         heard = [{split_edge(e)[0]: texts[e][b] for _, e in step.inputs} for b in range(len(tasks))]
         if step.decode:
-            users = [render_prompt(style, step.role, step.variant, t, q, {m: texts[e][b] for m, e in step.inputs})
-                     for b, (q, t) in enumerate(zip(asked.of(step.role), tasks))]
-            calls.append((step.round, step.role, "decode", pool.decode(step.role, users, [], cfg.decode, [],
-                                                                        **(stream or {})), None))
-            calls += score(pool, step.role, users, [], [], scoring)
-            capture_input(step.role, users)
+            calls += _decoder_calls(pool, style, step, asked, tasks, texts, cfg, scoring=scoring, score=score,
+                                    capture_input=capture_input, stream=stream)
             continue
         receivers = [split_edge(e)[1] for e in step.outputs]
         users = [state_prompt(step.role, receivers, q, heard[b]) for b, q in enumerate(asked.of(step.role))]
@@ -79,14 +92,11 @@ def run_rollout_as_text(pool, style, asked, tasks, cfg, *, scoring, score, captu
     texts: dict[str, list[str]] = {}
     calls = []
     for step in build_schedule(style, cfg.num_recursive_rounds):
-        users = [render_prompt(style, step.role, step.variant, t, q, {m: texts[e][b] for m, e in step.inputs})
-                 for b, (q, t) in enumerate(zip(asked.of(step.role), tasks))]
         if step.decode:
-            calls.append((step.round, step.role, "decode", pool.decode(step.role, users, [], cfg.decode, [],
-                                                                        **(stream or {})), None))
-            calls += score(pool, step.role, users, [], [], scoring)
-            capture_input(step.role, users)
+            calls += _decoder_calls(pool, style, step, asked, tasks, texts, cfg, scoring=scoring, score=score,
+                                    capture_input=capture_input, stream=stream)
             continue
+        users = _slot_prompts(style, step, asked, tasks, texts)
         decoded, stats = pool.get(pool.rollout_text(step.role, users, [], cfg.latent_steps, []),
                                   what=f"role {step.role}, round {step.round} (rollout as text)")
         calls.append((step.round, step.role, "rollout_text", ready((decoded, stats)), None))
