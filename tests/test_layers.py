@@ -49,7 +49,7 @@ FOLDERS = {
 }
 # The package root's own modules (no folder of their own).
 ROOT_MODULES = {
-    "ground": ("console",),
+    "ground": ("console", "log_file"),
     "engine": ("links", "kv_cache", "scheduler", "decoding", "scoring", "agent", "runner", "relay", "pool", "service"),
     "top": ("__init__", "api", "api_inputs", "train_api", "lmeval", "_lmeval_hook", "tracking"),
 }
