@@ -9,7 +9,8 @@ OUTPUT/product/<style>-<task>/:
     system/      python -m jobs.train_inner --mas_role all --num_workers 1   (Ray Train, a worker per role, roles
                  in parallel), then python -m jobs.train_outer --links system (Ray Train; the recipe's settings
                  from `sweep_recipe.RECIPES`, --schedule hop_by_hop for the two-hop token recipe)
-    eval/<row>/  python -m jobs.run --backend ray --links system, one output folder per row (`product_rows.ROWS`)
+    eval/<row>/  python -m jobs.run --backend ray --links system, one output folder per row (`product_rows.ROWS`);
+                 the rows of one set of agents share its Ray actors (`eval.batch_runner.keep_agents`)
     compare/     `eval.compare` over those folders (compare.json, compare.md): the table and the lead lines,
                  computed from the samples files only
     commands.txt the jobs.run and jobs.serve commands that reuse system/
@@ -119,6 +120,7 @@ def _done(folder: Path, pattern: str) -> bool:
 
 def run_task(cfg, style: str, task: str, root: Path, console) -> dict:
     """One fact task through the jobs; returns its lines, table, report tasks, commands and timings."""
+    from recmas_ray.eval.batch_runner import keep_agents
     from recmas_ray.eval.compare import compare_folders, markdown, write_table
 
     folder = root / f"{style}-{task}"
@@ -138,13 +140,16 @@ def run_task(cfg, style: str, task: str, root: Path, console) -> dict:
         _call("train_outer", outer_argv)
     seconds["train_outer"] = time.perf_counter() - t1
     argvs, folders = {}, []
-    for row in ROWS:
-        t2, out = time.perf_counter(), folder / "eval" / row.name
-        argvs[row.name] = row_argv(cfg, s, row, files, system, out)
-        if not _done(out, "results_*.json"):
-            _call("run", argvs[row.name])
-        seconds[f"eval/{row.name}"] = time.perf_counter() - t2
-        folders.append(str(out))
+    # rows whose agents would start identically (ROWS keeps them together) run on one set of Ray actors: each
+    # row is still its own jobs.run (questions, samples, fingerprint, results), only the start-up is shared
+    with keep_agents():
+        for row in ROWS:
+            t2, out = time.perf_counter(), folder / "eval" / row.name
+            argvs[row.name] = row_argv(cfg, s, row, files, system, out)
+            if not _done(out, "results_*.json"):
+                _call("run", argvs[row.name])
+            seconds[f"eval/{row.name}"] = time.perf_counter() - t2
+            folders.append(str(out))
     table = compare_folders(folders, [r.name for r in ROWS])
     write_table(table, folder / "compare")
     split_of = {str(r["id"]): r["split"] for r in map(json.loads, files["test"].read_text().splitlines())}

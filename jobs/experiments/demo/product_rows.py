@@ -33,17 +33,19 @@ class Row:
 
 
 ROWS: tuple[Row, ...] = (
+    # the trained system's agents: these rows share one start-up (jobs.run's agents kept, eval.batch_runner)
     Row("own", ("--method", "recursive_mas"), measured_as="trained"),
     Row("shuffled", ("--method", "recursive_mas", "--latent_ablation", "shuffle"), measured_as="shuffled"),
     Row("zeroed", ("--method", "recursive_mas", "--latent_ablation", "zero"), measured_as="zeroed"),
-    Row("fresh", ("--method", "recursive_mas"), links="inner", measured_as="fresh"),
     Row("floor", ("--method", "single_agent"), measured_as="single_floor"),
     Row("ceiling", ("--method", "single_agent"), data="told", measured_as="single_ceiling"),
     Row("textmas", ("--method", "textmas"), measured_as="textmas"),
-    # ---- fair text rows and the untrained-link control (issue 48, item 3; jobs.run's methods and switches)
+    # ---- fair text rows (issue 48, item 3; jobs.run's methods and switches)
     Row("text_relay", ("--method", "text_relay")),
     Row("rollout_as_text", ("--method", "rollout_as_text")),
+    # ---- rows whose agents differ (the decoder's prompts, the outer links): a start-up each
     Row("ceiling_format_help", ("--method", "single_agent", "--format_help"), data="told"),
+    Row("fresh", ("--method", "recursive_mas"), links="inner", measured_as="fresh"),
     Row("untrained_links", ("--method", "recursive_mas", "--outer_init", "untrained")),
     # ---- more rows: one line each here
 )
