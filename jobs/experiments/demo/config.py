@@ -101,6 +101,10 @@ class FactsConfig:
     """experiment (`demo.facts`: the recipe sweep's in-process trainer and measurer, the figures the README
     shows) or product (`demo.product`: jobs.train_inner and jobs.train_outer on Ray Train, one jobs.run
     --backend ray per row, the report read from the results files by jobs.compare's code)."""
+    num_seeds: Annotated[int, Range(1, 10)] = 1
+    """product pipeline: seeds per fact task (--seed, --seed + 1, ...): each its own question draw, link
+    initialisation and training; the rows are pooled over them (each seed's counts printed beside the pooled
+    tests). The experiment path runs --seed alone."""
     num_validation: Annotated[int, Range(0, 64)] = 32
     """product pipeline: validation questions written beside the train and test files (disjoint from both,
     `train.splits`), for choosing recipe settings on questions the report never uses."""
@@ -215,6 +219,9 @@ class DemoConfig:
                 raise ValueError(f"{flag} {value!r}: expected one of {', '.join(allowed)} (the demo's)")
         if system.seed > MAX_SEED:
             raise ValueError(f"--seed {system.seed}: expected an integer in [0, {MAX_SEED}] (the demo's)")
+        if system.seed + self.facts.num_seeds - 1 > MAX_SEED:
+            raise ValueError(f"--facts.num_seeds {self.facts.num_seeds}: seeds {system.seed}.."
+                             f"{system.seed + self.facts.num_seeds - 1} pass {MAX_SEED}; expected a smaller --seed")
         system.check_tables("--role_model")
 
         family = self.difficulty if self.task_family == "arithmetic" else (
