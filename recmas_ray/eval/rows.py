@@ -72,7 +72,7 @@ def untrained_outer_links(plan, folder: str | None):
     module docstring); its sources name them `untrained(<kind>) of <folder>`."""
     import torch
 
-    from recmas_ray.links import TokenLink, link_from_state, link_kind, link_state
+    from recmas_ray.engine.links import TokenLink, link_from_state, link_kind, link_state
     from recmas_ray.system.checkpoints import read_manifest
     from recmas_ray.system.link_init import seeded_outer_link
 
