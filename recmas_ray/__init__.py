@@ -16,12 +16,12 @@ from typing import TYPE_CHECKING
 
 __all__ = ["System", "SampleResult", "train_inner", "train_outer"]
 
-_LAZY = {"System": "recmas_ray.api", "SampleResult": "recmas_ray.runner", "train_inner": "recmas_ray.train_api",
+_LAZY = {"System": "recmas_ray.api", "SampleResult": "recmas_ray.engine.runner", "train_inner": "recmas_ray.train_api",
          "train_outer": "recmas_ray.train_api"}
 
 if TYPE_CHECKING:
     from recmas_ray.api import System
-    from recmas_ray.runner import SampleResult
+    from recmas_ray.engine.runner import SampleResult
     from recmas_ray.train_api import train_inner, train_outer
 
 

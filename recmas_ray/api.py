@@ -29,7 +29,7 @@ from recmas_ray.eval.config import EvalConfig
 from recmas_ray.config.recursion import DecodeConfig, RecursionConfig
 from recmas_ray.config.placement import PlacementConfig
 from recmas_ray.config.transport import OBJECT_STORE
-from recmas_ray.runner import SampleResult
+from recmas_ray.engine.runner import SampleResult
 from recmas_ray.system.config import SystemConfig
 
 log = logging.getLogger(__name__)
@@ -272,7 +272,7 @@ class System:
         with self._quiet():
             from recmas_ray.console import current
             from recmas_ray.eval.progress import QuestionProgress
-            from recmas_ray.pool import LocalPool
+            from recmas_ray.engine.pool import LocalPool
 
             bar = current().bar(len(rows), "generate", unit="question" if per_question == 1 else "answer",
                                 enabled=progress)
@@ -299,8 +299,8 @@ class System:
         """One checked batch through the agents (what `generate`, the server and lm-eval call); `run_options`
         are `run_batch`'s: `on_token(ids)` is called with the token id picked per question at every step of
         the final decode (streaming), `targets` + `score_continuation` score continuations (likelihoods)."""
-        from recmas_ray.pool import LocalPool
-        from recmas_ray.runner import run_batch
+        from recmas_ray.engine.pool import LocalPool
+        from recmas_ray.engine.runner import run_batch
 
         self._check_open()
         if isinstance(self.agents, LocalPool):

@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Sequence
 
 from recmas_ray.config.checks import ConfigTypeError
-from recmas_ray.runner import SampleResult
+from recmas_ray.engine.runner import SampleResult
 
 MAX_QUESTION_CHARS = 32_000
 """Default longest question of `generate` (a 100k-character prompt runs for minutes on CPU)."""

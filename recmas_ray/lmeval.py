@@ -77,7 +77,8 @@ class ModelArgs:
     allow_task_mismatch: bool = False
     """Run links under another task or prompt set than their manifests record (refused otherwise)."""
     method: Annotated[str, OneOf(METHODS)] = "recursive_mas"
-    """recursive_mas, recursive_textmas, textmas, single_agent, text_relay or rollout_as_text (recmas_ray/relay.py)."""
+    """recursive_mas, recursive_textmas, textmas, single_agent, text_relay or rollout_as_text
+    (recmas_ray/engine/relay.py)."""
     num_recursive_rounds: Annotated[int, Range(1, MAX_ROUNDS)] = 3
     """R, rounds of the agent loop."""
     latent_steps: Annotated[int, Range(0, MAX_LATENT_STEPS)] = 32

@@ -164,8 +164,8 @@ def pytest_terminal_summary(terminalreporter):
 
 def tiny_planner_agents() -> dict:
     """One planner `Agent` per tiny family (fp32, inner link seeded 0): the engine tests' common subjects."""
-    from recmas_ray.agent import Agent
-    from recmas_ray.links import InnerLink
+    from recmas_ray.engine.agent import Agent
+    from recmas_ray.engine.links import InnerLink
     from recmas_ray.models.loader import load_frozen_model
     from recmas_ray.models.tiny import TINY_FAMILIES
 

@@ -1,6 +1,6 @@
 """docs/architecture.md's code map names only files and folders that exist.
 
-A path written in backticks (`recmas_ray/links.py`, `config/`, `probe.py`) resolves from the repository root or
+A path written in backticks (`recmas_ray/engine/links.py`, `config/`, `probe.py`) resolves from the repository root or
 the package's folder (the prose says `distributed/launch.py`), or, inside a row of a table, from the folder of any
 path the row's first cell names (the code map lists a folder, then its files by bare name). A name that resolves nowhere is a stale map: a file moved or removed without the docs.
 """

@@ -4,18 +4,20 @@ Every module of ``recmas_ray`` and ``jobs`` sits on the floor of its folder; a m
 floor or the floors below, whether at module level or inside a function (an import deferred into a function still
 makes the module depend on its target at run time). Floors, bottom to top, and the folders on each:
 
-  ground       config/: the config mechanism and leaf types (flags, checks, file readers, shared choices)
-  engine       plain torch, no Ray: models/, styles/, tools/, sandbox/, tasks/ (the task families: instructions,
+  ground       config/: the config mechanism and leaf types (flags, checks, file readers, shared choices);
+               console/: what a job prints and its log file (from a job's first second, no heavy imports)
+  engine       plain torch, no Ray: engine/ (links, agent, KV cache, scheduler, decoding, scoring, runner, relay,
+               pool, service), models/, styles/, tools/, sandbox/, tasks/ (the task families: instructions,
                answer formats, graders, benchmark sources and loaders, plain Python the styles' prompts read)
   system       system/: what a system is: plan, presets, checkpoints, cards, hub (uses the engine, never Ray)
   distributed  distributed/: the thin Ray layer: actors, placement, role copies, running systems and replicas
-  top          train/, eval/, serve/: what people run: training, evaluation, serving
+  top          train/, eval/, serve/: what people run: training, evaluation, serving; and the package root's own
+               modules (the public API, lm-eval, tracking)
   jobs         jobs/ (outside the package, run from the checkout): may import anything of the package
 
-The package root's own modules have no folder: ``ROOT_MODULES`` names their floors (the engine's core types,
-the console on the ground floor, the public entry points on top). Two graphs are built with ``ast``: the
-top-level ``import`` / ``from`` statements (those a ``try`` at top level runs included; ``if TYPE_CHECKING:``
-blocks left out), which is what importing a module pulls in, and the imports inside functions and methods. The
+Every folder of the package with a module is listed in ``FOLDERS``: a new folder states its floor. Two graphs
+are built with ``ast``: the top-level ``import`` / ``from`` statements (those a ``try`` at top level runs
+included; ``if TYPE_CHECKING:`` blocks left out), which is what importing a module pulls in, and the imports inside functions and methods. The
 floor rule holds for both graphs with no exception; cycles are checked over the module-level graph and over both
 graphs together (a function-level import that closes a circle is a circle all the same). A job config whose
 checks need styles, the system or the benchmarks lives with its job (``eval/config.py``, ``train/config.py``).
@@ -37,23 +39,16 @@ TREES = ("recmas_ray", "jobs")
 FLOORS = ("ground", "engine", "system", "distributed", "top", "jobs")
 LEVEL = {name: i for i, name in enumerate(FLOORS)}
 
-# Folder (relative to the repository root) -> floor; a module's floor is its deepest listed folder's.
+# Folder (relative to the repository root) -> floor; a module's floor is its own folder's.
 FOLDERS = {
-    "recmas_ray/config": "ground",
-    "recmas_ray/models": "engine", "recmas_ray/styles": "engine", "recmas_ray/tools": "engine",
-    "recmas_ray/sandbox": "engine", "recmas_ray/tasks": "engine",
+    "recmas_ray/config": "ground", "recmas_ray/console": "ground",
+    "recmas_ray/engine": "engine", "recmas_ray/models": "engine", "recmas_ray/styles": "engine",
+    "recmas_ray/tools": "engine", "recmas_ray/sandbox": "engine", "recmas_ray/tasks": "engine",
     "recmas_ray/system": "system",
     "recmas_ray/distributed": "distributed",
-    "recmas_ray/train": "top", "recmas_ray/eval": "top", "recmas_ray/serve": "top",
+    "recmas_ray": "top", "recmas_ray/train": "top", "recmas_ray/eval": "top", "recmas_ray/serve": "top",
     "jobs": "jobs",
 }
-# The package root's own modules (no folder of their own).
-ROOT_MODULES = {
-    "ground": ("console", "log_file"),
-    "engine": ("links", "kv_cache", "scheduler", "decoding", "scoring", "agent", "runner", "relay", "pool", "service"),
-    "top": ("__init__", "api", "api_inputs", "train_api", "lmeval", "_lmeval_hook", "tracking"),
-}
-_ROOT_FLOOR = {name: floor for floor, names in ROOT_MODULES.items() for name in names}
 
 @functools.lru_cache(maxsize=1)
 def modules() -> dict[str, Path]:
@@ -69,16 +64,12 @@ def modules() -> dict[str, Path]:
 
 
 def floor_of(module: str) -> str:
-    """The floor of ``module``: its folder's (deepest listed folder), or for a module of the package root, its
-    entry in ROOT_MODULES."""
+    """The floor of ``module``: its folder's (a folder not in FOLDERS sits on the floor of the nearest listed
+    folder above it, but ``test_every_folder_is_listed`` asks for every folder by name)."""
     path = modules().get(module)
     assert path is not None, f"{module} is no module of the tree"
-    rel = path.relative_to(ROOT)
-    folder = rel.parent.as_posix()
-    if folder == "recmas_ray":
-        assert rel.stem in _ROOT_FLOOR, f"{module} is on no floor: add it to ROOT_MODULES (or put it in a folder)"
-        return _ROOT_FLOOR[rel.stem]
-    while folder not in FOLDERS and "/" in folder and folder != "recmas_ray":
+    folder = path.relative_to(ROOT).parent.as_posix()
+    while folder not in FOLDERS and "/" in folder:
         folder = folder.rpartition("/")[0]
     assert folder in FOLDERS, f"{module} is on no floor: add its folder to FOLDERS"
     return FOLDERS[folder]
@@ -179,6 +170,14 @@ def cycles(graph) -> list[list[str]]:
 def test_every_module_has_a_floor():
     for mod in modules():
         floor_of(mod)
+
+
+def test_every_folder_is_listed():
+    """Each folder of the package holding a module names its floor in FOLDERS (no floor by inheritance, no
+    per-module exception); jobs/ is one floor, its subfolders included."""
+    folders = {p.relative_to(ROOT).parent.as_posix() for p in modules().values()}
+    unlisted = sorted(f for f in folders if f.startswith("recmas_ray") and f not in FOLDERS)
+    assert not unlisted, f"folders on no floor (add them to FOLDERS): {unlisted}"
 
 
 def test_no_upward_imports():

@@ -125,7 +125,7 @@ def run(args) -> dict:
     from recmas_ray.config.recursion import DecodeConfig
     from recmas_ray.config.placement import PlacementConfig
     from recmas_ray.config.recursion import RecursionConfig
-    from recmas_ray.runner import run_batch
+    from recmas_ray.engine.runner import run_batch
     from recmas_ray.distributed.launch import start_agents
     from recmas_ray.system.launch import local_pool
     from recmas_ray.styles import get_style

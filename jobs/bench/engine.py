@@ -116,8 +116,8 @@ def measure(agent, batches, depth: int, batched: bool, rate: float, cfg, seed: i
 
     import torch
 
-    from recmas_ray.kv_cache import PrefixStore
-    from recmas_ray.scheduler import StepScheduler
+    from recmas_ray.engine.kv_cache import PrefixStore
+    from recmas_ray.engine.scheduler import StepScheduler
 
     agent.engine = dataclasses.replace(agent.engine, continuous_batching=batched)
     agent.prefix_store = PrefixStore(int(agent.engine.prefix_cache_mib * 2**20))  # every run starts cold
@@ -191,9 +191,9 @@ def _spread(xs: list[float]) -> dict:
 def bench(cfg: EngineBenchConfig) -> int:
     import torch
 
-    from recmas_ray.agent import Agent
+    from recmas_ray.engine.agent import Agent
     from recmas_ray.config.inputs import check_cuda
-    from recmas_ray.links import InnerLink
+    from recmas_ray.engine.links import InnerLink
     from recmas_ray.models.loader import load_frozen_model
 
     if cfg.device == "cuda":

@@ -44,7 +44,7 @@ def device_name(device: str) -> str:
 
 
 def probe_internals() -> dict:
-    """The transformers internals the KV-cache code touches (recmas_ray/kv_cache.py, scheduler.py): a cache
+    """The transformers internals the KV-cache code touches (recmas_ray/engine/kv_cache.py, scheduler.py): a cache
     with `.layers`, each with `.keys` / `.values`; a static cache's `lazy_initialization` and `max_cache_len`;
     the forward's cache keyword. Checked on a tiny model, so a device image whose transformers moved them is
     named in one line here rather than as a traceback deep in a later step."""
@@ -133,8 +133,8 @@ def shaped_agent(shapes: dict, device: str, dtype, *, tiny: bool = False, name: 
     import torch
     from transformers import Gemma3TextConfig, LlamaConfig, Qwen2Config
 
-    from recmas_ray.agent import Agent
-    from recmas_ray.links import InnerLink
+    from recmas_ray.engine.agent import Agent
+    from recmas_ray.engine.links import InnerLink
     from recmas_ray.models.loader import load_frozen_model
     from recmas_ray.models.registry import TINY
 

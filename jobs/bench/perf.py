@@ -25,13 +25,13 @@ import time
 
 import torch
 
-from recmas_ray.agent import _eos_ids
+from recmas_ray.engine.agent import _eos_ids
 from recmas_ray.config.engine import EngineConfig
 from recmas_ray.config.recursion import DecodeConfig
 from recmas_ray.config.recursion import RecursionConfig
-from recmas_ray.kv_cache import PrefixStore
+from recmas_ray.engine.kv_cache import PrefixStore
 from jobs.bench.perf_config import BenchConfig
-from recmas_ray.runner import run_batch
+from recmas_ray.engine.runner import run_batch
 from recmas_ray.distributed.launch import start_agents
 from recmas_ray.system.launch import local_pool
 from recmas_ray.system.plan import plan_system

@@ -205,8 +205,8 @@ def fitted_sim_name(fit: dict, *, hidden: int, tokens: int, eos_spread: float = 
 def _load_agent(name: str, dtype: str):
     import torch
 
-    from recmas_ray.agent import Agent
-    from recmas_ray.links import InnerLink
+    from recmas_ray.engine.agent import Agent
+    from recmas_ray.engine.links import InnerLink
     from recmas_ray.models.loader import load_frozen_model
 
     model, tok = load_frozen_model(name, dtype=getattr(torch, dtype))

@@ -13,7 +13,7 @@ import math
 import numpy as np
 import torch
 
-from recmas_ray.pool import LocalPool
+from recmas_ray.engine.pool import LocalPool
 
 
 def mcnemar_exact(a: list[bool], b: list[bool]) -> dict:
@@ -119,7 +119,7 @@ class Measurer:
         from recmas_ray.config.recursion import DecodeConfig, RecursionConfig
         from recmas_ray.tasks.math import grade_lenient, grade_math_strict
         from recmas_ray.eval.stream import format_retry
-        from recmas_ray.runner import run_batch
+        from recmas_ray.engine.runner import run_batch
 
         cfg, questions = self.cfg, questions or self.questions
         rc = RecursionConfig(method=method, num_recursive_rounds=rounds, latent_steps=cfg.latent_steps,

@@ -1,6 +1,6 @@
 """How an agent runs its model: KV cache kind, prefix KV reuse, compilation and decode host syncs.
 
-Plain data (no torch import) so configs and the Ray layer can carry it; `recmas_ray/agent.py` reads it.
+Plain data (no torch import) so configs and the Ray layer can carry it; `recmas_ray/engine/agent.py` reads it.
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ class EngineConfig:
     """torch.compile the one-position step of the rollout and decode. Off by default: measured by
     `jobs/bench/speed.py` (figure g) it does not pay on CPU for the small models here (docs/results.md)."""
     continuous_batching: bool = True
-    """Run static-cache rollouts and decodes through the agent's step scheduler (recmas_ray/scheduler.py):
+    """Run static-cache rollouts and decodes through the agent's step scheduler (recmas_ray/engine/scheduler.py):
     the one-position steps of every call in flight share forward passes, rows leaving at their last step
     or EOS (agent actors then take several calls at once). Same latents and greedy tokens; False: each call
     runs alone on its own cache (`Agent._rollout_static` / `_decode_static`)."""

@@ -1,8 +1,8 @@
 """How one batch of questions runs: decoding, the recursion (method, R, m) and the toolcaller's tool loop.
 
 These configs are shared by evaluation, serving, the Python API and the performance jobs; the engine
-(`agent.py`, `runner.py`, `tools/loop.py`) reads them. Upper bounds keep a typo from becoming a run that
-never ends (a billion latent steps); they are far above anything the paper uses (m <= 128, R <= 5).
+(`engine/agent.py`, `engine/runner.py`, `tools/loop.py`) reads them. Upper bounds keep a typo from becoming a run
+that never ends (a billion latent steps); they are far above anything the paper uses (m <= 128, R <= 5).
 """
 
 from __future__ import annotations
@@ -52,7 +52,7 @@ class RecursionConfig:
     """recursive_mas (latents between agents), recursive_textmas (the same loop with text),
     textmas (one round of text), single_agent (the decoder alone), text_relay (one round: each sender states
     what it knows, as text) or rollout_as_text (recursive_mas's rollouts read out as their argmax tokens and sent
-    as text); see recmas_ray/relay.py."""
+    as text); see recmas_ray/engine/relay.py."""
     num_recursive_rounds: Annotated[int, Range(1, MAX_ROUNDS)] = 3
     """R: rounds of the agent loop (textmas always runs one)."""
     latent_steps: Annotated[int, Range(0, MAX_LATENT_STEPS)] = 32

@@ -3,7 +3,7 @@
 The actor adds only what Ray needs: device choice from torch (never from Ray's logical resources),
 a `ready()` health check naming role, device, GPU ids and node, failure messages that name the
 role, and a log of its own calls (start and end times) from which busy fractions and execution
-order are read. Model code lives in `agent.py` and knows nothing about Ray.
+order are read. Model code lives in `engine/agent.py` and knows nothing about Ray.
 
 The pool submits a call only once its input latents exist (`ray_pool.RayPool`); agents also run calls
 out of order (`allow_out_of_order_execution=True`, set in replicas.py), so a call whose arguments are
@@ -23,7 +23,7 @@ import ray
 from recmas_ray.config.transport import OBJECT_STORE, Transport
 from recmas_ray.distributed.transports import (LatentTransport, MessageStore, bulk_inputs, latent_transport,
                                                resolve_message, to_wire)
-from recmas_ray.service import AgentService, AgentSpec
+from recmas_ray.engine.service import AgentService, AgentSpec
 
 AGENT_EXIT_AFTER: dict[str, int] = {}
 """Fault injection by tests (the fixture `inject_faults`): role -> N makes that role's actors, built from now on,

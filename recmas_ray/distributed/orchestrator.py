@@ -25,7 +25,7 @@ from recmas_ray.distributed.ray_pool import RayPool
 from recmas_ray.distributed.placement import ORCHESTRATOR_CPUS, ORCHESTRATOR_MAX_BATCHES
 from recmas_ray.distributed.routing import LEASE_S, ReplicaRouter
 from recmas_ray.distributed.transports import latent_transport
-from recmas_ray.runner import run_batch
+from recmas_ray.engine.runner import run_batch
 from recmas_ray.styles import StyleSpec
 
 class _OrchestratorImpl:

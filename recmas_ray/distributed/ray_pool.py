@@ -225,7 +225,7 @@ class RayPool:
     def retry_format(self, role, texts, suffixes, max_new_tokens, *, cfg, context=None):
         """The answer-format retry on a copy of the role, routed and counted like every other call
         (see `AgentService.retry_format`)."""
-        from recmas_ray.pool import retry_context_args
+        from recmas_ray.engine.pool import retry_context_args
 
         latents, kw = retry_context_args(context)
         work = len(texts) * max_new_tokens

@@ -49,7 +49,7 @@ class BatchRunner:
     """Runs batches in-process or on a Ray system; `stream` yields graded sample records."""
 
     def __init__(self, cfg: EvalConfig, plan, system=None):
-        from recmas_ray.pool import LocalPool
+        from recmas_ray.engine.pool import LocalPool
 
         self.cfg, self.plan, self.owned = cfg, plan, system is None
         self.system = self.pool = None
@@ -119,7 +119,7 @@ class BatchRunner:
                                       cfg.format_retry, cfg.stream, timeout_s=cfg.timeout_s,
                                       max_batch_retries=cfg.max_batch_retries, progress=relayed)
             return
-        from recmas_ray.runner import run_batch
+        from recmas_ray.engine.runner import run_batch
 
         def solve(qs, ts, rc, on_token=None):
             return run_batch(self.pool, self.plan.style, qs, ts, rc,

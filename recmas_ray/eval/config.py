@@ -20,7 +20,6 @@ from recmas_ray.config.placement import PlacementConfig
 from recmas_ray.config.recursion import MAX_ROUNDS, METHODS, RecursionConfig, ToolLoopConfig
 from recmas_ray.config.tracking import TrackingConfig
 from recmas_ray.config.transport import OBJECT_STORE, TRANSPORT_NAMES, get_transport
-from recmas_ray.eval.rows import OUTER_INITS
 from recmas_ray.styles import get_style, tool_styles
 from recmas_ray.styles.prompts import load_prompt_set
 from recmas_ray.system.config import SystemConfig
@@ -28,6 +27,9 @@ from recmas_ray.tasks import TASK_TYPES
 from recmas_ray.tasks.benchmarks import BENCHMARKS, canonical_name
 
 PROTOCOLS = ("greedy", "reference")  # what each one sets: recmas_ray.eval.protocol
+OUTER_INITS = ("trained", "untrained")
+"""--outer_init of an evaluation: trained (the loaded weights) or untrained (each kind's initial state,
+`eval/rows.py`)."""
 
 
 @dataclass(kw_only=True)

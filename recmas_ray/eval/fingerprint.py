@@ -127,7 +127,7 @@ def resolved_runtime(cfg: EvalConfig, plan) -> dict:
     """Fingerprint fields that `auto` settings hide: the device and dtype the agents really use, and the
     revision of each base model (a Hub snapshot's commit, a local model's config hash)."""
     from recmas_ray.models.loader import model_revision, resolve_dtype
-    from recmas_ray.service import pick_device
+    from recmas_ray.engine.service import pick_device
 
     device = pick_device(cfg.system.device)  # as the agents resolve it (on a Ray cluster: as seen from the driver)
     return {"device": cfg.system.device, "resolved_device": device.type,

@@ -14,7 +14,7 @@ import os
 import threading
 from typing import Hashable, Iterable
 
-from recmas_ray.decoding import RowsStopped
+from recmas_ray.engine.decoding import RowsStopped
 
 log = logging.getLogger(__name__)
 

@@ -24,10 +24,6 @@ from __future__ import annotations
 
 import dataclasses
 
-OUTER_INITS = ("trained", "untrained")
-"""--outer_init of an evaluation: trained (the loaded weights) or untrained (each kind's initial state)."""
-
-
 def apply_row_options(cfg, plan):
     """`plan` with the row options of `cfg` applied (`--outer_init untrained`, then `--format_help`)."""
     if cfg.outer_init == "untrained":
@@ -72,7 +68,7 @@ def untrained_outer_links(plan, folder: str | None):
     module docstring); its sources name them `untrained(<kind>) of <folder>`."""
     import torch
 
-    from recmas_ray.links import TokenLink, link_from_state, link_kind, link_state
+    from recmas_ray.engine.links import TokenLink, link_from_state, link_kind, link_state
     from recmas_ray.system.checkpoints import read_manifest
     from recmas_ray.system.link_init import seeded_outer_link
 
@@ -147,5 +143,5 @@ def _bridge(plan, edges: list[str], trained: dict, init: str) -> None:
                              num_rounds=int(trained.get("num_recursive_rounds", 1)), ridge=ridge, dtype=dtype)
 
 
-__all__ = ["OUTER_INITS", "apply_row_options", "row_fingerprint", "row_record", "with_decoder_format_help",
+__all__ = ["apply_row_options", "row_fingerprint", "row_record", "with_decoder_format_help",
            "untrained_outer_links"]

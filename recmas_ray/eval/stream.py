@@ -33,7 +33,7 @@ from typing import Callable, Iterator
 
 from recmas_ray.config.recursion import RecursionConfig
 from recmas_ray.eval.config import StreamConfig
-from recmas_ray.runner import SampleResult
+from recmas_ray.engine.runner import SampleResult
 from recmas_ray.tasks import get_task, grade
 
 
@@ -222,7 +222,7 @@ class EvalClient:
             def solve(qs, ts, rc):
                 stream = {}
                 if self.progress is not None and rc.adaptive_threshold is None:  # adaptive rounds do not stream
-                    from recmas_ray.decoding import RowsStopped
+                    from recmas_ray.engine.decoding import RowsStopped
                     from recmas_ray.distributed.progress import RelayReport
 
                     relay, scope = self.progress

@@ -27,7 +27,7 @@ import time
 
 import torch
 
-from recmas_ray.decoding import Decoded
+from recmas_ray.engine.decoding import Decoded
 
 PREFILL_SPEEDUP = 20.0
 """How much cheaper a prompt token is than a sequential step (latent step or decoded token): the prompt

@@ -29,7 +29,7 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import load_file, save_file
 
-from recmas_ray.links import (INNER_LINK_TYPE, OUTER_LINK_TYPE, InnerLink, OuterLink, inner_link_from_state_dict,
+from recmas_ray.engine.links import (INNER_LINK_TYPE, OUTER_LINK_TYPE, InnerLink, OuterLink, inner_link_from_state_dict,
                               link_args, link_from_state, link_kind, link_state, outer_link_from_state_dict)
 from recmas_ray.styles import StyleSpec
 from recmas_ray.system.link_manifest import MANIFEST, check_dims, inner_dim, outer_dims, declared_link

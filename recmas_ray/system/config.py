@@ -75,7 +75,7 @@ class SystemConfig:
     """Seed of fresh links (and, per job, of sampling or the data order)."""
     continuous_batching: bool = True
     """Each agent runs the rollouts and decodes of every call in flight together, one shared forward per step
-    (recmas_ray/scheduler.py), and on Ray the calls of several batches to one agent leave as one Ray call (bulk
+    (recmas_ray/engine/scheduler.py), and on Ray the calls of several batches to one agent leave as one Ray call (bulk
     dispatch); same latents and greedy text. --no_continuous_batching: one call at a time per agent."""
 
     def check_link_folders(self) -> None:

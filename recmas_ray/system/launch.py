@@ -6,8 +6,8 @@ pool or Ray replicas is `distributed.launch.start_agents`.
 
 from __future__ import annotations
 
-from recmas_ray.pool import LocalPool
-from recmas_ray.service import AgentService
+from recmas_ray.engine.pool import LocalPool
+from recmas_ray.engine.service import AgentService
 from recmas_ray.system.plan import SystemPlan
 
 

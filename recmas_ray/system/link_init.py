@@ -10,7 +10,7 @@ import zlib
 
 import torch
 
-from recmas_ray.links import InnerLink, OuterLink
+from recmas_ray.engine.links import InnerLink, OuterLink
 from recmas_ray.styles import StyleSpec
 from recmas_ray.system.checkpoints import LinkSet
 

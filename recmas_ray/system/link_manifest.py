@@ -4,7 +4,7 @@ read; and the dimension checks shared with the release layouts (`checkpoints.py`
 
 from __future__ import annotations
 
-from recmas_ray.links import INNER_LINK_TYPE, LINK_KINDS, OUTER_LINK_TYPE, expected_shapes
+from recmas_ray.engine.links import INNER_LINK_TYPE, LINK_KINDS, OUTER_LINK_TYPE, expected_shapes
 
 MANIFEST = "manifest.json"
 

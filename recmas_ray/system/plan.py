@@ -17,7 +17,7 @@ from recmas_ray.system.checkpoints import LinkSet, declared_base_model, load_lin
 from recmas_ray.system.link_init import init_links
 from recmas_ray.models.registry import SIMULATED, model_kind
 from recmas_ray.system.presets import role_models
-from recmas_ray.service import AgentSpec, link_states
+from recmas_ray.engine.service import AgentSpec, link_states
 from recmas_ray.styles import StyleSpec, get_style, tool_styles
 from recmas_ray.styles.prompts import load_prompt_set, prompt_set_hash
 
@@ -58,7 +58,7 @@ def served_links(plan: SystemPlan) -> dict[str, dict]:
     came from (None: fresh, seeded) and the sha256 of its tensors (what `GET /v1/models` lists)."""
     import hashlib
 
-    from recmas_ray.links import link_kind, link_state
+    from recmas_ray.engine.links import link_kind, link_state
 
     def entry(key: str, link) -> dict:
         h = hashlib.sha256()
@@ -237,7 +237,7 @@ def simulated_plan(style_name: str, model_name: str | dict[str, str] = SIMULATED
     """A SystemPlan of cost-simulated agents (`recmas_ray.models.sim`): `model_name` for every role, or a
     `sim:` name per role. Links are 8-wide placeholders (the simulated agents ignore them, so nothing
     large is shipped at start-up)."""
-    from recmas_ray.links import InnerLink, OuterLink
+    from recmas_ray.engine.links import InnerLink, OuterLink
 
     style = get_style(style_name)
     models = dict(model_name) if isinstance(model_name, dict) else {r: model_name for r in style.roles}

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import torch
 
-from recmas_ray.links import link_from_state
+from recmas_ray.engine.links import link_from_state
 from recmas_ray.system.untrusted import check_finite, opened_inside
 
 TOKEN_LINKS_PT = "links.pt"

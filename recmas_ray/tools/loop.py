@@ -26,8 +26,8 @@ import time
 
 import torch
 
-from recmas_ray.agent import Agent
-from recmas_ray.decoding import Decoded
+from recmas_ray.engine.agent import Agent
+from recmas_ray.engine.decoding import Decoded
 from recmas_ray.config.recursion import DecodeConfig, ToolLoopConfig
 from recmas_ray.sandbox import SandboxConfig
 from recmas_ray.tools.output import ToolOutput

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import torch
 
-from recmas_ray.links import init_bridge
+from recmas_ray.engine.links import init_bridge
 
 
 def vocabulary_strings(tokenizer, *, blanks: bool = False) -> dict[str, int]:
@@ -159,7 +159,7 @@ def state_bridge_outer_links(plan, questions: list[str], *, task: str, num_steps
     (`bridge_outer_links`). In place; returns edge -> number of fitted pairs."""
     import copy
 
-    from recmas_ray.agent import Agent
+    from recmas_ray.engine.agent import Agent
     from recmas_ray.models.loader import load_frozen_model, resolve_dtype
     from recmas_ray.styles import render_prompt
 

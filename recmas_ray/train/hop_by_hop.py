@@ -73,7 +73,7 @@ def embedding_rows(agent, ids: list[int]) -> torch.Tensor:
 def token_link_of(source_rows_KD: torch.Tensor, target_rows_KE: torch.Tensor, tau: float,
                   ids: tuple[list[int], list[int]]):
     """A fresh `TokenLink` (residual zero) over paired embedding rows of the token `ids` (source, target)."""
-    from recmas_ray.links import TokenLink
+    from recmas_ray.engine.links import TokenLink
 
     return TokenLink(source_rows_KD, target_rows_KE, tau, ids=ids)
 
@@ -100,7 +100,7 @@ def save_product_checkpoint(save_dir: Path, saved: dict, manifest: dict, hidden_
     them in jobs.run, jobs.serve and the API. `manifest`: the system's, with the task and training config. Each
     link is the one `attach` builds (tau as links.pt holds it, in float32), so the checkpoint runs what the sweep
     measured."""
-    from recmas_ray.links import TokenLink
+    from recmas_ray.engine.links import TokenLink
     from recmas_ray.system.checkpoints import LinkSet, save_links
 
     links = {}

@@ -72,8 +72,8 @@ class _Peers:
 
 
 def _load_agent(cfg: OuterTrainConfig, style, role: str, system: dict, inner_state: dict, device):
-    from recmas_ray.agent import Agent
-    from recmas_ray.links import inner_link_from_state_dict
+    from recmas_ray.engine.agent import Agent
+    from recmas_ray.engine.links import inner_link_from_state_dict
     from recmas_ray.models.loader import load_frozen_model, resolve_dtype
 
     name = system["role_models"][role]

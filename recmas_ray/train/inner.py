@@ -18,10 +18,10 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from recmas_ray.agent import Agent
-from recmas_ray.kv_cache import left_pad
+from recmas_ray.engine.agent import Agent
+from recmas_ray.engine.kv_cache import left_pad
 from recmas_ray.train.config import InnerTrainConfig
-from recmas_ray.links import InnerLink
+from recmas_ray.engine.links import InnerLink
 from recmas_ray.train.core import make_scheduler
 
 

@@ -17,9 +17,9 @@ from pathlib import Path
 
 import torch
 
-from recmas_ray.agent import Agent
+from recmas_ray.engine.agent import Agent
 from recmas_ray.train.config import InnerTrainConfig
-from recmas_ray.links import InnerLink, inner_link_from_state_dict
+from recmas_ray.engine.links import InnerLink, inner_link_from_state_dict
 from recmas_ray.styles import get_style
 from recmas_ray.system.checkpoints import LinkSet, load_links, save_links
 from recmas_ray.train import core

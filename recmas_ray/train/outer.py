@@ -29,9 +29,9 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from recmas_ray.agent import Agent
-from recmas_ray.kv_cache import left_pad
-from recmas_ray.links import OuterLink, outer_link_from_state_dict
+from recmas_ray.engine.agent import Agent
+from recmas_ray.engine.kv_cache import left_pad
+from recmas_ray.engine.links import OuterLink, outer_link_from_state_dict
 from recmas_ray.styles import Step, StyleSpec, render_prompt
 from recmas_ray.system.checkpoints import LinkSet, group_link_tensors, read_safetensors, save_links
 from recmas_ray.train.core import read_state

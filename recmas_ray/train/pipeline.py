@@ -31,10 +31,10 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from recmas_ray.agent import Agent
+from recmas_ray.engine.agent import Agent
 from recmas_ray.train.config import OuterTrainConfig
 from recmas_ray.console import current
-from recmas_ray.links import inner_link_from_state_dict, outer_link_from_state_dict
+from recmas_ray.engine.links import inner_link_from_state_dict, outer_link_from_state_dict
 from recmas_ray.styles import StyleSpec, get_style
 from recmas_ray.train import core, history
 from recmas_ray.train.outer import OuterRunResult, Sample, export_checkpoint, round_loss_weight  # noqa: F401 (re-exported)

@@ -32,8 +32,8 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from recmas_ray.agent import Agent
-from recmas_ray.links import OuterLink
+from recmas_ray.engine.agent import Agent
+from recmas_ray.engine.links import OuterLink
 from recmas_ray.styles import StyleSpec, build_schedule, render_prompt, split_edge
 from recmas_ray.train.data import question_text, role_target
 

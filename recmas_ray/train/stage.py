@@ -20,9 +20,9 @@ import torch
 import torch.distributed as dist
 from safetensors.torch import save_file
 
-from recmas_ray.agent import Agent
+from recmas_ray.engine.agent import Agent
 from recmas_ray.train.config import OuterTrainConfig
-from recmas_ray.links import OuterLink
+from recmas_ray.engine.links import OuterLink
 from recmas_ray.styles import StyleSpec, build_schedule, split_edge
 from recmas_ray.train import core
 from recmas_ray.train.outer import (Latent, Sample, SavedTensorMeter, emit_messages, encode_stage, read_outer_links,

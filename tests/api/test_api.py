@@ -43,7 +43,7 @@ def test_generate_rejects_bad_arguments(local_system):
 
 
 def test_evaluate_on_the_running_agents(local_system, question_file, tmp_path, monkeypatch):
-    import recmas_ray.service as service
+    import recmas_ray.engine.service as service
 
     monkeypatch.setattr(service.AgentService, "__init__", lambda *a, **k: pytest.fail("agents were reloaded"))
     report = local_system.evaluate(str(question_file), methods=["recursive_mas", "recursive_textmas"],
@@ -55,7 +55,7 @@ def test_evaluate_on_the_running_agents(local_system, question_file, tmp_path, m
 
 
 def test_build_errors_before_models_load(tiny_cache, monkeypatch, tmp_path):
-    import recmas_ray.service as service
+    import recmas_ray.engine.service as service
 
     monkeypatch.setattr(service.AgentService, "__init__", lambda *a, **k: pytest.fail("models loaded"))
     with pytest.raises(ValueError, match="models names"):

@@ -119,7 +119,7 @@ def test_batched_questions_answer_as_single_ones_with_every_agents_prompt_tokens
 
 
 def test_final_decode_reports_every_token(system):
-    from recmas_ray.agent import _eos_ids
+    from recmas_ray.engine.agent import _eos_ids
 
     rc = RecursionConfig(num_recursive_rounds=1, latent_steps=2, decode=DecodeConfig(max_new_tokens=12))
     steps = []

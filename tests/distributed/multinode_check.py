@@ -41,7 +41,7 @@ from recmas_ray.distributed.replicas import build_ray_system, build_replicas  # 
 from recmas_ray.distributed.routing import Pending  # noqa: E402
 from recmas_ray.config.placement import PlacementConfig  # noqa: E402
 from recmas_ray.config.recursion import RecursionConfig
-from recmas_ray.runner import run_batch  # noqa: E402
+from recmas_ray.engine.runner import run_batch  # noqa: E402
 from recmas_ray.system.launch import local_pool  # noqa: E402
 from recmas_ray.system.plan import plan_system  # noqa: E402
 from recmas_ray.system.config import SystemConfig  # noqa: E402

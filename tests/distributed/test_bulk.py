@@ -170,7 +170,7 @@ def test_bulk_calls_of_continuous_batching_agents_give_each_batch_its_local_answ
     import dataclasses
 
     from recmas_ray.distributed.replicas import build_replicas
-    from recmas_ray.runner import run_batch
+    from recmas_ray.engine.runner import run_batch
     from recmas_ray.system.launch import local_pool
     from recmas_ray.system.plan import plan_system
 

@@ -87,7 +87,7 @@ def test_crashed_agent_restarts_reloads_and_its_calls_are_retried(ray_cluster, i
     from recmas_ray.config.recursion import DecodeConfig, RecursionConfig
     from recmas_ray.distributed.replicas import build_ray_system
     from recmas_ray.config.placement import PlacementConfig
-    from recmas_ray.runner import run_batch
+    from recmas_ray.engine.runner import run_batch
     from recmas_ray.system.launch import local_pool
     from recmas_ray.system.plan import plan_system
 

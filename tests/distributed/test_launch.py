@@ -6,8 +6,8 @@ import torch
 
 from recmas_ray.config.placement import PlacementConfig
 from recmas_ray.config.recursion import DecodeConfig, RecursionConfig
-from recmas_ray.pool import AgentPool, LocalPool
-from recmas_ray.runner import run_batch
+from recmas_ray.engine.pool import AgentPool, LocalPool
+from recmas_ray.engine.runner import run_batch
 from recmas_ray.distributed.launch import start_agents
 from recmas_ray.system.launch import local_pool, set_plan_links
 from recmas_ray.system.plan import plan_system

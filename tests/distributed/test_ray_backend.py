@@ -11,8 +11,8 @@ from recmas_ray.config.recursion import DecodeConfig
 from recmas_ray.distributed.replicas import build_ray_system
 from recmas_ray.config.placement import PlacementConfig
 from recmas_ray.config.recursion import RecursionConfig
-from recmas_ray.runner import run_batch
-from recmas_ray.service import AgentService
+from recmas_ray.engine.runner import run_batch
+from recmas_ray.engine.service import AgentService
 from recmas_ray.system.launch import local_pool
 from recmas_ray.system.plan import plan_system
 
@@ -132,7 +132,7 @@ def test_ray_direct_transport_gloo_matches_object_store(ray_cluster):
 def test_rdt_agent_keeps_nothing_for_a_batch_already_dropped():
     """A call of a failed batch that finishes after the drop (out-of-order agents) keeps nothing."""
     from recmas_ray.distributed.actors import _AgentActorImpl
-    from recmas_ray.service import AgentSpec
+    from recmas_ray.engine.service import AgentSpec
 
     impl = _AgentActorImpl(AgentSpec(role="planner", model_name="sim:hidden=8,step_ms=0", system_prompt="",
                                      device="cpu"), {}, {}, transport="rdt:gloo")
@@ -188,7 +188,7 @@ def test_messages_cross_the_object_store_as_zero_copy_buffers(ray_cluster, dtype
 
 
 def test_message_dtype_auto_is_fp32_on_cpu_and_bf16_halves_the_bytes():
-    from recmas_ray.service import AgentService
+    from recmas_ray.engine.service import AgentService
 
     plan = plan_system("sequential_light", preset="tiny", seed=0)
     spec, inner, outer = plan.service_args("planner")

@@ -1,4 +1,4 @@
-"""The text rows over RecursiveMAS's senders (`recmas_ray/relay.py`) on Ray actors: the same texts, prompts and
+"""The text rows over RecursiveMAS's senders (`recmas_ray/engine/relay.py`) on Ray actors: the same texts, prompts and
 predictions as in-process (`AgentService.rollout_text` through `RayPool`, the sender's decode for text_relay)."""
 
 import ray
@@ -6,7 +6,7 @@ import ray
 from recmas_ray.config.placement import PlacementConfig
 from recmas_ray.config.recursion import DecodeConfig, RecursionConfig
 from recmas_ray.distributed.replicas import build_ray_system
-from recmas_ray.runner import run_batch
+from recmas_ray.engine.runner import run_batch
 from recmas_ray.styles.role_context import with_role_context
 from recmas_ray.system.launch import local_pool
 from recmas_ray.system.plan import plan_system

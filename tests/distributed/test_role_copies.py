@@ -10,7 +10,7 @@ from recmas_ray.distributed.replicas import build_replicas
 from recmas_ray.config.placement import PlacementConfig
 from recmas_ray.distributed.placement import plan_placement
 from recmas_ray.distributed.role_copies import copies_from_costs, resolve_copies, role_costs
-from recmas_ray.runner import run_batch
+from recmas_ray.engine.runner import run_batch
 from recmas_ray.system.launch import local_pool
 from recmas_ray.styles import get_style
 from recmas_ray.system.plan import plan_system, simulated_plan

@@ -12,7 +12,7 @@ import torch
 
 from recmas_ray.config.checks import ConfigError
 from recmas_ray.config.recursion import DecodeConfig, RecursionConfig
-from recmas_ray.runner import run_batch
+from recmas_ray.engine.runner import run_batch
 from recmas_ray.system.launch import local_pool
 from recmas_ray.system.plan import plan_system
 

@@ -5,9 +5,9 @@ import torch
 
 from tests.conftest import tiny_planner_agents
 
-from recmas_ray.agent import Agent, find_slots
+from recmas_ray.engine.agent import Agent, find_slots
 from recmas_ray.config.recursion import DecodeConfig
-from recmas_ray.links import InnerLink
+from recmas_ray.engine.links import InnerLink
 from recmas_ray.models.loader import load_frozen_model
 from recmas_ray.models.tiny import TINY_FAMILIES
 

@@ -11,7 +11,7 @@ from tests.conftest import tiny_planner_agents
 
 from recmas_ray.config.engine import EngineConfig
 from recmas_ray.config.recursion import DecodeConfig
-from recmas_ray.kv_cache import BLOCK, PrefixStore
+from recmas_ray.engine.kv_cache import BLOCK, PrefixStore
 from recmas_ray.models.tiny import TINY_FAMILIES
 
 SLOT = "<<LATENT_PLANNER_SLOT>>"

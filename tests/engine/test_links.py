@@ -5,7 +5,7 @@ import itertools
 import pytest
 import torch
 
-from recmas_ray.links import (INNER_KEYS, OUTER_KEYS, InnerLink, OuterLink, inner_link_from_state_dict,
+from recmas_ray.engine.links import (INNER_KEYS, OUTER_KEYS, InnerLink, OuterLink, inner_link_from_state_dict,
                               outer_link_from_state_dict)
 from recmas_ray.models.tiny import TINY_FAMILIES
 
@@ -68,7 +68,7 @@ def test_wrong_keys_fail_with_names():
 
 # ----------------------------------------------------------------------------- non-reference recipe options
 def test_rescale_rows_gives_the_target_norm_and_keeps_direction():
-    from recmas_ray.links import rescale_rows
+    from recmas_ray.engine.links import rescale_rows
 
     x = torch.randn(5, 16) * torch.arange(1, 6)[:, None]
     y = rescale_rows(x, 3.2)
@@ -77,7 +77,7 @@ def test_rescale_rows_gives_the_target_norm_and_keeps_direction():
 
 
 def test_mean_embedding_norm_counts_every_token_and_the_modules_scaling():
-    from recmas_ray.links import mean_embedding_norm
+    from recmas_ray.engine.links import mean_embedding_norm
 
     emb = torch.nn.Embedding(50, 8)
 
@@ -91,7 +91,7 @@ def test_mean_embedding_norm_counts_every_token_and_the_modules_scaling():
 
 
 def test_ridge_bridge_solves_the_ridge_problem():
-    from recmas_ray.links import ridge_bridge
+    from recmas_ray.engine.links import ridge_bridge
 
     torch.manual_seed(0)
     x = torch.randn(400, 12)
@@ -112,7 +112,7 @@ def test_ridge_bridge_solves_the_ridge_problem():
 
 
 def test_init_bridge_makes_the_link_map_source_rows_near_their_targets():
-    from recmas_ray.links import init_bridge
+    from recmas_ray.engine.links import init_bridge
 
     torch.manual_seed(1)
     x = torch.randn(600, 24)
@@ -128,7 +128,7 @@ def test_init_bridge_makes_the_link_map_source_rows_near_their_targets():
 
 
 def test_token_link_resays_the_nearest_source_token_in_the_target_table_and_trains_only_its_residual():
-    from recmas_ray.links import TokenLink
+    from recmas_ray.engine.links import TokenLink
 
     torch.manual_seed(0)
     src_KD, dst_KE = torch.randn(40, 8), torch.randn(40, 12)

@@ -1,14 +1,14 @@
-"""The text rows over RecursiveMAS's own senders (`recmas_ray/relay.py`): rollout_as_text sends exactly the argmax
-tokens of the sender's rollout; text_relay's senders get the stating prompt (their own fact included) and the
-decoder reads their text in its slot."""
+"""The text rows over RecursiveMAS's own senders (`recmas_ray/engine/relay.py`): rollout_as_text sends exactly the
+argmax tokens of the sender's rollout; text_relay's senders get the stating prompt (their own fact included) and
+the decoder reads their text in its slot."""
 
 import pytest
 import torch
 
 from recmas_ray.config.recursion import DecodeConfig, RecursionConfig
-from recmas_ray.pool import LocalPool
-from recmas_ray.relay import STATE_PROMPT, state_prompt
-from recmas_ray.runner import run_batch
+from recmas_ray.engine.pool import LocalPool
+from recmas_ray.engine.relay import STATE_PROMPT, state_prompt
+from recmas_ray.engine.runner import run_batch
 from recmas_ray.styles import render_prompt
 from recmas_ray.styles.role_context import with_role_context
 from recmas_ray.system.launch import local_pool

@@ -5,8 +5,8 @@ import torch
 
 from recmas_ray.config.recursion import DecodeConfig
 from recmas_ray.config.recursion import RecursionConfig
-from recmas_ray.runner import run_batch
-from recmas_ray.service import AgentService
+from recmas_ray.engine.runner import run_batch
+from recmas_ray.engine.service import AgentService
 from recmas_ray.styles import STYLES
 from recmas_ray.styles.base import RolePrompts, StyleSpec
 from recmas_ray.system.launch import local_pool

@@ -17,8 +17,8 @@ from tests.conftest import tiny_planner_agents
 
 from recmas_ray.config.recursion import DecodeConfig, RecursionConfig
 from recmas_ray.models.tiny import TINY_FAMILIES
-from recmas_ray.runner import run_batch
-from recmas_ray.scheduler import StepScheduler
+from recmas_ray.engine.runner import run_batch
+from recmas_ray.engine.scheduler import StepScheduler
 from recmas_ray.system.launch import local_pool
 from recmas_ray.system.plan import plan_system
 
@@ -236,7 +236,7 @@ def test_the_runner_gives_the_same_predictions_and_latents_with_continuous_batch
     (the default) equal those with it off; then two batches at once (their calls merged) give the same
     predictions."""
     from recmas_ray.config.recursion import RecursionConfig
-    from recmas_ray.runner import run_batch
+    from recmas_ray.engine.runner import run_batch
     from recmas_ray.system.launch import local_pool
     from recmas_ray.system.plan import plan_system
 

@@ -6,8 +6,8 @@ import torch
 
 from recmas_ray.config.recursion import DecodeConfig, RecursionConfig
 from recmas_ray.eval.channel import channel_lines, channel_summary
-from recmas_ray.links import TokenLink, token_channel
-from recmas_ray.runner import run_batch
+from recmas_ray.engine.links import TokenLink, token_channel
+from recmas_ray.engine.runner import run_batch
 from recmas_ray.styles import render_prompt
 from recmas_ray.system.launch import local_pool
 from recmas_ray.system.plan import plan_system

@@ -7,8 +7,8 @@ import torch
 
 from recmas_ray.config.recursion import DecodeConfig, RecursionConfig
 from recmas_ray.eval.stream import format_retry, needs_format_retry
-from recmas_ray.pool import LocalPool
-from recmas_ray.runner import run_batch
+from recmas_ray.engine.pool import LocalPool
+from recmas_ray.engine.runner import run_batch
 from recmas_ray.tasks import get_task
 
 QUESTIONS = ["What is 17 - 8?", "What is 4 + 5?", "What is 12 - 3?"]
@@ -89,7 +89,7 @@ def test_results_keep_their_row_of_the_batch_input(tiny_pool):
 def test_real_model_boxes_the_value_its_own_reply_stated(tiny_cache):
     """Replies that state the right value without \\boxed{}: continued after their prompt, the decoder boxes that
     value; continued from the reply alone (the release's retry) it boxed 1.6 and 10 when this was written."""
-    from recmas_ray.service import AgentService
+    from recmas_ray.engine.service import AgentService
     from recmas_ray.system.plan import plan_system
 
     plan = plan_system("sequential_light", preset="tiny", seed=0, task="qa",

@@ -11,7 +11,7 @@ from tqdm import tqdm
 
 import recmas_ray as rm
 from recmas_ray import console
-from recmas_ray.decoding import RowsStopped
+from recmas_ray.engine.decoding import RowsStopped
 from recmas_ray.eval.progress import QuestionProgress
 
 MODELS = {"planner": "tiny:qwen3", "critic": "tiny:llama", "solver": "tiny:qwen3"}

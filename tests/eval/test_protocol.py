@@ -10,8 +10,8 @@ import pytest
 import torch
 
 from jobs import run as run_job
-from recmas_ray.agent import _pick
-from recmas_ray.decoding import HF_DEFAULT_TOP_K, model_top_k
+from recmas_ray.engine.agent import _pick
+from recmas_ray.engine.decoding import HF_DEFAULT_TOP_K, model_top_k
 from recmas_ray.eval.config import EvalConfig
 from recmas_ray.config.recursion import DecodeConfig
 from recmas_ray.eval import protocol as P

@@ -47,7 +47,7 @@ def _folder_with_train_config(root, train_config):
 
 
 def test_untrained_outer_links_equal_fresh_links_of_the_same_kind(tmp_path, tiny_cache):
-    from recmas_ray.links import TokenLink
+    from recmas_ray.engine.links import TokenLink
     from recmas_ray.system.link_init import seeded_outer_link
     from recmas_ray.system.plan import plan_system
 

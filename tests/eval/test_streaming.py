@@ -7,9 +7,9 @@ import os
 
 import pytest
 
-from recmas_ray.decoding import Decoded
+from recmas_ray.engine.decoding import Decoded
 from recmas_ray.eval.stream import format_retry, needs_format_retry
-from recmas_ray.runner import SampleResult
+from recmas_ray.engine.runner import SampleResult
 from recmas_ray.tasks import get_task
 
 from jobs import run as run_job

@@ -86,7 +86,7 @@ def _rc(method, ablation="none"):
 
 @pytest.mark.parametrize("method", ["recursive_mas", "recursive_textmas", "textmas", "single_agent"])
 def test_scoring_leaves_the_run_unchanged_and_gives_finite_nll(seq_pool, method):
-    from recmas_ray.runner import run_batch
+    from recmas_ray.engine.runner import run_batch
 
     plan, pool = seq_pool
     plain = run_batch(pool, plan.style, QUESTIONS, ["math"] * 3, _rc(method))
@@ -102,7 +102,7 @@ def test_scoring_leaves_the_run_unchanged_and_gives_finite_nll(seq_pool, method)
 def test_nll_matches_a_direct_teacher_forced_forward(seq_pool):
     import torch
 
-    from recmas_ray.runner import run_batch
+    from recmas_ray.engine.runner import run_batch
     from recmas_ray.styles import render_single_agent_prompt
 
     plan, pool = seq_pool
@@ -118,7 +118,7 @@ def test_nll_matches_a_direct_teacher_forced_forward(seq_pool):
 
 
 def test_latent_ablation_changes_what_the_decoder_sees(seq_pool):
-    from recmas_ray.runner import run_batch
+    from recmas_ray.engine.runner import run_batch
 
     plan, pool = seq_pool
     nll = {a: [r.nll for r in run_batch(pool, plan.style, QUESTIONS, ["math"] * 3, _rc("recursive_mas", a),
@@ -151,7 +151,7 @@ def test_set_links_swaps_weights_in_place(seq_pool):
 def test_capture_hook_sees_messages_and_the_decoders_input(seq_pool):
     import torch
 
-    from recmas_ray.runner import run_batch
+    from recmas_ray.engine.runner import run_batch
 
     plan, pool = seq_pool
     events = {a: [] for a in ("none", "shuffle")}
@@ -169,7 +169,7 @@ def test_capture_hook_sees_messages_and_the_decoders_input(seq_pool):
 
 
 def test_role_questions_reach_only_the_named_role(seq_pool):
-    from recmas_ray.runner import run_batch
+    from recmas_ray.engine.runner import run_batch
 
     plan, pool = seq_pool
     views = [{"planner": f"x = {7 + i}. {q}"} for i, q in enumerate(QUESTIONS)]

@@ -55,7 +55,7 @@ def _train(pool, plan, rows, save_dir, steps=3):
 def test_the_last_hop_trains_on_the_message_inference_sends(ray_cluster, chain, shared_dir):
     from jobs.experiments import hop_by_hop
     from recmas_ray.config.recursion import DecodeConfig, RecursionConfig
-    from recmas_ray.runner import run_batch
+    from recmas_ray.engine.runner import run_batch
     from recmas_ray.styles import build_schedule
     from recmas_ray.train.data import question_text
     from recmas_ray.train.outer import prepare_samples
@@ -181,8 +181,8 @@ PINNED_ORDER = [[2, 1], [0, 4], [2, 0], [1, 4], [0, 2]]
 def test_the_trained_token_links_load_in_the_product_as_they_ran(ray_cluster, chain, shared_dir):
     """hop_by_hop saves through the product's checkpoint layout: a plan built from the folder gives each sender the
     very link (kind, ids, tau, residual, tables) that trained, so jobs.run / jobs.serve / the API run it."""
-    from recmas_ray.links import link_state
-    from recmas_ray.service import AgentService
+    from recmas_ray.engine.links import link_state
+    from recmas_ray.engine.service import AgentService
     from recmas_ray.system.plan import plan_system
     from recmas_ray.system.provenance import link_origin
     from recmas_ray.system.trained import trained_task

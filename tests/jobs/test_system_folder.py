@@ -147,7 +147,7 @@ def _recursion():
 def _reference(seed: int = 0) -> tuple[list[str], list[float]]:
     """Predictions and the gold answers' NLL (a continuous function of every message, where random tiny models
     write the same text whatever they receive) with `make_links` handed to in-process agents directly."""
-    from recmas_ray.runner import run_batch
+    from recmas_ray.engine.runner import run_batch
     from recmas_ray.system.launch import local_pool
 
     plan, links = make_links(seed)

@@ -59,7 +59,7 @@ def test_name_checks_ask_each_kind(tmp_path):
 
 def test_a_kind_without_weights_is_served_by_its_stand_in():
     from recmas_ray.models.sim import SimulatedAgent
-    from recmas_ray.service import AgentService, AgentSpec
+    from recmas_ray.engine.service import AgentService, AgentSpec
 
     service = AgentService(AgentSpec(role="solver", model_name=SIM, system_prompt="s"), {}, {})
     assert isinstance(service.agent, SimulatedAgent) and service.info()["hidden_size"] == 24

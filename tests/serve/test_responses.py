@@ -7,7 +7,7 @@ import pytest
 
 from recmas_ray.api_inputs import finish
 from recmas_ray.config.recursion import RecursionConfig
-from recmas_ray.runner import SampleResult
+from recmas_ray.engine.runner import SampleResult
 from recmas_ray.serve.openai_api import parse_request
 from recmas_ray.serve.responses import ChunkWriter, TextStream, body
 

@@ -14,7 +14,7 @@ STYLE, TASK = "sequential_light", "qa"
 def make_links(seed: int = 0):
     """(plan, LinkSet) of sequential_light on the tiny preset: every role's inner link perturbed from its seed,
     planner->critic a bridged OuterLink, critic->solver a TokenLink with a non-zero residual."""
-    from recmas_ray.links import TokenLink, init_bridge
+    from recmas_ray.engine.links import TokenLink, init_bridge
     from recmas_ray.system.checkpoints import LinkSet
     from recmas_ray.system.plan import plan_system
 

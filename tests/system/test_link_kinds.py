@@ -11,7 +11,7 @@ from tests.system.link_folders import STYLE, TASK, make_links, write_system_fold
 
 
 def _states(links):
-    from recmas_ray.links import link_state
+    from recmas_ray.engine.links import link_state
 
     return {f"{p}:{n}": link_state(m) for p, t in (("inner", links.inner), ("outer", links.outer)) for n, m in t.items()}
 
@@ -74,7 +74,7 @@ def test_links_for_other_hidden_sizes_are_refused_against_the_plan(tmp_path, tin
 
 
 def test_token_ids_outside_the_receivers_vocabulary_are_refused_where_the_link_binds(tmp_path, tiny_cache):
-    from recmas_ray.service import AgentService
+    from recmas_ray.engine.service import AgentService
 
     plan, links = make_links()
     token = links.outer["critic->solver"]
@@ -85,7 +85,7 @@ def test_token_ids_outside_the_receivers_vocabulary_are_refused_where_the_link_b
 
 
 def test_an_unbound_token_link_says_so_and_binds_to_the_same_function():
-    from recmas_ray.links import TokenLink, link_from_state, link_state
+    from recmas_ray.engine.links import TokenLink, link_from_state, link_state
 
     src, dst = torch.randn(6, 4), torch.randn(6, 5)
     full = TokenLink(src, dst, 0.1, ids=([0, 1, 2, 3, 4, 5], [5, 4, 3, 2, 1, 0]))
@@ -99,7 +99,7 @@ def test_an_unbound_token_link_says_so_and_binds_to_the_same_function():
 
 
 def test_plan_service_args_ship_token_links_with_their_receivers_model(tmp_path, tiny_cache):
-    from recmas_ray.service import AgentService
+    from recmas_ray.engine.service import AgentService
     from recmas_ray.system.plan import plan_system
 
     folder = write_system_folder(tmp_path / "sys")
@@ -114,7 +114,7 @@ def test_plan_service_args_ship_token_links_with_their_receivers_model(tmp_path,
 
 
 def test_the_experiments_earlier_links_pt_loads_as_token_links(tmp_path, tiny_cache):
-    from recmas_ray.links import link_state
+    from recmas_ray.engine.links import link_state
     from recmas_ray.system.plan import plan_system
 
     _, links = make_links()

@@ -4,7 +4,7 @@ that take link folders refuse those of unknown origin (one line, exit 2, no mode
 import pytest
 import torch
 
-from recmas_ray.links import InnerLink
+from recmas_ray.engine.links import InnerLink
 from recmas_ray.system.checkpoints import LinkSet, save_links
 from recmas_ray.system.provenance import (PROVENANCE, file_hashes, link_origin, require_known_links,
                                           write_provenance)

@@ -72,7 +72,7 @@ def test_eval_run_shows_the_interface_line_to_the_agents(tmp_path, tiny_cache, m
     import glob
 
     from jobs import run as run_job
-    from recmas_ray import runner
+    from recmas_ray.engine import runner
 
     seen = []
     real = runner.render_prompt

@@ -10,7 +10,7 @@ from recmas_ray.eval.config import EvalConfig
 from recmas_ray.eval.run import finish
 from recmas_ray.eval.samples import SampleWriter, with_verdicts
 from recmas_ray.eval.stream import sample_record
-from recmas_ray.runner import SampleResult
+from recmas_ray.engine.runner import SampleResult
 from recmas_ray.system.config import SystemConfig
 from recmas_ray.system.plan import plan_system
 from recmas_ray.tasks import benchmarks as B

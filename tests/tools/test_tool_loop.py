@@ -14,11 +14,11 @@ from pathlib import Path
 import pytest
 import torch
 
-import recmas_ray.agent as agent_mod
+import recmas_ray.engine.agent as agent_mod
 import recmas_ray.tools.search as search_mod
-from recmas_ray.agent import Agent
+from recmas_ray.engine.agent import Agent
 from recmas_ray.config.recursion import DecodeConfig
-from recmas_ray.links import InnerLink
+from recmas_ray.engine.links import InnerLink
 from recmas_ray.models.loader import load_frozen_model
 from recmas_ray.tools import SearchKeyError
 from recmas_ray.tools.loop import LIMIT_NOTE, Toolbox, ToolLoopConfig, _cut_after_tag, run_tool_loop

@@ -25,7 +25,7 @@ def _questions(n):
 
 def _pairs(plan, questions):
     """(x, y) of the expert's rollout states on `questions`: what the state bridge fits, measured per link."""
-    from recmas_ray.agent import Agent
+    from recmas_ray.engine.agent import Agent
     from recmas_ray.models.loader import load_frozen_model
 
     style = plan.style
@@ -104,7 +104,7 @@ def test_state_bridge_rollouts_are_what_the_training_stage_would_send(tiny_cache
     state_bridge_outer_links(plan, [question_text(r) for r in rows], task="qa", num_steps=M, num_rounds=1,
                              ridge=1e-2, rollouts=cache)
     assert len(cache) == len(rows) and {k[:2] for k in cache} == {("expert", M)}
-    from recmas_ray.agent import Agent
+    from recmas_ray.engine.agent import Agent
     from recmas_ray.models.loader import load_frozen_model
 
     model, tok = load_frozen_model(plan.role_models["expert"], dtype=torch.float32)

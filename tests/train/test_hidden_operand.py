@@ -75,8 +75,8 @@ def test_only_the_planner_prompt_holds_the_fact_at_inference_and_in_training(row
 def test_runner_renders_each_role_its_own_question(rows, tiny_cache):
     """run_batch on tiny agents: the planner's prompts hold the fact, the critic's and solver's never do."""
     from recmas_ray.config.recursion import DecodeConfig, RecursionConfig
-    from recmas_ray.pool import LocalPool
-    from recmas_ray.runner import run_batch
+    from recmas_ray.engine.pool import LocalPool
+    from recmas_ray.engine.runner import run_batch
     from recmas_ray.system.launch import local_pool
     from recmas_ray.system.plan import plan_system
 

@@ -13,7 +13,7 @@ import torch
 import torch.nn.functional as F
 
 from jobs import train_inner as cli
-from recmas_ray.agent import Agent
+from recmas_ray.engine.agent import Agent
 from recmas_ray.train.config import InnerTrainConfig
 from recmas_ray.system.config import with_system
 from recmas_ray.models.loader import load_frozen_model

@@ -258,7 +258,7 @@ def test_cli_flags_map_onto_the_config(tmp_path):
 def test_left_truncation_keeps_the_gold_turn_and_is_counted(tiny_cache):
     """Stages longer than --max_length lose the START of their prompt: the assistant turn survives intact."""
     from recmas_ray.models.loader import load_frozen_model
-    from recmas_ray.agent import Agent
+    from recmas_ray.engine.agent import Agent
     from recmas_ray.system.link_init import seeded_inner_link
     from recmas_ray.styles import build_schedule
     from recmas_ray.train.outer import encode_stage, prepare_samples, truncate_left

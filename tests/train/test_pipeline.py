@@ -19,7 +19,7 @@ import torch
 from pathlib import Path
 
 from recmas_ray.train.config import OuterTrainConfig
-from recmas_ray.links import InnerLink
+from recmas_ray.engine.links import InnerLink
 from recmas_ray.system.checkpoints import LinkSet, load_links, save_links
 from recmas_ray.train.core import run_storage
 from recmas_ray.train.pipeline import NaNLossError, train_outer

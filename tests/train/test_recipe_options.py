@@ -5,9 +5,9 @@ and the config fields (off by default, checked before any model loads)."""
 import pytest
 import torch
 
-from recmas_ray.agent import Agent
+from recmas_ray.engine.agent import Agent
 from recmas_ray.train.config import LATENT_NORMS, OuterTrainConfig
-from recmas_ray.links import InnerLink
+from recmas_ray.engine.links import InnerLink
 from recmas_ray.models.loader import load_frozen_model
 from recmas_ray.styles import build_schedule, get_style
 
@@ -105,7 +105,7 @@ def test_recipe_fields_default_to_the_reference_and_are_checked():
 
 @pytest.mark.parametrize("mode", ["embedding", None])
 def test_inference_follows_the_latent_norm_the_outer_links_were_trained_with(tmp_path, tiny_cache, mode):
-    from recmas_ray.service import AgentService
+    from recmas_ray.engine.service import AgentService
     from recmas_ray.system.checkpoints import LinkSet, save_links
     from recmas_ray.system.plan import plan_system
 
@@ -123,7 +123,7 @@ def test_inference_follows_the_latent_norm_the_outer_links_were_trained_with(tmp
 def test_rollout_latents_are_the_inference_paths_and_only_replace_stages_without_inputs(tiny_cache):
     """--rollout_latent_steps m: round 1's first stage sends the messages inference sends (the service's rollout
     of the same prompts), gold text unread; the decoder stays teacher-forced and its gradient reaches the link."""
-    from recmas_ray.service import AgentService
+    from recmas_ray.engine.service import AgentService
     from recmas_ray.styles import render_prompt
     from recmas_ray.system.plan import plan_system
     from recmas_ray.train.outer import Latent, emit_messages, encode_stage, prepare_samples
@@ -162,8 +162,8 @@ def test_full_rollout_middle_stage_sends_the_inference_message_and_passes_gradie
     prompts and latents sends (gold text unread), with a graph back to the latents it received; the decoder's
     feedback at R = 2 is its rollout, never its hidden states over the gold answer; first-stage rollouts are
     memoised per question and equal to a fresh computation."""
-    from recmas_ray.agent import find_slots
-    from recmas_ray.service import AgentService
+    from recmas_ray.engine.agent import find_slots
+    from recmas_ray.engine.service import AgentService
     from recmas_ray.styles import render_prompt
     from recmas_ray.system.plan import plan_system
     from recmas_ray.train.outer import Latent, emit_messages, encode_stage, prepare_samples
@@ -222,7 +222,7 @@ def test_middle_stage_rollout_gradient_equals_the_single_sample_autograd_referen
     gradient w.r.t. the received latents equals the reference's per-sample no-cache rollout, with the fed-back
     inner(h) kept in the graph (exact) or detached (--rollout_feedback detached: same message values, gradient
     only through attention to the received latents, and a different gradient from the exact one)."""
-    from recmas_ray.service import AgentService
+    from recmas_ray.engine.service import AgentService
     from recmas_ray.styles import render_prompt
     from recmas_ray.system.plan import plan_system
     from recmas_ray.train.outer import Latent, emit_messages, encode_stage, prepare_samples

@@ -68,7 +68,7 @@ def test_capture_pool_scores_with_the_services_scorer_and_keeps_token_nll(tiny_c
     import torch
 
     from jobs.experiments.sweep_recipe_measure import CapturePool
-    from recmas_ray.agent import find_slots
+    from recmas_ray.engine.agent import find_slots
     from recmas_ray.styles import build_schedule, render_prompt
     from recmas_ray.system.launch import local_pool
     from recmas_ray.system.plan import plan_system

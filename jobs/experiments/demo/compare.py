@@ -149,7 +149,7 @@ def run_one(agents: Agents, variant: Variant, rounds: int, items: list[dict], ta
     from concurrent.futures import ThreadPoolExecutor
 
     from jobs.experiments.demo.flow import FlowRecorder
-    from recmas_ray.runner import run_batch
+    from recmas_ray.engine.runner import run_batch
 
     if variant.links:
         agents.use_links(variant.links)

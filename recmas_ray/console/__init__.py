@@ -36,7 +36,7 @@ import warnings
 from pathlib import Path
 from typing import Callable, Iterator, TextIO
 
-from recmas_ray.log_file import LogFile, private_copy
+from recmas_ray.console.log_file import LogFile, private_copy
 
 QUIET_ENV = {"RAY_DEDUP_LOGS": "0", "HF_HUB_DISABLE_PROGRESS_BARS": "1", "TRANSFORMERS_VERBOSITY": "error",
              "TQDM_DISABLE": "1", "TOKENIZERS_PARALLELISM": "false"}

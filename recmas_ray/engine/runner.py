@@ -22,7 +22,7 @@ from typing import Any, Callable
 
 from recmas_ray.config.checks import check_tree
 from recmas_ray.config.recursion import RecursionConfig
-from recmas_ray.pool import AgentPool, DecoderInput
+from recmas_ray.engine.pool import AgentPool, DecoderInput
 from recmas_ray.styles import StyleSpec, build_schedule, render_prompt, render_single_agent_prompt
 
 
@@ -102,7 +102,7 @@ def run_batch(pool: AgentPool, style: StyleSpec, questions: list[str], tasks: li
     elif cfg.method == "recursive_mas":
         calls = _run_latent(pool, style, asked, tasks, cfg, scoring, capture, stream, received)
     elif cfg.method in ("text_relay", "rollout_as_text"):
-        from recmas_ray import relay
+        from recmas_ray.engine import relay
 
         run = relay.run_text_relay if cfg.method == "text_relay" else relay.run_rollout_as_text
         calls = run(pool, style, asked, tasks, cfg, scoring=scoring, score=_score, ready=_Ready, stream=stream,

@@ -24,14 +24,14 @@ import torch
 from recmas_ray.config.choices import LATENT_NORMS
 from recmas_ray.config.engine import EngineConfig
 from recmas_ray.config.recursion import DecodeConfig
-from recmas_ray.decoding import Decoded, DecodeState, decode_loop, model_top_k
-from recmas_ray.decoding import eos_ids as _eos_ids
-from recmas_ray.decoding import pick as _pick  # tests replace agent._pick
-from recmas_ray.kv_cache import PrefixStore, cache_kw, left_pad, out_cache, positions
-from recmas_ray.kv_cache import prefill as prefill_static
-from recmas_ray.links import InnerLink, OuterLink, mean_embedding_norm, rescale_rows
+from recmas_ray.engine.decoding import Decoded, DecodeState, decode_loop, model_top_k
+from recmas_ray.engine.decoding import eos_ids as _eos_ids
+from recmas_ray.engine.decoding import pick as _pick  # tests replace agent._pick
+from recmas_ray.engine.kv_cache import PrefixStore, cache_kw, left_pad, out_cache, positions
+from recmas_ray.engine.kv_cache import prefill as prefill_static
+from recmas_ray.engine.links import InnerLink, OuterLink, mean_embedding_norm, rescale_rows
 from recmas_ray.models.loader import output_device
-from recmas_ray.scoring import TeacherForcing
+from recmas_ray.engine.scoring import TeacherForcing
 
 _SLOT_RE = re.compile(r"<<[A-Z_]+_SLOT>>")
 
@@ -71,7 +71,7 @@ class Agent(TeacherForcing):
     def scheduler(self):
         """This agent's step scheduler (continuous batching), made on first use."""
         if getattr(self, "_scheduler", None) is None:
-            from recmas_ray.scheduler import StepScheduler
+            from recmas_ray.engine.scheduler import StepScheduler
 
             self._scheduler = StepScheduler(self)
         return self._scheduler

@@ -21,12 +21,12 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from recmas_ray.agent import Agent
+from recmas_ray.engine.agent import Agent
 from recmas_ray.config.engine import EngineConfig
-from recmas_ray.decoding import Decoded
-from recmas_ray.kv_cache import left_pad
+from recmas_ray.engine.decoding import Decoded
+from recmas_ray.engine.kv_cache import left_pad
 from recmas_ray.config.recursion import DecodeConfig
-from recmas_ray.links import InnerLink, OuterLink, TokenLink, link_from_state, link_state
+from recmas_ray.engine.links import InnerLink, OuterLink, TokenLink, link_from_state, link_state
 from recmas_ray.models.loader import load_frozen_model, resolve_dtype
 from recmas_ray.models.registry import model_kind
 
@@ -83,7 +83,7 @@ class AgentService:
     """Builds an Agent from a spec plus link weights and serves rollout/decode calls."""
 
     def __init__(self, spec: AgentSpec, inner_state: dict, outer_states: dict[str, dict]):
-        from recmas_ray.links import inner_link_from_state_dict
+        from recmas_ray.engine.links import inner_link_from_state_dict
 
         self.spec = spec
         kind = model_kind(spec.model_name)
@@ -145,7 +145,7 @@ class AgentService:
         token_edges = [e for e in edges if isinstance(self.agent.outer_links.get(e), TokenLink)]
         if not token_edges or h_BMD.shape[1] == 0:
             return {}
-        from recmas_ray.links import token_channel
+        from recmas_ray.engine.links import token_channel
 
         with torch.no_grad():
             z_BMD = self.agent.inner_link(h_BMD)
@@ -219,7 +219,7 @@ class AgentService:
 
     def set_links(self, inner_state: dict, outer_states: dict[str, dict]) -> None:
         """Replace the inner link and the outer links in place (the model stays loaded)."""
-        from recmas_ray.links import inner_link_from_state_dict, outer_link_from_state_dict
+        from recmas_ray.engine.links import inner_link_from_state_dict, outer_link_from_state_dict
 
         link = inner_link_from_state_dict(inner_state, what=f"inner link of {self.spec.role}")
         self.agent.inner_link = link.to(self.agent.device, self.agent.dtype)

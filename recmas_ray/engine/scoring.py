@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import torch
 
-from recmas_ray.decoding import TargetScore
-from recmas_ray.kv_cache import left_pad
+from recmas_ray.engine.decoding import TargetScore
+from recmas_ray.engine.kv_cache import left_pad
 
 
 class TeacherForcing:
