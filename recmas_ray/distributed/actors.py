@@ -21,8 +21,7 @@ import time
 import ray
 
 from recmas_ray.config.transport import OBJECT_STORE, Transport
-from recmas_ray.distributed.transports import (LatentTransport, MessageStore, bulk_inputs, latent_transport,
-                                               resolve_message, to_wire)
+from recmas_ray.distributed.transports import LatentTransport, MessageStore, bulk_inputs, latent_transport, to_wire
 from recmas_ray.service import AgentService, AgentSpec
 
 AGENT_EXIT_AFTER: dict[str, int] = {}
@@ -93,19 +92,19 @@ class _AgentActorImpl:
         """The service's rollout; its messages go where the transport keeps them (`LatentTransport.keep`: stored
         in the object store, their refs returned with the stats; or kept here under the call key `key` until
         `take_message`); latents arrive as refs or values."""
-        latents = [resolve_message(x) for x in latents]
+        latents = [self.transport.receive(x) for x in latents]
         *msgs, stats = self._logged("rollout", users, slot_names,
                                     lambda: self.service.rollout(users, slot_names, num_steps, edges, *latents))
         return self.transport.keep(self.messages, key, edges, msgs, stats)
 
     def decode(self, users, slot_names, cfg, *latents, **stream):
-        latents = [resolve_message(x) for x in latents]
+        latents = [self.transport.receive(x) for x in latents]
         return self._logged("decode", users, slot_names,
                             lambda: self.service.decode(users, slot_names, cfg, *latents, **stream))
 
     def rollout_text(self, users, slot_names, num_steps, *latents):
         """The rollout read out as its argmax tokens, as text (`AgentService.rollout_text`; rollout_as_text)."""
-        latents = [resolve_message(x) for x in latents]
+        latents = [self.transport.receive(x) for x in latents]
         return self._logged("rollout_text", users, slot_names,
                             lambda: self.service.rollout_text(users, slot_names, num_steps, *latents))
 
@@ -166,21 +165,21 @@ class _AgentActorImpl:
     def retry_format(self, texts, suffixes, num_tokens, *latents, cfg, **context):
         """The answer-format retry on this agent (see `AgentService.retry_format`; `context`: users,
         slot_names, rows of the decoder's input, whose latents come positionally)."""
-        return self.service.retry_format(texts, suffixes, num_tokens, *[resolve_message(x) for x in latents], cfg=cfg,
-                                         **context)
+        return self.service.retry_format(texts, suffixes, num_tokens, *[self.transport.receive(x) for x in latents],
+                                         cfg=cfg, **context)
 
     def score(self, users, slot_names, targets, *latents, continuation: bool = False):
         """Mean NLL of target texts after the prompts, or continuations' log p (see `AgentService.score`)."""
-        return self.service.score(users, slot_names, targets, *[resolve_message(x) for x in latents],
+        return self.service.score(users, slot_names, targets, *[self.transport.receive(x) for x in latents],
                                   continuation=continuation)
 
     def select_rows(self, positions, block):
         """Rows of a latent message, stored like a rollout's messages (adaptive rounds, `AgentService.select_rows`)."""
-        return ray.put(to_wire(self.service.select_rows(resolve_message(block), positions)))
+        return ray.put(to_wire(self.service.select_rows(self.transport.receive(block), positions)))
 
     def latent_change(self, old_positions, num_blocks, *blocks):
         """Per question, the relative change of its latent input between two rounds (`AgentService.latent_change`)."""
-        return self.service.latent_change(old_positions, num_blocks, *[resolve_message(x) for x in blocks])
+        return self.service.latent_change(old_positions, num_blocks, *[self.transport.receive(x) for x in blocks])
 
     def set_links(self, *links):
         """Swap this agent's links without reloading its model (see `AgentService.set_links`)."""
