@@ -12,16 +12,20 @@ style"): a toy transport, a toy task family and a toy style, each added in one f
 from __future__ import annotations
 
 import dataclasses
+import importlib
 import json
+import sys
 
 import pytest
 
 import recmas_ray as rm
-from recmas_ray.config.transport import get_transport, transport_names
-from recmas_ray.styles import build_schedule, get_style, render_prompt, style_names
+from recmas_ray.config.extensions import EXTENSION_MODULES
+from recmas_ray.config.transport import TRANSPORTS, get_transport, transport_names
+from recmas_ray.styles import STYLES, build_schedule, get_style, render_prompt, style_names
 from recmas_ray.tasks import TASKS, get_task, grade, task_names
 from tests.conftest import write_jsonl
-from tests.extensions import toy_style, toy_task, toy_transport
+
+TOY_MODULES = ("tests.extensions.toy_style", "tests.extensions.toy_task", "tests.extensions.toy_transport")
 
 QUESTIONS = ["Is 7 even or odd?", "Is 10 even or odd?", "Is 3 even or odd?"]
 GOLD = ["odd", "even", "odd"]
@@ -29,17 +33,35 @@ ROUNDS = 2
 SEED = 0  # (tiny random models: a seed under which the questions' predictions differ)
 GEN = dict(task="parity", num_recursive_rounds=ROUNDS, latent_steps=3, max_new_tokens=8, batch_size=2)
 NUM_BATCHES = 2  # 3 questions, batch_size 2
-SCHEDULE = [(s.role, s.round, "decode" if s.decode else "rollout")
-            for s in build_schedule(toy_style.DRAFT_REVIEW, ROUNDS)]
+SCHEDULE = [("drafter", 1, "rollout"), ("reviewer", 1, "rollout"), ("drafter", 2, "decode")]
 
 
-def test_each_toy_is_one_registration_that_every_choice_reads():
+@pytest.fixture(scope="module")
+def toys():
+    """The three toy files imported, which registers them (as a user's import would), and their registrations
+    taken out again afterwards, so that no other test sees them."""
+    registries = (TASKS, STYLES, TRANSPORTS)
+    before = [dict(r) for r in registries], list(EXTENSION_MODULES)
+    modules = [importlib.import_module(m) for m in TOY_MODULES]
+    yield modules
+    for registry, saved in zip(registries, before[0]):
+        registry.clear()
+        registry.update(saved)
+    EXTENSION_MODULES[:] = before[1]
+    for m in TOY_MODULES:
+        sys.modules.pop(m, None)
+
+
+def test_each_toy_is_one_registration_that_every_choice_reads(toys):
+    toy_style, toy_task, toy_transport = toys
     assert "draft_review" in style_names() and get_style("draft_review") is toy_style.DRAFT_REVIEW
     assert "parity" in task_names() and get_task("parity") is toy_task.PARITY
     assert "toy:bytes" in transport_names() and get_transport("toy:bytes") is toy_transport.TOY_BYTES
     # the prompt format is the family's own, in a style declared before the family was registered
     assert toy_task.PARITY.instruction in render_prompt(get_style("sequential_light"), "solver", "base", "parity", "q")
-    assert SCHEDULE == [("drafter", 1, "rollout"), ("reviewer", 1, "rollout"), ("drafter", 2, "decode")]
+    assert [(s.role, s.round, "decode" if s.decode else "rollout")
+            for s in build_schedule(toy_style.DRAFT_REVIEW, ROUNDS)] == SCHEDULE
+    assert set(TOY_MODULES) <= set(EXTENSION_MODULES)  # what the Ray processes of a run import
     # registering the same declaration again is a no-op; another one under a taken name is refused
     from recmas_ray.config.transport import Transport, register_transport
     from recmas_ray.styles import register_style
@@ -52,11 +74,14 @@ def test_each_toy_is_one_registration_that_every_choice_reads():
         register_style(dataclasses.replace(toy_style.DRAFT_REVIEW, decoder="reviewer"))
     with pytest.raises(ValueError, match="already registered"):
         register_task(dataclasses.replace(toy_task.PARITY, retry_tokens=4))
-    assert len(TASKS) == len(set(TASKS))
+    # the family's own answer format, extraction and grader
+    assert grade("parity", {"gold": "odd"}, "7 = 2 * 3 + 1.\nParity: odd").correct
+    assert grade("parity", {"gold": "even"}, "Parity: odd").extracted == "odd"
+    assert grade("parity", {"gold": "even"}, "it is even").parse_failed
 
 
 def _check_run(out):
-    """The toy style's roles ran in its declared order and the toy task's grader can grade every prediction."""
+    """Each question's answer, after checking that the toy style's roles ran in its schedule's order."""
     results = [answers[0] for answers in out]
     assert len(results) == len(QUESTIONS)
     for res in results:
@@ -65,7 +90,7 @@ def _check_run(out):
 
 
 @pytest.fixture(scope="module")
-def local_predictions(tiny_cache):
+def local_predictions(toys, tiny_cache):
     with rm.System.build("draft_review", backend="local", seed=SEED, task="parity") as system:
         return _check_run(system.generate(QUESTIONS, **GEN))
 
@@ -76,7 +101,8 @@ def test_toy_style_and_task_on_the_local_backend_graded_by_the_toy_grader(local_
         report = system.evaluate(str(data), num_recursive_rounds=ROUNDS, latent_steps=3, max_new_tokens=8,
                                  batch_size=2, output_path=str(tmp_path / "out"), progress=False, format_retry=False)
     samples = [json.loads(line) for line in open(report["samples_path"])]
-    assert [s["prediction"] for s in sorted(samples, key=lambda s: s["doc_id"])] == local_predictions
+    assert [s["prediction"] for s in sorted(samples, key=lambda s: int(s["doc_id"]))] == local_predictions
+    assert len(set(local_predictions)) > 1  # the questions' answers differ (the latents carry something)
     for s in samples:  # graded by the family's grader: its verdict, as the grader gives it for this prediction
         want = grade("parity", {"gold": s["gold"]}, s["prediction"])
         assert s["task"] == "parity" and s["gold"] in ("even", "odd") and s["grade_detail"]["grader"] == "parity"
@@ -84,7 +110,8 @@ def test_toy_style_and_task_on_the_local_backend_graded_by_the_toy_grader(local_
 
 
 @pytest.mark.integration  # two Ray systems of their own: a minute or more on a busy 2-core machine
-def test_toys_on_ray_carried_by_the_toy_transport_equal_local_and_default(ray_cluster, local_predictions):
+def test_toys_on_ray_carried_by_the_toy_transport_equal_local_and_default(ray_cluster, toys, local_predictions):
+    toy_style, _, toy_transport = toys
     counter = toy_transport.MessageCounter.options(name=toy_transport.COUNTER_NAME).remote()
     try:
         with rm.System.build("draft_review", backend="ray", seed=SEED, task="parity", transport="toy:bytes",

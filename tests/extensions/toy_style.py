@@ -32,5 +32,6 @@ DRAFT_REVIEW = register_style(StyleSpec(
                                               + "\n\nPoint out mistakes in the draft."}),
     },
     target_fields={"drafter": ("answer",), "reviewer": ("review",)},
+    fact_tasks=(),  # no hidden-fact training data for the toy
     presets={"tiny": {"drafter": TINY.name("qwen3"), "reviewer": TINY.name("llama")}},
 ))
