@@ -97,5 +97,4 @@ def check_role_models(flag: str, table: dict[str, str], style_name: str, *, extr
 
 __all__ = ["ROLE_ALIASES", "STYLES", "StyleSpec", "Step", "build_schedule", "canonical_role", "check_role_models",
            "get_style", "question_with_interface", "register_style", "render_prompt", "render_single_agent_prompt",
-           "split_edge",
-           "style_names", "tool_styles"]
+           "split_edge", "style_names", "tool_styles"]
