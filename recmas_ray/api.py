@@ -244,11 +244,11 @@ class System:
         tasks = [task] * len(questions) if isinstance(task, str) else str_list(task, "task")
         if len(tasks) != len(questions):
             raise ValueError(f"{len(questions)} questions but {len(tasks)} task types")
-        from recmas_ray.tasks import TASK_TYPES
+        from recmas_ray.tasks import task_names
 
-        bad = sorted({t for t in tasks if t not in TASK_TYPES})
+        bad = sorted({t for t in tasks if t not in task_names()})
         if bad:
-            raise ValueError(f"unknown task type(s) {bad}; expected one of {list(TASK_TYPES)}")
+            raise ValueError(f"unknown task type(s) {bad}; expected one of {list(task_names())}")
         check_int("batch_size", batch_size, 1)
         check_int("n", n, 1, MAX_N)
         from recmas_ray.styles.prompts import prompt_set_hash
