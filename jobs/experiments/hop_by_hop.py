@@ -41,5 +41,6 @@ def train(cfg, num_rows: int) -> dict:
     run that stopped before its measurement), that is loaded instead of training again."""
     save_dir = Path(cfg.save_dir)
     if not (save_dir / LINKS_FILE).exists():
-        hop_by_hop_job.train_hop_by_hop(cfg, batches=legacy_batches(num_rows, cfg.max_steps, cfg.batch_size, cfg.system.seed))
+        hop_by_hop_job.train_hop_by_hop(cfg, batches=legacy_batches(num_rows, cfg.max_steps, cfg.batch_size,
+                                                                    cfg.system.seed))
     return {"links": load(save_dir / LINKS_FILE), "log": json.loads((save_dir / LOG_FILE).read_text())}
