@@ -13,10 +13,12 @@ from __future__ import annotations
 
 import sys
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Annotated
 
 from recmas_ray.config.checks import NonEmpty, WritableDir
 from recmas_ray.config.cli import run_job
+from recmas_ray.eval.compare import compare_folders, markdown, write_table
 
 
 @dataclass(kw_only=True)
@@ -33,17 +35,11 @@ class CompareConfig:
 
     def validate(self) -> None:
         """Every folder is read and checked here, before anything is written."""
-        from recmas_ray.eval.compare import compare_folders
-
         self._table = compare_folders(list(self.folders), list(self.names) or None)
 
 
 def main_cfg(cfg: CompareConfig) -> int:
     """Print the table and write it (compare.json, compare.md)."""
-    from pathlib import Path
-
-    from recmas_ray.eval.compare import compare_folders, markdown, write_table
-
     table = getattr(cfg, "_table", None) or compare_folders(list(cfg.folders), list(cfg.names) or None)
     out = cfg.output_path or str(Path(cfg.folders[0]).resolve().parent / "compare")
     print(markdown(table))

@@ -42,7 +42,10 @@ try:
 
         announce()
     from recmas_ray.config.cli import run_job  # noqa: E402
+    from recmas_ray.console import job_console  # noqa: E402
+    from jobs.experiments.demo import report  # noqa: E402
     from jobs.experiments.demo.config import RECIPES, DemoConfig  # noqa: E402
+    from jobs.experiments.demo.pipeline import run_demo  # noqa: E402
 except KeyboardInterrupt:  # Ctrl-C during those imports: the job's one line and status, as anywhere later
     if __name__ != "__main__":
         raise
@@ -67,20 +70,17 @@ def expand(argv: list[str]) -> list[str]:
 
 
 def run(cfg: DemoConfig) -> int:
-    from recmas_ray.console import job_console
-
     out = Path(cfg.output_path).resolve()
     with job_console(out / "logs", verbose=cfg.verbose, name="demo", progress=cfg.progress) as console:
         # A private local cluster unless RAY_ADDRESS names one (`ray job submit` sets it): on a shared machine
         # the newest cluster's address file may belong to someone else's run, which can end at any time.
-        from recmas_ray.distributed.cluster import start_ray
+        from recmas_ray.distributed.cluster import start_ray  # lazy: Ray, once the input is checked
 
         start_ray()
-        from jobs.experiments.demo.facts import run_facts
-        from jobs.experiments.demo.pipeline import run_demo
-
         if cfg.facts.pipeline == "product":  # the jobs a user runs (`demo.product`); its commands come last
-            from jobs.experiments.demo.product import run_product_facts as run_facts
+            from jobs.experiments.demo.product import run_product_facts as run_facts  # lazy: torch, once checked
+        else:
+            from jobs.experiments.demo.facts import run_facts  # lazy: imports torch, once the input is checked
         facts = run_facts(cfg, out, console) if cfg.fact_task_pairs() else None
         if facts:  # the answer first: one line per style and task, then the tables
             console.line()
@@ -97,8 +97,6 @@ def run(cfg: DemoConfig) -> int:
                 for line in facts["lines"]:
                     console.line(line)
         elif facts:  # the PNG of the fact tasks alone: own vs shuffled vs fresh per style, task and split first
-            from jobs.experiments.demo import report
-
             png = report.plot_tasks(facts["tasks"], out / "demo_results.png")
             summary = facts.get("summary") or out / "facts" / "summary.json"
             console.line(f"\nplot: {png}\nresults: {summary}  ({Path(summary).parent.name}/, logs/ beside it)")

@@ -12,9 +12,14 @@ distribution: the tool says so.
 
 from __future__ import annotations
 
+import dataclasses
+import json
 import sys
+from pathlib import Path
 
 from recmas_ray.config.cli import run_job
+from recmas_ray.console import job_console
+from recmas_ray.eval.channel import channel_lines
 from recmas_ray.eval.config import EvalConfig
 
 HIDDEN = ("recursion.method", "recursion.decode.seed")
@@ -22,13 +27,7 @@ HIDDEN = ("recursion.method", "recursion.decode.seed")
 
 def inspect(cfg: EvalConfig) -> int:
     """Evaluate `cfg` with recursive_mas only, then print the channel figures of its results file."""
-    import dataclasses
-    import json
-    from pathlib import Path
-
-    from recmas_ray.console import job_console
-    from recmas_ray.eval.channel import channel_lines
-    from recmas_ray.eval.run import evaluate
+    from recmas_ray.eval.run import evaluate  # lazy: imports torch; --help and bad input must not
 
     if cfg.methods != ["recursive_mas"] or cfg.sweep_rounds:
         raise ValueError(f"--methods {','.join(cfg.methods)} / --sweep_rounds: inspect_links runs recursive_mas once "

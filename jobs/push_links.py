@@ -22,7 +22,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from recmas_ray.config.cli import run_job
+from recmas_ray.console import Console
 from recmas_ray.models.registry import model_kind
+from recmas_ray.styles import get_style
+from recmas_ray.system.hub import parse_hub_id
 
 
 @dataclass(kw_only=True)
@@ -51,8 +54,8 @@ class PushLinksConfig:
 
     def validate(self) -> None:
         """Repo id, branch and staging path, and the folder's layout and manifests (before anything is written)."""
+        # lazy: imports torch; --help must not
         from recmas_ray.system.card import read_system_folder
-        from recmas_ray.system.hub import parse_hub_id
 
         ref = parse_hub_id(self.repo)
         if ref is None or ref.revision or ref.subfolder:
@@ -67,8 +70,6 @@ class PushLinksConfig:
 
 def check_publishable(manifests: dict[str, dict], *, allow_incomplete: bool, allow_random_bases: bool) -> None:
     """A system folder worth publishing: every link folder of its style (roles and outer/) and real base models."""
-    from recmas_ray.styles import get_style
-
     styles = sorted({m["style"] for m in manifests.values() if isinstance(m.get("style"), str)})
     if not allow_incomplete:
         expected = set(get_style(styles[0]).roles) | {"outer"} if len(styles) == 1 else {"outer"}
@@ -92,7 +93,7 @@ def push_links(cfg: PushLinksConfig, *, api=None) -> dict:
 
     Returns what was done: the repo, the staged files, the commit URL (None for a dry run).
     """
-    from recmas_ray.system.card import stage_system_folder
+    from recmas_ray.system.card import stage_system_folder  # lazy: imports torch; --help must not
 
     cfg.validate()  # every check before anything is written or uploaded (run_job ran it too)
     with tempfile.TemporaryDirectory(prefix="recmas-push-") as tmp:
@@ -102,7 +103,7 @@ def push_links(cfg: PushLinksConfig, *, api=None) -> dict:
             return {"repo": cfg.repo, "staged": str(staging) if cfg.staging_dir else None, "files": files,
                     "commit": None}
         if api is None:
-            from huggingface_hub import HfApi
+            from huggingface_hub import HfApi  # lazy: huggingface_hub is needed only for a real push
 
             api = HfApi()
         try:
@@ -120,8 +121,6 @@ def push_links(cfg: PushLinksConfig, *, api=None) -> dict:
 
 def run(cfg: PushLinksConfig) -> int:
     """The job: its phase line on stderr (continuing "checking inputs ..."), the result as JSON on stdout."""
-    from recmas_ray.console import Console
-
     console = Console(job=True)
     console.start(f"staging {cfg.folder} for {cfg.repo}" if cfg.dry_run else f"uploading {cfg.folder} to {cfg.repo}")
     try:

@@ -24,9 +24,13 @@ stdout; Ray, HF and grader output goes to OUTPUT_PATH/logs/run.log (--verbose sh
 from __future__ import annotations
 
 import sys
+from pathlib import Path
 
-from recmas_ray.config.cli import run_job
+from recmas_ray.config.cli import parse_config, run_job
+from recmas_ray.console import job_console
 from recmas_ray.eval.config import EvalConfig
+from recmas_ray.eval.protocol import reference
+from recmas_ray.tasks.benchmarks import check_available
 
 # Set by the evaluation driver itself (per method, and from --seed).
 HIDDEN = ("recursion.method", "recursion.decode.seed")
@@ -35,15 +39,11 @@ HIDDEN = ("recursion.method", "recursion.decode.seed")
 def recipe(cfg: EvalConfig) -> EvalConfig | None:
     """The recipe a command line starts from: with --protocol reference, the release's config for its style
     and dataset (`eval.protocol.reference`); the --config file and the flags apply over it."""
-    from recmas_ray.eval.protocol import reference
-
     return reference(cfg.system.style, cfg.dataset) if cfg.protocol == "reference" else None
 
 
 def parse(argv) -> EvalConfig:
     """The checked config of a command line (what `main` would run)."""
-    from recmas_ray.config.cli import parse_config
-
     return parse_config(EvalConfig, argv, hidden=HIDDEN, start=recipe)[0]
 
 
@@ -53,18 +53,13 @@ def evaluate(cfg: EvalConfig) -> int:
     The console shows a per-sample bar (ETA, accuracy so far), the results table and the output paths;
     Ray, HF and grader output goes to OUTPUT_PATH/logs/run.log (--verbose shows it).
     """
-    from pathlib import Path
+    if not cfg.dry_run:  # a plan needs no questions: a named benchmark's task type is known without them
+        check_available(cfg.dataset, cfg.dataset_path)  # before torch is imported: an offline benchmark says so
+    # lazy: imports torch; --help and bad input must not (tests/jobs/test_bad_inputs_run.py)
+    from recmas_ray.eval.run import dry_run, evaluate_all
 
-    from recmas_ray.console import job_console
-    from recmas_ray.tasks.benchmarks import check_available
-
-    if cfg.dry_run:  # a plan needs no questions: a named benchmark's task type is known without them
-        from recmas_ray.eval.run import dry_run
-
+    if cfg.dry_run:
         return dry_run(cfg)
-    check_available(cfg.dataset, cfg.dataset_path)  # before torch is imported: an offline named benchmark says so
-    from recmas_ray.eval.run import evaluate_all
-
     with job_console(Path(cfg.output_path) / "logs", verbose=cfg.verbose, name="run",
                      progress=cfg.progress) as console:
         outs = evaluate_all(cfg)

@@ -18,37 +18,49 @@ Ctrl-C stops serving: one line, exit status 130.
 
 from __future__ import annotations
 
+import os
 import sys
+import threading
 import time
 
-from recmas_ray.config.cli import run_job
+from recmas_ray.config.cli import parse_config, run_job
+from recmas_ray.console import job_console
 from recmas_ray.serve.config import ServeConfig
+from recmas_ray.serve.security import API_KEY_ENV
+from recmas_ray.styles.prompts import prompt_set_hash
 
 def parse(argv) -> ServeConfig:
     """The checked config of a command line (what `main` would serve)."""
-    from recmas_ray.config.cli import parse_config
-
     return parse_config(ServeConfig, argv)[0]
+
+
+def _ray_serve():
+    """Ray Serve's API (`ray.serve`), loaded once the command line is checked."""
+    from ray import serve  # lazy: --help and bad input must not import Ray (tests/jobs/test_job_start_and_interrupt.py)
+
+    return serve
+
+
+def _cluster():
+    """`recmas_ray.distributed.cluster` (starting or joining Ray), loaded once the command line is checked."""
+    from recmas_ray.distributed import cluster  # lazy: imports Ray (see _ray_serve)
+
+    return cluster
 
 
 def start(cfg: ServeConfig, plan=None) -> str:
     """Start Serve (HTTP on cfg.host:cfg.port) and the application; returns its base URL once it answers.
     `plan`: `serve_plan(cfg)` when the caller has checked it already."""
-    import os
+    from recmas_ray.serve.app import build_app  # lazy: Ray Serve and torch, once the input is checked
 
-    from ray import serve
-
-    from recmas_ray.distributed.cluster import start_ray
-    from recmas_ray.serve.app import build_app
-    from recmas_ray.serve.security import API_KEY_ENV
-
+    serve = _ray_serve()
     # The config holds only the key's digest (ServeConfig.validate); the key itself must not reach the
     # Ray processes started next, which inherit this environment.
     os.environ.pop(API_KEY_ENV, None)
     plan = plan or serve_plan(cfg)  # links, base models, task and prompts checked before Ray starts
-    start_ray(cfg.address)
+    _cluster().start_ray(cfg.address)
     if cfg.backend == "ray" and cfg.placement.wants_gpus():  # a plan that cannot fit stops before any replica loads
-        from recmas_ray.distributed.memory import check_memory
+        from recmas_ray.distributed.memory import check_memory  # lazy: reads the cluster (Ray, torch)
 
         check_memory(plan, cfg.placement, **memory_args(cfg))
     serve.start(http_options={"host": cfg.host, "port": cfg.port})
@@ -60,9 +72,8 @@ def start(cfg: ServeConfig, plan=None) -> str:
 def serve_plan(cfg: ServeConfig):
     """The system plan every replica builds (model configs and links; no model loaded), checked against the task
     and prompts its links were trained with (a mismatch is refused here, before Ray or a model starts)."""
-    from recmas_ray.styles.prompts import prompt_set_hash
-    from recmas_ray.system.plan import plan_system
-    from recmas_ray.system.trained import check_trained_task, trained_task
+    from recmas_ray.system.plan import plan_system  # lazy: imports torch; --help and bad input must not
+    from recmas_ray.system.trained import check_trained_task, trained_task  # lazy: as plan_system
 
     folders = cfg.system.link_folders()
     task = cfg.task or trained_task(folders) or "math"
@@ -79,12 +90,10 @@ def memory_args(cfg: ServeConfig) -> dict:
 
 def dry_run(cfg: ServeConfig) -> int:
     """`--dry_run`: print the memory plan of the served systems and stop (no Serve, no model)."""
-    from recmas_ray.distributed.memory import dry_run as print_plan
+    from recmas_ray.distributed.memory import dry_run as print_plan  # lazy: reads the cluster (Ray, torch)
 
     if cfg.backend == "ray" and cfg.placement.wants_gpus() and not cfg.placement.plan_node_gpus:
-        from recmas_ray.distributed.cluster import init_ray
-
-        init_ray(cfg.address)  # the cluster's GPUs (a private local cluster: this machine's)
+        _cluster().init_ray(cfg.address)  # the cluster's GPUs (a private local cluster: this machine's)
     return print_plan(serve_plan(cfg), cfg.placement, **memory_args(cfg))
 
 
@@ -93,19 +102,12 @@ def serve_forever(cfg: ServeConfig) -> int:
     Ray shut down, one line, exit status 130).
 
     Ray, Ray Serve and HF output goes to --log_dir/serve.log (--verbose shows it)."""
-    from recmas_ray.console import job_console
-
     if cfg.dry_run:
         return dry_run(cfg)
     with job_console(cfg.log_dir, verbose=cfg.verbose, name="serve") as console:
-        import os
-
-        from recmas_ray.distributed.cluster import start_ray
-        from recmas_ray.serve.security import API_KEY_ENV
-
         os.environ.pop(API_KEY_ENV, None)  # the key (its digest is in cfg) must not reach Ray's processes
         plan = serve_plan(cfg)  # links, task and prompts refused here, before Ray or a model starts
-        start_ray(cfg.address)  # its own phase line
+        _cluster().start_ray(cfg.address)  # its own phase line
         console.start("starting Ray Serve and the agents")
         try:
             url = start(cfg, plan)
@@ -124,9 +126,7 @@ def serve_forever(cfg: ServeConfig) -> int:
 
 def _delete_app(name: str, timeout_s: float = 15.0) -> None:
     """Delete the application (its replicas drain) within `timeout_s`; Ray's shutdown ends the rest."""
-    import threading
-
-    from ray import serve
+    serve = _ray_serve()
 
     def delete():
         try:

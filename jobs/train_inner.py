@@ -25,33 +25,34 @@ On a cluster (one GPU per role, shared storage for checkpoints):
       --use_gpu --num_workers 1 --dtype bfloat16 --max_steps 20000 --max_failures 3
 """
 
+import json
 import sys
+from pathlib import Path
 
 from recmas_ray.config.cli import run_job
+from recmas_ray.styles import canonical_role, get_style
+from recmas_ray.system.next_steps import next_commands
 from recmas_ray.train.config import InnerTrainConfig
+from recmas_ray.train_api import run_training_job
 
 def main_cfg(cfg: InnerTrainConfig) -> int:
     """Run a parsed, checked config (heavy imports happen here, after parsing), holding --save_dir's lock."""
-    from recmas_ray.train_api import run_training_job
-
     return run_training_job(cfg, "train_inner", _train)
 
 
 def _train(cfg, console) -> int:
-    from recmas_ray.styles import get_style
+    # lazy: Ray Train and torch, after the checks (tests/jobs/test_train_flags.py)
     from recmas_ray.train import inner_job
 
     roles = get_style(cfg.system.style).roles if cfg.mas_role == "all" else [cfg.mas_role]
     if cfg.num_workers or cfg.mas_role == "all":  # Ray Train workers, or one Ray task per role
-        from recmas_ray.distributed.cluster import start_ray
+        from recmas_ray.distributed.cluster import start_ray  # lazy: Ray, only when workers or several roles run
 
         start_ray()  # a phase line of its own, before the training's
     console.start(f"inner training: {', '.join(roles)}, {cfg.max_steps} steps")
     if cfg.mas_role == "all":
         dirs = inner_job.train_all_roles(cfg)
     else:
-        from recmas_ray.styles import canonical_role
-
         dirs = {canonical_role(get_style(cfg.system.style), cfg.mas_role): inner_job.train_inner(cfg)}
     console.done()
     summarize(cfg, dirs, console)
@@ -60,11 +61,6 @@ def _train(cfg, console) -> int:
 
 def summarize(cfg, dirs: dict, console) -> None:
     """The end-of-job lines: where each role's inner link went (step, last loss) and the commands that reuse it."""
-    import json
-    from pathlib import Path
-
-    from recmas_ray.system.next_steps import next_commands
-
     for role, path in dirs.items():
         try:
             m = json.loads((Path(path) / "manifest.json").read_text())

@@ -32,19 +32,21 @@ Examples
 
 import json
 import sys
+from pathlib import Path
 
 from recmas_ray.config.cli import run_job
+from recmas_ray.system.next_steps import next_commands
 from recmas_ray.train.config import OuterTrainConfig
+from recmas_ray.train_api import run_training_job
 
 def main_cfg(cfg: OuterTrainConfig) -> int:
     """Run a parsed, checked config (heavy imports happen here, after parsing), holding --save_dir's lock;
     --links DIR is folded into --ckpt_override and --save_dir DIR/outer first."""
-    from recmas_ray.train_api import run_training_job
-
     return run_training_job(cfg.with_links_folded(), "train_outer", _train)
 
 
 def _train(cfg, console) -> int:
+    # lazy: Ray Train and torch, after the checks (tests/jobs/test_train_flags.py)
     from recmas_ray.train.pipeline import train_outer
 
     console.settle_logs()
@@ -59,10 +61,6 @@ def _train(cfg, console) -> int:
 def summarize(cfg, result, console) -> None:
     """The end-of-job lines (where the links went, the last losses, the commands that reuse them); the same
     figures as JSON in SAVE_DIR/train_summary.json, with the run's own checkpoint (under _ray_runs, for --resume)."""
-    from pathlib import Path
-
-    from recmas_ray.system.next_steps import next_commands
-
     last = result.log[-1] if result.log else {}
     summary = {"save_dir": str(result.save_dir), "ray_run_checkpoint": str(result.checkpoint_dir),
                "step": last.get("step"), "loss": last.get("loss"),

@@ -30,13 +30,25 @@ import time
 from dataclasses import dataclass, field
 from typing import Annotated
 
+import ray
+import torch
+import transformers
+
 from recmas_ray.config.checks import OneOf, Range, WritableDir
 from recmas_ray.config.cli import run_job
+from recmas_ray.config.inputs import check_cuda, check_ray_address
 from recmas_ray.config.tree import save_config
-from recmas_ray.config.recursion import MAX_LATENT_STEPS, MAX_NEW_TOKENS, MAX_ROUNDS
-from recmas_ray.config.placement import PRESETS
-from recmas_ray.styles import check_role_models
+from recmas_ray.config.recursion import MAX_LATENT_STEPS, MAX_NEW_TOKENS, MAX_ROUNDS, DecodeConfig, RecursionConfig
+from recmas_ray.config.placement import PRESETS, PlacementConfig
+from recmas_ray.distributed.cluster import init_local_ray  # token auth, 127.0.0.1 only
+from recmas_ray.distributed.launch import start_agents
+from recmas_ray.models.registry import check_model_names
+from recmas_ray.engine.runner import run_batch
+from recmas_ray.styles import check_role_models, get_style
 from recmas_ray.system.config import SystemConfig
+from recmas_ray.system.launch import local_pool
+from recmas_ray.system.plan import plan_system
+from recmas_ray.train.synthetic import make_arithmetic_dataset
 
 
 def expand_role_models(table: dict[str, str], roles) -> dict[str, str]:
@@ -48,10 +60,6 @@ def expand_role_models(table: dict[str, str], roles) -> dict[str, str]:
 
 def machine(torch_threads: int) -> dict:
     """What the figures were measured on (load average included: the host may be shared)."""
-    import ray
-    import torch
-    import transformers
-
     info = {"platform": platform.platform(), "processor": platform.processor() or platform.machine(),
             "cpu_count": os.cpu_count(), "torch_threads": torch_threads, "python": platform.python_version(),
             "torch": torch.__version__, "transformers": transformers.__version__, "ray": ray.__version__,
@@ -107,9 +115,6 @@ class BackendBenchConfig:
     """Where bench_backend.json and config.json go."""
 
     def validate(self) -> None:
-        from recmas_ray.models.registry import check_model_names
-        from recmas_ray.config.inputs import check_cuda, check_ray_address
-
         check_role_models("--role_model", self.system.role_models, self.system.style, extra=("all",))
         check_model_names("--role_model", self.system.role_models)
         if self.system.device == "cuda":
@@ -119,19 +124,6 @@ class BackendBenchConfig:
 
 
 def run(args) -> dict:
-    import ray
-    import torch
-
-    from recmas_ray.config.recursion import DecodeConfig
-    from recmas_ray.config.placement import PlacementConfig
-    from recmas_ray.config.recursion import RecursionConfig
-    from recmas_ray.engine.runner import run_batch
-    from recmas_ray.distributed.launch import start_agents
-    from recmas_ray.system.launch import local_pool
-    from recmas_ray.styles import get_style
-    from recmas_ray.train.synthetic import make_arithmetic_dataset
-    from recmas_ray.system.plan import plan_system
-
     threads = args.torch_threads or os.cpu_count() or 1
     torch.set_num_threads(threads)
     system = args.system
@@ -149,8 +141,6 @@ def run(args) -> dict:
         os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (root, os.environ.get("PYTHONPATH")) if p)
         # Ray renices workers to 15 by default; at 0 the actors compete for a shared host's cores
         # on the same terms as the in-process backend (this driver).
-        from recmas_ray.distributed.cluster import init_local_ray  # token auth, 127.0.0.1 only
-
         init_local_ray(num_cpus=max(4, len(plan.style.roles) + 2), include_dashboard=False,
                        log_to_driver=False, object_store_memory=512 * 2**20, _system_config={"worker_niceness": 0})
     system = start_agents(plan, backend="ray", timeout_s=3600, torch_threads=threads,

@@ -30,13 +30,23 @@ from __future__ import annotations
 
 import json
 import os
+import statistics
 import sys
 import time
 from dataclasses import dataclass, field, replace
 from typing import Annotated
 
+import ray
+
 from recmas_ray.config.checks import Range, WritableDir
 from recmas_ray.config.cli import run_job
+from recmas_ray.config.placement import PlacementConfig
+from recmas_ray.config.recursion import DecodeConfig, RecursionConfig
+from recmas_ray.distributed.cluster import start_ray
+from recmas_ray.distributed.orchestrator import start_router
+from recmas_ray.distributed.replicas import build_replicas
+from recmas_ray.models.registry import SIMULATED
+from recmas_ray.system.plan import simulated_plan
 
 
 ROUTER_WAVE = 64
@@ -76,17 +86,6 @@ def measure(cfg: ControlBenchConfig) -> dict:
     """The figures on the Ray cluster this process is connected to: agent calls/s through one replica's
     orchestrator (zero-cost agents, `cfg.in_flight` batches in flight), and the router's acquire + release
     pairs/s (one router serves every replica)."""
-    import statistics
-
-    import ray
-
-    from recmas_ray.config.placement import PlacementConfig
-    from recmas_ray.config.recursion import DecodeConfig, RecursionConfig
-    from recmas_ray.distributed.replicas import build_replicas
-    from recmas_ray.distributed.orchestrator import start_router
-    from recmas_ray.models.registry import SIMULATED
-    from recmas_ray.system.plan import simulated_plan
-
     plan = simulated_plan("sequential_light", SIMULATED.name("hidden=256,step_ms=0,token_ms=0,tokens=1,prefill_ms=0"))
     rc = RecursionConfig(method="recursive_mas", num_recursive_rounds=cfg.rounds, latent_steps=4,
                          decode=DecodeConfig(max_new_tokens=1))
@@ -144,18 +143,12 @@ def measure(cfg: ControlBenchConfig) -> dict:
 def _cpu_seconds(actors: dict, timeout_s: float) -> dict:
     """CPU seconds each actor's process has used so far, all its threads (read inside the process, so on any
     node)."""
-    import ray
-
     used = ray.get([h.__ray_call__.remote(lambda _self: time.process_time()) for h in actors.values()],
                    timeout=timeout_s)
     return dict(zip(actors, used))
 
 
 def bench(cfg: ControlBenchConfig) -> int:
-    import ray
-
-    from recmas_ray.distributed.cluster import start_ray
-
     start_ray(num_cpus=8, log_to_driver=False)  # (no dashboard) retries a start-up a busy machine delays
     try:
         report = measure(cfg)

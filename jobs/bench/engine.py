@@ -28,7 +28,9 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import platform
 import queue
+import random
 import statistics
 import sys
 import threading
@@ -36,9 +38,20 @@ import time
 from dataclasses import dataclass, field
 from typing import Annotated
 
+import torch
+import transformers
+
+from recmas_ray.engine.agent import Agent
 from recmas_ray.config.checks import NonEmpty, OneOf, Range, WritableDir
 from recmas_ray.config.cli import run_job
+from recmas_ray.config.inputs import check_cuda
+from recmas_ray.config.recursion import DecodeConfig
+from recmas_ray.engine.kv_cache import PrefixStore
+from recmas_ray.engine.links import InnerLink
+from recmas_ray.models.loader import load_frozen_model
 from recmas_ray.models.registry import SMOLLM2_135M
+from recmas_ray.engine.scheduler import StepScheduler
+from recmas_ray.train.synthetic import make_arithmetic_dataset
 
 SLOT = "<<LATENT_PLANNER_SLOT>>"
 DEFAULT_DEPTH = 6
@@ -86,8 +99,6 @@ class EngineBenchConfig:
 
 
 def _questions(n: int, rows: int, seed: int) -> list[list[str]]:
-    from recmas_ray.train.synthetic import make_arithmetic_dataset
-
     data = make_arithmetic_dataset(n * rows, seed=seed)
     return [[r["question"] for r in data[k * rows:(k + 1) * rows]] for k in range(n)]
 
@@ -95,8 +106,6 @@ def _questions(n: int, rows: int, seed: int) -> list[list[str]]:
 def _job(agent, users: list[str], cfg):
     """One batch: rollout on its prompt, then a decode whose prompt carries those latents (the agent's engine
     decides whether they go through its scheduler); returns (texts, latents H_BMD)."""
-    from recmas_ray.config.recursion import DecodeConfig
-
     e, mask, prefix = agent.embed_batch_with_prefix([f"Question: {u}\nMake a short plan." for u in users])
     h = agent.latent_rollout(e, mask, cfg.latent_steps, prefix_ids=prefix)
     e2, mask2, prefix2 = agent.embed_batch_with_prefix([f"Question: {u}\nPlan: {SLOT}\nSolve it." for u in users],
@@ -112,13 +121,6 @@ def _percentile(xs: list[float], q: float) -> float:
 
 def measure(agent, batches, depth: int, batched: bool, rate: float, cfg, seed: int) -> dict:
     """Every batch, arriving at Poisson times of `rate` per second, through `depth` places in flight."""
-    import random
-
-    import torch
-
-    from recmas_ray.engine.kv_cache import PrefixStore
-    from recmas_ray.engine.scheduler import StepScheduler
-
     agent.engine = dataclasses.replace(agent.engine, continuous_batching=batched)
     agent.prefix_store = PrefixStore(int(agent.engine.prefix_cache_mib * 2**20))  # every run starts cold
     agent._scheduler = StepScheduler(agent) if batched else None
@@ -189,13 +191,6 @@ def _spread(xs: list[float]) -> dict:
 
 
 def bench(cfg: EngineBenchConfig) -> int:
-    import torch
-
-    from recmas_ray.engine.agent import Agent
-    from recmas_ray.config.inputs import check_cuda
-    from recmas_ray.engine.links import InnerLink
-    from recmas_ray.models.loader import load_frozen_model
-
     if cfg.device == "cuda":
         check_cuda("--device cuda")  # one line, exit 2, before the model loads
     if cfg.torch_threads:
@@ -235,11 +230,6 @@ def bench(cfg: EngineBenchConfig) -> int:
 
 def _write(cfg: EngineBenchConfig, modes, rounds: list) -> bool:
     """engine.json from the rounds so far (per-mode medians and spread); returns whether every output matched."""
-    import platform
-
-    import torch
-    import transformers
-
     summary = {}
     for name, _, _ in modes:
         per = [rd["runs"][name] for rd in rounds]

@@ -14,11 +14,16 @@ machine is taken back mid-run. Nothing here imports Ray.
 
 from __future__ import annotations
 
+import glob
 import json
 import os
 import platform
 import sys
 import time
+from types import SimpleNamespace
+
+from recmas_ray.eval.samples import read_samples, sample_key
+from recmas_ray.models.registry import TINY
 
 # HBM bandwidth by card, bytes/s, from NVIDIA's datasheets (H100 Tensor Core GPU datasheet: SXM 3.35 TB/s,
 # PCIe 2 TB/s, NVL 3.9 TB/s; H200 datasheet: SXM and NVL 4.8 TB/s). The first name contained in the device's
@@ -37,9 +42,23 @@ def hbm_floor(name: str) -> tuple[str | None, float | None]:
     return None, None
 
 
-def device_name(device: str) -> str:
-    import torch
+def _torch():
+    """torch, for the measuring steps: `record` runs after every step, whatever failed in it (an image whose torch
+    does not import included), so this module's top imports neither torch nor transformers."""
+    import torch  # lazy: `record` must run where torch does not import (see _torch)
 
+    return torch
+
+
+def _transformers():
+    """transformers, for the measuring steps (see `_torch`)."""
+    import transformers  # lazy: `record` must run where transformers does not import (see _torch)
+
+    return transformers
+
+
+def device_name(device: str) -> str:
+    torch = _torch()
     return torch.cuda.get_device_name(0) if device == "cuda" and torch.cuda.is_available() else platform.processor() or "cpu"
 
 
@@ -48,12 +67,10 @@ def probe_internals() -> dict:
     with `.layers`, each with `.keys` / `.values`; a static cache's `lazy_initialization` and `max_cache_len`;
     the forward's cache keyword. Checked on a tiny model, so a device image whose transformers moved them is
     named in one line here rather than as a traceback deep in a later step."""
-    import torch
-
+    torch = _torch()
     out = {"ok": False, "missing": []}
     try:
-        from recmas_ray.models.loader import load_frozen_model
-        from recmas_ray.models.registry import TINY
+        from recmas_ray.models.loader import load_frozen_model  # lazy: a failing import is recorded, not raised
 
         model, tok = load_frozen_model(TINY.name("llama"), dtype=torch.float32)
         ids = tok(["probe"], return_tensors="pt")["input_ids"]
@@ -64,7 +81,7 @@ def probe_internals() -> dict:
             out["missing"].append(f"{type(cache).__name__}.layers")
         elif not all(hasattr(layers[0], a) for a in ("keys", "values")):
             out["missing"].append(f"{type(layers[0]).__name__}.keys/.values")
-        from transformers import StaticCache
+        from transformers import StaticCache  # lazy: a transformers without it is recorded, not raised
 
         try:
             static = StaticCache(config=model.config, max_cache_len=8)
@@ -82,11 +99,9 @@ def probe_internals() -> dict:
 
 
 def env(out: str, device: str) -> dict:
-    import torch
-    import transformers
-
+    torch, transformers = _torch(), _transformers()
     try:
-        import ray
+        import ray  # lazy: optional on a device image (recorded as None)
 
         ray_version = ray.__version__
     except ImportError:
@@ -113,12 +128,11 @@ def env(out: str, device: str) -> dict:
 def _from_config(cfg, dtype):
     """`AutoModelForCausalLM.from_config` with the dtype keyword of this transformers (dtype since 4.56,
     torch_dtype before)."""
-    from transformers import AutoModelForCausalLM
-
+    auto = _transformers().AutoModelForCausalLM
     try:
-        return AutoModelForCausalLM.from_config(cfg, dtype=dtype)
+        return auto.from_config(cfg, dtype=dtype)
     except TypeError:
-        return AutoModelForCausalLM.from_config(cfg, torch_dtype=dtype)
+        return auto.from_config(cfg, torch_dtype=dtype)
 
 
 TINY_SHAPES = {"hidden_size": 128, "intermediate_size": 256, "num_hidden_layers": 2, "num_attention_heads": 4,
@@ -130,16 +144,14 @@ def shaped_agent(shapes: dict, device: str, dtype, *, tiny: bool = False, name: 
     """An `Agent` on a random-weight model of `shapes` (a `scale_fit.DEMO_SHAPES` entry or Qwen2.5-1.5B's;
     `tiny`: with `TINY_SHAPES` over them), with the tiny byte-level tokenizer (its ids fit any vocabulary):
     nothing is downloaded."""
-    import torch
-    from transformers import Gemma3TextConfig, LlamaConfig, Qwen2Config
+    from recmas_ray.engine.agent import Agent  # lazy: imports torch (see _torch)
+    from recmas_ray.engine.links import InnerLink  # lazy: imports torch (see _torch)
+    from recmas_ray.models.loader import load_frozen_model  # lazy: imports torch (see _torch)
 
-    from recmas_ray.engine.agent import Agent
-    from recmas_ray.engine.links import InnerLink
-    from recmas_ray.models.loader import load_frozen_model
-    from recmas_ray.models.registry import TINY
-
+    torch, transformers = _torch(), _transformers()
     kw = {k: v for k, v in shapes.items() if k != "family"} | (TINY_SHAPES if tiny else {})
-    cls = {"llama": LlamaConfig, "gemma3": Gemma3TextConfig, "qwen2": Qwen2Config}[shapes["family"]]
+    cls = {"llama": transformers.LlamaConfig, "gemma3": transformers.Gemma3TextConfig,
+           "qwen2": transformers.Qwen2Config}[shapes["family"]]
     _, tok = load_frozen_model(TINY.name("qwen3"), dtype=torch.float32)
     torch.manual_seed(0)
     model = _from_config(cls(**kw), dtype).to(device).eval().requires_grad_(False)
@@ -156,12 +168,9 @@ def latent_step(out: str, device: str, tiny: bool) -> dict:
     """One latent step and one decoded token (`jobs.bench.perf.step_cost`) of Qwen2.5-1.5B's shapes, bf16, at
     1 / 8 / 64 rows (dry run: `TINY_SHAPES`, 1 / 2 rows), against the HBM floor: the bytes of the weights a latent
     step reads (its layers: not the embedding table or the LM head) / the detected card's bandwidth."""
-    from types import SimpleNamespace
+    from jobs.bench.perf import step_cost  # lazy: imports torch (see _torch)
 
-    import torch
-
-    from jobs.bench.perf import step_cost
-
+    torch = _torch()
     agent = shaped_agent(QWEN25_15B, device, torch.bfloat16, tiny=tiny, name="random:qwen2.5-1.5b-shapes")
     step_bytes = sum(p.numel() * p.element_size() for p in agent.model.model.layers.parameters())
     card, bw = hbm_floor(device_name(device)) if device == "cuda" else (None, None)
@@ -186,10 +195,9 @@ def costs(out: str, device: str, tiny: bool) -> dict:
     """`scale_fit.measure_agent` on random-weight models of the demo models' shapes, bf16 on a GPU (fp32 on
     the CPU dry run: `TINY_SHAPES`, rows 1 / 2, 2 steps), and their fit: the input of `python -m jobs.bench.scale_fit
     --from_json gpu_check.json`."""
-    import torch
+    from jobs.bench.scale_fit import DEMO_SHAPES, fit_all, measure_agent  # lazy: imports torch (see _torch)
 
-    from jobs.bench.scale_fit import DEMO_SHAPES, fit_all, measure_agent
-
+    torch = _torch()
     dtype = torch.float32 if device == "cpu" else torch.bfloat16
     rows = [1, 2] if tiny else [1, 4, 16, 64]
     measurements = []
@@ -207,10 +215,6 @@ def costs(out: str, device: str, tiny: bool) -> dict:
 
 def compare(out: str, run_a: str, run_b: str) -> dict:
     """The predictions of two runs' samples files, sample by sample (read as a resume reads them)."""
-    import glob
-
-    from recmas_ray.eval.samples import read_samples, sample_key
-
     def predictions(folder):
         return {sample_key(r): r["prediction"] for path in glob.glob(os.path.join(folder, "samples_*.jsonl"))
                 for r in read_samples(path)}

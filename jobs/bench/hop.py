@@ -38,10 +38,19 @@ import time
 from dataclasses import dataclass, field
 from typing import Annotated
 
+import numpy as np
+import ray
+import torch
+from ray.experimental.collective import create_collective_group
+from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+from jobs.bench.backend import machine
+from jobs.bench.scale_setup import simulated_cluster
 from recmas_ray.config.checks import NonEmpty, OneOf, Range, WritableDir
 from recmas_ray.config.cli import run_job
 from recmas_ray.config.transport import OBJECT_STORE, RDT_GLOO
 from recmas_ray.config.tree import save_config
+from recmas_ray.distributed.transports import from_wire, latent_transport
 
 MIB = 2**20
 HOP_TRANSPORTS = (OBJECT_STORE.name, RDT_GLOO.name)
@@ -93,8 +102,6 @@ def message_shape(size_mib: float, batch_size: int, hidden: int) -> list[int]:
 
 def checksum(array) -> int:
     """The sum of a numpy array's 32-bit words mod 2**64: reads every byte, exact, independent of the order."""
-    import numpy as np
-
     return int(array.reshape(-1).view(np.uint32).sum(dtype=np.uint64))
 
 
@@ -102,8 +109,6 @@ class HopActor:
     """Sender or receiver of the benchmark (one class, so that all three actors join one collective group)."""
 
     def __init__(self, timeout_s: float, loopback: bool):
-        import torch
-
         torch.set_num_threads(1)
         if loopback:  # the simulated nodes are 127.0.0.1: keep gloo's sockets there whatever the host name says
             os.environ["GLOO_SOCKET_IFNAME"] = "lo"
@@ -111,14 +116,10 @@ class HopActor:
         self.messages: dict = {}
 
     def node(self) -> str:
-        import ray
-
         return ray.get_runtime_context().get_node_id()
 
     def make(self, name: str, shape: list[int], seed: int) -> int:
         """Hold a random message under `name`; returns its checksum."""
-        import torch
-
         msg = torch.randn(*shape, generator=torch.Generator().manual_seed(seed))
         self.messages[name] = msg
         return checksum(msg.numpy())
@@ -127,16 +128,10 @@ class HopActor:
         """The message as `transport` hands it out, as an agent's rollout does (`LatentTransport.hand_out`):
         object_store: put into this node's object store, its ref returned; rdt:gloo (called with
         tensor_transport="gloo"): the tensor, which stays here until a receiver's call takes it."""
-        from recmas_ray.distributed.transports import latent_transport
-
         return latent_transport(transport).hand_out(self.messages[name])
 
     def read(self, message) -> dict:
         """Take the message (a stored one's ref is fetched to this node) and read every byte of it."""
-        import ray
-
-        from recmas_ray.distributed.transports import from_wire
-
         t0 = time.perf_counter()
         fetched = isinstance(message, ray.ObjectRef)  # a direct transport's tensor arrives before the call starts
         if fetched:
@@ -151,9 +146,6 @@ class HopActor:
 def start_actors(args: HopBenchConfig, loopback: bool) -> dict:
     """The sender and the node-2 receiver on the two simulated nodes, the node-1 receiver beside the sender,
     each pinned by node affinity; the torch_gloo collective group of all three when rdt:gloo is measured."""
-    import ray
-    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
-
     workers = sorted(n["NodeID"] for n in ray.nodes()
                      if n["Alive"] and "node:__internal_head__" not in n["Resources"])
     if len(workers) < 2:
@@ -178,8 +170,6 @@ def start_actors(args: HopBenchConfig, loopback: bool) -> dict:
 
 
 def create_group(actors: list) -> None:
-    from ray.experimental.collective import create_collective_group
-
     create_collective_group(actors, backend=RDT_GLOO.collective_backend)
 
 
@@ -205,10 +195,6 @@ def with_timeout(fn, timeout_s: float, what: str):
 
 def hop(sender, receiver, name: str, transport: str, timeout_s: float) -> tuple[float, dict]:
     """One hop of message `name` from sender to receiver over `transport`: (seconds, the receiver's reply)."""
-    import ray
-
-    from recmas_ray.distributed.transports import latent_transport
-
     t = latent_transport(transport)
     t0 = time.perf_counter()
     ref = t.fetch(sender.hand_out, name, transport)  # object_store: the stored message's ref, fetched by the receiver
@@ -224,8 +210,6 @@ def delivered(reply: dict, sent_checksum: int, shape: list[int]) -> bool:
 def measure(args: HopBenchConfig, actors: dict, transports: list[str]) -> dict:
     """Every hop over `transports`, interleaved; each reply checked against the sender's checksum and the
     message's shape."""
-    import ray
-
     sender = actors["sender"]
     sizes = {f"{s:g}MiB": message_shape(s, args.batch_size, args.hidden) for s in args.sizes_mib}
     seeds = {label: k for k, label in enumerate(sizes)}  # torch.randn(*shape) under manual_seed(seed)
@@ -318,11 +302,6 @@ def table(report: dict) -> str:
 
 def bench(args: HopBenchConfig) -> int:
     """Start the simulated cluster, measure, write the JSON and the config, print the table."""
-    import ray
-
-    from jobs.bench.backend import machine
-    from jobs.bench.scale_setup import simulated_cluster
-
     save_config(args, args.output_path)
     t_start = time.perf_counter()
     report: dict = {"errors": {}, "machine": machine(1)}  # (its load average: before the cluster starts)

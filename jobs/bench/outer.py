@@ -14,6 +14,7 @@ Examples
 
 from __future__ import annotations
 
+import copy
 import json
 import os
 import statistics
@@ -23,19 +24,25 @@ import time
 from dataclasses import dataclass, field
 from typing import Annotated
 
-from recmas_ray.config.checks import NonEmpty, Range, WritableDir
+import torch
+
+from recmas_ray.config.checks import NonEmpty, Range, WritableDir, check_tree
 from recmas_ray.config.cli import run_job
 from recmas_ray.config.tree import save_config
 from recmas_ray.config.recursion import MAX_LATENT_STEPS, MAX_ROUNDS
 from recmas_ray.system.config import SystemConfig, with_system
+from recmas_ray.system.plan import plan_system
 from recmas_ray.train.config import OuterTrainConfig
+from recmas_ray.train.core import step_indices
+from recmas_ray.train.data import load_rows
+from recmas_ray.train.outer import SavedTensorMeter
+from recmas_ray.train.pipeline import train_outer
+from recmas_ray.train.reference import build_reference, reference_backward, reference_step
 
 
 def bench_pipeline(base: dict, rounds: list[int], save_root: str) -> list[dict]:
     """One Ray Train run per (R, recompute); per-worker memory and the step time (min and median, first step
     skipped: the min is the robust figure on a shared machine)."""
-    from recmas_ray.train.pipeline import train_outer
-
     rows = []
     for r in rounds:
         for recompute in (False, True):
@@ -56,14 +63,6 @@ def bench_pipeline(base: dict, rounds: list[int], save_root: str) -> list[dict]:
 def bench_reference(base: dict, rounds: list[int]) -> list[dict]:
     """The single-process reference on the same batches (`base`: the runs' shared settings, as for the
     pipelined runs); all agents in this process."""
-    import torch
-
-    from recmas_ray.system.plan import plan_system
-    from recmas_ray.train.data import load_rows
-    from recmas_ray.train.core import step_indices
-    from recmas_ray.train.outer import SavedTensorMeter
-    from recmas_ray.train.reference import build_reference, reference_backward, reference_step
-
     cfg = with_system(OuterTrainConfig, **base)
     data = load_rows(cfg.dataset_name, cfg.dataset_json_field)  # bad data fails before any model
     plan = plan_system(cfg.system, task=cfg.task)
@@ -93,8 +92,6 @@ def bench_reference(base: dict, rounds: list[int]) -> list[dict]:
 
 
 def _fresh_outer(plan, device):
-    import copy
-
     return {e: copy.deepcopy(plan.links.outer[e]).to(device) for e in plan.style.edges}
 
 
@@ -140,8 +137,6 @@ class OuterBenchConfig:
 
     def validate(self) -> None:
         """The training runs' own checks (dataset, models, GPU), before the reference loads any model."""
-        from recmas_ray.config.checks import check_tree
-
         self.system.check_tables("--role_model")
         if self.num_microbatches > self.batch_size:
             raise ValueError(f"--num_microbatches {self.num_microbatches} exceeds --batch_size {self.batch_size}")
@@ -153,7 +148,6 @@ def bench(args: OuterBenchConfig) -> int:
     rounds = list(args.rounds)
     base = args.train_base()
     # the reference runs first, before any Ray process exists, so it has the machine to itself
-    import torch
 
     torch.set_num_threads(args.threads)
     base_info = {**base, "reference_threads": args.threads}

@@ -23,6 +23,7 @@ import platform
 import statistics
 import time
 
+import ray
 import torch
 
 from recmas_ray.engine.agent import _eos_ids
@@ -31,8 +32,10 @@ from recmas_ray.config.recursion import DecodeConfig
 from recmas_ray.config.recursion import RecursionConfig
 from recmas_ray.engine.kv_cache import PrefixStore
 from jobs.bench.perf_config import BenchConfig
+from recmas_ray.config.placement import PlacementConfig
 from recmas_ray.engine.runner import run_batch
 from recmas_ray.distributed.launch import start_agents
+from recmas_ray.styles import build_schedule
 from recmas_ray.system.launch import local_pool
 from recmas_ray.system.plan import plan_system
 
@@ -149,8 +152,6 @@ def _record_prefills(agents: dict) -> tuple[list, callable]:
 
 def prefix_reuse(pool, plan, questions, cfg: BenchConfig) -> dict:
     """(e): R rounds of recursive_mas with and without prompt-prefix KV reuse (fresh stores each run)."""
-    from recmas_ray.styles import build_schedule
-
     R = max(cfg.rounds)
     rc = RecursionConfig(method="recursive_mas", num_recursive_rounds=R, latent_steps=cfg.latent_steps,
                          decode=DecodeConfig(max_new_tokens=cfg.max_new_tokens))
@@ -264,10 +265,6 @@ def step_cost(agent, questions, cfg: BenchConfig) -> dict:
 
 def backend_ratio(plan, questions, cfg: BenchConfig, pool) -> dict:
     """(c): seconds per batch on Ray actors vs in-process, one batch and three batches in flight."""
-    import ray  # only for this figure (heavy optional dependency)
-
-    from recmas_ray.config.placement import PlacementConfig
-
     rc = RecursionConfig(method="recursive_mas", num_recursive_rounds=max(cfg.rounds), latent_steps=cfg.latent_steps,
                          decode=DecodeConfig(max_new_tokens=cfg.max_new_tokens))
     tasks = ["math"] * len(questions)
@@ -321,8 +318,8 @@ def _one_role_per_model(plan) -> list[str]:
 
 def plot_bench(result: dict, path) -> None:
     """PNG with one panel per measured figure among (a), (b), (d), (e), (f)."""
-    from matplotlib.backends.backend_agg import FigureCanvasAgg
-    from matplotlib.figure import Figure
+    from matplotlib.backends.backend_agg import FigureCanvasAgg  # lazy: matplotlib loads only when a plot is drawn
+    from matplotlib.figure import Figure  # lazy: matplotlib loads only when a plot is drawn
 
     panels = [k for k in ("a_end_to_end", "b_rollout_cache", "d_step_cost", "e_prefix_reuse", "f_decode") if k in result]
     fig = Figure(figsize=(4.4 * max(len(panels), 1), 3.6))

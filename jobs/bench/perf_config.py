@@ -1,6 +1,5 @@
-"""The performance benchmark behind `jobs/bench/speed.py` (figures (a)-(d), see `jobs/bench/perf.py`).
-
-Apart from perf.py so that `jobs.bench.speed --help` imports no torch."""
+"""The config of the performance benchmark behind `jobs/bench/speed.py` (figures (a)-(d), measured by
+`jobs/bench/perf.py`): plain config types, no torch."""
 
 from __future__ import annotations
 

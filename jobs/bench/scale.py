@@ -47,14 +47,24 @@ import re
 import sys
 import time
 
+import ray
+
 from jobs.bench.scale_costs import call_costs, plot, real_models, targets
 from jobs.bench.call_logs import summarize
+from jobs.bench.control import ControlBenchConfig, measure
 from jobs.bench.scale_model import dilation_check, expected_role_ms, model_run, pool_caps, project, rel
 from jobs.bench.scale_setup import ScaleBenchConfig, paper_plan, paper_roles, quick, start_cluster
 from recmas_ray.config.cli import run_job
 from recmas_ray.config.placement import PlacementConfig
 from recmas_ray.config.recursion import DecodeConfig, RecursionConfig
 from recmas_ray.config.tree import save_config
+from recmas_ray.distributed.cluster import check_reachable
+from recmas_ray.distributed.launch import start_agents
+from recmas_ray.distributed.orchestrator import start_router
+from recmas_ray.distributed.role_copies import copies_from_costs
+from recmas_ray.distributed.systems import RayReplicas
+from recmas_ray.eval.config import StreamConfig
+from recmas_ray.eval.stream import CLIENTS_PER_ACTOR, stream_samples
 from recmas_ray.models.sim import parse_sim_name
 
 
@@ -82,13 +92,6 @@ def eval_run(replicas, n_replicas: int, n_batches: int, rounds: int, args, tag: 
     host time); `depth` is the most batches in flight at once (what the model is given);
     `agent_host_s_per_call` the mean of each call's span minus its device time; `wall_s` adds Ray Data's
     start of the client actors."""
-    import ray  # Ray and the Ray layer load after the command line is read: --help stays instant
-
-    from recmas_ray.distributed.orchestrator import start_router
-    from recmas_ray.distributed.systems import RayReplicas
-    from recmas_ray.eval.config import StreamConfig
-    from recmas_ray.eval.stream import stream_samples
-
     view = RayReplicas(replicas.plan, replicas.systems[:n_replicas], start_router(n_replicas, timeout_s=args.timeout_s),
                        args.timeout_s)
     view.call_logs(clear=True)
@@ -132,8 +135,6 @@ def eval_run(replicas, n_replicas: int, n_batches: int, rounds: int, args, tag: 
 
 
 def build(plan, copies: dict | None, n: int, args):
-    from recmas_ray.distributed.launch import start_agents  # the Ray layer loads after the command line is read
-
     # agents start slowly on a loaded machine (each imports torch): their readiness waits the run's timeout
     placement = PlacementConfig(preset="one_gpu_per_agent", cpus_per_agent=0.05, num_replicas=n,
                                 agent_max_restarts=0, role_replicas=copies or {}, ready_timeout_s=args.timeout_s)
@@ -143,9 +144,6 @@ def build(plan, copies: dict | None, n: int, args):
 def balance(plan, rounds: int, args, control: dict | None) -> dict:
     """Whole-system replicas vs one replica of per-role pools, both on `args.gpus` GPUs, each beside the
     model of the same run (devices only; with the measured host costs) and the model's long run."""
-    from recmas_ray.distributed.role_copies import copies_from_costs  # the Ray layer: loaded once a run starts
-    from recmas_ray.eval.stream import CLIENTS_PER_ACTOR
-
     style, params = plan.style, sim_params(plan)
     roles = list(style.roles)
     n_whole = args.gpus // len(roles)
@@ -196,8 +194,6 @@ def balance(plan, rounds: int, args, control: dict | None) -> dict:
 
 def bench(args: ScaleBenchConfig) -> int:
     """Run the series and write the report (the config is saved next to it)."""
-    from recmas_ray.distributed.cluster import check_reachable  # the Ray layer: loaded once a run starts
-
     if args.address:
         check_reachable(args.address)  # a dead address: one line and exit 2 before anything is written
     num_roles = len(paper_roles(args.system))
@@ -209,9 +205,6 @@ def bench(args: ScaleBenchConfig) -> int:
         raise ValueError(f"--gpus {args.gpus}: the simulated cluster has {args.nodes} x {args.gpus_per_node} fake GPUs, "
                          f"{args.nodes * (args.gpus_per_node // num_roles)} whole {args.system} systems of {num_roles}; "
                          "expected at most that (or more --nodes / --gpus_per_node)")
-    import ray  # loaded once the arguments are checked: --help and bad flags stay instant
-
-    from jobs.bench.control import ControlBenchConfig, measure
 
     save_config(args, args.output_path)
     t_start = time.perf_counter()

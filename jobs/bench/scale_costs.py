@@ -7,16 +7,20 @@ from __future__ import annotations
 import statistics
 import time
 
+import ray
+
 from jobs.bench.scale_setup import PAPER_SYSTEMS
+from recmas_ray.config.placement import PlacementConfig
+from recmas_ray.config.recursion import DecodeConfig, RecursionConfig
+from recmas_ray.distributed.launch import start_agents
+from recmas_ray.distributed.transports import resolve_message
+from recmas_ray.models.registry import SIMULATED
+from recmas_ray.system.plan import plan_system, simulated_plan
 
 
 def ray_call_cost(handles: dict, args, num_bytes: int, dtype: str) -> dict:
     """ms per agent call: a chain of zero-cost rollouts, each taking the previous one's message of
     `num_bytes` (`dtype`) from the other actor (0 bytes: an empty message, Ray's bare call cost)."""
-    import ray
-
-    from recmas_ray.distributed.transports import resolve_message
-
     a, b = handles["planner"], handles["critic"]
     width = 2048
     steps = num_bytes // (args.batch_size * width * (2 if dtype == "bf16" else 4))
@@ -44,15 +48,10 @@ def ray_call_cost(handles: dict, args, num_bytes: int, dtype: str) -> dict:
 
 def call_costs(args) -> dict:
     """`ray_call_cost` at 0 B, 32 KiB and 1 MiB for fp32 and bf16 messages, with ratios to the empty call."""
-    from recmas_ray.models.registry import SIMULATED
-    from recmas_ray.system.plan import simulated_plan
-
     out = {}
     for dtype in ("fp32", "bf16"):
         plan = simulated_plan("sequential_light", SIMULATED.name("hidden=2048,step_ms=0,token_ms=0,tokens=1"),
                               message_dtype=dtype)
-        from recmas_ray.distributed.launch import start_agents
-        from recmas_ray.config.placement import PlacementConfig
 
         cost = start_agents(plan, backend="ray", timeout_s=args.timeout_s,
                             placement=PlacementConfig(preset="cpu", cpus_per_agent=0.05, agent_max_restarts=0))
@@ -71,11 +70,6 @@ def call_costs(args) -> dict:
 
 def real_models(args) -> dict:
     """Tiny models on 2 CPU replicas: the same predictions from 1 replica as from 2."""
-    from recmas_ray.config.recursion import DecodeConfig, RecursionConfig
-    from recmas_ray.distributed.launch import start_agents
-    from recmas_ray.config.placement import PlacementConfig
-    from recmas_ray.system.plan import plan_system
-
     plan = plan_system(PAPER_SYSTEMS[args.system], preset="tiny", seed=0)
     cfg = RecursionConfig(method="recursive_mas", num_recursive_rounds=2, latent_steps=4,
                           decode=DecodeConfig(max_new_tokens=6))
@@ -136,8 +130,8 @@ def targets(report: dict, args) -> dict:
 def plot(report: dict, path: str) -> None:
     """Busy by device time per role (Ray bars, model dots), pools / whole per GPU (Ray, model, ideal) and
     the projection's efficiency by GPUs."""
-    from matplotlib.backends.backend_agg import FigureCanvasAgg
-    from matplotlib.figure import Figure
+    from matplotlib.backends.backend_agg import FigureCanvasAgg  # lazy: matplotlib loads only when a plot is drawn
+    from matplotlib.figure import Figure  # lazy: matplotlib loads only when a plot is drawn
 
     fig = Figure(figsize=(14, 4))
     FigureCanvasAgg(fig)

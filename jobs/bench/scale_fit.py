@@ -30,10 +30,19 @@ import statistics
 import sys
 import time
 from dataclasses import dataclass, field
+from importlib.metadata import version
 from typing import Annotated
 
+import torch
+
+from jobs.bench.perf import _ban_eos
+from recmas_ray.engine.agent import Agent
 from recmas_ray.config.checks import NonEmpty, OneOf, Range, WritableDir
 from recmas_ray.config.cli import run_job
+from recmas_ray.config.recursion import DecodeConfig
+from recmas_ray.config.tree import save_config
+from recmas_ray.engine.links import InnerLink
+from recmas_ray.models.loader import load_frozen_model
 from recmas_ray.models.registry import GEMMA3_270M, SIMULATED, SMOLLM2_135M
 
 QUANTITIES = ("prefill_ms", "latent_step_ms", "decoded_token_ms")
@@ -82,8 +91,6 @@ CLOCKS = ("cpu", "wall")
 def _timed(fn, clock: str = "wall") -> float:
     """ms of fn(): wall time (a GPU's, synchronised), or this process's CPU time (on a shared host the wall
     time counts other users' work; with one torch thread the CPU time is the call's compute and host work)."""
-    import torch
-
     now = time.process_time if clock == "cpu" else time.perf_counter
     t0 = now()
     fn()
@@ -96,11 +103,6 @@ def measure_agent(agent, rows_list: list[int], *, repeats: int, steps: int, cloc
     """One agent's prefill / latent step / decoded token times (ms) at each row count, passes interleaved
     (each pass times every row count once, in alternating order) by `clock` (`_timed`). Returns {"points": [{rows, prompt_tokens,
     <quantity>: median, <quantity>_samples: [...]}], "loadavg_1_5_15_before"/"after"}."""
-    import torch
-
-    from recmas_ray.config.recursion import DecodeConfig
-    from jobs.bench.perf import _ban_eos
-
     one, many = DecodeConfig(max_new_tokens=1), DecodeConfig(max_new_tokens=steps + 1)
     inputs = {b: agent.embed_batch([PROMPT.format(i=i) for i in range(b)]) for b in rows_list}
     samples = {b: {q: [] for q in QUANTITIES} for b in rows_list}
@@ -203,34 +205,23 @@ def fitted_sim_name(fit: dict, *, hidden: int, tokens: int, eos_spread: float = 
 
 
 def _load_agent(name: str, dtype: str):
-    import torch
-
-    from recmas_ray.engine.agent import Agent
-    from recmas_ray.engine.links import InnerLink
-    from recmas_ray.models.loader import load_frozen_model
-
     model, tok = load_frozen_model(name, dtype=getattr(torch, dtype))
     hidden = model.get_input_embeddings().weight.shape[1]
     return Agent(model, tok, InnerLink(hidden), role="planner", model_name=name)
 
 
 def versions() -> dict:
-    from importlib.metadata import version
-
     return {k: version(k) for k in ("torch", "transformers", "ray")} | {"python": platform.python_version()}
 
 
 def run(cfg: FitConfig) -> int:
     if len(set(cfg.rows)) < 2 and not cfg.from_json:
         raise ValueError(f"--rows {cfg.rows}: expected at least two distinct row counts (a line needs two)")
-    from recmas_ray.config.tree import save_config
 
     save_config(cfg, cfg.output_path, "scale_costs.config.json")
     if cfg.from_json:
         measurements, source = load_measurements(cfg.from_json), {"from_json": cfg.from_json}
     else:
-        import torch
-
         if cfg.torch_threads:
             torch.set_num_threads(cfg.torch_threads)
         measurements, source = [], {"machine": platform.platform(), "cpu_count": os.cpu_count(),

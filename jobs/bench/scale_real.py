@@ -33,6 +33,7 @@ all the host's cores (`--cores`, default all). The load average is recorded befo
 from __future__ import annotations
 
 import json
+import multiprocessing as mp
 import os
 import re
 import statistics
@@ -41,8 +42,13 @@ import time
 from dataclasses import dataclass
 from typing import Annotated
 
+from jobs.bench.call_logs import summarize
+from jobs.bench.pool_sizing import resize_pools, size_pools
 from recmas_ray.config.checks import Range, WritableDir
 from recmas_ray.config.cli import run_job
+from recmas_ray.config.placement import PlacementConfig
+from recmas_ray.config.recursion import DecodeConfig, RecursionConfig
+from recmas_ray.config.tree import save_config
 
 
 @dataclass(kw_only=True)
@@ -84,8 +90,8 @@ class RealScaleConfig:
 
 def role_params(plan, fit: dict, max_new_tokens: int) -> dict:
     """Each role's `models.sim` parameters from the fit of its model."""
-    from jobs.bench.scale_fit import fitted_sim_name
-    from recmas_ray.models.sim import parse_sim_name
+    from jobs.bench.scale_fit import fitted_sim_name  # lazy: keeps spawned children light (probe_cores)
+    from recmas_ray.models.sim import parse_sim_name  # lazy: keeps spawned children light (probe_cores)
 
     missing = sorted({m for m in plan.role_models.values() if m not in fit})
     if missing:
@@ -120,8 +126,6 @@ def _spin(seconds: float, out) -> None:
 def probe_cores(processes: int, seconds: float = 2.0) -> float:
     """Cores `processes` busy processes get now (their CPU seconds / wall): what this host gives as many
     runnable agents while other users' work runs, measured apart from the agents themselves."""
-    import multiprocessing as mp
-
     ctx = mp.get_context("spawn")  # not fork: the driver holds Ray's threads
     out = ctx.Queue()
     procs = [ctx.Process(target=_spin, args=(seconds, out)) for _ in range(processes)]
@@ -134,7 +138,7 @@ def probe_cores(processes: int, seconds: float = 2.0) -> float:
 
 
 def agent_pids(reps) -> list[int]:
-    import ray
+    import ray  # lazy: keeps spawned children light (probe_cores)
 
     handles = [h for s in reps.systems for h in s.actors().values()]
     return ray.get([h.__ray_call__.remote(lambda self: os.getpid()) for h in handles], timeout=60)
@@ -142,10 +146,7 @@ def agent_pids(reps) -> list[int]:
 
 def real_run(plan, layout_copies: dict | None, replicas: int, cfg: RealScaleConfig, tag: str) -> dict:
     """One run of `cfg.num_batches` on Ray: the agents' call logs read as the model's are (`summarize`)."""
-    from jobs.bench.call_logs import summarize
-    from recmas_ray.config.placement import PlacementConfig
-    from recmas_ray.config.recursion import DecodeConfig, RecursionConfig
-    from recmas_ray.distributed.launch import start_agents
+    from recmas_ray.distributed.launch import start_agents  # lazy: keeps spawned children light (probe_cores)
 
     rc = RecursionConfig(method="recursive_mas", num_recursive_rounds=cfg.rounds, latent_steps=cfg.latent_steps,
                          decode=DecodeConfig(max_new_tokens=cfg.max_new_tokens))
@@ -185,11 +186,9 @@ def real_run(plan, layout_copies: dict | None, replicas: int, cfg: RealScaleConf
 
 
 def bench(cfg: RealScaleConfig) -> int:
-    from jobs.bench.pool_sizing import resize_pools, size_pools
-    from jobs.bench.scale_fit import load_fit
-    from jobs.bench.scale_model import expected_role_ms, model_run
-    from recmas_ray.config.tree import save_config
-    from recmas_ray.system.plan import plan_system
+    from jobs.bench.scale_fit import load_fit  # lazy: keeps spawned children light (probe_cores)
+    from jobs.bench.scale_model import expected_role_ms, model_run  # lazy: keeps spawned children light (probe_cores)
+    from recmas_ray.system.plan import plan_system  # lazy: keeps spawned children light (probe_cores)
 
     fit = load_fit(cfg.costs)
     plan = plan_system(cfg.style, preset=cfg.preset, seed=0, dtype="float32")

@@ -12,9 +12,13 @@ import tempfile
 from dataclasses import dataclass, field
 from typing import Annotated
 
+import ray
+from ray.cluster_utils import Cluster
+
 from jobs.bench.scale_fit import fitted_sim_name, load_fit
 from recmas_ray.config.checks import NonEmpty, OneOf, Range, WritableDir
 from recmas_ray.config.recursion import MAX_LATENT_STEPS, MAX_ROUNDS
+from recmas_ray.distributed.cluster import loopback_only
 from recmas_ray.models.sim import EOS_SPREAD, PAPER_MODEL_SIZES, ROW_SHARE, paper_sim_models
 from recmas_ray.styles import get_style
 from recmas_ray.system.plan import simulated_plan
@@ -127,8 +131,6 @@ def quick() -> ScaleBenchConfig:
 def start_cluster(args):
     """A head without resources plus `--nodes` nodes with fake GPUs, every process on 127.0.0.1 (or the
     cluster at --address, which must answer within 10 s)."""
-    import ray  # Ray loads once the command line is read: --help stays instant
-
     if args.address:
         os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
         ray.init(address=args.address, log_to_driver=False)
@@ -142,11 +144,6 @@ def simulated_cluster(nodes: int, *, cpus_per_node: int, gpus_per_node: int = 0,
     """Start a simulated cluster on 127.0.0.1 and connect this process to it: a 1-CPU head plus `nodes` nodes of
     `cpus_per_node` logical CPUs, `gpus_per_node` fake GPUs and `object_store_memory` bytes of object store
     each. Returns the `ray.cluster_utils.Cluster` (the caller shuts it down after `ray.shutdown()`)."""
-    import ray  # Ray loads once the command line is read: --help stays instant
-    from ray.cluster_utils import Cluster
-
-    from recmas_ray.distributed.cluster import loopback_only
-
     os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
     # The workers (they inherit this environment) import this checkout: the repository root, above jobs/.
     root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))

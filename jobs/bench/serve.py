@@ -25,6 +25,7 @@ from __future__ import annotations
 import http.client
 import json
 import os
+import socket
 import statistics
 import sys
 import threading
@@ -32,10 +33,15 @@ import time
 from dataclasses import dataclass, field
 from typing import Annotated
 
+from ray import serve
+
+from jobs import serve as serve_job
+from jobs.bench.backend import machine
 from recmas_ray.config.checks import OneOf, Range, WritableDir
 from recmas_ray.config.cli import run_job
 from recmas_ray.config.tree import save_config
 from recmas_ray.config.choices import BACKENDS
+from recmas_ray.distributed.cluster import init_ray
 from recmas_ray.system.config import SystemConfig
 
 MODEL = "recmas-bench"
@@ -92,16 +98,12 @@ class ServeBenchConfig:
 
 
 def _free_port() -> int:
-    import socket
-
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
 
 
 def _server_config(args: ServeBenchConfig, name: str, port: int, batched: bool):
-    from jobs import serve as serve_job
-
     system = args.system
     argv = ["--style", system.style, "--preset", system.preset, "--backend", args.backend, "--model_name", MODEL,
             "--app_name", name, "--route_prefix", f"/{name}", "--port", str(port), "--seed", str(system.seed),
@@ -199,8 +201,8 @@ def measure(args: ServeBenchConfig, port: int, prefix: str, num_clients: int) ->
 
 
 def plot(results: dict, path: str) -> None:
-    from matplotlib.backends.backend_agg import FigureCanvasAgg
-    from matplotlib.figure import Figure
+    from matplotlib.backends.backend_agg import FigureCanvasAgg  # lazy: matplotlib loads only when a plot is drawn
+    from matplotlib.figure import Figure  # lazy: matplotlib loads only when a plot is drawn
 
     fig = Figure(figsize=(10, 4))
     FigureCanvasAgg(fig)
@@ -238,12 +240,6 @@ def ratios(results: dict) -> dict:
 
 
 def run(args: ServeBenchConfig) -> int:
-    from ray import serve
-
-    from jobs import serve as serve_job
-    from jobs.bench.backend import machine
-    from recmas_ray.distributed.cluster import init_ray
-
     out_dir = args.output_path
     save_config(args, out_dir)
     # Two systems (3 agents + orchestrator each) and two replicas: logical CPUs for all of them.

@@ -22,16 +22,15 @@ import json
 import os
 import sys
 
+from jobs.bench.perf import plot_bench, run_bench
 from recmas_ray.config.cli import run_job
 from recmas_ray.config.tree import save_config
 from jobs.bench.perf_config import BenchConfig, quick
+from recmas_ray.train.synthetic import make_arithmetic_dataset
 
 
 def bench(cfg: BenchConfig) -> int:
     """Run the figures, write config.json, then bench.json / bench.png after each figure; one line per figure."""
-    from jobs.bench.perf import plot_bench, run_bench
-    from recmas_ray.train.synthetic import make_arithmetic_dataset
-
     questions = [r["question"] for r in make_arithmetic_dataset(cfg.num_questions, seed=cfg.system.seed + 1000)]
     save_config(cfg, cfg.output_path)
     path = os.path.join(cfg.output_path, "bench.json")

@@ -29,12 +29,18 @@ from __future__ import annotations
 
 import json
 import os
+import signal
+import socket
+import statistics
 import subprocess
 import sys
+import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Annotated
+
+import psutil
 
 from recmas_ray.config.checks import Range
 from recmas_ray.config.cli import run_job
@@ -69,8 +75,6 @@ class StartBenchConfig:
 
 def tree_cpu(pid: int | None = None) -> tuple[float, dict[str, float]]:
     """CPU seconds (user + system, reaped children included) of a process and all below it, and by title."""
-    import psutil
-
     root = psutil.Process(pid or os.getpid())
     total, by_name = 0.0, {}
     for proc in [root, *root.children(recursive=True)]:
@@ -112,37 +116,16 @@ class Phases:
 def child_phases(style: str, preset: str) -> dict:
     """`System.build(backend="ray")`'s steps, timed one by one (run in a fresh process)."""
     phases = Phases()
-    import torch  # noqa: F401
-    import transformers  # noqa: F401
+    import torch  # noqa: F401  # lazy: timed (phase import_torch)
+    import transformers  # noqa: F401  # lazy: timed (phase import_torch)
 
     phases.mark("import_torch")
-    import ray
+    import ray  # noqa: F401  # lazy: timed (phase import_ray)
 
     phases.mark("import_ray")
-    from recmas_ray.config.placement import PlacementConfig
-    from recmas_ray.config.transport import OBJECT_STORE
-    from recmas_ray.distributed.cluster import start_ray
-    from recmas_ray.distributed.replicas import await_agents, await_orchestrator, start_orchestrator, start_system
-    from recmas_ray.distributed.systems import RayReplicas
-    from recmas_ray.distributed.orchestrator import start_router
-    from recmas_ray.system.config import SystemConfig
-    from recmas_ray.system.plan import plan_system
+    from jobs.bench import start_steps  # lazy: timed in the child (phase plan: the Ray layer's import)
 
-    plan = plan_system(SystemConfig(style=style, preset=preset), task="math")
-    phases.mark("plan")
-    start_ray()  # retries a start-up that timed out (a busy machine), as the jobs do
-    phases.mark("ray_start")
-    placement = PlacementConfig()
-    system = start_system(plan, placement, timeout_s=600, torch_threads=0, transport=OBJECT_STORE, replica=0,
-                          num_replicas=1, autoscaling=False, out_of_order=True, extra_env=None)
-    router = start_router(1, timeout_s=600)  # as `build_replicas`: both start while the agents load
-    start_orchestrator(system, placement, transport=OBJECT_STORE)
-    await_agents(system, placement)
-    phases.mark("agents")
-    await_orchestrator(system, placement, transport=OBJECT_STORE)
-    replicas = RayReplicas(plan, [system], router, 600)
-    ray.get(replicas.router.acquire.remote(1.0), timeout=600)
-    phases.mark("orchestrator")
+    replicas = start_steps.build_by_phase(phases, style, preset)
     cpu_by = tree_cpu()[1]
     replicas.shutdown()
     return {"phases": phases.rows, "cpu_by_process": {k: round(v, 2) for k, v in sorted(cpu_by.items())}}
@@ -151,7 +134,7 @@ def child_phases(style: str, preset: str) -> dict:
 def child_build(style: str, preset: str) -> dict:
     """`System.build` end to end, import of the package included (run in a fresh process)."""
     phases = Phases()
-    import recmas_ray as rm
+    import recmas_ray as rm  # lazy: timed in the child (phase build: the package's import)
 
     system = rm.System.build(style, preset=preset, backend="ray")
     phases.mark("build")
@@ -186,10 +169,6 @@ def _run_child(fn: str, cfg: StartBenchConfig, tree: Path = HERE) -> dict:
 
 def measure_serve(cfg: StartBenchConfig, tree: Path = HERE) -> dict:
     """`python -m jobs.serve` from launch until it prints its URL; then stopped (Ctrl-C, as a user would)."""
-    import signal
-    import socket
-    import tempfile
-
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
@@ -221,9 +200,8 @@ def measure_serve(cfg: StartBenchConfig, tree: Path = HERE) -> dict:
 
 
 def bench(cfg: StartBenchConfig) -> int:
+    # lazy: the children load this file: its top imports little of the package, whose import they time
     from recmas_ray.eval.results import machine_load
-
-    import statistics
 
     trees = {"this": HERE} | ({"compare": Path(cfg.compare_tree).resolve()} if cfg.compare_tree else {})
     out = {"style": cfg.style, "preset": cfg.preset, "trees": {k: str(v) for k, v in trees.items()},

@@ -20,6 +20,7 @@ from pathlib import Path
 
 from recmas_ray.train.hop_by_hop import (LINKS_FILE, LOG_FILE, attach, decoder_edges, load,  # noqa: F401
                                          sender_latents, token_link)
+from recmas_ray.train import hop_by_hop_job
 
 
 def legacy_batches(num_rows: int, num_steps: int, batch_size: int, seed: int) -> list[list[int]]:
@@ -38,9 +39,8 @@ def train(cfg, num_rows: int) -> dict:
     """Train `cfg` (an OuterTrainConfig with schedule hop_by_hop) through the product, in the legacy data order;
     returns {"links": (as `load`), "log": per-step entries}. With a links.pt already in its save_dir (an earlier
     run that stopped before its measurement), that is loaded instead of training again."""
-    from recmas_ray.train.hop_by_hop_job import train_hop_by_hop
-
     save_dir = Path(cfg.save_dir)
     if not (save_dir / LINKS_FILE).exists():
-        train_hop_by_hop(cfg, batches=legacy_batches(num_rows, cfg.max_steps, cfg.batch_size, cfg.system.seed))
+        hop_by_hop_job.train_hop_by_hop(cfg, batches=legacy_batches(num_rows, cfg.max_steps, cfg.batch_size,
+                                                                    cfg.system.seed))
     return {"links": load(save_dir / LINKS_FILE), "log": json.loads((save_dir / LOG_FILE).read_text())}

@@ -64,10 +64,21 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Annotated
 
+import ray
+
+from jobs.experiments import hop_by_hop
+from jobs.experiments.sweep_recipe_measure import Measurer, summary_table
 from recmas_ray.config.checks import OneOf, Range, WritableDir
 from recmas_ray.config.cli import run_job
-from recmas_ray.train.config import SCHEDULES
-from recmas_ray.train.synthetic_facts import FACT_TASKS
+from recmas_ray.distributed.cluster import init_ray
+from recmas_ray.styles import check_role_models, get_style
+from recmas_ray.system.config import with_system
+from recmas_ray.system.provenance import link_origin, require_known_links
+from recmas_ray.train.config import SCHEDULES, InnerTrainConfig, OuterTrainConfig
+from recmas_ray.train.inner_job import train_all_roles
+from recmas_ray.train.pipeline import train_outer
+from recmas_ray.train.synthetic import check_disjoint, write_jsonl
+from recmas_ray.train.synthetic_facts import FACT_TASKS, split_by_value
 
 RELEASE = {"max_latent_tokens": 80, "num_recursive_rounds": 2, "lr": 5e-4, "warmup_steps": 1}
 R1 = {**RELEASE, "num_recursive_rounds": 1, "lr": 1e-3}
@@ -177,29 +188,18 @@ class SweepRecipeConfig:
     def validate(self) -> None:
         """--role_models names roles of --style; --inner_from holds every role's inner link (checked before Ray
         or any model starts)."""
-        from recmas_ray.styles import check_role_models, get_style
-
         check_role_models("--role_models", dict(self.role_models), self.style)
 
         roles = get_style(self.style).roles
         if self.inner_from and not all((Path(self.inner_from) / r / "manifest.json").exists() for r in roles):
             raise ValueError(f"--inner_from {self.inner_from!r}: expected <dir>/<role>/manifest.json for {list(roles)}")
         if self.inner_from:
-            from recmas_ray.system.provenance import require_known_links
-
             require_known_links({r: str(Path(self.inner_from) / r) for r in roles}, what="--inner_from",
                                 allow_unknown=self.allow_unknown_links)
 
 
 def _inner(cfg: SweepRecipeConfig, train_file: Path, out: Path) -> dict[str, str]:
     """Inner links of every role, trained once (reused when <out>/inner/<role> exists)."""
-    from recmas_ray.system.config import with_system
-    from recmas_ray.train.config import InnerTrainConfig
-    from recmas_ray.styles import get_style
-    from recmas_ray.train.inner_job import train_all_roles
-
-    from recmas_ray.system.provenance import require_known_links
-
     roles = get_style(cfg.style).roles
     dirs = {r: Path(cfg.inner_from or out / "inner") / r for r in roles}
     if all((d / "manifest.json").exists() for d in dirs.values()):  # reused: only links whose origin is known
@@ -221,9 +221,6 @@ def recipe_settings(recipe: str, cfg: SweepRecipeConfig) -> dict:
 
 def _outer_config(cfg: SweepRecipeConfig, recipe: str, inner: dict, train_file: Path, eval_file: Path, out: Path):
     """One recipe's OuterTrainConfig."""
-    from recmas_ray.system.config import with_system
-    from recmas_ray.train.config import OuterTrainConfig
-
     return with_system(
         OuterTrainConfig, style=cfg.style, preset=cfg.preset, ckpt_override=dict(inner), role_models=dict(cfg.role_models),
         dataset_name=str(train_file),
@@ -236,8 +233,6 @@ def _outer_config(cfg: SweepRecipeConfig, recipe: str, inner: dict, train_file: 
 
 def _outer(cfg: SweepRecipeConfig, recipe: str, inner: dict, train_file: Path, eval_file: Path, out: Path):
     """Train one recipe's outer links; returns (save_dir, per-step log, held-out curve, seconds)."""
-    from recmas_ray.train.pipeline import train_outer
-
     t0 = time.perf_counter()
     res = train_outer(_outer_config(cfg, recipe, inner, train_file, eval_file, out))
     return str(res.save_dir), res.log, res.eval_log, time.perf_counter() - t0
@@ -247,10 +242,6 @@ def _hop_by_hop(cfg: SweepRecipeConfig, recipe: str, inner: dict, train: list[di
                 out: Path) -> dict:
     """A hop_by_hop recipe: train its token links with the product's schedule on Ray Train (the agents load
     in its workers), then measure them attached to the measuring agents."""
-    from jobs.experiments import hop_by_hop
-    from jobs.experiments.sweep_recipe_measure import Measurer
-    from recmas_ray.system.provenance import link_origin
-
     settings = recipe_settings(recipe, cfg)
     t0 = time.perf_counter()
     done = hop_by_hop.train(_outer_config(cfg, recipe, inner, out / "train.jsonl", out / "heldout.jsonl", out),
@@ -270,13 +261,6 @@ def _hop_by_hop(cfg: SweepRecipeConfig, recipe: str, inner: dict, train: list[di
 
 def main_cfg(cfg: SweepRecipeConfig) -> int:
     """Run the sweep; writes per-recipe result.json and summary.md, prints the table."""
-    import ray
-
-    from recmas_ray.distributed.cluster import init_ray
-    from recmas_ray.train.synthetic import check_disjoint, write_jsonl
-    from recmas_ray.train.synthetic_facts import split_by_value
-    from jobs.experiments.sweep_recipe_measure import Measurer, summary_table
-
     out = Path(cfg.out_dir).resolve()
     out.mkdir(parents=True, exist_ok=True)
     want = dataclasses.asdict(cfg)
@@ -318,7 +302,6 @@ def main_cfg(cfg: SweepRecipeConfig) -> int:
             settings = recipe_settings(recipe, cfg)
             got = measurer.recipe(save_dir, settings, rows=tuple(cfg.extra_rows))
             measurer.close()
-            from recmas_ray.system.provenance import link_origin
 
             got["link_origins"] = {**{r: link_origin(d) for r, d in inner.items()}, "outer": link_origin(save_dir)}
             got.update(recipe=recipe, settings=settings, train_seconds=secs,

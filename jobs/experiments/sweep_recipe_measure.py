@@ -8,20 +8,31 @@ message it passes on and scores the decoder's gold answer token by token from th
 
 from __future__ import annotations
 
+import ctypes
+import gc
 import math
+import time
 
 import numpy as np
 import torch
 
+from jobs.experiments.probe import held_out_predictions
+from recmas_ray.config.recursion import DecodeConfig, RecursionConfig
+from recmas_ray.eval import stats as eval_stats
+from recmas_ray.eval.stream import format_retry
 from recmas_ray.engine.pool import LocalPool
+from recmas_ray.engine.runner import run_batch
+from recmas_ray.system.launch import local_pool, set_plan_links
+from recmas_ray.system.plan import plan_system
+from recmas_ray.tasks.math import grade_lenient, grade_math_strict
+from recmas_ray.train.bridge import bridge_outer_links
+from recmas_ray.train.data import question_text
 
 
 def mcnemar_exact(a: list[bool], b: list[bool]) -> dict:
     """McNemar's exact test (`eval.stats.mcnemar_exact`, the one definition) in the keys the sweep's result.json
     has always used (only_a, only_b, p)."""
-    from recmas_ray.eval.stats import mcnemar_exact as exact
-
-    t = exact(a, b)
+    t = eval_stats.mcnemar_exact(a, b)
     return {"only_a": t["a_only"], "only_b": t["b_only"], "p": t["p"]}
 
 
@@ -37,8 +48,6 @@ def probe_x(features_NE: np.ndarray, x: list[float], seed: int = 0) -> dict:
     """5-fold cross-validated ridge (penalty chosen inside each training fold, `probe.held_out_predictions`)
     from features to x: held-out R^2 (0 = the constant baseline) and the share of questions whose rounded
     prediction equals x."""
-    from jobs.experiments.probe import held_out_predictions
-
     y = np.asarray(x, dtype=np.float64)
     pred, _ = held_out_predictions(np.asarray(features_NE, dtype=np.float64), y, num_folds=5, seed=seed)
     r2 = 1.0 - float(((y - pred) ** 2).sum() / max(1e-12, ((y - y.mean()) ** 2).sum()))
@@ -81,8 +90,6 @@ class CapturePool(LocalPool):
 
     def score(self, role, users, slot_names, targets, latents):
         """The service's scorer (`Agent.score_targets`, the one teacher-forced scorer), keeping the per-token NLL."""
-        import time
-
         t0 = time.perf_counter()
         scored = self.services[role].agent.score_targets(list(users), dict(zip(slot_names, latents)), list(targets))
         self.token_nll.extend(s.token_nll for s in scored)
@@ -93,10 +100,6 @@ class Measurer:
     """Agents of the sweep's system, loaded once; each measurement swaps link sets into them."""
 
     def __init__(self, cfg, inner: dict[str, str], heldout: list[dict]):
-        from recmas_ray.system.launch import local_pool
-        from recmas_ray.system.plan import plan_system
-        from recmas_ray.train.data import question_text
-
         self.cfg, self.rows = cfg, heldout
         self.questions = [question_text(r) for r in heldout]
         self.plan_of = lambda overrides: plan_system(cfg.style, preset=cfg.preset, ckpt_override=overrides,
@@ -109,18 +112,11 @@ class Measurer:
         self.pool = local_pool(base, pool_cls=CapturePool)
 
     def _use(self, plan, latent_norm: str) -> None:
-        from recmas_ray.system.launch import set_plan_links
-
         set_plan_links(self.pool, plan)
         for svc in self.pool.services.values():
             svc.agent.set_latent_norm(latent_norm)
 
     def _run(self, method: str, rounds: int, *, ablation: str = "none", questions=None) -> dict:
-        from recmas_ray.config.recursion import DecodeConfig, RecursionConfig
-        from recmas_ray.tasks.math import grade_lenient, grade_math_strict
-        from recmas_ray.eval.stream import format_retry
-        from recmas_ray.engine.runner import run_batch
-
         cfg, questions = self.cfg, questions or self.questions
         rc = RecursionConfig(method=method, num_recursive_rounds=rounds, latent_steps=cfg.latent_steps,
                              latent_ablation=ablation, decode=DecodeConfig(max_new_tokens=cfg.max_new_tokens,
@@ -185,7 +181,6 @@ class Measurer:
         self._use(self.plan_of(self.inner), norm)
         got["fresh"] = self._run("recursive_mas", rounds)
         if settings.get("outer_init") == "bridge" and "bridge_init" in rows:  # the bridge before training
-            from recmas_ray.train.bridge import bridge_outer_links
 
             plan = self.plan_of(self.inner)
             bridge_outer_links(plan, ridge=settings.get("bridge_ridge", 1e-2))
@@ -201,9 +196,6 @@ class Measurer:
 
     def close(self) -> None:
         """Drop the agents (their models' memory goes back before the next training run)."""
-        import ctypes
-        import gc
-
         self.pool.shutdown()  # the step threads hold their agents (and models) until they end
         self.pool.services.clear()
         gc.collect()

@@ -23,16 +23,21 @@ information flow (`demo.flow`: messages per edge, NLL per answer token class) ri
 from __future__ import annotations
 
 import json
+import math
 import os
 import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
+from jobs.experiments.demo.flow import FlowRecorder
+from recmas_ray.config.placement import PlacementConfig
 from recmas_ray.config.recursion import DecodeConfig, RecursionConfig
-from recmas_ray.eval.samples import SampleWriter
+from recmas_ray.eval.samples import SampleWriter, own_reply
 from recmas_ray.eval.stats import wilson_interval
 from recmas_ray.eval.stream import solve_and_grade
+from recmas_ray.tasks.math import grade_lenient
 
 
 @dataclass(frozen=True)
@@ -95,14 +100,13 @@ class Agents:
     """The running agents (in-process or Ray actors, `distributed.launch.start_agents`) with link sets to swap in."""
 
     def __init__(self, plans: dict, backend: str, *, torch_threads: int = 1, timeout_s: float = 1800.0):
-        from recmas_ray.config.placement import PlacementConfig
-        from recmas_ray.distributed.launch import start_agents
+        from recmas_ray.distributed.launch import start_agents  # lazy: demo.py loads this before checking input
 
         self.plans, self.backend, self.current = plans, backend, None
         base = plans["fresh"]
         self.style, self.decoder = base.style, base.style.decoder
         if backend == "local":
-            import torch
+            import torch  # lazy: demo.py loads this before checking input
 
             torch.set_num_threads(torch_threads or os.cpu_count() or 1)  # 0: every core (Ray may set OMP to 1)
         agents = start_agents(base, backend=backend, placement=PlacementConfig(preset="cpu"), timeout_s=timeout_s,
@@ -113,7 +117,7 @@ class Agents:
 
     def use_links(self, which: str) -> None:
         """Swap link set `which` (fresh, inner, trained) into every agent."""
-        from recmas_ray.system.launch import set_plan_links
+        from recmas_ray.system.launch import set_plan_links  # lazy: demo.py loads this before checking input
 
         if which == self.current:
             return
@@ -146,10 +150,7 @@ def run_one(agents: Agents, variant: Variant, rounds: int, items: list[dict], ta
     `jobs.experiments.probe.question_facts`) turns on the information-flow figures (`demo.flow`); `role_questions`
     (doc id -> role -> question text) gives roles different views of a question (the hidden fact).
     """
-    from concurrent.futures import ThreadPoolExecutor
-
-    from jobs.experiments.demo.flow import FlowRecorder
-    from recmas_ray.engine.runner import run_batch
+    from recmas_ray.engine.runner import run_batch  # lazy: demo.py loads this before checking input
 
     if variant.links:
         agents.use_links(variant.links)
@@ -213,8 +214,6 @@ def run_one(agents: Agents, variant: Variant, rounds: int, items: list[dict], ta
 
 def summarize_run(variant: Variant, rounds: int, records: list[dict], *, wall_s: float | None = None) -> dict:
     """accuracy, its Wilson 95% CI and n; NLL (mean and standard error); tokens, latent steps, seconds."""
-    import math
-
     n = len(records)
     k = sum(bool(r["correct"]) for r in records)
     lo, hi = wilson(k, n)
@@ -234,9 +233,6 @@ def summarize_run(variant: Variant, rounds: int, records: list[dict], *, wall_s:
 def graded_both_ways(rec: dict) -> dict:
     """A sample's strict verdict (the graded format) and lenient one (`tasks.math.grade_lenient`: the final number
     of the reply the agent wrote itself, before any format retry) and that number."""
-    from recmas_ray.eval.samples import own_reply
-    from recmas_ray.tasks.math import grade_lenient
-
     g = grade_lenient(own_reply(rec), str(rec["gold"]), strict=bool(rec["correct"]))
     return {"correct_strict": bool(rec["correct"]), "correct_lenient": g.correct, "stated_value": g.extracted}
 

@@ -10,10 +10,13 @@ import typing
 from dataclasses import dataclass, field
 from typing import Annotated
 
-from recmas_ray.config.checks import NonEmpty, OneOf, Range, WritableDir
+from recmas_ray.config.checks import NonEmpty, OneOf, Range, WritableDir, field_hints, split_annotated
+from recmas_ray.config.cli import parse_text
 from recmas_ray.config.recursion import MAX_ROUNDS
 from recmas_ray.models.registry import GEMMA3_270M
-from recmas_ray.system.config import SystemConfig
+from recmas_ray.styles import check_role_models
+from recmas_ray.system.config import SystemConfig, system_fields
+from recmas_ray.train.config import InnerTrainConfig, OuterTrainConfig
 from recmas_ray.train.synthetic import DIFFICULTIES, DIFFICULTY_SIZES
 from recmas_ray.train.synthetic_hidden import HIDDEN_QUESTIONS
 
@@ -234,9 +237,8 @@ class DemoConfig:
                                  f"questions (train.splits)")
         if self.outer_batch_size > self.num_train or self.inner_batch_size > self.num_train:
             raise ValueError(f"--num_train {self.num_train} cannot fill one training batch")
+        # lazy: sweep_recipe imports torch; demo.py's --help and bad input must not
         from jobs.experiments.sweep_recipe import RECIPES as FACT_RECIPES
-
-        from recmas_ray.styles import check_role_models
 
         # the two-hop tasks run the demo's planner -> critic -> solver style
         check_role_models("--facts.two_hop.role_models", dict(self.facts.two_hop.role_models), DEMO_STYLES[0])
@@ -251,8 +253,6 @@ class DemoConfig:
 
     def typed_options(self) -> tuple[dict, dict]:
         """--inner_options / --outer_options as typed values of InnerTrainConfig / OuterTrainConfig fields."""
-        from recmas_ray.train.config import InnerTrainConfig, OuterTrainConfig
-
         return (_typed("--inner_options", InnerTrainConfig, self.inner_options, DEMO_INNER),
                 _typed("--outer_options", OuterTrainConfig, self.outer_options, DEMO_OUTER))
 
@@ -303,10 +303,6 @@ RECIPES = {"default": default, "quick": quick, "full": full}
 
 
 def _typed(flag: str, cls, options: dict[str, str], reserved: tuple[str, ...]) -> dict:
-    from recmas_ray.config.checks import field_hints, split_annotated
-    from recmas_ray.config.cli import parse_text
-    from recmas_ray.system.config import SystemConfig, system_fields
-
     # the training config's own fields and those of its system section it reads (with_system nests them)
     hints = {k: v for k, v in field_hints(cls).items() if k != "system"} | \
         {k: v for k, v in field_hints(SystemConfig).items() if k in system_fields(cls)}

@@ -17,17 +17,20 @@ against the single agent and TextMAS. The same rows feed the PNG's first panel (
 from __future__ import annotations
 
 import json
+import time
 from pathlib import Path
 
+from jobs.experiments.demo import verdicts
+from jobs.experiments.demo.sweep_rows import rows_from_measure
+from jobs.experiments.sweep_recipe import SweepRecipeConfig, main_cfg
 from jobs.experiments.sweep_recipe_measure import split_parts
+from recmas_ray.eval.results import library_versions
 from recmas_ray.styles import get_style
 from recmas_ray.train.synthetic_facts import COLLABORATION_TASKS
 
 
 def sweep_config(cfg, style: str, task: str, out: Path):
     """The sweep run of one (style, task) at the demo's sizes."""
-    from jobs.experiments.sweep_recipe import SweepRecipeConfig
-
     f = cfg.facts
     two_hop = {"recipes": [f.two_hop.recipe], "inner_steps": f.two_hop.inner_steps,
                "inner_schedule": f.two_hop.inner_schedule,
@@ -57,8 +60,6 @@ def parts_of(sc) -> dict[str, range]:
 def report_tasks(style: str, task: str, sc, result: dict, baselines: dict) -> list[dict]:
     """One report task per held-out split (`demo.report` / `demo.verdicts` input): the measured rows of that
     split; compare is the collaboration task."""
-    from jobs.experiments.demo.sweep_rows import rows_from_measure
-
     return [{"style": style, "task": f"{task} ({split})", "collaboration": task in COLLABORATION_TASKS,
              "rows": rows_from_measure(result, baselines, positions=part, rounds=1)}
             for split, part in parts_of(sc).items()]
@@ -68,8 +69,6 @@ def lead_lines(tasks: list[dict]) -> list[str]:
     """The answer of one fact task, one line per split: "trained links carry the fact: X/N own vs Y/N shuffled
     vs Z/N fresh (McNemar p ...; Holm ...)" (or "do not show the fact"); for compare, trained RecursiveMAS against
     the single agent and TextMAS."""
-    from jobs.experiments.demo import verdicts
-
     return [line for t in tasks for line in (verdicts.collaboration([t]) if t["collaboration"] else verdicts.headline([t]))]
 
 
@@ -96,10 +95,6 @@ def task_table(style: str, task: str, sc, result: dict, baselines: dict) -> str:
 def run_facts(cfg, out: Path, console) -> dict:
     """Every fact task of the config; returns {"lines", "tables", "tasks" (report tasks, one per split), "results"}
     (also in <out>/facts/summary.json)."""
-    import time
-
-    from jobs.experiments.sweep_recipe import main_cfg
-
     lines, tables, tasks, results = [], [], [], {}
     pairs = cfg.fact_task_pairs()
     # The systems with the most agents train and measure first, while this process holds nothing of an earlier
@@ -127,7 +122,6 @@ def run_facts(cfg, out: Path, console) -> dict:
         tables.append(table)
     results = {f"{s}:{t}": results[f"{s}:{t}"] for s, t in pairs}
     (out / "facts").mkdir(parents=True, exist_ok=True)
-    from recmas_ray.eval.results import library_versions
 
     summary = {"lines": lines, "tables": tables, "runs": results, "seed": cfg.system.seed,
                "versions": library_versions()}

@@ -74,7 +74,7 @@ class FlowRecorder:
     def summary(self, doc_order: list[str], *, seed: int = 0) -> dict:
         """Per edge and round: geometry and probes of the facts; NLL per token class (mean over questions,
         per question for paired tests) and the token count of each class."""
-        import torch
+        import torch  # lazy: demo.py loads this before checking input
 
         edges = {}
         for (edge, rnd), by_doc in sorted(self.messages.items(), key=lambda kv: (kv[0][1], kv[0][0])):

@@ -4,12 +4,20 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import re
 import time
 from pathlib import Path
 
 from jobs.experiments.demo import compare, report, verdicts
 from jobs.experiments.demo.config import DemoConfig
+from jobs.experiments.probe import question_facts
 from recmas_ray.console import Console
+from recmas_ray.styles.role_context import question_for_role, with_role_context
+from recmas_ray.system.config import with_system
+from recmas_ray.system.presets import role_models
+from recmas_ray.system.provenance import link_origin
+from recmas_ray.tasks.benchmarks import load_benchmark
+from recmas_ray.train.config import InnerTrainConfig, OuterTrainConfig
 from recmas_ray.train.synthetic import (check_disjoint, make_arithmetic_dataset, make_hidden_operand_dataset,
                                         write_jsonl)
 
@@ -34,8 +42,6 @@ def role_questions_of(row: dict) -> dict[str, str]:
     see `question`). THE one place the demo reads a per-role view: the `role_context` (role -> text told
     only to that role) of a generated row (`train.synthetic.make_hidden_operand_dataset`), rendered as
     `styles.role_context.question_for_role` shows it to the role."""
-    from recmas_ray.styles.role_context import question_for_role, with_role_context
-
     if isinstance(row.get("role_context"), dict) and row["role_context"]:
         carried = with_role_context(row["question"], row["role_context"])
         return {str(k): question_for_role(carried, str(k)) for k in row["role_context"]}
@@ -50,8 +56,6 @@ def full_question(row: dict) -> str:
 
 def hidden_facts_of(row: dict, facts: dict) -> tuple[str, ...]:
     """Facts (numbers) some role's view states but the plain question does not: the hidden operand."""
-    import re
-
     shown = set(re.findall(r"\d+", row["question"]))
     extra = {n for v in role_questions_of(row).values() for n in re.findall(r"\d+", v)} - shown
     return tuple(k for k, v in facts.items()
@@ -63,10 +67,8 @@ def train_links(cfg: DemoConfig, train_file: Path, out: Path, models: dict[str, 
 
     Returns {role: inner dir, ..., "outer": outer dir} for `--ckpt_override`-style plans.
     """
-    from recmas_ray.system.config import with_system
-    from recmas_ray.train.config import InnerTrainConfig, OuterTrainConfig
-    from recmas_ray.train.inner_job import train_all_roles
-    from recmas_ray.train.pipeline import train_outer
+    from recmas_ray.train.inner_job import train_all_roles  # lazy: demo.py loads this before checking input
+    from recmas_ray.train.pipeline import train_outer  # lazy: demo.py loads this before checking input
 
     roles = list(models)
     inner_options, outer_options = cfg.typed_options()
@@ -105,14 +107,12 @@ def train_links(cfg: DemoConfig, train_file: Path, out: Path, models: dict[str, 
 def link_origins(trained: dict[str, str]) -> dict:
     """Where each link folder of the run came from (`system.provenance.link_origin`: path, sha256 of its files,
     the command and config that trained it)."""
-    from recmas_ray.system.provenance import link_origin
-
     return {name: link_origin(path) for name, path in trained.items()}
 
 
 def link_plans(cfg: DemoConfig, models: dict[str, str], trained: dict[str, str]) -> dict:
     """The three link sets as system plans: fresh, inner-trained (fresh outer links), inner+outer trained."""
-    from recmas_ray.system.plan import plan_system
+    from recmas_ray.system.plan import plan_system  # lazy: demo.py loads this before checking input
 
     inner_only = {r: d for r, d in trained.items() if r != "outer"}
     return {name: plan_system(cfg.system, task=cfg.task, ckpt_override=links, role_models=models)
@@ -122,8 +122,7 @@ def link_plans(cfg: DemoConfig, models: dict[str, str], trained: dict[str, str])
 def run_demo(cfg: DemoConfig, console: Console | None = None, lead_tasks=()) -> dict:
     """Run the whole pipeline; returns the rows, the table, and the paths written. `lead_tasks` (report tasks
     of the hidden-fact runs, `demo.facts`) come first in the PNG."""
-    from recmas_ray.models.loader import resolve_model_path
-    from recmas_ray.system.presets import role_models
+    from recmas_ray.models.loader import resolve_model_path  # lazy: demo.py loads this before checking input
 
     console = console or Console()
     out = Path(cfg.output_path).resolve()
@@ -151,10 +150,6 @@ def run_demo(cfg: DemoConfig, console: Console | None = None, lead_tasks=()) -> 
     plans = link_plans(cfg, models, trained)
     agents = compare.Agents(plans, cfg.backend, torch_threads=cfg.torch_threads)
     phases["start_agents"] = console.done()
-
-    from recmas_ray.tasks.benchmarks import load_benchmark
-
-    from jobs.experiments.probe import question_facts
 
     items = load_benchmark(str(eval_file), task_type=cfg.task)
     targets = {i["doc_id"]: row["answer"] for i, row in zip(items, heldout)}

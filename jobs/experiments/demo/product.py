@@ -22,18 +22,26 @@ Each job is called through its entry point (`main(argv)`) with the very argument
 
 from __future__ import annotations
 
+import dataclasses
+import importlib
 import json
 import time
 from pathlib import Path
 
+from jobs.experiments.demo.facts import sweep_config
 from jobs.experiments.demo.product_rows import ROWS, product_lines, report_tasks
+from jobs.experiments.sweep_recipe import recipe_settings
+from recmas_ray.eval.batch_runner import keep_agents
+from recmas_ray.eval.compare import compare_pooled, markdown, write_table
+from recmas_ray.eval.results import library_versions
+from recmas_ray.styles import get_style
 from recmas_ray.system.next_steps import command, system_flags
+from recmas_ray.train.synthetic import check_disjoint, write_jsonl
+from recmas_ray.train.synthetic_facts import make_fact_dataset, split_by_value
 
 
 def _call(job: str, argv: list[str]) -> None:
     """Run `python -m jobs.<job> ARGV` in this process (this Ray session); a failure stops the task."""
-    import importlib
-
     status = importlib.import_module(f"jobs.{job}").main(list(argv))
     if status != 0:
         raise RuntimeError(f"{command(job, *argv)} exited with status {status} (its log is under its output folder)")
@@ -52,9 +60,6 @@ def _flags(settings: dict) -> list[str]:
 
 def task_settings(cfg, style: str, task: str, out: Path) -> dict:
     """What the experiment path's sweep would use for this task (`demo.facts.sweep_config`), as plain values."""
-    from jobs.experiments.demo.facts import sweep_config
-    from jobs.experiments.sweep_recipe import recipe_settings
-
     sc = sweep_config(cfg, style, task, out)
     return {"sweep": sc, "recipe": sc.recipes[0], "outer": recipe_settings(sc.recipes[0], sc),
             "system": system_flags(style, sc.preset, dict(sc.role_models))}
@@ -62,9 +67,6 @@ def task_settings(cfg, style: str, task: str, out: Path) -> dict:
 
 def write_data(cfg, style: str, task: str, folder: Path) -> dict[str, Path]:
     """train / validation / test / test_told files of one task; test rows carry `id` and `split`."""
-    from recmas_ray.train.synthetic import check_disjoint, write_jsonl
-    from recmas_ray.train.synthetic_facts import make_fact_dataset, split_by_value
-
     f, seed = cfg.facts, cfg.system.seed
     train, seen, unseen = split_by_value(task, style, num_train=f.num_train, num_seen=f.num_seen,
                                          num_unseen=f.num_unseen, seed=seed)
@@ -100,8 +102,6 @@ def train_argv(cfg, s: dict, files: dict, system: Path) -> tuple[list[str], list
 
 def row_argv(cfg, s: dict, row, files: dict, system: Path, out: Path) -> list[str]:
     """The jobs.run arguments of one row."""
-    from recmas_ray.styles import get_style
-
     sc = s["sweep"]
     if row.links == "trained":
         links = ["--links", str(system)]
@@ -120,8 +120,6 @@ def _done(folder: Path, pattern: str) -> bool:
 
 def run_seed(cfg, style: str, task: str, folder: Path, console) -> dict:
     """One seed of a fact task (its question draw, training and rows) through the jobs, under `folder`."""
-    from recmas_ray.eval.batch_runner import keep_agents
-
     s = task_settings(cfg, style, task, folder)
     seconds: dict[str, float] = {}
     t0 = time.perf_counter()
@@ -156,16 +154,12 @@ def run_seed(cfg, style: str, task: str, folder: Path, console) -> dict:
 
 def seeded(cfg, seed: int):
     """`cfg` with its system seed (question draw, link initialisation, training order) set to `seed`."""
-    import dataclasses
-
     return dataclasses.replace(cfg, system=dataclasses.replace(cfg.system, seed=seed))
 
 
 def run_task(cfg, style: str, task: str, root: Path, console) -> dict:
     """One fact task through the jobs, once per seed (`FactsConfig.num_seeds`), the rows pooled over the seeds;
     returns its lines, table, report tasks, commands and timings."""
-    from recmas_ray.eval.compare import compare_pooled, markdown, write_table
-
     folder = root / f"{style}-{task}"
     seeds = [cfg.system.seed + k for k in range(cfg.facts.num_seeds)]
     runs = {}
@@ -194,16 +188,12 @@ def run_task(cfg, style: str, task: str, root: Path, console) -> dict:
 
 
 def _roles(style: str) -> tuple[str, ...]:
-    from recmas_ray.styles import get_style
-
     return tuple(get_style(style).roles)
 
 
 def run_product_facts(cfg, out: Path, console) -> dict:
     """Every fact task of the config through the product; returns {"lines", "tables", "tasks", "results",
     "commands", "summary"} (also in <out>/product/summary.json)."""
-    from recmas_ray.eval.results import library_versions
-
     root = out / "product"
     lines, tables, tasks, commands, results = [], [], [], [], {}
     for style, task in cfg.fact_task_pairs():

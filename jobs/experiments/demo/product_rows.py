@@ -12,6 +12,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from jobs.experiments.demo import facts
+from jobs.experiments.demo.sweep_rows import row_from_measure
 from recmas_ray.train.synthetic_facts import COLLABORATION_TASKS
 
 
@@ -78,8 +80,6 @@ def split_positions(table: dict, split_of: dict[str, str | None]) -> dict[str, l
 
 def report_tasks(style: str, task: str, table: dict, split_of: dict[str, str | None]) -> list[dict]:
     """One report task per split (`demo.verdicts` / `demo.report` input), every row from the samples files."""
-    from jobs.experiments.demo.sweep_rows import row_from_measure
-
     docs = list(table["rows"][0]["correct_per_doc"])
     names = {r["name"] for r in table["rows"]}
     runs = {row.measured_as: measured(table, row.name, docs) for row in ROWS
@@ -155,9 +155,7 @@ def _seed_cell(table: dict, name: str, split: str) -> str:
 
 def lead_lines(tasks: list[dict]) -> list[str]:
     """The experiment path's lead lines (`demo.facts.lead_lines`) of these report tasks."""
-    from jobs.experiments.demo.facts import lead_lines as lines
-
-    return lines(tasks)
+    return facts.lead_lines(tasks)
 
 
 __all__ = ["Row", "ROWS", "report_tasks", "lead_lines", "product_lines"]

@@ -13,6 +13,9 @@ from __future__ import annotations
 import math
 from pathlib import Path
 
+from jobs.experiments.demo.verdicts import _channel
+from jobs.experiments.probe import TOKEN_CLASSES
+
 
 def _f(v, fmt: str) -> str:
     return "N/A" if v is None or (isinstance(v, float) and not math.isfinite(v)) else format(v, fmt)
@@ -23,8 +26,6 @@ COLUMNS = ("Method", "R", "n", "Accuracy (strict)", "95% CI", "Lenient", "NLL", 
 
 
 def _classes(rows: list[dict]) -> list[str]:
-    from jobs.experiments.probe import TOKEN_CLASSES
-
     got = [((r.get("flow") or {}).get("nll_by_class") or {}) for r in rows]
     return [c for c in TOKEN_CLASSES if any(g.get(c) is not None for g in got)]
 
@@ -115,10 +116,8 @@ def build_figure(tasks: list[dict]):
     """First panel: own vs shuffled vs fresh links per style / task (strict accuracy, Wilson 95% CI, X/N on each
     bar; at each task's largest R with all three). Then one row per task: accuracy strict and lenient of every
     method (horizontal bars from 0 to 1), answer NLL of every method (horizontal bars from 0)."""
-    from matplotlib.backends.backend_agg import FigureCanvasAgg
-    from matplotlib.figure import Figure
-
-    from jobs.experiments.demo.verdicts import _channel
+    from matplotlib.backends.backend_agg import FigureCanvasAgg  # lazy: matplotlib loads only when a plot is drawn
+    from matplotlib.figure import Figure  # lazy: matplotlib loads only when a plot is drawn
 
     heights = [max(2.0, 0.32 * len(t["rows"]) + 1.0) for t in tasks]
     fig = Figure(figsize=(max(13.0, 2.3 * len(tasks)), 3.6 + sum(heights)))  # ~2.3 in per task's three bars
