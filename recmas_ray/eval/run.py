@@ -34,7 +34,7 @@ from recmas_ray.config.inputs import OutputLock
 from recmas_ray.eval.config import EvalConfig
 from recmas_ray.config.recursion import RecursionConfig
 from recmas_ray.models.registry import model_kind
-from recmas_ray.tasks.benchmarks import load_benchmark
+from recmas_ray.tasks.benchmarks import BENCHMARKS, canonical_name, load_benchmark, task_type_for
 from recmas_ray.eval.fingerprint import (bench_name, check_fingerprint, fingerprint_path, link_hashes,
                                          resolved_runtime, run_fingerprint, verify_resume)
 from recmas_ray.eval.protocol import Resolution, metric_k, resolution as protocol_resolution
@@ -45,12 +45,17 @@ from recmas_ray.eval.results import (adaptive_lines, machine_load, markdown_tabl
                                      write_results)
 from recmas_ray.eval.samples import VERDICT_FIELDS, SampleWriter, read_samples, sample_key, timestamp, with_verdicts
 from recmas_ray.eval import stream
-from recmas_ray.eval.stream import for_rollout, solve_and_grade, with_batch_retries
+from recmas_ray.eval.stream import (for_rollout, planned_client_cpus, planned_depth, solve_and_grade, stream_samples,
+                                    with_batch_retries)
 from recmas_ray.tasks import get_task
 from recmas_ray.styles import question_with_interface
 from recmas_ray.styles.prompts import prompt_set_hash
 from recmas_ray.distributed.launch import start_agents
+from recmas_ray.engine.pool import LocalPool
+from recmas_ray.engine.runner import run_batch
 from recmas_ray.system.plan import plan_system
+from recmas_ray.system.provenance import link_origin, require_known_links
+from recmas_ray.system.trained import check_trained_task, trained_task
 
 log = logging.getLogger(__name__)
 
@@ -80,8 +85,6 @@ def done_keys(samples_file: Path) -> set[str]:
 
 def run_warnings(cfg: EvalConfig, plan) -> list[str]:
     """Warnings recorded in the results: a named benchmark run on random-weight (tiny:) models."""
-    from recmas_ray.tasks.benchmarks import BENCHMARKS, canonical_name
-
     tiny = sorted(r for r, m in plan.role_models.items() if model_kind(m).random_weights)
     if os.path.exists(cfg.dataset) or canonical_name(cfg.dataset) not in BENCHMARKS or not tiny:
         return []
@@ -93,8 +96,6 @@ class BatchRunner:
     """Runs batches in-process or on a Ray system; `stream` yields graded sample records."""
 
     def __init__(self, cfg: EvalConfig, plan, system=None):
-        from recmas_ray.engine.pool import LocalPool
-
         self.cfg, self.plan, self.owned = cfg, plan, system is None
         self.system = self.pool = None
         if isinstance(system, LocalPool):  # the in-process agents of a Python API System: reused
@@ -109,15 +110,15 @@ class BatchRunner:
                                  f"this run's {plan.manifest()} (backend {cfg.backend})")
             self.system = system
         else:
-            from recmas_ray.eval.stream import planned_client_cpus, planned_depth
-
             # agent actors of one replica: every role, plus the extra copies named (auto copies come later)
             num_actors = len(plan.style.roles) + sum(n - 1 for n in cfg.placement.role_replicas.values())
             if cfg.backend == "ray":
+                # lazy: Ray reads env settings on import; this module loads before the console sets them
                 from recmas_ray.distributed.cluster import start_ray
 
                 start_ray()  # a phase of its own on a job's console; retried where a busy machine timed it out
             if cfg.backend == "ray" and cfg.placement.wants_gpus():  # a plan that cannot fit stops before loading
+                # lazy: Ray reads env settings on import; this module loads before the console sets them
                 from recmas_ray.distributed.memory import check_memory
 
                 check_memory(plan, cfg.placement, **memory_args(cfg, plan))
@@ -147,14 +148,11 @@ class BatchRunner:
             streams = cfg.recursion.adaptive_threshold is None  # adaptive rounds take no on_token
             sinks[key] = counter.batch(key, names, stream=streams) if counter is not None else None
         if self.system is not None:
-            from recmas_ray.eval.stream import stream_samples
-
             relayed = (counter.relay, counter.scope) if counter is not None and counter.relay is not None else None
             yield from stream_samples(self.system, batches, method, recursion_for(cfg, method, 0), cfg.grader,
                                       cfg.format_retry, cfg.stream, timeout_s=cfg.timeout_s,
                                       max_batch_retries=cfg.max_batch_retries, progress=relayed)
             return
-        from recmas_ray.engine.runner import run_batch
 
         def solve(qs, ts, rc, on_token=None):
             return run_batch(self.pool, self.plan.style, qs, ts, rc,
@@ -195,9 +193,6 @@ def prepare(cfg: EvalConfig) -> tuple[EvalConfig, Resolution, list[dict], object
     """The checked config with its protocol resolved, the questions and the system plan (no model loaded)."""
     check_tree(cfg)
     resolution = protocol_resolution(cfg)
-    from recmas_ray.tasks.benchmarks import BENCHMARKS, canonical_name
-    from recmas_ray.system.provenance import require_known_links
-    from recmas_ray.system.trained import check_trained_task, trained_task
 
     overrides = cfg.system.link_folders()  # --links' folders with --ckpt_override over them, Hub ids fetched
     local = canonical_name(cfg.dataset) not in BENCHMARKS  # a local file's rows take the trained task by default
@@ -215,8 +210,6 @@ def prepare(cfg: EvalConfig) -> tuple[EvalConfig, Resolution, list[dict], object
 
 def memory_args(cfg: EvalConfig, plan) -> dict:
     """The memory plan's load of this run: its batch size, and the batches an agent may take at once."""
-    from recmas_ray.eval.stream import planned_depth
-
     num_actors = len(plan.style.roles) + sum(n - 1 for n in cfg.placement.role_replicas.values())
     return {"recursion": cfg.recursion, "batch_size": cfg.batch_size,
             "calls_at_once": planned_depth(cfg.stream, num_actors)}
@@ -224,11 +217,12 @@ def memory_args(cfg: EvalConfig, plan) -> dict:
 
 def dry_run(cfg: EvalConfig, echo=print) -> int:
     """`--dry_run`: print the memory plan of this run and stop (no model, no file, no agent)."""
+    # lazy: Ray loads only where it runs (this module also runs without Ray)
     from recmas_ray.distributed.cluster import init_ray
+    # lazy: Ray reads env settings on import; this module loads before the console sets them
     from recmas_ray.distributed.memory import dry_run as print_plan
 
     if _named_benchmark(cfg):  # the plan needs its task type, not its questions (no copy or Hub needed)
-        from recmas_ray.tasks.benchmarks import task_type_for
 
         check_tree(cfg)
         overrides = cfg.system.link_folders()  # --links' folders with --ckpt_override over them
@@ -243,8 +237,6 @@ def dry_run(cfg: EvalConfig, echo=print) -> int:
 
 def _named_benchmark(cfg: EvalConfig) -> bool:
     """`cfg.dataset` names a benchmark (not a local file)."""
-    from recmas_ray.tasks.benchmarks import BENCHMARKS, canonical_name
-
     return not os.path.exists(cfg.dataset) and canonical_name(cfg.dataset) in BENCHMARKS
 
 
@@ -392,8 +384,6 @@ def finish(cfg: EvalConfig, samples_file: Path, plan, wall: dict, start: float,
 def _link_origins(cfg: EvalConfig) -> dict:
     """--ckpt_override folder -> where its links came from (`system.provenance.link_origin`: path, sha256 of
     the files, the command and config that made them, or why that is unknown)."""
-    from recmas_ray.system.provenance import link_origin
-
     return {r: link_origin(p) for r, p in cfg.system.link_folders().items()}
 
 
@@ -429,6 +419,7 @@ def _bar(total, desc, enabled):
 
 def track_results(cfg: EvalConfig, results: dict, files: list) -> None:
     """The run's metrics (one run per evaluation, metrics prefixed by benchmark/method) and its files."""
+    # lazy: Ray reads env settings on import; this module loads before the console sets them
     from recmas_ray.tracking import start_run
 
     if cfg.track.tracking == "none":
