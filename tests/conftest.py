@@ -88,13 +88,14 @@ def nothing_heavy(monkeypatch):
     import ray.train.torch
 
     import recmas_ray.distributed.cluster as cluster
+    import recmas_ray.eval.batch_runner as batch_runner
     import recmas_ray.eval.run as driver
     import recmas_ray.models.loader as loader
 
     def boom(*a, **k):
         raise AssertionError("a model loaded or Ray started before the input was rejected")
 
-    for mod, name in ((loader, "load_frozen_model"), (driver, "BatchRunner"), (driver, "start_agents"), (ray, "init"),
+    for mod, name in ((loader, "load_frozen_model"), (driver, "BatchRunner"), (batch_runner, "start_agents"), (ray, "init"),
                       (ray.train.torch, "TorchTrainer"), (cluster, "init_ray"), (cluster, "start_ray")):
         monkeypatch.setattr(mod, name, boom)
 

@@ -6,7 +6,8 @@ the same gold answers (the question text may differ: a ceiling row's question st
 grading and decoding (`PAIRED_FIELDS` of the fingerprints); anything else is refused with one line
 (`CompareError`). Per row: correct answers strict (math-verify) and lenient (the release's rules), per split
 where the samples carry a `split` field, text tokens and seconds per question, and McNemar's exact test
-(strict) of the first row against each other row, the family Holm-adjusted (`eval.stats`).
+(strict, and lenient) of the first row against each other row, each family Holm-adjusted (`eval.stats`);
+`compare_pooled` pools several paired sets (one per seed) into one table.
 
     table = compare_folders(["out/own", "out/shuffled", "out/fresh"])
     print(markdown(table)); write_table(table, "out/compare")
@@ -124,15 +125,17 @@ def compare_rows(rows: list[dict]) -> dict:
             "seconds_per_question": _mean([s[d].get("latency_s") for d in docs]),
             "correct_per_doc": {d: bool(s[d]["correct_strict"]) for d in docs},
             "correct_lenient_per_doc": {d: bool(s[d]["correct_reference"] or s[d]["correct_strict"]) for d in docs}})
-    tests = {}
+    tests, tests_lenient = {}, {}
     for sp, ds in in_split.items():
-        ref = out_rows[0]["correct_per_doc"]
-        family = [{"row": r["name"], **mcnemar_exact([ref[d] for d in ds], [r["correct_per_doc"][d] for d in ds])}
-                  for r in out_rows[1:]]
-        for t, adj in zip(family, holm([t["p"] for t in family])):
-            t["p_holm"] = adj
-        tests[sp] = family
-    return {"reference": out_rows[0]["name"], "splits": splits, "rows": out_rows, "tests": tests}
+        for out, field in ((tests, "correct_per_doc"), (tests_lenient, "correct_lenient_per_doc")):
+            ref = out_rows[0][field]
+            family = [{"row": r["name"], **mcnemar_exact([ref[d] for d in ds], [r[field][d] for d in ds])}
+                      for r in out_rows[1:]]
+            for t, adj in zip(family, holm([t["p"] for t in family])):
+                t["p_holm"] = adj
+            out[sp] = family
+    return {"reference": out_rows[0]["name"], "splits": splits, "rows": out_rows, "tests": tests,
+            "tests_lenient": tests_lenient}
 
 
 def compare_folders(folders: list[str], names: list[str] | None = None) -> dict:
@@ -141,6 +144,28 @@ def compare_folders(folders: list[str], names: list[str] | None = None) -> dict:
         raise CompareError(f"--names: {len(names)} names for {len(folders)} folders; expected one per folder")
     rows = [r for i, f in enumerate(folders) for r in load_rows(f, names[i] if names else None)]
     return compare_rows(rows)
+
+
+def compare_pooled(groups: dict[str, list[str]], names: list[str] | None = None) -> dict:
+    """One table over several paired sets of output folders (e.g. one per seed: its own training and question
+    draw), `groups`: label -> folders in the same row order. Each set is checked as `compare_folders` checks it;
+    the rows are then pooled by position, doc ids prefixed "LABEL/", so the counts and McNemar tests are over
+    every question of every set (`per_group` keeps each set's own table)."""
+    if not groups:
+        raise CompareError("no output folders to pool; expected one set of folders per seed")
+    per_group, pooled = {}, None
+    for label, folders in groups.items():
+        rows = [r for i, f in enumerate(folders) for r in load_rows(f, names[i] if names else None)]
+        per_group[label] = compare_rows(rows)
+        if pooled is None:
+            pooled = [{**r, "samples": {}} for r in rows]
+        elif [r["name"] for r in rows] != [r["name"] for r in pooled]:
+            raise CompareError(f"set {label}: rows {[r['name'] for r in rows]}; expected the first set's "
+                               f"{[r['name'] for r in pooled]}")
+        for into, row in zip(pooled, rows):
+            into["samples"].update({f"{label}/{d}": rec for d, rec in row["samples"].items()})
+    table = compare_rows(pooled) if len(groups) > 1 else next(iter(per_group.values()))
+    return {**table, "groups": list(groups), "per_group": per_group}
 
 
 def _fmt(x: float, digits: int = 1) -> str:
@@ -176,4 +201,4 @@ def write_table(table: dict, out_dir: str | Path) -> tuple[Path, Path]:
     return out / "compare.json", out / "compare.md"
 
 
-__all__ = ["CompareError", "PAIRED_FIELDS", "compare_folders", "compare_rows", "load_rows", "markdown", "write_table"]
+__all__ = ["CompareError", "PAIRED_FIELDS", "compare_folders", "compare_pooled", "compare_rows", "load_rows", "markdown", "write_table"]

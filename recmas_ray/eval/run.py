@@ -32,7 +32,6 @@ from recmas_ray.config.tree import save_config
 from recmas_ray.console import current
 from recmas_ray.config.inputs import OutputLock
 from recmas_ray.eval.config import EvalConfig
-from recmas_ray.config.recursion import RecursionConfig
 from recmas_ray.models.registry import model_kind
 from recmas_ray.tasks.benchmarks import BENCHMARKS, canonical_name, load_benchmark, task_type_for
 from recmas_ray.eval.fingerprint import (bench_name, check_fingerprint, fingerprint_path, link_hashes,
@@ -44,27 +43,15 @@ from recmas_ray.eval.rows import apply_row_options, row_fingerprint, row_record
 from recmas_ray.eval.results import (adaptive_lines, machine_load, markdown_table, read_results, summarize,
                                      write_results)
 from recmas_ray.eval.samples import VERDICT_FIELDS, SampleWriter, read_samples, sample_key, timestamp, with_verdicts
-from recmas_ray.eval import stream
-from recmas_ray.eval.stream import (for_rollout, planned_client_cpus, planned_depth, solve_and_grade, stream_samples,
-                                    with_batch_retries)
+from recmas_ray.eval.batch_runner import BatchRunner, memory_args
 from recmas_ray.tasks import get_task
 from recmas_ray.styles import question_with_interface
 from recmas_ray.styles.prompts import prompt_set_hash
-from recmas_ray.distributed.launch import start_agents
-from recmas_ray.engine.pool import LocalPool
-from recmas_ray.engine.runner import run_batch
 from recmas_ray.system.plan import plan_system
 from recmas_ray.system.provenance import link_origin, require_known_links
 from recmas_ray.system.trained import check_trained_task, trained_task
 
 log = logging.getLogger(__name__)
-
-
-def recursion_for(cfg: EvalConfig, method: str, rollout: int) -> RecursionConfig:
-    """The run's recursion settings for one method and rollout (decode seed = seed + rollout)."""
-    rc = dataclasses.replace(cfg.recursion, method=method,
-                             decode=dataclasses.replace(cfg.recursion.decode, seed=cfg.system.seed))
-    return for_rollout(rc, rollout)
 
 
 def open_samples_file(cfg: EvalConfig) -> Path:
@@ -92,103 +79,6 @@ def run_warnings(cfg: EvalConfig, plan) -> list[str]:
             f"measure nothing; use --preset demo|paper or --models ROLE=MODEL"]
 
 
-class BatchRunner:
-    """Runs batches in-process or on a Ray system; `stream` yields graded sample records."""
-
-    def __init__(self, cfg: EvalConfig, plan, system=None):
-        self.cfg, self.plan, self.owned = cfg, plan, system is None
-        self.system = self.pool = None
-        if isinstance(system, LocalPool):  # the in-process agents of a Python API System: reused
-            if cfg.backend != "local" or {r: s.spec for r, s in system.services.items()} != plan.specs \
-                    or cfg.outer_init != "trained":  # (their links are those they were built with)
-                raise ValueError(f"the given local agents do not match this run's {plan.manifest()} "
-                                 f"(backend {cfg.backend}, outer_init {cfg.outer_init})")
-            self.pool = system
-        elif system is not None:  # a running system of the same plan (sweeps, tests): reused, not shut down
-            if cfg.backend != "ray" or system.plan.manifest() != plan.manifest() or system.plan.specs != plan.specs:
-                raise ValueError(f"the given Ray system runs {system.plan.manifest()}, which does not match "
-                                 f"this run's {plan.manifest()} (backend {cfg.backend})")
-            self.system = system
-        else:
-            # agent actors of one replica: every role, plus the extra copies named (auto copies come later)
-            num_actors = len(plan.style.roles) + sum(n - 1 for n in cfg.placement.role_replicas.values())
-            if cfg.backend == "ray":
-                # lazy: Ray reads env settings on import; this module loads before the console sets them
-                from recmas_ray.distributed.cluster import start_ray
-
-                start_ray()  # a phase of its own on a job's console; retried where a busy machine timed it out
-            if cfg.backend == "ray" and cfg.placement.wants_gpus():  # a plan that cannot fit stops before loading
-                # lazy: Ray reads env settings on import; this module loads before the console sets them
-                from recmas_ray.distributed.memory import check_memory
-
-                check_memory(plan, cfg.placement, **memory_args(cfg, plan))
-            console = current()  # one object for the phase's start and end (a Python caller's is made per call)
-            console.start(f"starting agents ({'Ray actors' if cfg.backend == 'ray' else 'in-process'}): "
-                          + ", ".join(f"{r}={m}" for r, m in plan.role_models.items()))
-            try:
-                agents = start_agents(plan, backend=cfg.backend, placement=cfg.placement, timeout_s=cfg.timeout_s,
-                                      torch_threads=cfg.torch_threads, transport=cfg.transport,
-                                      client_cpus=planned_client_cpus(cfg.stream, num_actors),
-                                      recursion=cfg.recursion, max_batches=planned_depth(cfg.stream, num_actors),
-                                      progress_relay=cfg.progress)
-            except BaseException as e:
-                console.finish_open(e)
-                raise
-            self.pool, self.system = (agents, None) if cfg.backend == "local" else (None, agents)
-            console.done("ready")
-
-    def stream(self, batches, method, counter: QuestionProgress | None = None):
-        """Yield graded sample records as batches finish (Ray: several in flight, arrival order); `counter`
-        is told each batch's questions and gets their final decode's stopped rows as they stop."""
-        cfg, decoder = self.cfg, self.plan.style.decoder
-        sinks = {}
-        for batch, rollout in batches:
-            key = stream.batch_key(method, rollout, batch)
-            names = [sample_key({"method": method, "doc_id": i["doc_id"], "rollout": rollout}) for i in batch]
-            streams = cfg.recursion.adaptive_threshold is None  # adaptive rounds take no on_token
-            sinks[key] = counter.batch(key, names, stream=streams) if counter is not None else None
-        if self.system is not None:
-            relayed = (counter.relay, counter.scope) if counter is not None and counter.relay is not None else None
-            yield from stream_samples(self.system, batches, method, recursion_for(cfg, method, 0), cfg.grader,
-                                      cfg.format_retry, cfg.stream, timeout_s=cfg.timeout_s,
-                                      max_batch_retries=cfg.max_batch_retries, progress=relayed)
-            return
-
-        def solve(qs, ts, rc, on_token=None):
-            return run_batch(self.pool, self.plan.style, qs, ts, rc,
-                             **({} if on_token is None else {"on_token": on_token}))
-
-        def retry(texts, suffixes, n, decode, context=None):
-            return self.pool.get(self.pool.retry_format(decoder, texts, suffixes, n, cfg=decode, context=context),
-                                 what="format retry")
-
-        rc, fail_docs = recursion_for(cfg, method, 0), stream.FAULTS.fail_docs
-        for batch, rollout in batches:
-            on_token = sinks[stream.batch_key(method, rollout, batch)]
-
-            def attempt(batch=batch, rollout=rollout, on_token=on_token):
-                return solve_and_grade(batch, rollout, method, rc, cfg.grader,
-                                       lambda qs, ts, rc: solve(qs, ts, rc, on_token),
-                                       retry if cfg.format_retry else None), 0
-
-            yield from with_batch_retries(batch, rollout, method, rc, cfg.max_batch_retries, attempt,
-                                          fail_docs=fail_docs,
-                                          on_error=lambda n, e: log.warning("batch failed (attempt %d): %s", n + 1, e))
-
-    def progress_relay(self):
-        """Where the agents report stopped rows: the replicas' relay, True (a bar's own) on a bare Ray system,
-        None in-process (the decode's callback is called here)."""
-        if self.system is None:
-            return None
-        return getattr(self.system, "progress_relay", None) or True
-
-    def close(self):
-        if self.system is not None and self.owned:
-            self.system.shutdown()
-        elif self.pool is not None and self.owned:
-            self.pool.shutdown()
-
-
 def prepare(cfg: EvalConfig) -> tuple[EvalConfig, Resolution, list[dict], object]:
     """The checked config with its protocol resolved, the questions and the system plan (no model loaded)."""
     check_tree(cfg)
@@ -208,16 +98,9 @@ def prepare(cfg: EvalConfig) -> tuple[EvalConfig, Resolution, list[dict], object
     return cfg, resolution, items, apply_row_options(cfg, plan)  # --outer_init, --format_help (eval/rows.py)
 
 
-def memory_args(cfg: EvalConfig, plan) -> dict:
-    """The memory plan's load of this run: its batch size, and the batches an agent may take at once."""
-    num_actors = len(plan.style.roles) + sum(n - 1 for n in cfg.placement.role_replicas.values())
-    return {"recursion": cfg.recursion, "batch_size": cfg.batch_size,
-            "calls_at_once": planned_depth(cfg.stream, num_actors)}
-
-
 def dry_run(cfg: EvalConfig, echo=print) -> int:
     """`--dry_run`: print the memory plan of this run and stop (no model, no file, no agent)."""
-    # lazy: Ray loads only where it runs (this module also runs without Ray)
+    # lazy: Ray reads env settings on import; this module loads before the console sets them
     from recmas_ray.distributed.cluster import init_ray
     # lazy: Ray reads env settings on import; this module loads before the console sets them
     from recmas_ray.distributed.memory import dry_run as print_plan

@@ -65,7 +65,7 @@ class TrainConfig:
 
     SYSTEM_FIELDS = ("style", "preset", "role_models", "ckpt_override", "dtype", "seed")
     """System fields training reads (the others get no flag and are refused when set); GPUs come from --use_gpu."""
-    FLAG_ALIASES = {"role_model": "system.role_models"}
+    FLAG_ALIASES = {"role_model": "system.role_models", "models": "system.role_models"}
     """The training jobs' spelling of the per-role base models (config/cli.py)."""
 
     system: SystemConfig = field(default_factory=lambda: SystemConfig(style="sequential"))

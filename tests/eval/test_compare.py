@@ -7,7 +7,7 @@ import json
 import pytest
 
 from jobs.compare import main
-from recmas_ray.eval.compare import CompareError, compare_folders
+from recmas_ray.eval.compare import CompareError, compare_folders, compare_pooled
 from recmas_ray.eval.stats import mcnemar_exact
 
 FP = {"recursion": {"decode": {"max_new_tokens": 8}}, "grader": "strict", "format_retry": True, "seed": 0,
@@ -52,6 +52,33 @@ def test_counts_splits_and_holm(tmp_path):
     got = {x["row"]: x for x in t["tests"]["all"]}
     assert [got["shuf"]["p_holm"], got["fresh"]["p_holm"]] == pytest.approx(want)
     assert got["shuf"]["p"] == pytest.approx(p[0]) and (got["shuf"]["a_only"], got["shuf"]["b_only"]) == (8, 2)
+
+
+def test_lenient_tests_use_the_lenient_outcomes(tmp_path):
+    own, own_lenient = [True, False, False, False, True], [True, True, True, True, True]
+    other = [False, False, False, False, True]
+    t = compare_folders([write_run(tmp_path / "own", own, own_lenient), write_run(tmp_path / "other", other)])
+    assert t["tests"]["all"][0]["p"] == pytest.approx(mcnemar_exact(own, other)["p"])
+    assert t["tests_lenient"]["all"][0]["p"] == pytest.approx(mcnemar_exact(own_lenient, other)["p"])
+    assert (t["tests_lenient"]["all"][0]["a_only"], t["tests_lenient"]["all"][0]["b_only"]) == (4, 0)
+
+
+def test_pooled_seeds_count_every_question_of_every_seed(tmp_path):
+    seed0 = [write_run(tmp_path / "s0" / "own", [True] * 5 + [False]), write_run(tmp_path / "s0" / "shuf", [False] * 6)]
+    # the second seed's questions have other gold answers: its own draw, paired within the seed only
+    seed1 = [write_run(tmp_path / "s1" / "own", [True] * 4 + [False] * 2, golds={0: "x"}),
+             write_run(tmp_path / "s1" / "shuf", [False] * 5 + [True], golds={0: "x"}, fp={**FP, "seed": 1}),]
+    with pytest.raises(CompareError, match="fingerprint seed"):  # each seed's set is checked as compare_folders does
+        compare_pooled({"0": seed0, "1": seed1}, ["own", "shuf"])
+    seed1[0] = write_run(tmp_path / "s1b" / "own", [True] * 4 + [False] * 2, golds={0: "x"}, fp={**FP, "seed": 1})
+    t = compare_pooled({"0": seed0, "1": seed1}, ["own", "shuf"])
+    rows = {r["name"]: r for r in t["rows"]}
+    assert rows["own"]["counts"]["all"] == {"n": 12, "correct": 9, "correct_lenient": 9}
+    assert rows["shuf"]["counts"]["all"]["correct"] == 1 and t["groups"] == ["0", "1"]
+    assert t["tests"]["all"][0]["p"] == pytest.approx(mcnemar_exact(
+        [True] * 5 + [False] + [True] * 4 + [False] * 2, [False] * 6 + [False] * 5 + [True])["p"])
+    assert [g["rows"][0]["counts"]["all"]["correct"] for g in t["per_group"].values()] == [5, 4]
+    assert set(rows["own"]["correct_per_doc"]) == {f"{g}/{i}" for g in "01" for i in range(6)}
 
 
 def test_cli_writes_table_and_refuses(tmp_path, capsys):

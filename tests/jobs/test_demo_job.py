@@ -125,8 +125,10 @@ def test_user_errors_exit_2_before_anything_runs(tmp_path, capsys):
     assert demo_job.main(["--outer_options", "no_such_field=1", "--output_path", str(tmp_path)]) == 2
     assert demo_job.main(["--outer_options", "lr=1e-3", "--output_path", str(tmp_path)]) == 2
     assert demo_job.main(["--outer_options", "weight_decay=lots", "--output_path", str(tmp_path)]) == 2
+    assert demo_job.main(["--seed", "2147483647", "--facts.num_seeds", "2", "--output_path", str(tmp_path)]) == 2
     err = capsys.readouterr().err
-    assert "--num_eval 0" in err and "exclude each other" in err and len(err.strip().splitlines()) == 7
+    assert "--num_eval 0" in err and "exclude each other" in err and len(err.strip().splitlines()) == 8
+    assert "--facts.num_seeds 2: seeds 2147483647..2147483648 pass 2147483647" in err
     assert "--outer_options no_such_field: not a field of OuterTrainConfig" in err
     assert "--outer_options lr: set by the demo's own flag (--inner_lr / outer_lr)" in err
     assert "--outer_options weight_decay='lots': expected a number" in err
@@ -252,7 +254,7 @@ def test_demo_leads_with_the_fact_answer_on_tiny_preset(tmp_path, ray_cluster, c
 
     out = tmp_path / "demo"
     assert demo_job.main(["--preset", "tiny", "--quick", "--output_path", str(out), "--no_progress",
-                          "--tasks", "distillation:recall,distillation:compare"]) == 0
+                          "--tasks", "distillation:recall,distillation:compare", "--facts.pipeline", "experiment"]) == 0
     lines = [ln for ln in capsys.readouterr().out.splitlines() if ln.strip()]
     answers = [ln for ln in lines if ln.startswith("distillation / ") and "McNemar p" in ln]
     assert len(answers) == 6, lines  # two tasks x (seen values, unseen values, all held-out)

@@ -1,5 +1,6 @@
-"""The main job's product pipeline (`--facts.pipeline product`) on tiny models: every row of its report is
-computed from the samples files jobs.run wrote, and the printed jobs.run command gives the same own-latent row."""
+"""The main job's product pipeline (`--facts.pipeline product`) on tiny models, two seeds: every row of its report
+is computed from the samples files jobs.run wrote (each seed's and the pooled counts), and the printed jobs.run
+command gives the same own-latent row."""
 
 from __future__ import annotations
 
@@ -31,31 +32,38 @@ def test_product_pipeline_rows_come_from_the_samples_files(tmp_path, ray_cluster
     monkeypatch.setattr(product, "ROWS", rows)
     out = tmp_path / "demo"
     assert demo_job.main(["--preset", "tiny", "--quick", "--tasks", "distillation:recall", "--facts.pipeline",
-                          "product", "--no_progress", "--output_path", str(out)]) == 0
+                          "product", "--facts.num_seeds", "2", "--seed", "5", "--no_progress",
+                          "--output_path", str(out)]) == 0
     printed = capsys.readouterr().out
     task = out / "product" / "distillation-recall"
     table = json.loads((task / "compare" / "compare.json").read_text())
-    assert [r["name"] for r in table["rows"]] == list(ROWS_UNDER_TEST)
-    test_rows = [json.loads(x) for x in (task / "data" / "test.jsonl").read_text().splitlines()]
-    assert {r["split"] for r in test_rows} == {"seen", "unseen"}
-    for row in table["rows"]:  # each count recomputed from the samples file alone
-        samples = samples_of(task / "eval" / row["name"])
-        assert set(samples) == {str(r["id"]) for r in test_rows}
-        for split in ("all", "seen", "unseen"):
-            docs = [d for d, s in samples.items() if split == "all" or s["split"] == split]
-            strict = sum(bool(samples[d]["grade_detail"]["strict"]) for d in docs)
-            lenient = sum(bool(samples[d]["grade_detail"]["strict"] or samples[d]["grade_detail"]["reference"])
-                          for d in docs)
-            assert row["counts"][split] == {"n": len(docs), "correct": strict, "correct_lenient": lenient}
-    # the lead lines' X/N own vs Y/N shuffled vs Z/N fresh, per split, are the samples files' counts
-    want = {split: [sum(bool(s["grade_detail"]["strict"]) for s in samples_of(task / "eval" / name).values()
-                        if split == "all held-out" or product_rows.SPLIT_NAMES[s["split"]] == split)
-                    for name in ("own", "shuffled", "fresh")]
-            for split in ("seen values", "unseen values", "all held-out")}
-    for split, counts in want.items():
-        line = next(x for x in printed.splitlines() if f"distillation / recall ({split}), R=1" in x)
-        got = re.search(r"(\d+)/\d+ own vs (\d+)/\d+ shuffled vs (\d+)/\d+ fresh", line)
-        assert [int(g) for g in got.groups()] == counts, line
+    assert [r["name"] for r in table["rows"]] == list(ROWS_UNDER_TEST) and table["groups"] == ["5", "6"]
+    pooled = {r["name"]: {sp: {"n": 0, "correct": 0, "correct_lenient": 0} for sp in ("all", "seen", "unseen")}
+              for r in table["rows"]}
+    questions = {}
+    for seed in ("5", "6"):
+        test_rows = [json.loads(x) for x in (task / f"seed{seed}" / "data" / "test.jsonl").read_text().splitlines()]
+        assert {r["split"] for r in test_rows} == {"seen", "unseen"}
+        questions[seed] = [r["question"] for r in test_rows]
+        for row in table["per_group"][seed]["rows"]:  # each count recomputed from the samples file alone
+            samples = samples_of(task / f"seed{seed}" / "eval" / row["name"])
+            assert set(samples) == {str(r["id"]) for r in test_rows}
+            for split in ("all", "seen", "unseen"):
+                docs = [d for d, s in samples.items() if split == "all" or s["split"] == split]
+                strict = sum(bool(samples[d]["grade_detail"]["strict"]) for d in docs)
+                lenient = sum(bool(samples[d]["grade_detail"]["strict"] or samples[d]["grade_detail"]["reference"])
+                              for d in docs)
+                assert row["counts"][split] == {"n": len(docs), "correct": strict, "correct_lenient": lenient}
+                for k, v in row["counts"][split].items():
+                    pooled[row["name"]][split][k] += v
+    assert questions["5"] != questions["6"]  # each seed its own question draw
+    assert {r["name"]: r["counts"] for r in table["rows"]} == pooled  # the pooled rows are the seeds' sum
+    # the lead lines' own vs shuffled vs fresh counts, strict (lenient), per split, are the pooled counts
+    for split, name in (("seen", "seen values"), ("unseen", "unseen values"), ("all", "all held-out")):
+        line = next(x for x in printed.splitlines() if f"distillation / recall ({name}, n=" in x)
+        got = re.search(r"own (\d+) \((\d+)\) vs shuffled (\d+) \((\d+)\), fresh links (\d+) \((\d+)\)", line)
+        want = [pooled[r][split][k] for r in ("own", "shuffled", "fresh") for k in ("correct", "correct_lenient")]
+        assert [int(g) for g in got.groups()] == want, line
     # the printed jobs.run command, rerun into another folder, gives the same own-latent answers
     cmd = next(x.strip() for x in printed.splitlines() if x.strip().startswith("python -m jobs.run"))
     argv = shlex.split(cmd)[3:]
@@ -63,7 +71,7 @@ def test_product_pipeline_rows_come_from_the_samples_files(tmp_path, ray_cluster
     from jobs import run as run_job
 
     assert run_job.main(argv + ["--no_progress"]) == 0
-    own, again = samples_of(task / "eval" / "own"), samples_of(tmp_path / "again")
+    own, again = samples_of(task / "seed5" / "eval" / "own"), samples_of(tmp_path / "again")
     assert {d: s["prediction"] for d, s in again.items()} == {d: s["prediction"] for d, s in own.items()}
-    assert sum(s["correct"] for s in again.values()) == table["rows"][0]["counts"]["all"]["correct"]
+    assert sum(s["correct"] for s in again.values()) == table["per_group"]["5"]["rows"][0]["counts"]["all"]["correct"]
     assert any(x.strip().startswith("python -m jobs.serve") for x in printed.splitlines())

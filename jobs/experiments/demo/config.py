@@ -97,10 +97,15 @@ class FactsConfig:
     two_hop: TwoHopFactsConfig = field(default_factory=TwoHopFactsConfig)
     """Recipe, inner training and models of the two-hop tasks (a style whose facts cross two links,
     `StyleSpec.num_hops`: sequential_light)."""
-    pipeline: Annotated[str, OneOf(FACT_PIPELINES)] = "experiment"
-    """experiment (`demo.facts`: the recipe sweep's in-process trainer and measurer, the figures the README
-    shows) or product (`demo.product`: jobs.train_inner and jobs.train_outer on Ray Train, one jobs.run
-    --backend ray per row, the report read from the results files by jobs.compare's code)."""
+    pipeline: Annotated[str, OneOf(FACT_PIPELINES)] = "product"
+    """product (`demo.product`, the default: the jobs a user runs, jobs.train_inner and jobs.train_outer on Ray
+    Train, then one jobs.run --backend ray per row on Ray actors, the report read from the results files by
+    jobs.compare's code) or experiment (`demo.facts`: the recipe sweep's in-process trainer and measurer, kept
+    for exploring recipes in jobs/experiments)."""
+    num_seeds: Annotated[int, Range(1, 10)] = 1
+    """product pipeline: seeds per fact task (--seed, --seed + 1, ...): each its own question draw, link
+    initialisation and training; the rows are pooled over them (each seed's counts printed beside the pooled
+    tests). The experiment path runs --seed alone."""
     num_validation: Annotated[int, Range(0, 64)] = 32
     """product pipeline: validation questions written beside the train and test files (disjoint from both,
     `train.splits`), for choosing recipe settings on questions the report never uses."""
@@ -123,7 +128,7 @@ class DemoConfig:
     role_models (e.g. --role_model critic=pkg:smollm2-135m-instruct; recorded in every checkpoint manifest and
     the results) and seed (of data, links and training; at most MAX_SEED)."""
     tasks: Annotated[list[str], OneOf(FACT_TASK_CHOICES), NonEmpty()] = field(
-        default_factory=lambda: ["distillation:recall", "sequential_light:recall", "distillation:choose"])
+        default_factory=lambda: ["distillation:recall"])
     """What runs, in order (FACT_TASK_CHOICES): hidden-fact tasks STYLE:TASK, whose answer lines come first, and
     arithmetic, the standard task. The default: the one-hop and the two-hop recall tasks and the collaboration
     task choose (the learner sees "x is 56 or 65", the expert knows x), 32 + 32 held-out each (the one-hop task
@@ -215,6 +220,9 @@ class DemoConfig:
                 raise ValueError(f"{flag} {value!r}: expected one of {', '.join(allowed)} (the demo's)")
         if system.seed > MAX_SEED:
             raise ValueError(f"--seed {system.seed}: expected an integer in [0, {MAX_SEED}] (the demo's)")
+        if system.seed + self.facts.num_seeds - 1 > MAX_SEED:
+            raise ValueError(f"--facts.num_seeds {self.facts.num_seeds}: seeds {system.seed}.."
+                             f"{system.seed + self.facts.num_seeds - 1} pass {MAX_SEED}; expected a smaller --seed")
         system.check_tables("--role_model")
 
         family = self.difficulty if self.task_family == "arithmetic" else (
@@ -277,12 +285,13 @@ def quick() -> DemoConfig:
 
 
 def full() -> DemoConfig:
-    """the longer run (hours on 2 cores): every fact task at 128 + 128 held-out, then arithmetic (72 held-out
-    questions: the arith family's test split holds 77; R = 1, 2, more training; about 40 minutes of it)"""
+    """the longer run (hours on 2 cores): every fact task at 128 + 128 held-out and three seeds, then arithmetic
+    (72 held-out questions: the arith family's test split holds 77; R = 1, 2, more training; about 40 minutes of
+    it)"""
     return DemoConfig(num_train=180, num_eval=72, rounds=[1, 2], inner_steps=48, outer_steps=24, outer_rounds=2,
                       tasks=["distillation:recall", "sequential_light:recall", "distillation:choose", "distillation:compare",
                              "sequential_light:two_fact", "mixture:mixture", "arithmetic"],
-                      facts=FactsConfig(num_seen=128, num_unseen=128))
+                      facts=FactsConfig(num_seen=128, num_unseen=128, num_seeds=3))
 
 
 def default() -> DemoConfig:

@@ -9,7 +9,8 @@ OUTPUT/product/<style>-<task>/:
     system/      python -m jobs.train_inner --mas_role all --num_workers 1   (Ray Train, a worker per role, roles
                  in parallel), then python -m jobs.train_outer --links system (Ray Train; the recipe's settings
                  from `sweep_recipe.RECIPES`, --schedule hop_by_hop for the two-hop token recipe)
-    eval/<row>/  python -m jobs.run --backend ray --links system, one output folder per row (`product_rows.ROWS`)
+    eval/<row>/  python -m jobs.run --backend ray --links system, one output folder per row (`product_rows.ROWS`);
+                 the rows of one set of agents share its Ray actors (`eval.batch_runner.keep_agents`)
     compare/     `eval.compare` over those folders (compare.json, compare.md): the table and the lead lines,
                  computed from the samples files only
     commands.txt the jobs.run and jobs.serve commands that reuse system/
@@ -25,7 +26,7 @@ import json
 import time
 from pathlib import Path
 
-from jobs.experiments.demo.product_rows import ROWS, lead_lines, report_tasks
+from jobs.experiments.demo.product_rows import ROWS, product_lines, report_tasks
 from recmas_ray.system.next_steps import command, system_flags
 
 
@@ -117,11 +118,10 @@ def _done(folder: Path, pattern: str) -> bool:
     return folder.is_dir() and any(folder.glob(pattern))
 
 
-def run_task(cfg, style: str, task: str, root: Path, console) -> dict:
-    """One fact task through the jobs; returns its lines, table, report tasks, commands and timings."""
-    from recmas_ray.eval.compare import compare_folders, markdown, write_table
+def run_seed(cfg, style: str, task: str, folder: Path, console) -> dict:
+    """One seed of a fact task (its question draw, training and rows) through the jobs, under `folder`."""
+    from recmas_ray.eval.batch_runner import keep_agents
 
-    folder = root / f"{style}-{task}"
     s = task_settings(cfg, style, task, folder)
     seconds: dict[str, float] = {}
     t0 = time.perf_counter()
@@ -138,28 +138,59 @@ def run_task(cfg, style: str, task: str, root: Path, console) -> dict:
         _call("train_outer", outer_argv)
     seconds["train_outer"] = time.perf_counter() - t1
     argvs, folders = {}, []
-    for row in ROWS:
-        t2, out = time.perf_counter(), folder / "eval" / row.name
-        argvs[row.name] = row_argv(cfg, s, row, files, system, out)
-        if not _done(out, "results_*.json"):
-            _call("run", argvs[row.name])
-        seconds[f"eval/{row.name}"] = time.perf_counter() - t2
-        folders.append(str(out))
-    table = compare_folders(folders, [r.name for r in ROWS])
-    write_table(table, folder / "compare")
+    # rows whose agents would start identically (ROWS keeps them together) run on one set of Ray actors: each
+    # row is still its own jobs.run (questions, samples, fingerprint, results), only the start-up is shared
+    with keep_agents():
+        for row in ROWS:
+            t2, out = time.perf_counter(), folder / "eval" / row.name
+            argvs[row.name] = row_argv(cfg, s, row, files, system, out)
+            if not _done(out, "results_*.json"):
+                _call("run", argvs[row.name])
+            seconds[f"eval/{row.name}"] = time.perf_counter() - t2
+            folders.append(str(out))
+    seconds["total"] = time.perf_counter() - t0
     split_of = {str(r["id"]): r["split"] for r in map(json.loads, files["test"].read_text().splitlines())}
+    return {"settings": s, "argvs": argvs, "folders": folders, "seconds": seconds, "system": system,
+            "split_of": split_of}
+
+
+def seeded(cfg, seed: int):
+    """`cfg` with its system seed (question draw, link initialisation, training order) set to `seed`."""
+    import dataclasses
+
+    return dataclasses.replace(cfg, system=dataclasses.replace(cfg.system, seed=seed))
+
+
+def run_task(cfg, style: str, task: str, root: Path, console) -> dict:
+    """One fact task through the jobs, once per seed (`FactsConfig.num_seeds`), the rows pooled over the seeds;
+    returns its lines, table, report tasks, commands and timings."""
+    from recmas_ray.eval.compare import compare_pooled, markdown, write_table
+
+    folder = root / f"{style}-{task}"
+    seeds = [cfg.system.seed + k for k in range(cfg.facts.num_seeds)]
+    runs = {}
+    for seed in seeds:
+        runs[str(seed)] = got = run_seed(seeded(cfg, seed), style, task, folder / f"seed{seed}", console)
+        console.line(f"{style} {task} seed {seed}: {got['seconds']['total']:.0f} s (" + ", ".join(
+            f"{k} {v:.0f} s" for k, v in got["seconds"].items() if k != "total") + ")")
+    table = compare_pooled({label: r["folders"] for label, r in runs.items()}, [r.name for r in ROWS])
+    write_table(table, folder / "compare")
+    split_of = {f"{label}/{d}": sp for label, r in runs.items() for d, sp in r["split_of"].items()} \
+        if len(runs) > 1 else runs[str(seeds[0])]["split_of"]
     tasks = report_tasks(style, task, table, split_of)
-    lines = lead_lines(tasks)
-    commands = [f"{style} / {task}: the saved system, evaluated and served by the product's jobs:",
-                "  " + command("run", *argvs[ROWS[0].name]),
-                "  " + command("serve", *s["system"], "--links", str(system), "--task", s["sweep"].task,
+    first = runs[str(seeds[0])]
+    s = first["settings"]
+    commands = [f"{style} / {task}: the saved system of seed {seeds[0]}, evaluated and served by the product's jobs:",
+                "  " + command("run", *first["argvs"][ROWS[0].name]),
+                "  " + command("serve", *s["system"], "--links", str(first["system"]), "--task", s["sweep"].task,
                                "--port", "8000")]
     (folder / "commands.txt").write_text("\n".join(commands) + "\n")
-    seconds["total"] = time.perf_counter() - t0
+    seconds = {k: sum(r["seconds"][k] for r in runs.values()) for k in first["seconds"]}
     head = (f"{style}, task {task} (product pipeline: jobs.train_inner, jobs.train_outer, jobs.run --backend ray); "
-            f"recipe {s['recipe']}; correct strict (lenient) / n")
-    return {"lines": lines, "table": head + "\n" + markdown(table), "tasks": tasks, "commands": commands,
-            "seconds": seconds, "folder": str(folder), "compare": str(folder / "compare" / "compare.json")}
+            f"recipe {s['recipe']}; seeds {', '.join(runs)} pooled; correct strict (lenient) / n")
+    return {"lines": product_lines(style, task, table), "table": head + "\n" + markdown(table), "tasks": tasks,
+            "commands": commands, "seconds": seconds, "folder": str(folder),
+            "compare": str(folder / "compare" / "compare.json"), "seeds": seeds}
 
 
 def _roles(style: str) -> tuple[str, ...]:
@@ -185,11 +216,11 @@ def run_product_facts(cfg, out: Path, console) -> dict:
         tables.append(got["table"])
         tasks += got["tasks"]
         commands += got["commands"]
-        results[f"{style}:{task}"] = {k: got[k] for k in ("lines", "seconds", "folder", "compare", "commands")}
+        results[f"{style}:{task}"] = {k: got[k] for k in ("lines", "seconds", "folder", "compare", "commands", "seeds")}
     root.mkdir(parents=True, exist_ok=True)
     summary = root / "summary.json"
     summary.write_text(json.dumps({"pipeline": "product", "lines": lines, "tables": tables, "runs": results,
-                                   "rows": [r.name for r in ROWS], "seed": cfg.system.seed,
+                                   "rows": [r.name for r in ROWS], "seeds": [cfg.system.seed + k for k in range(cfg.facts.num_seeds)],
                                    "versions": library_versions()}, indent=2))
     return {"lines": lines, "tables": tables, "tasks": tasks, "results": results, "commands": commands,
             "summary": str(summary)}
