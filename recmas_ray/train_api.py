@@ -129,7 +129,7 @@ def train_inner(style: str, *, rows: str | Path | Sequence[dict], save_dir: str 
         ...                num_workers=0)  # doctest: +SKIP
         PosixPath('ckpt')
     """
-    # lazy: Ray loads only where it runs (this module also runs without Ray)
+    # lazy: Ray reads env settings on import; this module loads before the console sets them
     from recmas_ray.distributed.cluster import init_ray
     # lazy: Ray reads env settings on import; this module loads before the console sets them
     from recmas_ray.train.inner_job import train_all_roles
