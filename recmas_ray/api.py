@@ -30,14 +30,17 @@ from recmas_ray.eval.config import EvalConfig
 from recmas_ray.config.recursion import DecodeConfig, RecursionConfig
 from recmas_ray.config.placement import PlacementConfig
 from recmas_ray.config.transport import OBJECT_STORE
+from recmas_ray.distributed.launch import start_agents
 from recmas_ray.engine.pool import LocalPool
 from recmas_ray.engine.runner import SampleResult, run_batch
+from recmas_ray.eval.progress import QuestionProgress
 from recmas_ray.styles import get_style
 from recmas_ray.styles.prompts import prompt_set_hash
 from recmas_ray.system.config import SystemConfig
 from recmas_ray.system.hub import links_overrides, resolve_overrides
+from recmas_ray.system.plan import plan_system
 from recmas_ray.system.trained import check_trained_task, trained_task
-from recmas_ray.tasks import TASK_TYPES
+from recmas_ray.tasks import task_names
 from recmas_ray.tasks.benchmarks import BENCHMARKS, canonical_name
 
 log = logging.getLogger(__name__)
@@ -149,11 +152,6 @@ class System:
     def _build(cls, style, *, role_models, links, preset, ckpt_override, backend, num_replicas, task, device, dtype,
                seed, placement, transport, timeout_s, torch_threads, allow_base_model_mismatch,
                allow_style_mismatch, allow_task_mismatch, prompt_set, progress, continuous_batching=True) -> System:
-        # lazy: Ray reads env settings on import; this module loads before the console sets them
-        from recmas_ray.distributed.launch import start_agents
-        # lazy: transformers reads env settings on import; this module loads before the console sets them
-        from recmas_ray.system.plan import plan_system
-
         role_models, ckpt_override = check_text_table("role_models", role_models), check_text_table(
             "ckpt_override", ckpt_override)  # before any of them is resolved (Hub ids, link folders)
         check_int("num_replicas", num_replicas, 1)
@@ -250,9 +248,9 @@ class System:
         if len(tasks) != len(questions):
             raise ValueError(f"{len(questions)} questions but {len(tasks)} task types")
 
-        bad = sorted({t for t in tasks if t not in TASK_TYPES})
+        bad = sorted({t for t in tasks if t not in task_names()})
         if bad:
-            raise ValueError(f"unknown task type(s) {bad}; expected one of {list(TASK_TYPES)}")
+            raise ValueError(f"unknown task type(s) {bad}; expected one of {list(task_names())}")
         check_int("batch_size", batch_size, 1)
         check_int("n", n, 1, MAX_N)
 
@@ -272,9 +270,6 @@ class System:
         row_tasks = [t for t in tasks for _ in range(per_question)]
         out: list[SampleResult] = []
         with self._quiet():
-            # lazy: Ray reads env settings on import; this module loads before the console sets them
-            from recmas_ray.eval.progress import QuestionProgress
-
             bar = current().bar(len(rows), "generate", unit="question" if per_question == 1 else "answer",
                                 enabled=progress)
             local = isinstance(self.agents, LocalPool)

@@ -5,17 +5,23 @@
     rdt:nccl      Ray Direct Transport over NCCL: CUDA tensors stay on the producer's GPU and move GPU to GPU
                   (a whole GPU per agent, cupy on every node)
 
-`get_transport(name)` is the one lookup (an unknown name fails with one line naming the choices). Code asks the
-object (`transport.check_placement(...)`) and never compares names; `TRANSPORT_NAMES` are the CLI's choices. No
-Ray import here: what each way does on Ray (keep, send, fetch, release messages) is its strategy object in
-`distributed/transports.py`, which reads `direct`, `on_gpu`, `collective_backend` and `tensor_transport`; nothing
-else tests them.
+`TRANSPORTS` is the one registry: `register_transport(Transport(name, strategy=...))` adds a way, and every
+`--transport` choice, check and strategy lookup reads it (`transport_names()`; `get_transport(name)` fails on an
+unknown name with one line naming the choices). Code asks the object (`transport.check_placement(...)`) and never
+compares names. No Ray import here: what each way does on Ray (keep, send, fetch, receive, release messages) is its
+strategy class (`Transport.strategy`, a `distributed.transports.LatentTransport`), named here by its import path
+for the package's own ways so that checking a flag never loads Ray; it reads `direct`, `on_gpu`,
+`collective_backend` and `tensor_transport`, and nothing else tests them. Adding a transport is one file that
+defines its strategy class and registers it (docs/architecture.md, "Adding a transport";
+tests/extensions/toy_transport.py).
 """
 
 from __future__ import annotations
 
 import importlib.util
 from dataclasses import dataclass
+
+from recmas_ray.config.extensions import note_extension
 
 
 @dataclass(frozen=True)
@@ -35,6 +41,10 @@ class Transport:
     """Messages stay on the producer's CUDA device; each agent needs a whole GPU of its own."""
     needs_module: str | None = None
     """A Python module every node must have for this transport."""
+    strategy: str | type = "recmas_ray.distributed.transports:ObjectStoreTransport"
+    """What this way does on Ray: its `LatentTransport` class, or that class's `module:Class` path (loaded where
+    the agents are built, so that the config layer never imports Ray). A class travels to Ray workers by
+    reference: its module is imported there, and registers it there too."""
 
     def __str__(self) -> str:
         return self.name
@@ -91,13 +101,35 @@ class Transport:
                              f"cupy-cuda12x) on every node; use --transport {OBJECT_STORE.name}")
 
 
-OBJECT_STORE = Transport("object_store")
-RDT_GLOO = Transport("rdt:gloo", direct=True, collective_backend="torch_gloo", tensor_transport="gloo")
-RDT_NCCL = Transport("rdt:nccl", direct=True, collective_backend="nccl", tensor_transport="nccl", on_gpu=True,
-                     needs_module="cupy")
-TRANSPORTS: dict[str, Transport] = {t.name: t for t in (OBJECT_STORE, RDT_GLOO, RDT_NCCL)}
+TRANSPORTS: dict[str, Transport] = {}
+"""Flag value -> its `Transport`, in registration order (the package's own first)."""
+
+
+def register_transport(transport: Transport) -> Transport:
+    """Add a way latents move: its name becomes a `--transport` choice, its checks run on every config naming it,
+    and its strategy carries the messages on Ray. Registering the same declaration again is a no-op (a module
+    imported twice, or in a Ray worker); another declaration under a taken name raises ValueError."""
+    other = TRANSPORTS.get(transport.name)
+    if other is not None and other != transport:
+        raise ValueError(f"transport {transport.name!r} is already registered")
+    TRANSPORTS[transport.name] = transport
+    note_extension()
+    return transport
+
+
+_DIRECT = "recmas_ray.distributed.transports:DirectTransport"
+OBJECT_STORE = register_transport(Transport("object_store"))
+RDT_GLOO = register_transport(Transport("rdt:gloo", direct=True, collective_backend="torch_gloo",
+                                        tensor_transport="gloo", strategy=_DIRECT))
+RDT_NCCL = register_transport(Transport("rdt:nccl", direct=True, collective_backend="nccl", tensor_transport="nccl",
+                                        on_gpu=True, needs_module="cupy", strategy=_DIRECT))
 TRANSPORT_NAMES = tuple(TRANSPORTS)
-"""The `--transport` choices."""
+"""The package's own transports (`transport_names()` adds the registered ones)."""
+
+
+def transport_names() -> tuple[str, ...]:
+    """Every registered transport's name: the `--transport` choices."""
+    return tuple(TRANSPORTS)
 
 
 def get_transport(transport: str | Transport) -> Transport:
@@ -105,5 +137,5 @@ def get_transport(transport: str | Transport) -> Transport:
     if isinstance(transport, Transport):
         return transport
     if transport not in TRANSPORTS:
-        raise ValueError(f"unknown transport {transport!r}; expected one of {TRANSPORT_NAMES}")
+        raise ValueError(f"unknown transport {transport!r}; expected one of {transport_names()}")
     return TRANSPORTS[transport]

@@ -3,7 +3,9 @@
 The actor adds only what Ray needs: device choice from torch (never from Ray's logical resources),
 a `ready()` health check naming role, device, GPU ids and node, failure messages that name the
 role, and a log of its own calls (start and end times) from which busy fractions and execution
-order are read. Model code lives in `engine/agent.py` and knows nothing about Ray.
+order are read. Model code lives in `engine/agent.py` and knows nothing about Ray. The call surface is the service's:
+`FORWARDED` lists the calls passed on as they are (latents received through the transport), and the actor defines
+only what differs on Ray (a rollout's messages kept or stored, bulk calls, kept messages).
 
 The pool submits a call only once its input latents exist (`ray_pool.RayPool`); agents also run calls
 out of order (`allow_out_of_order_execution=True`, set in replicas.py), so a call whose arguments are
@@ -24,8 +26,7 @@ import ray
 import torch
 
 from recmas_ray.config.transport import OBJECT_STORE, Transport
-from recmas_ray.distributed.transports import (LatentTransport, MessageStore, bulk_inputs, latent_transport,
-                                               resolve_message, to_wire)
+from recmas_ray.distributed.transports import LatentTransport, MessageStore, bulk_inputs, latent_transport, to_wire
 from recmas_ray.engine.service import AgentService, AgentSpec
 
 AGENT_EXIT_AFTER: dict[str, int] = {}
@@ -95,21 +96,10 @@ class _AgentActorImpl:
         """The service's rollout; its messages go where the transport keeps them (`LatentTransport.keep`: stored
         in the object store, their refs returned with the stats; or kept here under the call key `key` until
         `take_message`); latents arrive as refs or values."""
-        latents = [resolve_message(x) for x in latents]
+        latents = [self.transport.receive(x) for x in latents]
         *msgs, stats = self._logged("rollout", users, slot_names,
                                     lambda: self.service.rollout(users, slot_names, num_steps, edges, *latents))
         return self.transport.keep(self.messages, key, edges, msgs, stats)
-
-    def decode(self, users, slot_names, cfg, *latents, **stream):
-        latents = [resolve_message(x) for x in latents]
-        return self._logged("decode", users, slot_names,
-                            lambda: self.service.decode(users, slot_names, cfg, *latents, **stream))
-
-    def rollout_text(self, users, slot_names, num_steps, *latents):
-        """The rollout read out as its argmax tokens, as text (`AgentService.rollout_text`; rollout_as_text)."""
-        latents = [resolve_message(x) for x in latents]
-        return self._logged("rollout_text", users, slot_names,
-                            lambda: self.service.rollout_text(users, slot_names, num_steps, *latents))
 
     def rollout_bulk(self, num_steps, edges, calls, *args):
         """Rollouts of several batches in one Ray call (`distributed.bulk`): `calls` = (users, slot_names, where) per
@@ -163,28 +153,39 @@ class _AgentActorImpl:
         """Messages kept here, not yet taken (0 when no batch is in flight)."""
         return len(self.messages)
 
-    def retry_format(self, texts, suffixes, num_tokens, *latents, cfg, **context):
-        """The answer-format retry on this agent (see `AgentService.retry_format`; `context`: users,
-        slot_names, rows of the decoder's input, whose latents come positionally)."""
-        return self.service.retry_format(texts, suffixes, num_tokens, *[resolve_message(x) for x in latents], cfg=cfg,
-                                         **context)
-
-    def score(self, users, slot_names, targets, *latents, continuation: bool = False):
-        """Mean NLL of target texts after the prompts, or continuations' log p (see `AgentService.score`)."""
-        return self.service.score(users, slot_names, targets, *[resolve_message(x) for x in latents],
-                                  continuation=continuation)
-
     def select_rows(self, positions, block):
         """Rows of a latent message, stored like a rollout's messages (adaptive rounds, `AgentService.select_rows`)."""
-        return ray.put(to_wire(self.service.select_rows(resolve_message(block), positions)))
+        return ray.put(to_wire(self.service.select_rows(self.transport.receive(block), positions)))
 
-    def latent_change(self, old_positions, num_blocks, *blocks):
-        """Per question, the relative change of its latent input between two rounds (`AgentService.latent_change`)."""
-        return self.service.latent_change(old_positions, num_blocks, *[resolve_message(x) for x in blocks])
 
-    def set_links(self, *links):
-        """Swap this agent's links without reloading its model (see `AgentService.set_links`)."""
-        return self.service.set_links(*links)
+FORWARDED: dict[str, tuple[int, bool]] = {
+    # AgentService method: (leading arguments before its latent messages, logged in `call_log`)
+    "decode": (3, True),          # users, slot_names, cfg, *latents; on_token= (streaming)
+    "rollout_text": (3, True),    # users, slot_names, num_steps, *latents
+    "score": (3, False),          # users, slot_names, targets, *latents; continuation=
+    "retry_format": (3, False),   # texts, suffixes, num_tokens, *latents; cfg=, users= slot_names= rows=
+    "latent_change": (2, False),  # old_positions, num_blocks, *blocks
+    "set_links": (2, False),      # inner_state, outer_states (no latents)
+}
+"""The calls the actor passes to its `AgentService` as they are, once their latent messages are received through the
+transport: the one list of them (the service's docstrings are theirs). The actor's own methods are what Ray adds:
+`rollout` (its messages kept or stored by the transport), the bulk calls, `select_rows` (its output stored), kept
+messages (`take_message`, `drop_messages`, `num_kept`), `ready` and `call_log`."""
+
+
+def _forward(name: str, num_leading: int, logged: bool):
+    def call(self, *args, **kw):
+        lead, latents = args[:num_leading], [self.transport.receive(x) for x in args[num_leading:]]
+        run = lambda: getattr(self.service, name)(*lead, *latents, **kw)  # noqa: E731
+        return self._logged(name, args[0], args[1], run) if logged else run()
+
+    call.__name__ = call.__qualname__ = name
+    call.__doc__ = f"`AgentService.{name}` in this actor (latent arguments received through the transport)."
+    return call
+
+
+for _name, (_num_leading, _logged) in FORWARDED.items():
+    setattr(_AgentActorImpl, _name, _forward(_name, _num_leading, _logged))
 
 
 def _reconstructed() -> bool:

@@ -19,6 +19,7 @@ import threading
 
 import ray
 
+from recmas_ray.config.extensions import import_extensions
 from recmas_ray.config.recursion import RecursionConfig
 from recmas_ray.config.transport import OBJECT_STORE, Transport
 from recmas_ray.distributed.ray_pool import RayPool
@@ -38,7 +39,9 @@ class _OrchestratorImpl:
     """
 
     def __init__(self, style: StyleSpec, copies: dict, timeout_s: float, transport: str | Transport = OBJECT_STORE,
-                 bulk_roles=(), serial_roles=()):
+                 bulk_roles=(), serial_roles=(), extensions=()):
+        import_extensions(extensions)  # task families and styles registered from outside the package, by name here
+
         self.style = style  # the plan's style object: it carries the run's prompt set
         self.timeout_s, self.transport = timeout_s, latent_transport(transport)
         self.bulk_roles = frozenset(bulk_roles)  # roles whose aligned calls leave in bulk (`distributed.bulk`)

@@ -12,7 +12,7 @@ import uuid
 import ray
 
 from recmas_ray.config.transport import OBJECT_STORE, Transport
-from recmas_ray.distributed.transports import LatentTransport, Part, latent_transport, resolve_message
+from recmas_ray.distributed.transports import LatentTransport, Part, latent_transport
 from recmas_ray.distributed.bulk import SERIAL_WINDOW, Bulker
 from recmas_ray.distributed.routing import Dispatcher, Pending, RoleGroup
 from recmas_ray.engine.pool import retry_context_args
@@ -299,7 +299,7 @@ class RayPool:
             raise RuntimeError(f"{whats[-1]}{self.context}: no answer within {self.timeout_s:g}s") from e
         except Exception:  # noqa: BLE001 - read in order: the first failed call is named
             return [self.get(h, what=w) for h, w in zip(handles, whats)]
-        return [resolve_message(got[i]) if i in got else self.get(r, what=w)
+        return [self.transport.receive(got[i]) if i in got else self.get(r, what=w)
                 for i, (r, w) in enumerate(zip(refs, whats))]
 
     def get(self, handle, *, what):
@@ -311,8 +311,8 @@ class RayPool:
             if isinstance(handle, Part):
                 return handle.value(left)
             if isinstance(handle, _AllOf):
-                return [resolve_message(v) for v in ray.get(handle.refs, timeout=left)][0]
-            return resolve_message(ray.get(handle, timeout=left))
+                return [self.transport.receive(v) for v in ray.get(handle.refs, timeout=left)][0]
+            return self.transport.receive(ray.get(handle, timeout=left))
         except (TimeoutError, ray.exceptions.GetTimeoutError) as e:
             raise RuntimeError(f"{what}{self.context}: no answer within {self.timeout_s:g}s") from e
         except ray.exceptions.TaskCancelledError as e:

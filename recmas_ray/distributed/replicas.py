@@ -31,6 +31,7 @@ import os
 import ray
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
+from recmas_ray.config.extensions import extension_modules
 from recmas_ray.config.placement import PlacementConfig
 from recmas_ray.config.recursion import RecursionConfig
 from recmas_ray.config.transport import OBJECT_STORE, Transport
@@ -164,7 +165,7 @@ def start_orchestrator(system: RaySystem, placement: PlacementConfig, *,
     restarts = actor_options(transport, placement.agent_max_restarts)["max_restarts"]
     system.orchestrator = Orchestrator.options(max_restarts=restarts, max_concurrency=system.max_batches).remote(
         system.plan.style, system.copies or system.handles, system.timeout_s, transport.config, system.bulk_roles,
-        system.serial_roles)
+        system.serial_roles, extension_modules())
 
 
 def await_orchestrator(system: RaySystem, placement: PlacementConfig, *,

@@ -10,19 +10,24 @@ them and checks their flags; this module is what each way does on Ray).
 Every user (the pool, the replicas, the orchestrator) calls the object and never asks which way it is:
 
     producer agent  rollout -> transport.keep(store, key, edges, msgs, stats)   what the Ray call returns
+                    transport.hand_out(msg)                                   one message as it leaves
+    consumer agent  transport.receive(x)                                      an argument -> the tensor (or value)
     pool            transport.send(handle, key, ...) -> (message handles, stats) one rollout, its messages' handles
                     transport.fetch(handle.take_message, ...)                  a kept message's handle (in `send`)
                     transport.release(handle, prefix)                         a failed batch's kept messages freed
+                    transport.receive(value)                                  what a `get` returns
     orchestrator    transport.connect(actors); transport.strip_reply(results)
     replicas        transport.actor_options, keeps_on_device, orchestrator_after_agents
 
-Adding a transport: its `Transport` in config/transport.py (flag name, checks) and, when it moves messages in a new
-way, a `LatentTransport` subclass here, returned by `latent_transport` (docs/architecture.md, "Adding a transport").
+Adding a transport is one file: a `LatentTransport` subclass and `register_transport(Transport(name, ...,
+strategy=TheClass))` (config/transport.py: its flag name and checks); `latent_transport(name)` then builds it
+wherever the agents run (docs/architecture.md, "Adding a transport"; tests/extensions/toy_transport.py).
 """
 
 from __future__ import annotations
 
 import dataclasses
+import importlib
 import warnings
 from typing import Any
 
@@ -30,7 +35,7 @@ import ray
 import torch
 from ray.experimental.collective import create_collective_group
 
-from recmas_ray.config.transport import TRANSPORTS, Transport, get_transport
+from recmas_ray.config.transport import Transport, get_transport
 
 KEPT_PREFIXES_MAX = 100_000
 """Prefixes of failed batches an agent remembers (bounded: the oldest half is forgotten)."""
@@ -162,8 +167,8 @@ class LatentTransport:
     def __str__(self) -> str:
         return self.config.name
 
-    def __reduce__(self):  # travels to actors as its flag value; rebuilt there by `latent_transport`
-        return latent_transport, (self.config.name,)
+    def __reduce__(self):  # travels to actors as its declaration (a strategy class by reference: its module is
+        return latent_transport, (self.config,)  # imported there); rebuilt there by `latent_transport`
 
     def connect(self, actors: list) -> None:
         """Before the first batch, in the process that will make the calls: join `actors` for this transport."""
@@ -180,6 +185,11 @@ class LatentTransport:
     def hand_out(self, msg):
         """In the producing agent: message `msg` as the call that hands it out returns it."""
         return msg
+
+    def receive(self, x):
+        """In a consumer (an agent's call, or the pool's `get`): argument or result `x` as the tensor or value it
+        carries (a stored message's ref fetched, a wire message unpacked; anything else passes through)."""
+        return resolve_message(x)
 
     def fetch(self, method, *args):
         """The call `method.remote(*args)` (an actor method that hands out a message), made so that a consumer's
@@ -251,12 +261,23 @@ class DirectTransport(LatentTransport):
         return results
 
 
-_STRATEGIES: dict[str, LatentTransport] = {
-    t.name: (DirectTransport if t.direct else ObjectStoreTransport)(t) for t in TRANSPORTS.values()}
+_STRATEGIES: dict[Transport, LatentTransport] = {}
+"""One strategy object per declaration, built on first use in each process."""
 
 
 def latent_transport(transport: str | Transport | LatentTransport) -> LatentTransport:
-    """The strategy of a flag value or a `config.transport.Transport` (a strategy passes through)."""
+    """The strategy of a flag value or a `config.transport.Transport` (a strategy passes through): an instance
+    of its declared `strategy` class, the same object on every call in this process."""
     if isinstance(transport, LatentTransport):
         return transport
-    return _STRATEGIES[get_transport(transport).name]
+    config = get_transport(transport)
+    strategy = _STRATEGIES.get(config)
+    if strategy is None:
+        cls = config.strategy
+        if isinstance(cls, str):  # "module:Class" (the package's own: no Ray import in the config layer)
+            module, _, name = cls.partition(":")
+            cls = getattr(importlib.import_module(module), name)
+        if not (isinstance(cls, type) and issubclass(cls, LatentTransport)):
+            raise ValueError(f"transport {config.name!r}: strategy {config.strategy!r} is no LatentTransport class")
+        strategy = _STRATEGIES.setdefault(config, cls(config))
+    return strategy

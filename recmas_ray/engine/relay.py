@@ -32,11 +32,13 @@ from recmas_ray.styles.role_context import question_for_role
 RELAY_METHODS = ("text_relay", "rollout_as_text")
 """The methods this module runs (`runner.run_batch` hands them here)."""
 
-STATE_PROMPT = ("You are the {role} agent in a multi-agent system. The {receiver} agent sees only what you write "
-                "here, not what you were told.\n\n{messages}Question: {question}\n\n"
-                "State what you know that answers it: every fact or value you were told, and the answer if you "
-                "know it. Be brief.")
-"""The text relay's sender prompt: it lets the sender state what it knows (the fact it was told included)."""
+STATE_PROMPT = ("{messages}Question: {question}\n\n"
+                "You are the {role} agent in a multi-agent system. The {receiver} agent sees only what you write "
+                "here, not what you were told. State what you know that answers the question: every fact or value "
+                "you were told, and the answer if you know it. Be brief.")
+"""The text relay's sender prompt: it lets the sender state what it knows (the fact it was told included). What
+it was told comes first: a base model (Gemma-3-270M) repeats its prompt from the start, and with the instruction
+first its 16-token message ended before the fact (0/64 at 53a7b3c)."""
 
 
 def state_prompt(role: str, receivers: list[str], question: str, messages: dict[str, str]) -> str:

@@ -19,11 +19,11 @@ from recmas_ray.models.registry import check_model_names
 from recmas_ray.config.placement import PlacementConfig
 from recmas_ray.config.recursion import MAX_ROUNDS, METHODS, RecursionConfig, ToolLoopConfig
 from recmas_ray.config.tracking import TrackingConfig
-from recmas_ray.config.transport import OBJECT_STORE, TRANSPORT_NAMES, get_transport
+from recmas_ray.config.transport import OBJECT_STORE, get_transport, transport_names
 from recmas_ray.styles import get_style, tool_styles
 from recmas_ray.styles.prompts import load_prompt_set
 from recmas_ray.system.config import SystemConfig
-from recmas_ray.tasks import TASK_TYPES
+from recmas_ray.tasks import task_names
 from recmas_ray.tasks.benchmarks import BENCHMARKS, canonical_name
 
 PROTOCOLS = ("greedy", "reference")  # what each one sets: recmas_ray.eval.protocol
@@ -72,7 +72,7 @@ class EvalConfig:
     sampling: rollout r decodes with seed + r)."""
     dataset: Annotated[str, NonEmpty()]
     """Benchmark name (math500, gsm8k, ...) or a local .jsonl/.json question file."""
-    task: Annotated[str | None, OneOf(TASK_TYPES)] = None
+    task: Annotated[str | None, OneOf(task_names)] = None
     """Task type (answer instruction and grader) of a local file's rows that carry no `task` field; unset: the
     task the links were trained on (their manifests), else math. Named benchmarks bring their own."""
     dataset_path: str | None = None
@@ -138,7 +138,7 @@ class EvalConfig:
     """Timeout of every wait on Ray, in seconds."""
     torch_threads: Annotated[int, Range(0, 1024)] = 0
     """Torch threads per agent (0: the library default)."""
-    transport: Annotated[str, OneOf(TRANSPORT_NAMES)] = OBJECT_STORE.name
+    transport: Annotated[str, OneOf(transport_names)] = OBJECT_STORE.name
     """How latents move between agent actors: object_store, rdt:gloo (CPU) or rdt:nccl (GPU)."""
     tools: ToolLoopConfig = field(default_factory=ToolLoopConfig)
     """Deliberation style only: the toolcaller's Python and search tools."""

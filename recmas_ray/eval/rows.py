@@ -34,6 +34,7 @@ from recmas_ray.styles.base import RolePrompts
 from recmas_ray.system.checkpoints import LinkSet, read_manifest
 from recmas_ray.system.link_init import seeded_outer_link
 from recmas_ray.tasks.math import decoder_help_text
+from recmas_ray.train.bridge import bridge_outer_links, state_bridge_outer_links
 from recmas_ray.train.data import load_rows
 
 def apply_row_options(cfg, plan):
@@ -59,14 +60,16 @@ def row_record(cfg, samples: list[dict]) -> dict:
 
 
 def with_decoder_format_help(style):
-    """`style` with the answer-format help after every prompt of its decoder (each variant and task type) and
-    after the single agent's prompt; every other role's prompts unchanged."""
-    suffix = "\n\n" + decoder_help_text()
+    """`style` with the answer-format help before every prompt of its decoder (each variant and task type) and
+    before the single agent's prompt; every other role's prompts unchanged. Before, not after: the worked example
+    is read first and the question last, as in few-shot prompting (appended after the question, SmolLM2-135M
+    answered the example's question: 0/64 where the bare prompt gave 33/64, main job at 53a7b3c)."""
+    prefix = decoder_help_text() + "\n\n"
     own = style.prompts[style.decoder]
-    helped = RolePrompts(base={t: p + suffix for t, p in own.base.items()},
-                         feedback={t: p + suffix for t, p in own.feedback.items()})
+    helped = RolePrompts(base={t: prefix + p for t, p in own.base.items()},
+                         feedback={t: prefix + p for t, p in own.feedback.items()})
     return dataclasses.replace(style, prompts={**style.prompts, style.decoder: helped},
-                               single_agent_prompt=style.single_agent_prompt + suffix)
+                               single_agent_prompt=prefix + style.single_agent_prompt)
 
 
 def untrained_outer_links(plan, folder: str | None):
@@ -111,9 +114,6 @@ def plan_seed(plan) -> int:
 
 def _bridge(plan, edges: list[str], trained: dict, init: str) -> None:
     """Refit the bridge initialisation training started from, on the seeded links of `edges` (in place)."""
-    # lazy: transformers reads env settings on import; this module loads before the console sets them
-    from recmas_ray.train.bridge import bridge_outer_links, state_bridge_outer_links
-
     links = LinkSet()
     links.inner.update(plan.links.inner)
     links.outer.update({e: plan.links.outer[e] for e in edges})

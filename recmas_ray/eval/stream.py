@@ -31,6 +31,7 @@ import time
 import warnings
 from typing import Callable, Iterator
 
+from recmas_ray.config.extensions import extension_modules, import_extensions
 from recmas_ray.config.recursion import RecursionConfig
 from recmas_ray.distributed.routing import LeaseKeeper, batch_work
 from recmas_ray.eval.config import StreamConfig
@@ -178,8 +179,10 @@ class EvalClient:
 
     def __init__(self, replicas: list, router, method: str, recursion: RecursionConfig, grader: str,
                  format_retry: bool, timeout_s: float, max_batch_retries: int = 2, exit_after: int | None = None,
-                 fail_docs: dict | None = None, style=None, progress: tuple | None = None):
+                 fail_docs: dict | None = None, style=None, progress: tuple | None = None, extensions=()):
         import ray  # lazy: ray must not load with --help or before a job's first line
+
+        import_extensions(extensions)  # task families registered from outside the package: graded by name here
 
         self.replicas, self.router = replicas, router  # the orchestrator of each replica; the replica router
         self.style = style  # the plan's style: a batch's work (rows x steps) for the router
@@ -376,7 +379,7 @@ def stream_samples(system, batches: list[tuple[list[dict], int]], method: str, r
                                    "recursion": recursion, "grader": grader, "format_retry": format_retry,
                                    "timeout_s": timeout_s, "max_batch_retries": max_batch_retries,
                                    "exit_after": FAULTS.client_exit_after, "fail_docs": FAULTS.fail_docs,
-                                   "progress": progress})
+                                   "progress": progress, "extensions": extension_modules()})
     try:
         # No prefetch: iter_rows' one-block prefetch holds each output back until the next one
         # arrives, so a crash would also lose a finished batch that never reached the file.

@@ -1,6 +1,12 @@
-"""Registry of collaboration styles: `get_style(name)` returns a validated `StyleSpec`."""
+"""Registry of collaboration styles: `get_style(name)` returns a validated `StyleSpec`.
+
+A new style is one `StyleSpec` declaration: a module of this package is listed in `STYLES` below, one anywhere
+else (a user's file, a test) joins with `register_style` (docs/architecture.md, "Adding a style";
+tests/extensions/toy_style.py).
+"""
 
 from recmas_ray.config.checks import ConfigTypeError
+from recmas_ray.config.extensions import note_extension
 from recmas_ray.styles.base import (StyleSpec, Step, build_schedule, question_with_interface, render_prompt,
                                    render_single_agent_prompt, split_edge)
 from recmas_ray.styles.deliberation import DELIBERATION
@@ -15,6 +21,20 @@ STYLES: dict[str, StyleSpec] = {
     "mixture": MIXTURE, "distillation": DISTILLATION, "deliberation": DELIBERATION,
 }
 ALIASES = {"hie": "mixture", "distill": "distillation"}
+
+
+def register_style(style: StyleSpec) -> StyleSpec:
+    """Add a style: its name becomes a `style` choice of every job and `System.build`. The declaration is
+    validated first; the same declaration again is a no-op, another one under a taken name raises ValueError. A
+    module outside the package that calls this is imported by the Ray processes a run starts too
+    (`config.extensions`)."""
+    style.validate()
+    other = STYLES.get(style.name)
+    if (other is not None and other != style) or style.name in ALIASES:
+        raise ValueError(f"style {style.name!r} is already registered")
+    STYLES[style.name] = style
+    note_extension()
+    return style
 
 
 def get_style(name: str) -> StyleSpec:
@@ -76,5 +96,5 @@ def check_role_models(flag: str, table: dict[str, str], style_name: str, *, extr
 
 
 __all__ = ["ROLE_ALIASES", "STYLES", "StyleSpec", "Step", "build_schedule", "canonical_role", "check_role_models",
-           "get_style", "question_with_interface", "render_prompt", "render_single_agent_prompt", "split_edge",
-           "style_names", "tool_styles"]
+           "get_style", "question_with_interface", "register_style", "render_prompt", "render_single_agent_prompt",
+           "split_edge", "style_names", "tool_styles"]

@@ -223,14 +223,20 @@ def build_schedule(style: StyleSpec, num_rounds: int, *, decode_every_round: boo
     return steps
 
 
+def final_instruction(style: StyleSpec, task: str) -> str:
+    """The text a prompt's `{final}` becomes: the style's (or its prompt set's) for `task`, else the family's own
+    instruction (a family registered after the style was declared); ValueError for an unknown task type."""
+    if task not in TASKS:
+        raise ValueError(f"unknown task type {task!r}; expected one of {tuple(TASKS)}")
+    return style.final_instructions.get(task, TASKS[task].instruction)
+
+
 def render_prompt(style: StyleSpec, step_role: str, variant: str, task: str, question: str,
                   slot_text: dict[str, str] | None = None) -> str:
     """The user prompt of a role; slot markers stay in place unless `slot_text` gives text for them."""
-    if task not in TASK_TYPES:
-        raise ValueError(f"unknown task type {task!r}; expected one of {TASK_TYPES}")
     text = style.prompts[step_role].template(variant, task)
     question = question_for_role(question, step_role)
-    text = text.replace("{final}", style.final_instructions[task]).replace("{question}", question)
+    text = text.replace("{final}", final_instruction(style, task)).replace("{question}", question)
     for marker, value in (slot_text or {}).items():
         text = text.replace(marker, value)
     return text
@@ -239,7 +245,7 @@ def render_prompt(style: StyleSpec, step_role: str, variant: str, task: str, que
 def render_single_agent_prompt(style: StyleSpec, task: str, question: str) -> str:
     """Prompt of the decoder working alone (the single-agent baseline); it sees the decoder's own context."""
     question = question_for_role(question, style.decoder)
-    return style.single_agent_prompt.replace("{final}", style.final_instructions[task]).replace("{question}", question)
+    return style.single_agent_prompt.replace("{final}", final_instruction(style, task)).replace("{question}", question)
 
 
 def question_with_interface(style: StyleSpec, question: str, interface: dict | None) -> str:

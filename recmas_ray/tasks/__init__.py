@@ -23,7 +23,8 @@ from __future__ import annotations
 
 from recmas_ray.config.choices import GRADERS
 from recmas_ray.tasks import code, math, multiple_choice, qa
-from recmas_ray.tasks.base import BENCHMARKS, TASKS, BenchmarkSpec, GradeResult, Task, get_task, register_task
+from recmas_ray.tasks.base import (BENCHMARKS, TASKS, BenchmarkSpec, GradeResult, Task, get_task, register_task,
+                                   task_names)
 
 FAMILY_MODULES = (math, multiple_choice, code, qa)
 """The package's own families, in the order the `--task` choices list them."""
@@ -31,7 +32,7 @@ for _module in FAMILY_MODULES:
     register_task(_module.TASK)
 
 TASK_TYPES: tuple[str, ...] = tuple(TASKS)
-"""The package's families' names (the `--task` choices; a question's `task_type`)."""
+"""The package's own families' names (`task_names()` adds those registered from outside)."""
 
 
 def grade(task_type: str, record: dict, response: str, mode: str = "strict") -> GradeResult:
@@ -46,4 +47,4 @@ def grade(task_type: str, record: dict, response: str, mode: str = "strict") -> 
 
 
 __all__ = ["BENCHMARKS", "BenchmarkSpec", "FAMILY_MODULES", "GradeResult", "TASKS", "TASK_TYPES", "Task", "get_task",
-           "grade", "register_task"]
+           "grade", "register_task", "task_names"]

@@ -9,6 +9,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 from typing import Callable
 
+from recmas_ray.config.extensions import note_extension
+
 
 @dataclass
 class GradeResult:
@@ -85,16 +87,24 @@ BENCHMARKS: dict[str, BenchmarkSpec] = {}
 
 def register_task(task: Task) -> Task:
     """Add a family: its name becomes a `task_type`, its benchmarks loadable by name (`tasks.benchmarks`).
-    A name or benchmark already taken by another family raises ValueError (one definition of each)."""
+    A name or benchmark already taken by another family raises ValueError (one definition of each); the same
+    declaration again is a no-op. A module outside the package that calls this is imported by the Ray processes
+    a run starts too (`config.extensions`), so they know the family by its name."""
     other = TASKS.get(task.name)
-    if other is not None and other is not task:
+    if other is not None and other != task:
         raise ValueError(f"task family {task.name!r} is already registered")
     taken = sorted(b for b in task.benchmarks if b in BENCHMARKS and BENCHMARKS[b].task_type != task.name)
     if taken:
         raise ValueError(f"task family {task.name!r}: benchmark(s) {taken} already belong to another family")
     TASKS[task.name] = task
+    note_extension()
     BENCHMARKS.update({name: replace(spec, task_type=task.name) for name, spec in task.benchmarks.items()})
     return task
+
+
+def task_names() -> tuple[str, ...]:
+    """Every registered family's name (the `--task` choices, a question's `task_type`)."""
+    return tuple(TASKS)
 
 
 def get_task(name: str) -> Task:

@@ -22,7 +22,7 @@ FAST = ["--num_recursive_rounds", "1", "--latent_steps", "3", "--max_new_tokens"
 def test_format_help_changes_only_the_decoders_prompt(style_name):
     style = get_style(style_name)
     helped = with_decoder_format_help(style)
-    suffix = "\n\n" + decoder_help_text()
+    prefix = decoder_help_text() + "\n\n"
     for role in style.roles:
         for variant in ("base", "feedback"):
             for task in ("math", "qa", "choice"):
@@ -31,10 +31,12 @@ def test_format_help_changes_only_the_decoders_prompt(style_name):
                 except ValueError:  # a role with no feedback variant
                     continue
                 after = render_prompt(helped, role, variant, task, QUESTIONS[0])
-                assert after == (before + suffix if role == style.decoder else before), (role, variant, task)
+                assert after.endswith(before) and (after == before) == (role != style.decoder), (role, variant, task)
+                if role == style.decoder:
+                    assert prefix.strip() in after and after.index(prefix.strip()) < after.index(QUESTIONS[0])
     assert render_single_agent_prompt(helped, "qa", QUESTIONS[0]) == \
-        render_single_agent_prompt(style, "qa", QUESTIONS[0]) + suffix
-    assert "\\boxed{12}" in suffix and suffix.count("Question:") == 1  # the instruction and one worked example
+        prefix + render_single_agent_prompt(style, "qa", QUESTIONS[0])  # the example first, the question last
+    assert "\\boxed{12}" in prefix and prefix.count("Question:") == 1  # the instruction and one worked example
 
 
 def _folder_with_train_config(root, train_config):
