@@ -12,6 +12,7 @@ Importing the package is light: the names below load their modules (torch, trans
 
 from __future__ import annotations
 
+import importlib
 from typing import TYPE_CHECKING
 
 __all__ = ["System", "SampleResult", "train_inner", "train_outer"]
@@ -27,8 +28,6 @@ if TYPE_CHECKING:
 
 def __getattr__(name: str):
     if name in _LAZY:
-        import importlib
-
         value = getattr(importlib.import_module(_LAZY[name]), name)
         globals()[name] = value
         return value

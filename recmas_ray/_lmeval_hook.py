@@ -31,7 +31,7 @@ def register(model_registry) -> None:
 
 def _after_models() -> None:
     try:
-        from lm_eval.api.registry import model_registry
+        from lm_eval.api.registry import model_registry  # lazy: optional dependency
 
         register(model_registry)
     except Exception as exc:  # a registry of another lm-eval version: say so, never break lm-eval
@@ -44,6 +44,7 @@ def _after_cli() -> None:
     if MODEL_NAME not in argv and f"--model={MODEL_NAME}" not in argv:
         return  # another model: nothing of ours loads
     try:
+        # lazy: the startup hook loads recmas_ray only for lm-eval's CLI
         from recmas_ray.lmeval import check_cli_model_args
     except Exception:  # noqa: BLE001 - recmas_ray not importable in this program: lm-eval reports it later
         return

@@ -24,13 +24,24 @@ from typing import Sequence
 from recmas_ray.api_inputs import (MAX_N, MAX_QUESTION_CHARS, check_int, check_questions, check_stop, finish,
                                    python_names, str_list)
 from recmas_ray.config.checks import check_tree
-from recmas_ray.console import default_log_dir, quiet_calls
+from recmas_ray.config.inputs import check_text_table
+from recmas_ray.console import current, default_log_dir, quiet_calls
 from recmas_ray.eval.config import EvalConfig
 from recmas_ray.config.recursion import DecodeConfig, RecursionConfig
 from recmas_ray.config.placement import PlacementConfig
 from recmas_ray.config.transport import OBJECT_STORE
-from recmas_ray.engine.runner import SampleResult
+from recmas_ray.distributed.launch import start_agents
+from recmas_ray.engine.pool import LocalPool
+from recmas_ray.engine.runner import SampleResult, run_batch
+from recmas_ray.eval.progress import QuestionProgress
+from recmas_ray.styles import get_style
+from recmas_ray.styles.prompts import prompt_set_hash
 from recmas_ray.system.config import SystemConfig
+from recmas_ray.system.hub import links_overrides, resolve_overrides
+from recmas_ray.system.plan import plan_system
+from recmas_ray.system.trained import check_trained_task, trained_task
+from recmas_ray.tasks import task_names
+from recmas_ray.tasks.benchmarks import BENCHMARKS, canonical_name
 
 log = logging.getLogger(__name__)
 
@@ -141,14 +152,6 @@ class System:
     def _build(cls, style, *, role_models, links, preset, ckpt_override, backend, num_replicas, task, device, dtype,
                seed, placement, transport, timeout_s, torch_threads, allow_base_model_mismatch,
                allow_style_mismatch, allow_task_mismatch, prompt_set, progress, continuous_batching=True) -> System:
-        from recmas_ray.styles import get_style
-        from recmas_ray.system.hub import links_overrides, resolve_overrides
-        from recmas_ray.distributed.launch import start_agents
-        from recmas_ray.system.plan import plan_system
-        from recmas_ray.system.trained import check_trained_task, trained_task
-        from recmas_ray.styles.prompts import prompt_set_hash
-        from recmas_ray.config.inputs import check_text_table
-
         role_models, ckpt_override = check_text_table("role_models", role_models), check_text_table(
             "ckpt_override", ckpt_override)  # before any of them is resolved (Hub ids, link folders)
         check_int("num_replicas", num_replicas, 1)
@@ -244,15 +247,12 @@ class System:
         tasks = [task] * len(questions) if isinstance(task, str) else str_list(task, "task")
         if len(tasks) != len(questions):
             raise ValueError(f"{len(questions)} questions but {len(tasks)} task types")
-        from recmas_ray.tasks import task_names
 
         bad = sorted({t for t in tasks if t not in task_names()})
         if bad:
             raise ValueError(f"unknown task type(s) {bad}; expected one of {list(task_names())}")
         check_int("batch_size", batch_size, 1)
         check_int("n", n, 1, MAX_N)
-        from recmas_ray.styles.prompts import prompt_set_hash
-        from recmas_ray.system.trained import check_trained_task
 
         check_trained_task(self.cfg.system.ckpt_override, tasks, prompt_set_hash(self.plan.style),
                            allow=self.cfg.system.allow_task_mismatch, task_flag="task=")
@@ -270,10 +270,6 @@ class System:
         row_tasks = [t for t in tasks for _ in range(per_question)]
         out: list[SampleResult] = []
         with self._quiet():
-            from recmas_ray.console import current
-            from recmas_ray.eval.progress import QuestionProgress
-            from recmas_ray.engine.pool import LocalPool
-
             bar = current().bar(len(rows), "generate", unit="question" if per_question == 1 else "answer",
                                 enabled=progress)
             local = isinstance(self.agents, LocalPool)
@@ -299,13 +295,10 @@ class System:
         """One checked batch through the agents (what `generate`, the server and lm-eval call); `run_options`
         are `run_batch`'s: `on_token(ids)` is called with the token id picked per question at every step of
         the final decode (streaming), `targets` + `score_continuation` score continuations (likelihoods)."""
-        from recmas_ray.engine.pool import LocalPool
-        from recmas_ray.engine.runner import run_batch
-
         self._check_open()
         if isinstance(self.agents, LocalPool):
             return run_batch(self.agents, self.plan.style, questions, tasks, rc, **run_options)
-        import ray
+        import ray  # lazy: Ray reads env settings on import; this module loads before the console sets them
 
         ref = self.agents.solve(questions, tasks, rc, **run_options)
         try:
@@ -353,7 +346,7 @@ class System:
             ValueError: A bad argument (named as here), before anything is written.
         """
         self._check_open()
-        from recmas_ray.tasks.benchmarks import BENCHMARKS, canonical_name
+        # lazy: Ray reads env settings on import; this module loads before the console sets them
         from recmas_ray.eval.run import evaluate
 
         cfg = dataclasses.replace(

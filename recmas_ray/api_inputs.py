@@ -7,6 +7,8 @@ The server (`serve/`) shares the limits and the answer shaping, so both front do
 from __future__ import annotations
 
 import contextlib
+import json
+import re
 from pathlib import Path
 from typing import Sequence
 
@@ -28,8 +30,6 @@ PYTHON_NAMES = {"models": "role_models", "role_model": "role_models", "placement
 def python_names():
     """Inside: a ValueError / TypeError whose message names a CLI flag (`--models`) names the Python argument
     (`role_models`) instead; the shared checks speak the CLI's language."""
-    import re
-
     def rename(match: re.Match) -> str:
         name = match.group(1).rstrip(".").rsplit(".", 1)[-1]  # nested settings: the argument is the leaf
         return PYTHON_NAMES.get(name, name)
@@ -113,7 +113,6 @@ def rows_file(rows: str | Path | Sequence[dict], directory: str | Path, name: st
     """A dataset argument for training: a path or dataset name as is, rows in memory written as JSONL."""
     if isinstance(rows, (str, Path)):
         return str(rows)
-    import json
 
     rows = list(rows)
     if not rows or not all(isinstance(r, dict) for r in rows):

@@ -31,9 +31,11 @@ import sys
 from dataclasses import dataclass
 from typing import Annotated
 
+import torch
 from lm_eval.api.model import LM
 from lm_eval.api.registry import register_model
 
+from recmas_ray.api import System
 from recmas_ray.config.checks import ConfigError, OneOf, Range, check_tree, field_hints, split_annotated
 from recmas_ray.config.choices import BACKENDS, DTYPES, MODEL_PRESETS
 from recmas_ray.config.cli import field_docs, parse_text
@@ -166,10 +168,6 @@ class RecMASLM(LM):
 
     def __init__(self, *, batch_size: int | str | None = None, device: str | None = "auto", system=None,
                  max_batch_size=None, trust_remote_code=None, **model_args):
-        import torch
-
-        from recmas_ray.api import System
-
         super().__init__()
         args = check_model_args(model_args)
         self.args = args
@@ -262,7 +260,7 @@ def check_cli_model_args(argv: list[str]) -> None:
             raw.append(arg.split("=", 1)[1])
     if model != MODEL_NAME:
         return
-    from lm_eval.utils import simple_parse_args_string
+    from lm_eval.utils import simple_parse_args_string  # lazy: optional dependency
 
     values: dict = {}
     for chunk in raw:
@@ -290,7 +288,7 @@ def main(argv=None) -> None:
         print(model_args_help() + "\n")
     else:
         check_cli_model_args(argv)
-    from lm_eval.__main__ import cli_evaluate
+    from lm_eval.__main__ import cli_evaluate  # lazy: optional dependency
 
     sys.argv = [sys.argv[0], *argv]
     cli_evaluate()

@@ -19,8 +19,12 @@ import json
 import math
 import os
 import re
+import tempfile
+import time
 from pathlib import Path
 from typing import Any
+
+from ray.train import UserCallback
 
 from recmas_ray.config.tracking import TrackingConfig
 
@@ -94,8 +98,8 @@ def _numeric(metrics: dict) -> dict[str, float]:
 
 def ensure_mlflow_experiment(uri: str, experiment: str, *, client=None) -> str:
     """The experiment's id in the store at `uri`, created if missing; a concurrent creator is tolerated."""
-    from mlflow.exceptions import MlflowException
-    from mlflow.tracking import MlflowClient
+    from mlflow.exceptions import MlflowException  # lazy: optional dependency
+    from mlflow.tracking import MlflowClient  # lazy: optional dependency
 
     if uri.startswith("file:"):
         os.environ.setdefault("MLFLOW_ALLOW_FILE_STORE", "true")
@@ -116,7 +120,7 @@ class MlflowTracker(Tracker):
     """One MLflow run, addressed by id through `MlflowClient` (no global active run, safe in Ray actors)."""
 
     def __init__(self, uri: str, experiment: str, run_name: str):
-        from mlflow.tracking import MlflowClient
+        from mlflow.tracking import MlflowClient  # lazy: optional dependency
 
         if uri.startswith("file:"):
             os.environ.setdefault("MLFLOW_ALLOW_FILE_STORE", "true")
@@ -126,16 +130,14 @@ class MlflowTracker(Tracker):
         self.run_id = self.client.create_run(experiment_id, run_name=run_name).info.run_id
 
     def log_params(self, params):
-        from mlflow.entities import Param
+        from mlflow.entities import Param  # lazy: optional dependency
 
         items = [Param(k, v) for k, v in params.items()]
         for i in range(0, len(items), 100):  # MLflow's batch limit
             self.client.log_batch(self.run_id, params=items[i:i + 100])
 
     def log_metrics(self, metrics, *, step=None):
-        import time
-
-        from mlflow.entities import Metric
+        from mlflow.entities import Metric  # lazy: optional dependency
 
         now = int(time.time() * 1000)
         items = [Metric(k, v, now, int(step or 0)) for k, v in _numeric(metrics).items()]
@@ -160,7 +162,7 @@ class WandbTracker(Tracker):
     """One W&B run (offline by default, so nothing leaves the machine unless the user says so)."""
 
     def __init__(self, project: str, experiment: str, run_name: str, directory: Path):
-        import wandb
+        import wandb  # lazy: optional dependency
 
         os.environ.setdefault("WANDB_MODE", "offline")
         self.wandb = wandb
@@ -187,8 +189,6 @@ class TrackingCallback:
     """Ray Train `UserCallback` (made lazily, Ray is not imported here): logs rank 0's report metrics live."""
 
     def __new__(cls, uri: str, run_id: str):
-        from ray.train import UserCallback
-
         class _Callback(UserCallback):
             def __init__(self):
                 self.uri, self.run_id = uri, run_id
@@ -196,7 +196,7 @@ class TrackingCallback:
             def after_report(self, run_context, metrics, checkpoint):
                 if not metrics:
                     return
-                from mlflow.tracking import MlflowClient
+                from mlflow.tracking import MlflowClient  # lazy: optional dependency
 
                 if self.uri.startswith("file:"):
                     os.environ.setdefault("MLFLOW_ALLOW_FILE_STORE", "true")
@@ -225,8 +225,6 @@ def start_run(cfg: TrackingConfig, *, output_dir: str | os.PathLike, run_name: s
 
 def log_config_artifact(tracker: Tracker, config: Any) -> None:
     """The whole resolved config as the run's `config.json` artifact (parameters are cut at MAX_PARAM_CHARS)."""
-    import tempfile
-
     with tempfile.TemporaryDirectory(prefix="recmas-config-") as folder:
         path = Path(folder) / "config.json"
         path.write_text(json.dumps(without_secrets(config), indent=2, default=str, ensure_ascii=False),

@@ -16,7 +16,16 @@ import dataclasses
 from pathlib import Path
 from typing import Any, Sequence
 
-from recmas_ray.config.checks import ConfigTypeError
+from recmas_ray.api_inputs import rows_file
+from recmas_ray.config.checks import ConfigTypeError, check_tree
+from recmas_ray.config.inputs import OutputLock
+from recmas_ray.console import job_console
+from recmas_ray.styles import canonical_role, get_style
+from recmas_ray.system.config import system_fields, with_system
+from recmas_ray.system.hub import links_overrides
+from recmas_ray.system.plan import plan_system
+from recmas_ray.train.config import InnerTrainConfig, OuterTrainConfig
+from recmas_ray.train.data import load_rows, role_examples, validate_rows
 
 __all__ = ["train_inner", "train_outer"]
 
@@ -26,17 +35,12 @@ def check_training_inputs(cfg, rows: list[dict] | None = None) -> None:
     system plan (checkpoints, their manifests and link weights, base-model configs) and the rows with the
     fields each role needs (`rows`: in-memory rows instead of cfg's dataset). The jobs and these wrappers call
     it before taking the save_dir lock."""
-    from recmas_ray.config.checks import check_tree
-    from recmas_ray.train.config import InnerTrainConfig
-    from recmas_ray.styles import canonical_role, get_style
-    from recmas_ray.train.data import load_rows, validate_rows
-
     check_tree(cfg)
     style = get_style(cfg.system.style)
     if rows is None:
         rows = load_rows(cfg.dataset_name, cfg.dataset_json_field, split=cfg.dataset_split)
     if isinstance(cfg, InnerTrainConfig):
-        from recmas_ray.train.data import role_examples
+        # lazy: Ray reads env settings on import; this module loads before the console sets them
         from recmas_ray.train.inner_job import plan_roles, resolve_role_steps
 
         roles = list(style.roles) if cfg.mas_role == "all" else [canonical_role(style, cfg.mas_role)]
@@ -45,9 +49,10 @@ def check_training_inputs(cfg, rows: list[dict] | None = None) -> None:
         for role in roles:  # a batch larger than a role's data
             resolve_role_steps(cfg, len(role_examples(rows, style, role, cfg.task)))
         return
-    from recmas_ray.system.plan import plan_system
+    # lazy: train.core imports Ray Train on top: it loads inside the console (check_training_inputs' call)
     from recmas_ray.train.outer import prepare_samples
 
+    # lazy: train.core imports Ray Train on top: it loads inside the console (check_training_inputs' call)
     from recmas_ray.train.core import resolve_steps
 
     plan_system(cfg.system, task=cfg.task)
@@ -60,9 +65,6 @@ def run_training_job(cfg, name: str, train) -> int:
     """The training jobs' shell (`jobs.train_inner`, `jobs.train_outer`): the quiet console (Ray, Ray Train and
     the workers' output in <save_dir>/logs/<name>.log; --verbose: on the console), every input read before
     anything is written, then `train(cfg, console)` while holding --save_dir's lock."""
-    from recmas_ray.config.inputs import OutputLock
-    from recmas_ray.console import job_console
-
     with job_console(Path(cfg.save_dir) / "logs", verbose=cfg.verbose, name=name, progress=cfg.progress) as console:
         check_training_inputs(cfg)  # checkpoints, models' configs and rows read before anything is written
         with OutputLock(cfg.save_dir, "--save_dir"):  # a second run into this folder stops, naming this PID
@@ -73,10 +75,6 @@ def _config(cls, values: dict[str, Any], options: dict[str, Any], rows, rows_fil
     """(checked training config, in-memory rows or None): every argument validated as the CLI does. In-memory
     rows will be `rows_file` (the config already names it, as the earlier run's config.json does for --resume),
     written only once everything is accepted (`_with_rows`)."""
-    from recmas_ray.config.checks import check_tree
-
-    from recmas_ray.system.config import system_fields, with_system
-
     # the system's fields (style, seed, ckpt_override, ...) are settings too: with_system nests them
     names = {f.name for f in dataclasses.fields(cls)} - {"system"} | system_fields(cls)
     unknown = sorted(set(options) - names)
@@ -106,8 +104,6 @@ def _probe(cfg, rows):
 def _with_rows(cfg, rows) -> None:
     """Write the accepted in-memory `rows` where `cfg` reads them."""
     if rows is not None:
-        from recmas_ray.api_inputs import rows_file
-
         path = Path(cfg.dataset_name)
         rows_file(rows, path.parent, path.name)
 
@@ -133,10 +129,11 @@ def train_inner(style: str, *, rows: str | Path | Sequence[dict], save_dir: str 
         ...                num_workers=0)  # doctest: +SKIP
         PosixPath('ckpt')
     """
-    from recmas_ray.config.inputs import OutputLock
-    from recmas_ray.train.config import InnerTrainConfig
+    # lazy: Ray reads env settings on import; this module loads before the console sets them
     from recmas_ray.distributed.cluster import init_ray
+    # lazy: Ray reads env settings on import; this module loads before the console sets them
     from recmas_ray.train.inner_job import train_all_roles
+    # lazy: Ray reads env settings on import; this module loads before the console sets them
     from recmas_ray.train.inner_job import train_inner as train_one_role
 
     if not isinstance(save_dir, (str, Path)) or not str(save_dir).strip():
@@ -148,8 +145,6 @@ def train_inner(style: str, *, rows: str | Path | Sequence[dict], save_dir: str 
                                      "role_models": dict(role_models or {}), "save_dir": str(save_dir)},
                        options, rows, save_dir / "train.jsonl")
     if roles is not None:
-        from recmas_ray.styles import canonical_role, get_style
-
         if isinstance(roles, str) or not all(isinstance(r, str) for r in roles):
             raise ConfigTypeError(f"roles: expected a list of role names, got {roles!r:.60}")
         for role in roles:
@@ -189,10 +184,7 @@ def train_outer(style: str, *, rows: str | Path | Sequence[dict], links: str | P
         num_recursive_rounds: R unrolled in every training step.
         **options: Other `OuterTrainConfig` settings (max_steps, lr, batch_size, max_latent_tokens, ...).
     """
-    from recmas_ray.config.inputs import OutputLock
-    from recmas_ray.styles import get_style
-    from recmas_ray.system.hub import links_overrides
-    from recmas_ray.train.config import OuterTrainConfig
+    # lazy: Ray reads env settings on import; this module loads before the console sets them
     from recmas_ray.train.pipeline import train_outer as run_outer
 
     inner = {r: p for r, p in links_overrides(str(links), get_style(style).roles).items() if r != "outer"} \

@@ -22,7 +22,10 @@ floor rule holds for both graphs with no exception; cycles are checked over the 
 graphs together (a function-level import that closes a circle is a circle all the same). A job config whose
 checks need styles, the system or the benchmarks lives with its job (``eval/config.py``, ``train/config.py``).
 
-``python tests/test_layers.py --imports`` prints the share of imports that sit inside functions.
+Imports sit at the top of each module: at most 10% of a tree's imports may sit inside functions, each with a
+``# lazy: <reason>`` comment (an optional or slow dependency, a module that --help loads and that must not import
+torch, Ray only where it runs, the sandboxed child's boot text). ``python tests/test_layers.py --imports`` prints
+the share of imports that sit inside functions.
 """
 from __future__ import annotations
 
@@ -226,6 +229,13 @@ def test_engine_imports_no_ray_and_config_no_torch():
             assert not imported & {"torch", "transformers"}, f"{mod} imports {sorted(imported & {'torch', 'transformers'})}"
 
 
+def _imports_in_functions(tree: ast.Module) -> list[ast.stmt]:
+    """Import statements inside functions or methods (nested ones counted once)."""
+    found = {id(n): n for f in ast.walk(tree) if isinstance(f, (ast.FunctionDef, ast.AsyncFunctionDef))
+             for n in ast.walk(f) if isinstance(n, (ast.Import, ast.ImportFrom))}
+    return sorted(found.values(), key=lambda n: n.lineno)
+
+
 def function_import_share(trees=TREES) -> tuple[int, int]:
     """(import statements inside functions or methods, all import statements) over the modules of ``trees``."""
     inner = total = 0
@@ -234,10 +244,43 @@ def function_import_share(trees=TREES) -> tuple[int, int]:
             continue
         tree = ast.parse(path.read_text(), str(path))
         total += sum(isinstance(n, (ast.Import, ast.ImportFrom)) for n in ast.walk(tree))
-        in_functions = {id(n) for f in ast.walk(tree) if isinstance(f, (ast.FunctionDef, ast.AsyncFunctionDef))
-                        for n in ast.walk(f) if isinstance(n, (ast.Import, ast.ImportFrom))}
-        inner += len(in_functions)
+        inner += len(_imports_in_functions(tree))
     return inner, total
+
+
+MAX_FUNCTION_IMPORT_SHARE = 0.10
+"""A module's top says what it needs: at most this share of a tree's imports may sit inside functions."""
+LAZY = "# lazy:"
+
+
+def unexplained_function_imports(tree_name: str) -> list[str]:
+    """``path:line`` of each import inside a function of ``tree_name`` with no ``# lazy: <reason>`` comment ending
+    one of its lines or on the line above it."""
+    out = []
+    for mod, path in modules().items():
+        if mod.split(".")[0] != tree_name:
+            continue
+        text = path.read_text()
+        lines = text.splitlines()
+        for node in _imports_in_functions(ast.parse(text, str(path))):
+            own = lines[node.lineno - 1:node.end_lineno]
+            above = lines[node.lineno - 2].strip() if node.lineno > 1 else ""
+            if not any(LAZY in line for line in own) and not above.startswith(LAZY):
+                out.append(f"{path.relative_to(ROOT)}:{node.lineno}")
+    return out
+
+
+@pytest.mark.parametrize("tree_name", TREES)
+def test_imports_sit_at_the_top(tree_name):
+    """Imports sit at the top of each module: at most 10% of a tree's imports inside functions, each of those with
+    its reason (``# lazy: optional dependency``, ``# lazy: --help must not import torch``, ...)."""
+    inner, total = function_import_share((tree_name,))
+    assert inner <= MAX_FUNCTION_IMPORT_SHARE * total, (
+        f"{tree_name}: {inner} of {total} imports ({100 * inner / total:.1f}%) sit inside functions (at most "
+        f"{100 * MAX_FUNCTION_IMPORT_SHARE:.0f}%): move them to the module's top")
+    missing = unexplained_function_imports(tree_name)
+    assert not missing, (f"{tree_name}: imports inside functions without a `{LAZY} <reason>` comment (on the line "
+                         "or the line above):\n  " + "\n  ".join(missing))
 
 
 if __name__ == "__main__":

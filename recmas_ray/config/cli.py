@@ -19,6 +19,7 @@ import argparse
 import ast
 import contextlib
 import dataclasses
+import errno
 import inspect
 import json
 import sys
@@ -27,6 +28,7 @@ import typing
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
+from recmas_ray import console
 from recmas_ray.config.checks import KIND_NAMES, ConfigError, OneOf, Range, check_tree, field_hints, \
     split_annotated, unread_fields
 from recmas_ray.config.tree import from_dict, load_config_file, set_path, to_dict
@@ -227,8 +229,6 @@ def run_job(main: Callable[[Any], int | None], cls, argv=None, *, announce: bool
     `announce` (default: a command line, `argv` None): the job's first line, "checking inputs ...", goes to
     stderr at once, before the config is parsed (`console.announce`). `on_interrupt`: what the interrupt's line
     says after "interrupted; " (default: finished work is on disk, `--resume` continues)."""
-    from recmas_ray import console
-
     if announce is None:
         announce = argv is None
     argv = list(sys.argv[1:] if argv is None else argv)
@@ -263,8 +263,6 @@ RESUME_HINT = "whatever finished is on disk (rerun with --resume)"
 def describe_error(e: BaseException) -> str:
     """One line for any exception: user errors as they are, an interruption, a full disk / missing memory / other
     OS error named with its fix, anything else with its type and the `--debug` hint."""
-    import errno
-
     if isinstance(e, KeyboardInterrupt):
         return f"interrupted; {RESUME_HINT}"
     cause = getattr(e, "cause", None)  # a Ray task/actor error: the user's exception inside it

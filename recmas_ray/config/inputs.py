@@ -18,8 +18,10 @@ creates a file, except `OutputLock`, which is taken only after the whole input w
 from __future__ import annotations
 
 import errno
+import fcntl
 import json
 import os
+import socket
 import stat
 from pathlib import Path
 
@@ -120,7 +122,7 @@ def read_text_file(flag: str, path, *, max_bytes: int = MAX_SETTINGS_FILE_BYTES)
 def load_yaml(text: str, where: str):
     """`yaml.safe_load` that refuses anchors and aliases (`&a`, `*a`, `<<: *a`): they can expand a tiny file
     into gigabytes ("billion laughs"), and a settings file never needs them."""
-    import yaml
+    import yaml  # lazy: optional dependency
 
     class _NoAliasLoader(yaml.SafeLoader):
         def compose_node(self, parent, index):
@@ -243,7 +245,7 @@ def check_keys_file(flag: str, path) -> None:
 
 def cuda_available() -> bool:
     """Whether torch sees a CUDA GPU (imports torch: call only when a setting asks for CUDA)."""
-    import torch
+    import torch  # lazy: torch must not load with --help or before a job's first line
 
     return bool(torch.cuda.is_available())
 
@@ -268,8 +270,6 @@ def check_cuda(flag: str, why: str = "", *, on_cluster: bool = False, plan_hint:
 def check_ray_address(flag: str, address: str, *, timeout_s: float = 10.0) -> None:
     """A Ray cluster address (host:port or ray://host:port) must accept a TCP connection within `timeout_s`,
     so a dead address is one line instead of a hang; `auto` / `local` are left to Ray."""
-    import socket
-
     if address in ("auto", "local"):
         return
     target = address.split("://", 1)[-1].rstrip("/")
@@ -305,7 +305,7 @@ def model_name_problem(name) -> str | None:
             return "is a directory without config.json; expected a model directory"
         return None
     try:
-        from huggingface_hub import try_to_load_from_cache
+        from huggingface_hub import try_to_load_from_cache  # lazy: the Hub client (~0.3 s) loads only for Hub access
 
         found = try_to_load_from_cache(name, "config.json")
     except Exception:  # noqa: BLE001 - a malformed id
@@ -325,7 +325,8 @@ def hub_model_problem(name: str) -> str | None:
     """One request to the Hub (`HF_ENDPOINT`) for a model id that is not cached: None when it exists (or is
     gated/private: the token decides later), else why it cannot load. Never retried, so an unknown id or an
     unreachable Hub fails in about `HUB_PROBE_TIMEOUT_S`."""
-    from huggingface_hub import HfApi
+    from huggingface_hub import HfApi  # lazy: the Hub client (~0.3 s) loads only for Hub access
+    # lazy: the Hub client (~0.3 s) loads only for Hub access
     from huggingface_hub.errors import GatedRepoError, HfHubHTTPError, RepositoryNotFoundError
 
     try:
@@ -353,8 +354,6 @@ class OutputLock:
         self.folder, self.flag, self._fd = Path(folder), flag, None
 
     def __enter__(self) -> "OutputLock":
-        import fcntl
-
         self.folder.mkdir(parents=True, exist_ok=True)
         fd = os.open(self.folder / ".lock", os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o644)
         try:

@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 from typing import Annotated
 
 from recmas_ray.config.checks import OneOf, Range
+from recmas_ray.config.inputs import check_cuda
 
 PRESETS = ("one_gpu_per_agent", "colocated", "spread", "cpu")
 
@@ -91,8 +92,6 @@ class PlacementConfig:
         if dry_run and self.plan_node_gpus:
             return
         if backend == "ray" and self.wants_gpus():
-            from recmas_ray.config.inputs import check_cuda
-
             gpus = {r: g for r, g in self.role_gpus.items() if g > 0}
             check_cuda(f"--placement {self.preset}" if self.preset != "cpu" else
                        "--role_gpus " + " ".join(f"{r}={g:g}" for r, g in gpus.items()),

@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from typing import Annotated
 
 from recmas_ray.config.checks import OneOf, Range
+from recmas_ray.config import inputs
 
 METHODS = ("recursive_mas", "recursive_textmas", "textmas", "single_agent", "text_relay", "rollout_as_text")
 LATENT_ABLATIONS = ("none", "shuffle", "zero")
@@ -98,7 +99,5 @@ class ToolLoopConfig:
     def validate(self) -> None:
         """The keys file, when named, must be a regular file only its owner can read (checked before any
         model loads or Ray starts)."""
-        from recmas_ray.config.inputs import check_keys_file
-
         if self.tavily_keys_file is not None:
-            check_keys_file("--tavily_keys_file", self.tavily_keys_file)
+            inputs.check_keys_file("--tavily_keys_file", self.tavily_keys_file)

@@ -10,6 +10,9 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from recmas_ray.config.checks import unread_fields
+from recmas_ray.config.tree import to_dict
+
 TRAIN_RESUME_FREE = frozenset({
     "resume", "progress", "verbose", "log_every", "max_failures", "num_to_keep", "stop_at_step", "save_every",
     "fit_timeout_s", "cpus_per_worker", "gpus_per_worker", "eval_every", "verify_frozen", "profile_memory",
@@ -35,9 +38,6 @@ def settings_diff(old: dict, new: dict, prefix: str = "", ignore=frozenset()) ->
 def check_training_resume(cfg, folder: str | Path, flag: str = "--resume") -> None:
     """Refuse `--resume` into `folder` when the config.json saved there by the earlier run differs from `cfg`
     in any field that changes the trained weights; silently fine when there is no earlier run."""
-    from recmas_ray.config.checks import unread_fields
-    from recmas_ray.config.tree import to_dict
-
     saved = Path(folder) / "config.json"
     if not saved.is_file():
         return

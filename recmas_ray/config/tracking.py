@@ -3,6 +3,7 @@ the trackers themselves are in `recmas_ray/tracking.py`. No torch, no Ray, no ML
 
 from __future__ import annotations
 
+import importlib.util
 from dataclasses import dataclass
 from typing import Annotated
 
@@ -39,8 +40,6 @@ class TrackingConfig:
 
 def check_tracking_available(cfg: TrackingConfig) -> None:
     """The tracker's package is installed (checked with the other inputs, before the job starts)."""
-    import importlib.util
-
     package = {"mlflow": "mlflow", "wandb": "wandb"}.get(cfg.tracking)
     if package and importlib.util.find_spec(package) is None:
         extra = "pip install mlflow-skinny (or mlflow for its UI)" if package == "mlflow" else "pip install wandb"

@@ -5,6 +5,7 @@ reader, and `save_config` (the resolved config written next to a job's outputs).
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import json
 from pathlib import Path
 
@@ -61,8 +62,6 @@ def setting_paths(cls, prefix: str = "") -> list[str]:
 def _unknown_message(root, section: str, unknown: list[str], names: list[str], where: str) -> str:
     """`unknown setting(s) [...]` in `section` of the file, each key that is a setting elsewhere in the tree (or a
     flag alias of one) pointed to its place; otherwise the section's settings, and a close spelling if any."""
-    import difflib
-
     paths = setting_paths(root)
     aliases = dict(getattr(root, "FLAG_ALIASES", {}))
     level = f"in section {section!r}" if section else "at the top level"

@@ -163,7 +163,7 @@ class Console:
     def bar(self, total: int | None, desc: str, *, unit: str = "it", initial: int = 0, enabled: bool = True):
         """A tqdm bar (count, rate, ETA) on the console's stderr, below an open phase's line (which ends with
         its own final line); a disabled one without progress bars."""
-        from tqdm.auto import tqdm
+        from tqdm.auto import tqdm  # lazy: tqdm reads TQDM_* when imported: after job_console has set them
 
         self.settle_logs()
         if self._open is not None and self.progress and not self._below:
@@ -379,7 +379,7 @@ def ray_started(result: str = "") -> None:
         return
     route_loggers(_log_handler)
     try:
-        import ray
+        import ray  # lazy: the console (ground floor) touches Ray only once Ray has started
 
         logging.getLogger(__name__).warning("Ray session logs: %s",
                                             ray._private.worker._global_node.get_session_dir_path())
@@ -404,7 +404,7 @@ def _ray_running() -> bool:
 
 
 def _shutdown_ray() -> None:
-    import ray
+    import ray  # lazy: ray must not load with --help or before a job's first line
 
     try:
         ray.shutdown()

@@ -19,8 +19,11 @@ import collections
 import os
 import socket
 import time
+import warnings
+from concurrent.futures import ThreadPoolExecutor
 
 import ray
+import torch
 
 from recmas_ray.config.transport import OBJECT_STORE, Transport
 from recmas_ray.distributed.transports import LatentTransport, MessageStore, bulk_inputs, latent_transport, to_wire
@@ -45,7 +48,6 @@ class _AgentActorImpl:
                  exit_after: int | None = None, transport: str | Transport = OBJECT_STORE):
         for key, value in AGENT_ENV.items():
             os.environ.setdefault(key, value)
-        import torch
 
         if torch_threads > 0:
             torch.set_num_threads(torch_threads)
@@ -134,8 +136,6 @@ class _AgentActorImpl:
         if len(calls) == 1 or not self.service.spec.continuous_batching:
             return [fn(*c) for c in calls]
         if self._threads is None:
-            from concurrent.futures import ThreadPoolExecutor
-
             self._threads = ThreadPoolExecutor(max_workers=BULK_THREADS, thread_name_prefix="bulk")
         return [f.result() for f in [self._threads.submit(fn, *c) for c in calls]]
 
@@ -189,8 +189,6 @@ for _name, (_num_leading, _logged) in FORWARDED.items():
 
 
 def _reconstructed() -> bool:
-    import warnings
-
     with warnings.catch_warnings():  # the property warns about an internal deprecated call
         warnings.simplefilter("ignore")
         return ray.get_runtime_context().was_current_actor_reconstructed

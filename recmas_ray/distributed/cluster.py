@@ -8,8 +8,11 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import socket
+from pathlib import Path
 
 import ray
+from ray._private import ray_constants
 
 from recmas_ray import console
 
@@ -19,8 +22,6 @@ def loopback_only():
     """Inside: Ray nodes started in this process (`ray.cluster_utils.Cluster`, given
     `node_ip_address="127.0.0.1"`) and the driver joining them keep 127.0.0.1 instead of the machine's
     routable address (see `init_local_ray`: Ray resolves loopback away while multi-node is on)."""
-    from ray._private import ray_constants
-
     saved = ray_constants.ENABLE_RAY_CLUSTER
     ray_constants.ENABLE_RAY_CLUSTER = False
     try:
@@ -33,8 +34,6 @@ def check_reachable(address: str, *, timeout_s: float = 10.0) -> None:
     """Fail within `timeout_s` with one line when a HOST:PORT cluster address does not answer
     (`ray.init` keeps retrying a dead address for minutes); other forms (auto, ray://) pass through.
     ValueError: the address is the user's input, refused before anything runs."""
-    import socket
-
     host, sep, port = address.rpartition(":")
     if not sep or not port.isdigit() or "://" in address or not host:
         return
@@ -127,10 +126,6 @@ def init_local_ray(**kwargs) -> None:
     made owner-only before and after the start (and ~/.ray is created 0700), so other local users
     cannot read it and call into the cluster.
     """
-    from pathlib import Path
-
-    from ray._private import ray_constants
-
     token = Path.home() / ".ray" / "auth_token"
 
     def owner_only() -> None:

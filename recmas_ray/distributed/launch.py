@@ -44,7 +44,9 @@ def start_agents(plan: SystemPlan, *, backend: str = "ray", placement: Placement
             log.warning("num_replicas=%d is ignored by the local backend (one in-process system)",
                         placement.num_replicas)
         return local_pool(plan)
+    # lazy: Ray reads env settings on import; this module loads before the console sets them
     from recmas_ray.distributed.cluster import start_ray
+    # lazy: Ray reads env settings on import; this module loads before the console sets them
     from recmas_ray.distributed.replicas import build_replicas
 
     start_ray()  # a local start-up that timed out on a busy machine is retried

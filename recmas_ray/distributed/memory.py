@@ -10,8 +10,15 @@ from __future__ import annotations
 
 import logging
 
+import ray
+import torch
+from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
 from recmas_ray.config.placement import PlacementConfig
-from recmas_ray.system.memory import GIB, MemoryPlan, memory_plan
+from recmas_ray.console import end_announced
+from recmas_ray.distributed.placement import detect_autoscaling, plan_placement, replica_strategy, replicas_that_fit
+from recmas_ray.distributed.role_copies import role_copies
+from recmas_ray.system.memory import GIB, GpuShortfall, MemoryPlan, memory_plan, role_memory
 
 log = logging.getLogger(__name__)
 
@@ -20,8 +27,6 @@ PROBE_TIMEOUT_S = 60.0
 
 def cluster_nodes() -> list[dict]:
     """Resources of every alive node (`{"CPU": .., "GPU": ..}`)."""
-    import ray
-
     return [{k: v for k, v in n["Resources"].items() if k in ("CPU", "GPU")} | {"NodeID": n["NodeID"]}
             for n in ray.nodes() if n.get("Alive")]
 
@@ -38,15 +43,12 @@ def gpu_memory_bytes(placement: PlacementConfig, nodes: list[dict]) -> int | Non
     """Bytes of one GPU: the configured value, this machine's smallest GPU, or the smallest a probe reads."""
     if placement.gpu_memory_gib:
         return int(placement.gpu_memory_gib * GIB)
-    import torch
 
     if torch.cuda.is_available():
         return min(torch.cuda.get_device_properties(i).total_memory for i in range(torch.cuda.device_count()))
     gpu_nodes = [n["NodeID"] for n in nodes if n.get("GPU", 0) > 0 and n.get("NodeID")]
     if not gpu_nodes:
         return None
-    import ray
-    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
     probe = ray.remote(num_cpus=0, num_gpus=0.01)(_device_memory)
     refs = [probe.options(scheduling_strategy=NodeAffinitySchedulingStrategy(node, soft=False)).remote()
@@ -59,8 +61,6 @@ def gpu_memory_bytes(placement: PlacementConfig, nodes: list[dict]) -> int | Non
 
 
 def _device_memory() -> int | None:
-    import torch
-
     return torch.cuda.get_device_properties(0).total_memory if torch.cuda.is_available() else None
 
 
@@ -69,9 +69,6 @@ def cluster_plan(plan, placement: PlacementConfig, *, recursion, batch_size: int
     """The memory plan of `num_systems` x `placement.num_replicas` replicas of `plan` on the cluster's GPUs
     (`nodes`: the cluster's, by default); `calls_at_once` batches of `batch_size` rows share an agent with
     continuous batching, one otherwise."""
-    from recmas_ray.distributed.role_copies import role_copies
-    from recmas_ray.distributed.placement import plan_placement, replica_strategy, replicas_that_fit
-
     nodes = planned_nodes(placement) if nodes is None else nodes
     copies = role_copies(plan, placement, recursion)
     pplan = plan_placement(placement, list(plan.style.roles), copies)
@@ -88,9 +85,6 @@ def cluster_plan(plan, placement: PlacementConfig, *, recursion, batch_size: int
 
 def check_memory(plan, placement: PlacementConfig, **kwargs) -> MemoryPlan | None:
     """Refuse (ValueError, one line) a GPU placement whose plan does not fit; None without GPUs."""
-    from recmas_ray.distributed.placement import detect_autoscaling
-    from recmas_ray.system.memory import GpuShortfall
-
     if not placement.wants_gpus():
         return None
     if detect_autoscaling() if placement.autoscaling is None else placement.autoscaling:
@@ -109,12 +103,8 @@ def dry_run(plan, placement: PlacementConfig, *, echo=print, **kwargs) -> int:
     """`--dry_run`: print the plan per GPU (or per role without GPUs) and return 0; a plan that does not fit is
     printed, then refused (ValueError: one line, exit status 2). Nothing is loaded. With
     --placement.plan_node_gpus the GPUs are those (no Ray, no GPU needed here)."""
-    from recmas_ray.console import end_announced
-
     end_announced("planned")  # a command line's "checking inputs ..." line ends before the plan is printed
     if not placement.wants_gpus():
-        from recmas_ray.system.memory import role_memory
-
         rc = kwargs["recursion"]
         roles = role_memory(plan, rows=kwargs["batch_size"], prompt_tokens=placement.plan_prompt_tokens,
                             latent_steps=rc.latent_steps, max_new_tokens=rc.decode.max_new_tokens, gpus={},
@@ -123,7 +113,6 @@ def dry_run(plan, placement: PlacementConfig, *, echo=print, **kwargs) -> int:
         for line in MemoryPlan(roles=roles).lines():
             echo(line)
         return 0
-    from recmas_ray.system.memory import GpuShortfall
 
     try:
         mp = cluster_plan(plan, placement, **kwargs)

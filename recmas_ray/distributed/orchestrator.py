@@ -24,7 +24,7 @@ from recmas_ray.config.recursion import RecursionConfig
 from recmas_ray.config.transport import OBJECT_STORE, Transport
 from recmas_ray.distributed.ray_pool import RayPool
 from recmas_ray.distributed.placement import ORCHESTRATOR_CPUS, ORCHESTRATOR_MAX_BATCHES
-from recmas_ray.distributed.routing import LEASE_S, ReplicaRouter
+from recmas_ray.distributed.routing import LEASE_S, ReplicaRouter, RoleGroup
 from recmas_ray.distributed.transports import latent_transport
 from recmas_ray.engine.runner import run_batch
 from recmas_ray.styles import StyleSpec
@@ -40,8 +40,6 @@ class _OrchestratorImpl:
 
     def __init__(self, style: StyleSpec, copies: dict, timeout_s: float, transport: str | Transport = OBJECT_STORE,
                  bulk_roles=(), serial_roles=(), extensions=()):
-        from recmas_ray.distributed.routing import RoleGroup
-
         import_extensions(extensions)  # task families and styles registered from outside the package, by name here
 
         self.style = style  # the plan's style object: it carries the run's prompt set

@@ -17,10 +17,16 @@ with an autoscaler (detected, or `autoscaling=True`): the request is made and aw
 
 from __future__ import annotations
 
+import json
 import logging
 import math
 import time
 from dataclasses import dataclass, field
+
+import ray
+from ray._private.state import available_resources_per_node
+from ray.experimental.internal_kv import _internal_kv_get, _internal_kv_initialized
+from ray.util.placement_group import placement_group, remove_placement_group
 
 from recmas_ray.config.placement import PRESETS, PlacementConfig
 
@@ -187,8 +193,6 @@ def autoscaling_from_status(raw: bytes | str | None) -> bool:
     """Whether an autoscaler status report (GCS key `__autoscaling_status`) comes from an autoscaler
     that can launch nodes: its node types are names from a cluster config (`gpu_worker`), whereas
     the read-only monitor of a cluster without one names each node's type after the node itself."""
-    import json
-
     if not raw:
         return False
     try:
@@ -204,8 +208,6 @@ def autoscaling_from_status(raw: bytes | str | None) -> bool:
 def detect_autoscaling() -> bool:
     """True when the connected cluster runs an autoscaler that can add nodes (`ray up` configs,
     KubeRay's in-tree autoscaler); pass `--autoscaling` where detection cannot see it."""
-    from ray.experimental.internal_kv import _internal_kv_get, _internal_kv_initialized
-
     if not _internal_kv_initialized():
         return False
     try:
@@ -223,9 +225,6 @@ def create_placement(plan: PlacementPlan, *, preset: str, timeout_s: float, auto
     must be ready within `timeout_s`; with autoscaling the check is skipped and the wait lasts up
     to `placement_timeout_s`, logging what is still missing every `progress_every_s` seconds.
     """
-    import ray
-    from ray.util.placement_group import placement_group, remove_placement_group
-
     nodes = [n["Resources"] for n in ray.nodes() if n.get("Alive")]
     if not autoscaling:
         check_resources(plan, ray.cluster_resources(), nodes, preset=preset, num_replicas=num_replicas)
@@ -257,7 +256,6 @@ def resolve_num_replicas(placement: PlacementConfig, pplan: PlacementPlan, *, cl
     each with `client_cpus` for its evaluation clients and one CPU left for Ray Data's reads."""
     if placement.num_replicas > 0:
         return placement.num_replicas
-    import ray
 
     totals = [nd["Resources"] for nd in ray.nodes() if nd.get("Alive")]
     n = replicas_that_fit(pplan, _free_per_node(), extra_cpus_per_replica=client_cpus, reserve_cpus=1.0,
@@ -269,6 +267,4 @@ def resolve_num_replicas(placement: PlacementConfig, pplan: PlacementPlan, *, cl
 
 
 def _free_per_node() -> list[dict]:
-    from ray._private.state import available_resources_per_node
-
     return [{k: v for k, v in res.items() if k in ("CPU", "GPU")} for res in available_resources_per_node().values()]

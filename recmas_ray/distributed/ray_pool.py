@@ -14,7 +14,8 @@ import ray
 from recmas_ray.config.transport import OBJECT_STORE, Transport
 from recmas_ray.distributed.transports import LatentTransport, Part, latent_transport
 from recmas_ray.distributed.bulk import SERIAL_WINDOW, Bulker
-from recmas_ray.distributed.routing import Pending
+from recmas_ray.distributed.routing import Dispatcher, Pending, RoleGroup
+from recmas_ray.engine.pool import retry_context_args
 
 _done_calls: queue.SimpleQueue = queue.SimpleQueue()
 _done_thread: list = []
@@ -107,8 +108,6 @@ class RayPool:
 
     def __init__(self, handles: dict, *, timeout_s: float = 600.0, context: str = "",
                  transport: str | Transport | LatentTransport = OBJECT_STORE, bulk_roles=(), serial_roles=()):
-        from recmas_ray.distributed.routing import Dispatcher, RoleGroup
-
         self.groups = {r: h if isinstance(h, RoleGroup) else RoleGroup(r, list(h) if isinstance(h, (list, tuple))
                                                                         else [h]) for r, h in handles.items()}
         self.handles = {r: g.copies[0] for r, g in self.groups.items()}
@@ -225,8 +224,6 @@ class RayPool:
     def retry_format(self, role, texts, suffixes, max_new_tokens, *, cfg, context=None):
         """The answer-format retry on a copy of the role, routed and counted like every other call
         (see `AgentService.retry_format`)."""
-        from recmas_ray.engine.pool import retry_context_args
-
         latents, kw = retry_context_args(context)
         work = len(texts) * max_new_tokens
         return self._call(role, work, latents, lambda k, h, args: [self._track(

@@ -12,6 +12,12 @@ queued work. Pure Python, no Ray (tested without it).
 
 from __future__ import annotations
 
+from transformers import AutoConfig
+
+from recmas_ray.config.recursion import RecursionConfig
+from recmas_ray.models.loader import resolve_model_path
+from recmas_ray.models.registry import model_kind
+from recmas_ray.models.sim import PREFILL_SPEEDUP
 from recmas_ray.styles import StyleSpec, build_schedule
 
 PROMPT_TOKENS = 200
@@ -20,10 +26,6 @@ PROMPT_TOKENS = 200
 
 def _params(model_name: str) -> tuple[float, float]:
     """(parameters of the blocks, of the LM head) of a model from its config alone: 12 L d^2 and V d."""
-    from transformers import AutoConfig
-
-    from recmas_ray.models.loader import resolve_model_path
-
     text = AutoConfig.from_pretrained(resolve_model_path(model_name)).get_text_config()
     d, layers = int(text.hidden_size), int(text.num_hidden_layers)
     return 12.0 * layers * d * d, float(getattr(text, "vocab_size", 0)) * d
@@ -37,9 +39,6 @@ def call_cost(model_name: str, kind: str, num_tokens: int) -> float:
     the blocks and a decoded token the blocks and the LM head (a rollout never runs the head); the
     prompt is one parallel forward, its tokens `PREFILL_SPEEDUP` times cheaper than a step each.
     """
-    from recmas_ray.models.registry import model_kind
-    from recmas_ray.models.sim import PREFILL_SPEEDUP
-
     own = model_kind(model_name).call_cost(model_name, kind, num_tokens)  # simulated agents: their own table
     if own is not None:
         return own
@@ -97,8 +96,6 @@ def resolve_copies(role_replicas: dict[str, int], auto: bool, roles, costs: dict
 def role_copies(plan, placement, recursion=None) -> dict:
     """Actor copies per role: `--role_replicas`, the rest sized from costs with `--auto_role_replicas`
     (`recursion`: the run's R, m and decode budget; defaults otherwise)."""
-    from recmas_ray.config.recursion import RecursionConfig
-
     costs = None
     if placement.auto_role_replicas:
         rc = recursion or RecursionConfig()

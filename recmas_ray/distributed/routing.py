@@ -31,6 +31,8 @@ import time
 from collections import OrderedDict
 from typing import Any, Callable
 
+from recmas_ray.styles import build_schedule
+
 AFFINITY_SLACK = 0.5
 """A call stays on the copy that served its batch's previous step of the role while that copy's queued
 work exceeds the least loaded copy's by at most this share of the call's own work."""
@@ -405,8 +407,6 @@ class LeaseKeeper:
 
 def batch_work(style, cfg, num_rows: int) -> float:
     """Rows x steps of one batch over the whole schedule (every rollout's m, every decode's budget)."""
-    from recmas_ray.styles import build_schedule
-
     if cfg.method == "single_agent":
         return float(num_rows * cfg.decode.max_new_tokens)
     latent = cfg.method in ("recursive_mas", "rollout_as_text")

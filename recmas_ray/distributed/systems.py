@@ -8,6 +8,7 @@ import threading
 from dataclasses import dataclass, field
 
 import ray
+from ray.util.placement_group import remove_placement_group
 
 from recmas_ray.config.recursion import RecursionConfig
 from recmas_ray.config.transport import OBJECT_STORE
@@ -63,8 +64,6 @@ class RaySystem:
         return {(r if k == 0 else f"{r}#{k}"): h for r, hs in copies.items() for k, h in enumerate(hs)}
 
     def shutdown(self) -> None:
-        from ray.util.placement_group import remove_placement_group
-
         for h in [*self.handles.values(), *(h for hs in self.copies.values() for h in hs), self.orchestrator]:
             try:
                 if h is not None:

@@ -28,9 +28,12 @@ from __future__ import annotations
 
 import dataclasses
 import importlib
+import warnings
 from typing import Any
 
 import ray
+import torch
+from ray.experimental.collective import create_collective_group
 
 from recmas_ray.config.transport import Transport, get_transport
 
@@ -54,8 +57,6 @@ class WireMessage:
 
 def to_wire(x):
     """A CPU tensor -> WireMessage (a view, no copy); anything else (CUDA tensors for NCCL) unchanged."""
-    import torch
-
     if not isinstance(x, torch.Tensor) or x.device.type != "cpu":
         return x
     x = x.detach().contiguous()
@@ -68,9 +69,6 @@ def from_wire(x):
     only read latents, converting them to their own dtype); anything else unchanged."""
     if not isinstance(x, WireMessage):
         return x
-    import warnings
-
-    import torch
 
     with warnings.catch_warnings():  # read-only shared memory: torch warns, we never write into it
         warnings.simplefilter("ignore", UserWarning)
@@ -241,8 +239,6 @@ class DirectTransport(LatentTransport):
 
     def connect(self, actors):
         # RDT checks the transport in the calling process, so the caller (the orchestrator) creates the group.
-        from ray.experimental.collective import create_collective_group
-
         create_collective_group(actors, backend=self.config.collective_backend)
 
     def keep(self, store, key, edges, msgs, stats):

@@ -71,6 +71,7 @@ class Agent(TeacherForcing):
     def scheduler(self):
         """This agent's step scheduler (continuous batching), made on first use."""
         if getattr(self, "_scheduler", None) is None:
+            # lazy: transformers reads env settings on import; this module loads before the console sets them
             from recmas_ray.engine.scheduler import StepScheduler
 
             self._scheduler = StepScheduler(self)
@@ -104,7 +105,7 @@ class Agent(TeacherForcing):
 
         Templates that refuse a system turn (Gemma, Mistral) get the system text merged into the user turn.
         """
-        from jinja2.exceptions import TemplateError
+        from jinja2.exceptions import TemplateError  # lazy: jinja2 loads only when a chat template fails
 
         system = self.system_prompt if system is None else system
         kw = dict(tokenize=False, add_generation_prompt=True, enable_thinking=False)

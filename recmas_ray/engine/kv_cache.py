@@ -32,6 +32,7 @@ BLOCK = 16
 @functools.cache
 def cache_kw() -> str:
     # transformers 5.x renamed past_key_values -> cache (the old name warns); 4.x only knows the old one.
+    # lazy: transformers reads env settings on import; this module loads before the console sets them
     from transformers import LlamaModel
 
     return "cache" if "cache" in inspect.signature(LlamaModel.forward).parameters else "past_key_values"
@@ -78,6 +79,7 @@ def pad_together(batches: list[tuple[torch.Tensor, torch.Tensor]]) -> tuple[torc
 
 def static_cache(model, max_len: int):
     """A transformers Cache of full-length static layers, one per decoder layer."""
+    # lazy: transformers reads env settings on import; this module loads before the console sets them
     from transformers.cache_utils import Cache, StaticLayer
 
     num_layers = model.config.get_text_config().num_hidden_layers

@@ -22,6 +22,7 @@ from typing import Any, Callable
 
 from recmas_ray.config.checks import check_tree
 from recmas_ray.config.recursion import RecursionConfig
+from recmas_ray.engine import relay
 from recmas_ray.engine.pool import AgentPool, DecoderInput
 from recmas_ray.styles import StyleSpec, build_schedule, render_prompt, render_single_agent_prompt
 
@@ -102,8 +103,6 @@ def run_batch(pool: AgentPool, style: StyleSpec, questions: list[str], tasks: li
     elif cfg.method == "recursive_mas":
         calls = _run_latent(pool, style, asked, tasks, cfg, scoring, capture, stream, received)
     elif cfg.method in ("text_relay", "rollout_as_text"):
-        from recmas_ray.engine import relay
-
         run = relay.run_text_relay if cfg.method == "text_relay" else relay.run_rollout_as_text
         calls = run(pool, style, asked, tasks, cfg, scoring=scoring, score=_score, ready=_Ready, stream=stream,
                     capture_input=lambda role, users: _capture_input(capture, pool, role, users, [], [], received))
@@ -163,7 +162,7 @@ def _ablate(pool, handles: list, mode: str, what: str) -> list:
     """Received latent blocks replaced: shuffle = batch rolled by one (question b gets b+1's), zero = zeros."""
     if mode == "none":
         return handles
-    import torch
+    import torch  # lazy: torch must not load with --help or before a job's first line
 
     out = []
     for h in handles:

@@ -40,6 +40,7 @@ from dataclasses import dataclass, field
 import torch
 
 from recmas_ray.config.recursion import DecodeConfig
+from recmas_ray.engine.decoding import eos_ids, model_top_k, pick as pick_rows
 from recmas_ray.engine.kv_cache import cache_kw, pad_together, static_cache
 
 MAX_ROWS = 256
@@ -120,8 +121,6 @@ class StepScheduler:
         return self._submit(_Request("rollout", e_BLD, mask_BL, prefix_ids, Future(), num_steps=num_steps))
 
     def submit_decode(self, e_BLD, mask_BL, cfg: DecodeConfig, *, prefix_ids=None, on_token=None) -> Future:
-        from recmas_ray.engine.decoding import model_top_k
-
         if cfg.do_sample and cfg.top_k < 0:
             cfg = dataclasses.replace(cfg, top_k=model_top_k(self.agent.model))
         return self._submit(_Request("decode", e_BLD, mask_BL, prefix_ids, Future(), cfg=cfg,
@@ -385,9 +384,6 @@ class StepScheduler:
         """Each entry's (decode row's) next token from its logits, on the device: greedy rows in one argmax, a
         sampled request's rows from its own generator over all its rows; read back once (not per row) to record
         the tokens, stop rows at EOS or their budget and stream. Returns the picks [n]."""
-        from recmas_ray.engine.decoding import eos_ids
-        from recmas_ray.engine.decoding import pick as pick_rows
-
         if self._eos is None:
             self._eos = eos_ids(self.agent.model, self.agent.tokenizer).to(logits_nV.device)
         picks_n = torch.empty(len(entries), dtype=torch.long, device=logits_nV.device)

@@ -19,7 +19,7 @@ class TeacherForcing:
     def assistant_turn_end(self) -> str:
         """What the chat template writes after an assistant message's text (Qwen: `<|im_end|>` and a newline),
         found by rendering [user, assistant]; the EOS token when the template shows none."""
-        from jinja2.exceptions import TemplateError
+        from jinja2.exceptions import TemplateError  # lazy: jinja2 loads only when a chat template fails
 
         if self._turn_end is None:
             mark = "\x00RECMAS-TURN\x00"

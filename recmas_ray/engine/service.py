@@ -26,7 +26,8 @@ from recmas_ray.config.engine import EngineConfig
 from recmas_ray.engine.decoding import Decoded
 from recmas_ray.engine.kv_cache import left_pad
 from recmas_ray.config.recursion import DecodeConfig
-from recmas_ray.engine.links import InnerLink, OuterLink, TokenLink, link_from_state, link_state
+from recmas_ray.engine.links import (InnerLink, OuterLink, TokenLink, inner_link_from_state_dict, link_from_state,
+                                     link_state, token_channel)
 from recmas_ray.models.loader import load_frozen_model, resolve_dtype
 from recmas_ray.models.registry import model_kind
 
@@ -83,8 +84,6 @@ class AgentService:
     """Builds an Agent from a spec plus link weights and serves rollout/decode calls."""
 
     def __init__(self, spec: AgentSpec, inner_state: dict, outer_states: dict[str, dict]):
-        from recmas_ray.engine.links import inner_link_from_state_dict
-
         self.spec = spec
         kind = model_kind(spec.model_name)
         if not kind.has_weights:  # a stand-in agent (cost-simulated, benchmarks): no model, no links
@@ -107,6 +106,7 @@ class AgentService:
 
     def configure_tools(self, cfg: ToolLoopConfig | None, *, search_backend=None) -> None:
         """Turn the tool loop on for every decode (None turns it off); `search_backend` replaces Tavily."""
+        # lazy: transformers reads env settings on import; this module loads before the console sets them
         from recmas_ray.tools.loop import Toolbox
 
         self.toolbox = None if cfg is None else Toolbox(cfg, search_backend=search_backend)
@@ -145,7 +145,6 @@ class AgentService:
         token_edges = [e for e in edges if isinstance(self.agent.outer_links.get(e), TokenLink)]
         if not token_edges or h_BMD.shape[1] == 0:
             return {}
-        from recmas_ray.engine.links import token_channel
 
         with torch.no_grad():
             z_BMD = self.agent.inner_link(h_BMD)
@@ -189,6 +188,7 @@ class AgentService:
         t0 = time.perf_counter()
         mask_BL = None
         if self.toolbox is not None:
+            # lazy: transformers reads env settings on import; this module loads before the console sets them
             from recmas_ray.tools.loop import decode_with_tools
 
             if len(slot_names) != len(latents):
@@ -219,8 +219,6 @@ class AgentService:
 
     def set_links(self, inner_state: dict, outer_states: dict[str, dict]) -> None:
         """Replace the inner link and the outer links in place (the model stays loaded)."""
-        from recmas_ray.engine.links import inner_link_from_state_dict, outer_link_from_state_dict
-
         link = inner_link_from_state_dict(inner_state, what=f"inner link of {self.spec.role}")
         self.agent.inner_link = link.to(self.agent.device, self.agent.dtype)
         self.agent.outer_links = {}

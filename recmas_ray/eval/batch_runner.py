@@ -19,12 +19,15 @@ import logging
 from recmas_ray.config.recursion import RecursionConfig
 from recmas_ray.console import current
 from recmas_ray.distributed.launch import start_agents
+from recmas_ray.engine.pool import LocalPool
+from recmas_ray.engine.runner import run_batch
 from recmas_ray.eval import stream
 from recmas_ray.eval.config import EvalConfig
 from recmas_ray.eval.fingerprint import link_hashes
 from recmas_ray.eval.progress import QuestionProgress
 from recmas_ray.eval.samples import sample_key
-from recmas_ray.eval.stream import for_rollout, solve_and_grade, with_batch_retries
+from recmas_ray.eval.stream import (for_rollout, planned_client_cpus, planned_depth, solve_and_grade, stream_samples,
+                                    with_batch_retries)
 
 log = logging.getLogger(__name__)
 
@@ -38,8 +41,6 @@ def recursion_for(cfg: EvalConfig, method: str, rollout: int) -> RecursionConfig
 
 def memory_args(cfg: EvalConfig, plan) -> dict:
     """The memory plan's load of this run: its batch size, and the batches an agent may take at once."""
-    from recmas_ray.eval.stream import planned_depth
-
     num_actors = len(plan.style.roles) + sum(n - 1 for n in cfg.placement.role_replicas.values())
     return {"recursion": cfg.recursion, "batch_size": cfg.batch_size,
             "calls_at_once": planned_depth(cfg.stream, num_actors)}
@@ -49,8 +50,6 @@ class BatchRunner:
     """Runs batches in-process or on a Ray system; `stream` yields graded sample records."""
 
     def __init__(self, cfg: EvalConfig, plan, system=None):
-        from recmas_ray.engine.pool import LocalPool
-
         self.cfg, self.plan, self.owned = cfg, plan, system is None
         self.system = self.pool = None
         if isinstance(system, LocalPool):  # the in-process agents of a Python API System: reused
@@ -65,15 +64,15 @@ class BatchRunner:
                                  f"this run's {plan.manifest()} (backend {cfg.backend})")
             self.system = system
         else:
-            from recmas_ray.eval.stream import planned_client_cpus, planned_depth
-
             # agent actors of one replica: every role, plus the extra copies named (auto copies come later)
             num_actors = len(plan.style.roles) + sum(n - 1 for n in cfg.placement.role_replicas.values())
             if cfg.backend == "ray":
+                # lazy: Ray reads env settings on import; this module loads before the console sets them
                 from recmas_ray.distributed.cluster import start_ray
 
                 start_ray()  # a phase of its own on a job's console; retried where a busy machine timed it out
             if cfg.backend == "ray" and cfg.placement.wants_gpus():  # a plan that cannot fit stops before loading
+                # lazy: Ray reads env settings on import; this module loads before the console sets them
                 from recmas_ray.distributed.memory import check_memory
 
                 check_memory(plan, cfg.placement, **memory_args(cfg, plan))
@@ -112,14 +111,11 @@ class BatchRunner:
             streams = cfg.recursion.adaptive_threshold is None  # adaptive rounds take no on_token
             sinks[key] = counter.batch(key, names, stream=streams) if counter is not None else None
         if self.system is not None:
-            from recmas_ray.eval.stream import stream_samples
-
             relayed = (counter.relay, counter.scope) if counter is not None and counter.relay is not None else None
             yield from stream_samples(self.system, batches, method, recursion_for(cfg, method, 0), cfg.grader,
                                       cfg.format_retry, cfg.stream, timeout_s=cfg.timeout_s,
                                       max_batch_retries=cfg.max_batch_retries, progress=relayed)
             return
-        from recmas_ray.engine.runner import run_batch
 
         def solve(qs, ts, rc, on_token=None):
             return run_batch(self.pool, self.plan.style, qs, ts, rc,

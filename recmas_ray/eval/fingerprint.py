@@ -6,6 +6,8 @@ anything is written, naming every differing field (`settings_diff`, shared with 
 from __future__ import annotations
 
 import dataclasses
+import glob
+import hashlib
 import json
 import logging
 import os
@@ -13,14 +15,13 @@ from pathlib import Path
 
 from recmas_ray.eval.config import EvalConfig
 from recmas_ray.config.resume import settings_diff
+from recmas_ray.eval.samples import check_samples_file
 
 log = logging.getLogger(__name__)
 
 
 def link_hashes(plan) -> dict[str, str]:
     """sha256 (first 16 hex digits) of every link's weights, by "inner:ROLE" / "outer:EDGE"."""
-    import hashlib
-
     out = {}
     for kind, table in (("inner", plan.links.inner), ("outer", plan.links.outer)):
         for name, module in sorted(table.items()):
@@ -88,12 +89,8 @@ def bench_name(cfg: EvalConfig) -> str:
 
 def verify_resume(cfg: EvalConfig, fp: dict) -> None:
     """With --resume, refuse (before anything is written) the latest samples file of another run."""
-    import glob
-
     existing = sorted(glob.glob(str(Path(cfg.output_path) / f"samples_{bench_name(cfg)}_*.jsonl")))
     if cfg.resume and existing:
-        from recmas_ray.eval.samples import check_samples_file
-
         check_samples_file(existing[-1])  # read now: a damaged file stops the run before any model loads
         _same_run(Path(existing[-1]), fp)
 
@@ -126,7 +123,9 @@ def check_fingerprint(samples_file: Path, fp: dict, *, resume: bool) -> None:
 def resolved_runtime(cfg: EvalConfig, plan) -> dict:
     """Fingerprint fields that `auto` settings hide: the device and dtype the agents really use, and the
     revision of each base model (a Hub snapshot's commit, a local model's config hash)."""
+    # lazy: transformers reads env settings on import; this module loads before the console sets them
     from recmas_ray.models.loader import model_revision, resolve_dtype
+    # lazy: transformers reads env settings on import; this module loads before the console sets them
     from recmas_ray.engine.service import pick_device
 
     device = pick_device(cfg.system.device)  # as the agents resolve it (on a Ray cluster: as seen from the driver)

@@ -12,9 +12,9 @@ def plot_vs_rounds(rows: Sequence[Mapping[str, Any]], path: str | os.PathLike) -
     """PNG with accuracy, tokens and seconds per sample against recursion rounds, one line per
     method. Each row needs `method`, `rounds` and any of `accuracy`, `tokens_per_sample`,
     `seconds_per_sample`."""
-    from matplotlib.backends.backend_agg import FigureCanvasAgg
-    from matplotlib.figure import Figure
-    from matplotlib.ticker import MaxNLocator
+    from matplotlib.backends.backend_agg import FigureCanvasAgg  # lazy: matplotlib (~1 s) loads only for plots
+    from matplotlib.figure import Figure  # lazy: matplotlib (~1 s) loads only for plots
+    from matplotlib.ticker import MaxNLocator  # lazy: matplotlib (~1 s) loads only for plots
 
     if not rows:
         raise ValueError("plot_vs_rounds() got no rows")

@@ -41,6 +41,7 @@ class QuestionProgress:
         self._owns_relay = relay is True
         if relay and not bar.disable:
             if relay is True:
+                # lazy: Ray reads env settings on import; this module loads before the console sets them
                 from recmas_ray.distributed.progress import start_relay
 
                 relay = start_relay()
@@ -65,6 +66,7 @@ class QuestionProgress:
         with self._lock:
             self._rows[key] = list(names)
         if self.relay is not None:
+            # lazy: Ray reads env settings on import; this module loads before the console sets them
             from recmas_ray.distributed.progress import RelayReport
 
             return RowsStopped(RelayReport(self.relay, self.scoped(key)))
@@ -88,7 +90,7 @@ class QuestionProgress:
             self.bar.update(len(new))
 
     def _pump(self) -> None:
-        import ray
+        import ray  # lazy: Ray reads env settings on import; this module loads before the console sets them
 
         while not self._closed:
             try:
@@ -108,7 +110,7 @@ class QuestionProgress:
             self._closed = True
             self.bar.close()
         if self.relay is not None:
-            import ray
+            import ray  # lazy: Ray reads env settings on import; this module loads before the console sets them
 
             try:
                 if self._owns_relay:

@@ -28,8 +28,10 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Any
 
+from recmas_ray.eval.config import EvalConfig
 from recmas_ray.styles import get_style
 from recmas_ray.styles.base import ReferenceCell
+from recmas_ray.system.config import SystemConfig
 from recmas_ray.tasks.benchmarks import BENCHMARKS, canonical_name
 
 RUNNER_DEFAULT_M, RUNNER_DEFAULT_R = 32, 3  # [Apr] runner defaults
@@ -103,9 +105,6 @@ def reference_settings(style: str, benchmark: str) -> dict[str, tuple[Any, str]]
 def reference(style: str, dataset: str):
     """The `EvalConfig` the release runs for `style` on `dataset`: the recipe `--protocol reference` starts from
     (Python callers change the returned config before running it)."""
-    from recmas_ray.eval.config import EvalConfig
-    from recmas_ray.system.config import SystemConfig
-
     cfg = EvalConfig(system=SystemConfig(style=style), dataset=dataset, protocol="reference")
     for path, (value, _) in reference_settings(style, benchmark_key(dataset)).items():
         cfg = _replace(cfg, path, value)

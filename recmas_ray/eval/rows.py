@@ -24,6 +24,19 @@ from __future__ import annotations
 
 import dataclasses
 
+import torch
+import re
+from types import SimpleNamespace
+
+from recmas_ray.engine.links import TokenLink, link_from_state, link_kind, link_state
+from recmas_ray.eval.channel import channel_record
+from recmas_ray.styles.base import RolePrompts
+from recmas_ray.system.checkpoints import LinkSet, read_manifest
+from recmas_ray.system.link_init import seeded_outer_link
+from recmas_ray.tasks.math import decoder_help_text
+from recmas_ray.train.bridge import bridge_outer_links, state_bridge_outer_links
+from recmas_ray.train.data import load_rows
+
 def apply_row_options(cfg, plan):
     """`plan` with the row options of `cfg` applied (`--outer_init untrained`, then `--format_help`)."""
     if cfg.outer_init == "untrained":
@@ -42,9 +55,6 @@ def row_fingerprint(cfg) -> dict:
 def row_record(cfg, samples: list[dict]) -> dict:
     """What the results file records of the row options (always, off included) and, where a token-like link sent
     messages, what crossed it (`eval.channel.channel_record` of the run's `samples`)."""
-    from recmas_ray.eval.channel import channel_record
-    from recmas_ray.tasks.math import decoder_help_text
-
     return {"row_options": {"format_help": cfg.format_help, "format_help_text": decoder_help_text()
                             if cfg.format_help else "", "outer_init": cfg.outer_init}, **channel_record(samples)}
 
@@ -54,9 +64,6 @@ def with_decoder_format_help(style):
     before the single agent's prompt; every other role's prompts unchanged. Before, not after: the worked example
     is read first and the question last, as in few-shot prompting (appended after the question, SmolLM2-135M
     answered the example's question: 0/64 where the bare prompt gave 33/64, main job at 53a7b3c)."""
-    from recmas_ray.tasks.math import decoder_help_text
-    from recmas_ray.styles.base import RolePrompts
-
     prefix = decoder_help_text() + "\n\n"
     own = style.prompts[style.decoder]
     helped = RolePrompts(base={t: prefix + p for t, p in own.base.items()},
@@ -68,12 +75,6 @@ def with_decoder_format_help(style):
 def untrained_outer_links(plan, folder: str | None):
     """`plan` with every outer link loaded from `folder` replaced by its kind's untrained initial state (see the
     module docstring); its sources name them `untrained(<kind>) of <folder>`."""
-    import torch
-
-    from recmas_ray.engine.links import TokenLink, link_from_state, link_kind, link_state
-    from recmas_ray.system.checkpoints import read_manifest
-    from recmas_ray.system.link_init import seeded_outer_link
-
     loaded = [e for e in plan.style.edges if folder and plan.sources.get(f"outer:{e}") == folder]
     if not loaded:
         raise ValueError("--outer_init untrained: this run loads no outer links (give --links DIR holding outer/, "
@@ -104,8 +105,6 @@ def untrained_outer_links(plan, folder: str | None):
 
 def plan_seed(plan) -> int:
     """The seed the plan's fresh links were drawn with (its sources say `init(seed=S)`), else 42."""
-    import re
-
     for source in plan.sources.values():
         found = re.fullmatch(r"init\(seed=(\d+)\)", source)
         if found:
@@ -115,11 +114,6 @@ def plan_seed(plan) -> int:
 
 def _bridge(plan, edges: list[str], trained: dict, init: str) -> None:
     """Refit the bridge initialisation training started from, on the seeded links of `edges` (in place)."""
-    from types import SimpleNamespace
-
-    from recmas_ray.system.checkpoints import LinkSet
-    from recmas_ray.train.bridge import bridge_outer_links, state_bridge_outer_links
-
     links = LinkSet()
     links.inner.update(plan.links.inner)
     links.outer.update({e: plan.links.outer[e] for e in edges})
@@ -129,7 +123,7 @@ def _bridge(plan, edges: list[str], trained: dict, init: str) -> None:
     if init == "bridge":
         bridge_outer_links(view, ridge=ridge, dtype=dtype)
         return
-    from recmas_ray.train.data import load_rows
+    # lazy: Ray reads env settings on import; this module loads before the console sets them
     from recmas_ray.train.outer import prepare_samples
 
     name = trained.get("dataset_name")

@@ -33,7 +33,7 @@ from recmas_ray.console import current
 from recmas_ray.config.inputs import OutputLock
 from recmas_ray.eval.config import EvalConfig
 from recmas_ray.models.registry import model_kind
-from recmas_ray.tasks.benchmarks import load_benchmark
+from recmas_ray.tasks.benchmarks import BENCHMARKS, canonical_name, load_benchmark, task_type_for
 from recmas_ray.eval.fingerprint import (bench_name, check_fingerprint, fingerprint_path, link_hashes,
                                          resolved_runtime, run_fingerprint, verify_resume)
 from recmas_ray.eval.protocol import Resolution, metric_k, resolution as protocol_resolution
@@ -48,6 +48,8 @@ from recmas_ray.tasks import get_task
 from recmas_ray.styles import question_with_interface
 from recmas_ray.styles.prompts import prompt_set_hash
 from recmas_ray.system.plan import plan_system
+from recmas_ray.system.provenance import link_origin, require_known_links
+from recmas_ray.system.trained import check_trained_task, trained_task
 
 log = logging.getLogger(__name__)
 
@@ -70,8 +72,6 @@ def done_keys(samples_file: Path) -> set[str]:
 
 def run_warnings(cfg: EvalConfig, plan) -> list[str]:
     """Warnings recorded in the results: a named benchmark run on random-weight (tiny:) models."""
-    from recmas_ray.tasks.benchmarks import BENCHMARKS, canonical_name
-
     tiny = sorted(r for r, m in plan.role_models.items() if model_kind(m).random_weights)
     if os.path.exists(cfg.dataset) or canonical_name(cfg.dataset) not in BENCHMARKS or not tiny:
         return []
@@ -83,9 +83,6 @@ def prepare(cfg: EvalConfig) -> tuple[EvalConfig, Resolution, list[dict], object
     """The checked config with its protocol resolved, the questions and the system plan (no model loaded)."""
     check_tree(cfg)
     resolution = protocol_resolution(cfg)
-    from recmas_ray.tasks.benchmarks import BENCHMARKS, canonical_name
-    from recmas_ray.system.provenance import require_known_links
-    from recmas_ray.system.trained import check_trained_task, trained_task
 
     overrides = cfg.system.link_folders()  # --links' folders with --ckpt_override over them, Hub ids fetched
     local = canonical_name(cfg.dataset) not in BENCHMARKS  # a local file's rows take the trained task by default
@@ -103,11 +100,12 @@ def prepare(cfg: EvalConfig) -> tuple[EvalConfig, Resolution, list[dict], object
 
 def dry_run(cfg: EvalConfig, echo=print) -> int:
     """`--dry_run`: print the memory plan of this run and stop (no model, no file, no agent)."""
+    # lazy: Ray reads env settings on import; this module loads before the console sets them
     from recmas_ray.distributed.cluster import init_ray
+    # lazy: Ray reads env settings on import; this module loads before the console sets them
     from recmas_ray.distributed.memory import dry_run as print_plan
 
     if _named_benchmark(cfg):  # the plan needs its task type, not its questions (no copy or Hub needed)
-        from recmas_ray.tasks.benchmarks import task_type_for
 
         check_tree(cfg)
         overrides = cfg.system.link_folders()  # --links' folders with --ckpt_override over them
@@ -122,8 +120,6 @@ def dry_run(cfg: EvalConfig, echo=print) -> int:
 
 def _named_benchmark(cfg: EvalConfig) -> bool:
     """`cfg.dataset` names a benchmark (not a local file)."""
-    from recmas_ray.tasks.benchmarks import BENCHMARKS, canonical_name
-
     return not os.path.exists(cfg.dataset) and canonical_name(cfg.dataset) in BENCHMARKS
 
 
@@ -271,8 +267,6 @@ def finish(cfg: EvalConfig, samples_file: Path, plan, wall: dict, start: float,
 def _link_origins(cfg: EvalConfig) -> dict:
     """--ckpt_override folder -> where its links came from (`system.provenance.link_origin`: path, sha256 of
     the files, the command and config that made them, or why that is unknown)."""
-    from recmas_ray.system.provenance import link_origin
-
     return {r: link_origin(p) for r, p in cfg.system.link_folders().items()}
 
 
@@ -308,6 +302,7 @@ def _bar(total, desc, enabled):
 
 def track_results(cfg: EvalConfig, results: dict, files: list) -> None:
     """The run's metrics (one run per evaluation, metrics prefixed by benchmark/method) and its files."""
+    # lazy: Ray reads env settings on import; this module loads before the console sets them
     from recmas_ray.tracking import start_run
 
     if cfg.track.tracking == "none":

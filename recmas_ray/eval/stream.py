@@ -33,6 +33,7 @@ from typing import Callable, Iterator
 
 from recmas_ray.config.extensions import extension_modules, import_extensions
 from recmas_ray.config.recursion import RecursionConfig
+from recmas_ray.distributed.routing import LeaseKeeper, batch_work
 from recmas_ray.eval.config import StreamConfig
 from recmas_ray.engine.runner import SampleResult
 from recmas_ray.tasks import get_task, grade
@@ -179,7 +180,7 @@ class EvalClient:
     def __init__(self, replicas: list, router, method: str, recursion: RecursionConfig, grader: str,
                  format_retry: bool, timeout_s: float, max_batch_retries: int = 2, exit_after: int | None = None,
                  fail_docs: dict | None = None, style=None, progress: tuple | None = None, extensions=()):
-        import ray
+        import ray  # lazy: ray must not load with --help or before a job's first line
 
         import_extensions(extensions)  # task families registered from outside the package: graded by name here
 
@@ -195,13 +196,12 @@ class EvalClient:
         self.exit_after = None if restarted else exit_after
         self.calls = itertools.count(1)  # several batches run at once, on threads
         self.attempts = itertools.count(1)
-        from recmas_ray.distributed.routing import LeaseKeeper
 
         # renews the router leases of this client's running batches (a dead client's expire within LEASE_S)
         self.lease_keeper = LeaseKeeper(lambda leases: router.renew_many.remote(leases))
 
     def _get(self, ref, what: str):
-        import ray
+        import ray  # lazy: ray must not load with --help or before a job's first line
 
         try:
             return ray.get(ref, timeout=self.timeout_s)
@@ -211,9 +211,7 @@ class EvalClient:
             raise (e.cause if isinstance(e.cause, Exception) else e) from None
 
     def _attempt(self, items: list[dict], rollout: int, bid: str) -> tuple[list[dict], int]:
-        import ray
-
-        from recmas_ray.distributed.routing import batch_work
+        import ray  # lazy: ray must not load with --help or before a job's first line
 
         rc = for_rollout(self.recursion, rollout)
         work = batch_work(self.style, rc, len(items)) if self.style is not None else float(len(items))
@@ -225,7 +223,9 @@ class EvalClient:
             def solve(qs, ts, rc):
                 stream = {}
                 if self.progress is not None and rc.adaptive_threshold is None:  # adaptive rounds do not stream
+                    # lazy: torch must not load with --help or before a job's first line
                     from recmas_ray.engine.decoding import RowsStopped
+                    # lazy: ray must not load with --help or before a job's first line
                     from recmas_ray.distributed.progress import RelayReport
 
                     relay, scope = self.progress
@@ -335,8 +335,9 @@ def stream_samples(system, batches: list[tuple[list[dict], int]], method: str, r
     client processes holding `batches_per_client` each. `progress`: (a `distributed.progress.DoneRelay`, a
     scope): each batch's final decode reports its rows there as they stop, under "scope:`batch_key`".
     """
-    import ray
+    import ray  # lazy: ray must not load with --help or before a job's first line
 
+    # lazy: ray / torch / transformers must not load with --help or before a job's first line
     from recmas_ray.distributed.replicas import as_replicas
 
     if not batches:

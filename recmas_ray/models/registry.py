@@ -19,6 +19,8 @@ from __future__ import annotations
 import hashlib
 from pathlib import Path
 
+from recmas_ray.config import inputs
+
 
 class ModelKind:
     """A kind of model name; the defaults are those of a Hugging Face id or local path (the fallback kind)."""
@@ -58,6 +60,7 @@ class ModelKind:
         if (folder / "config.json").is_file():
             return "config-sha256:" + hashlib.sha256((folder / "config.json").read_bytes()).hexdigest()[:16]
         try:
+            # lazy: the Hub client (~0.3 s) loads only for Hub access
             from huggingface_hub import try_to_load_from_cache
 
             cached = try_to_load_from_cache(name, "config.json")
@@ -67,15 +70,13 @@ class ModelKind:
 
     def hidden_size(self, name: str) -> int:
         """Hidden size from the model's config alone (no weights loaded)."""
-        from transformers import AutoConfig
+        from transformers import AutoConfig  # lazy: transformers must not load with --help or before a job's first line
 
         return int(AutoConfig.from_pretrained(self.path(name)).get_text_config().hidden_size)
 
     def name_problem(self, name: str) -> str | None:
         """Why `name` cannot load, checked without loading anything, or None (`config.inputs.model_name_problem`:
         a model folder, or a Hub id in the local cache or on the Hub)."""
-        from recmas_ray.config import inputs  # looked up on the module: tests answer it for cluster-only paths
-
         return inputs.model_name_problem(name)
 
     def stand_in_agent(self, name: str, *, role: str):
@@ -95,6 +96,7 @@ class TinyKind(ModelKind):
     hub_id = False
 
     def path(self, name: str) -> str:
+        # lazy: torch must not load with --help or before a job's first line
         from recmas_ray.models.tiny import ensure_tiny_model
 
         return str(ensure_tiny_model(self.key(name)))
@@ -112,6 +114,7 @@ class PackagedKind(ModelKind):
     hub_id = False
 
     def path(self, name: str) -> str:
+        # lazy: torch / transformers must not load with --help or before a job's first line
         from recmas_ray.models.packaged import ensure_pkg_model
 
         return str(ensure_pkg_model(name))
@@ -120,6 +123,7 @@ class PackagedKind(ModelKind):
         return name  # the package version and GGUF hash are fixed per name
 
     def hidden_size(self, name: str) -> int:
+        # lazy: torch / transformers must not load with --help or before a job's first line
         from recmas_ray.models.packaged import PKG_MODELS
 
         if name in PKG_MODELS:  # without converting the wheel's GGUF
@@ -143,11 +147,13 @@ class SimulatedKind(ModelKind):
         return name  # the name is the whole cost table
 
     def hidden_size(self, name: str) -> int:
+        # lazy: torch must not load with --help or before a job's first line
         from recmas_ray.models.sim import parse_sim_name
 
         return int(parse_sim_name(name)["hidden"])
 
     def name_problem(self, name: str) -> str | None:
+        # lazy: torch must not load with --help or before a job's first line
         from recmas_ray.models.sim import parse_sim_name
 
         try:
@@ -157,11 +163,13 @@ class SimulatedKind(ModelKind):
         return None
 
     def stand_in_agent(self, name: str, *, role: str):
+        # lazy: torch must not load with --help or before a job's first line
         from recmas_ray.models.sim import SimulatedAgent
 
         return SimulatedAgent(name, role=role)
 
     def call_cost(self, name: str, kind: str, num_tokens: int) -> float:
+        # lazy: torch must not load with --help or before a job's first line
         from recmas_ray.models.sim import sim_call_cost
 
         return sim_call_cost(name, kind, num_tokens)

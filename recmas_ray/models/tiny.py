@@ -79,7 +79,8 @@ TINY_FAMILIES = {
 
 def build_byte_tokenizer(family: str):
     """A lossless byte-level BPE tokenizer (no merges) with the family's specials and chat template."""
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers  # lazy: optional dependency
+    # lazy: transformers reads env settings on import; this module loads before the console sets them
     from transformers import PreTrainedTokenizerFast
 
     alphabet = pre_tokenizers.ByteLevel.alphabet()
@@ -98,6 +99,7 @@ def build_byte_tokenizer(family: str):
 
 
 def _tiny_config(spec: TinySpec, vocab_size: int):
+    # lazy: transformers reads env settings on import; this module loads before the console sets them
     import transformers as tf
 
     common = dict(
@@ -123,6 +125,7 @@ def ensure_tiny_model(family: str) -> Path:
     out = cache_root() / "tiny" / f"{family}-{TINY_VERSION}"
     if (out / "config.json").exists():
         return out
+    # lazy: transformers reads env settings on import; this module loads before the console sets them
     from transformers import AutoModelForCausalLM
 
     tokenizer = build_byte_tokenizer(family)

@@ -41,7 +41,7 @@ _HARNESS_LAST_LINE = 11
 
 
 def _boot():
-    import json, os, resource, sys, traceback
+    import json, os, resource, sys, traceback  # lazy: the sandboxed child's boot text (no module-level imports)
     with os.fdopen(int(sys.argv[2]), "rb") as f:
         c = json.loads(f.read())
     for name, soft, hard in c["limits"]:
@@ -84,7 +84,7 @@ def _boot():
 
 
 def _load_seccomp(prog):
-    import ctypes
+    import ctypes  # lazy: the sandboxed child's boot text (no module-level imports)
 
     class SockFprog(ctypes.Structure):
         _fields_ = [("len", ctypes.c_ushort), ("filter", ctypes.c_void_p)]
@@ -97,7 +97,7 @@ def _load_seccomp(prog):
 
 
 def _grade(c, src, guard, harness_src=_HARNESS, load_seccomp=_load_seccomp):
-    import builtins, os
+    import builtins, os  # lazy: the sandboxed child's boot text (no module-level imports)
     write, exit_now = os.write, os._exit
 
     def fail(what, exc):  # writes with the functions saved before the program ran: it may replace them
@@ -109,6 +109,7 @@ def _grade(c, src, guard, harness_src=_HARNESS, load_seccomp=_load_seccomp):
         exit_now(1)
 
     try:
+        # lazy: the sandboxed child's boot text (no module-level imports)
         import ctypes  # noqa: F401 (before the guard: its own start-up loads libraries, refused afterwards)
     except ImportError:
         pass
@@ -116,7 +117,7 @@ def _grade(c, src, guard, harness_src=_HARNESS, load_seccomp=_load_seccomp):
     exec(compile(c["prelude"], "<prelude>", "exec"), ns)
     # A signal handler is handed the interrupted frame (the tests' globals): install the only one the tests
     # need (SIGALRM -> TimeoutError, for per-test time limits), then forbid installing any other.
-    import signal
+    import signal  # lazy: the sandboxed child's boot text (no module-level imports)
 
     def alarm(signum, frame):
         raise TimeoutError("sandbox alarm")
@@ -138,7 +139,7 @@ def _grade(c, src, guard, harness_src=_HARNESS, load_seccomp=_load_seccomp):
 
 
 def _probe(c, src, guard, encode=encode_value, decode=decode_value, mark=PROBE_MARK):
-    import builtins, json, os, signal, sys
+    import builtins, json, os, signal, sys  # lazy: the sandboxed child's boot text (no module-level imports)
     write, exit_now, dumps, alarm = os.write, os._exit, json.dumps, signal.alarm
     result_fd = os.dup(1)
     os.dup2(2, 1)  # the program's prints (print, os.write(1, ...)) land on stderr, the results on result_fd
@@ -198,7 +199,7 @@ def _probe(c, src, guard, encode=encode_value, decode=decode_value, mark=PROBE_M
 
 
 def _guard(c, harness, last_line=_HARNESS_LAST_LINE):
-    import os, re, sys, _thread
+    import os, re, sys, _thread  # lazy: the sandboxed child's boot text (no module-level imports)
     # the work folder (cwd), and /tmp where it is a tmpfs of its own (an interpreter installed under /tmp)
     roots = tuple(os.path.realpath(d) for d in c.get("writable", ())) or (os.path.realpath(os.getcwd()),)
     deny = tuple(c["deny_read"])
@@ -327,7 +328,7 @@ def _guard(c, harness, last_line=_HARNESS_LAST_LINE):
     if proc_events:
         # subprocess.Popen is audited, but the C helper behind it is not: replace it in the cached module (and in
         # an already imported subprocess) so a direct call fails too; re-importing it is refused by the hook.
-        import _posixsubprocess
+        import _posixsubprocess  # lazy: the sandboxed child's boot text (no module-level imports)
         def fork_exec(*args, **kwargs):  # no closure: user code can reach this function
             raise PermissionError("sandbox blocked: subprocesses are disabled (fork_exec)")
         _posixsubprocess.fork_exec = fork_exec

@@ -24,7 +24,7 @@ def encode_value(value, _depth=0):
     truthy and equal to nothing else, as a match is). Counter, OrderedDict and defaultdict become dicts and a
     namedtuple a tuple, read through the builtin's own accessors; a numpy scalar becomes its ``item()``.
     """
-    import json
+    import json  # lazy: the sandboxed child's boot text (no module-level imports)
     t = type(value)
     if value is None or t is bool or t is str:
         return value
@@ -106,7 +106,7 @@ def decode_value(obj, _depth=0):
             if tag == "bytearray" and type(v) is str:
                 return bytearray.fromhex(v)
             if tag == "deque" and type(v) is list:
-                import collections
+                import collections  # lazy: the sandboxed child's boot text (no module-level imports)
                 return collections.deque(items())
             if tag == "re.Match" and type(v) is str:
                 return _MatchValue(v)

@@ -28,10 +28,24 @@ from dataclasses import dataclass
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from ray import serve
+from transformers import AutoTokenizer
 
+from recmas_ray.api import System
+from recmas_ray.api_inputs import finish
+from recmas_ray.config.checks import check_tree
+from recmas_ray.config.tree import from_dict
+from recmas_ray.models.loader import resolve_model_path
+from recmas_ray.serve.batching import Batcher
 from recmas_ray.serve.config import ServeConfig
+from recmas_ray.serve.metrics import ServerMetrics
 from recmas_ray.serve.openai_api import GenRequest, RequestError, parse_request
-from recmas_ray.serve.security import (BodyTooLarge, authorized, read_body, too_large_body, unauthorized_body)
+from recmas_ray.serve.responses import ChunkWriter, TextStream, body as response_body, usage
+from recmas_ray.serve.security import (BodyTooLarge, authorized, bind_replica_grpc_to_node_address, read_body,
+                                       too_large_body, unauthorized_body)
+from recmas_ray.serve.streaming import RelaySink, TokenRelay
+from recmas_ray.system.config import system_fields
+from recmas_ray.system.plan import served_links
+from recmas_ray.system.trained import trained_task
 
 log = logging.getLogger(__name__)
 
@@ -46,10 +60,6 @@ api = FastAPI(title="recmas_ray", description="OpenAI-compatible completions of 
 
 
 def _tokenizer(model_name: str):
-    from transformers import AutoTokenizer
-
-    from recmas_ray.models.loader import resolve_model_path
-
     return AutoTokenizer.from_pretrained(resolve_model_path(model_name))
 
 
@@ -73,12 +83,6 @@ class RecMASServer:
     """One replica: builds its system at start, batches compatible requests, answers the OpenAI routes."""
 
     def __init__(self, cfg: "ServeConfig"):
-        from recmas_ray.api import System
-        from recmas_ray.system.config import system_fields
-        from recmas_ray.serve.batching import Batcher
-        from recmas_ray.serve.metrics import ServerMetrics
-        from recmas_ray.serve.security import bind_replica_grpc_to_node_address
-
         bind_replica_grpc_to_node_address()  # before Serve starts the replica's gRPC server (after __init__)
         self.cfg = cfg
         system = {k: v for k, v in dataclasses.asdict(cfg.system).items() if k in system_fields(ServeConfig)}
@@ -87,8 +91,6 @@ class RecMASServer:
                                    timeout_s=cfg.timeout_s, torch_threads=cfg.torch_threads, verbose=True,
                                    progress=False)
         self.tokenizer = _tokenizer(self.system.role_models[self.system.plan.style.decoder])
-        from recmas_ray.system.plan import served_links
-        from recmas_ray.system.trained import trained_task
 
         self.trained_task = trained_task(self.system.cfg.system.ckpt_override)
         self.links_served = served_links(self.system.plan)  # /v1/models: each role's base model and links
@@ -107,7 +109,7 @@ class RecMASServer:
 
     @api.get("/metrics")
     def metrics(self):
-        from prometheus_client import CONTENT_TYPE_LATEST
+        from prometheus_client import CONTENT_TYPE_LATEST  # lazy: loads only for /metrics
 
         return Response(self.metrics.exposition(self.batcher.queued_rows, self.batcher.running),
                         media_type=CONTENT_TYPE_LATEST)
@@ -120,7 +122,7 @@ class RecMASServer:
 
     @api.get("/docs", include_in_schema=False)
     def docs(self, request: Request):
-        from fastapi.openapi.docs import get_swagger_ui_html
+        from fastapi.openapi.docs import get_swagger_ui_html  # lazy: loads only for /docs
 
         if not authorized(request.headers.get("authorization"), self.cfg.api_key):
             return JSONResponse(unauthorized_body(), status_code=401)
@@ -152,9 +154,6 @@ class RecMASServer:
         return response
 
     async def _respond(self, request: Request, kind: str, t0: float, route: str):
-        from recmas_ray.serve.responses import body as response_body
-        from recmas_ray.serve.responses import usage
-
         if not authorized(request.headers.get("authorization"), self.cfg.api_key):
             return JSONResponse(unauthorized_body(), status_code=401)
         try:
@@ -187,8 +186,6 @@ class RecMASServer:
         return JSONResponse(out)
 
     async def _stream(self, req: GenRequest, request_id: str, t0: float, route: str):
-        from recmas_ray.serve.responses import ChunkWriter, TextStream, usage
-
         writer, queue = ChunkWriter(req, self.cfg.served_name), asyncio.Queue()
         # sampled: row r is choice r; greedy: row r (question r) feeds its n identical choices
         choices_of = [[r] if req.sampled else list(range(r * req.n, (r + 1) * req.n)) for r in range(req.num_rows)]
@@ -223,8 +220,6 @@ class RecMASServer:
     # ------------------------------------------------------------------ one batch
     async def _run_batch(self, key: str, jobs: list) -> list:
         """Run the rows of every job as one batch; returns each job's choices (finish_reason set, stops cut)."""
-        from recmas_ray.api_inputs import finish
-
         reqs = [job.payload.req for job in jobs]
         rc = reqs[0].recursion
         if rc.decode.do_sample and not reqs[0].seeded:  # unseeded sampling: a fresh seed per batch
@@ -266,7 +261,6 @@ class RecMASServer:
         loop = asyncio.get_running_loop()
         if self.cfg.backend == "local":  # called in the batch's thread
             return (lambda ids: loop.call_soon_threadsafe(dispatch, ids)), None
-        from recmas_ray.serve.streaming import RelaySink, TokenRelay
 
         if self.relay is None:
             self.relay = TokenRelay.remote()
@@ -326,9 +320,6 @@ def build_app(cfg: ServeConfig):
 
 def app_builder(args: dict):
     """Serve config files' entry (`import_path: recmas_ray.serve.app:app_builder`): `args` are ServeConfig fields."""
-    from recmas_ray.config.checks import check_tree
-    from recmas_ray.config.tree import from_dict
-
     # nested by section, as a --config file (`system: {style: ...}`)
     cfg = from_dict(ServeConfig, dict(args or {}), where="serve application args")
     check_tree(cfg, lambda path: path)

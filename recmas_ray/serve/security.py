@@ -74,7 +74,8 @@ async def read_body(request, limit: int) -> bytes:
 
 def bind_replica_grpc_to_node_address() -> str:
     """Inside a Serve replica, before Serve starts its gRPC server: bind it to the node address, not `[::]`."""
-    import ray
+    import ray  # lazy: ray must not load with --help or before a job's first line
+    # lazy: ray must not load with --help or before a job's first line
     import ray.serve._private.replica as replica_module
 
     host = ray._private.worker.global_worker.node_ip_address or "127.0.0.1"

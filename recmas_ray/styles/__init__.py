@@ -5,6 +5,7 @@ else (a user's file, a test) joins with `register_style` (docs/architecture.md, 
 tests/extensions/toy_style.py).
 """
 
+from recmas_ray.config.checks import ConfigTypeError
 from recmas_ray.config.extensions import note_extension
 from recmas_ray.styles.base import (StyleSpec, Step, build_schedule, question_with_interface, render_prompt,
                                    render_single_agent_prompt, split_edge)
@@ -86,7 +87,6 @@ def check_role_models(flag: str, table: dict[str, str], style_name: str, *, extr
         raise ValueError(f"{flag} names {bad}; expected {expected}")
     wrong = next(((k, v) for k, v in table.items() if not isinstance(k, str) or not isinstance(v, str)), None)
     if wrong is not None:  # a config file or Python caller; never str() a value that may be huge
-        from recmas_ray.config.checks import ConfigTypeError
 
         raise ConfigTypeError(f"{flag} {wrong[0]!s:.40}=...: expected ROLE=TEXT with text values, got "
                         f"{type(wrong[1]).__name__}")

@@ -34,6 +34,7 @@ import re
 from pathlib import Path
 
 from recmas_ray.config.inputs import read_data_file
+from recmas_ray.styles import get_style
 from recmas_ray.styles.base import TASK_TYPES, VARIANTS, RolePrompts, StyleSpec
 
 _SLOT_RE = re.compile(r"<<[A-Z_]+_SLOT>>")
@@ -56,7 +57,7 @@ def dump_prompt_set(style: StyleSpec, path: str | Path) -> Path:
     """Write a style's prompts as a prompt-set file (.yaml/.yml or .json), e.g. to edit and load back."""
     p, data = Path(path), prompt_set_of(style)
     if p.suffix in (".yaml", ".yml"):
-        import yaml
+        import yaml  # lazy: optional dependency
 
         text = yaml.safe_dump(data, sort_keys=False, allow_unicode=False, width=4096)
     else:
@@ -157,8 +158,6 @@ def prompt_set_hash_for(style_name: str, prompt_set: str | Path | None = None) -
 
     For resume fingerprints: the same value as results' `prompt_set.sha256`, without planning a system.
     """
-    from recmas_ray.styles import get_style
-
     style = get_style(style_name)
     return prompt_set_hash(load_prompt_set(prompt_set, style) if prompt_set else style)
 

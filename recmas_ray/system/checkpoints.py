@@ -17,6 +17,7 @@ sizes before the weights are read, and unreadable files are one-line ValueErrors
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import os
@@ -170,8 +171,6 @@ def read_manifest(path: str | os.PathLike) -> dict:
 def malformed_config_guard(fn):
     """Checkpoint configs are untrusted JSON: a value of the wrong type (a list where a mapping belongs, a
     number where a file name belongs) or a missing key is one ValueError naming the folder, not a crash."""
-    import functools
-
     @functools.wraps(fn)
     def guarded(path, *args, **kwargs):
         try:

@@ -16,12 +16,14 @@ Lives on the system floor (not in `config/`) because its checks need the styles'
 from __future__ import annotations
 
 import dataclasses
+import os
 from dataclasses import dataclass, field
 from typing import Annotated
 
 from recmas_ray.config.checks import ExistingPath, OneOf, Range
 from recmas_ray.config.choices import DEVICES, DTYPES, MESSAGE_DTYPES, MODEL_PRESETS
-from recmas_ray.styles import check_role_models, style_names
+from recmas_ray.styles import check_role_models, get_style, style_names
+from recmas_ray.system.hub import links_overrides, looks_like_hub_id, resolve_overrides
 
 
 @dataclass(kw_only=True)
@@ -81,10 +83,6 @@ class SystemConfig:
     def check_link_folders(self) -> None:
         """links and every ckpt_override name an existing folder or a Hub id (checked before Ray or a model
         starts); a file where a folder belongs is named as such."""
-        import os
-
-        from recmas_ray.system.hub import looks_like_hub_id
-
         named = [("--links ", self.links)] if self.links else []
         named += [(f"--ckpt_override {r}=", p) for r, p in self.ckpt_override.items()]
         for flag, path in named:
@@ -103,9 +101,6 @@ class SystemConfig:
     def link_folders(self) -> dict[str, str]:
         """ROLE/outer -> link folder: the folders of `links` (local or Hub, fetched) with ckpt_override over them
         per role, every Hub id resolved to its local copy. What `plan_system(ckpt_override=...)` loads."""
-        from recmas_ray.system.hub import links_overrides, resolve_overrides
-        from recmas_ray.styles import get_style
-
         found = links_overrides(self.links, get_style(self.style).roles) if self.links else {}
         return resolve_overrides({**found, **self.ckpt_override})
 

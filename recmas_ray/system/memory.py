@@ -20,6 +20,9 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
+import torch
+from transformers import AutoConfig, AutoModelForCausalLM
+
 from recmas_ray.config.engine import EngineConfig
 from recmas_ray.models.registry import model_kind
 
@@ -123,8 +126,6 @@ def model_shape(name: str) -> ModelShape:
     kind = model_kind(name)
     if not kind.has_weights:  # stand-in agents (cost-simulated) hold no model
         return ModelShape(0, 0)
-    import torch
-    from transformers import AutoConfig, AutoModelForCausalLM
 
     config = AutoConfig.from_pretrained(kind.path(name))
     with torch.device("meta"):  # (accelerate's init_empty_weights unties tied embeddings: counted twice)

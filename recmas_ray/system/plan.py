@@ -8,12 +8,15 @@ unknown roles in `--ckpt_override`, link dims that do not match a role's base mo
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import logging
+import os
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
+from recmas_ray.engine.links import InnerLink, OuterLink, link_kind, link_state
 from recmas_ray.system.config import SystemConfig
-from recmas_ray.system.checkpoints import LinkSet, declared_base_model, load_links
+from recmas_ray.system.checkpoints import LinkSet, declared_base_model, load_links, read_manifest
 from recmas_ray.system.link_init import init_links
 from recmas_ray.models.registry import SIMULATED, model_kind
 from recmas_ray.system.presets import role_models
@@ -56,10 +59,6 @@ class SystemPlan:
 def served_links(plan: SystemPlan) -> dict[str, dict]:
     """Per role: its base model, and its inner link and outgoing outer links, each with its kind, the folder it
     came from (None: fresh, seeded) and the sha256 of its tensors (what `GET /v1/models` lists)."""
-    import hashlib
-
-    from recmas_ray.engine.links import link_kind, link_state
-
     def entry(key: str, link) -> dict:
         h = hashlib.sha256()
         for name, t in sorted(link_state(link).items()):
@@ -81,8 +80,6 @@ def model_hidden_size(name: str) -> int:
 
 def same_model(a: str, b: str) -> bool:
     """Whether two model names or paths name the same model (equal text, or the same directory)."""
-    import os
-
     if a == b:
         return True
     return os.path.isdir(a) and os.path.isdir(b) and os.path.realpath(a) == os.path.realpath(b)
@@ -102,8 +99,6 @@ def parse_overrides(items: list[str] | None) -> dict[str, str]:
 def check_link_styles(style, overrides: dict[str, str], *, allow: bool) -> None:
     """Links whose manifest records another style than `style` are refused unless `allow` (their prompts and
     schedule were another system's); aliases count as their style, release layouts record none."""
-    from recmas_ray.system.checkpoints import read_manifest
-
     for role, path in overrides.items():
         try:
             recorded = read_manifest(path).get("style")
@@ -237,8 +232,6 @@ def simulated_plan(style_name: str, model_name: str | dict[str, str] = SIMULATED
     """A SystemPlan of cost-simulated agents (`recmas_ray.models.sim`): `model_name` for every role, or a
     `sim:` name per role. Links are 8-wide placeholders (the simulated agents ignore them, so nothing
     large is shipped at start-up)."""
-    from recmas_ray.engine.links import InnerLink, OuterLink
-
     style = get_style(style_name)
     models = dict(model_name) if isinstance(model_name, dict) else {r: model_name for r in style.roles}
     missing = [r for r in style.roles if r not in models]

@@ -17,12 +17,16 @@ from __future__ import annotations
 
 import datetime
 import hashlib
+import json
 import os
 import shlex
 import subprocess
 import sys
 from collections.abc import Mapping
 from pathlib import Path
+
+from recmas_ray.system.checkpoints import MANIFEST, WEIGHTS, read_json
+from recmas_ray.system.untrusted import read_bytes_inside
 
 PROVENANCE = "provenance.json"
 FORMAT = "recmas_ray.link_provenance/1"
@@ -34,8 +38,6 @@ _SECRET_WORDS = ("key", "token", "secret", "password", "credential")
 def link_files(folder: str | os.PathLike) -> list[str]:
     """Names of the files that make up the links of `folder`: ours (links.safetensors, manifest.json) or a
     release layout's (*.pt adapters and outer links, their JSON configs); sorted."""
-    from recmas_ray.system.checkpoints import MANIFEST, WEIGHTS
-
     folder = Path(folder)
     if (folder / WEIGHTS).exists():
         return sorted(n for n in (WEIGHTS, MANIFEST) if (folder / n).exists())
@@ -45,8 +47,6 @@ def link_files(folder: str | os.PathLike) -> list[str]:
 
 def file_hashes(folder: str | os.PathLike) -> dict[str, str]:
     """sha256 of every link file of `folder` (each opened inside it)."""
-    from recmas_ray.system.untrusted import read_bytes_inside
-
     folder = Path(folder)
     return {n: hashlib.sha256(read_bytes_inside(folder, folder / n, what=str(folder))).hexdigest()
             for n in link_files(folder)}
@@ -81,8 +81,6 @@ def write_provenance(folder: str | os.PathLike, *, config: dict, inputs: Mapping
     the command that made them (this process's command line), code version, `config` (secrets left out) and
     the origin of each input link folder (`inputs`: name -> folder, e.g. the inner links outer training began
     from)."""
-    import json
-
     folder = Path(folder)
     record = {"format": FORMAT, "kind": kind, "files": file_hashes(folder),
               "made_by": {"command": shlex.join([sys.executable, *sys.argv]), "cwd": os.getcwd(),
@@ -99,8 +97,6 @@ def write_provenance(folder: str | os.PathLike, *, config: dict, inputs: Mapping
 def link_origin(folder: str | os.PathLike) -> dict:
     """What is known of `folder`'s links: its path, the sha256 of its link files now, the provenance record
     (None without one), whether the files match it (`known`) and, where not, why (`why`)."""
-    from recmas_ray.system.checkpoints import read_json
-
     folder = Path(folder)
     out = {"path": str(folder.resolve()), "files": {}, "provenance": None, "known": False, "why": ""}
     if not folder.is_dir():

@@ -14,6 +14,8 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Iterator
 
+import torch
+
 
 @contextmanager
 def opened_inside(root: str | os.PathLike, file: str | os.PathLike, *, what: str) -> Iterator[str]:
@@ -54,8 +56,6 @@ def read_bytes_inside(root, file, *, what: str) -> bytes:
 
 def check_finite(tensors: dict, what: str) -> None:
     """Refuse weights holding NaN or Inf: such a link turns every latent into NaN, silently."""
-    import torch
-
     for key, t in tensors.items():
         if isinstance(t, torch.Tensor) and t.is_floating_point() and not bool(torch.isfinite(t).all()):
             bad = int((~torch.isfinite(t)).sum())

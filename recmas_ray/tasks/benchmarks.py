@@ -64,7 +64,7 @@ def task_type_for(name: str) -> str:
 
 def _hub_dataset_cached(repo_id: str) -> bool:
     """Whether the Hub cache or the `datasets` cache holds anything of dataset `repo_id`."""
-    from huggingface_hub import constants  # the hub client (~0.3 s) loads only for a benchmark read from the hub
+    from huggingface_hub import constants  # lazy: the hub client (~0.3 s) loads only for a benchmark read from the hub
 
     org_name = repo_id.split("/")
     datasets_cache = Path(os.environ.get("HF_DATASETS_CACHE") or Path(constants.HF_HOME) / "datasets")
@@ -96,7 +96,8 @@ def hub_dataset_problem(name: str, repo_id: str) -> str | None:
                   for v in ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE"))
     if offline:
         return f"benchmark {name!r} is not in the local Hugging Face cache and HF_HUB_OFFLINE is set; {hint}"
-    from huggingface_hub import HfApi
+    from huggingface_hub import HfApi  # lazy: the Hub client (~0.3 s) loads only for Hub access
+    # lazy: the Hub client (~0.3 s) loads only for Hub access
     from huggingface_hub.errors import GatedRepoError, HfHubHTTPError, RepositoryNotFoundError
 
     try:
@@ -120,14 +121,14 @@ def _from_hub(name: str, spec: BenchmarkSpec) -> list[dict]:
         if problem:
             raise ValueError(problem)
     if spec.hub_files:
-        from huggingface_hub import hf_hub_download
+        from huggingface_hub import hf_hub_download  # lazy: the Hub client (~0.3 s) loads only for Hub access
 
         return [r for f in spec.hub_files for r in _read_file(Path(hf_hub_download(
             spec.hf_id, f, repo_type="dataset")))]
     if spec.hf_id is None:
         raise ValueError(f"benchmark {name!r} has no hub copy; pass --dataset_path FILE or set "
                          f"{env_var_for(name)} to a local file")
-    from datasets import load_dataset  # ~2 s with pyarrow and pandas: only a hub fallback needs it
+    from datasets import load_dataset  # lazy: ~2 s with pyarrow and pandas: only a hub fallback needs it
 
     return [dict(r) for r in load_dataset(spec.hf_id, spec.hf_config, split=spec.split)]
 

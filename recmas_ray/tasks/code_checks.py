@@ -72,7 +72,7 @@ _MATH = {"isclose": math.isclose, "fabs": math.fabs, "sqrt": math.sqrt, "inf": m
 
 
 def _np_attr(name: str):
-    import numpy as np  # only when a check needs it (the parent may run without numpy)
+    import numpy as np  # lazy: only when a check needs it (the parent may run without numpy)
 
     return {"isclose": np.isclose, "allclose": np.allclose}[name]
 
@@ -100,7 +100,7 @@ def _attr(node: ast.Attribute, env: dict):
 
 
 def _assert_allclose(out, exp, atol=0, rtol=1e-07):
-    import numpy as np  # only when a check needs it (the parent may run without numpy)
+    import numpy as np  # lazy: only when a check needs it (the parent may run without numpy)
 
     np.testing.assert_allclose(out, exp, rtol=rtol, atol=atol)
 

@@ -99,7 +99,7 @@ def grade_math_strict(pred_text: str | None, gold: str) -> bool:
     if pred is None or not str(gold).strip():
         return False
     try:
-        from math_verify import parse, verify  # loads sympy (~1 s): only strict math grading needs it
+        from math_verify import parse, verify  # lazy: loads sympy (~1 s): only strict math grading needs it
     except ImportError as exc:  # pragma: no cover - math-verify is a hard dependency
         raise ImportError("strict math grading needs `pip install math-verify`") from exc
     t = _mv_timeout()

@@ -55,7 +55,7 @@ def normalize_date(text: str) -> str:
     if not (has_year or has_month):
         return ""
     try:
-        from dateutil import parser as date_parser  # ~50 ms on first use: only date-like golds need it
+        from dateutil import parser as date_parser  # lazy: ~50 ms on first use: only date-like golds need it
 
         parsed = date_parser.parse(text, fuzzy=False)
     except (ValueError, OverflowError, TypeError):

@@ -50,7 +50,7 @@ def _read_file(path: Path, json_field: str | None = None) -> list[dict]:
     if suffix == ".csv":
         return list(csv.DictReader(io.StringIO(_read_text(path), newline="")))
     if suffix == ".parquet":
-        import pyarrow.parquet as pq  # ~0.3 s and pandas-sized: only .parquet files need it
+        import pyarrow.parquet as pq  # lazy: ~0.3 s and pandas-sized: only .parquet files need it
 
         return pq.read_table(path).to_pylist()
     raise ValueError(f"{path}: unsupported file type {suffix!r}; expected one of {LOCAL_SUFFIXES}")

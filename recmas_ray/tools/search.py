@@ -97,8 +97,8 @@ class TavilyBackend:
     def search(self, query: str, *, api_key: str, max_results: int) -> list[dict]:
         """One Tavily search with ``api_key``; messages of the raised errors never include the key."""
         try:
-            import tavily
-            from tavily import errors
+            import tavily  # lazy: optional dependency
+            from tavily import errors  # lazy: optional dependency
         except ImportError:
             raise SearchUnavailableError("tavily-python is not installed (pip install tavily-python)",
                                          permanent=True) from None

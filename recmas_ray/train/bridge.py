@@ -11,9 +11,16 @@ the same text. `links.init_bridge` puts it into `residual_proj` (MLP ~0, output 
 
 from __future__ import annotations
 
+import copy
+import gc
+
 import torch
 
+from recmas_ray.engine.agent import Agent
 from recmas_ray.engine.links import init_bridge
+from recmas_ray.models import loader
+from recmas_ray.models.loader import resolve_dtype
+from recmas_ray.styles import build_schedule, render_prompt
 
 
 def vocabulary_strings(tokenizer, *, blanks: bool = False) -> dict[str, int]:
@@ -62,14 +69,12 @@ def bridge_outer_links(plan, *, ridge: float, dtype: str = "float32", max_pairs:
 
     Loads each role's base model once on CPU (before training starts). Returns edge -> number of paired tokens.
     """
-    from recmas_ray.models.loader import load_frozen_model, resolve_dtype
-
     loaded: dict[str, tuple] = {}  # by model name: roles on one base model share it
 
     def model_of(role):
         name = plan.role_models[role]
         if name not in loaded:
-            loaded[name] = load_frozen_model(name, dtype=resolve_dtype(dtype, torch.device("cpu")),
+            loaded[name] = loader.load_frozen_model(name, dtype=resolve_dtype(dtype, torch.device("cpu")),
                                              device=torch.device("cpu"))
         return loaded[name]
 
@@ -84,7 +89,6 @@ def bridge_outer_links(plan, *, ridge: float, dtype: str = "float32", max_pairs:
         counts[edge] = len(src_ids)
         print(f"[outer] bridge init {edge}: ridge fit on {len(src_ids)} shared tokens", flush=True)
     loaded.clear()  # the training workers load their own models: free these before they start
-    import gc
 
     gc.collect()
     return counts
@@ -140,8 +144,6 @@ def rollout_state_pairs(source, users: list[str], target_tokenizer, target_embed
 def first_stage_edges(style, num_rounds: int) -> dict[str, object]:
     """Outer edge -> the schedule step that sends it without having received latents (round 1's first
     stages: planner, expert, the mixture experts), i.e. the stages whose messages are their rollouts."""
-    from recmas_ray.styles import build_schedule
-
     out = {}
     for step in build_schedule(style, num_rounds):
         if not step.inputs and step.role != style.decoder:
@@ -157,19 +159,13 @@ def state_bridge_outer_links(plan, questions: list[str], *, task: str, num_steps
     rollouts of `questions` (the training questions, each rolled out once; `rollouts` receives them in
     `train.outer.rollout_stage`'s cache layout); every other link gets the token-pair bridge
     (`bridge_outer_links`). In place; returns edge -> number of fitted pairs."""
-    import copy
-
-    from recmas_ray.engine.agent import Agent
-    from recmas_ray.models.loader import load_frozen_model, resolve_dtype
-    from recmas_ray.styles import render_prompt
-
     counts = bridge_outer_links(plan, ridge=ridge, dtype=dtype, max_pairs=max_pairs)
     style, loaded = plan.style, {}
 
     def model_of(role):
         name = plan.role_models[role]
         if name not in loaded:
-            loaded[name] = load_frozen_model(name, dtype=resolve_dtype(dtype, torch.device("cpu")),
+            loaded[name] = loader.load_frozen_model(name, dtype=resolve_dtype(dtype, torch.device("cpu")),
                                              device=torch.device("cpu"))
         return loaded[name]
 
@@ -192,7 +188,6 @@ def state_bridge_outer_links(plan, questions: list[str], *, task: str, num_steps
         print(f"[outer] state bridge init {edge}: ridge fit on {len(x_ND)} of {num_states} rollout states "
               f"({len(questions)} questions x {num_steps} steps)", flush=True)
     loaded.clear()
-    import gc
 
     gc.collect()
     return counts

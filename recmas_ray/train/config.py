@@ -22,8 +22,9 @@ from recmas_ray.models.registry import check_model_names
 from recmas_ray.config.recursion import MAX_ROUNDS
 from recmas_ray.config.resume import check_training_resume
 from recmas_ray.config.tracking import TrackingConfig
-from recmas_ray.styles import canonical_role, get_style
+from recmas_ray.styles import build_schedule, canonical_role, get_style
 from recmas_ray.system.config import SystemConfig
+from recmas_ray.system.hub import links_overrides
 from recmas_ray.tasks import TASK_TYPES
 
 SCHEDULES = ("cosine", "linear", "constant")
@@ -330,7 +331,6 @@ class OuterTrainConfig(TrainConfig):
         --save_dir DIR/outer where --save_dir kept its default; the config itself when --links is unset."""
         if not self.system.links:
             return self
-        from recmas_ray.system.hub import links_overrides
 
         links = self.system.links
         found = {r: p for r, p in links_overrides(links, self.roles()).items() if r != "outer"}
@@ -372,8 +372,6 @@ class OuterTrainConfig(TrainConfig):
     def _check_hop_by_hop(self) -> None:
         """What --schedule hop_by_hop can train: one round, the decoder last reading latents, m > 0, and none of
         the end-to-end options it would otherwise ignore."""
-        from recmas_ray.styles import build_schedule
-
         style = get_style(self.system.style)
         roles = [s.role for s in build_schedule(style, self.num_recursive_rounds)]
         last = build_schedule(style, 1)[-1]

@@ -20,11 +20,19 @@ import hashlib
 import json
 import math
 import os
+import threading
 from dataclasses import dataclass
 from pathlib import Path
 
+import pyarrow.fs
+import ray
+import ray.train
+import ray.train.torch
 import torch
+from ray.train import Checkpoint, CheckpointConfig, FailureConfig, RunConfig, ScalingConfig
 
+from recmas_ray.config.tree import from_dict
+from recmas_ray.styles import get_style
 from recmas_ray.train.config import TrainConfig, storage_scheme
 from recmas_ray.system.link_init import stable_seed
 
@@ -37,11 +45,6 @@ CHECKPOINT_PREFIX = "checkpoint_"
 def role_worker_setup(config: dict, config_cls):
     """A per-role Ray Train worker's start, shared by both outer schedules: its config (`config["cfg"]`, torch
     threads set), its style, the role of its world rank and its device. Returns (cfg, style, role, device)."""
-    import ray.train
-    import ray.train.torch
-
-    from recmas_ray.styles import get_style
-
     cfg = config_from_dict(config_cls, config["cfg"])
     if cfg.torch_threads:
         torch.set_num_threads(cfg.torch_threads)
@@ -105,8 +108,6 @@ class RunStorage:
     """One run's folder in Ray Train storage: a local path or a URI, read and written through pyarrow.fs."""
 
     def __init__(self, storage_path: str, name: str):
-        import pyarrow.fs
-
         if storage_scheme(storage_path):
             self.fs, base = pyarrow.fs.FileSystem.from_uri(storage_path)
             self.uri = storage_path
@@ -120,8 +121,6 @@ class RunStorage:
         return "/".join([self.root, *parts])
 
     def exists(self, *parts: str) -> bool:
-        import pyarrow.fs
-
         return self.fs.get_file_info(self.path(*parts)).type != pyarrow.fs.FileType.NotFound
 
     def clear(self) -> None:
@@ -140,8 +139,6 @@ class RunStorage:
 
     def checkpoint_names(self) -> list[str]:
         """checkpoint_* folders, oldest step first."""
-        import pyarrow.fs
-
         if not self.exists():
             return []
         infos = self.fs.get_file_info(pyarrow.fs.FileSelector(self.root))
@@ -154,8 +151,6 @@ class RunStorage:
 
     def checkpoint(self, name: str):
         """A Ray Train `Checkpoint` of one checkpoint folder."""
-        from ray.train import Checkpoint
-
         return Checkpoint(self.path(name), filesystem=self.fs)
 
     def latest_complete(self):
@@ -172,8 +167,6 @@ class RunStorage:
 
         Ray Train's local mode (no workers) keeps no storage of its own, so the loops call this there.
         """
-        import pyarrow.fs
-
         dest = self.path(name)
         if self.exists(name):
             self.fs.delete_dir(dest)
@@ -199,8 +192,6 @@ def start_or_resume(cfg: TrainConfig, storage: RunStorage, what: str, load_dir: 
     """The checkpoint to continue from (load_dir if it is one, else the newest complete one with --resume),
     after clearing the run folder of a fresh run."""
     if load_dir and is_checkpoint_dir(Path(load_dir)):
-        from ray.train import Checkpoint
-
         if not cfg.resume:
             storage.clear()
         return Checkpoint.from_directory(str(Path(load_dir).resolve()))
@@ -217,8 +208,6 @@ def start_or_resume(cfg: TrainConfig, storage: RunStorage, what: str, load_dir: 
 def is_sealed(path: str | Path, fs=None) -> bool:
     """A checkpoint folder (local, or on the pyarrow filesystem `fs`) whose COMPLETE marker exists and whose
     listed files all have their recorded sizes: anything else is torn and never resumed."""
-    import pyarrow.fs
-
     fs = fs or pyarrow.fs.LocalFileSystem()
     try:
         with fs.open_input_stream(f"{path}/{COMPLETE}") as f:
@@ -313,9 +302,6 @@ def report_checkpoint(local: Path, metrics: dict, *, step: int, storage: RunStor
     Local mode persists the folder itself (Ray Train keeps no storage there); with workers Ray Train
     uploads every worker's folder into one checkpoint_<step> folder of the run.
     """
-    import ray.train
-    from ray.train import Checkpoint
-
     name = f"{CHECKPOINT_PREFIX}{step:06d}"
     if local_mode:
         ray.train.report(metrics, checkpoint=storage.persist(local, name, num_to_keep))
@@ -329,8 +315,6 @@ def report_checkpoint(local: Path, metrics: dict, *, step: int, storage: RunStor
 def restored_dir(resume_from):
     """A local folder of the checkpoint to start from, or None: Ray Train's own after a worker-group restart,
     else the driver's (`resume_from`); only a sealed one is used."""
-    import ray.train
-
     for ckpt in (ray.train.get_checkpoint(), resume_from):
         if ckpt is None:
             continue
@@ -345,14 +329,12 @@ def fit(loop, loop_config: dict, cfg: TrainConfig, storage: RunStorage, *, num_w
         resources: dict | None = None, backend: str | None = None, env_vars: dict | None = None, tracker=None):
     """One TorchTrainer run of `loop`; returns Ray Train's Result. `tracker` (`recmas_ray.tracking`) logs each
     report live from Ray Train's controller."""
-    from ray.train import CheckpointConfig, FailureConfig, RunConfig, ScalingConfig
-    from ray.train.torch import TorchConfig, TorchTrainer
 
     resources = resources or {"CPU": cfg.cpus_per_worker, **({"GPU": cfg.gpus_per_worker} if cfg.use_gpu else {})}
-    trainer = TorchTrainer(
+    trainer = ray.train.torch.TorchTrainer(
         loop, train_loop_config=loop_config,
         scaling_config=ScalingConfig(num_workers=num_workers, use_gpu=cfg.use_gpu, resources_per_worker=resources),
-        torch_config=TorchConfig(backend=backend) if backend else None,
+        torch_config=ray.train.torch.TorchConfig(backend=backend) if backend else None,
         run_config=RunConfig(name=storage.name, storage_path=storage.uri,
                              failure_config=FailureConfig(max_failures=cfg.max_failures),
                              checkpoint_config=CheckpointConfig(num_to_keep=cfg.num_to_keep),
@@ -367,8 +349,6 @@ def fit_interruptibly(trainer):
     own when fit() runs on the main thread (it aborts the run and the process exits 1 with no line), so there
     Ctrl-C reaches this thread as KeyboardInterrupt instead; the job stops with one line and exit status 130, and
     `--resume` continues from the last sealed checkpoint (a checkpoint cut short is never sealed)."""
-    import threading
-
     if threading.current_thread() is not threading.main_thread():
         return trainer.fit()
     box: dict = {}
@@ -392,8 +372,6 @@ def role_worker_resources(cfg: TrainConfig, num_roles: int, local: bool) -> dict
     """Ray Train resources of one worker per role (outer training, either schedule)."""
     # One worker per role must fit at once. CPU asks only steer placement: shrink them to fit the cluster
     # (2-core laptops, CI). Missing GPUs fail early on a local cluster; a real one may still autoscale.
-    import ray
-
     have = ray.cluster_resources()
     cpus = cfg.cpus_per_worker
     if num_roles * cpus > have.get("CPU", 0) > 0:
@@ -411,6 +389,4 @@ def role_worker_resources(cfg: TrainConfig, num_roles: int, local: bool) -> dict
 
 def config_from_dict(cls, data: dict):
     """A training config back from `dataclasses.asdict` (what a worker receives), nested sections included."""
-    from recmas_ray.config.tree import from_dict
-
     return from_dict(cls, data, where="training config")

@@ -46,7 +46,7 @@ def load_rows(dataset_name: str, json_field: str | None = None, *, split: str = 
         if not path.is_file():
             raise ValueError(f"dataset file {dataset_name!r} does not exist")
         return _json_rows(path, json_field)
-    from datasets import load_dataset  # ~2 s with pyarrow and pandas: only a dataset id from the Hub needs it
+    from datasets import load_dataset  # lazy: ~2 s with pyarrow and pandas: only a dataset id from the Hub needs it
 
     try:
         return [dict(r) for r in load_dataset(dataset_name, split=split)]

@@ -6,14 +6,13 @@ from __future__ import annotations
 import contextlib
 from pathlib import Path
 
+from recmas_ray.tracking import start_run
 from recmas_ray.train.config import TrainConfig
 
 
 @contextlib.contextmanager
 def tracked_run(cfg: TrainConfig, run_name: str):
     """The training run's tracker (`--tracking`; a do-nothing one by default), closed FAILED on an error."""
-    from recmas_ray.tracking import start_run
-
     tracker = start_run(cfg.track, output_dir=cfg.save_dir, run_name=run_name, config=cfg)
     try:
         yield tracker
@@ -44,10 +43,10 @@ def write_loss_curve(save_dir: Path, loss_log: list, *, title: str) -> Path | No
     points = [(int(e[0]), float(e[1])) for e in loss_log if isinstance(e, (list, tuple)) and len(e) == 2]
     if not points:
         return None
-    import matplotlib
+    import matplotlib  # lazy: matplotlib (~1 s) loads only for plots
 
     matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    import matplotlib.pyplot as plt  # lazy: matplotlib (~1 s) loads only for plots
 
     fig, ax = plt.subplots(figsize=(6, 4))
     ax.plot([p[0] for p in points], [p[1] for p in points], "o-", ms=3)

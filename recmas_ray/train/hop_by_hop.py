@@ -32,7 +32,12 @@ from pathlib import Path
 
 import torch
 
+from recmas_ray.engine.links import TokenLink
 from recmas_ray.styles import build_schedule, render_prompt, split_edge
+from recmas_ray.system.checkpoints import LinkSet, save_links
+from recmas_ray.train.bridge import shared_token_pairs
+from recmas_ray.train.core import make_scheduler
+from recmas_ray.train.outer import Latent, encode_stage
 
 LINKS_FILE = "links.pt"
 LOG_FILE = "log.json"
@@ -57,8 +62,6 @@ def sent_edges(sched) -> list[str]:
 def token_link(src, dst, tau: float, ids: tuple[list[int], list[int]] | None = None):
     """A `TokenLink` from agent `src` to agent `dst` over the tokens both vocabularies write the same (blanks
     included), with its (source ids, target ids)."""
-    from recmas_ray.train.bridge import shared_token_pairs
-
     src_ids, dst_ids = ids or shared_token_pairs(src.tokenizer, dst.tokenizer, max_pairs=None, blanks=True)
     link = token_link_of(embedding_rows(src, src_ids), embedding_rows(dst, dst_ids), tau, (src_ids, dst_ids))
     return link.to(src.device), (list(src_ids), list(dst_ids))
@@ -73,8 +76,6 @@ def embedding_rows(agent, ids: list[int]) -> torch.Tensor:
 def token_link_of(source_rows_KD: torch.Tensor, target_rows_KE: torch.Tensor, tau: float,
                   ids: tuple[list[int], list[int]]):
     """A fresh `TokenLink` (residual zero) over paired embedding rows of the token `ids` (source, target)."""
-    from recmas_ray.engine.links import TokenLink
-
     return TokenLink(source_rows_KD, target_rows_KE, tau, ids=ids)
 
 
@@ -100,9 +101,6 @@ def save_product_checkpoint(save_dir: Path, saved: dict, manifest: dict, hidden_
     them in jobs.run, jobs.serve and the API. `manifest`: the system's, with the task and training config. Each
     link is the one `attach` builds (tau as links.pt holds it, in float32), so the checkpoint runs what the sweep
     measured."""
-    from recmas_ray.engine.links import TokenLink
-    from recmas_ray.system.checkpoints import LinkSet, save_links
-
     links = {}
     for edge, entry in saved.items():
         src, dst = split_edge(edge)
@@ -180,8 +178,6 @@ class DecoderTrainer:
     The reference loop and the Ray Train decoder worker both step through this one class."""
 
     def __init__(self, cfg, style, decoder, links: dict, *, m: int):
-        from recmas_ray.train.core import make_scheduler
-
         self.cfg, self.style, self.decoder, self.links, self.m = cfg, style, decoder, links, m
         self.step_def = build_schedule(style, 1)[-1]
         self.params = []
@@ -199,8 +195,6 @@ class DecoderTrainer:
 
     def step(self, samples: list, batch: list[int], *, keep_grads: bool = False) -> dict:
         """One optimizer step on `batch` (row indices); returns its log entry (and the pre-clip grads)."""
-        from recmas_ray.train.outer import Latent, encode_stage
-
         t0, c = time.perf_counter(), self.cfg
         rows = [samples[i] for i in batch]
         z = {e: torch.cat([self.memo[i][e] for i in batch]) for e in self.links}

@@ -30,20 +30,38 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import tempfile
 import time
 from dataclasses import asdict
 from pathlib import Path
 
+import ray
+import ray.train
 import torch
 import torch.distributed as dist
 
+from recmas_ray.config.checks import check_tree
+from recmas_ray.config.tree import save_config
+from recmas_ray.console import current
+from recmas_ray.distributed import cluster
+from recmas_ray.engine.agent import Agent
+from recmas_ray.engine.links import inner_link_from_state_dict
+from recmas_ray.models import loader
+from recmas_ray.models.loader import resolve_dtype
 from recmas_ray.styles import build_schedule, get_style, split_edge
+from recmas_ray.system.plan import plan_system
+from recmas_ray.system.provenance import write_provenance
 from recmas_ray.train import core, history
+from recmas_ray.train.bridge import shared_pairs, vocabulary_strings
 from recmas_ray.train.config import OuterTrainConfig
+from recmas_ray.train.data import load_rows
 from recmas_ray.train.hop_by_hop import (LINKS_FILE, LOG_FILE, DecoderTrainer, decoder_edges, embedding_rows,
-                                         links_entry, new_rows_per_step, send_on, sent_edges, stage_rollout,
-                                         step_line, token_link_of)
+                                         links_entry, load, new_rows_per_step, save_links_file, save_product_checkpoint,
+                                         send_on, sent_edges, stage_rollout, step_line, token_link_of)
+from recmas_ray.train.outer import OuterRunResult, Sample, prepare_samples
+from recmas_ray.train.progress import StepBoard, post_step
+from recmas_ray.train.stage import frozen_digest
 
 GRADS_FILE = "grads.pt"
 
@@ -72,12 +90,8 @@ class _Peers:
 
 
 def _load_agent(cfg: OuterTrainConfig, style, role: str, system: dict, inner_state: dict, device):
-    from recmas_ray.engine.agent import Agent
-    from recmas_ray.engine.links import inner_link_from_state_dict
-    from recmas_ray.models.loader import load_frozen_model, resolve_dtype
-
     name = system["role_models"][role]
-    model, tokenizer = load_frozen_model(name, dtype=resolve_dtype(cfg.system.dtype, device), device=device)
+    model, tokenizer = loader.load_frozen_model(name, dtype=resolve_dtype(cfg.system.dtype, device), device=device)
     agent = Agent(model, tokenizer, inner_link_from_state_dict(inner_state, what=f"inner link of {role}"), role=role,
                   model_name=name, system_prompt=style.system_prompt)
     agent.inner_link.requires_grad_(False)
@@ -86,8 +100,6 @@ def _load_agent(cfg: OuterTrainConfig, style, role: str, system: dict, inner_sta
 
 def _token_links(agent, role: str, edges: list[str], trained: set[str], peers: _Peers, tau: float):
     """This worker's token links (edge -> (link, ids)): sent edges it sends on, or edges into it it trains."""
-    from recmas_ray.train.bridge import shared_pairs, vocabulary_strings
-
     mine = {"role": role, "vocab": vocabulary_strings(agent.tokenizer, blanks=True)}
     everyone = [None] * dist.get_world_size()
     dist.all_gather_object(everyone, mine)
@@ -116,13 +128,6 @@ def _token_links(agent, role: str, edges: list[str], trained: set[str], peers: _
 def train_loop_per_worker(config: dict) -> None:
     """Ray Train entry. config = {"cfg", "system", "links": {role: ObjectRef of its inner state}, "samples",
     "batches" (row indices per step), "storage", "progress", "capture_grads"}."""
-    import ray
-    import ray.train
-
-    from recmas_ray.train.outer import Sample
-    from recmas_ray.train.progress import post_step
-    from recmas_ray.train.stage import frozen_digest
-
     cfg, style, role, device = core.role_worker_setup(config, OuterTrainConfig)
     rank = style.roles.index(role)
     agent = _load_agent(cfg, style, role, config["system"], ray.get(config["links"][role]), device)
@@ -182,8 +187,6 @@ def train_loop_per_worker(config: dict) -> None:
                "workers": {w["role"]: {"frozen_unchanged": w["frozen_unchanged"]} for w in everyone}}
     with tempfile.TemporaryDirectory() as tmp:
         if rank == 0:
-            from recmas_ray.train.hop_by_hop import save_links_file
-
             save_links_file(Path(tmp), {e: entries[e] for e in edges}, log)  # the sent edges' order
             found = next(w["grads"] for w in everyone if w["role"] == style.decoder)
             if found:
@@ -203,21 +206,6 @@ def train_hop_by_hop(cfg: OuterTrainConfig, *, batches: list[list[int]] | None =
     log.json and config.json and returns an `outer.OuterRunResult`. `batches` (row indices per step)
     replaces the data order of `core.step_indices` (e.g. an earlier run's, to reproduce it); `capture_grads`
     (1-based steps, for tests) returns those steps' pre-clip gradients in metrics["captured_grads"]."""
-    import shutil
-
-    import ray
-
-    from recmas_ray.config.checks import check_tree
-    from recmas_ray.config.tree import save_config
-    from recmas_ray.console import current
-    from recmas_ray.system.plan import plan_system
-    from recmas_ray.train.data import load_rows
-    from recmas_ray.train.outer import prepare_samples
-    from recmas_ray.system.provenance import write_provenance
-    from recmas_ray.train.hop_by_hop import load, save_product_checkpoint
-    from recmas_ray.train.outer import OuterRunResult
-    from recmas_ray.train.progress import StepBoard
-
     check_tree(cfg)
     style = get_style(cfg.system.style)
     plan = plan_system(cfg.system, task=cfg.task)  # raises on link/base-model mismatches, before compute
@@ -240,9 +228,8 @@ def train_hop_by_hop(cfg: OuterTrainConfig, *, batches: list[list[int]] | None =
     save_config(cfg, save_dir)
     local = not ray.is_initialized()
     if local:  # joins a running cluster (RAY_ADDRESS / ray start) or starts a local one on loopback
-        from recmas_ray.distributed.cluster import init_ray
 
-        init_ray()
+        cluster.init_ray()
     repo = str(Path(__file__).resolve().parents[2])
     loop_config = {"cfg": asdict(cfg), "links": {r: ray.put(plan.service_args(r)[1]) for r in style.roles},
                    "system": {"role_models": plan.role_models, "hidden_sizes": plan.hidden_sizes},

@@ -19,21 +19,26 @@ import shutil
 from dataclasses import asdict, replace
 from pathlib import Path
 
+import ray
+
 from recmas_ray.config.checks import check_tree
 from recmas_ray.config.tree import save_config
+from recmas_ray.distributed import cluster
 from recmas_ray.train.config import InnerTrainConfig
 from recmas_ray.console import current
 from recmas_ray.styles import canonical_role, get_style
 from recmas_ray.system.checkpoints import MANIFEST, WEIGHTS
+from recmas_ray.system.plan import plan_system
+from recmas_ray.system.provenance import write_provenance
+from recmas_ray.tracking import ensure_mlflow_experiment
 from recmas_ray.train import core, history
 from recmas_ray.train.data import load_rows, role_examples, validate_rows
+from recmas_ray.train.inner_worker import train_loop_per_worker
 from recmas_ray.train.progress import StepBoard
 
 
 def plan_roles(cfg: InnerTrainConfig, roles: list[str]):
     """The system plan behind a run: base model and initial inner link of every role (no model loaded)."""
-    from recmas_ray.system.plan import plan_system
-
     overrides, models = dict(cfg.system.ckpt_override), dict(cfg.system.role_models)
     if cfg.mas_role != "all":
         if cfg.load_dir:
@@ -61,7 +66,6 @@ def _fit(cfg: InnerTrainConfig, role: str, base_model: str, link_state: dict, ex
     loop_config = {"cfg": asdict(cfg), "role": role, "base_model": base_model, "link": link_state,
                    "examples": examples, "storage": (storage.uri, storage.name), "resume_from": resume_from,
                    "progress": progress, "_faults": faults}
-    from recmas_ray.train.inner_worker import train_loop_per_worker
 
     save_config(cfg, cfg.save_dir)  # next to the outputs, once every input has been checked
     with history.tracked_run(cfg, f"inner-{role}") as tracker:
@@ -98,9 +102,8 @@ def train_inner(cfg: InnerTrainConfig, *, faults: dict | None = None) -> Path:
                              role, cfg.task)
     if cfg.num_workers == 0:  # Ray Train's local mode: the loop runs here and draws its own bar
         return _recorded(cfg, _fit(cfg, role, plan.role_models[role], _role_state(plan, role), examples, faults=faults))
-    from recmas_ray.distributed.cluster import init_ray
 
-    init_ray()
+    cluster.init_ray()
     with StepBoard(current(), enabled=cfg.progress) as board:
         return _recorded(cfg, _fit(cfg, role, plan.role_models[role], _role_state(plan, role), examples,
                                    faults=faults, progress=board.queue))
@@ -108,8 +111,6 @@ def train_inner(cfg: InnerTrainConfig, *, faults: dict | None = None) -> Path:
 
 def _recorded(cfg: InnerTrainConfig, save_dir: Path) -> Path:
     """`save_dir` once its provenance.json records this command and config (`system.provenance`)."""
-    from recmas_ray.system.provenance import write_provenance
-
     write_provenance(save_dir, config=asdict(cfg), inputs=cfg.system.ckpt_override, kind="inner")
     return save_dir
 
@@ -121,8 +122,6 @@ def train_all_roles(cfg: InnerTrainConfig) -> dict[str, Path]:
     own workers); in local mode (num_workers=0) the task itself reserves one worker's resources.
     The tasks may run on any node: on a multi-node cluster save_dir and storage_path must be shared.
     """
-    import ray
-
     check_tree(cfg)
     style = get_style(cfg.system.style)
     roles = list(style.roles)
@@ -135,14 +134,12 @@ def train_all_roles(cfg: InnerTrainConfig) -> dict[str, Path]:
     if track.tracking == "mlflow" and not track.tracking_uri:  # one store for every role's run
         track = replace(track, tracking_uri=(Path(cfg.save_dir).resolve() / "mlruns").as_uri())
     if track.tracking == "mlflow":  # made here once: the roles' runs start at once and would race to create it
-        from recmas_ray.tracking import ensure_mlflow_experiment
 
         ensure_mlflow_experiment(track.tracking_uri, track.experiment_name)
     cfgs = {r: replace(cfg, mas_role=r, save_dir=str(Path(cfg.save_dir).resolve() / r), storage_path=storage_path,
                        track=track) for r in roles}
-    from recmas_ray.distributed.cluster import init_ray
 
-    init_ray()
+    cluster.init_ray()
     opts = {"num_cpus": 0} if cfg.num_workers else {
         "num_cpus": cfg.cpus_per_worker, "num_gpus": cfg.gpus_per_worker if cfg.use_gpu else 0}
     fit = ray.remote(_fit).options(max_retries=0, **opts)

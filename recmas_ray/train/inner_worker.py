@@ -13,13 +13,20 @@ from __future__ import annotations
 
 import tempfile
 import time
+from dataclasses import asdict
 from pathlib import Path
 
+import ray
+import ray.train
 import torch
+from ray.experimental.tqdm_ray import tqdm as ray_tqdm
 
+from recmas_ray.console import current
 from recmas_ray.engine.agent import Agent
 from recmas_ray.train.config import InnerTrainConfig
 from recmas_ray.engine.links import InnerLink, inner_link_from_state_dict
+from recmas_ray.models import loader
+from recmas_ray.models.loader import resolve_dtype
 from recmas_ray.styles import get_style
 from recmas_ray.system.checkpoints import LinkSet, load_links, save_links
 from recmas_ray.train import core
@@ -30,8 +37,6 @@ from recmas_ray.train.progress import post_step
 def write_checkpoint(path: Path, *, link: InnerLink, opt, sched, step: int, cfg: InnerTrainConfig, role: str,
                      base_model: str, loss_log: list, world_size: int = 1) -> Path:
     """Inner link + manifest (our format) + optimizer/scheduler + train state, sealed last."""
-    from dataclasses import asdict
-
     manifest = {"kind": "inner", "style": cfg.system.style, "role": role, "base_model": base_model,
                 "roles": {role: {"base_model": base_model, "hidden_size": link.hidden_size}},
                 "step": step, "max_steps": cfg.max_steps, "task": cfg.task, "seed": cfg.system.seed,
@@ -60,17 +65,12 @@ def load_checkpoint(path: Path, *, link: InnerLink, opt, sched, role: str, base_
 def _progress_bar(cfg: InnerTrainConfig, role: str, start: int, board):
     """The rank-0 bar: none when the driver's StepBoard draws the steps (`board`, its queue) or progress is
     off; Ray's driver-rendered tqdm in a Ray worker; else the console's own bar (local mode, in the driver)."""
-    import ray
-
     if not cfg.progress or board is not None:
         return None
     if ray.is_initialized() and ray.get_runtime_context().worker.mode == ray.WORKER_MODE:
-        from ray.experimental.tqdm_ray import tqdm as ray_tqdm  # renders on the driver
-
         bar = ray_tqdm(total=cfg.max_steps, desc=f"inner {role}")
         bar.update(start)
         return bar
-    from recmas_ray.console import current
 
     return current().bar(cfg.max_steps, f"inner {role}", unit="step", initial=start)
 
@@ -83,10 +83,6 @@ def train_loop_per_worker(config: dict) -> dict:
     "resume_from": a Ray Train Checkpoint or None, "progress": the driver's StepBoard queue or None,
     "_faults": test hooks}. Returns {"loss_log": ...}.
     """
-    import ray.train
-
-    from recmas_ray.models.loader import load_frozen_model, resolve_dtype
-
     cfg = core.config_from_dict(InnerTrainConfig, config["cfg"])
     role, base_model, examples = config["role"], config["base_model"], config["examples"]
     storage, local_mode, faults = core.RunStorage(*config["storage"]), cfg.num_workers == 0, core.Faults.of(config)
@@ -96,7 +92,8 @@ def train_loop_per_worker(config: dict) -> dict:
         device = torch.device("cuda", ctx.get_local_rank()) if local_mode else ray.train.torch.get_device()
     else:
         device = torch.device("cpu")
-    model, tokenizer = load_frozen_model(base_model, dtype=resolve_dtype(cfg.system.dtype, device), device=device)
+    model, tokenizer = loader.load_frozen_model(base_model, dtype=resolve_dtype(cfg.system.dtype, device),
+                                                device=device)
     link = inner_link_from_state_dict(config["link"], what=f"inner link of {role}")
     style = get_style(cfg.system.style)
     agent = Agent(model, tokenizer, link, role=role, model_name=base_model, system_prompt=style.system_prompt)

@@ -23,6 +23,7 @@ E target hidden size, N = sum over samples of K_b.
 from __future__ import annotations
 
 import os
+import weakref
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -269,8 +270,6 @@ class SavedTensorMeter:
             del self.live[key]
 
     def _pack(self, t: torch.Tensor):
-        import weakref
-
         storage = t.untyped_storage()
         key = storage.data_ptr()
         if key in self.exclude:

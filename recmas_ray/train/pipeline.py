@@ -24,20 +24,35 @@ from __future__ import annotations
 
 import json
 import math
+import os
+import tempfile
 import time
 from dataclasses import asdict
 from pathlib import Path
 
+import ray
+import ray.train
 import torch
 import torch.distributed as dist
 
+from recmas_ray.config.checks import check_tree
+from recmas_ray.config.tree import save_config
 from recmas_ray.engine.agent import Agent
 from recmas_ray.train.config import OuterTrainConfig
 from recmas_ray.console import current
+from recmas_ray.distributed import cluster
 from recmas_ray.engine.links import inner_link_from_state_dict, outer_link_from_state_dict
+from recmas_ray.models import loader
+from recmas_ray.models.loader import resolve_dtype
 from recmas_ray.styles import StyleSpec, get_style
+from recmas_ray.system.plan import plan_system
+from recmas_ray.system.provenance import write_provenance
 from recmas_ray.train import core, history
-from recmas_ray.train.outer import OuterRunResult, Sample, export_checkpoint, round_loss_weight  # noqa: F401 (re-exported)
+from recmas_ray.train import hop_by_hop_job
+from recmas_ray.train.bridge import bridge_outer_links, state_bridge_outer_links
+from recmas_ray.train.data import load_rows
+from recmas_ray.train.outer import (OuterRunResult, Sample, export_checkpoint, prepare_samples,  # noqa: F401
+                                    round_loss_weight)  # (OuterRunResult, Sample, export_checkpoint: re-exported)
 from recmas_ray.train.progress import post_step, StepBoard
 from recmas_ray.train.stage import PipelineStage
 
@@ -48,10 +63,8 @@ EVAL_CURVE = "eval_curve.jsonl"
 # ----------------------------------------------------------------------------- Ray Train worker
 def _build_stage(cfg: OuterTrainConfig, style: StyleSpec, role: str, system: dict, link_state, device, group=None):
     """Load this role's base model and links only, and wrap them in a PipelineStage."""
-    from recmas_ray.models.loader import load_frozen_model, resolve_dtype
-
     name = system["role_models"][role]
-    model, tokenizer = load_frozen_model(name, dtype=resolve_dtype(cfg.system.dtype, device), device=device)
+    model, tokenizer = loader.load_frozen_model(name, dtype=resolve_dtype(cfg.system.dtype, device), device=device)
     inner_sd, outer_sds = link_state
     agent = Agent(model, tokenizer, inner_link_from_state_dict(inner_sd, what=f"inner link of {role}"), role=role,
                   model_name=name, system_prompt=style.system_prompt)
@@ -80,9 +93,6 @@ def train_loop_per_worker(config: dict) -> None:
     """Ray Train entry. config = {"cfg", "system", "links": {role: ObjectRef}, "samples", "eval_samples",
     "storage": (storage_path, run name), "resume_from", "progress" (the driver's StepBoard queue or None),
     "rollout_cache" (first-stage rollouts the driver computed, `outer.rollout_stage`'s layout), "_faults"}."""
-    import ray
-    import ray.train
-
     cfg, style, role, device = core.role_worker_setup(config, OuterTrainConfig)
     rank = style.roles.index(role)
     if device.type == "cuda":
@@ -103,8 +113,6 @@ def train_loop_per_worker(config: dict) -> None:
     end = min(cfg.max_steps, cfg.stop_at_step) if cfg.stop_at_step else cfg.max_steps
 
     def report(step: int, metrics: dict) -> None:
-        import tempfile
-
         with tempfile.TemporaryDirectory() as tmp:
             stage.save_shard(Path(tmp))
             sizes = [None] * dist.get_world_size(stage.group)
@@ -185,22 +193,10 @@ def train_outer(cfg: OuterTrainConfig, *, faults: dict | None = None) -> OuterRu
     (`--schedule hop_by_hop`: `hop_by_hop_job.train_hop_by_hop`, links.pt in save_dir).
 
     `faults` is the test-only fault-injection dict (see `core.Faults`)."""
-    import os
-
-    import ray
-
     if cfg.schedule == "hop_by_hop":
-        from recmas_ray.train.hop_by_hop_job import train_hop_by_hop
-
         if faults:
             raise ValueError("fault injection is for the end_to_end schedule only")
-        return train_hop_by_hop(cfg)
-
-    from recmas_ray.config.checks import check_tree
-    from recmas_ray.config.tree import save_config
-    from recmas_ray.system.plan import plan_system
-    from recmas_ray.train.data import load_rows
-    from recmas_ray.train.outer import prepare_samples
+        return hop_by_hop_job.train_hop_by_hop(cfg)
 
     check_tree(cfg)
     style = get_style(cfg.system.style)
@@ -217,8 +213,6 @@ def train_outer(cfg: OuterTrainConfig, *, faults: dict | None = None) -> OuterRu
         _check_resume(resume_from, manifest)
     rollouts: dict = {}  # the state bridge's first-stage rollouts (same CPU dtype as the workers'): computed once
     if cfg.outer_init != "default" and "outer" not in cfg.system.ckpt_override and resume_from is None:
-        from recmas_ray.train.bridge import bridge_outer_links, state_bridge_outer_links
-
         if cfg.outer_init == "state_bridge":  # first-stage links fitted on the training questions' rollouts
             state_bridge_outer_links(plan, [s.question for s in samples], task=cfg.task,
                                      num_steps=cfg.rollout_latent_steps, num_rounds=cfg.num_recursive_rounds,
@@ -231,9 +225,8 @@ def train_outer(cfg: OuterTrainConfig, *, faults: dict | None = None) -> OuterRu
     save_config(cfg, cfg.save_dir)  # next to the outputs, once every input has been checked
     local = not ray.is_initialized()
     if local:  # joins a running cluster (RAY_ADDRESS / ray start) or starts a local one on loopback
-        from recmas_ray.distributed.cluster import init_ray
 
-        init_ray()
+        cluster.init_ray()
     links = {r: ray.put(plan.service_args(r)[1:]) for r in style.roles}
     system = {"role_models": plan.role_models, "hidden_sizes": plan.hidden_sizes, "manifest": manifest}
     repo = str(Path(__file__).resolve().parents[2])
@@ -262,7 +255,6 @@ def train_outer(cfg: OuterTrainConfig, *, faults: dict | None = None) -> OuterRu
             write_eval_curve(save_dir, state["log"], state["eval_log"])
         history.log_history(tracker, [*state["log"], *state.get("eval_log", [])], save_dir=save_dir,
                          files=("manifest.json", "config.json", EVAL_CURVE, "eval_curve.png"))
-    from recmas_ray.system.provenance import write_provenance
 
     write_provenance(save_dir, config=asdict(cfg), inputs=cfg.system.ckpt_override, kind="outer")
     return OuterRunResult(save_dir, result.checkpoint.path, result.metrics or {}, state["log"], state.get("eval_log", []))
@@ -270,10 +262,10 @@ def train_outer(cfg: OuterTrainConfig, *, faults: dict | None = None) -> OuterRu
 
 def write_eval_curve(save_dir: Path, log: list, eval_log: list) -> Path:
     """eval_curve.jsonl (one held-out evaluation per line) and eval_curve.png (train and held-out loss vs step)."""
-    import matplotlib
+    import matplotlib  # lazy: matplotlib (~1 s) loads only for plots
 
     matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    import matplotlib.pyplot as plt  # lazy: matplotlib (~1 s) loads only for plots
 
     (Path(save_dir) / EVAL_CURVE).write_text("".join(json.dumps(e) + "\n" for e in eval_log))
     fig, ax = plt.subplots(figsize=(6, 4))

@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import threading
 
+from ray.util.queue import Queue
+
 POLL_S = 0.5
 """Seconds between the driver's reads of the queue."""
 
@@ -27,8 +29,6 @@ class StepBoard:
 
     def __enter__(self) -> "StepBoard":
         if self.enabled:
-            from ray.util.queue import Queue
-
             self.queue = Queue(maxsize=10_000, actor_options={"num_cpus": 0})
             self._thread = threading.Thread(target=self._run, name="step-board", daemon=True)
             self._thread.start()

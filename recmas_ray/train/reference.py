@@ -29,11 +29,14 @@ Used by the exactness tests and by `jobs/bench/outer.py` as the single-process b
 
 from __future__ import annotations
 
+import copy
+
 import torch
 import torch.nn.functional as F
 
 from recmas_ray.engine.agent import Agent
 from recmas_ray.engine.links import OuterLink
+from recmas_ray.models import loader
 from recmas_ray.styles import StyleSpec, build_schedule, render_prompt, split_edge
 from recmas_ray.train.data import question_text, role_target
 
@@ -110,14 +113,10 @@ def reference_step(outer: dict[str, OuterLink], opt: torch.optim.Optimizer, max_
 
 def build_reference(plan, *, device: str = "cpu"):
     """All agents of a `SystemPlan` in this process, fp32; returns (agents, copies of its outer links)."""
-    import copy
-
-    from recmas_ray.models.loader import load_frozen_model
-
     dev = torch.device(device)
     agents = {}
     for role in plan.style.roles:
-        model, tok = load_frozen_model(plan.role_models[role], dtype=torch.float32, device=dev)
+        model, tok = loader.load_frozen_model(plan.role_models[role], dtype=torch.float32, device=dev)
         inner = copy.deepcopy(plan.links.inner[role]).requires_grad_(False)
         agents[role] = Agent(model, tok, inner, role=role, model_name=plan.role_models[role],
                              system_prompt=plan.style.system_prompt)
