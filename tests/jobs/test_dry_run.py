@@ -15,7 +15,7 @@ def gpu_cluster(monkeypatch, tiny_cache):
     import recmas_ray.config.inputs as inputs
     import recmas_ray.distributed.cluster as cluster
     import recmas_ray.distributed.memory as memory
-    import recmas_ray.eval.run as driver
+    import recmas_ray.eval.batch_runner as driver
     import recmas_ray.models.loader as loader
 
     def boom(*a, **k):
@@ -67,7 +67,7 @@ def cpu_machine(monkeypatch, tiny_cache):
     """This machine as it is (no GPU), with Ray, agents and model loads failing the test if reached."""
     import recmas_ray.config.inputs as inputs
     import recmas_ray.distributed.cluster as cluster
-    import recmas_ray.eval.run as driver
+    import recmas_ray.eval.batch_runner as driver
     import recmas_ray.models.loader as loader
 
     def boom(*a, **k):
