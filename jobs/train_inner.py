@@ -33,10 +33,12 @@ from recmas_ray.config.cli import run_job
 from recmas_ray.styles import canonical_role, get_style
 from recmas_ray.system.next_steps import next_commands
 from recmas_ray.train.config import InnerTrainConfig
-from recmas_ray.train_api import run_training_job
 
 def main_cfg(cfg: InnerTrainConfig) -> int:
     """Run a parsed, checked config (heavy imports happen here, after parsing), holding --save_dir's lock."""
+    # lazy: train_api imports torch; --help and bad input must not (tests/jobs/test_train_flags.py)
+    from recmas_ray.train_api import run_training_job
+
     return run_training_job(cfg, "train_inner", _train)
 
 

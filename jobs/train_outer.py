@@ -37,11 +37,13 @@ from pathlib import Path
 from recmas_ray.config.cli import run_job
 from recmas_ray.system.next_steps import next_commands
 from recmas_ray.train.config import OuterTrainConfig
-from recmas_ray.train_api import run_training_job
 
 def main_cfg(cfg: OuterTrainConfig) -> int:
     """Run a parsed, checked config (heavy imports happen here, after parsing), holding --save_dir's lock;
     --links DIR is folded into --ckpt_override and --save_dir DIR/outer first."""
+    # lazy: train_api imports torch; --help and bad input must not (tests/jobs/test_train_flags.py)
+    from recmas_ray.train_api import run_training_job
+
     return run_training_job(cfg.with_links_folded(), "train_outer", _train)
 
 
