@@ -37,7 +37,7 @@ def test_product_pipeline_rows_come_from_the_samples_files(tmp_path, ray_cluster
     printed = capsys.readouterr().out
     task = out / "product" / "distillation-recall"
     table = json.loads((task / "compare" / "compare.json").read_text())
-    assert [r["name"] for r in table["rows"]] == list(ROWS_UNDER_TEST) and table["groups"] == ["5", "6"]
+    assert [r["name"] for r in table["rows"]] == [r.name for r in rows] and table["groups"] == ["5", "6"]
     pooled = {r["name"]: {sp: {"n": 0, "correct": 0, "correct_lenient": 0} for sp in ("all", "seen", "unseen")}
               for r in table["rows"]}
     questions = {}
