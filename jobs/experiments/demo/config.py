@@ -133,10 +133,10 @@ class DemoConfig:
     tasks: Annotated[list[str], OneOf(FACT_TASK_CHOICES), NonEmpty()] = field(
         default_factory=lambda: ["distillation:recall"])
     """What runs, in order (FACT_TASK_CHOICES): hidden-fact tasks STYLE:TASK, whose answer lines come first, and
-    arithmetic, the standard task. The default: the one-hop and the two-hop recall tasks and the collaboration
-    task choose (the learner sees "x is 56 or 65", the expert knows x), 32 + 32 held-out each (the one-hop task
-    took 20 min on 2 idle cores, the two-hop one adds its 300-step inner links); arithmetic (another 22 min)
-    runs with --full or --tasks ...,arithmetic."""
+    arithmetic, the standard task. The default: the one-hop recall task, 32 + 32 held-out (README command 1:
+    20 min 40 s from a fresh clone on 2 idle cores, its eleven rows included); the two-hop recall task adds about
+    15 minutes of training (300-step inner links x 3 roles, hop-by-hop outer links), the collaboration task choose
+    as much as one hop; arithmetic (another 16-22 min) runs with --full or --tasks ...,arithmetic."""
     facts: FactsConfig = field(default_factory=FactsConfig)
     """The hidden-fact tasks' sizes and recipe (--facts.outer_steps ...)."""
     difficulty: Annotated[str, OneOf(tuple(DIFFICULTIES))] = "arith"
