@@ -13,25 +13,28 @@ questions that hold the fact, with `--format_help`, beside the same run without 
 
 Untrained outer links, per kind its manifest names (`links.LINK_KINDS`):
   token_link            the same token pairs and tau, the residual at zero: the pure translation before training
-  outer_ln_res_adapter  the link training started from, rebuilt from the manifest's `train_config`: the seeded
-                        default init (`link_init.seeded_outer_link` under the training seed), then the bridge
-                        fit of `--outer_init bridge` / `state_bridge` where training used one (the state bridge
-                        re-fits on the recorded training questions' rollouts, with this run's inner links)
+  outer_ln_res_adapter  the link training started from: where training fitted a bridge (`--outer_init bridge` /
+                        `state_bridge`), the fit it saved (`<outer folder>/init`); in an older folder without it,
+                        rebuilt from the manifest's `train_config`: the seeded default init
+                        (`link_init.seeded_outer_link` under the training seed), then the bridge re-fitted (the
+                        state bridge on the recorded training questions' rollouts, with this run's inner links)
 A folder without a training record (the release's files) gets the seeded default init under this run's seed.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import re
+from pathlib import Path
+from types import SimpleNamespace
 
 import torch
-import re
-from types import SimpleNamespace
 
 from recmas_ray.engine.links import TokenLink, link_from_state, link_kind, link_state
 from recmas_ray.eval.channel import channel_record
 from recmas_ray.styles.base import RolePrompts
-from recmas_ray.system.checkpoints import LinkSet, read_manifest
+from recmas_ray.system.checkpoints import OUTER_INIT_DIR, LinkSet, contained, load_links, read_manifest
+from recmas_ray.system.link_manifest import MANIFEST
 from recmas_ray.system.link_init import seeded_outer_link
 from recmas_ray.tasks.math import decoder_help_text
 from recmas_ray.train.bridge import bridge_outer_links, state_bridge_outer_links
@@ -98,9 +101,30 @@ def untrained_outer_links(plan, folder: str | None):
         outer[edge] = fresh
         sources[f"outer:{edge}"] = f"untrained({link_kind(link)}{how}) of {folder}"
     plan = dataclasses.replace(plan, links=dataclasses.replace(plan.links, outer=outer), sources=sources)
-    if releases and init != "default":
+    if releases and init != "default" and not _saved_init(plan, releases, folder, init):
         _bridge(plan, releases, trained, init)
     return plan
+
+
+def _saved_init(plan, edges: list[str], folder: str, init: str) -> bool:
+    """Set `edges` of `plan` (in place) to the links training started from, where its folder keeps them
+    (`<folder>/init`, written by jobs.train_outer after its bridge fit); False where it does not (an older
+    folder: the caller re-fits). Checked as any link folder is: kinds and shapes against the plan."""
+    path = Path(folder) / OUTER_INIT_DIR
+    if not (path / MANIFEST).is_file():
+        return False
+    contained(Path(folder), OUTER_INIT_DIR, what=folder)  # an untrusted folder: no link out of it
+    saved = load_links(path, hidden_sizes=plan.hidden_sizes)
+    if saved.manifest.get("outer_init") != init or not set(edges) <= set(saved.outer):
+        raise ValueError(f"{path}: holds the {saved.manifest.get('outer_init')!r} start of links "
+                         f"{sorted(saved.outer)}, but training recorded --outer_init {init} for {sorted(edges)}")
+    for edge in edges:
+        if link_kind(saved.outer[edge]) != link_kind(plan.links.outer[edge]):
+            raise ValueError(f"{path}: link {edge} is a {link_kind(saved.outer[edge])}, the trained one a "
+                             f"{link_kind(plan.links.outer[edge])}")
+        plan.links.outer[edge] = saved.outer[edge]
+        plan.sources[f"outer:{edge}"] = plan.sources[f"outer:{edge}"].replace(" init,", " init saved by training,")
+    return True
 
 
 def plan_seed(plan) -> int:

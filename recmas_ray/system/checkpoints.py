@@ -38,6 +38,9 @@ from recmas_ray.system.token_links_pt import TOKEN_LINKS_PT, read_token_links_pt
 from recmas_ray.system.untrusted import check_finite, opened_inside, read_bytes_inside
 
 WEIGHTS = "links.safetensors"
+OUTER_INIT_DIR = "init"
+"""The subfolder of a trained outer-link folder holding the links as training started, where that start was
+fitted (`--outer_init bridge` / `state_bridge`): an evaluation's untrained-links row loads it (`eval.rows`)."""
 
 # Reference numeric keys -> recmas_ray role-pair edges; the only place they appear.
 LEGACY_EDGE_KEYS = {

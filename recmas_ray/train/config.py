@@ -270,6 +270,11 @@ class OuterTrainConfig(TrainConfig):
     """Held-out loss on --eval_dataset every this many steps and at the end (no grad, the training loss); 0: off."""
     eval_dataset: Annotated[str | None, ExistingPath(allow=is_synthetic)] = None
     """Held-out rows (.json/.jsonl with the training fields, or synthetic:N); uses --dataset_json_field."""
+    keep_best: bool = False
+    """With --eval_every: the run's links are those of the evaluation with the lowest held-out loss (early
+    stopping chosen on the held-out rows, e.g. a validation split), not the last step's; the chosen step and
+    every evaluation are recorded in manifest.json (`chosen`) and eval_curve.jsonl. After a resume the choice
+    is among the evaluations from the resumed step on."""
     # Non-reference recipe options (to make the latent channel carry content; docs/training.md). Each is off by default.
     latent_norm: Annotated[str, OneOf(LATENT_NORMS)] = "none"
     """Non-reference: "embedding" rescales every spliced latent row to the receiving model's mean token-
@@ -359,6 +364,9 @@ class OuterTrainConfig(TrainConfig):
             raise ValueError(f"--rollout_feedback {self.rollout_feedback}: needs --rollout_stages all")
         if self.eval_every and not self.eval_dataset:
             raise ValueError("--eval_every needs --eval_dataset (held-out rows)")
+        if self.keep_best and not self.eval_every:
+            raise ValueError("--keep_best needs --eval_every K and --eval_dataset (it keeps the links of the "
+                             "evaluation with the lowest held-out loss)")
         if self.eval_dataset:
             _check_dataset("--eval_dataset", self.eval_dataset)
         if self.schedule == "hop_by_hop":
@@ -384,7 +392,7 @@ class OuterTrainConfig(TrainConfig):
             raise ValueError("--schedule hop_by_hop: needs --rollout_latent_steps m > 0 (the earlier stages' "
                              "rollout length, as at inference)")
         fixed = {"latent_norm": "none", "outer_init": "default", "rollout_stages": "first", "eval_every": 0,
-                 "num_microbatches": 1, "recompute": False, "profile_memory": False, "resume": False,
+                 "keep_best": False, "num_microbatches": 1, "recompute": False, "profile_memory": False, "resume": False,
                  "stop_at_step": 0}
         for name, want in fixed.items():
             if getattr(self, name) != want:

@@ -314,5 +314,6 @@ def read_outer_links(path: str | os.PathLike, roles=None) -> dict[str, OuterLink
 def export_checkpoint(ckpt_dir: Path, save_dir: Path, manifest: dict) -> Path:
     """Merge the role shards of a pipeline checkpoint into one link checkpoint (`load_links` format)."""
     state = read_state(ckpt_dir)
-    full = {**manifest, "kind": "outer", "step": state["step"], "log": state["log"]}
+    full = {**manifest, "kind": "outer", "step": state["step"], "log": state["log"],
+            **({"chosen": state["chosen"]} if state.get("chosen") else {})}
     return save_links(save_dir, LinkSet(outer=read_outer_links(ckpt_dir)), full)

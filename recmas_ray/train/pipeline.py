@@ -45,6 +45,7 @@ from recmas_ray.engine.links import inner_link_from_state_dict, outer_link_from_
 from recmas_ray.models import loader
 from recmas_ray.models.loader import resolve_dtype
 from recmas_ray.styles import StyleSpec, get_style
+from recmas_ray.system.checkpoints import OUTER_INIT_DIR, LinkSet, save_links
 from recmas_ray.system.plan import plan_system
 from recmas_ray.system.provenance import write_provenance
 from recmas_ray.train import core, history
@@ -105,6 +106,7 @@ def train_loop_per_worker(config: dict) -> None:
     digest0 = stage.frozen_digest() if cfg.verify_frozen else None
 
     start, log, eval_log = 0, [], []
+    best: dict = {"eval_loss": math.inf, "step": None, "links": None}  # --keep_best: the lowest held-out loss
     with core.restored_dir(config.get("resume_from")) as d:
         if d is not None:
             stage.load_shard(d)
@@ -112,14 +114,15 @@ def train_loop_per_worker(config: dict) -> None:
             start, log, eval_log = state["step"], state["log"], state.get("eval_log", [])
     end = min(cfg.max_steps, cfg.stop_at_step) if cfg.stop_at_step else cfg.max_steps
 
-    def report(step: int, metrics: dict) -> None:
+    def report(step: int, metrics: dict, chosen: dict | None = None) -> None:
         with tempfile.TemporaryDirectory() as tmp:
             stage.save_shard(Path(tmp))
             sizes = [None] * dist.get_world_size(stage.group)
             dist.all_gather_object(sizes, core.file_sizes(Path(tmp)), group=stage.group)
             if rank == 0:  # the marker lists every worker's shard: Ray merges them into one folder
                 core.write_state(Path(tmp), {"step": step, "log": log, "eval_log": eval_log, "style": style.name,
-                                             "roles": config["system"]["manifest"]["roles"]})
+                                             "roles": config["system"]["manifest"]["roles"],
+                                             **({"chosen": chosen} if chosen else {})})
                 core.seal(Path(tmp), {k: v for s in sizes for k, v in s.items()})
             core.report_checkpoint(Path(tmp), metrics, step=step, storage=storage, local_mode=False,
                                    num_to_keep=cfg.num_to_keep)
@@ -130,6 +133,8 @@ def train_loop_per_worker(config: dict) -> None:
         if eval_log and eval_log[-1]["step"] == step:
             return
         eval_log.append({"step": step, **evaluate_rows(stage, eval_samples, cfg)})
+        if cfg.keep_best and eval_log[-1]["eval_loss"] < best["eval_loss"]:
+            best.update(eval_loss=eval_log[-1]["eval_loss"], step=step, links=stage.links_state())
         if rank == 0:
             print(f"[outer {style.name}] step {step}/{cfg.max_steps} eval_loss {eval_log[-1]['eval_loss']:.4f} "
                   f"on {eval_log[-1]['num_eval_rows']} held-out rows", flush=True)
@@ -169,11 +174,22 @@ def train_loop_per_worker(config: dict) -> None:
                        "elapsed_s": time.perf_counter() - t0,
                        "num_truncated": sum(e.get("num_truncated", 0) for e in log),
                        **({"eval_loss": eval_log[-1]["eval_loss"]} if eval_log else {})}
+            chosen = None
             if done == end:
                 metrics["workers"] = _gather_worker_stats(stage, digest0)
-            report(done, metrics)
+                chosen = keep_best_links(stage, best, eval_log, start) if cfg.keep_best else None
+            report(done, metrics, chosen)
     if start >= end:  # resumed at or past the end: report once so the run has a result
         report(start, {"step": start, "workers": _gather_worker_stats(stage, digest0)})
+
+
+def keep_best_links(stage: PipelineStage, best: dict, eval_log: list, start: int) -> dict:
+    """--keep_best at the last step: set the stage's links to those of the lowest held-out loss (every worker
+    decides alike: the loss is all-reduced) and return what the manifest records of the choice."""
+    if best["step"] is not None and best["step"] != eval_log[-1]["step"]:
+        stage.load_links_state(best["links"])
+    return {"step": best["step"], "eval_loss": best["eval_loss"], "by": "lowest held-out loss (--keep_best)",
+            "among_steps": [e["step"] for e in eval_log if e["step"] > start]}
 
 
 def _gather_worker_stats(stage: PipelineStage, digest0: str | None) -> dict:
@@ -220,6 +236,10 @@ def train_outer(cfg: OuterTrainConfig, *, faults: dict | None = None) -> OuterRu
                                      rollouts=None if cfg.use_gpu else rollouts)
         else:
             bridge_outer_links(plan, ridge=cfg.bridge_ridge, dtype=cfg.system.dtype)
+        # the links as training starts, kept beside the trained ones: an evaluation's untrained-links row loads
+        # them (`eval.rows`) instead of re-fitting the bridge on every training question's rollouts
+        save_links(Path(cfg.save_dir) / OUTER_INIT_DIR, LinkSet(outer=dict(plan.links.outer)),
+                   {"kind": "outer_init", "outer_init": cfg.outer_init, "step": 0})
     if storage.exists(NAN_STOP):
         storage.fs.delete_file(storage.path(NAN_STOP))
     save_config(cfg, cfg.save_dir)  # next to the outputs, once every input has been checked

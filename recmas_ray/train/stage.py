@@ -251,6 +251,16 @@ class PipelineStage:
         save_file(tensors, str(path / f"outer-{self.role}.safetensors"))
         core.save_optim(path, self.role, self.opt, self.sched)
 
+    def links_state(self) -> dict[str, dict[str, torch.Tensor]]:
+        """A copy of this role's outer links (the fp32 masters), edge -> state dict."""
+        return {e: {k: v.detach().clone() for k, v in m.state_dict().items()} for e, m in self.masters.items()}
+
+    def load_links_state(self, states: dict[str, dict[str, torch.Tensor]]) -> None:
+        """Set this role's outer links to `states` (from `links_state`); the optimizer is left as it is."""
+        for edge, master in self.masters.items():
+            master.load_state_dict(states[edge])
+        self._sync_working()
+
     def load_shard(self, path: Path) -> None:
         """Restore links, optimizer and scheduler from a checkpoint directory."""
         links = read_outer_links(path, roles=[self.role])

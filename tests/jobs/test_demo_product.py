@@ -1,6 +1,6 @@
 """The main job's product pipeline (`--facts.pipeline product`) on tiny models, two seeds: every row of its report
-is computed from the samples files jobs.run wrote (each seed's and the pooled counts), and the printed jobs.run
-command gives the same own-latent row."""
+is computed from the samples files jobs.run wrote (each seed's and the pooled counts), the validation questions
+choose the outer links' step, and the printed jobs.run command gives the same own-latent row."""
 
 from __future__ import annotations
 
@@ -57,6 +57,12 @@ def test_product_pipeline_rows_come_from_the_samples_files(tmp_path, ray_cluster
                 for k, v in row["counts"][split].items():
                     pooled[row["name"]][split][k] += v
     assert questions["5"] != questions["6"]  # each seed its own question draw
+    for seed in ("5", "6"):  # the validation questions chose which step's outer links the rows load
+        outer = task / f"seed{seed}" / "system" / "outer"
+        chosen = json.loads((outer / "manifest.json").read_text())["chosen"]
+        curve = [json.loads(x) for x in (outer / "eval_curve.jsonl").read_text().splitlines()]
+        assert chosen["step"] == min(curve, key=lambda e: e["eval_loss"])["step"] and len(curve) >= 2
+        assert f"seed {seed}: outer links of step {chosen['step']} kept" in printed
     assert {r["name"]: r["counts"] for r in table["rows"]} == pooled  # the pooled rows are the seeds' sum
     # the lead lines' own vs shuffled vs fresh counts, strict (lenient), per split, are the pooled counts
     for split, name in (("seen", "seen values"), ("unseen", "unseen values"), ("all", "all held-out")):

@@ -89,6 +89,23 @@ def test_pipeline_starts_from_the_state_bridge_and_runs_a_step(ray_cluster, tmp_
     for edge in ("expert->learner", "learner->expert"):  # one step at lr 1e-9 leaves the init in place
         for k, v in want.links.outer[edge].state_dict().items():
             assert torch.allclose(saved[edge].state_dict()[k], v, atol=1e-6), (edge, k)
+    # the start is kept beside the trained links, and the untrained-links row loads it: the same links as
+    # re-fitting the bridge (what a folder without it gets), without rolling the training questions out again
+    from recmas_ray.eval.rows import untrained_outer_links
+
+    start = load_links(res.save_dir / "init")
+    assert start.manifest["outer_init"] == "state_bridge" and start.manifest["step"] == 0
+    trained = plan_system("distillation", preset="tiny", seed=0, task="qa", ckpt_override={"outer": str(res.save_dir)})
+    loaded = untrained_outer_links(trained, str(res.save_dir))
+    (res.save_dir / "init" / "manifest.json").unlink()
+    refit = untrained_outer_links(trained, str(res.save_dir))
+    assert "state_bridge init saved by training" in loaded.sources["outer:expert->learner"]
+    assert "saved" not in refit.sources["outer:expert->learner"]
+    for edge in ("expert->learner", "learner->expert"):
+        for k, v in want.links.outer[edge].state_dict().items():
+            assert torch.equal(start.outer[edge].state_dict()[k], v), (edge, k)
+            assert torch.equal(loaded.links.outer[edge].state_dict()[k], v), (edge, k)
+            assert torch.allclose(refit.links.outer[edge].state_dict()[k], v, atol=1e-6), (edge, k)
 
 
 def test_state_bridge_rollouts_are_what_the_training_stage_would_send(tiny_cache):

@@ -114,6 +114,35 @@ def test_kill_nan_stop_and_resume_match_uninterrupted(uninterrupted, tmp_path):
                                                                        rel=1e-6)
 
 
+@pytest.mark.integration
+def test_keep_best_exports_the_links_of_the_lowest_held_out_loss(uninterrupted, tmp_path):
+    """--keep_best with an evaluation every step: the exported links are those of the step with the lowest
+    held-out loss, byte for byte the checkpoint of that step, and the manifest records the choice."""
+    from recmas_ray.train.outer import read_outer_links
+
+    cfg_u, _ = uninterrupted
+    # a large lr, so the held-out loss need not fall at every step
+    cfg = _cfg(tmp_path / "out", ckpt_override=cfg_u.system.ckpt_override, eval_every=1, eval_dataset="synthetic:3",
+               keep_best=True, num_to_keep=4, lr=0.5, storage_path=f"file://{tmp_path / 'store'}")
+    res = train_outer(cfg)
+    losses = {e["step"]: e["eval_loss"] for e in res.eval_log}
+    assert list(losses) == [1, 2, 3, 4]
+    best = min(losses, key=losses.get)
+    saved = load_links(res.save_dir)
+    assert saved.manifest["chosen"]["step"] == best and saved.manifest["chosen"]["among_steps"] == [1, 2, 3, 4]
+    assert saved.manifest["chosen"]["eval_loss"] == pytest.approx(losses[best])
+    at_best = read_outer_links(tmp_path / "store" / run_storage(cfg, "outer-distillation").name /
+                               f"checkpoint_{best:06d}")
+    for edge, link in saved.outer.items():
+        for name, p in link.state_dict().items():
+            assert torch.equal(p, at_best[edge].state_dict()[name]), (edge, name)
+
+
+def test_keep_best_needs_an_evaluation(tmp_path):
+    with pytest.raises(ValueError, match="--keep_best needs --eval_every"):
+        _cfg(tmp_path / "out", keep_best=True).validate()
+
+
 @pytest.mark.parametrize("base,hidden", [("tiny:qwen3", 96), ("tiny:llama", 64)])
 def test_bad_inner_checkpoint_fails_before_compute(tmp_path, base, hidden, monkeypatch):
     import ray.train.torch

@@ -8,7 +8,8 @@ OUTPUT/product/<style>-<task>/:
                  test_told.jsonl: the same rows, the question stating the fact (the ceiling row's)
     system/      python -m jobs.train_inner --mas_role all --num_workers 1   (Ray Train, a worker per role, roles
                  in parallel), then python -m jobs.train_outer --links system (Ray Train; the recipe's settings
-                 from `sweep_recipe.RECIPES`, --schedule hop_by_hop for the two-hop token recipe)
+                 from `sweep_recipe.RECIPES`, --schedule hop_by_hop for the two-hop token recipe; the step whose
+                 links it keeps chosen by the held-out loss on validation.jsonl, --keep_best)
     eval/<row>/  python -m jobs.run --backend ray --links system, one output folder per row (`product_rows.ROWS`);
                  the rows of one set of agents share its Ray actors (`eval.batch_runner.keep_agents`)
     compare/     `eval.compare` over those folders (compare.json, compare.md): the table and the lead lines,
@@ -17,7 +18,8 @@ OUTPUT/product/<style>-<task>/:
 
 Each job is called through its entry point (`main(argv)`) with the very arguments printed, so the printed
 `python -m jobs.run ...` command is what produced the own-latent row. A step whose output is there already
-(a rerun) is skipped. The experiment path (`demo.facts`) stays the default.
+(a rerun) is skipped. This is the main job's default; `--facts.pipeline experiment` runs the recipe sweep's
+in-process path (`demo.facts`) instead.
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ from __future__ import annotations
 import dataclasses
 import importlib
 import json
+import os
 import time
 from pathlib import Path
 
@@ -93,10 +96,18 @@ def train_argv(cfg, s: dict, files: dict, system: Path) -> tuple[list[str], list
              "--lr", str(sc.inner_lr), "--warmup_steps", "2", "--save_every", str(sc.inner_steps),
              "--seed", str(sc.seed), "--num_workers", "1", "--max_length", "512",
              "--lr_scheduler_type", sc.inner_schedule, "--log_every", str(max(1, sc.inner_steps // 4)), *quiet]
+    # the validation questions choose the outer training's length: held-out loss every quarter of the steps,
+    # the links of the lowest kept (--keep_best); the test questions are read only by the rows
+    chosen = ["--eval_dataset", str(files["validation"]), "--eval_every", str(max(1, sc.outer_steps // 4)),
+              "--keep_best"] if "validation" in files and s["outer"].get("schedule") != "hop_by_hop" else []
+    # with the first stage's rollouts computed once by the driver (the state bridge's), only the decoder's
+    # worker computes in a step: it may use every core (the other worker waits on its sends)
+    threads = ["--torch_threads", str(os.cpu_count() or 1)]
     outer = [*s["system"], "--links", str(system), "--task", sc.task, "--dataset_name", str(files["train"]),
              "--max_steps", str(sc.outer_steps), "--batch_size", str(sc.outer_batch_size),
              "--save_every", str(sc.outer_steps), "--seed", str(sc.seed), "--cpus_per_worker", "0.5",
-             "--max_failures", "0", "--log_every", str(max(1, sc.outer_steps // 8)), *_flags(s["outer"]), *quiet]
+             "--max_failures", "0", "--log_every", str(max(1, sc.outer_steps // 8)), *chosen, *threads,
+             *_flags(s["outer"]), *quiet]
     return inner, outer
 
 
@@ -147,9 +158,10 @@ def run_seed(cfg, style: str, task: str, folder: Path, console) -> dict:
             seconds[f"eval/{row.name}"] = time.perf_counter() - t2
             folders.append(str(out))
     seconds["total"] = time.perf_counter() - t0
+    chosen = json.loads((system / "outer" / "manifest.json").read_text()).get("chosen")
     split_of = {str(r["id"]): r["split"] for r in map(json.loads, files["test"].read_text().splitlines())}
     return {"settings": s, "argvs": argvs, "folders": folders, "seconds": seconds, "system": system,
-            "split_of": split_of}
+            "split_of": split_of, "chosen": chosen}
 
 
 def seeded(cfg, seed: int):
@@ -167,6 +179,8 @@ def run_task(cfg, style: str, task: str, root: Path, console) -> dict:
         runs[str(seed)] = got = run_seed(seeded(cfg, seed), style, task, folder / f"seed{seed}", console)
         console.line(f"{style} {task} seed {seed}: {got['seconds']['total']:.0f} s (" + ", ".join(
             f"{k} {v:.0f} s" for k, v in got["seconds"].items() if k != "total") + ")")
+        if got["chosen"]:
+            console.line(f"{style} {task} seed {seed}: {chosen_line(got['chosen'], cfg.facts.num_validation)}")
     table = compare_pooled({label: r["folders"] for label, r in runs.items()}, [r.name for r in ROWS])
     write_table(table, folder / "compare")
     split_of = {f"{label}/{d}": sp for label, r in runs.items() for d, sp in r["split_of"].items()} \
@@ -180,11 +194,22 @@ def run_task(cfg, style: str, task: str, root: Path, console) -> dict:
                                "--port", "8000")]
     (folder / "commands.txt").write_text("\n".join(commands) + "\n")
     seconds = {k: sum(r["seconds"][k] for r in runs.values()) for k in first["seconds"]}
+    choices = "; ".join(f"seed {k}: {chosen_line(r['chosen'], cfg.facts.num_validation)}"
+                        for k, r in runs.items() if r["chosen"])
     head = (f"{style}, task {task} (product pipeline: jobs.train_inner, jobs.train_outer, jobs.run --backend ray); "
-            f"recipe {s['recipe']}; seeds {', '.join(runs)} pooled; correct strict (lenient) / n")
+            f"recipe {s['recipe']}; seeds {', '.join(runs)} pooled; correct strict (lenient) / n"
+            + (f"\n{choices}" if choices else ""))
     return {"lines": product_lines(style, task, table), "table": head + "\n" + markdown(table), "tasks": tasks,
             "commands": commands, "seconds": seconds, "folder": str(folder),
-            "compare": str(folder / "compare" / "compare.json"), "seeds": seeds}
+            "compare": str(folder / "compare" / "compare.json"), "seeds": seeds,
+            "chosen": {k: r["chosen"] for k, r in runs.items()}}
+
+
+def chosen_line(chosen: dict, num_validation: int) -> str:
+    """What the validation questions chose (`--keep_best`'s record in the outer links' manifest), in words."""
+    steps = chosen["among_steps"]
+    return (f"outer links of step {chosen['step']} kept, the lowest held-out loss ({chosen['eval_loss']:.4f}) on "
+            f"{num_validation} validation questions among steps {', '.join(map(str, steps))}")
 
 
 def _roles(style: str) -> tuple[str, ...]:
@@ -206,7 +231,8 @@ def run_product_facts(cfg, out: Path, console) -> dict:
         tables.append(got["table"])
         tasks += got["tasks"]
         commands += got["commands"]
-        results[f"{style}:{task}"] = {k: got[k] for k in ("lines", "seconds", "folder", "compare", "commands", "seeds")}
+        results[f"{style}:{task}"] = {k: got[k] for k in ("lines", "seconds", "folder", "compare", "commands", "seeds",
+                                                           "chosen")}
     root.mkdir(parents=True, exist_ok=True)
     summary = root / "summary.json"
     summary.write_text(json.dumps({"pipeline": "product", "lines": lines, "tables": tables, "runs": results,
