@@ -166,7 +166,8 @@ class RecMASServer:
             except ValueError:
                 raise RequestError("the request body is not valid JSON") from None
             req = parse_request(data, kind=kind, served_name=self.cfg.served_name, defaults=self.cfg.recursion,
-                                default_task=self.system.task, max_input_chars=self.cfg.max_input_chars)
+                                default_task=self.system.task, max_input_chars=self.cfg.max_input_chars,
+                                roles=tuple(self.system.plan.style.roles))
             if req.task != self.system.task and self.trained_task and not self.cfg.system.allow_task_mismatch:
                 raise RequestError(f"task {req.task!r}: the links served were trained on {self.trained_task!r}; "
                                    f"leave task out (or start the server with --allow_task_mismatch)", param="task")

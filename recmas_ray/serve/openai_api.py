@@ -5,7 +5,8 @@ each request is one question to the whole system). Completions: `prompt` is the 
 a list of them, one choice per prompt and n). Both take `max_tokens` / `max_completion_tokens`,
 `temperature` (0: greedy; < 0 refused), `top_p`, `top_k`, `seed`, `n`, `stop`, `stream`,
 `stream_options.include_usage`, and the extra body fields `task` (math, choice, code, qa), `method`,
-`num_recursive_rounds`, `latent_steps`. Fields this server cannot honour (`logprobs`, `tools`,
+`num_recursive_rounds`, `latent_steps` and `role_context` (role -> text told only to that role, as the hidden-fact
+tasks tell the first stage "x = 65."; `styles.role_context`). Fields this server cannot honour (`logprobs`, `tools`,
 `response_format`, penalties, ...) and unknown fields are refused with a 400 naming the field, never
 silently ignored; neutral values (null, false, 0, []) of known OpenAI fields are accepted.
 
@@ -22,9 +23,10 @@ from typing import Any
 from recmas_ray.api_inputs import MAX_N, MAX_STOP_STRINGS
 from recmas_ray.config.checks import ConfigError, check_tree
 from recmas_ray.config.recursion import METHODS, RecursionConfig
+from recmas_ray.styles.role_context import with_role_context
 from recmas_ray.tasks import TASK_TYPES
 
-EXTRA_FIELDS = ("task", "method", "num_recursive_rounds", "latent_steps", "top_k")
+EXTRA_FIELDS = ("task", "method", "num_recursive_rounds", "latent_steps", "top_k", "role_context")
 COMMON_FIELDS = ("model", "max_tokens", "temperature", "top_p", "seed", "n", "stop", "stream", "stream_options",
                  "user", *EXTRA_FIELDS)
 CHAT_FIELDS = ("messages", "max_completion_tokens", *COMMON_FIELDS)
@@ -146,8 +148,9 @@ def _completion_prompts(body: dict, max_input_chars: int) -> list[str]:
 
 
 def parse_request(body: Any, *, kind: str, served_name: str, defaults: RecursionConfig, default_task: str,
-                  max_input_chars: int) -> GenRequest:
-    """Check a chat (kind="chat") or completions (kind="completion") body; raises `RequestError`."""
+                  max_input_chars: int, roles: tuple[str, ...] = ()) -> GenRequest:
+    """Check a chat (kind="chat") or completions (kind="completion") body; raises `RequestError`. `roles`: the
+    served system's roles, the only keys `role_context` may name."""
     if not isinstance(body, dict):
         raise RequestError("the request body must be a JSON object")
     _check_fields(body, CHAT_FIELDS if kind == "chat" else COMPLETION_FIELDS)
@@ -155,7 +158,8 @@ def parse_request(body: Any, *, kind: str, served_name: str, defaults: Recursion
     if model != served_name:
         raise RequestError(f"unknown model {model!r}; this server serves {served_name!r} (see GET /v1/models)",
                            param="model", code="model_not_found")
-    questions = (_chat_questions if kind == "chat" else _completion_prompts)(body, max_input_chars)
+    questions = _with_role_context((_chat_questions if kind == "chat" else _completion_prompts)(body, max_input_chars),
+                                   body.get("role_context"), roles)
     task = body.get("task", default_task)
     if task not in TASK_TYPES:
         raise RequestError(f"unknown task {task!r}; expected one of {list(TASK_TYPES)}", param="task")
@@ -174,6 +178,23 @@ def parse_request(body: Any, *, kind: str, served_name: str, defaults: Recursion
     return GenRequest(kind, questions, task, _recursion(body, defaults, method), stream, n,
                       _stops(body.get("stop")), bool(options.get("include_usage", False)),
                       seeded=body.get("seed") is not None)
+
+
+def _with_role_context(questions: list[str], context: Any, roles: tuple[str, ...]) -> list[str]:
+    """Each question with `role_context` attached (told only to the roles it names); unchanged without it."""
+    if context is None:
+        return questions
+    if not isinstance(context, dict) or not context:
+        raise RequestError("role_context must be an object mapping role names to text told only to that role",
+                           param="role_context")
+    unknown = sorted(set(context) - set(roles))
+    if unknown:
+        raise RequestError(f"role_context names {unknown}; this system's roles are {list(roles)}",
+                           param="role_context")
+    try:
+        return [with_role_context(q, context) for q in questions]
+    except ValueError as e:  # a non-string text, or a question that carries a context already
+        raise RequestError(str(e), param="role_context") from None
 
 
 def _stops(stop: Any) -> list[str]:

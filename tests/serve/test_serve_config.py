@@ -46,7 +46,7 @@ def test_jobs_serve_flags_and_user_errors(capsys):
 
 def parse(body, kind="chat", **kw):
     return parse_request(body, kind=kind, served_name="m", defaults=RecursionConfig(), default_task="math",
-                         max_input_chars=kw.get("max_input_chars", 100))
+                         max_input_chars=kw.get("max_input_chars", 100), roles=kw.get("roles", ("expert", "learner")))
 
 
 def test_request_checks():
@@ -87,6 +87,24 @@ def test_request_checks():
         assert e.value.body()["error"]["type"] == "invalid_request_error"
         if isinstance(body, dict) and e.value.param is not None and "field" in message:
             assert e.value.param in message
+
+
+def test_role_context_is_told_only_to_the_roles_it_names():
+    from recmas_ray.styles.role_context import question_for_role
+
+    user = [{"role": "user", "content": "What is x?"}]
+    req = parse({"model": "m", "messages": user, "role_context": {"expert": "x = 65."}})
+    assert question_for_role(req.question, "expert") == "x = 65. What is x?"
+    assert question_for_role(req.question, "learner") == "What is x?"
+    both = parse({"model": "m", "prompt": ["What is x?", "Is x odd?"], "role_context": {"expert": "x = 65."}},
+                 kind="completion")
+    assert [question_for_role(q, "expert") for q in both.questions] == ["x = 65. What is x?", "x = 65. Is x odd?"]
+    for context, message in [({"planner": "x = 1."}, r"role_context names \['planner'\]; this system's roles"),
+                             ({"expert": 65}, "role_context must map role names to non-empty text"),
+                             ({}, "role_context must be an object"), ("x = 65.", "role_context must be an object")]:
+        with pytest.raises(RequestError, match=message) as e:
+            parse({"model": "m", "messages": user, "role_context": context})
+        assert e.value.param == "role_context"
 
 
 def test_completion_request_checks():

@@ -14,7 +14,8 @@ OUTPUT/product/<style>-<task>/:
                  the rows of one set of agents share its Ray actors (`eval.batch_runner.keep_agents`)
     compare/     `eval.compare` over those folders (compare.json, compare.md): the table and the lead lines,
                  computed from the samples files only
-    commands.txt the jobs.run and jobs.serve commands that reuse system/
+    commands.txt the jobs.run and jobs.serve commands that reuse system/ (R and m as evaluated), and a request
+                 to the server with the first test question, its fact in `role_context`
 
 Each job is called through its entry point (`main(argv)`) with the very arguments printed, so the printed
 `python -m jobs.run ...` command is what produced the own-latent row. A step whose output is there already
@@ -28,6 +29,7 @@ import dataclasses
 import importlib
 import json
 import os
+import shlex
 import time
 from pathlib import Path
 
@@ -161,7 +163,7 @@ def run_seed(cfg, style: str, task: str, folder: Path, console) -> dict:
     chosen = json.loads((system / "outer" / "manifest.json").read_text()).get("chosen")
     split_of = {str(r["id"]): r["split"] for r in map(json.loads, files["test"].read_text().splitlines())}
     return {"settings": s, "argvs": argvs, "folders": folders, "seconds": seconds, "system": system,
-            "split_of": split_of, "chosen": chosen}
+            "split_of": split_of, "chosen": chosen, "files": files}
 
 
 def seeded(cfg, seed: int):
@@ -188,10 +190,14 @@ def run_task(cfg, style: str, task: str, root: Path, console) -> dict:
     tasks = report_tasks(style, task, table, split_of)
     first = runs[str(seeds[0])]
     s = first["settings"]
+    own = first["argvs"][ROWS[0].name]
+    recursion = [x for flag in ("--num_recursive_rounds", "--latent_steps")  # served as evaluated
+                 for x in (flag, own[own.index(flag) + 1])]
     commands = [f"{style} / {task}: the saved system of seed {seeds[0]}, evaluated and served by the product's jobs:",
-                "  " + command("run", *first["argvs"][ROWS[0].name]),
+                "  " + command("run", *own),
                 "  " + command("serve", *s["system"], "--links", str(first["system"]), "--task", s["sweep"].task,
-                               "--port", "8000")]
+                               *recursion, "--port", "8000"),
+                "  " + example_request(style, first["files"]["test"], s["sweep"].max_new_tokens)]
     (folder / "commands.txt").write_text("\n".join(commands) + "\n")
     seconds = {k: sum(r["seconds"][k] for r in runs.values()) for k in first["seconds"]}
     choices = "; ".join(f"seed {k}: {chosen_line(r['chosen'], cfg.facts.num_validation)}"
@@ -203,6 +209,16 @@ def run_task(cfg, style: str, task: str, root: Path, console) -> dict:
             "commands": commands, "seconds": seconds, "folder": str(folder),
             "compare": str(folder / "compare" / "compare.json"), "seeds": seeds,
             "chosen": {k: r["chosen"] for k, r in runs.items()}}
+
+
+def example_request(style: str, test_file: Path, max_tokens: int) -> str:
+    """A curl request to the served system with the first test question, its fact told as the rows tell it
+    (`role_context`: only to the roles that know it)."""
+    row = json.loads(test_file.read_text().splitlines()[0])
+    body = {"model": style, "messages": [{"role": "user", "content": row["question"]}], "max_tokens": max_tokens,
+            **({"role_context": row["role_context"]} if row.get("role_context") else {})}
+    return ("curl -s http://127.0.0.1:8000/v1/chat/completions -H 'Content-Type: application/json' -d "
+            + shlex.quote(json.dumps(body)))
 
 
 def chosen_line(chosen: dict, num_validation: int) -> str:
