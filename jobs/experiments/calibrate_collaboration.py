@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Annotated
 
-from jobs import run as run_job
+from jobs import run as eval_job
 from recmas_ray.config.checks import OneOf, Range, WritableDir
 from recmas_ray.config.cli import run_job
 from recmas_ray.config.tree import save_config
@@ -77,7 +77,7 @@ def run_row(data: Path, decoder: str, format_help: bool, out: Path, cfg) -> Path
                 "--dataset", str(data), "--method", "single_agent", "--backend", cfg.backend,
                 "--max_new_tokens", str(cfg.max_new_tokens), "--batch_size", "32", "--seed", str(cfg.seed),
                 "--output_path", str(out), "--no_progress", *(["--format_help"] if format_help else [])]
-        if run_job.main(argv) != 0:
+        if eval_job.main(argv) != 0:
             raise RuntimeError(f"jobs.run {' '.join(argv)} failed")
     return out
 
