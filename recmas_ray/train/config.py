@@ -392,8 +392,8 @@ class OuterTrainConfig(TrainConfig):
             raise ValueError("--schedule hop_by_hop: needs --rollout_latent_steps m > 0 (the earlier stages' "
                              "rollout length, as at inference)")
         fixed = {"latent_norm": "none", "outer_init": "default", "rollout_stages": "first", "eval_every": 0,
-                 "keep_best": False, "num_microbatches": 1, "recompute": False, "profile_memory": False, "resume": False,
-                 "stop_at_step": 0}
+                 "keep_best": False, "num_microbatches": 1, "recompute": False, "profile_memory": False,
+                 "resume": False, "stop_at_step": 0}
         for name, want in fixed.items():
             if getattr(self, name) != want:
                 raise ValueError(f"--{name} {getattr(self, name)}: not available with --schedule hop_by_hop "

@@ -85,7 +85,8 @@ def test_product_pipeline_rows_come_from_the_samples_files(tmp_path, ray_cluster
     # (the first test question, its fact told to the expert only through `role_context`)
     from tests.jobs.test_system_folder import _serve, _stop
 
-    serve_argv = shlex.split(next(x.strip() for x in printed.splitlines() if x.strip().startswith("python -m jobs.serve")))[3:]
+    serve_line = next(x.strip() for x in printed.splitlines() if x.strip().startswith("python -m jobs.serve"))
+    serve_argv = shlex.split(serve_line)[3:]
     for flag in ("--num_recursive_rounds", "--latent_steps", "--links", "--task"):
         assert serve_argv[serve_argv.index(flag) + 1] == argv[argv.index(flag) + 1], flag
     body = json.loads(shlex.split(next(x.strip() for x in printed.splitlines() if x.strip().startswith("curl -s")))[-1])
