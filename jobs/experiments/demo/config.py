@@ -111,7 +111,8 @@ class FactsConfig:
     tests). The experiment path runs --seed alone."""
     num_validation: Annotated[int, Range(0, 64)] = 32
     """product pipeline: validation questions written beside the train and test files (disjoint from both,
-    `train.splits`), for choosing recipe settings on questions the report never uses."""
+    `train.splits`); the outer training's held-out loss on them chooses which step's links the rows load
+    (`jobs.train_outer --keep_best`), on questions the report never uses. 0: no choice, the last step's links."""
 
 
 @dataclass(kw_only=True)
