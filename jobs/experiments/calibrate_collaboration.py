@@ -97,6 +97,7 @@ def cell(task: str, decoder: str, format_help: bool, files: tuple[Path, Path], r
 
 
 def markdown(cells: list[dict]) -> str:
+    """The cells as one markdown table (calibration.md)."""
     lines = ["| task | decoder | format help | alone strict (lenient) | told strict (lenient) | McNemar p strict / "
              "lenient | a channel can help |", "|---|---|---|---|---|---|---|"]
     for c in cells:

@@ -196,12 +196,16 @@ ROWS = [
     ("bench_backend_device", "bench.backend", ["--device", "cuda"], "--device cuda"),
     ("bench_backend_role_model", "bench.backend", ["--role_model", "all=./no/such/model"], "--role_model all="),
     ("demo_empty_rounds", "demo", ["--rounds", ""], "--rounds is empty"),
+    ("outer_keep_best_alone", "train_outer", ["--keep_best"], "--keep_best needs --eval_every"),
+    ("calibrate_task", "experiments.calibrate_collaboration", ["--tasks", "recall"], "--tasks 'recall'"),
+    ("calibrate_decoder", "experiments.calibrate_collaboration", ["--decoders", "qwen"], "--decoders 'qwen'"),
+    ("calibrate_questions", "experiments.calibrate_collaboration", ["--num_questions", "4"], "--num_questions"),
 ]
 if os.geteuid() != 0:  # root reads any file: the permission row needs a normal user
     ROWS.append(("dataset_unreadable", "run", ["--dataset", "{unreadable}"], "not readable"))
 BASES = {"run": RUN, "train_inner": TRAIN + ["--num_workers", "0"], "train_outer": TRAIN,
          "bench.outer": ["--output_path", "{out}"], "bench.backend": ["--output_path", "{out}"],
-         "demo": ["--output_path", "{out}"]}
+         "demo": ["--output_path", "{out}"], "experiments.calibrate_collaboration": ["--output_path", "{out}"]}
 
 
 @pytest.mark.parametrize("name,job,argv,fragment", ROWS, ids=[r[0] for r in ROWS])
