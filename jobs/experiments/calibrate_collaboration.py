@@ -30,7 +30,7 @@ from recmas_ray.eval.compare import compare_folders
 from recmas_ray.eval.results import library_versions
 from recmas_ray.models.registry import GEMMA3_270M, SMOLLM2_135M
 from recmas_ray.train.synthetic import write_jsonl
-from recmas_ray.train.synthetic_facts import COLLABORATION_TASKS, make_fact_dataset
+from recmas_ray.train.synthetic_facts import COLLABORATION_TASKS, make_fact_dataset, told_rows
 
 STYLE = "distillation"
 """The one-hop style: its learner is the decoder whose prompt the rows use."""
@@ -65,7 +65,7 @@ class CalibrateConfig:
 def write_questions(task: str, num: int, seed: int, folder: Path) -> tuple[Path, Path]:
     """(validation, validation_told) files of `task`: validation facts only, ids 0..num-1."""
     rows = [{**r, "id": i} for i, r in enumerate(make_fact_dataset(task, STYLE, num, seed=seed, split="validation"))]
-    told = [{k: v for k, v in r.items() if k != "role_context"} | {"question": r["full_question"]} for r in rows]
+    told = told_rows(rows)
     folder.mkdir(parents=True, exist_ok=True)
     return write_jsonl(rows, folder / "validation.jsonl"), write_jsonl(told, folder / "validation_told.jsonl")
 

@@ -100,6 +100,12 @@ def fact_row(task: str, style: str, rng: random.Random, pairs: list[tuple[str, i
             **_texts(told, asked, facts["fact"], gold, answer), "template": f"fact_{task}"}
 
 
+def told_rows(rows: list[dict]) -> list[dict]:
+    """`rows` with the fact stated in the decoder's question (`full_question`) and no role context: the questions
+    of the rows that tell the decoder in text what the channel would carry."""
+    return [{k: v for k, v in r.items() if k != "role_context"} | {"question": r["full_question"]} for r in rows]
+
+
 def fact_values_of(row: dict) -> set[int]:
     """Every fact value a row states (to any role)."""
     return {v for k, v in row["facts"].items() if k.startswith("fact") and isinstance(v, int)}

@@ -42,7 +42,7 @@ from recmas_ray.eval.results import library_versions
 from recmas_ray.styles import get_style
 from recmas_ray.system.next_steps import command, system_flags
 from recmas_ray.train.synthetic import check_disjoint, write_jsonl
-from recmas_ray.train.synthetic_facts import make_fact_dataset, split_by_value
+from recmas_ray.train.synthetic_facts import make_fact_dataset, split_by_value, told_rows
 
 
 def _call(job: str, argv: list[str]) -> None:
@@ -81,7 +81,7 @@ def write_data(cfg, style: str, task: str, folder: Path) -> dict[str, Path]:
             enumerate([(r, "seen") for r in seen] + [(r, "unseen") for r in unseen])]
     check_disjoint(train, test)
     check_disjoint(train, validation)
-    told = [{k: v for k, v in r.items() if k != "role_context"} | {"question": r["full_question"]} for r in test]
+    told = told_rows(test)
     folder.mkdir(parents=True, exist_ok=True)
     files = {"train": write_jsonl(train, folder / "train.jsonl"), "test": write_jsonl(test, folder / "test.jsonl"),
              "told": write_jsonl(told, folder / "test_told.jsonl")}
