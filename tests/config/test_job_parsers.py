@@ -15,7 +15,7 @@ import recmas_ray.config.cli as cli
 
 JOBS = ["run", "train_inner", "train_outer", "serve", "demo", "bench.speed", "bench.backend", "bench.outer",
         "bench.scale", "bench.scale_fit", "bench.scale_real", "bench.hop", "bench.serve", "push_links",
-        "experiments.sweep_recipe", "inspect_links", "compare"]
+        "experiments.sweep_recipe", "experiments.continuous_hops", "inspect_links", "compare"]
 
 # Short flags of nested fields that README commands, cluster job specs and users rely on.
 EXPECTED_SHORT = {
