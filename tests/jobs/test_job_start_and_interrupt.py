@@ -90,11 +90,29 @@ def test_first_line_comes_before_heavy_imports_and_within_two_seconds(job, tmp_p
     assert latency < 2.0 + 2 * baseline, f"{job}: first line after {latency:.2f} s (bare start {baseline:.2f} s)"
 
 
+# The job starts as a terminal's child would: SIGINT unblocked and at its default action. A child inherits its
+# parent's blocked and ignored signals across exec, and Python installs its KeyboardInterrupt handler only where
+# SIGINT starts at its default, so a mask left in this test process by a library would make the job deaf to
+# Ctrl-C here and nowhere else. A small launcher resets both and execs the job (preexec_fn is unsafe with the
+# threads Ray starts in this process).
+_TERMINAL_SIGNALS = ("import os, signal, sys; signal.pthread_sigmask(signal.SIG_SETMASK, []); "
+                     "signal.signal(signal.SIGINT, signal.SIG_DFL); os.execv(sys.executable, [sys.executable, *sys.argv[1:]])")
+
+
+def _signal_lines(pid: int) -> str:
+    """The job's signal masks as the kernel holds them (blocked, ignored, caught): said when an assertion fails."""
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            return " ".join(line.strip() for line in f if line.startswith(("SigBlk", "SigIgn", "SigCgt")))
+    except OSError:
+        return "(gone)"
+
+
 def _interrupt(cmd: list[str], marker: str, *, settle_s: float = 2.0, timeout_s: float = 600.0):
     """Run `cmd` in its own session until `marker` shows in its output, then SIGINT its process group; returns
-    (exit status, stdout, stderr)."""
-    proc = subprocess.Popen([sys.executable, *cmd], cwd=ROOT, env=_env(), stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, start_new_session=True)
+    (exit status, stdout, stderr, the job's signal masks when SIGINT was sent)."""
+    proc = subprocess.Popen([sys.executable, "-c", _TERMINAL_SIGNALS, *cmd], cwd=ROOT, env=_env(),
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True)
     chunks = {"out": [], "err": []}
 
     def pump(name, stream):
@@ -116,20 +134,24 @@ def _interrupt(cmd: list[str], marker: str, *, settle_s: float = 2.0, timeout_s:
             assert time.monotonic() < deadline, f"no {marker!r} in {timeout_s} s: {text('err')[-3000:]}"
             time.sleep(0.2)
         time.sleep(settle_s)
+        masks = _signal_lines(proc.pid)
         os.killpg(proc.pid, signal.SIGINT)
-        rc = proc.wait(timeout=180)
+        try:
+            rc = proc.wait(timeout=180)
+        except subprocess.TimeoutExpired:
+            raise AssertionError(f"no exit 180 s after SIGINT (job's {masks}): {text('err')[-3000:]}") from None
     finally:
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait(timeout=60)
     for t in readers:
         t.join(timeout=30)
-    return rc, text("out"), text("err")
+    return rc, text("out"), text("err"), masks
 
 
-def _assert_one_interrupt_line(rc, out, err):
+def _assert_one_interrupt_line(rc, out, err, masks):
     lines = [ln.strip() for ln in err.replace("\r", "\n").splitlines() if ln.strip()]
-    assert rc == 130, err[-3000:]
+    assert rc == 130, f"exit {rc} (job's {masks}): {err[-3000:]}"
     assert "Traceback" not in err and "error:" not in err, err[-3000:]
     assert lines[-1].startswith("interrupted; "), lines[-5:]
     assert sum("interrupted" in ln for ln in lines) == 1, lines  # the one line (no phase closed as interrupted)
@@ -139,40 +161,40 @@ def _assert_one_interrupt_line(rc, out, err):
 @pytest.mark.timeout(900)
 def test_ctrl_c_stops_train_inner_with_one_line_and_it_resumes(tmp_path, tiny_cache):
     out = tmp_path / "inner"
-    rc, stdout, err = _interrupt(_cmd("train_inner", out), "step/s", settle_s=3.0)  # Ray Train is stepping
-    _assert_one_interrupt_line(rc, stdout, err)
+    rc, stdout, err, masks = _interrupt(_cmd("train_inner", out), "step/s", settle_s=3.0)  # Ray Train is stepping
+    _assert_one_interrupt_line(rc, stdout, err, masks)
     assert "rerun with --resume" in err
 
 
 @pytest.mark.integration
 @pytest.mark.timeout(900)
 def test_ctrl_c_stops_train_outer_with_one_line(tmp_path, tiny_cache):
-    rc, stdout, err = _interrupt(_cmd("train_outer", tmp_path / "outer"), "step/s", settle_s=3.0)
-    _assert_one_interrupt_line(rc, stdout, err)
+    rc, stdout, err, masks = _interrupt(_cmd("train_outer", tmp_path / "outer"), "step/s", settle_s=3.0)
+    _assert_one_interrupt_line(rc, stdout, err, masks)
 
 
 @pytest.mark.integration
 @pytest.mark.timeout(900)
 def test_ctrl_c_stops_run_with_one_line(tmp_path, tiny_cache):
-    rc, stdout, err = _interrupt(_cmd("run", tmp_path / "run"), "starting agents", settle_s=3.0)
-    _assert_one_interrupt_line(rc, stdout, err)
+    rc, stdout, err, masks = _interrupt(_cmd("run", tmp_path / "run"), "starting agents", settle_s=3.0)
+    _assert_one_interrupt_line(rc, stdout, err, masks)
 
 
 @pytest.mark.integration
 @pytest.mark.timeout(900)
 def test_ctrl_c_stops_serve_with_one_line(tmp_path, tiny_cache):
-    rc, stdout, err = _interrupt(_cmd("serve", tmp_path / "serve"), "serving 'sequential_light'", settle_s=1.0)
-    _assert_one_interrupt_line(rc, stdout, err)
+    rc, stdout, err, masks = _interrupt(_cmd("serve", tmp_path / "serve"), "serving 'sequential_light'", settle_s=1.0)
+    _assert_one_interrupt_line(rc, stdout, err, masks)
     assert "stopped serving" in err
 
 
 def test_ctrl_c_before_the_job_starts_work_is_one_line_too(tmp_path):
     """SIGINT while the job is still checking its inputs (the first second): the same line and status."""
-    rc, stdout, err = _interrupt(_cmd("push_links", tmp_path / "missing"), "checking inputs", settle_s=0.0,
+    rc, stdout, err, masks = _interrupt(_cmd("push_links", tmp_path / "missing"), "checking inputs", settle_s=0.0,
                                  timeout_s=120)
     assert rc in (130, 2), err  # 2: the (missing) folder was refused before the signal arrived
     if rc == 130:
-        _assert_one_interrupt_line(rc, stdout, err)
+        _assert_one_interrupt_line(rc, stdout, err, masks)
 
 
 def test_phase_lines_go_to_stderr_and_results_to_stdout(tmp_path, capfd):
