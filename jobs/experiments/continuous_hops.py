@@ -82,7 +82,8 @@ class ContinuousHopsConfig:
 def rollouts(agent, style, step, task: str, m: int, questions: list[str], received: dict[str, torch.Tensor],
              batch_size: int) -> tuple[torch.Tensor, torch.Tensor]:
     """(z [N * m, D] after the inner link, h [N * m, D]) of one earlier stage's m-step rollouts from its prompts,
-    `received` (slot -> [N, m, E]) spliced into its slots: what inference sends on."""
+    `received` (slot -> [N, m, E]) spliced into its slots: what inference sends on. `hop_by_hop.stage_rollout`
+    in batches, keeping h as well: the state-bridge fit reads each step's argmax token off it."""
     zs, hs = [], []
     for k in range(0, len(questions), batch_size):
         users = [render_prompt(style, step.role, step.variant, task, q) for q in questions[k:k + batch_size]]
