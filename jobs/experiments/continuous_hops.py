@@ -41,7 +41,7 @@ import torch
 from recmas_ray.config.checks import ExistingPath, Range
 from recmas_ray.config.cli import parse_config, run_job
 from recmas_ray.config.tree import save_config
-from recmas_ray.styles import build_schedule, get_style, render_prompt, split_edge
+from recmas_ray.styles import build_schedule, get_style, split_edge
 from recmas_ray.system.checkpoints import OUTER_INIT_DIR, LinkSet, save_links
 from recmas_ray.system.launch import local_pool
 from recmas_ray.system.plan import plan_system
@@ -51,7 +51,8 @@ from recmas_ray.train import core
 from recmas_ray.train.bridge import state_token_pairs, vocabulary_strings
 from recmas_ray.train.config import OuterTrainConfig
 from recmas_ray.train.data import load_rows, question_text
-from recmas_ray.train.hop_by_hop import DecoderTrainer, decoder_edges, embedding_rows, sent_edges, step_line
+from recmas_ray.train.hop_by_hop import (DecoderTrainer, decoder_edges, embedding_rows, sent_edges, stage_states,
+                                         step_line)
 from recmas_ray.train.outer import prepare_samples
 
 
@@ -82,13 +83,12 @@ class ContinuousHopsConfig:
 def rollouts(agent, style, step, task: str, m: int, questions: list[str], received: dict[str, torch.Tensor],
              batch_size: int) -> tuple[torch.Tensor, torch.Tensor]:
     """(z [N * m, D] after the inner link, h [N * m, D]) of one earlier stage's m-step rollouts from its prompts,
-    `received` (slot -> [N, m, E]) spliced into its slots: what inference sends on. `hop_by_hop.stage_rollout`
+    `received` (slot -> [N, m, E]) spliced into its slots: what inference sends on. `hop_by_hop.stage_states`
     in batches, keeping h as well: the state-bridge fit reads each step's argmax token off it."""
     zs, hs = [], []
     for k in range(0, len(questions), batch_size):
-        users = [render_prompt(style, step.role, step.variant, task, q) for q in questions[k:k + batch_size]]
-        e_BLD, mask_BL = agent.embed_batch(users, {s: t[k:k + batch_size] for s, t in received.items()})
-        h_ND = agent.latent_rollout(e_BLD, mask_BL, m).reshape(-1, agent.hidden_size)
+        h_ND = stage_states(agent, style, step, task, m, questions[k:k + batch_size],
+                            {s: t[k:k + batch_size] for s, t in received.items()})
         zs.append(agent.inner_link(h_ND))
         hs.append(h_ND)
     return torch.cat(zs), torch.cat(hs)

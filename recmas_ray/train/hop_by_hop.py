@@ -132,13 +132,19 @@ def load(path: Path) -> dict:
 
 
 @torch.no_grad()
-def stage_rollout(agent, style, step, task: str, m: int, questions: list[str],
-                  received: dict[str, torch.Tensor]) -> torch.Tensor:
-    """z [B * m, D]: one earlier stage's m-step latent rollout from its prompts with `received` (slot ->
-    [B, m, E]) spliced into its slots, after its inner link: what inference sends on."""
+def stage_states(agent, style, step, task: str, m: int, questions: list[str],
+                 received: dict[str, torch.Tensor]) -> torch.Tensor:
+    """h [B * m, D]: one earlier stage's m-step latent rollout from its prompts with `received` (slot ->
+    [B, m, E]) spliced into its slots, before its inner link (a state-bridge fit reads tokens off these)."""
     users = [render_prompt(style, step.role, step.variant, task, q) for q in questions]
     e_BLD, mask_BL = agent.embed_batch(users, received)
-    return agent.inner_link(agent.latent_rollout(e_BLD, mask_BL, m).reshape(-1, agent.hidden_size))
+    return agent.latent_rollout(e_BLD, mask_BL, m).reshape(-1, agent.hidden_size)
+
+
+def stage_rollout(agent, style, step, task: str, m: int, questions: list[str],
+                  received: dict[str, torch.Tensor]) -> torch.Tensor:
+    """z [B * m, D]: `stage_states` after the stage's inner link: what inference sends on."""
+    return agent.inner_link(stage_states(agent, style, step, task, m, questions, received))
 
 
 @torch.no_grad()

@@ -96,7 +96,8 @@ def test_first_line_comes_before_heavy_imports_and_within_two_seconds(job, tmp_p
 # Ctrl-C here and nowhere else. A small launcher resets both and execs the job (preexec_fn is unsafe with the
 # threads Ray starts in this process).
 _TERMINAL_SIGNALS = ("import os, signal, sys; signal.pthread_sigmask(signal.SIG_SETMASK, []); "
-                     "signal.signal(signal.SIGINT, signal.SIG_DFL); os.execv(sys.executable, [sys.executable, *sys.argv[1:]])")
+                     "signal.signal(signal.SIGINT, signal.SIG_DFL); "
+                     "os.execv(sys.executable, [sys.executable, *sys.argv[1:]])")
 
 
 def _signal_lines(pid: int) -> str:
@@ -191,7 +192,7 @@ def test_ctrl_c_stops_serve_with_one_line(tmp_path, tiny_cache):
 def test_ctrl_c_before_the_job_starts_work_is_one_line_too(tmp_path):
     """SIGINT while the job is still checking its inputs (the first second): the same line and status."""
     rc, stdout, err, masks = _interrupt(_cmd("push_links", tmp_path / "missing"), "checking inputs", settle_s=0.0,
-                                 timeout_s=120)
+                                        timeout_s=120)
     assert rc in (130, 2), err  # 2: the (missing) folder was refused before the signal arrived
     if rc == 130:
         _assert_one_interrupt_line(rc, stdout, err, masks)
